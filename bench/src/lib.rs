@@ -1,0 +1,1 @@
+//! Criterion benchmarks and the comparison harness.

@@ -1,0 +1,1 @@
+//! dofs: the authority-side filesystem in one SQLite database.

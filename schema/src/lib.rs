@@ -1,0 +1,1 @@
+//! Cap'n Proto schema of the wsd wire and its generated Rust code.

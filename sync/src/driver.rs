@@ -1,0 +1,450 @@
+//! The push/pull driver (rules 7–9): moves one local [`Store`] forward
+//! against a [`Remote`], in bounded batches, with checkpoints.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
+
+use crate::limits::{BATCH_ENTRIES, BATCH_OBJECT_BYTES, MAX_HASHES_PER_CALL};
+use crate::store::{ApplyBatch, ChangesQuery};
+use crate::{
+    Baseline, ChangeCursor, ChangeEntry, ChangeStream, FetchOpened, Hash, IgnoreRules, Object,
+    PushOutcome, Remote, Store, SyncError, Watermarks,
+};
+
+/// Counters of one push or pull, also handed to the progress callback after
+/// every batch.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    /// Entries sent (push) or received (pull).
+    pub entries: u64,
+    /// Entries the receiving store changed local state for.
+    pub applied: u64,
+    /// Objects moved over the wire and their bytes.
+    pub objects: u64,
+    pub object_bytes: u64,
+    /// Chunk bytes the entries referenced that the receiver already held.
+    pub deduplicated_bytes: u64,
+    pub batches: u64,
+    /// Local writes overwritten by the other side (rule 6), pull only.
+    pub overwrote_local: u64,
+    /// The cursor reached (push cursor for push, fetch cursor for pull).
+    pub cursor: ChangeCursor,
+    /// True when the run restarted from zero (remote lost state or baseline).
+    pub rebaselined: bool,
+}
+
+/// Options shared by [`push`] and [`pull`].
+#[derive(Debug)]
+pub struct SyncOptions<'a> {
+    /// The name under which the local store keeps this remote's watermarks.
+    pub remote_name: &'a str,
+    pub ignore: &'a IgnoreRules,
+}
+
+fn distinct_chunks(entries: &[ChangeEntry]) -> (Vec<Hash>, HashMap<Hash, u32>) {
+    let mut order = Vec::new();
+    let mut sizes = HashMap::new();
+    for e in entries {
+        for c in e.chunks() {
+            if sizes.insert(c.hash, c.size).is_none() {
+                order.push(c.hash);
+            }
+        }
+    }
+    (order, sizes)
+}
+
+async fn remote_has<R: Remote>(remote: &mut R, hashes: &[Hash]) -> Result<HashSet<Hash>, SyncError> {
+    let mut held = HashSet::new();
+    for window in hashes.chunks(MAX_HASHES_PER_CALL) {
+        held.extend(remote.has_objects(window).await?);
+    }
+    Ok(held)
+}
+
+/// Checks rule 9 on an echoed cursor: `Ok(true)` when the remote is behind
+/// our push cursor by whole revs (it lost its state), `Ok(false)` when it
+/// covers it, and an invariant error for any other shortfall.
+fn remote_lost_state(applied: &ChangeCursor, pushed: &ChangeCursor) -> Result<bool, SyncError> {
+    if applied >= pushed {
+        return Ok(false);
+    }
+    if applied.complete_rev() < pushed.complete_rev() || applied.rev < pushed.rev {
+        return Ok(true);
+    }
+    Err(SyncError::InvariantViolated { applied: applied.clone(), pushed: pushed.clone() })
+}
+
+/// Compares both sides' watermarks once per connection and resets what the
+/// remote forgot: our push cursor when the remote's fetch cursor is behind
+/// it (a fresh container), our fetch cursor when the remote's log is shorter
+/// than it. Returns the remote's watermarks.
+pub async fn reconcile<S: Store, R: Remote>(
+    local: &mut S,
+    remote: &mut R,
+    remote_name: &str,
+) -> Result<Watermarks, SyncError> {
+    let theirs = remote.watermarks().await?;
+    let ours = local.watermarks(remote_name)?;
+    if theirs.fetch_cursor < ours.push_cursor {
+        tracing::warn!(
+            remote = remote_name,
+            remote_fetch_cursor = %theirs.fetch_cursor,
+            our_push_cursor = %ours.push_cursor,
+            "remote is behind what we pushed (it lost its state); re-baselining the push"
+        );
+        local.set_push_cursor(remote_name, &ChangeCursor::ZERO)?;
+    }
+    if theirs.current_rev < ours.fetch_cursor.rev {
+        tracing::warn!(
+            remote = remote_name,
+            remote_rev = theirs.current_rev,
+            our_fetch_cursor = %ours.fetch_cursor,
+            "remote's log is shorter than our fetch cursor; re-baselining the pull"
+        );
+        local.set_fetch_cursor(remote_name, &ChangeCursor::ZERO)?;
+    }
+    Ok(theirs)
+}
+
+/// Pushes every local change after our push cursor for `opts.remote_name`
+/// (rule 7). Batches hold at most [`BATCH_ENTRIES`] entries and about
+/// [`BATCH_OBJECT_BYTES`] of missing chunk bytes (a single larger file goes
+/// alone). The push cursor advances after every acknowledged batch, so an
+/// interrupted push resumes after the last acknowledged batch.
+pub async fn push<S: Store, R: Remote>(
+    local: &mut S,
+    remote: &mut R,
+    opts: &SyncOptions<'_>,
+    mut on_batch: impl FnMut(&SyncReport),
+) -> Result<SyncReport, SyncError> {
+    let wm = local.watermarks(opts.remote_name)?;
+    let mut cursor = wm.push_cursor.clone();
+    let window = local.open_changes(&cursor)?;
+    let through = window.through;
+    let mut report = SyncReport { cursor: cursor.clone(), ..SyncReport::default() };
+    let baseline = window.baseline;
+    if baseline {
+        cursor = ChangeCursor::ZERO;
+        report.rebaselined = true;
+    }
+    if cursor >= through && !baseline {
+        return Ok(report);
+    }
+    let mut page: Vec<ChangeEntry> = Vec::new();
+    let mut exhausted = false;
+    loop {
+        if page.len() < BATCH_ENTRIES && !exhausted {
+            let after = page.last().map(|e| ChangeCursor::within(e.rev, e.path.clone()));
+            let after = after.as_ref().unwrap_or(&cursor);
+            let want = BATCH_ENTRIES - page.len();
+            let more = local.changes(ChangesQuery {
+                after,
+                through: &through,
+                ignore: opts.ignore,
+                exclude_applied_from: Some(opts.remote_name),
+                limit: want,
+            })?;
+            exhausted = more.len() < want;
+            page.extend(more);
+        }
+        let (hashes, sizes) = distinct_chunks(&page);
+        let held = remote_has(remote, &hashes).await?;
+        // Cut the batch where the missing bytes pass the budget.
+        let mut take = 0usize;
+        let mut budget = 0usize;
+        let mut counted: HashSet<Hash> = HashSet::new();
+        for e in &page {
+            let extra: usize = e
+                .chunks()
+                .iter()
+                .filter(|c| !held.contains(&c.hash) && !counted.contains(&c.hash))
+                .map(|c| c.size as usize)
+                .sum();
+            if take > 0 && budget + extra > BATCH_OBJECT_BYTES {
+                break;
+            }
+            budget += extra;
+            take += 1;
+            counted.extend(e.chunks().iter().map(|c| c.hash));
+        }
+        let batch: Vec<ChangeEntry> = page.drain(..take).collect();
+        let (batch_hashes, _) = distinct_chunks(&batch);
+        let mut outgoing = Vec::new();
+        let mut outgoing_bytes = 0usize;
+        for h in batch_hashes {
+            let size = sizes[&h] as usize;
+            if held.contains(&h) {
+                report.deduplicated_bytes += size as u64;
+                continue;
+            }
+            let bytes = local.read_object(&h)?;
+            outgoing_bytes += bytes.len();
+            report.objects += 1;
+            report.object_bytes += bytes.len() as u64;
+            outgoing.push(Object { hash: h, bytes });
+            if outgoing_bytes >= BATCH_OBJECT_BYTES {
+                remote.push_objects(std::mem::take(&mut outgoing)).await?;
+                outgoing_bytes = 0;
+            }
+        }
+        if !outgoing.is_empty() {
+            remote.push_objects(outgoing).await?;
+        }
+        let last = exhausted && page.is_empty();
+        let sender = match (last, batch.last()) {
+            (true, _) | (false, None) => through.clone(),
+            (false, Some(e)) => ChangeCursor::within(e.rev, e.path.clone()),
+        };
+        let phase = match (baseline, last) {
+            (false, _) => Baseline::Off,
+            (true, false) => Baseline::Mark,
+            (true, true) => Baseline::Sweep,
+        };
+        report.entries += batch.len() as u64;
+        let outcome: PushOutcome = remote.push(Some(sender.clone()), batch, phase).await?;
+        if remote_lost_state(&outcome.applied_push_cursor, &sender)? {
+            return Err(SyncError::InvariantViolated {
+                applied: outcome.applied_push_cursor,
+                pushed: sender,
+            });
+        }
+        local.set_push_cursor(opts.remote_name, &sender)?;
+        report.batches += 1;
+        report.cursor = sender.clone();
+        cursor = sender;
+        on_batch(&report);
+        if last {
+            return Ok(report);
+        }
+    }
+}
+
+/// Pulls every remote change after our fetch cursor (rule 8): batches of
+/// [`BATCH_ENTRIES`], objects fetched in slices of about
+/// [`BATCH_OBJECT_BYTES`] and staged before the batch is applied, the fetch
+/// cursor checkpointed with each batch, `currentCursor` written after a
+/// clean drain.
+pub async fn pull<S: Store, R: Remote>(
+    local: &mut S,
+    remote: &mut R,
+    opts: &SyncOptions<'_>,
+    mut on_batch: impl FnMut(&SyncReport),
+) -> Result<SyncReport, SyncError> {
+    let wm = local.watermarks(opts.remote_name)?;
+    let mut after = wm.fetch_cursor.clone();
+    let mut report = SyncReport::default();
+    let patterns = opts.ignore.patterns().to_vec();
+    let (mut opened, mut stream) = remote.fetch_changes(&after, &patterns).await?;
+    if opened.current < after {
+        tracing::warn!(remote = opts.remote_name, %after, current = %opened.current,
+            "remote's log is shorter than our fetch cursor; pulling a baseline");
+        local.set_fetch_cursor(opts.remote_name, &ChangeCursor::ZERO)?;
+        after = ChangeCursor::ZERO;
+        report.rebaselined = true;
+        (opened, stream) = remote.fetch_changes(&after, &patterns).await?;
+    }
+    if remote_lost_state(&opened.applied_push_cursor, &wm.push_cursor)? {
+        tracing::warn!(remote = opts.remote_name, applied = %opened.applied_push_cursor,
+            pushed = %wm.push_cursor, "remote lost what we pushed; the next push re-baselines");
+        local.set_push_cursor(opts.remote_name, &ChangeCursor::ZERO)?;
+    }
+    let FetchOpened { current, baseline, .. } = opened;
+    report.rebaselined |= baseline;
+    let mark = if baseline { Baseline::Mark } else { Baseline::Off };
+    loop {
+        let batch = stream.next_batch(BATCH_ENTRIES).await?;
+        if batch.is_empty() {
+            break;
+        }
+        for e in &batch {
+            e.validate()?;
+            if current.is_before(e.rev, &e.path) {
+                return Err(SyncError::Protocol(format!(
+                    "entry {} at rev {} is beyond the stream's current cursor {current}",
+                    e.path, e.rev
+                )));
+            }
+        }
+        let (hashes, sizes) = distinct_chunks(&batch);
+        let held: HashSet<Hash> = local.has_objects(&hashes)?.into_iter().collect();
+        let mut slice = Vec::new();
+        let mut slice_bytes = 0usize;
+        for h in hashes {
+            let size = sizes[&h] as usize;
+            if held.contains(&h) {
+                report.deduplicated_bytes += size as u64;
+                continue;
+            }
+            slice.push(h);
+            slice_bytes += size;
+            if slice_bytes >= BATCH_OBJECT_BYTES || slice.len() == MAX_HASHES_PER_CALL {
+                fetch_and_stage(local, remote, &std::mem::take(&mut slice), &mut report).await?;
+                slice_bytes = 0;
+            }
+        }
+        if !slice.is_empty() {
+            fetch_and_stage(local, remote, &slice, &mut report).await?;
+        }
+        let last = batch.last().expect("non-empty batch");
+        let sender = ChangeCursor::within(last.rev, last.path.clone());
+        let outcome = local.apply(ApplyBatch {
+            remote: opts.remote_name,
+            sender: Some(sender),
+            entries: &batch,
+            baseline: mark,
+        })?;
+        report.entries += batch.len() as u64;
+        report.applied += outcome.applied as u64;
+        report.overwrote_local += outcome.overwrote_local as u64;
+        report.batches += 1;
+        report.cursor = outcome.fetch_cursor;
+        on_batch(&report);
+    }
+    let outcome = local.apply(ApplyBatch {
+        remote: opts.remote_name,
+        sender: Some(current),
+        entries: &[],
+        baseline: if baseline { Baseline::Sweep } else { Baseline::Off },
+    })?;
+    report.cursor = outcome.fetch_cursor;
+    Ok(report)
+}
+
+async fn fetch_and_stage<S: Store, R: Remote>(
+    local: &mut S,
+    remote: &mut R,
+    hashes: &[Hash],
+    report: &mut SyncReport,
+) -> Result<(), SyncError> {
+    let objects = remote.fetch_objects(hashes).await?;
+    if objects.len() != hashes.len() || objects.iter().zip(hashes).any(|(o, h)| o.hash != *h) {
+        return Err(SyncError::Protocol(format!(
+            "fetchObjects answered {} objects for {} requested, or out of order",
+            objects.len(),
+            hashes.len()
+        )));
+    }
+    report.objects += objects.len() as u64;
+    report.object_bytes += objects.iter().map(|o| o.bytes.len() as u64).sum::<u64>();
+    local.stage_objects(&objects)
+}
+
+/// An in-process [`Remote`] over a shared [`Store`], as the RPC server would
+/// serve it to the peer named `peer`. Used by tests and by in-process
+/// gateways; the change stream is lazy, so the deferred-path rule applies
+/// exactly as over the wire.
+#[derive(Debug)]
+pub struct StoreRemote<S> {
+    store: Rc<RefCell<S>>,
+    peer: String,
+}
+
+impl<S: Store> StoreRemote<S> {
+    pub fn new(store: Rc<RefCell<S>>, peer: impl Into<String>) -> StoreRemote<S> {
+        StoreRemote { store, peer: peer.into() }
+    }
+}
+
+/// The lazy change stream of a [`StoreRemote`].
+#[derive(Debug)]
+pub struct StoreChangeStream<S> {
+    store: Rc<RefCell<S>>,
+    peer: String,
+    after: ChangeCursor,
+    through: ChangeCursor,
+    ignore: IgnoreRules,
+    done: bool,
+}
+
+impl<S: Store> ChangeStream for StoreChangeStream<S> {
+    async fn next_batch(&mut self, max: usize) -> Result<Vec<ChangeEntry>, SyncError> {
+        if self.done {
+            return Ok(Vec::new());
+        }
+        let batch = self.store.borrow_mut().changes(ChangesQuery {
+            after: &self.after,
+            through: &self.through,
+            ignore: &self.ignore,
+            exclude_applied_from: Some(&self.peer),
+            limit: max,
+        })?;
+        self.done = batch.len() < max;
+        if let Some(e) = batch.last() {
+            self.after = ChangeCursor::within(e.rev, e.path.clone());
+        }
+        Ok(batch)
+    }
+}
+
+impl<S: Store> Remote for StoreRemote<S> {
+    type Changes = StoreChangeStream<S>;
+
+    async fn watermarks(&mut self) -> Result<Watermarks, SyncError> {
+        self.store.borrow_mut().watermarks(&self.peer)
+    }
+
+    async fn fetch_changes(
+        &mut self,
+        after: &ChangeCursor,
+        ignore: &[String],
+    ) -> Result<(FetchOpened, Self::Changes), SyncError> {
+        let ignore = IgnoreRules::new(ignore)?;
+        let mut store = self.store.borrow_mut();
+        let window = store.open_changes(after)?;
+        let applied = store.watermarks(&self.peer)?.fetch_cursor;
+        let start = if window.baseline { ChangeCursor::ZERO } else { after.clone() };
+        let opened = FetchOpened {
+            current: window.through.clone(),
+            applied_push_cursor: applied,
+            baseline: window.baseline,
+        };
+        let stream = StoreChangeStream {
+            store: self.store.clone(),
+            peer: self.peer.clone(),
+            after: start,
+            through: window.through,
+            ignore,
+            done: false,
+        };
+        Ok((opened, stream))
+    }
+
+    async fn has_objects(&mut self, hashes: &[Hash]) -> Result<Vec<Hash>, SyncError> {
+        SyncError::check_limit("hashes per call", MAX_HASHES_PER_CALL, hashes.len())?;
+        self.store.borrow_mut().has_objects(hashes)
+    }
+
+    async fn fetch_objects(&mut self, hashes: &[Hash]) -> Result<Vec<Object>, SyncError> {
+        SyncError::check_limit("hashes per call", MAX_HASHES_PER_CALL, hashes.len())?;
+        let mut store = self.store.borrow_mut();
+        hashes
+            .iter()
+            .map(|h| Ok(Object { hash: *h, bytes: store.read_object(h)? }))
+            .collect()
+    }
+
+    async fn push_objects(&mut self, objects: Vec<Object>) -> Result<(), SyncError> {
+        self.store.borrow_mut().stage_objects(&objects)
+    }
+
+    async fn push(
+        &mut self,
+        sender: Option<ChangeCursor>,
+        entries: Vec<ChangeEntry>,
+        baseline: Baseline,
+    ) -> Result<PushOutcome, SyncError> {
+        SyncError::check_limit("entries per push", crate::limits::MAX_PUSH_ENTRIES, entries.len())?;
+        for e in &entries {
+            e.validate()?;
+        }
+        let outcome = self.store.borrow_mut().apply(ApplyBatch {
+            remote: &self.peer,
+            sender,
+            entries: &entries,
+            baseline,
+        })?;
+        Ok(PushOutcome { rev: outcome.rev, applied_push_cursor: outcome.fetch_cursor })
+    }
+}

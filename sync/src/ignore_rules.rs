@@ -1,0 +1,103 @@
+use ignore::Match;
+use ignore::gitignore::{Gitignore, GitignoreBuilder};
+
+use crate::limits::MAX_IGNORE_PATTERNS;
+use crate::{SyncError, SyncPath};
+
+/// Gitignore-syntax patterns (via the `ignore` crate, as git reads them)
+/// matched against workspace-relative paths. A path is ignored when it or
+/// any of its ancestors matches, so ignoring a directory hides its subtree.
+#[derive(Clone, Debug)]
+pub struct IgnoreRules {
+    patterns: Vec<String>,
+    matcher: Gitignore,
+}
+
+impl IgnoreRules {
+    /// Rules that ignore nothing.
+    pub fn none() -> IgnoreRules {
+        IgnoreRules { patterns: Vec::new(), matcher: Gitignore::empty() }
+    }
+
+    /// Compiles `patterns`; a malformed glob is `EINVAL` naming it.
+    pub fn new<S: AsRef<str>>(patterns: &[S]) -> Result<IgnoreRules, SyncError> {
+        SyncError::check_limit("ignore patterns", MAX_IGNORE_PATTERNS, patterns.len())?;
+        let mut builder = GitignoreBuilder::new("");
+        for p in patterns {
+            let p = p.as_ref();
+            builder
+                .add_line(None, p)
+                .map_err(|e| SyncError::Invalid(format!("ignore pattern {p:?}: {e}")))?;
+        }
+        let matcher =
+            builder.build().map_err(|e| SyncError::Invalid(format!("ignore patterns: {e}")))?;
+        Ok(IgnoreRules {
+            patterns: patterns.iter().map(|p| p.as_ref().to_owned()).collect(),
+            matcher,
+        })
+    }
+
+    pub fn patterns(&self) -> &[String] {
+        &self.patterns
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.patterns.is_empty()
+    }
+
+    /// Whether `path` (a directory when `is_dir`) is hidden from sync.
+    pub fn is_ignored(&self, path: &SyncPath, is_dir: bool) -> bool {
+        if self.patterns.is_empty() {
+            return false;
+        }
+        matches!(
+            self.matcher.matched_path_or_any_parents(path.as_str(), is_dir),
+            Match::Ignore(_)
+        )
+    }
+
+    /// For a tombstone the kind is unknown: ignored if it would be ignored
+    /// as either a file or a directory.
+    pub fn is_ignored_any_kind(&self, path: &SyncPath) -> bool {
+        self.is_ignored(path, false) || self.is_ignored(path, true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> SyncPath {
+        SyncPath::new(s).unwrap()
+    }
+
+    #[test]
+    fn nothing_is_ignored_by_default() {
+        assert!(!IgnoreRules::none().is_ignored(&p("node_modules/x"), false));
+    }
+
+    #[test]
+    fn a_directory_pattern_hides_its_subtree_at_any_depth() {
+        let r = IgnoreRules::new(&["node_modules/"]).unwrap();
+        assert!(r.is_ignored(&p("node_modules"), true));
+        assert!(r.is_ignored(&p("a/node_modules/b/c.js"), false));
+        assert!(!r.is_ignored(&p("node_modules_old/x"), false));
+        // A file named like the directory pattern is not a directory.
+        assert!(!r.is_ignored(&p("node_modules"), false));
+    }
+
+    #[test]
+    fn globs_anchors_and_negation_follow_gitignore() {
+        let r = IgnoreRules::new(&["*.log", "!keep.log", "/build"]).unwrap();
+        assert!(r.is_ignored(&p("a/b.log"), false));
+        assert!(!r.is_ignored(&p("keep.log"), false));
+        assert!(r.is_ignored(&p("build/out.o"), false));
+        assert!(!r.is_ignored(&p("src/build/out.o"), false));
+    }
+
+    #[test]
+    fn a_malformed_pattern_is_einval() {
+        let err = IgnoreRules::new(&["a{b"]).unwrap_err();
+        assert_eq!(err.code(), crate::ErrorCode::Invalid);
+    }
+}

@@ -1,0 +1,68 @@
+use crate::{Baseline, ChangeCursor, ChangeEntry, Hash, SyncError, Watermarks};
+
+/// A content-addressed object in transit.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Object {
+    pub hash: Hash,
+    pub bytes: Vec<u8>,
+}
+
+/// The head of a `fetchChanges` answer.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct FetchOpened {
+    /// `{remote's currentRev at open, None}`; the stream ends there.
+    pub current: ChangeCursor,
+    /// The remote's stored fetch cursor for us: how much of our pushes it
+    /// has applied.
+    pub applied_push_cursor: ChangeCursor,
+    /// The stream is a full baseline from zero (our cursor was older than
+    /// the remote's tombstone prune horizon): apply it with sweep.
+    pub baseline: bool,
+}
+
+/// The answer of a `push`.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct PushOutcome {
+    /// The receiver's current rev after the push.
+    pub rev: u64,
+    /// The receiver's stored fetch cursor for us after the push.
+    pub applied_push_cursor: ChangeCursor,
+}
+
+/// A pull iterator over a remote change stream.
+#[allow(async_fn_in_trait)]
+pub trait ChangeStream {
+    /// Up to `max` next entries; an empty batch means the stream is drained.
+    async fn next_batch(&mut self, max: usize) -> Result<Vec<ChangeEntry>, SyncError>;
+}
+
+/// The sync half of a remote peer as the driver sees it. Implemented over
+/// Cap'n Proto by `wsd::client`, and in-process by [`crate::driver::StoreRemote`].
+#[allow(async_fn_in_trait)]
+pub trait Remote {
+    type Changes: ChangeStream;
+
+    /// The remote's watermarks with respect to us.
+    async fn watermarks(&mut self) -> Result<Watermarks, SyncError>;
+
+    async fn fetch_changes(
+        &mut self,
+        after: &ChangeCursor,
+        ignore: &[String],
+    ) -> Result<(FetchOpened, Self::Changes), SyncError>;
+
+    async fn has_objects(&mut self, hashes: &[Hash]) -> Result<Vec<Hash>, SyncError>;
+
+    /// The objects in request order; `EUNKNOWN_HASH` for one not held.
+    async fn fetch_objects(&mut self, hashes: &[Hash]) -> Result<Vec<Object>, SyncError>;
+
+    async fn push_objects(&mut self, objects: Vec<Object>) -> Result<(), SyncError>;
+
+    /// `sender` is `None` for an external writer (wire `senderRev = 0`).
+    async fn push(
+        &mut self,
+        sender: Option<ChangeCursor>,
+        entries: Vec<ChangeEntry>,
+        baseline: Baseline,
+    ) -> Result<PushOutcome, SyncError>;
+}

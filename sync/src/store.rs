@@ -1,0 +1,138 @@
+use crate::{ChangeCursor, ChangeEntry, Hash, IgnoreRules, SyncError, SyncPath};
+
+/// A store's watermarks with respect to one remote.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct Watermarks {
+    /// The latest local rev.
+    pub current_rev: u64,
+    /// How far our changes are acknowledged by that remote (our rev space).
+    pub push_cursor: ChangeCursor,
+    /// How far we have consumed that remote's changes (its rev space); a
+    /// push from that remote advances it too.
+    pub fetch_cursor: ChangeCursor,
+}
+
+impl Watermarks {
+    /// `pushRev` as the contract reports it: the last rev fully pushed.
+    pub fn push_rev(&self) -> u64 {
+        self.push_cursor.complete_rev()
+    }
+}
+
+/// What [`Store::open_changes`] decided for a stream after `after`.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct ChangesWindow {
+    /// `{currentRev at open, None}`: nothing beyond it is streamed.
+    pub through: ChangeCursor,
+    /// True when `after` is older than the tombstone prune horizon: the
+    /// reader must restart from [`ChangeCursor::ZERO`] and apply the stream
+    /// as a baseline ([`Baseline::Mark`], then [`Baseline::Sweep`]).
+    pub baseline: bool,
+}
+
+/// How an applied batch takes part in a full baseline (rule 10).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub enum Baseline {
+    /// An ordinary incremental batch.
+    #[default]
+    Off,
+    /// Part of a baseline: remember every listed path.
+    Mark,
+    /// The last batch of a baseline: remember its paths, then delete every
+    /// live path the baseline did not list, and forget the marks.
+    Sweep,
+}
+
+/// One batch handed to [`Store::apply`].
+#[derive(Clone, Debug)]
+pub struct ApplyBatch<'a> {
+    /// The remote the entries come from (whose fetch cursor moves).
+    pub remote: &'a str,
+    /// The sender's cursor once this batch is applied, or `None` for an
+    /// external writer (`senderRev == 0`, rule 5): entries are then ordinary
+    /// local writes and no watermark moves.
+    pub sender: Option<ChangeCursor>,
+    pub entries: &'a [ChangeEntry],
+    pub baseline: Baseline,
+}
+
+/// What one [`Store::apply`] did.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct ApplyOutcome {
+    /// The store's current rev after the batch.
+    pub rev: u64,
+    /// The stored fetch cursor for the batch's remote (`appliedPushCursor`).
+    pub fetch_cursor: ChangeCursor,
+    /// Entries that changed local state.
+    pub applied: usize,
+    /// Entries skipped because local state already matched (rule 4).
+    pub skipped: usize,
+    /// Entries that overwrote a local change not yet pushed to that remote
+    /// (rule 6: last applier wins, but never silently).
+    pub overwrote_local: usize,
+}
+
+/// A page request for [`Store::changes`].
+#[derive(Clone, Copy, Debug)]
+pub struct ChangesQuery<'a> {
+    /// Entries strictly after this cursor.
+    pub after: &'a ChangeCursor,
+    /// ... and at or before this one (from [`Store::open_changes`]).
+    pub through: &'a ChangeCursor,
+    pub ignore: &'a IgnoreRules,
+    /// Leave out paths whose current state was applied from this remote
+    /// and not changed locally since, so a peer's own writes are not
+    /// echoed back to it.
+    pub exclude_applied_from: Option<&'a str>,
+    /// At most this many entries. Fewer means the window is exhausted.
+    pub limit: usize,
+}
+
+/// A sync peer's storage: everything the driver and the RPC server need.
+///
+/// Implementations: `wsd_dofs::Dofs` (all in SQLite) and `wsd`'s workspace
+/// store (a real directory plus a SQLite index). Every method that mutates
+/// is one transaction: it commits whole or changes nothing.
+pub trait Store {
+    /// The latest committed rev.
+    fn current_rev(&mut self) -> Result<u64, SyncError>;
+
+    fn watermarks(&mut self, remote: &str) -> Result<Watermarks, SyncError>;
+
+    /// Fixes the upper bound of a change stream after `after`.
+    fn open_changes(&mut self, after: &ChangeCursor) -> Result<ChangesWindow, SyncError>;
+
+    /// Coalesced entries (one per path, its state now) with
+    /// `query.after < (rev, path) <= query.through`, ordered by
+    /// `(rev, path)` byte-wise. A path whose current rev is beyond `through`
+    /// is deferred (left out). Memory is bounded by `limit`, not the tree.
+    fn changes(&mut self, query: ChangesQuery<'_>) -> Result<Vec<ChangeEntry>, SyncError>;
+
+    /// One path's current state: live entry, else newest tombstone, else none.
+    fn read_entry(&mut self, path: &SyncPath) -> Result<Option<ChangeEntry>, SyncError>;
+
+    /// The subset of `hashes` held as complete objects, in input order.
+    fn has_objects(&mut self, hashes: &[Hash]) -> Result<Vec<Hash>, SyncError>;
+
+    /// The verified bytes of one object; `EUNKNOWN_HASH` when not held.
+    fn read_object(&mut self, hash: &Hash) -> Result<Vec<u8>, SyncError>;
+
+    /// Stores objects after checking `sha256(bytes) == hash` for each; a
+    /// mismatch stores nothing from the bad object and fails with
+    /// `EPROTOCOL`.
+    fn stage_objects(&mut self, objects: &[crate::Object]) -> Result<(), SyncError>;
+
+    /// Applies a batch atomically (rules 3–6, 10): all entries or none; a
+    /// chunk that is not held fails with `EUNKNOWN_HASH` and changes
+    /// nothing. With a sender cursor, the remote's fetch cursor advances to
+    /// it (never backwards) in the same transaction.
+    fn apply(&mut self, batch: ApplyBatch<'_>) -> Result<ApplyOutcome, SyncError>;
+
+    /// Sets the push cursor for `remote` (forward after a push, or back to
+    /// zero for a re-baseline).
+    fn set_push_cursor(&mut self, remote: &str, cursor: &ChangeCursor) -> Result<(), SyncError>;
+
+    /// Sets the fetch cursor for `remote` exactly (used to reset it to zero
+    /// when the remote's log turned out shorter than our cursor).
+    fn set_fetch_cursor(&mut self, remote: &str, cursor: &ChangeCursor) -> Result<(), SyncError>;
+}
