@@ -1,0 +1,1 @@
+//! Exec: the runner and the durable, resumable event log.

@@ -1,0 +1,1 @@
+//! The Cap'n Proto RPC server and client.

@@ -1,0 +1,1 @@
+//! The container-side store: the workspace directory plus its SQLite index.
