@@ -1,0 +1,344 @@
+# The wsd wire: one bootstrap capability per connection, handing out a
+# workspace with a `sync` half and a `shell` half.
+#
+# Semantics follow shared/design/sync-protocol.md and exec.md (method names
+# are the seed interface's). This file states what each method promises on
+# the wire; the Rust domain types it maps to live in `wsd_sync`, and the
+# one conversion edge is `wsd::rpc::convert`.
+#
+# Conventions that hold for every method below:
+#
+# * Errors. Every failure is a Cap'n Proto exception (type `failed`) whose
+#   reason starts with a stable wire code, a colon and a space:
+#   "EUNKNOWN_HASH: object 3fa2... is not held". The codes are ENOENT,
+#   EUNKNOWN_HASH, EEXEC_BUSY, ELOG_TRUNCATED, ESHUTDOWN, EAUTH, EPROTOCOL,
+#   EINVAL, ELIMIT and EIO. A reason without a known code (a transport-level
+#   failure inside the RPC library) is read as EPROTOCOL by our client; an
+#   exception of type `disconnected` means the connection is gone. A
+#   message that cannot be decoded is EPROTOCOL; a path that is not
+#   canonical is EINVAL; a request over a documented limit is ELIMIT naming
+#   the limit, and the connection stays usable.
+# * Paths are canonical workspace-relative UTF-8 (no leading or trailing
+#   `/`, no empty, `.` or `..` segments, no NUL) and compared byte-wise.
+# * Hashes are SHA-256 digests: `Data` of exactly 32 bytes.
+# * Streams are capabilities with flow control, never one giant list:
+#   change entries come from a pull iterator (`ChangeIterator`), objects and
+#   exec events go into `-> stream` sinks. Memory on both ends is bounded by
+#   the per-call limits, whatever the size of the tree or the output.
+# * Dropping a capability releases what it holds on the server (an open
+#   change window, an object upload, an exec subscription). Dropping the
+#   connection drops every capability it carried; nothing a dropped
+#   capability did is rolled back, and nothing it had not finished is kept.
+# * In-flight calls per connection are bounded (ELIMIT "in-flight calls per
+#   connection" beyond it); calls on streams count too.
+
+@0xc5b02dc4832bd523;
+
+# The only protocol version this schema describes. A change that an older
+# peer would misread bumps it; additive changes that old peers ignore
+# safely (new methods, new trailing fields with harmless defaults) do not.
+const protocolVersion :UInt32 = 1;
+
+# ---------------------------------------------------------------------------
+# Bootstrap and workspace
+
+interface Bootstrap {
+  # The bootstrap capability of every connection. Nothing else is reachable
+  # before `connect` succeeds.
+
+  connect @0 (token :Data, protocolVersion :UInt32, peer :Text)
+      -> (workspace :Workspace);
+  # Checks `token` in constant time against the daemon's token (EAUTH on a
+  # mismatch; a daemon without a token accepts any token but admits only
+  # loopback and unix-socket peers) and `protocolVersion` (EPROTOCOL unless
+  # it equals the `protocolVersion` constant above). `peer` is the caller's
+  # stable name (1..=255 bytes, no control characters, else EINVAL): the
+  # server keeps the watermarks of that name (the fetch cursor a `push`
+  # advances, the echo suppression of `fetchChanges`), so a caller must use
+  # the same name on every connection. Idempotent; each call returns a
+  # fresh workspace capability for the same workspace.
+}
+
+interface Workspace {
+  sync @0 () -> (sync :Sync);
+  # The sync half, bound to the `peer` named in `connect`.
+
+  shell @1 () -> (shell :Shell);
+  # The shell half. A daemon without an exec runner still returns it; every
+  # call on it then fails with "EIO: exec not available".
+}
+
+# ---------------------------------------------------------------------------
+# Sync: data types
+
+struct Cursor {
+  # A resume point in one store's rev space.
+  #   {rev, complete}: every change committed at or before `rev` was offered.
+  #   {rev, after p}: rev `rev` was offered up to and including path `p`.
+  # Order: by rev, then `after p` < `complete` within one rev, paths
+  # byte-wise.
+  rev @0 :UInt64;
+  union {
+    complete @1 :Void;
+    after @2 :Text;
+  }
+}
+
+struct ChunkRef {
+  hash @0 :Data;     # 32 bytes
+  size @1 :UInt32;   # 1 ..= the chunker's maximum chunk size (256 KiB)
+}
+
+struct ChangeEntry {
+  # The state *now* of one path, stamped with the sender's rev. Bytes are
+  # never inline: a file lists its chunks, which move with the *Objects
+  # methods. `mtime` is milliseconds since the Unix epoch; `mode` holds only
+  # permission bits (0o7777).
+  rev @0 :UInt64;
+  path @1 :Text;
+  union {
+    file :group {
+      mode @2 :UInt32;
+      mtime @3 :Int64;
+      size @4 :UInt64;            # equals the sum of the chunk sizes
+      chunks @5 :List(ChunkRef);  # in file order; empty for an empty file
+    }
+    dir :group {
+      mode @6 :UInt32;
+      mtime @7 :Int64;
+    }
+    symlink :group {
+      target @8 :Text;
+      mode @9 :UInt32;
+      mtime @10 :Int64;
+    }
+    delete @11 :Void;             # a tombstone
+  }
+}
+
+struct MaybeEntry {
+  union {
+    none @0 :Void;
+    entry @1 :ChangeEntry;
+  }
+}
+
+struct Object {
+  # A content-addressed object in transit. The receiver verifies
+  # sha256(bytes) == hash before it stores or links anything.
+  hash @0 :Data;
+  bytes @1 :Data;   # at most the maximum chunk size (256 KiB)
+}
+
+enum Baseline {
+  # How an applied batch takes part in a full baseline (protocol rule 10).
+  off @0;     # an ordinary incremental batch
+  mark @1;    # part of a baseline: the receiver remembers the listed paths
+  sweep @2;   # the baseline's last batch: remember its paths, then delete
+              # every live path the baseline did not list
+}
+
+# ---------------------------------------------------------------------------
+# Sync: the interface
+
+interface Sync {
+  # Every method here acts for the `peer` named in `Bootstrap.connect`.
+  # Mutating calls (`push`, `ObjectSink.write` of `pushObjects`) are applied
+  # in arrival order on one writer; reads see only committed state.
+
+  push @0 (sender :Cursor, baseline :Baseline, entries :List(ChangeEntry))
+      -> (rev :UInt64, appliedPushCursor :Cursor);
+  # Applies one batch atomically: all entries or none. At most 4096 entries
+  # (ELIMIT "entries per push"); every entry is checked first (EINVAL for a
+  # non-canonical path, a mode outside 0o7777, a size that disagrees with
+  # the chunks; ELIMIT for over-long paths or targets) and a bad one
+  # rejects the whole batch. Every chunk an entry references must already
+  # be held (sent earlier with `pushObjects`) or the push fails with
+  # EUNKNOWN_HASH naming the hash and the path, and changes nothing.
+  #
+  # `sender.rev` is the wire's senderRev. senderRev > 0: the caller is a
+  # sync peer replicating its own log, `sender` is its cursor once this
+  # batch is applied; entries already matching local state are skipped
+  # (idempotent, so a retried push is harmless) and the peer's fetch
+  # cursor advances to `sender` (never backwards) in the same transaction.
+  # senderRev == 0: an external writer; entries become ordinary local
+  # writes with fresh local revs and no watermark moves (so a retry is
+  # re-applied, not skipped).
+  #
+  # Returns the receiver's current rev after the batch and its stored fetch
+  # cursor for this peer (`appliedPushCursor`), which the sender checks
+  # covers what it pushed.
+
+  fetchChanges @1 (after :Cursor, ignore :List(Text))
+      -> (currentCursor :Cursor, appliedPushCursor :Cursor, baseline :Bool,
+          changes :ChangeIterator);
+  # Opens a change window after `after` (a null `after` is {0, complete}: a
+  # full baseline). `currentCursor` is {currentRev at open, complete}; the
+  # iterator yields every path whose state changed in (after,
+  # currentCursor], one entry per path with its state now, ordered by
+  # (rev, path). A path rewritten after the window opened is deferred to a
+  # later fetch (its rev is past `currentCursor`). Paths whose current
+  # state this peer pushed and that did not change locally since are left
+  # out (no echo). `ignore` holds gitignore-style patterns (at most 1024,
+  # ELIMIT; a malformed one is EINVAL); ignored paths are left out.
+  #
+  # `baseline` is true when `after` is older than the receiver's tombstone
+  # prune horizon: the iterator then starts from zero instead, and the
+  # caller applies it as a baseline (mark every batch, sweep at the end).
+  # `appliedPushCursor` is the receiver's fetch cursor for this peer.
+  # Read-only; dropping the iterator closes the window.
+
+  watermarks @2 () -> (currentRev :UInt64, pushCursor :Cursor,
+                       fetchCursor :Cursor);
+  # The receiver's watermarks with respect to this peer: its latest rev,
+  # how far its changes are acknowledged by this peer (pushRev is
+  # pushCursor's last complete rev), and how far it has consumed this
+  # peer's changes. On wsd this settles local changes first. Read-only.
+
+  readEntry @3 (path :Text) -> (entry :MaybeEntry);
+  # One path's current state: the live entry, else its newest tombstone,
+  # else none. Read-only.
+
+  hasObjects @4 (hashes :List(Data)) -> (held :List(Data));
+  # The subset of `hashes` the receiver holds as complete objects, in input
+  # order. At most 16384 hashes (ELIMIT "hashes per call"). Read-only.
+
+  fetchObjects @5 (hashes :List(Data), sink :ObjectSink) -> ();
+  # Writes the objects named by `hashes` (at most 16384) into the caller's
+  # `sink`, in request order, in `write` calls of at most 1 MiB of object
+  # bytes, paced by the sink's stream flow control. The call returns only
+  # after every write was acknowledged; `sink.done` is not called. An
+  # unknown hash fails the call with EUNKNOWN_HASH naming it, after the
+  # objects before it were written. If a write fails (the caller dropped
+  # the sink or rejected an object) the call fails with that error.
+
+  pushObjects @6 () -> (sink :ObjectSink);
+  # Opens an upload: the caller streams objects into the returned sink with
+  # `write` and finishes with `done`. Each write is verified (sha256 of
+  # every object; a mismatch is EPROTOCOL and stores nothing from the bad
+  # object) and staged before it is acknowledged, so flow control paces
+  # the caller at the receiver's storage speed. Staged objects are held
+  # whether or not `done` is called; staging the same object twice is
+  # harmless (idempotent).
+}
+
+interface ChangeIterator {
+  # A pull iterator over an open change window. Calls are served one at a
+  # time in arrival order (pipelining a second `next` is allowed and
+  # returns the following batch).
+
+  next @0 (max :UInt32) -> (entries :List(ChangeEntry));
+  # Up to `max` (1 ..= 4096, else ELIMIT "entries per next") next entries.
+  # An empty list means the window is drained; further calls return empty
+  # lists.
+}
+
+interface ObjectSink {
+  # A flow-controlled object stream. Writes are processed in order; once
+  # one fails, every later write and `done` fail with the same error.
+
+  write @0 (objects :List(Object)) -> stream;
+  # At most 1 MiB of object bytes per call (ELIMIT "object bytes per
+  # write"), each object at most the maximum chunk size (ELIMIT "object
+  # size (bytes)"), hashes of 32 bytes (EINVAL).
+
+  done @1 () -> ();
+  # Returns once every earlier write has been processed; fails with the
+  # first write error if there was one.
+}
+
+# ---------------------------------------------------------------------------
+# Shell
+
+struct EnvVar {
+  name @0 :Text;
+  value @1 :Text;
+}
+
+struct ExecRequest {
+  command @0 :Text;     # run as /bin/sh -c command
+  cwd @1 :Text;         # relative to the workspace root; null = the root
+  id @2 :Text;          # null = a fresh unique id chosen by the server
+  env @3 :List(EnvVar); # added to the daemon's allowlisted environment
+  stdin @4 :Data;       # null = no stdin; else written, then the pipe closed
+  timeoutMs @5 :UInt64; # 0 = no timeout
+}
+
+struct ExecEvent {
+  # `seq` starts at 1 and grows by one per event of that exec, across
+  # stdout and stderr. `exit` is the last event of an exec.
+  id @0 :Text;
+  seq @1 :UInt64;
+  union {
+    stdout @2 :Data;
+    stderr @3 :Data;
+    exit @4 :Int32;
+  }
+}
+
+struct ResumePoint {
+  union {
+    start @0 :Void;     # every retained event from the beginning
+    after @1 :UInt64;   # events with seq > after
+    tail @2 :Void;      # only events logged from now on
+  }
+}
+
+enum Signal {
+  term @0;
+  kill @1;
+  int @2;
+  hup @3;
+}
+
+struct WireError {
+  code @0 :Text;        # a wire code such as "ELOG_TRUNCATED"
+  message @1 :Text;
+}
+
+interface Shell {
+  # Starting, killing and disposing are applied in arrival order by the
+  # exec runner; event delivery is flow-controlled by the caller's sink: a
+  # caller that stops acknowledging `event` slows the runner's reading of
+  # the command's pipes (the command then blocks on write, as under a slow
+  # pipe). With no subscriber the runner keeps logging, so a detached
+  # command still finishes.
+
+  exec @0 (request :ExecRequest, events :ExecEventSink)
+      -> (id :Text, subscription :ExecSubscription);
+  # Starts `/bin/sh -c command` and delivers its events into `events` from
+  # seq 1. An id that is still live is EEXEC_BUSY; a cwd outside the root
+  # is EINVAL; over the runner's command, env, stdin or concurrency limits
+  # is ELIMIT. Delivery lasts while the caller holds `subscription` and the
+  # sink accepts writes; afterwards `getExec` re-attaches.
+
+  getExec @1 (id :Text, after :ResumePoint, events :ExecEventSink)
+      -> (id :Text, subscription :ExecSubscription);
+  # Re-attaches to a live or finished exec and delivers its events from
+  # `after` (null = start). Unknown or disposed id: ENOENT. A resume point
+  # older than the retained log: ELOG_TRUNCATED.
+
+  killExec @2 (id :Text, signal :Signal) -> ();
+  # Signals the exec's whole process group (the default is `term`). A
+  # no-op once it exited. Unknown id: ENOENT.
+
+  disposeExec @3 (id :Text) -> ();
+  # Drops the log of an exec (killing it first if still live); a later
+  # `getExec` gets ENOENT. Unknown id: ENOENT.
+}
+
+interface ExecEventSink {
+  # Implemented by the caller. Events arrive in seq order.
+
+  event @0 (event :ExecEvent) -> stream;
+
+  end @1 (error :WireError) -> ();
+  # The delivery is over: after the `exit` event with a null `error`, or
+  # early with the error that stopped it (for example EIO when the log
+  # could not be read). Not called when the caller dropped `subscription`.
+}
+
+interface ExecSubscription {
+  # Holds a live event delivery. It has no methods: dropping it stops the
+  # delivery (the exec itself keeps running and logging).
+}
