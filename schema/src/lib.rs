@@ -9,7 +9,13 @@
 /// Code generated from `workspace.capnp`. It is pulled in with `include!`
 /// (not `mod`) so `cargo fmt` leaves it exactly as capnpc wrote it and the
 /// regeneration check can compare it byte for byte.
-#[allow(clippy::all, clippy::pedantic, missing_debug_implementations, rust_2018_idioms, unused)]
+#[allow(
+    clippy::all,
+    clippy::pedantic,
+    missing_debug_implementations,
+    rust_2018_idioms,
+    unused
+)]
 pub mod workspace_capnp {
     include!("workspace_capnp.rs");
 }
