@@ -1,0 +1,460 @@
+//! The one edge between generated Cap'n Proto types and domain types:
+//! `*_to` fills a builder from a domain value, `*_from` checks and decodes a
+//! reader. Everything arriving from the wire is untrusted: paths go through
+//! [`SyncPath::new`] (`EINVAL`), lists are length-checked before anything
+//! is allocated for them (`ELIMIT`), hashes must be 32 bytes (`EINVAL`).
+
+use wsd_schema::workspace_capnp as wire;
+use wsd_sync::limits::MAX_CHUNKS_PER_FILE;
+use wsd_sync::{
+    Baseline, ChangeCursor, ChangeEntry, ChunkRef, EntryState, ErrorCode, Hash, Object, SyncPath,
+    Watermarks, chunk,
+};
+
+use super::WireError;
+use super::exec_backend::{ExecEvent, ExecEventKind, ExecRequest, ExecSignal, ResumeFrom};
+use super::limits::MAX_OBJECT_WRITE_BYTES;
+
+// ---------------------------------------------------------------------------
+// Errors
+
+/// Capnp-rpc prefixes the reason of an exception that crossed the wire.
+const REMOTE_PREFIX: &str = "remote exception: ";
+
+/// Encodes an error as the exception the schema promises:
+/// reason `"{code}: {message}"`.
+pub(crate) fn error_to(e: &WireError) -> capnp::Error {
+    capnp::Error::failed(format!("{}: {}", e.code, e.message))
+}
+
+/// Decodes any capnp error: a `disconnected` exception is a lost
+/// connection; a reason that starts with a known code keeps it; anything
+/// else (a malformed message, a library-level failure) is `EPROTOCOL`.
+impl From<capnp::Error> for WireError {
+    fn from(e: capnp::Error) -> WireError {
+        let reason = e.extra.strip_prefix(REMOTE_PREFIX).unwrap_or(&e.extra);
+        if e.kind == capnp::ErrorKind::Disconnected {
+            return WireError::connection_lost(reason);
+        }
+        if let Some((code, message)) = reason.split_once(": ")
+            && let Some(code) = ErrorCode::parse(code)
+        {
+            return WireError::new(code, message);
+        }
+        WireError::new(ErrorCode::Protocol, format!("malformed or failed RPC: {reason}"))
+    }
+}
+
+/// A union discriminant this build does not know: the peer speaks a newer
+/// schema than it announced.
+impl From<capnp::NotInSchema> for WireError {
+    fn from(e: capnp::NotInSchema) -> WireError {
+        WireError::new(ErrorCode::Protocol, format!("unknown union member: {e}"))
+    }
+}
+
+pub(crate) fn text(r: capnp::Result<capnp::text::Reader<'_>>, what: &str) -> Result<String, WireError> {
+    r?.to_string()
+        .map_err(|e| WireError::new(ErrorCode::Invalid, format!("{what} is not UTF-8: {e}")))
+}
+
+/// An optional text field: a null pointer is `None`.
+fn opt_text(
+    has: bool,
+    r: capnp::Result<capnp::text::Reader<'_>>,
+    what: &str,
+) -> Result<Option<String>, WireError> {
+    if has { text(r, what).map(Some) } else { Ok(None) }
+}
+
+pub(crate) fn path_from(r: capnp::Result<capnp::text::Reader<'_>>) -> Result<SyncPath, WireError> {
+    Ok(SyncPath::new(text(r, "path")?)?)
+}
+
+// ---------------------------------------------------------------------------
+// Sync types
+
+pub(crate) fn hash_from(bytes: &[u8]) -> Result<Hash, WireError> {
+    Ok(Hash::from_slice(bytes)?)
+}
+
+pub(crate) fn hashes_to(mut b: capnp::data_list::Builder<'_>, hashes: &[Hash]) {
+    for (i, h) in hashes.iter().enumerate() {
+        b.set(i as u32, h.as_bytes());
+    }
+}
+
+/// Decodes a hash list, checking its length against `max` first.
+pub(crate) fn hashes_from(r: capnp::data_list::Reader<'_>, max: usize) -> Result<Vec<Hash>, WireError> {
+    WireError::check_limit("hashes per call", max, r.len() as usize)?;
+    r.iter().map(|h| hash_from(h?)).collect()
+}
+
+pub(crate) fn cursor_to(mut b: wire::cursor::Builder<'_>, c: &ChangeCursor) {
+    b.set_rev(c.rev);
+    match &c.path {
+        None => b.set_complete(()),
+        Some(p) => b.set_after(p.as_str()),
+    }
+}
+
+pub(crate) fn cursor_from(r: wire::cursor::Reader<'_>) -> Result<ChangeCursor, WireError> {
+    let rev = r.get_rev();
+    Ok(match r.which()? {
+        wire::cursor::Which::Complete(()) => ChangeCursor::at(rev),
+        wire::cursor::Which::After(p) => ChangeCursor::within(rev, path_from(p)?),
+    })
+}
+
+/// A cursor field that may be absent (null pointer): absent is
+/// [`ChangeCursor::ZERO`].
+pub(crate) fn opt_cursor_from(
+    has: bool,
+    r: capnp::Result<wire::cursor::Reader<'_>>,
+) -> Result<ChangeCursor, WireError> {
+    if has { cursor_from(r?) } else { Ok(ChangeCursor::ZERO) }
+}
+
+pub(crate) fn baseline_to(b: Baseline) -> wire::Baseline {
+    match b {
+        Baseline::Off => wire::Baseline::Off,
+        Baseline::Mark => wire::Baseline::Mark,
+        Baseline::Sweep => wire::Baseline::Sweep,
+    }
+}
+
+pub(crate) fn baseline_from(
+    r: Result<wire::Baseline, capnp::NotInSchema>,
+) -> Result<Baseline, WireError> {
+    match r {
+        Ok(wire::Baseline::Off) => Ok(Baseline::Off),
+        Ok(wire::Baseline::Mark) => Ok(Baseline::Mark),
+        Ok(wire::Baseline::Sweep) => Ok(Baseline::Sweep),
+        Err(e) => Err(WireError::new(ErrorCode::Invalid, format!("unknown baseline value: {e}"))),
+    }
+}
+
+pub(crate) fn entry_to(mut b: wire::change_entry::Builder<'_>, e: &ChangeEntry) {
+    b.set_rev(e.rev);
+    b.set_path(e.path.as_str());
+    match &e.state {
+        EntryState::File { mode, mtime, size, chunks } => {
+            let mut f = b.init_file();
+            f.set_mode(*mode);
+            f.set_mtime(*mtime);
+            f.set_size(*size);
+            let mut list = f.init_chunks(chunks.len() as u32);
+            for (i, c) in chunks.iter().enumerate() {
+                let mut cb = list.reborrow().get(i as u32);
+                cb.set_hash(c.hash.as_bytes());
+                cb.set_size(c.size);
+            }
+        }
+        EntryState::Dir { mode, mtime } => {
+            let mut d = b.init_dir();
+            d.set_mode(*mode);
+            d.set_mtime(*mtime);
+        }
+        EntryState::Symlink { target, mode, mtime } => {
+            let mut s = b.init_symlink();
+            s.set_target(target.as_str());
+            s.set_mode(*mode);
+            s.set_mtime(*mtime);
+        }
+        EntryState::Delete => b.set_delete(()),
+    }
+}
+
+/// Decodes one entry and runs [`ChangeEntry::validate`] on it.
+pub(crate) fn entry_from(r: wire::change_entry::Reader<'_>) -> Result<ChangeEntry, WireError> {
+    let path = path_from(r.get_path())?;
+    let state = match r.which()? {
+        wire::change_entry::Which::File(f) => {
+            let list = f.get_chunks()?;
+            WireError::check_limit("chunks per file", MAX_CHUNKS_PER_FILE, list.len() as usize)?;
+            let chunks = list
+                .iter()
+                .map(|c| Ok(ChunkRef { hash: hash_from(c.get_hash()?)?, size: c.get_size() }))
+                .collect::<Result<Vec<_>, WireError>>()?;
+            EntryState::File { mode: f.get_mode(), mtime: f.get_mtime(), size: f.get_size(), chunks }
+        }
+        wire::change_entry::Which::Dir(d) => EntryState::Dir { mode: d.get_mode(), mtime: d.get_mtime() },
+        wire::change_entry::Which::Symlink(s) => EntryState::Symlink {
+            target: text(s.get_target(), "symlink target")?,
+            mode: s.get_mode(),
+            mtime: s.get_mtime(),
+        },
+        wire::change_entry::Which::Delete(()) => EntryState::Delete,
+    };
+    let entry = ChangeEntry { rev: r.get_rev(), path, state };
+    entry.validate()?;
+    Ok(entry)
+}
+
+pub(crate) fn entries_to(
+    mut b: capnp::struct_list::Builder<'_, wire::change_entry::Owned>,
+    entries: &[ChangeEntry],
+) {
+    for (i, e) in entries.iter().enumerate() {
+        entry_to(b.reborrow().get(i as u32), e);
+    }
+}
+
+/// Decodes an entry list, checking its length against `max` (named `limit`)
+/// before decoding anything.
+pub(crate) fn entries_from(
+    r: capnp::struct_list::Reader<'_, wire::change_entry::Owned>,
+    limit: &str,
+    max: usize,
+) -> Result<Vec<ChangeEntry>, WireError> {
+    WireError::check_limit(limit, max, r.len() as usize)?;
+    r.iter().map(entry_from).collect()
+}
+
+pub(crate) fn maybe_entry_to(mut b: wire::maybe_entry::Builder<'_>, e: Option<&ChangeEntry>) {
+    match e {
+        None => b.set_none(()),
+        Some(e) => entry_to(b.init_entry(), e),
+    }
+}
+
+pub(crate) fn maybe_entry_from(
+    r: wire::maybe_entry::Reader<'_>,
+) -> Result<Option<ChangeEntry>, WireError> {
+    match r.which()? {
+        wire::maybe_entry::Which::None(()) => Ok(None),
+        wire::maybe_entry::Which::Entry(e) => entry_from(e?).map(Some),
+    }
+}
+
+pub(crate) fn objects_to(
+    mut b: capnp::struct_list::Builder<'_, wire::object::Owned>,
+    objects: &[Object],
+) {
+    for (i, o) in objects.iter().enumerate() {
+        let mut ob = b.reborrow().get(i as u32);
+        ob.set_hash(o.hash.as_bytes());
+        ob.set_bytes(&o.bytes);
+    }
+}
+
+/// Decodes one `ObjectSink.write`: each object at most one maximum chunk,
+/// all together at most [`MAX_OBJECT_WRITE_BYTES`]. Hashes are *not*
+/// verified here; the store verifies them before keeping anything.
+pub(crate) fn objects_from(
+    r: capnp::struct_list::Reader<'_, wire::object::Owned>,
+) -> Result<Vec<Object>, WireError> {
+    let mut total = 0usize;
+    let mut out = Vec::with_capacity(r.len() as usize);
+    for o in r.iter() {
+        let bytes = o.get_bytes()?;
+        WireError::check_limit("object size (bytes)", chunk::MAX_CHUNK, bytes.len())?;
+        total += bytes.len();
+        WireError::check_limit("object bytes per write", MAX_OBJECT_WRITE_BYTES, total)?;
+        out.push(Object { hash: hash_from(o.get_hash()?)?, bytes: bytes.to_vec() });
+    }
+    Ok(out)
+}
+
+/// The parts of `Sync.watermarks`' results.
+pub(crate) fn watermarks_from(
+    current_rev: u64,
+    push: wire::cursor::Reader<'_>,
+    fetch: wire::cursor::Reader<'_>,
+) -> Result<Watermarks, WireError> {
+    Ok(Watermarks {
+        current_rev,
+        push_cursor: cursor_from(push)?,
+        fetch_cursor: cursor_from(fetch)?,
+    })
+}
+
+// ---------------------------------------------------------------------------
+// Shell types
+
+pub(crate) fn exec_request_to(mut b: wire::exec_request::Builder<'_>, r: &ExecRequest) {
+    b.set_command(r.command.as_str());
+    if let Some(cwd) = &r.cwd {
+        b.set_cwd(cwd.as_str());
+    }
+    if let Some(id) = &r.id {
+        b.set_id(id.as_str());
+    }
+    if !r.env.is_empty() {
+        let mut env = b.reborrow().init_env(r.env.len() as u32);
+        for (i, (name, value)) in r.env.iter().enumerate() {
+            let mut v = env.reborrow().get(i as u32);
+            v.set_name(name.as_str());
+            v.set_value(value.as_str());
+        }
+    }
+    if let Some(stdin) = &r.stdin {
+        b.set_stdin(stdin);
+    }
+    b.set_timeout_ms(r.timeout_ms.unwrap_or(0));
+}
+
+pub(crate) fn exec_request_from(r: wire::exec_request::Reader<'_>) -> Result<ExecRequest, WireError> {
+    let env = if r.has_env() {
+        r.get_env()?
+            .iter()
+            .map(|v| Ok((text(v.get_name(), "env name")?, text(v.get_value(), "env value")?)))
+            .collect::<Result<Vec<_>, WireError>>()?
+    } else {
+        Vec::new()
+    };
+    Ok(ExecRequest {
+        command: text(r.get_command(), "command")?,
+        cwd: opt_text(r.has_cwd(), r.get_cwd(), "cwd")?,
+        id: opt_text(r.has_id(), r.get_id(), "exec id")?,
+        env,
+        stdin: if r.has_stdin() { Some(r.get_stdin()?.to_vec()) } else { None },
+        timeout_ms: match r.get_timeout_ms() {
+            0 => None,
+            ms => Some(ms),
+        },
+    })
+}
+
+pub(crate) fn exec_event_to(mut b: wire::exec_event::Builder<'_>, e: &ExecEvent) {
+    b.set_id(e.id.as_str());
+    b.set_seq(e.seq);
+    match &e.kind {
+        ExecEventKind::Stdout(bytes) => b.set_stdout(bytes),
+        ExecEventKind::Stderr(bytes) => b.set_stderr(bytes),
+        ExecEventKind::Exit(code) => b.set_exit(*code),
+    }
+}
+
+pub(crate) fn exec_event_from(r: wire::exec_event::Reader<'_>) -> Result<ExecEvent, WireError> {
+    let kind = match r.which()? {
+        wire::exec_event::Which::Stdout(b) => ExecEventKind::Stdout(b?.to_vec()),
+        wire::exec_event::Which::Stderr(b) => ExecEventKind::Stderr(b?.to_vec()),
+        wire::exec_event::Which::Exit(code) => ExecEventKind::Exit(code),
+    };
+    Ok(ExecEvent { id: text(r.get_id(), "exec id")?, seq: r.get_seq(), kind })
+}
+
+pub(crate) fn resume_to(mut b: wire::resume_point::Builder<'_>, from: ResumeFrom) {
+    match from {
+        ResumeFrom::Start => b.set_start(()),
+        ResumeFrom::After(n) => b.set_after(n),
+        ResumeFrom::Tail => b.set_tail(()),
+    }
+}
+
+pub(crate) fn resume_from(
+    has: bool,
+    r: capnp::Result<wire::resume_point::Reader<'_>>,
+) -> Result<ResumeFrom, WireError> {
+    if !has {
+        return Ok(ResumeFrom::Start);
+    }
+    Ok(match r?.which()? {
+        wire::resume_point::Which::Start(()) => ResumeFrom::Start,
+        wire::resume_point::Which::After(n) => ResumeFrom::After(n),
+        wire::resume_point::Which::Tail(()) => ResumeFrom::Tail,
+    })
+}
+
+pub(crate) fn signal_to(s: ExecSignal) -> wire::Signal {
+    match s {
+        ExecSignal::Term => wire::Signal::Term,
+        ExecSignal::Kill => wire::Signal::Kill,
+        ExecSignal::Int => wire::Signal::Int,
+        ExecSignal::Hup => wire::Signal::Hup,
+    }
+}
+
+pub(crate) fn signal_from(r: Result<wire::Signal, capnp::NotInSchema>) -> Result<ExecSignal, WireError> {
+    match r {
+        Ok(wire::Signal::Term) => Ok(ExecSignal::Term),
+        Ok(wire::Signal::Kill) => Ok(ExecSignal::Kill),
+        Ok(wire::Signal::Int) => Ok(ExecSignal::Int),
+        Ok(wire::Signal::Hup) => Ok(ExecSignal::Hup),
+        Err(e) => Err(WireError::new(ErrorCode::Invalid, format!("unknown signal: {e}"))),
+    }
+}
+
+pub(crate) fn wire_error_to(mut b: wire::wire_error::Builder<'_>, e: &WireError) {
+    b.set_code(e.code.as_str());
+    b.set_message(e.message.as_str());
+}
+
+pub(crate) fn wire_error_from(r: wire::wire_error::Reader<'_>) -> Result<WireError, WireError> {
+    let code = text(r.get_code(), "error code")?;
+    let message = text(r.get_message(), "error message")?;
+    Ok(match ErrorCode::parse(&code) {
+        Some(code) => WireError::new(code, message),
+        None => WireError::new(ErrorCode::Protocol, format!("unknown error code {code}: {message}")),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roundtrip_entry(e: &ChangeEntry) -> Result<ChangeEntry, WireError> {
+        let mut msg = capnp::message::Builder::new_default();
+        entry_to(msg.init_root::<wire::change_entry::Builder<'_>>(), e);
+        entry_from(msg.get_root_as_reader::<wire::change_entry::Reader<'_>>()?)
+    }
+
+    #[test]
+    fn every_entry_kind_survives_the_wire() {
+        let p = SyncPath::new("a/b").unwrap();
+        let c = ChunkRef { hash: Hash::of(b"x"), size: 1 };
+        for state in [
+            EntryState::File { mode: 0o644, mtime: -5, size: 1, chunks: vec![c] },
+            EntryState::File { mode: 0o600, mtime: 0, size: 0, chunks: vec![] },
+            EntryState::Dir { mode: 0o755, mtime: 7 },
+            EntryState::Symlink { target: "../t".into(), mode: 0o777, mtime: 9 },
+            EntryState::Delete,
+        ] {
+            let e = ChangeEntry { rev: 42, path: p.clone(), state };
+            assert_eq!(roundtrip_entry(&e).unwrap(), e);
+        }
+    }
+
+    #[test]
+    fn cursors_survive_the_wire() {
+        for c in [ChangeCursor::ZERO, ChangeCursor::at(9), ChangeCursor::within(3, SyncPath::new("z").unwrap())] {
+            let mut msg = capnp::message::Builder::new_default();
+            cursor_to(msg.init_root::<wire::cursor::Builder<'_>>(), &c);
+            let back = cursor_from(msg.get_root_as_reader::<wire::cursor::Reader<'_>>().unwrap());
+            assert_eq!(back.unwrap(), c);
+        }
+    }
+
+    #[test]
+    fn a_hostile_wire_path_is_einval() {
+        let mut msg = capnp::message::Builder::new_default();
+        let mut b = msg.init_root::<wire::change_entry::Builder<'_>>();
+        b.set_path("../etc/passwd");
+        b.set_delete(());
+        let err = entry_from(msg.get_root_as_reader::<wire::change_entry::Reader<'_>>().unwrap())
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::Invalid);
+    }
+
+    #[test]
+    fn every_error_code_survives_encoding() {
+        for code in ErrorCode::ALL {
+            let e = WireError::new(code, "it: broke");
+            let mut local = error_to(&e);
+            assert_eq!(WireError::from(local.clone()), e);
+            // What the peer sees after capnp-rpc carried the exception.
+            local.extra = format!("{REMOTE_PREFIX}{}", local.extra);
+            assert_eq!(WireError::from(local), e);
+        }
+    }
+
+    #[test]
+    fn an_uncoded_or_disconnected_error_gets_a_code() {
+        let e = WireError::from(capnp::Error::failed("Message ends prematurely".into()));
+        assert_eq!(e.code, ErrorCode::Protocol);
+        let e = WireError::from(capnp::Error::disconnected("Peer disconnected.".into()));
+        assert_eq!(e.code, ErrorCode::Shutdown);
+        assert!(e.message.starts_with("connection lost"));
+    }
+}

@@ -1,0 +1,450 @@
+//! Accepting connections and the bootstrap: listeners, admission, the token
+//! and version check, bounded connections, graceful shutdown.
+
+use std::cell::Cell;
+use std::future::Future;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use capnp_rpc::{RpcSystem, rpc_twoparty_capnp, twoparty};
+use futures::AsyncReadExt;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::compat::TokioAsyncReadCompatExt;
+use tokio_util::sync::CancellationToken;
+use wsd_schema::workspace_capnp as wire;
+use wsd_sync::{ErrorCode, Store};
+
+use super::auth::{PeerOrigin, Token, admit};
+use super::convert::{error_to, text};
+use super::exec_backend::{DynExecBackend, ExecBackend};
+use super::limits::{
+    DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_IN_FLIGHT_CALLS, MAX_MESSAGE_BYTES, MAX_PEER_NAME_BYTES,
+};
+use super::server_shell::ShellServer;
+use super::server_sync::SyncServer;
+use super::store_thread::StoreHandle;
+use super::{PROTOCOL_VERSION, WireError};
+
+/// How the server runs. `Default` is: no token (loopback peers only),
+/// [`DEFAULT_MAX_CONNECTIONS`], [`DEFAULT_MAX_IN_FLIGHT_CALLS`], 2 s grace.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// The shared secret peers must present; `None` admits only loopback
+    /// and unix-socket peers, and any token they present.
+    pub token: Option<Token>,
+    pub max_connections: usize,
+    pub max_in_flight_calls: usize,
+    /// How long shutdown waits for connections to flush their last replies
+    /// before closing them.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            token: None,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_in_flight_calls: DEFAULT_MAX_IN_FLIGHT_CALLS,
+            shutdown_grace: Duration::from_secs(2),
+        }
+    }
+}
+
+/// What the server serves: a store and, optionally, an exec runner.
+pub struct Backend<S> {
+    store: S,
+    exec: Option<Rc<dyn DynExecBackend>>,
+}
+
+impl<S> std::fmt::Debug for Backend<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Backend").field("exec", &self.exec.is_some()).finish_non_exhaustive()
+    }
+}
+
+impl<S: Store + Send + 'static> Backend<S> {
+    /// A backend without an exec runner: shell calls fail with
+    /// `EIO: exec not available`.
+    pub fn new(store: S) -> Backend<S> {
+        Backend { store, exec: None }
+    }
+
+    pub fn with_exec(mut self, exec: impl ExecBackend) -> Backend<S> {
+        self.exec = Some(Rc::new(exec));
+        self
+    }
+}
+
+/// A bound listening socket.
+#[derive(Debug)]
+pub enum Listener {
+    Tcp(tokio::net::TcpListener),
+    /// The socket file is removed when the server stops.
+    Unix { listener: tokio::net::UnixListener, path: PathBuf },
+}
+
+impl Listener {
+    /// Binds `addr`: `"host:port"` for TCP or `"unix:/path"` for a unix
+    /// socket (a stale socket file at that path is replaced).
+    pub async fn bind(addr: &str) -> std::io::Result<Listener> {
+        if let Some(path) = addr.strip_prefix("unix:") {
+            let path = PathBuf::from(path);
+            if std::fs::symlink_metadata(&path).is_ok_and(|m| {
+                use std::os::unix::fs::FileTypeExt;
+                m.file_type().is_socket()
+            }) {
+                std::fs::remove_file(&path)?;
+            }
+            let listener = tokio::net::UnixListener::bind(&path)?;
+            return Ok(Listener::Unix { listener, path });
+        }
+        Ok(Listener::Tcp(tokio::net::TcpListener::bind(addr).await?))
+    }
+
+    /// The address in the form [`Listener::bind`] and `client::connect`
+    /// accept (useful after binding port 0).
+    pub fn local_addr(&self) -> std::io::Result<String> {
+        match self {
+            Listener::Tcp(l) => Ok(l.local_addr()?.to_string()),
+            Listener::Unix { path, .. } => Ok(format!("unix:{}", path.display())),
+        }
+    }
+}
+
+/// Why [`serve`] could not run or finish.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    #[error("starting the store thread: {0}")]
+    StoreThread(std::io::Error),
+    #[error("the store thread died (a store call panicked)")]
+    StoreDied,
+}
+
+/// State shared by every connection of one server.
+pub(crate) struct Shared<S> {
+    pub(crate) store: StoreHandle<S>,
+    pub(crate) exec: Option<Rc<dyn DynExecBackend>>,
+    token: Option<Token>,
+}
+
+/// Per-connection state: the in-flight call budget.
+pub(crate) struct Conn {
+    in_flight: Cell<usize>,
+    max_in_flight: usize,
+}
+
+/// Holds one unit of the connection's in-flight budget while a call runs.
+pub(crate) struct CallGuard(Rc<Conn>);
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        self.0.in_flight.set(self.0.in_flight.get() - 1);
+    }
+}
+
+impl Conn {
+    pub(crate) fn enter(self: &Rc<Self>) -> Result<CallGuard, WireError> {
+        let n = self.in_flight.get();
+        WireError::check_limit("in-flight calls per connection", self.max_in_flight, n + 1)?;
+        self.in_flight.set(n + 1);
+        Ok(CallGuard(self.clone()))
+    }
+}
+
+/// Runs one call body under the connection's in-flight budget and encodes
+/// its error as a coded exception.
+pub(crate) async fn run_call<F>(conn: &Rc<Conn>, method: &'static str, body: F) -> Result<(), capnp::Error>
+where
+    F: Future<Output = Result<(), WireError>>,
+{
+    let result = match conn.enter() {
+        Ok(_guard) => body.await,
+        Err(e) => Err(e),
+    };
+    result.map_err(|e| {
+        tracing::debug!(method, error = %e, "call failed");
+        error_to(&e)
+    })
+}
+
+/// Serves `backend` on `listeners` until `shutdown` resolves, then stops
+/// accepting (listeners closed, unix socket files removed), refuses new
+/// calls with `ESHUTDOWN`, lets the store finish every call already queued
+/// (so an in-flight transaction completes), gives connections
+/// [`ServerConfig::shutdown_grace`] to flush their replies, closes them and
+/// returns the store.
+///
+/// Must run inside a [`tokio::task::LocalSet`] (capnp-rpc is `!Send`),
+/// normally on a current-thread runtime; the store runs on its own thread.
+pub async fn serve<S: Store + Send + 'static>(
+    listeners: Vec<Listener>,
+    backend: Backend<S>,
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<S, ServeError> {
+    let (store, store_thread) = StoreHandle::spawn(backend.store).map_err(ServeError::StoreThread)?;
+    let shared = Rc::new(Shared { store, exec: backend.exec, token: config.token.clone() });
+    if config.token.is_none() {
+        tracing::warn!("no token configured: only loopback and unix-socket peers are admitted");
+    }
+    let config = Rc::new(config);
+    let connections = Arc::new(Semaphore::new(config.max_connections));
+    let stop_accepting = CancellationToken::new();
+    let disconnect = CancellationToken::new();
+    // Every accept loop and connection task holds a sender; `recv` returns
+    // `None` once all of them have finished.
+    let (alive_tx, mut alive_rx) = mpsc::channel::<()>(1);
+    for listener in listeners {
+        match listener.local_addr() {
+            Ok(addr) => tracing::info!(%addr, "listening"),
+            Err(e) => tracing::warn!(error = %e, "listening on an address that cannot be named"),
+        }
+        let ctx = AcceptCtx {
+            shared: shared.clone(),
+            config: config.clone(),
+            connections: connections.clone(),
+            stop: stop_accepting.clone(),
+            disconnect: disconnect.clone(),
+            alive: alive_tx.clone(),
+        };
+        tokio::task::spawn_local(accept_loop(listener, ctx));
+    }
+    shutdown.await;
+    tracing::info!("shutting down: no new connections or calls");
+    stop_accepting.cancel();
+    shared.store.close();
+    let store = store_thread.join().await;
+    tracing::info!("store drained; closing connections");
+    disconnect.cancel();
+    drop(alive_tx);
+    let _ = alive_rx.recv().await;
+    tracing::info!("server stopped");
+    store.ok_or(ServeError::StoreDied)
+}
+
+struct AcceptCtx<S> {
+    shared: Rc<Shared<S>>,
+    config: Rc<ServerConfig>,
+    connections: Arc<Semaphore>,
+    stop: CancellationToken,
+    disconnect: CancellationToken,
+    alive: mpsc::Sender<()>,
+}
+
+async fn accept_loop<S: Store + Send + 'static>(listener: Listener, ctx: AcceptCtx<S>) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        // Wait for a connection slot before accepting, so a full server
+        // leaves new peers in the kernel's backlog rather than dropping them.
+        let permit = tokio::select! {
+            _ = ctx.stop.cancelled() => break,
+            p = ctx.connections.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+        };
+        let accepted = tokio::select! {
+            _ = ctx.stop.cancelled() => break,
+            a = accept(&listener) => a,
+        };
+        let (stream, origin) = match accepted {
+            Ok(a) => {
+                backoff = Duration::from_millis(50);
+                a
+            }
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!(error = %e, ?backoff, "accept failed");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+        };
+        if let Err(e) = admit(origin, ctx.shared.token.is_some()) {
+            tracing::warn!(?origin, error = %e, "connection refused");
+            continue;
+        }
+        tracing::debug!(?origin, "connection accepted");
+        let shared = ctx.shared.clone();
+        let config = ctx.config.clone();
+        let disconnect = ctx.disconnect.clone();
+        let alive = ctx.alive.clone();
+        tokio::task::spawn_local(async move {
+            run_connection(stream, origin, shared, &config, disconnect).await;
+            drop(permit);
+            drop(alive);
+        });
+    }
+    if let Listener::Unix { path, .. } = &listener
+        && let Err(e) = std::fs::remove_file(path)
+    {
+        tracing::warn!(path = %path.display(), error = %e, "removing the socket file");
+    }
+    tracing::debug!("accept loop stopped");
+}
+
+trait Stream: AsyncRead + AsyncWrite + Unpin + 'static {}
+impl<T: AsyncRead + AsyncWrite + Unpin + 'static> Stream for T {}
+
+async fn accept(listener: &Listener) -> std::io::Result<(Box<dyn Stream>, PeerOrigin)> {
+    match listener {
+        Listener::Tcp(l) => {
+            let (s, addr) = l.accept().await?;
+            // Small request/response messages: do not wait for Nagle.
+            s.set_nodelay(true)?;
+            Ok((Box::new(s), PeerOrigin::Tcp(addr.ip())))
+        }
+        Listener::Unix { listener, .. } => {
+            let (s, _) = listener.accept().await?;
+            Ok((Box::new(s), PeerOrigin::Unix))
+        }
+    }
+}
+
+/// The reader options both sides use: messages above
+/// [`MAX_MESSAGE_BYTES`] are refused before they are buffered.
+pub(crate) fn reader_options() -> capnp::message::ReaderOptions {
+    let mut options = capnp::message::ReaderOptions::new();
+    options.traversal_limit_in_words(Some(MAX_MESSAGE_BYTES / 8));
+    options
+}
+
+/// Wraps a byte stream in a two-party capnp network.
+pub(crate) fn network(
+    stream: impl AsyncRead + AsyncWrite + Unpin + 'static,
+    side: rpc_twoparty_capnp::Side,
+) -> Box<dyn capnp_rpc::VatNetwork<rpc_twoparty_capnp::Side>> {
+    let (reader, writer) = stream.compat().split();
+    Box::new(twoparty::VatNetwork::new(
+        futures::io::BufReader::new(reader),
+        futures::io::BufWriter::new(writer),
+        side,
+        reader_options(),
+    ))
+}
+
+async fn run_connection<S: Store + Send + 'static>(
+    stream: Box<dyn Stream>,
+    origin: PeerOrigin,
+    shared: Rc<Shared<S>>,
+    config: &ServerConfig,
+    disconnect: CancellationToken,
+) {
+    let conn = Rc::new(Conn { in_flight: Cell::new(0), max_in_flight: config.max_in_flight_calls });
+    let bootstrap: wire::bootstrap::Client =
+        capnp_rpc::new_client(BootstrapServer { shared, conn });
+    let rpc = RpcSystem::new(
+        network(stream, rpc_twoparty_capnp::Side::Server),
+        Some(bootstrap.client),
+    );
+    let disconnector = rpc.get_disconnector();
+    let mut rpc = std::pin::pin!(rpc);
+    tokio::select! {
+        r = &mut rpc => match r {
+            Ok(()) => tracing::debug!(?origin, "connection closed"),
+            Err(e) => tracing::debug!(?origin, error = %e, "connection failed"),
+        },
+        _ = disconnect.cancelled() => {
+            // Keep driving the connection while it shuts down so replies
+            // already queued are flushed.
+            let flush = futures::future::join(rpc, disconnector);
+            if tokio::time::timeout(config.shutdown_grace, flush).await.is_err() {
+                tracing::debug!(?origin, "connection did not close within the grace period");
+            }
+        }
+    }
+}
+
+struct BootstrapServer<S> {
+    shared: Rc<Shared<S>>,
+    conn: Rc<Conn>,
+}
+
+/// Checks a peer name: 1..=255 bytes, no control characters.
+fn check_peer_name(peer: &str) -> Result<(), WireError> {
+    if peer.is_empty() || peer.chars().any(char::is_control) {
+        return Err(WireError::new(ErrorCode::Invalid, format!("peer name {peer:?} is empty or has control characters")));
+    }
+    WireError::check_limit("peer name length (bytes)", MAX_PEER_NAME_BYTES, peer.len())
+}
+
+impl<S: Store + Send + 'static> wire::bootstrap::Server for BootstrapServer<S> {
+    async fn connect(
+        self: Rc<Self>,
+        params: wire::bootstrap::ConnectParams,
+        mut results: wire::bootstrap::ConnectResults,
+    ) -> Result<(), capnp::Error> {
+        run_call(&self.conn, "connect", async {
+            let p = params.get()?;
+            if let Some(token) = &self.shared.token
+                && !token.matches(p.get_token()?)
+            {
+                tracing::warn!("connect refused: wrong token");
+                return Err(WireError::new(ErrorCode::Auth, "wrong token"));
+            }
+            let version = p.get_protocol_version();
+            if version != PROTOCOL_VERSION {
+                return Err(WireError::new(
+                    ErrorCode::Protocol,
+                    format!("protocol version {version} is not supported (this daemon speaks {PROTOCOL_VERSION})"),
+                ));
+            }
+            let peer = text(p.get_peer(), "peer name")?;
+            check_peer_name(&peer)?;
+            tracing::info!(peer, "peer connected");
+            let workspace = WorkspaceServer {
+                shared: self.shared.clone(),
+                conn: self.conn.clone(),
+                peer: Arc::from(peer),
+            };
+            results.get().set_workspace(capnp_rpc::new_client(workspace));
+            Ok(())
+        })
+        .await
+    }
+}
+
+struct WorkspaceServer<S> {
+    shared: Rc<Shared<S>>,
+    conn: Rc<Conn>,
+    peer: Arc<str>,
+}
+
+impl<S: Store + Send + 'static> wire::workspace::Server for WorkspaceServer<S> {
+    async fn sync(
+        self: Rc<Self>,
+        _: wire::workspace::SyncParams,
+        mut results: wire::workspace::SyncResults,
+    ) -> Result<(), capnp::Error> {
+        let sync = SyncServer::new(self.shared.store.clone(), self.conn.clone(), self.peer.clone());
+        results.get().set_sync(capnp_rpc::new_client(sync));
+        Ok(())
+    }
+
+    async fn shell(
+        self: Rc<Self>,
+        _: wire::workspace::ShellParams,
+        mut results: wire::workspace::ShellResults,
+    ) -> Result<(), capnp::Error> {
+        let shell = ShellServer::new(self.shared.exec.clone(), self.conn.clone());
+        results.get().set_shell(capnp_rpc::new_client(shell));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peer_names_are_checked() {
+        assert!(check_peer_name("gateway-1").is_ok());
+        assert_eq!(check_peer_name("").unwrap_err().code, ErrorCode::Invalid);
+        assert_eq!(check_peer_name("a\nb").unwrap_err().code, ErrorCode::Invalid);
+        assert_eq!(check_peer_name(&"x".repeat(256)).unwrap_err().code, ErrorCode::Limit);
+    }
+}

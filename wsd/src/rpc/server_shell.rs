@@ -1,0 +1,148 @@
+//! The `Shell` half of the server: decodes calls for the [`ExecBackend`]
+//! and pumps each subscription's events into the caller's sink.
+//!
+//! [`ExecBackend`]: super::ExecBackend
+
+use std::rc::Rc;
+
+use wsd_schema::workspace_capnp as wire;
+use wsd_sync::ErrorCode;
+
+use super::WireError;
+use super::convert::{exec_event_to, exec_request_from, resume_from, signal_from, text, wire_error_to};
+use super::exec_backend::{DynExecBackend, DynExecEvents};
+use super::server::{Conn, run_call};
+
+pub(crate) struct ShellServer {
+    exec: Option<Rc<dyn DynExecBackend>>,
+    conn: Rc<Conn>,
+}
+
+impl ShellServer {
+    pub(crate) fn new(exec: Option<Rc<dyn DynExecBackend>>, conn: Rc<Conn>) -> Self {
+        ShellServer { exec, conn }
+    }
+
+    fn backend(&self) -> Result<Rc<dyn DynExecBackend>, WireError> {
+        self.exec.clone().ok_or_else(|| WireError::new(ErrorCode::Io, "exec not available"))
+    }
+}
+
+/// Starts delivering `events` into `sink` on a local task; the returned
+/// capability aborts the delivery when the caller drops it.
+fn subscribe(
+    mut events: Box<dyn DynExecEvents>,
+    sink: wire::exec_event_sink::Client,
+) -> wire::exec_subscription::Client {
+    let task = tokio::task::spawn_local(async move {
+        loop {
+            match events.next().await {
+                Ok(Some(event)) => {
+                    let mut req = sink.event_request();
+                    exec_event_to(req.get().init_event(), &event);
+                    // Waits while the caller's stream window is full: this is
+                    // where a slow reader slows the runner.
+                    if let Err(e) = req.send().await {
+                        tracing::debug!(error = %e, "exec event sink failed; delivery stops");
+                        return;
+                    }
+                }
+                Ok(None) => {
+                    let _ = sink.end_request().send().promise.await;
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "exec event subscription failed");
+                    let mut req = sink.end_request();
+                    wire_error_to(req.get().init_error(), &e);
+                    let _ = req.send().promise.await;
+                    return;
+                }
+            }
+        }
+    });
+    capnp_rpc::new_client(Subscription { task: task.abort_handle() })
+}
+
+/// Holds a delivery task alive; capnp drops it when the caller releases the
+/// capability (or the connection ends).
+struct Subscription {
+    task: tokio::task::AbortHandle,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl wire::exec_subscription::Server for Subscription {}
+
+impl wire::shell::Server for ShellServer {
+    async fn exec(
+        self: Rc<Self>,
+        params: wire::shell::ExecParams,
+        mut results: wire::shell::ExecResults,
+    ) -> Result<(), capnp::Error> {
+        run_call(&self.conn, "exec", async {
+            let backend = self.backend()?;
+            let p = params.get()?;
+            let request = exec_request_from(p.get_request()?)?;
+            let sink = p.get_events()?;
+            let (id, events) = backend.exec(request).await?;
+            tracing::debug!(id, "exec started");
+            let mut r = results.get();
+            r.set_id(id.as_str());
+            r.set_subscription(subscribe(events, sink));
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_exec(
+        self: Rc<Self>,
+        params: wire::shell::GetExecParams,
+        mut results: wire::shell::GetExecResults,
+    ) -> Result<(), capnp::Error> {
+        run_call(&self.conn, "getExec", async {
+            let backend = self.backend()?;
+            let p = params.get()?;
+            let id = text(p.get_id(), "exec id")?;
+            let from = resume_from(p.has_after(), p.get_after())?;
+            let sink = p.get_events()?;
+            let events = backend.get(&id, from).await?;
+            let mut r = results.get();
+            r.set_id(id.as_str());
+            r.set_subscription(subscribe(events, sink));
+            Ok(())
+        })
+        .await
+    }
+
+    async fn kill_exec(
+        self: Rc<Self>,
+        params: wire::shell::KillExecParams,
+        _: wire::shell::KillExecResults,
+    ) -> Result<(), capnp::Error> {
+        run_call(&self.conn, "killExec", async {
+            let backend = self.backend()?;
+            let p = params.get()?;
+            let id = text(p.get_id(), "exec id")?;
+            backend.kill(&id, signal_from(p.get_signal())?).await
+        })
+        .await
+    }
+
+    async fn dispose_exec(
+        self: Rc<Self>,
+        params: wire::shell::DisposeExecParams,
+        _: wire::shell::DisposeExecResults,
+    ) -> Result<(), capnp::Error> {
+        run_call(&self.conn, "disposeExec", async {
+            let backend = self.backend()?;
+            let id = text(params.get()?.get_id(), "exec id")?;
+            backend.dispose(&id).await
+        })
+        .await
+    }
+}

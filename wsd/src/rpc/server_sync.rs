@@ -1,0 +1,336 @@
+//! The `Sync` half of the server, its change iterator and its upload sink.
+//! Every store access goes through the store thread ([`StoreHandle`]).
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use wsd_schema::workspace_capnp as wire;
+use wsd_sync::limits::{MAX_HASHES_PER_CALL, MAX_IGNORE_PATTERNS, MAX_PUSH_ENTRIES};
+use wsd_sync::{
+    ApplyBatch, ChangeCursor, ChangesQuery, ErrorCode, Hash, IgnoreRules, Object, Store,
+};
+
+use super::WireError;
+use super::convert::{
+    baseline_from, cursor_to, entries_from, entries_to, hashes_from, hashes_to, maybe_entry_to,
+    objects_from, objects_to, opt_cursor_from, path_from, text,
+};
+use super::limits::{MAX_CHANGES_PER_NEXT, OBJECT_WRITE_BYTES};
+use super::server::{Conn, run_call};
+use super::store_thread::StoreHandle;
+
+/// `Sync` for one peer on one connection.
+pub(crate) struct SyncServer<S> {
+    store: StoreHandle<S>,
+    conn: Rc<Conn>,
+    /// The name the store keeps this peer's watermarks under.
+    peer: Arc<str>,
+}
+
+impl<S: Store + Send + 'static> SyncServer<S> {
+    pub(crate) fn new(store: StoreHandle<S>, conn: Rc<Conn>, peer: Arc<str>) -> Self {
+        SyncServer { store, conn, peer }
+    }
+}
+
+impl<S: Store + Send + 'static> wire::sync::Server for SyncServer<S> {
+    async fn push(
+        self: Rc<Self>,
+        params: wire::sync::PushParams,
+        mut results: wire::sync::PushResults,
+    ) -> Result<(), capnp::Error> {
+        run_call(&self.conn, "push", async {
+            let p = params.get()?;
+            let sender = opt_cursor_from(p.has_sender(), p.get_sender())?;
+            // senderRev 0: an external writer, whose entries are local writes.
+            let sender = (sender.rev > 0).then_some(sender);
+            let baseline = baseline_from(p.get_baseline())?;
+            let entries = entries_from(p.get_entries()?, "entries per push", MAX_PUSH_ENTRIES)?;
+            let peer = self.peer.clone();
+            let count = entries.len();
+            let outcome = self
+                .store
+                .call(move |s| {
+                    s.apply(ApplyBatch { remote: &peer, sender, entries: &entries, baseline })
+                })
+                .await?;
+            tracing::debug!(
+                peer = &*self.peer,
+                count,
+                applied = outcome.applied,
+                skipped = outcome.skipped,
+                rev = outcome.rev,
+                "push applied"
+            );
+            if outcome.overwrote_local > 0 {
+                tracing::warn!(
+                    peer = &*self.peer,
+                    overwritten = outcome.overwrote_local,
+                    "a push overwrote local changes not yet synced to that peer"
+                );
+            }
+            let mut r = results.get();
+            r.set_rev(outcome.rev);
+            cursor_to(r.init_applied_push_cursor(), &outcome.fetch_cursor);
+            Ok(())
+        })
+        .await
+    }
+
+    async fn fetch_changes(
+        self: Rc<Self>,
+        params: wire::sync::FetchChangesParams,
+        mut results: wire::sync::FetchChangesResults,
+    ) -> Result<(), capnp::Error> {
+        run_call(&self.conn, "fetchChanges", async {
+            let p = params.get()?;
+            let after = opt_cursor_from(p.has_after(), p.get_after())?;
+            let mut patterns = Vec::new();
+            if p.has_ignore() {
+                let list = p.get_ignore()?;
+                WireError::check_limit("ignore patterns", MAX_IGNORE_PATTERNS, list.len() as usize)?;
+                for pat in list.iter() {
+                    patterns.push(text(pat, "ignore pattern")?);
+                }
+            }
+            let ignore = Arc::new(IgnoreRules::new(&patterns)?);
+            let peer = self.peer.clone();
+            let open_after = after.clone();
+            let (window, applied) = self
+                .store
+                .call(move |s| {
+                    let window = s.open_changes(&open_after)?;
+                    let applied = s.watermarks(&peer)?.fetch_cursor;
+                    Ok((window, applied))
+                })
+                .await?;
+            let start = if window.baseline { ChangeCursor::ZERO } else { after };
+            let mut r = results.get();
+            cursor_to(r.reborrow().init_current_cursor(), &window.through);
+            cursor_to(r.reborrow().init_applied_push_cursor(), &applied);
+            r.set_baseline(window.baseline);
+            let iter = ChangeIter {
+                store: self.store.clone(),
+                conn: self.conn.clone(),
+                peer: self.peer.clone(),
+                through: window.through,
+                ignore,
+                state: tokio::sync::Mutex::new(IterState { after: start, drained: false }),
+            };
+            r.set_changes(capnp_rpc::new_client(iter));
+            Ok(())
+        })
+        .await
+    }
+
+    async fn watermarks(
+        self: Rc<Self>,
+        _: wire::sync::WatermarksParams,
+        mut results: wire::sync::WatermarksResults,
+    ) -> Result<(), capnp::Error> {
+        run_call(&self.conn, "watermarks", async {
+            let peer = self.peer.clone();
+            let wm = self.store.call(move |s| s.watermarks(&peer)).await?;
+            let mut r = results.get();
+            r.set_current_rev(wm.current_rev);
+            cursor_to(r.reborrow().init_push_cursor(), &wm.push_cursor);
+            cursor_to(r.init_fetch_cursor(), &wm.fetch_cursor);
+            Ok(())
+        })
+        .await
+    }
+
+    async fn read_entry(
+        self: Rc<Self>,
+        params: wire::sync::ReadEntryParams,
+        mut results: wire::sync::ReadEntryResults,
+    ) -> Result<(), capnp::Error> {
+        run_call(&self.conn, "readEntry", async {
+            let path = path_from(params.get()?.get_path())?;
+            let entry = self.store.call(move |s| s.read_entry(&path)).await?;
+            maybe_entry_to(results.get().init_entry(), entry.as_ref());
+            Ok(())
+        })
+        .await
+    }
+
+    async fn has_objects(
+        self: Rc<Self>,
+        params: wire::sync::HasObjectsParams,
+        mut results: wire::sync::HasObjectsResults,
+    ) -> Result<(), capnp::Error> {
+        run_call(&self.conn, "hasObjects", async {
+            let hashes = hashes_from(params.get()?.get_hashes()?, MAX_HASHES_PER_CALL)?;
+            let held = self.store.call(move |s| s.has_objects(&hashes)).await?;
+            hashes_to(results.get().init_held(held.len() as u32), &held);
+            Ok(())
+        })
+        .await
+    }
+
+    async fn fetch_objects(
+        self: Rc<Self>,
+        params: wire::sync::FetchObjectsParams,
+        _: wire::sync::FetchObjectsResults,
+    ) -> Result<(), capnp::Error> {
+        run_call(&self.conn, "fetchObjects", async {
+            let p = params.get()?;
+            let hashes: Arc<[Hash]> = hashes_from(p.get_hashes()?, MAX_HASHES_PER_CALL)?.into();
+            let sink = p.get_sink()?;
+            let mut next = 0;
+            while next < hashes.len() {
+                let (start, hs) = (next, hashes.clone());
+                // One store call reads about one write's worth of objects, so
+                // the store thread is not held for a whole 16k-hash request.
+                let (objects, end) = self
+                    .store
+                    .call(move |s| {
+                        let (mut out, mut bytes, mut i) = (Vec::new(), 0, start);
+                        while i < hs.len() && bytes < OBJECT_WRITE_BYTES {
+                            let data = s.read_object(&hs[i])?;
+                            bytes += data.len();
+                            out.push(Object { hash: hs[i], bytes: data });
+                            i += 1;
+                        }
+                        Ok((out, i))
+                    })
+                    .await?;
+                next = end;
+                let mut req = sink.write_request();
+                objects_to(req.get().init_objects(objects.len() as u32), &objects);
+                // Resolves when the stream window has room: the caller's
+                // pace bounds what is in flight.
+                req.send().await?;
+            }
+            // Ordered after the writes on the same capability: its answer
+            // means every write was processed.
+            sink.done_request().send().promise.await?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn push_objects(
+        self: Rc<Self>,
+        _: wire::sync::PushObjectsParams,
+        mut results: wire::sync::PushObjectsResults,
+    ) -> Result<(), capnp::Error> {
+        run_call(&self.conn, "pushObjects", async {
+            let sink = UploadSink {
+                store: self.store.clone(),
+                conn: self.conn.clone(),
+                failed: RefCell::new(None),
+            };
+            results.get().set_sink(capnp_rpc::new_client(sink));
+            Ok(())
+        })
+        .await
+    }
+}
+
+struct IterState {
+    /// The last entry handed out (or the window's start).
+    after: ChangeCursor,
+    drained: bool,
+}
+
+/// An open change window. The mutex serialises pipelined `next` calls so
+/// each continues where the previous one stopped.
+struct ChangeIter<S> {
+    store: StoreHandle<S>,
+    conn: Rc<Conn>,
+    peer: Arc<str>,
+    through: ChangeCursor,
+    ignore: Arc<IgnoreRules>,
+    state: tokio::sync::Mutex<IterState>,
+}
+
+impl<S: Store + Send + 'static> wire::change_iterator::Server for ChangeIter<S> {
+    async fn next(
+        self: Rc<Self>,
+        params: wire::change_iterator::NextParams,
+        mut results: wire::change_iterator::NextResults,
+    ) -> Result<(), capnp::Error> {
+        run_call(&self.conn, "ChangeIterator.next", async {
+            let max = params.get()?.get_max() as usize;
+            if max == 0 {
+                return Err(WireError::new(ErrorCode::Invalid, "next(max) needs max >= 1"));
+            }
+            WireError::check_limit("entries per next", MAX_CHANGES_PER_NEXT, max)?;
+            let mut state = self.state.lock().await;
+            if state.drained {
+                results.get().init_entries(0);
+                return Ok(());
+            }
+            let (after, through) = (state.after.clone(), self.through.clone());
+            let (ignore, peer) = (self.ignore.clone(), self.peer.clone());
+            let batch = self
+                .store
+                .call(move |s| {
+                    s.changes(ChangesQuery {
+                        after: &after,
+                        through: &through,
+                        ignore: &ignore,
+                        exclude_applied_from: Some(&peer),
+                        limit: max,
+                    })
+                })
+                .await?;
+            state.drained = batch.len() < max;
+            if let Some(e) = batch.last() {
+                state.after = ChangeCursor::within(e.rev, e.path.clone());
+            }
+            entries_to(results.get().init_entries(batch.len() as u32), &batch);
+            Ok(())
+        })
+        .await
+    }
+}
+
+/// The server side of `pushObjects`: each write is verified and staged by
+/// the store before it is acknowledged. Capnp-rpc delivers a streaming
+/// capability's calls one at a time, so writes are staged in order.
+struct UploadSink<S> {
+    store: StoreHandle<S>,
+    conn: Rc<Conn>,
+    /// The first failure; every later write and `done` repeat it.
+    failed: RefCell<Option<WireError>>,
+}
+
+impl<S: Store + Send + 'static> UploadSink<S> {
+    async fn write_inner(&self, params: wire::object_sink::WriteParams) -> Result<(), WireError> {
+        if let Some(e) = self.failed.borrow().clone() {
+            return Err(e);
+        }
+        let objects = objects_from(params.get()?.get_objects()?)?;
+        self.store.call(move |s| s.stage_objects(&objects)).await
+    }
+}
+
+impl<S: Store + Send + 'static> wire::object_sink::Server for UploadSink<S> {
+    async fn write(self: Rc<Self>, params: wire::object_sink::WriteParams) -> Result<(), capnp::Error> {
+        run_call(&self.conn, "ObjectSink.write", async {
+            let result = self.write_inner(params).await;
+            if let Err(e) = &result {
+                self.failed.borrow_mut().get_or_insert_with(|| e.clone());
+            }
+            result
+        })
+        .await
+    }
+
+    async fn done(
+        self: Rc<Self>,
+        _: wire::object_sink::DoneParams,
+        _: wire::object_sink::DoneResults,
+    ) -> Result<(), capnp::Error> {
+        run_call(&self.conn, "ObjectSink.done", async {
+            match self.failed.borrow().clone() {
+                Some(e) => Err(e),
+                None => Ok(()),
+            }
+        })
+        .await
+    }
+}

@@ -1,0 +1,98 @@
+//! The single writer: the store lives on its own OS thread and the event
+//! loop sends it closures over a bounded channel, each answered on a
+//! oneshot. Calls therefore run one at a time in arrival order (protocol
+//! rule 12), and a slow SQLite transaction never blocks the `LocalSet`.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use tokio::sync::{mpsc, oneshot};
+use wsd_sync::{ErrorCode, Store, SyncError};
+
+use super::WireError;
+use super::limits::STORE_QUEUE_CAPACITY;
+
+type Job<S> = Box<dyn FnOnce(&mut S) + Send>;
+
+/// The event-loop side of the store thread. Cloning shares the queue.
+pub(crate) struct StoreHandle<S> {
+    /// `None` once shutdown began: new calls fail with `ESHUTDOWN` while
+    /// the jobs already queued still run.
+    tx: Rc<RefCell<Option<mpsc::Sender<Job<S>>>>>,
+}
+
+impl<S> Clone for StoreHandle<S> {
+    fn clone(&self) -> Self {
+        StoreHandle { tx: self.tx.clone() }
+    }
+}
+
+/// Joins the store thread; resolves to the store once every queued job ran.
+pub(crate) struct StoreThread<S> {
+    done: oneshot::Receiver<S>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl<S: Store + Send + 'static> StoreHandle<S> {
+    /// Moves `store` onto a new thread named `wsd-store`.
+    pub(crate) fn spawn(store: S) -> std::io::Result<(StoreHandle<S>, StoreThread<S>)> {
+        let (tx, mut rx) = mpsc::channel::<Job<S>>(STORE_QUEUE_CAPACITY);
+        let (done_tx, done) = oneshot::channel();
+        let thread = std::thread::Builder::new().name("wsd-store".into()).spawn(move || {
+            let mut store = store;
+            while let Some(job) = rx.blocking_recv() {
+                job(&mut store);
+            }
+            tracing::debug!("store queue closed and drained; store thread exits");
+            let _ = done_tx.send(store);
+        })?;
+        Ok((StoreHandle { tx: Rc::new(RefCell::new(Some(tx))) }, StoreThread { done, thread }))
+    }
+
+    /// Runs `f` on the store thread after every call queued before it.
+    /// Waits (without blocking the event loop) while the queue is full.
+    pub(crate) async fn call<T, F>(&self, f: F) -> Result<T, WireError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut S) -> Result<T, SyncError> + Send + 'static,
+    {
+        let tx = self.tx.borrow().clone().ok_or_else(shutting_down)?;
+        let (reply_tx, reply_rx) = oneshot::channel();
+        tx.send(Box::new(move |store: &mut S| {
+            // The caller may have gone (its connection dropped): the work is
+            // still done, only the answer is discarded.
+            let _ = reply_tx.send(f(store));
+        }))
+        .await
+        .map_err(|_| shutting_down())?;
+        drop(tx);
+        match reply_rx.await {
+            Ok(result) => result.map_err(WireError::from),
+            // The job was dropped unrun: the thread died (a panic in the store).
+            Err(_) => Err(WireError::new(ErrorCode::Io, "the store thread has stopped")),
+        }
+    }
+
+    /// Stops taking new calls. Jobs already queued still run.
+    pub(crate) fn close(&self) {
+        self.tx.borrow_mut().take();
+    }
+}
+
+impl<S> StoreThread<S> {
+    /// Waits until every handle is closed or dropped and the queue drained;
+    /// returns the store, or `None` if the thread died.
+    pub(crate) async fn join(self) -> Option<S> {
+        let store = self.done.await.ok();
+        if store.is_none() {
+            tracing::error!("the store thread died (a store call panicked)");
+        }
+        // The thread has sent its result or unwound; joining is immediate.
+        let _ = tokio::task::spawn_blocking(move || self.thread.join()).await;
+        store
+    }
+}
+
+fn shutting_down() -> WireError {
+    WireError::new(ErrorCode::Shutdown, "the daemon is shutting down; reconnect after it restarts")
+}
