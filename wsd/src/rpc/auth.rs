@@ -37,7 +37,10 @@ impl Token {
     /// not part of the token.
     pub fn from_file(path: &Path) -> Result<Token, WireError> {
         let bytes = std::fs::read(path).map_err(|e| {
-            WireError::new(ErrorCode::Io, format!("reading token file {}: {e}", path.display()))
+            WireError::new(
+                ErrorCode::Io,
+                format!("reading token file {}: {e}", path.display()),
+            )
         })?;
         Token::new(bytes.trim_ascii())
     }
@@ -94,9 +97,18 @@ mod tests {
     fn without_a_token_only_loopback_and_unix_peers_are_admitted() {
         let ok = ["127.0.0.1", "127.8.9.1", "::1", "::ffff:127.0.0.1"];
         for ip in ok {
-            assert!(admit(PeerOrigin::Tcp(ip.parse().unwrap()), false).is_ok(), "{ip}");
+            assert!(
+                admit(PeerOrigin::Tcp(ip.parse().unwrap()), false).is_ok(),
+                "{ip}"
+            );
         }
-        for ip in ["10.0.0.2", "192.168.1.1", "::ffff:10.1.1.1", "2001:db8::1", "0.0.0.0"] {
+        for ip in [
+            "10.0.0.2",
+            "192.168.1.1",
+            "::ffff:10.1.1.1",
+            "2001:db8::1",
+            "0.0.0.0",
+        ] {
             let err = admit(PeerOrigin::Tcp(ip.parse().unwrap()), false).unwrap_err();
             assert_eq!(err.code, ErrorCode::Auth, "{ip}");
         }

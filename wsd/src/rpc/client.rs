@@ -1,0 +1,679 @@
+//! The client: dial a daemon, authenticate, and use its `sync` half as a
+//! [`wsd_sync::Remote`] and its `shell` half through [`ExecStream`]s.
+//!
+//! Everything here must run inside a [`tokio::task::LocalSet`]: the
+//! connection is driven by a local task (capnp-rpc is `!Send`). The driver's
+//! own store calls happen on the same thread, between awaits.
+
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::rc::Rc;
+
+use capnp_rpc::{RpcSystem, rpc_twoparty_capnp};
+use tokio::sync::mpsc;
+use wsd_schema::workspace_capnp as wire;
+use wsd_sync::limits::MAX_HASHES_PER_CALL;
+use wsd_sync::{
+    Baseline, ChangeCursor, ChangeEntry, ChangeStream, ErrorCode, FetchOpened, Hash, Object,
+    PushOutcome, Remote, SyncError, SyncPath, Watermarks,
+};
+
+use super::convert::{
+    baseline_to, cursor_from, cursor_to, entries_from, entries_to, exec_event_from,
+    exec_request_to, hashes_from, hashes_to, maybe_entry_from, objects_from, objects_to, resume_to,
+    signal_to, watermarks_from, wire_error_from,
+};
+use super::exec_backend::{ExecEvent, ExecRequest, ExecSignal, ResumeFrom};
+use super::limits::{CLIENT_EXEC_EVENT_BUFFER, MAX_CHANGES_PER_NEXT, OBJECT_WRITE_BYTES};
+use super::server::network;
+use super::{PROTOCOL_VERSION, WireError};
+
+/// A connection to one daemon's workspace, as one named peer. Cheap to
+/// clone (clones share the connection). The connection closes when the
+/// last clone is dropped.
+#[derive(Clone)]
+pub struct Client {
+    sync: wire::sync::Client,
+    shell: wire::shell::Client,
+    conn: Rc<Connection>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("connected", &self.is_connected())
+            .finish_non_exhaustive()
+    }
+}
+
+struct Connection {
+    alive: Rc<Cell<bool>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Dials `addr` (`"host:port"` or `"unix:/path"`), checks the protocol
+/// version and presents `token` (`None` sends an empty token, which only a
+/// daemon without a token accepts), as the peer named `peer` (the name the
+/// daemon keeps our watermarks under: use the same one every time).
+///
+/// Fails with `EAUTH` (wrong token or refused origin), `EPROTOCOL` (version
+/// mismatch), `EIO` (cannot dial). Must be called inside a `LocalSet`.
+pub async fn connect(addr: &str, token: Option<Vec<u8>>, peer: &str) -> Result<Client, WireError> {
+    let dial_err =
+        |e: std::io::Error| WireError::new(ErrorCode::Io, format!("cannot connect to {addr}: {e}"));
+    let network = if let Some(path) = addr.strip_prefix("unix:") {
+        let stream = tokio::net::UnixStream::connect(path)
+            .await
+            .map_err(dial_err)?;
+        network(stream, rpc_twoparty_capnp::Side::Client)
+    } else {
+        let stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(dial_err)?;
+        stream.set_nodelay(true).map_err(dial_err)?;
+        network(stream, rpc_twoparty_capnp::Side::Client)
+    };
+    let mut rpc = RpcSystem::new(network, None);
+    let bootstrap: wire::bootstrap::Client = rpc.bootstrap(rpc_twoparty_capnp::Side::Server);
+    let alive = Rc::new(Cell::new(true));
+    let task = {
+        let alive = alive.clone();
+        let addr = addr.to_owned();
+        tokio::task::spawn_local(async move {
+            if let Err(e) = rpc.await {
+                tracing::debug!(addr, error = %e, "connection ended");
+            }
+            alive.set(false);
+        })
+    };
+    let conn = Rc::new(Connection { alive, task });
+    let mut req = bootstrap.connect_request();
+    {
+        let mut p = req.get();
+        p.set_token(token.as_deref().unwrap_or_default());
+        p.set_protocol_version(PROTOCOL_VERSION);
+        p.set_peer(peer);
+    }
+    let response = req.send().promise.await?;
+    let workspace = response.get()?.get_workspace()?;
+    // Pipelined: both halves resolve in the same round trip.
+    let sync = workspace.sync_request().send().pipeline.get_sync();
+    let shell = workspace.shell_request().send().pipeline.get_shell();
+    Ok(Client { sync, shell, conn })
+}
+
+impl Client {
+    /// False once the connection broke or closed; every call then fails
+    /// with `ESHUTDOWN` ("connection lost").
+    pub fn is_connected(&self) -> bool {
+        self.conn.alive.get()
+    }
+
+    fn check_alive(&self) -> Result<(), WireError> {
+        if self.is_connected() {
+            Ok(())
+        } else {
+            Err(WireError::connection_lost("closed"))
+        }
+    }
+
+    pub async fn watermarks(&self) -> Result<Watermarks, WireError> {
+        self.check_alive()?;
+        let response = self.sync.watermarks_request().send().promise.await?;
+        let r = response.get()?;
+        watermarks_from(
+            r.get_current_rev(),
+            r.get_push_cursor()?,
+            r.get_fetch_cursor()?,
+        )
+    }
+
+    pub async fn read_entry(&self, path: &SyncPath) -> Result<Option<ChangeEntry>, WireError> {
+        self.check_alive()?;
+        let mut req = self.sync.read_entry_request();
+        req.get().set_path(path.as_str());
+        let response = req.send().promise.await?;
+        maybe_entry_from(response.get()?.get_entry()?)
+    }
+
+    pub async fn fetch_changes(
+        &self,
+        after: &ChangeCursor,
+        ignore: &[String],
+    ) -> Result<(FetchOpened, RemoteChanges), WireError> {
+        self.check_alive()?;
+        let mut req = self.sync.fetch_changes_request();
+        {
+            let mut p = req.get();
+            cursor_to(p.reborrow().init_after(), after);
+            let mut list = p.init_ignore(ignore.len() as u32);
+            for (i, pat) in ignore.iter().enumerate() {
+                list.set(i as u32, pat.as_str());
+            }
+        }
+        let response = req.send().promise.await?;
+        let r = response.get()?;
+        let opened = FetchOpened {
+            current: cursor_from(r.get_current_cursor()?)?,
+            applied_push_cursor: cursor_from(r.get_applied_push_cursor()?)?,
+            baseline: r.get_baseline(),
+        };
+        Ok((
+            opened,
+            RemoteChanges {
+                iter: r.get_changes()?,
+                conn: self.conn.clone(),
+            },
+        ))
+    }
+
+    pub async fn has_objects(&self, hashes: &[Hash]) -> Result<Vec<Hash>, WireError> {
+        self.check_alive()?;
+        let mut req = self.sync.has_objects_request();
+        hashes_to(req.get().init_hashes(hashes.len() as u32), hashes);
+        let response = req.send().promise.await?;
+        hashes_from(response.get()?.get_held()?, MAX_HASHES_PER_CALL)
+    }
+
+    /// The objects in request order. The daemon streams them into a local
+    /// sink; the caller bounds memory by the size of `hashes`.
+    pub async fn fetch_objects(&self, hashes: &[Hash]) -> Result<Vec<Object>, WireError> {
+        self.check_alive()?;
+        if hashes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let received = Rc::new(RefCell::new(Vec::with_capacity(hashes.len())));
+        let sink = CollectSink {
+            received: received.clone(),
+            expected: hashes.len(),
+        };
+        let mut req = self.sync.fetch_objects_request();
+        {
+            let mut p = req.get();
+            hashes_to(p.reborrow().init_hashes(hashes.len() as u32), hashes);
+            p.set_sink(capnp_rpc::new_client(sink));
+        }
+        req.send().promise.await?;
+        let objects = received.take();
+        if objects.len() != hashes.len() || objects.iter().zip(hashes).any(|(o, h)| o.hash != *h) {
+            return Err(WireError::new(
+                ErrorCode::Protocol,
+                format!(
+                    "fetchObjects delivered {} objects for {} requested, or out of order",
+                    objects.len(),
+                    hashes.len()
+                ),
+            ));
+        }
+        Ok(objects)
+    }
+
+    /// Streams `objects` into an upload sink in writes of about
+    /// [`OBJECT_WRITE_BYTES`], paced by the daemon's stream window.
+    pub async fn push_objects(&self, objects: &[Object]) -> Result<(), WireError> {
+        self.check_alive()?;
+        if objects.is_empty() {
+            return Ok(());
+        }
+        let sink = self.sync.push_objects_request().send().pipeline.get_sink();
+        let mut start = 0;
+        while start < objects.len() {
+            let mut end = start;
+            let mut bytes = 0;
+            while end < objects.len()
+                && (end == start || bytes + objects[end].bytes.len() <= OBJECT_WRITE_BYTES)
+            {
+                bytes += objects[end].bytes.len();
+                end += 1;
+            }
+            let mut req = sink.write_request();
+            objects_to(
+                req.get().init_objects((end - start) as u32),
+                &objects[start..end],
+            );
+            req.send().await?;
+            start = end;
+        }
+        sink.done_request().send().promise.await?;
+        Ok(())
+    }
+
+    /// `sender: None` is an external writer (wire `senderRev = 0`).
+    pub async fn push(
+        &self,
+        sender: Option<&ChangeCursor>,
+        entries: &[ChangeEntry],
+        baseline: Baseline,
+    ) -> Result<PushOutcome, WireError> {
+        self.check_alive()?;
+        let mut req = self.sync.push_request();
+        {
+            let mut p = req.get();
+            cursor_to(
+                p.reborrow().init_sender(),
+                sender.unwrap_or(&ChangeCursor::ZERO),
+            );
+            p.set_baseline(baseline_to(baseline));
+            entries_to(p.init_entries(entries.len() as u32), entries);
+        }
+        let response = req.send().promise.await?;
+        let r = response.get()?;
+        Ok(PushOutcome {
+            rev: r.get_rev(),
+            applied_push_cursor: cursor_from(r.get_applied_push_cursor()?)?,
+        })
+    }
+
+    /// Starts a command; its events arrive on the returned stream.
+    pub async fn exec(&self, request: &ExecRequest) -> Result<ExecStream, WireError> {
+        self.check_alive()?;
+        let (sink, rx) = EventSink::new();
+        let mut req = self.shell.exec_request();
+        {
+            let mut p = req.get();
+            exec_request_to(p.reborrow().init_request(), request);
+            p.set_events(capnp_rpc::new_client(sink));
+        }
+        let response = req.send().promise.await?;
+        let r = response.get()?;
+        Ok(ExecStream::new(
+            r.get_id()?
+                .to_string()
+                .map_err(|e| WireError::new(ErrorCode::Protocol, e.to_string()))?,
+            r.get_subscription()?,
+            rx,
+        ))
+    }
+
+    /// Re-attaches to an exec from `from`.
+    pub async fn get_exec(&self, id: &str, from: ResumeFrom) -> Result<ExecStream, WireError> {
+        self.check_alive()?;
+        let (sink, rx) = EventSink::new();
+        let mut req = self.shell.get_exec_request();
+        {
+            let mut p = req.get();
+            p.set_id(id);
+            resume_to(p.reborrow().init_after(), from);
+            p.set_events(capnp_rpc::new_client(sink));
+        }
+        let response = req.send().promise.await?;
+        Ok(ExecStream::new(
+            id.to_owned(),
+            response.get()?.get_subscription()?,
+            rx,
+        ))
+    }
+
+    pub async fn kill_exec(&self, id: &str, signal: ExecSignal) -> Result<(), WireError> {
+        self.check_alive()?;
+        let mut req = self.shell.kill_exec_request();
+        req.get().set_id(id);
+        req.get().set_signal(signal_to(signal));
+        req.send().promise.await?;
+        Ok(())
+    }
+
+    pub async fn dispose_exec(&self, id: &str) -> Result<(), WireError> {
+        self.check_alive()?;
+        let mut req = self.shell.dispose_exec_request();
+        req.get().set_id(id);
+        req.send().promise.await?;
+        Ok(())
+    }
+
+    #[cfg(test)]
+    pub(crate) fn raw_sync(&self) -> &wire::sync::Client {
+        &self.sync
+    }
+}
+
+/// A remote change window ([`Remote::fetch_changes`]); pulls batches with
+/// `ChangeIterator.next`. Dropping it closes the window on the daemon.
+pub struct RemoteChanges {
+    iter: wire::change_iterator::Client,
+    conn: Rc<Connection>,
+}
+
+impl std::fmt::Debug for RemoteChanges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteChanges").finish_non_exhaustive()
+    }
+}
+
+impl RemoteChanges {
+    pub async fn next(&mut self, max: usize) -> Result<Vec<ChangeEntry>, WireError> {
+        if !self.conn.alive.get() {
+            return Err(WireError::connection_lost("closed"));
+        }
+        let max = max.clamp(1, MAX_CHANGES_PER_NEXT);
+        let mut req = self.iter.next_request();
+        req.get().set_max(max as u32);
+        let response = req.send().promise.await?;
+        entries_from(response.get()?.get_entries()?, "entries per next", max)
+    }
+}
+
+impl ChangeStream for RemoteChanges {
+    async fn next_batch(&mut self, max: usize) -> Result<Vec<ChangeEntry>, SyncError> {
+        Ok(self.next(max).await?)
+    }
+}
+
+impl Remote for Client {
+    type Changes = RemoteChanges;
+
+    async fn watermarks(&mut self) -> Result<Watermarks, SyncError> {
+        Ok(Client::watermarks(self).await?)
+    }
+
+    async fn fetch_changes(
+        &mut self,
+        after: &ChangeCursor,
+        ignore: &[String],
+    ) -> Result<(FetchOpened, RemoteChanges), SyncError> {
+        Ok(Client::fetch_changes(self, after, ignore).await?)
+    }
+
+    async fn has_objects(&mut self, hashes: &[Hash]) -> Result<Vec<Hash>, SyncError> {
+        Ok(Client::has_objects(self, hashes).await?)
+    }
+
+    async fn fetch_objects(&mut self, hashes: &[Hash]) -> Result<Vec<Object>, SyncError> {
+        Ok(Client::fetch_objects(self, hashes).await?)
+    }
+
+    async fn push_objects(&mut self, objects: Vec<Object>) -> Result<(), SyncError> {
+        Ok(Client::push_objects(self, &objects).await?)
+    }
+
+    async fn push(
+        &mut self,
+        sender: Option<ChangeCursor>,
+        entries: Vec<ChangeEntry>,
+        baseline: Baseline,
+    ) -> Result<PushOutcome, SyncError> {
+        Ok(Client::push(self, sender.as_ref(), &entries, baseline).await?)
+    }
+}
+
+/// Receives `fetchObjects` writes.
+struct CollectSink {
+    received: Rc<RefCell<Vec<Object>>>,
+    expected: usize,
+}
+
+impl wire::object_sink::Server for CollectSink {
+    async fn write(
+        self: Rc<Self>,
+        params: wire::object_sink::WriteParams,
+    ) -> Result<(), capnp::Error> {
+        let result = (|| {
+            let objects = objects_from(params.get()?.get_objects()?)?;
+            let mut received = self.received.borrow_mut();
+            if received.len() + objects.len() > self.expected {
+                return Err(WireError::new(
+                    ErrorCode::Protocol,
+                    "fetchObjects sent more objects than requested",
+                ));
+            }
+            received.extend(objects);
+            Ok(())
+        })();
+        result.map_err(|e| super::convert::error_to(&e))
+    }
+
+    async fn done(
+        self: Rc<Self>,
+        _: wire::object_sink::DoneParams,
+        _: wire::object_sink::DoneResults,
+    ) -> Result<(), capnp::Error> {
+        Ok(())
+    }
+}
+
+enum SinkItem {
+    Event(ExecEvent),
+    End(Option<WireError>),
+}
+
+/// Receives an exec's events into a bounded channel; when the reader of
+/// the [`ExecStream`] falls behind, `event` stops returning, which fills
+/// the capnp stream window and slows the daemon's runner.
+struct EventSink {
+    tx: mpsc::Sender<SinkItem>,
+}
+
+impl EventSink {
+    fn new() -> (EventSink, mpsc::Receiver<SinkItem>) {
+        let (tx, rx) = mpsc::channel(CLIENT_EXEC_EVENT_BUFFER);
+        (EventSink { tx }, rx)
+    }
+}
+
+impl wire::exec_event_sink::Server for EventSink {
+    async fn event(
+        self: Rc<Self>,
+        params: wire::exec_event_sink::EventParams,
+    ) -> Result<(), capnp::Error> {
+        let event = exec_event_from(params.get()?.get_event()?)
+            .map_err(|e| super::convert::error_to(&e))?;
+        self.tx
+            .send(SinkItem::Event(event))
+            .await
+            .map_err(|_| capnp::Error::failed("ESHUTDOWN: the exec stream was dropped".into()))
+    }
+
+    async fn end(
+        self: Rc<Self>,
+        params: wire::exec_event_sink::EndParams,
+        _: wire::exec_event_sink::EndResults,
+    ) -> Result<(), capnp::Error> {
+        let p = params.get()?;
+        let error = if p.has_error() {
+            Some(wire_error_from(p.get_error()?).unwrap_or_else(|e| e))
+        } else {
+            None
+        };
+        let _ = self.tx.send(SinkItem::End(error)).await;
+        Ok(())
+    }
+}
+
+/// The events of one exec, in seq order. Dropping it stops the delivery
+/// (the command keeps running; [`Client::get_exec`] re-attaches).
+pub struct ExecStream {
+    id: String,
+    rx: mpsc::Receiver<SinkItem>,
+    ended: bool,
+    _subscription: wire::exec_subscription::Client,
+}
+
+impl std::fmt::Debug for ExecStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecStream")
+            .field("id", &self.id)
+            .field("ended", &self.ended)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ExecStream {
+    fn new(
+        id: String,
+        subscription: wire::exec_subscription::Client,
+        rx: mpsc::Receiver<SinkItem>,
+    ) -> Self {
+        ExecStream {
+            id,
+            rx,
+            ended: false,
+            _subscription: subscription,
+        }
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The next event; `Ok(None)` after the delivery ended cleanly (after
+    /// the exit event). A delivery that ended with an error returns it; a
+    /// connection lost mid-stream is `ESHUTDOWN` ("connection lost"):
+    /// re-attach with `get_exec(id, ResumeFrom::After(last_seq))`.
+    pub async fn next(&mut self) -> Result<Option<ExecEvent>, WireError> {
+        if self.ended {
+            return Ok(None);
+        }
+        match self.rx.recv().await {
+            Some(SinkItem::Event(e)) => Ok(Some(e)),
+            Some(SinkItem::End(None)) => {
+                self.ended = true;
+                Ok(None)
+            }
+            Some(SinkItem::End(Some(e))) => {
+                self.ended = true;
+                Err(e)
+            }
+            None => {
+                self.ended = true;
+                Err(WireError::connection_lost(
+                    "the exec event stream ended without its end marker",
+                ))
+            }
+        }
+    }
+}
+
+/// A [`Remote`] that dials lazily and re-dials after a lost connection.
+///
+/// A call that fails with a retryable error (`ESHUTDOWN`: connection lost
+/// or daemon restarting) drops the connection; the call is retried once on
+/// a fresh one when it is idempotent: every read, `pushObjects` (staging is
+/// idempotent) and a peer `push` (senderRev > 0: already-applied entries
+/// are skipped and the fetch cursor never moves backwards). An external
+/// writer's push is not retried. A change stream cut mid-way fails; the
+/// driver's checkpoints make re-running the push or pull resume where it
+/// stopped.
+#[derive(Debug)]
+pub struct ReconnectingClient {
+    addr: String,
+    token: Option<Vec<u8>>,
+    peer: String,
+    current: Option<Client>,
+    dials: u64,
+}
+
+impl ReconnectingClient {
+    pub fn new(addr: impl Into<String>, token: Option<Vec<u8>>, peer: impl Into<String>) -> Self {
+        ReconnectingClient {
+            addr: addr.into(),
+            token,
+            peer: peer.into(),
+            current: None,
+            dials: 0,
+        }
+    }
+
+    /// How many times a connection was dialled so far.
+    pub fn dials(&self) -> u64 {
+        self.dials
+    }
+
+    /// The live connection, dialling one if there is none.
+    pub async fn client(&mut self) -> Result<Client, WireError> {
+        if let Some(c) = &self.current
+            && c.is_connected()
+        {
+            return Ok(c.clone());
+        }
+        self.current = None;
+        if self.dials > 0 {
+            tracing::info!(addr = self.addr, "re-dialling after a lost connection");
+        }
+        self.dials += 1;
+        let c = connect(&self.addr, self.token.clone(), &self.peer).await?;
+        self.current = Some(c.clone());
+        Ok(c)
+    }
+
+    async fn call<T, F, Fut>(&mut self, idempotent: bool, f: F) -> Result<T, WireError>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, WireError>>,
+    {
+        let client = self.client().await?;
+        match f(client).await {
+            Err(e) if e.is_retryable() => {
+                self.current = None;
+                if !idempotent {
+                    return Err(e);
+                }
+                tracing::info!(error = %e, "retrying an idempotent call on a fresh connection");
+                f(self.client().await?).await
+            }
+            other => other,
+        }
+    }
+}
+
+impl Remote for ReconnectingClient {
+    type Changes = RemoteChanges;
+
+    async fn watermarks(&mut self) -> Result<Watermarks, SyncError> {
+        Ok(self
+            .call(true, |c| async move { c.watermarks().await })
+            .await?)
+    }
+
+    async fn fetch_changes(
+        &mut self,
+        after: &ChangeCursor,
+        ignore: &[String],
+    ) -> Result<(FetchOpened, RemoteChanges), SyncError> {
+        Ok(self
+            .call(
+                true,
+                |c| async move { c.fetch_changes(after, ignore).await },
+            )
+            .await?)
+    }
+
+    async fn has_objects(&mut self, hashes: &[Hash]) -> Result<Vec<Hash>, SyncError> {
+        Ok(self
+            .call(true, |c| async move { c.has_objects(hashes).await })
+            .await?)
+    }
+
+    async fn fetch_objects(&mut self, hashes: &[Hash]) -> Result<Vec<Object>, SyncError> {
+        Ok(self
+            .call(true, |c| async move { c.fetch_objects(hashes).await })
+            .await?)
+    }
+
+    async fn push_objects(&mut self, objects: Vec<Object>) -> Result<(), SyncError> {
+        let objects = &objects;
+        Ok(self
+            .call(true, |c| async move { c.push_objects(objects).await })
+            .await?)
+    }
+
+    async fn push(
+        &mut self,
+        sender: Option<ChangeCursor>,
+        entries: Vec<ChangeEntry>,
+        baseline: Baseline,
+    ) -> Result<PushOutcome, SyncError> {
+        let (sender, entries) = (sender.as_ref(), &entries);
+        let idempotent = sender.is_some();
+        Ok(self
+            .call(idempotent, |c| async move {
+                c.push(sender, entries, baseline).await
+            })
+            .await?)
+    }
+}

@@ -41,7 +41,10 @@ impl From<capnp::Error> for WireError {
         {
             return WireError::new(code, message);
         }
-        WireError::new(ErrorCode::Protocol, format!("malformed or failed RPC: {reason}"))
+        WireError::new(
+            ErrorCode::Protocol,
+            format!("malformed or failed RPC: {reason}"),
+        )
     }
 }
 
@@ -53,7 +56,10 @@ impl From<capnp::NotInSchema> for WireError {
     }
 }
 
-pub(crate) fn text(r: capnp::Result<capnp::text::Reader<'_>>, what: &str) -> Result<String, WireError> {
+pub(crate) fn text(
+    r: capnp::Result<capnp::text::Reader<'_>>,
+    what: &str,
+) -> Result<String, WireError> {
     r?.to_string()
         .map_err(|e| WireError::new(ErrorCode::Invalid, format!("{what} is not UTF-8: {e}")))
 }
@@ -64,7 +70,11 @@ fn opt_text(
     r: capnp::Result<capnp::text::Reader<'_>>,
     what: &str,
 ) -> Result<Option<String>, WireError> {
-    if has { text(r, what).map(Some) } else { Ok(None) }
+    if has {
+        text(r, what).map(Some)
+    } else {
+        Ok(None)
+    }
 }
 
 pub(crate) fn path_from(r: capnp::Result<capnp::text::Reader<'_>>) -> Result<SyncPath, WireError> {
@@ -85,7 +95,10 @@ pub(crate) fn hashes_to(mut b: capnp::data_list::Builder<'_>, hashes: &[Hash]) {
 }
 
 /// Decodes a hash list, checking its length against `max` first.
-pub(crate) fn hashes_from(r: capnp::data_list::Reader<'_>, max: usize) -> Result<Vec<Hash>, WireError> {
+pub(crate) fn hashes_from(
+    r: capnp::data_list::Reader<'_>,
+    max: usize,
+) -> Result<Vec<Hash>, WireError> {
     WireError::check_limit("hashes per call", max, r.len() as usize)?;
     r.iter().map(|h| hash_from(h?)).collect()
 }
@@ -112,7 +125,11 @@ pub(crate) fn opt_cursor_from(
     has: bool,
     r: capnp::Result<wire::cursor::Reader<'_>>,
 ) -> Result<ChangeCursor, WireError> {
-    if has { cursor_from(r?) } else { Ok(ChangeCursor::ZERO) }
+    if has {
+        cursor_from(r?)
+    } else {
+        Ok(ChangeCursor::ZERO)
+    }
 }
 
 pub(crate) fn baseline_to(b: Baseline) -> wire::Baseline {
@@ -130,7 +147,10 @@ pub(crate) fn baseline_from(
         Ok(wire::Baseline::Off) => Ok(Baseline::Off),
         Ok(wire::Baseline::Mark) => Ok(Baseline::Mark),
         Ok(wire::Baseline::Sweep) => Ok(Baseline::Sweep),
-        Err(e) => Err(WireError::new(ErrorCode::Invalid, format!("unknown baseline value: {e}"))),
+        Err(e) => Err(WireError::new(
+            ErrorCode::Invalid,
+            format!("unknown baseline value: {e}"),
+        )),
     }
 }
 
@@ -138,7 +158,12 @@ pub(crate) fn entry_to(mut b: wire::change_entry::Builder<'_>, e: &ChangeEntry) 
     b.set_rev(e.rev);
     b.set_path(e.path.as_str());
     match &e.state {
-        EntryState::File { mode, mtime, size, chunks } => {
+        EntryState::File {
+            mode,
+            mtime,
+            size,
+            chunks,
+        } => {
             let mut f = b.init_file();
             f.set_mode(*mode);
             f.set_mtime(*mtime);
@@ -155,7 +180,11 @@ pub(crate) fn entry_to(mut b: wire::change_entry::Builder<'_>, e: &ChangeEntry) 
             d.set_mode(*mode);
             d.set_mtime(*mtime);
         }
-        EntryState::Symlink { target, mode, mtime } => {
+        EntryState::Symlink {
+            target,
+            mode,
+            mtime,
+        } => {
             let mut s = b.init_symlink();
             s.set_target(target.as_str());
             s.set_mode(*mode);
@@ -174,11 +203,24 @@ pub(crate) fn entry_from(r: wire::change_entry::Reader<'_>) -> Result<ChangeEntr
             WireError::check_limit("chunks per file", MAX_CHUNKS_PER_FILE, list.len() as usize)?;
             let chunks = list
                 .iter()
-                .map(|c| Ok(ChunkRef { hash: hash_from(c.get_hash()?)?, size: c.get_size() }))
+                .map(|c| {
+                    Ok(ChunkRef {
+                        hash: hash_from(c.get_hash()?)?,
+                        size: c.get_size(),
+                    })
+                })
                 .collect::<Result<Vec<_>, WireError>>()?;
-            EntryState::File { mode: f.get_mode(), mtime: f.get_mtime(), size: f.get_size(), chunks }
+            EntryState::File {
+                mode: f.get_mode(),
+                mtime: f.get_mtime(),
+                size: f.get_size(),
+                chunks,
+            }
         }
-        wire::change_entry::Which::Dir(d) => EntryState::Dir { mode: d.get_mode(), mtime: d.get_mtime() },
+        wire::change_entry::Which::Dir(d) => EntryState::Dir {
+            mode: d.get_mode(),
+            mtime: d.get_mtime(),
+        },
         wire::change_entry::Which::Symlink(s) => EntryState::Symlink {
             target: text(s.get_target(), "symlink target")?,
             mode: s.get_mode(),
@@ -186,7 +228,11 @@ pub(crate) fn entry_from(r: wire::change_entry::Reader<'_>) -> Result<ChangeEntr
         },
         wire::change_entry::Which::Delete(()) => EntryState::Delete,
     };
-    let entry = ChangeEntry { rev: r.get_rev(), path, state };
+    let entry = ChangeEntry {
+        rev: r.get_rev(),
+        path,
+        state,
+    };
     entry.validate()?;
     Ok(entry)
 }
@@ -251,7 +297,10 @@ pub(crate) fn objects_from(
         WireError::check_limit("object size (bytes)", chunk::MAX_CHUNK, bytes.len())?;
         total += bytes.len();
         WireError::check_limit("object bytes per write", MAX_OBJECT_WRITE_BYTES, total)?;
-        out.push(Object { hash: hash_from(o.get_hash()?)?, bytes: bytes.to_vec() });
+        out.push(Object {
+            hash: hash_from(o.get_hash()?)?,
+            bytes: bytes.to_vec(),
+        });
     }
     Ok(out)
 }
@@ -294,11 +343,18 @@ pub(crate) fn exec_request_to(mut b: wire::exec_request::Builder<'_>, r: &ExecRe
     b.set_timeout_ms(r.timeout_ms.unwrap_or(0));
 }
 
-pub(crate) fn exec_request_from(r: wire::exec_request::Reader<'_>) -> Result<ExecRequest, WireError> {
+pub(crate) fn exec_request_from(
+    r: wire::exec_request::Reader<'_>,
+) -> Result<ExecRequest, WireError> {
     let env = if r.has_env() {
         r.get_env()?
             .iter()
-            .map(|v| Ok((text(v.get_name(), "env name")?, text(v.get_value(), "env value")?)))
+            .map(|v| {
+                Ok((
+                    text(v.get_name(), "env name")?,
+                    text(v.get_value(), "env value")?,
+                ))
+            })
             .collect::<Result<Vec<_>, WireError>>()?
     } else {
         Vec::new()
@@ -308,7 +364,11 @@ pub(crate) fn exec_request_from(r: wire::exec_request::Reader<'_>) -> Result<Exe
         cwd: opt_text(r.has_cwd(), r.get_cwd(), "cwd")?,
         id: opt_text(r.has_id(), r.get_id(), "exec id")?,
         env,
-        stdin: if r.has_stdin() { Some(r.get_stdin()?.to_vec()) } else { None },
+        stdin: if r.has_stdin() {
+            Some(r.get_stdin()?.to_vec())
+        } else {
+            None
+        },
         timeout_ms: match r.get_timeout_ms() {
             0 => None,
             ms => Some(ms),
@@ -332,7 +392,11 @@ pub(crate) fn exec_event_from(r: wire::exec_event::Reader<'_>) -> Result<ExecEve
         wire::exec_event::Which::Stderr(b) => ExecEventKind::Stderr(b?.to_vec()),
         wire::exec_event::Which::Exit(code) => ExecEventKind::Exit(code),
     };
-    Ok(ExecEvent { id: text(r.get_id(), "exec id")?, seq: r.get_seq(), kind })
+    Ok(ExecEvent {
+        id: text(r.get_id(), "exec id")?,
+        seq: r.get_seq(),
+        kind,
+    })
 }
 
 pub(crate) fn resume_to(mut b: wire::resume_point::Builder<'_>, from: ResumeFrom) {
@@ -366,13 +430,18 @@ pub(crate) fn signal_to(s: ExecSignal) -> wire::Signal {
     }
 }
 
-pub(crate) fn signal_from(r: Result<wire::Signal, capnp::NotInSchema>) -> Result<ExecSignal, WireError> {
+pub(crate) fn signal_from(
+    r: Result<wire::Signal, capnp::NotInSchema>,
+) -> Result<ExecSignal, WireError> {
     match r {
         Ok(wire::Signal::Term) => Ok(ExecSignal::Term),
         Ok(wire::Signal::Kill) => Ok(ExecSignal::Kill),
         Ok(wire::Signal::Int) => Ok(ExecSignal::Int),
         Ok(wire::Signal::Hup) => Ok(ExecSignal::Hup),
-        Err(e) => Err(WireError::new(ErrorCode::Invalid, format!("unknown signal: {e}"))),
+        Err(e) => Err(WireError::new(
+            ErrorCode::Invalid,
+            format!("unknown signal: {e}"),
+        )),
     }
 }
 
@@ -386,7 +455,10 @@ pub(crate) fn wire_error_from(r: wire::wire_error::Reader<'_>) -> Result<WireErr
     let message = text(r.get_message(), "error message")?;
     Ok(match ErrorCode::parse(&code) {
         Some(code) => WireError::new(code, message),
-        None => WireError::new(ErrorCode::Protocol, format!("unknown error code {code}: {message}")),
+        None => WireError::new(
+            ErrorCode::Protocol,
+            format!("unknown error code {code}: {message}"),
+        ),
     })
 }
 
@@ -403,25 +475,56 @@ mod tests {
     #[test]
     fn every_entry_kind_survives_the_wire() {
         let p = SyncPath::new("a/b").unwrap();
-        let c = ChunkRef { hash: Hash::of(b"x"), size: 1 };
+        let c = ChunkRef {
+            hash: Hash::of(b"x"),
+            size: 1,
+        };
         for state in [
-            EntryState::File { mode: 0o644, mtime: -5, size: 1, chunks: vec![c] },
-            EntryState::File { mode: 0o600, mtime: 0, size: 0, chunks: vec![] },
-            EntryState::Dir { mode: 0o755, mtime: 7 },
-            EntryState::Symlink { target: "../t".into(), mode: 0o777, mtime: 9 },
+            EntryState::File {
+                mode: 0o644,
+                mtime: -5,
+                size: 1,
+                chunks: vec![c],
+            },
+            EntryState::File {
+                mode: 0o600,
+                mtime: 0,
+                size: 0,
+                chunks: vec![],
+            },
+            EntryState::Dir {
+                mode: 0o755,
+                mtime: 7,
+            },
+            EntryState::Symlink {
+                target: "../t".into(),
+                mode: 0o777,
+                mtime: 9,
+            },
             EntryState::Delete,
         ] {
-            let e = ChangeEntry { rev: 42, path: p.clone(), state };
+            let e = ChangeEntry {
+                rev: 42,
+                path: p.clone(),
+                state,
+            };
             assert_eq!(roundtrip_entry(&e).unwrap(), e);
         }
     }
 
     #[test]
     fn cursors_survive_the_wire() {
-        for c in [ChangeCursor::ZERO, ChangeCursor::at(9), ChangeCursor::within(3, SyncPath::new("z").unwrap())] {
+        for c in [
+            ChangeCursor::ZERO,
+            ChangeCursor::at(9),
+            ChangeCursor::within(3, SyncPath::new("z").unwrap()),
+        ] {
             let mut msg = capnp::message::Builder::new_default();
             cursor_to(msg.init_root::<wire::cursor::Builder<'_>>(), &c);
-            let back = cursor_from(msg.get_root_as_reader::<wire::cursor::Reader<'_>>().unwrap());
+            let back = cursor_from(
+                msg.get_root_as_reader::<wire::cursor::Reader<'_>>()
+                    .unwrap(),
+            );
             assert_eq!(back.unwrap(), c);
         }
     }
@@ -432,8 +535,11 @@ mod tests {
         let mut b = msg.init_root::<wire::change_entry::Builder<'_>>();
         b.set_path("../etc/passwd");
         b.set_delete(());
-        let err = entry_from(msg.get_root_as_reader::<wire::change_entry::Reader<'_>>().unwrap())
-            .unwrap_err();
+        let err = entry_from(
+            msg.get_root_as_reader::<wire::change_entry::Reader<'_>>()
+                .unwrap(),
+        )
+        .unwrap_err();
         assert_eq!(err.code, ErrorCode::Invalid);
     }
 

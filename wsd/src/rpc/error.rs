@@ -19,7 +19,10 @@ pub struct WireError {
 
 impl WireError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> WireError {
-        WireError { code, message: message.into() }
+        WireError {
+            code,
+            message: message.into(),
+        }
     }
 
     /// A request over a documented limit (`ELIMIT`), naming the limit.
@@ -56,14 +59,20 @@ impl From<SyncError> for WireError {
         // code once, in the field.
         let text = e.to_string();
         let prefix = format!("{code}: ");
-        let message = text.strip_prefix(&prefix).map(str::to_owned).unwrap_or(text);
+        let message = text
+            .strip_prefix(&prefix)
+            .map(str::to_owned)
+            .unwrap_or(text);
         WireError { code, message }
     }
 }
 
 impl From<WireError> for SyncError {
     fn from(e: WireError) -> SyncError {
-        SyncError::Remote { code: e.code, message: e.message }
+        SyncError::Remote {
+            code: e.code,
+            message: e.message,
+        }
     }
 }
 

@@ -112,7 +112,11 @@ pub(crate) trait DynExecBackend {
         id: &'a str,
         from: ResumeFrom,
     ) -> LocalBoxFuture<'a, Result<Box<dyn DynExecEvents>, WireError>>;
-    fn kill<'a>(&'a self, id: &'a str, signal: ExecSignal) -> LocalBoxFuture<'a, Result<(), WireError>>;
+    fn kill<'a>(
+        &'a self,
+        id: &'a str,
+        signal: ExecSignal,
+    ) -> LocalBoxFuture<'a, Result<(), WireError>>;
     fn dispose<'a>(&'a self, id: &'a str) -> LocalBoxFuture<'a, Result<(), WireError>>;
 }
 
@@ -148,7 +152,11 @@ impl<T: ExecBackend> DynExecBackend for T {
         })
     }
 
-    fn kill<'a>(&'a self, id: &'a str, signal: ExecSignal) -> LocalBoxFuture<'a, Result<(), WireError>> {
+    fn kill<'a>(
+        &'a self,
+        id: &'a str,
+        signal: ExecSignal,
+    ) -> LocalBoxFuture<'a, Result<(), WireError>> {
         Box::pin(ExecBackend::kill(self, id, signal))
     }
 

@@ -61,7 +61,9 @@ pub struct Backend<S> {
 
 impl<S> std::fmt::Debug for Backend<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Backend").field("exec", &self.exec.is_some()).finish_non_exhaustive()
+        f.debug_struct("Backend")
+            .field("exec", &self.exec.is_some())
+            .finish_non_exhaustive()
     }
 }
 
@@ -83,7 +85,10 @@ impl<S: Store + Send + 'static> Backend<S> {
 pub enum Listener {
     Tcp(tokio::net::TcpListener),
     /// The socket file is removed when the server stops.
-    Unix { listener: tokio::net::UnixListener, path: PathBuf },
+    Unix {
+        listener: tokio::net::UnixListener,
+        path: PathBuf,
+    },
 }
 
 impl Listener {
@@ -157,7 +162,11 @@ impl Conn {
 
 /// Runs one call body under the connection's in-flight budget and encodes
 /// its error as a coded exception.
-pub(crate) async fn run_call<F>(conn: &Rc<Conn>, method: &'static str, body: F) -> Result<(), capnp::Error>
+pub(crate) async fn run_call<F>(
+    conn: &Rc<Conn>,
+    method: &'static str,
+    body: F,
+) -> Result<(), capnp::Error>
 where
     F: Future<Output = Result<(), WireError>>,
 {
@@ -186,8 +195,13 @@ pub async fn serve<S: Store + Send + 'static>(
     config: ServerConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<S, ServeError> {
-    let (store, store_thread) = StoreHandle::spawn(backend.store).map_err(ServeError::StoreThread)?;
-    let shared = Rc::new(Shared { store, exec: backend.exec, token: config.token.clone() });
+    let (store, store_thread) =
+        StoreHandle::spawn(backend.store).map_err(ServeError::StoreThread)?;
+    let shared = Rc::new(Shared {
+        store,
+        exec: backend.exec,
+        token: config.token.clone(),
+    });
     if config.token.is_none() {
         tracing::warn!("no token configured: only loopback and unix-socket peers are admitted");
     }
@@ -334,7 +348,10 @@ async fn run_connection<S: Store + Send + 'static>(
     config: &ServerConfig,
     disconnect: CancellationToken,
 ) {
-    let conn = Rc::new(Conn { in_flight: Cell::new(0), max_in_flight: config.max_in_flight_calls });
+    let conn = Rc::new(Conn {
+        in_flight: Cell::new(0),
+        max_in_flight: config.max_in_flight_calls,
+    });
     let bootstrap: wire::bootstrap::Client =
         capnp_rpc::new_client(BootstrapServer { shared, conn });
     let rpc = RpcSystem::new(
@@ -367,7 +384,10 @@ struct BootstrapServer<S> {
 /// Checks a peer name: 1..=255 bytes, no control characters.
 fn check_peer_name(peer: &str) -> Result<(), WireError> {
     if peer.is_empty() || peer.chars().any(char::is_control) {
-        return Err(WireError::new(ErrorCode::Invalid, format!("peer name {peer:?} is empty or has control characters")));
+        return Err(WireError::new(
+            ErrorCode::Invalid,
+            format!("peer name {peer:?} is empty or has control characters"),
+        ));
     }
     WireError::check_limit("peer name length (bytes)", MAX_PEER_NAME_BYTES, peer.len())
 }
@@ -420,7 +440,11 @@ impl<S: Store + Send + 'static> wire::workspace::Server for WorkspaceServer<S> {
         _: wire::workspace::SyncParams,
         mut results: wire::workspace::SyncResults,
     ) -> Result<(), capnp::Error> {
-        let sync = SyncServer::new(self.shared.store.clone(), self.conn.clone(), self.peer.clone());
+        let sync = SyncServer::new(
+            self.shared.store.clone(),
+            self.conn.clone(),
+            self.peer.clone(),
+        );
         results.get().set_sync(capnp_rpc::new_client(sync));
         Ok(())
     }
@@ -444,7 +468,13 @@ mod tests {
     fn peer_names_are_checked() {
         assert!(check_peer_name("gateway-1").is_ok());
         assert_eq!(check_peer_name("").unwrap_err().code, ErrorCode::Invalid);
-        assert_eq!(check_peer_name("a\nb").unwrap_err().code, ErrorCode::Invalid);
-        assert_eq!(check_peer_name(&"x".repeat(256)).unwrap_err().code, ErrorCode::Limit);
+        assert_eq!(
+            check_peer_name("a\nb").unwrap_err().code,
+            ErrorCode::Invalid
+        );
+        assert_eq!(
+            check_peer_name(&"x".repeat(256)).unwrap_err().code,
+            ErrorCode::Limit
+        );
     }
 }

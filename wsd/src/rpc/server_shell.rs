@@ -9,7 +9,9 @@ use wsd_schema::workspace_capnp as wire;
 use wsd_sync::ErrorCode;
 
 use super::WireError;
-use super::convert::{exec_event_to, exec_request_from, resume_from, signal_from, text, wire_error_to};
+use super::convert::{
+    exec_event_to, exec_request_from, resume_from, signal_from, text, wire_error_to,
+};
 use super::exec_backend::{DynExecBackend, DynExecEvents};
 use super::server::{Conn, run_call};
 
@@ -24,7 +26,9 @@ impl ShellServer {
     }
 
     fn backend(&self) -> Result<Rc<dyn DynExecBackend>, WireError> {
-        self.exec.clone().ok_or_else(|| WireError::new(ErrorCode::Io, "exec not available"))
+        self.exec
+            .clone()
+            .ok_or_else(|| WireError::new(ErrorCode::Io, "exec not available"))
     }
 }
 
@@ -61,7 +65,9 @@ fn subscribe(
             }
         }
     });
-    capnp_rpc::new_client(Subscription { task: task.abort_handle() })
+    capnp_rpc::new_client(Subscription {
+        task: task.abort_handle(),
+    })
 }
 
 /// Holds a delivery task alive; capnp drops it when the caller releases the

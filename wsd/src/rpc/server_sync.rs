@@ -52,7 +52,12 @@ impl<S: Store + Send + 'static> wire::sync::Server for SyncServer<S> {
             let outcome = self
                 .store
                 .call(move |s| {
-                    s.apply(ApplyBatch { remote: &peer, sender, entries: &entries, baseline })
+                    s.apply(ApplyBatch {
+                        remote: &peer,
+                        sender,
+                        entries: &entries,
+                        baseline,
+                    })
                 })
                 .await?;
             tracing::debug!(
@@ -89,7 +94,11 @@ impl<S: Store + Send + 'static> wire::sync::Server for SyncServer<S> {
             let mut patterns = Vec::new();
             if p.has_ignore() {
                 let list = p.get_ignore()?;
-                WireError::check_limit("ignore patterns", MAX_IGNORE_PATTERNS, list.len() as usize)?;
+                WireError::check_limit(
+                    "ignore patterns",
+                    MAX_IGNORE_PATTERNS,
+                    list.len() as usize,
+                )?;
                 for pat in list.iter() {
                     patterns.push(text(pat, "ignore pattern")?);
                 }
@@ -105,7 +114,11 @@ impl<S: Store + Send + 'static> wire::sync::Server for SyncServer<S> {
                     Ok((window, applied))
                 })
                 .await?;
-            let start = if window.baseline { ChangeCursor::ZERO } else { after };
+            let start = if window.baseline {
+                ChangeCursor::ZERO
+            } else {
+                after
+            };
             let mut r = results.get();
             cursor_to(r.reborrow().init_current_cursor(), &window.through);
             cursor_to(r.reborrow().init_applied_push_cursor(), &applied);
@@ -116,7 +129,10 @@ impl<S: Store + Send + 'static> wire::sync::Server for SyncServer<S> {
                 peer: self.peer.clone(),
                 through: window.through,
                 ignore,
-                state: tokio::sync::Mutex::new(IterState { after: start, drained: false }),
+                state: tokio::sync::Mutex::new(IterState {
+                    after: start,
+                    drained: false,
+                }),
             };
             r.set_changes(capnp_rpc::new_client(iter));
             Ok(())
@@ -190,7 +206,10 @@ impl<S: Store + Send + 'static> wire::sync::Server for SyncServer<S> {
                         while i < hs.len() && bytes < OBJECT_WRITE_BYTES {
                             let data = s.read_object(&hs[i])?;
                             bytes += data.len();
-                            out.push(Object { hash: hs[i], bytes: data });
+                            out.push(Object {
+                                hash: hs[i],
+                                bytes: data,
+                            });
                             i += 1;
                         }
                         Ok((out, i))
@@ -255,7 +274,10 @@ impl<S: Store + Send + 'static> wire::change_iterator::Server for ChangeIter<S> 
         run_call(&self.conn, "ChangeIterator.next", async {
             let max = params.get()?.get_max() as usize;
             if max == 0 {
-                return Err(WireError::new(ErrorCode::Invalid, "next(max) needs max >= 1"));
+                return Err(WireError::new(
+                    ErrorCode::Invalid,
+                    "next(max) needs max >= 1",
+                ));
             }
             WireError::check_limit("entries per next", MAX_CHANGES_PER_NEXT, max)?;
             let mut state = self.state.lock().await;
@@ -309,7 +331,10 @@ impl<S: Store + Send + 'static> UploadSink<S> {
 }
 
 impl<S: Store + Send + 'static> wire::object_sink::Server for UploadSink<S> {
-    async fn write(self: Rc<Self>, params: wire::object_sink::WriteParams) -> Result<(), capnp::Error> {
+    async fn write(
+        self: Rc<Self>,
+        params: wire::object_sink::WriteParams,
+    ) -> Result<(), capnp::Error> {
         run_call(&self.conn, "ObjectSink.write", async {
             let result = self.write_inner(params).await;
             if let Err(e) = &result {

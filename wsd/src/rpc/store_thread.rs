@@ -23,7 +23,9 @@ pub(crate) struct StoreHandle<S> {
 
 impl<S> Clone for StoreHandle<S> {
     fn clone(&self) -> Self {
-        StoreHandle { tx: self.tx.clone() }
+        StoreHandle {
+            tx: self.tx.clone(),
+        }
     }
 }
 
@@ -38,15 +40,22 @@ impl<S: Store + Send + 'static> StoreHandle<S> {
     pub(crate) fn spawn(store: S) -> std::io::Result<(StoreHandle<S>, StoreThread<S>)> {
         let (tx, mut rx) = mpsc::channel::<Job<S>>(STORE_QUEUE_CAPACITY);
         let (done_tx, done) = oneshot::channel();
-        let thread = std::thread::Builder::new().name("wsd-store".into()).spawn(move || {
-            let mut store = store;
-            while let Some(job) = rx.blocking_recv() {
-                job(&mut store);
-            }
-            tracing::debug!("store queue closed and drained; store thread exits");
-            let _ = done_tx.send(store);
-        })?;
-        Ok((StoreHandle { tx: Rc::new(RefCell::new(Some(tx))) }, StoreThread { done, thread }))
+        let thread = std::thread::Builder::new()
+            .name("wsd-store".into())
+            .spawn(move || {
+                let mut store = store;
+                while let Some(job) = rx.blocking_recv() {
+                    job(&mut store);
+                }
+                tracing::debug!("store queue closed and drained; store thread exits");
+                let _ = done_tx.send(store);
+            })?;
+        Ok((
+            StoreHandle {
+                tx: Rc::new(RefCell::new(Some(tx))),
+            },
+            StoreThread { done, thread },
+        ))
     }
 
     /// Runs `f` on the store thread after every call queued before it.
@@ -69,7 +78,10 @@ impl<S: Store + Send + 'static> StoreHandle<S> {
         match reply_rx.await {
             Ok(result) => result.map_err(WireError::from),
             // The job was dropped unrun: the thread died (a panic in the store).
-            Err(_) => Err(WireError::new(ErrorCode::Io, "the store thread has stopped")),
+            Err(_) => Err(WireError::new(
+                ErrorCode::Io,
+                "the store thread has stopped",
+            )),
         }
     }
 
@@ -94,5 +106,8 @@ impl<S> StoreThread<S> {
 }
 
 fn shutting_down() -> WireError {
-    WireError::new(ErrorCode::Shutdown, "the daemon is shutting down; reconnect after it restarts")
+    WireError::new(
+        ErrorCode::Shutdown,
+        "the daemon is shutting down; reconnect after it restarts",
+    )
 }
