@@ -1,1 +1,355 @@
+//! A small in-memory [`Store`] for the RPC tests, following the contract
+//! of `wsd_sync::Store` closely enough for the driver to converge two of
+//! them over the wire. It is shared (`Arc<Mutex<..>>`) so a test can look at
+//! the server's copy while the server's store thread owns the other handle.
 
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use wsd_sync::{
+    ApplyBatch, ApplyOutcome, Baseline, ChangeCursor, ChangeEntry, ChangesQuery, ChangesWindow,
+    EntryState, Hash, Object, Store, SyncError, SyncPath, Watermarks, chunk,
+};
+
+#[derive(Clone, Debug)]
+struct Node {
+    rev: u64,
+    state: EntryState,
+    /// The remote this state was applied from, until a local change.
+    from: Option<String>,
+}
+
+#[derive(Default, Debug)]
+struct Inner {
+    rev: u64,
+    nodes: BTreeMap<SyncPath, Node>,
+    objects: HashMap<Hash, Vec<u8>>,
+    push: HashMap<String, ChangeCursor>,
+    fetch: HashMap<String, ChangeCursor>,
+    marks: HashSet<SyncPath>,
+    /// Every `apply` sleeps this long first (to hold a call in flight).
+    apply_delay: Duration,
+}
+
+#[derive(Clone, Default, Debug)]
+pub(crate) struct MemStore(Arc<Mutex<Inner>>);
+
+impl MemStore {
+    pub(crate) fn new() -> MemStore {
+        MemStore::default()
+    }
+
+    pub(crate) fn set_apply_delay(&self, d: Duration) {
+        self.0.lock().unwrap().apply_delay = d;
+    }
+
+    /// A local write of a file (chunked like the real stores).
+    pub(crate) fn write_file(&self, path: &str, bytes: &[u8], mode: u32) {
+        let chunks: Vec<_> = chunk::chunk_slice(bytes)
+            .into_iter()
+            .map(|(_, c)| c)
+            .collect();
+        let mut objects = Vec::new();
+        for (off, c) in chunk::chunk_slice(bytes) {
+            objects.push(Object {
+                hash: c.hash,
+                bytes: bytes[off..off + c.size as usize].to_vec(),
+            });
+        }
+        let mut s = self.clone();
+        s.stage_objects(&objects).unwrap();
+        let state = EntryState::File {
+            mode,
+            mtime: 1,
+            size: bytes.len() as u64,
+            chunks,
+        };
+        s.local(path, state);
+    }
+
+    pub(crate) fn delete(&self, path: &str) {
+        self.clone().local(path, EntryState::Delete);
+    }
+
+    fn local(&mut self, path: &str, state: EntryState) {
+        let e = ChangeEntry {
+            rev: 0,
+            path: SyncPath::new(path).unwrap(),
+            state,
+        };
+        self.apply(ApplyBatch {
+            remote: "local",
+            sender: None,
+            entries: &[e],
+            baseline: Baseline::Off,
+        })
+        .unwrap();
+    }
+
+    /// Live paths and their content-relevant state (kind, mode, chunks,
+    /// target), for convergence checks.
+    pub(crate) fn live(&self) -> BTreeMap<String, EntryState> {
+        let inner = self.0.lock().unwrap();
+        inner
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.state != EntryState::Delete)
+            .map(|(p, n)| {
+                let state = match &n.state {
+                    EntryState::File {
+                        mode, size, chunks, ..
+                    } => EntryState::File {
+                        mode: *mode,
+                        mtime: 0,
+                        size: *size,
+                        chunks: chunks.clone(),
+                    },
+                    EntryState::Dir { mode, .. } => EntryState::Dir {
+                        mode: *mode,
+                        mtime: 0,
+                    },
+                    EntryState::Symlink { target, mode, .. } => EntryState::Symlink {
+                        target: target.clone(),
+                        mode: *mode,
+                        mtime: 0,
+                    },
+                    EntryState::Delete => EntryState::Delete,
+                };
+                (p.as_str().to_owned(), state)
+            })
+            .collect()
+    }
+
+    pub(crate) fn object_count(&self) -> usize {
+        self.0.lock().unwrap().objects.len()
+    }
+}
+
+impl Inner {
+    fn set(&mut self, path: SyncPath, state: EntryState, rev: u64, from: Option<&str>) {
+        let was_dir = matches!(
+            self.nodes.get(&path).map(|n| &n.state),
+            Some(EntryState::Dir { .. })
+        );
+        let is_dir = matches!(state, EntryState::Dir { .. });
+        if was_dir && !is_dir {
+            // A kind change replaces the whole subtree.
+            let below: Vec<SyncPath> = self
+                .nodes
+                .range(path.clone()..)
+                .take_while(|(p, _)| p.as_str().starts_with(path.as_str()))
+                .filter(|(p, n)| {
+                    p.starts_with(&path) && **p != path && n.state != EntryState::Delete
+                })
+                .map(|(p, _)| p.clone())
+                .collect();
+            for p in below {
+                self.nodes.insert(
+                    p,
+                    Node {
+                        rev,
+                        state: EntryState::Delete,
+                        from: from.map(str::to_owned),
+                    },
+                );
+            }
+        }
+        if state != EntryState::Delete {
+            for a in path.ancestors() {
+                let is_dir = matches!(
+                    self.nodes.get(&a).map(|n| &n.state),
+                    Some(EntryState::Dir { .. })
+                );
+                if !is_dir {
+                    self.nodes.insert(
+                        a,
+                        Node {
+                            rev,
+                            state: EntryState::Dir {
+                                mode: 0o755,
+                                mtime: 0,
+                            },
+                            from: None,
+                        },
+                    );
+                }
+            }
+        }
+        self.nodes.insert(
+            path,
+            Node {
+                rev,
+                state,
+                from: from.map(str::to_owned),
+            },
+        );
+    }
+}
+
+impl Store for MemStore {
+    fn current_rev(&mut self) -> Result<u64, SyncError> {
+        Ok(self.0.lock().unwrap().rev)
+    }
+
+    fn watermarks(&mut self, remote: &str) -> Result<Watermarks, SyncError> {
+        let s = self.0.lock().unwrap();
+        Ok(Watermarks {
+            current_rev: s.rev,
+            push_cursor: s.push.get(remote).cloned().unwrap_or_default(),
+            fetch_cursor: s.fetch.get(remote).cloned().unwrap_or_default(),
+        })
+    }
+
+    fn open_changes(&mut self, _after: &ChangeCursor) -> Result<ChangesWindow, SyncError> {
+        // Tombstones are never pruned here, so no baseline is ever forced.
+        Ok(ChangesWindow {
+            through: ChangeCursor::at(self.0.lock().unwrap().rev),
+            baseline: false,
+        })
+    }
+
+    fn changes(&mut self, q: ChangesQuery<'_>) -> Result<Vec<ChangeEntry>, SyncError> {
+        let s = self.0.lock().unwrap();
+        let mut out: Vec<ChangeEntry> = s
+            .nodes
+            .iter()
+            .filter(|(p, n)| q.after.is_before(n.rev, p) && !q.through.is_before(n.rev, p))
+            .filter(|(p, n)| match n.state {
+                EntryState::Delete => !q.ignore.is_ignored_any_kind(p),
+                EntryState::Dir { .. } => !q.ignore.is_ignored(p, true),
+                _ => !q.ignore.is_ignored(p, false),
+            })
+            .filter(|(_, n)| {
+                q.exclude_applied_from.is_none() || n.from.as_deref() != q.exclude_applied_from
+            })
+            .map(|(p, n)| ChangeEntry {
+                rev: n.rev,
+                path: p.clone(),
+                state: n.state.clone(),
+            })
+            .collect();
+        out.sort_by(|a, b| (a.rev, &a.path).cmp(&(b.rev, &b.path)));
+        out.truncate(q.limit);
+        Ok(out)
+    }
+
+    fn read_entry(&mut self, path: &SyncPath) -> Result<Option<ChangeEntry>, SyncError> {
+        let s = self.0.lock().unwrap();
+        Ok(s.nodes.get(path).map(|n| ChangeEntry {
+            rev: n.rev,
+            path: path.clone(),
+            state: n.state.clone(),
+        }))
+    }
+
+    fn has_objects(&mut self, hashes: &[Hash]) -> Result<Vec<Hash>, SyncError> {
+        let s = self.0.lock().unwrap();
+        Ok(hashes
+            .iter()
+            .filter(|h| s.objects.contains_key(h))
+            .copied()
+            .collect())
+    }
+
+    fn read_object(&mut self, hash: &Hash) -> Result<Vec<u8>, SyncError> {
+        let s = self.0.lock().unwrap();
+        s.objects.get(hash).cloned().ok_or(SyncError::UnknownHash {
+            hash: *hash,
+            path: None,
+        })
+    }
+
+    fn stage_objects(&mut self, objects: &[Object]) -> Result<(), SyncError> {
+        for o in objects {
+            o.hash.verify(&o.bytes)?;
+        }
+        let mut s = self.0.lock().unwrap();
+        for o in objects {
+            s.objects.insert(o.hash, o.bytes.clone());
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, batch: ApplyBatch<'_>) -> Result<ApplyOutcome, SyncError> {
+        let delay = self.0.lock().unwrap().apply_delay;
+        std::thread::sleep(delay);
+        let mut s = self.0.lock().unwrap();
+        for e in batch.entries {
+            for c in e.chunks() {
+                if !s.objects.contains_key(&c.hash) {
+                    return Err(SyncError::UnknownHash {
+                        hash: c.hash,
+                        path: Some(e.path.to_string()),
+                    });
+                }
+            }
+        }
+        let rev = s.rev + 1;
+        let from = batch.sender.as_ref().map(|_| batch.remote);
+        let (mut applied, mut skipped) = (0, 0);
+        for e in batch.entries {
+            let same = s
+                .nodes
+                .get(&e.path)
+                .is_some_and(|n| n.state.same_content(&e.state));
+            if batch.sender.is_some() && same {
+                skipped += 1;
+            } else {
+                s.set(e.path.clone(), e.state.clone(), rev, from);
+                applied += 1;
+            }
+            if batch.baseline != Baseline::Off {
+                s.marks.insert(e.path.clone());
+            }
+        }
+        if batch.baseline == Baseline::Sweep {
+            let marks = std::mem::take(&mut s.marks);
+            let stale: Vec<SyncPath> = s
+                .nodes
+                .iter()
+                .filter(|(p, n)| n.state != EntryState::Delete && !marks.contains(*p))
+                .map(|(p, _)| p.clone())
+                .collect();
+            for p in stale {
+                s.set(p, EntryState::Delete, rev, from);
+                applied += 1;
+            }
+        }
+        if applied > 0 {
+            s.rev = rev;
+        }
+        if let Some(sender) = &batch.sender {
+            let cur = s.fetch.entry(batch.remote.to_owned()).or_default();
+            if *sender > *cur {
+                *cur = sender.clone();
+            }
+        }
+        let fetch_cursor = s.fetch.get(batch.remote).cloned().unwrap_or_default();
+        Ok(ApplyOutcome {
+            rev: s.rev,
+            fetch_cursor,
+            applied,
+            skipped,
+            overwrote_local: 0,
+        })
+    }
+
+    fn set_push_cursor(&mut self, remote: &str, cursor: &ChangeCursor) -> Result<(), SyncError> {
+        self.0
+            .lock()
+            .unwrap()
+            .push
+            .insert(remote.to_owned(), cursor.clone());
+        Ok(())
+    }
+
+    fn set_fetch_cursor(&mut self, remote: &str, cursor: &ChangeCursor) -> Result<(), SyncError> {
+        self.0
+            .lock()
+            .unwrap()
+            .fetch
+            .insert(remote.to_owned(), cursor.clone());
+        Ok(())
+    }
+}
