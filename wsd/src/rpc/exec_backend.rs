@@ -102,11 +102,14 @@ pub trait ExecBackend: 'static {
 
 /// The object-safe face of [`ExecBackend`] the server stores, so the server
 /// is not generic over the runner and "no runner" is simply `None`.
+/// A started exec as the server holds it: its id and its subscription.
+pub(crate) type Started = (String, Box<dyn DynExecEvents>);
+
 pub(crate) trait DynExecBackend {
     fn exec(
         &self,
         request: ExecRequest,
-    ) -> LocalBoxFuture<'_, Result<(String, Box<dyn DynExecEvents>), WireError>>;
+    ) -> LocalBoxFuture<'_, Result<Started, WireError>>;
     fn get<'a>(
         &'a self,
         id: &'a str,
@@ -134,7 +137,7 @@ impl<T: ExecBackend> DynExecBackend for T {
     fn exec(
         &self,
         request: ExecRequest,
-    ) -> LocalBoxFuture<'_, Result<(String, Box<dyn DynExecEvents>), WireError>> {
+    ) -> LocalBoxFuture<'_, Result<Started, WireError>> {
         Box::pin(async move {
             let (id, events) = ExecBackend::exec(self, request).await?;
             Ok((id, Box::new(events) as Box<dyn DynExecEvents>))

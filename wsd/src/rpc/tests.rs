@@ -431,7 +431,7 @@ fn a_corrupted_object_is_eprotocol_and_is_not_stored() {
             "nothing of the failed write was kept"
         );
         // A correct upload on the same connection works.
-        c.push_objects(&[good.clone()]).await.unwrap();
+        c.push_objects(std::slice::from_ref(&good)).await.unwrap();
         assert_eq!(
             c.has_objects(&[good.hash, bad.hash]).await.unwrap(),
             vec![good.hash]
@@ -449,7 +449,7 @@ fn unknown_hashes_are_eunknown_hash() {
             hash: Hash::of(b"held"),
             bytes: b"held".to_vec(),
         };
-        c.push_objects(&[held.clone()]).await.unwrap();
+        c.push_objects(std::slice::from_ref(&held)).await.unwrap();
         let missing = Hash::of(b"missing");
         let err = c.fetch_objects(&[held.hash, missing]).await.unwrap_err();
         assert_eq!(err.code, ErrorCode::UnknownHash);
