@@ -106,10 +106,7 @@ pub trait ExecBackend: 'static {
 pub(crate) type Started = (String, Box<dyn DynExecEvents>);
 
 pub(crate) trait DynExecBackend {
-    fn exec(
-        &self,
-        request: ExecRequest,
-    ) -> LocalBoxFuture<'_, Result<Started, WireError>>;
+    fn exec(&self, request: ExecRequest) -> LocalBoxFuture<'_, Result<Started, WireError>>;
     fn get<'a>(
         &'a self,
         id: &'a str,
@@ -134,10 +131,7 @@ impl<T: ExecEvents> DynExecEvents for T {
 }
 
 impl<T: ExecBackend> DynExecBackend for T {
-    fn exec(
-        &self,
-        request: ExecRequest,
-    ) -> LocalBoxFuture<'_, Result<Started, WireError>> {
+    fn exec(&self, request: ExecRequest) -> LocalBoxFuture<'_, Result<Started, WireError>> {
         Box::pin(async move {
             let (id, events) = ExecBackend::exec(self, request).await?;
             Ok((id, Box::new(events) as Box<dyn DynExecEvents>))
