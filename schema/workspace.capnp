@@ -30,7 +30,10 @@
 #   connection drops every capability it carried; nothing a dropped
 #   capability did is rolled back, and nothing it had not finished is kept.
 # * In-flight calls per connection are bounded (ELIMIT "in-flight calls per
-#   connection" beyond it); calls on streams count too.
+#   connection" beyond it); calls on streams count too. A message larger
+#   than 32 MiB is refused by the reader and breaks the connection.
+# * ESHUTDOWN: the daemon is shutting down (calls already queued still
+#   complete); reconnect after it restarts.
 
 @0xc5b02dc4832bd523;
 
@@ -205,12 +208,13 @@ interface Sync {
 
   fetchObjects @5 (hashes :List(Data), sink :ObjectSink) -> ();
   # Writes the objects named by `hashes` (at most 16384) into the caller's
-  # `sink`, in request order, in `write` calls of at most 1 MiB of object
-  # bytes, paced by the sink's stream flow control. The call returns only
-  # after every write was acknowledged; `sink.done` is not called. An
-  # unknown hash fails the call with EUNKNOWN_HASH naming it, after the
-  # objects before it were written. If a write fails (the caller dropped
-  # the sink or rejected an object) the call fails with that error.
+  # `sink`, in request order, in `write` calls of about 1 MiB of object
+  # bytes, paced by the sink's stream flow control, then calls `sink.done`;
+  # the call returns after `done` answered, so every write was processed.
+  # An unknown hash fails the call with EUNKNOWN_HASH naming it (objects
+  # before it may already have been written). If a write fails (the caller
+  # dropped the sink or rejected an object) the call fails with that
+  # error. Read-only.
 
   pushObjects @6 () -> (sink :ObjectSink);
   # Opens an upload: the caller streams objects into the returned sink with
@@ -238,9 +242,9 @@ interface ObjectSink {
   # one fails, every later write and `done` fail with the same error.
 
   write @0 (objects :List(Object)) -> stream;
-  # At most 1 MiB of object bytes per call (ELIMIT "object bytes per
-  # write"), each object at most the maximum chunk size (ELIMIT "object
-  # size (bytes)"), hashes of 32 bytes (EINVAL).
+  # At most 4 MiB of object bytes per call (ELIMIT "object bytes per
+  # write"; senders aim at 1 MiB), each object at most the maximum chunk
+  # size (ELIMIT "object size (bytes)"), hashes of 32 bytes (EINVAL).
 
   done @1 () -> ();
   # Returns once every earlier write has been processed; fails with the

@@ -111,3 +111,55 @@ fn shutting_down() -> WireError {
         "the daemon is shutting down; reconnect after it restarts",
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rpc::mem_store::MemStore;
+
+    #[test]
+    fn after_close_new_calls_are_eshutdown_and_queued_calls_still_run() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        tokio::task::LocalSet::new().block_on(&rt, async {
+            let store = MemStore::new();
+            store.set_apply_delay(std::time::Duration::from_millis(100));
+            let (handle, thread) = StoreHandle::spawn(store).unwrap();
+            let queued = {
+                let handle = handle.clone();
+                tokio::task::spawn_local(async move {
+                    handle
+                        .call(|s| {
+                            let e = wsd_sync::ChangeEntry {
+                                rev: 1,
+                                path: wsd_sync::SyncPath::new("d").unwrap(),
+                                state: wsd_sync::EntryState::Dir {
+                                    mode: 0o755,
+                                    mtime: 0,
+                                },
+                            };
+                            s.apply(wsd_sync::ApplyBatch {
+                                remote: "p",
+                                sender: None,
+                                entries: &[e],
+                                baseline: wsd_sync::Baseline::Off,
+                            })
+                        })
+                        .await
+                })
+            };
+            tokio::task::yield_now().await;
+            handle.close();
+            let err = handle.call(|s| s.current_rev()).await.unwrap_err();
+            assert_eq!(err.code, ErrorCode::Shutdown);
+            assert_eq!(queued.await.unwrap().unwrap().rev, 1, "the queued call ran");
+            let mut store = thread
+                .join()
+                .await
+                .expect("the thread hands the store back");
+            assert_eq!(store.current_rev().unwrap(), 1);
+        });
+    }
+}

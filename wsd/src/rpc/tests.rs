@@ -1,7 +1,9 @@
 //! End-to-end tests of the wire: a real server on `127.0.0.1:0` or a unix
 //! socket in a temp dir, the real client, in-memory stores on both ends.
 
+use std::cell::Cell;
 use std::future::Future;
+use std::rc::Rc;
 use std::time::Duration;
 
 use capnp_rpc::{RpcSystem, rpc_twoparty_capnp};
@@ -627,18 +629,24 @@ fn a_reconnecting_client_redials_after_a_restart() {
 
 /// An exec runner stand-in: `exec` emits `command` parsed as a count of
 /// stdout lines, then exit 0; `kill` fails with the code named by the id.
-struct FakeExec;
+#[derive(Default)]
+struct FakeExec {
+    /// Events handed to the server so far, across subscriptions.
+    produced: Rc<Cell<u64>>,
+}
 
 struct FakeEvents {
     id: String,
     lines: u64,
     next_seq: u64,
+    produced: Rc<Cell<u64>>,
 }
 
 impl ExecEvents for FakeEvents {
     async fn next(&mut self) -> Result<Option<ExecEvent>, WireError> {
         let seq = self.next_seq;
         self.next_seq += 1;
+        self.produced.set(self.produced.get() + 1);
         let kind = match seq {
             s if s <= self.lines => ExecEventKind::Stdout(format!("line {s}\n").into_bytes()),
             s if s == self.lines + 1 => ExecEventKind::Exit(0),
@@ -667,6 +675,7 @@ impl ExecBackend for FakeExec {
                 id,
                 lines,
                 next_seq: 1,
+                produced: self.produced.clone(),
             },
         ))
     }
@@ -684,6 +693,7 @@ impl ExecBackend for FakeExec {
             id: id.into(),
             lines: 10,
             next_seq,
+            produced: self.produced.clone(),
         })
     }
 
@@ -715,7 +725,7 @@ fn every_error_code_round_trips_through_the_wire() {
             "127.0.0.1:0",
             MemStore::new(),
             ServerConfig::default(),
-            Some(FakeExec),
+            Some(FakeExec::default()),
         )
         .await;
         let c = client::connect(&server.addr, None, "p").await.unwrap();
@@ -740,7 +750,7 @@ fn exec_events_stream_in_order_and_end_cleanly() {
             "127.0.0.1:0",
             MemStore::new(),
             ServerConfig::default(),
-            Some(FakeExec),
+            Some(FakeExec::default()),
         )
         .await;
         let c = client::connect(&server.addr, None, "p").await.unwrap();
@@ -796,6 +806,57 @@ fn shell_calls_without_an_exec_runner_are_eio() {
         assert!(err.message.contains("exec not available"), "{err}");
         let err = c.kill_exec("x", ExecSignal::Kill).await.unwrap_err();
         assert_eq!(err.code, ErrorCode::Io);
+        server.stop().await.unwrap();
+    });
+}
+
+#[test]
+fn a_reader_that_stops_reading_stalls_the_runner_and_dropping_the_stream_detaches() {
+    run(async {
+        let exec = FakeExec::default();
+        let produced = exec.produced.clone();
+        let server = start_on(
+            "127.0.0.1:0",
+            MemStore::new(),
+            ServerConfig::default(),
+            Some(exec),
+        )
+        .await;
+        let c = client::connect(&server.addr, None, "p").await.unwrap();
+        let request = ExecRequest {
+            command: "100000000".into(),
+            ..Default::default()
+        };
+        let mut stream = c.exec(&request).await.unwrap();
+        for seq in 1..=5 {
+            assert_eq!(stream.next().await.unwrap().unwrap().seq, seq);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let stalled = produced.get();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            produced.get(),
+            stalled,
+            "no progress while the reader is not reading"
+        );
+        assert!(
+            stalled < 10_000,
+            "only a bounded window is in flight: {stalled}"
+        );
+        // Reading resumes the flow.
+        for _ in 0..100 {
+            stream.next().await.unwrap().unwrap();
+        }
+        drop(stream);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let detached = produced.get();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            produced.get(),
+            detached,
+            "the delivery stopped with the subscription"
+        );
+        c.watermarks().await.unwrap();
         server.stop().await.unwrap();
     });
 }
