@@ -25,7 +25,7 @@ use super::convert::{
 };
 use super::exec_backend::{ExecEvent, ExecRequest, ExecSignal, ResumeFrom};
 use super::limits::{CLIENT_EXEC_EVENT_BUFFER, MAX_CHANGES_PER_NEXT, OBJECT_WRITE_BYTES};
-use super::server::network;
+use super::transport::network;
 use super::{PROTOCOL_VERSION, WireError};
 
 /// A connection to one daemon's workspace, as one named peer. Cheap to

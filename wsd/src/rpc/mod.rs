@@ -22,6 +22,7 @@ mod server;
 mod server_shell;
 mod server_sync;
 mod store_thread;
+mod transport;
 
 #[cfg(test)]
 mod mem_store;

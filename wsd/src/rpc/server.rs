@@ -8,11 +8,9 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use capnp_rpc::{RpcSystem, rpc_twoparty_capnp, twoparty};
-use futures::AsyncReadExt;
+use capnp_rpc::{RpcSystem, rpc_twoparty_capnp};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{Semaphore, mpsc};
-use tokio_util::compat::TokioAsyncReadCompatExt;
 use tokio_util::sync::CancellationToken;
 use wsd_schema::workspace_capnp as wire;
 use wsd_sync::{ErrorCode, Store};
@@ -20,12 +18,11 @@ use wsd_sync::{ErrorCode, Store};
 use super::auth::{PeerOrigin, Token, admit};
 use super::convert::{error_to, text};
 use super::exec_backend::{DynExecBackend, ExecBackend};
-use super::limits::{
-    DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_IN_FLIGHT_CALLS, MAX_MESSAGE_BYTES, MAX_PEER_NAME_BYTES,
-};
+use super::limits::{DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_IN_FLIGHT_CALLS, MAX_PEER_NAME_BYTES};
 use super::server_shell::ShellServer;
 use super::server_sync::SyncServer;
 use super::store_thread::StoreHandle;
+use super::transport::network;
 use super::{PROTOCOL_VERSION, WireError};
 
 /// How the server runs. `Default` is: no token (loopback peers only),
@@ -317,28 +314,6 @@ async fn accept(listener: &Listener) -> std::io::Result<(Box<dyn Stream>, PeerOr
             Ok((Box::new(s), PeerOrigin::Unix))
         }
     }
-}
-
-/// The reader options both sides use: messages above
-/// [`MAX_MESSAGE_BYTES`] are refused before they are buffered.
-pub(crate) fn reader_options() -> capnp::message::ReaderOptions {
-    let mut options = capnp::message::ReaderOptions::new();
-    options.traversal_limit_in_words(Some(MAX_MESSAGE_BYTES / 8));
-    options
-}
-
-/// Wraps a byte stream in a two-party capnp network.
-pub(crate) fn network(
-    stream: impl AsyncRead + AsyncWrite + Unpin + 'static,
-    side: rpc_twoparty_capnp::Side,
-) -> Box<dyn capnp_rpc::VatNetwork<rpc_twoparty_capnp::Side>> {
-    let (reader, writer) = stream.compat().split();
-    Box::new(twoparty::VatNetwork::new(
-        futures::io::BufReader::new(reader),
-        futures::io::BufWriter::new(writer),
-        side,
-        reader_options(),
-    ))
 }
 
 async fn run_connection<S: Store + Send + 'static>(

@@ -18,7 +18,7 @@ use wsd_sync::{
 
 use super::client::{self, Client, ReconnectingClient};
 use super::mem_store::MemStore;
-use super::server::network;
+use super::transport::network;
 use super::*;
 
 /// Runs a test body on a current-thread runtime inside a `LocalSet`, as
