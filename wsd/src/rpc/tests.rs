@@ -860,3 +860,33 @@ fn a_reader_that_stops_reading_stalls_the_runner_and_dropping_the_stream_detache
         server.stop().await.unwrap();
     });
 }
+
+#[test]
+fn connections_beyond_the_bound_wait_until_one_closes() {
+    run(async {
+        let config = ServerConfig {
+            max_connections: 1,
+            ..Default::default()
+        };
+        let server = start_on("127.0.0.1:0", MemStore::new(), config, None).await;
+        let first = client::connect(&server.addr, None, "a").await.unwrap();
+        first.watermarks().await.unwrap();
+        let second = {
+            let addr = server.addr.clone();
+            tokio::task::spawn_local(async move { client::connect(&addr, None, "b").await })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !second.is_finished(),
+            "the second peer waits while the first holds the only slot"
+        );
+        drop(first);
+        let second = tokio::time::timeout(Duration::from_secs(5), second)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        second.watermarks().await.unwrap();
+        server.stop().await.unwrap();
+    });
+}

@@ -28,4 +28,3 @@ pub(crate) fn network(
         reader_options(),
     ))
 }
-
