@@ -244,7 +244,10 @@ impl Client {
         Ok(())
     }
 
-    /// `sender: None` is an external writer (wire `senderRev = 0`).
+    /// `sender: None` is an external writer (wire `senderRev = 0`). A
+    /// sender cursor at rev 0 is indistinguishable on the wire and is
+    /// applied as an external writer too; it only arises for an empty
+    /// sender, whose entries list is then empty anyway.
     pub async fn push(
         &self,
         sender: Option<&ChangeCursor>,
