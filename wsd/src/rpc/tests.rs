@@ -381,7 +381,7 @@ fn over_a_limit_is_elimit_and_the_connection_stays_usable() {
 fn calls_beyond_the_in_flight_limit_are_elimit() {
     run(async {
         let store = MemStore::new();
-        store.set_apply_delay(Duration::from_millis(300));
+        store.set_apply_delay(Duration::from_millis(1000));
         let config = ServerConfig {
             max_in_flight_calls: 1,
             ..Default::default()
@@ -395,7 +395,8 @@ fn calls_beyond_the_in_flight_limit_are_elimit() {
                     .await
             })
         };
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Leave the push ample time to reach the (slow) store.
+        tokio::time::sleep(Duration::from_millis(250)).await;
         let err = c.watermarks().await.unwrap_err();
         assert_eq!(err.code, ErrorCode::Limit);
         assert!(err.message.contains("in-flight calls"), "{err}");
@@ -566,7 +567,7 @@ fn a_connection_cut_mid_pull_resumes_and_converges() {
 fn graceful_shutdown_finishes_the_in_flight_transaction_and_closes_listeners() {
     run(async {
         let store = MemStore::new();
-        store.set_apply_delay(Duration::from_millis(300));
+        store.set_apply_delay(Duration::from_millis(600));
         let server = start_on("127.0.0.1:0", store, ServerConfig::default(), None).await;
         let addr = server.addr.clone();
         let c = client::connect(&addr, None, "p").await.unwrap();
@@ -577,7 +578,7 @@ fn graceful_shutdown_finishes_the_in_flight_transaction_and_closes_listeners() {
                     .await
             })
         };
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(150)).await;
         let mut store = server.stop().await.unwrap();
         assert_eq!(
             store.current_rev().unwrap(),
@@ -810,6 +811,20 @@ fn shell_calls_without_an_exec_runner_are_eio() {
     });
 }
 
+/// Waits until `counter` stops moving (every task on this thread is idle
+/// or blocked) and returns its value.
+async fn settle(counter: &Cell<u64>) -> u64 {
+    let mut last = counter.get();
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = counter.get();
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+}
+
 #[test]
 fn a_reader_that_stops_reading_stalls_the_runner_and_dropping_the_stream_detaches() {
     run(async {
@@ -831,9 +846,8 @@ fn a_reader_that_stops_reading_stalls_the_runner_and_dropping_the_stream_detache
         for seq in 1..=5 {
             assert_eq!(stream.next().await.unwrap().unwrap().seq, seq);
         }
+        let stalled = settle(&produced).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let stalled = produced.get();
-        tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(
             produced.get(),
             stalled,
@@ -848,9 +862,8 @@ fn a_reader_that_stops_reading_stalls_the_runner_and_dropping_the_stream_detache
             stream.next().await.unwrap().unwrap();
         }
         drop(stream);
+        let detached = settle(&produced).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let detached = produced.get();
-        tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(
             produced.get(),
             detached,
