@@ -35,6 +35,7 @@ pub use exec_backend::{
     ExecBackend, ExecEvent, ExecEventKind, ExecEvents, ExecRequest, ExecSignal, ResumeFrom,
 };
 pub use server::{Backend, Listener, ServeError, ServerConfig, serve};
+pub use store_thread::StoreCaller;
 pub use wsd_schema::workspace_capnp::PROTOCOL_VERSION;
 
 /// The default TCP port of `wsd serve`.

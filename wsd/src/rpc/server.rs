@@ -21,7 +21,7 @@ use super::exec_backend::{DynExecBackend, ExecBackend};
 use super::limits::{DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_IN_FLIGHT_CALLS, MAX_PEER_NAME_BYTES};
 use super::server_shell::ShellServer;
 use super::server_sync::SyncServer;
-use super::store_thread::StoreHandle;
+use super::store_thread::{StoreCaller, StoreHandle, StoreThread};
 use super::transport::network;
 use super::{PROTOCOL_VERSION, WireError};
 
@@ -52,7 +52,8 @@ impl Default for ServerConfig {
 
 /// What the server serves: a store and, optionally, an exec runner.
 pub struct Backend<S> {
-    store: S,
+    store: StoreHandle<S>,
+    store_thread: StoreThread<S>,
     exec: Option<Rc<dyn DynExecBackend>>,
 }
 
@@ -67,8 +68,17 @@ impl<S> std::fmt::Debug for Backend<S> {
 impl<S: Store + Send + 'static> Backend<S> {
     /// A backend without an exec runner: shell calls fail with
     /// `EIO: exec not available`.
-    pub fn new(store: S) -> Backend<S> {
-        Backend { store, exec: None }
+    /// Moves `store` onto its own thread (named `wsd-store`) right away, so
+    /// that [`Backend::store_caller`] works before [`serve`] starts.
+    pub fn new(store: S) -> Result<Backend<S>, ServeError> {
+        let (store, store_thread) = StoreHandle::spawn(store).map_err(ServeError::StoreThread)?;
+        Ok(Backend { store, store_thread, exec: None })
+    }
+
+    /// A `Send` handle for blocking calls into the store from other threads
+    /// (the exec runner settles the workspace through it).
+    pub fn store_caller(&self) -> StoreCaller<S> {
+        self.store.caller()
     }
 
     pub fn with_exec(mut self, exec: impl ExecBackend) -> Backend<S> {
@@ -192,11 +202,10 @@ pub async fn serve<S: Store + Send + 'static>(
     config: ServerConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<S, ServeError> {
-    let (store, store_thread) =
-        StoreHandle::spawn(backend.store).map_err(ServeError::StoreThread)?;
+    let Backend { store, store_thread, exec } = backend;
     let shared = Rc::new(Shared {
         store,
-        exec: backend.exec,
+        exec,
         token: config.token.clone(),
     });
     if config.token.is_none() {

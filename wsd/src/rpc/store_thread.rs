@@ -3,8 +3,7 @@
 //! oneshot. Calls therefore run one at a time in arrival order (protocol
 //! rule 12), and a slow SQLite transaction never blocks the `LocalSet`.
 
-use std::cell::RefCell;
-use std::rc::Rc;
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, oneshot};
 use wsd_sync::{ErrorCode, Store, SyncError};
@@ -17,8 +16,52 @@ type Job<S> = Box<dyn FnOnce(&mut S) + Send>;
 /// The event-loop side of the store thread. Cloning shares the queue.
 pub(crate) struct StoreHandle<S> {
     /// `None` once shutdown began: new calls fail with `ESHUTDOWN` while
-    /// the jobs already queued still run.
-    tx: Rc<RefCell<Option<mpsc::Sender<Job<S>>>>>,
+    /// the jobs already queued still run. Shared with every [`StoreCaller`]
+    /// so that closing it closes the queue for them too.
+    tx: Arc<Mutex<Option<mpsc::Sender<Job<S>>>>>,
+}
+
+/// A `Send` handle to the store thread for code that runs off the event
+/// loop (the exec runner's settle hook). Its calls queue behind the RPC
+/// calls already queued, like any other call.
+pub struct StoreCaller<S> {
+    tx: Arc<Mutex<Option<mpsc::Sender<Job<S>>>>>,
+}
+
+impl<S> Clone for StoreCaller<S> {
+    fn clone(&self) -> Self {
+        StoreCaller { tx: self.tx.clone() }
+    }
+}
+
+impl<S> std::fmt::Debug for StoreCaller<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreCaller").finish_non_exhaustive()
+    }
+}
+
+impl<S: 'static> StoreCaller<S> {
+    /// Runs `f` on the store thread and waits for its answer, blocking the
+    /// calling thread. Must not be called from an async task (use a
+    /// blocking thread); fails with `ESHUTDOWN` once the server stopped.
+    pub fn call_blocking<T, F>(&self, f: F) -> Result<T, WireError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut S) -> Result<T, SyncError> + Send + 'static,
+    {
+        let tx = self.tx.lock().expect("store queue lock").clone();
+        let tx = tx.ok_or_else(shutting_down)?;
+        let (reply_tx, reply_rx) = oneshot::channel();
+        tx.blocking_send(Box::new(move |store: &mut S| {
+            let _ = reply_tx.send(f(store));
+        }))
+        .map_err(|_| shutting_down())?;
+        drop(tx);
+        match reply_rx.blocking_recv() {
+            Ok(result) => result.map_err(WireError::from),
+            Err(_) => Err(WireError::new(ErrorCode::Io, "the store thread has stopped")),
+        }
+    }
 }
 
 impl<S> Clone for StoreHandle<S> {
@@ -52,7 +95,7 @@ impl<S: Store + Send + 'static> StoreHandle<S> {
             })?;
         Ok((
             StoreHandle {
-                tx: Rc::new(RefCell::new(Some(tx))),
+                tx: Arc::new(Mutex::new(Some(tx))),
             },
             StoreThread { done, thread },
         ))
@@ -65,7 +108,8 @@ impl<S: Store + Send + 'static> StoreHandle<S> {
         T: Send + 'static,
         F: FnOnce(&mut S) -> Result<T, SyncError> + Send + 'static,
     {
-        let tx = self.tx.borrow().clone().ok_or_else(shutting_down)?;
+        let tx = self.tx.lock().expect("store queue lock").clone();
+        let tx = tx.ok_or_else(shutting_down)?;
         let (reply_tx, reply_rx) = oneshot::channel();
         tx.send(Box::new(move |store: &mut S| {
             // The caller may have gone (its connection dropped): the work is
@@ -87,7 +131,11 @@ impl<S: Store + Send + 'static> StoreHandle<S> {
 
     /// Stops taking new calls. Jobs already queued still run.
     pub(crate) fn close(&self) {
-        self.tx.borrow_mut().take();
+        self.tx.lock().expect("store queue lock").take();
+    }
+
+    pub(crate) fn caller(&self) -> StoreCaller<S> {
+        StoreCaller { tx: self.tx.clone() }
     }
 }
 

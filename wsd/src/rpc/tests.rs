@@ -57,7 +57,7 @@ async fn start_on(
 ) -> TestServer {
     let listener = Listener::bind(bind).await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let mut backend = Backend::new(store.clone());
+    let mut backend = Backend::new(store.clone()).unwrap();
     if let Some(exec) = exec {
         backend = backend.with_exec(exec);
     }
