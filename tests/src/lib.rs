@@ -1,1 +1,205 @@
-//! Cross-crate integration tests.
+//! Helpers for the cross-crate scenarios in `tests/tests/`: start a real
+//! `wsd serve` on `127.0.0.1:0`-like free ports in a temp directory, run the
+//! `wsd` CLI, build deterministic trees and compare them byte for byte.
+
+use std::collections::BTreeMap;
+use std::net::TcpStream;
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+/// The `wsd` binary of this workspace's target directory. `cargo test`
+/// builds it because the `wsd` package has integration tests of its own.
+pub fn wsd_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("WSD_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> → target/<profile>/wsd
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let bin = dir.join("wsd");
+    assert!(bin.exists(), "{} is missing: run `cargo build -p wsd` (or set WSD_BIN)", bin.display());
+    bin
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A `wsd serve` child process; killed (SIGKILL) when dropped.
+#[derive(Debug)]
+pub struct Daemon {
+    pub root: PathBuf,
+    pub state: PathBuf,
+    pub addr: String,
+    pub token_file: Option<PathBuf>,
+    child: Option<Child>,
+}
+
+impl Daemon {
+    /// Starts `wsd serve --root root --state state` on a free loopback port
+    /// and waits until it accepts connections.
+    pub fn start(root: &Path, state: &Path, token_file: Option<&Path>) -> Daemon {
+        let addr = format!("127.0.0.1:{}", free_port());
+        let mut d = Daemon {
+            root: root.to_owned(),
+            state: state.to_owned(),
+            addr,
+            token_file: token_file.map(Path::to_owned),
+            child: None,
+        };
+        d.spawn();
+        d
+    }
+
+    fn spawn(&mut self) {
+        let mut cmd = Command::new(wsd_bin());
+        cmd.args(["serve", "--listen", &self.addr])
+            .arg("--root")
+            .arg(&self.root)
+            .arg("--state")
+            .arg(&self.state)
+            .env_remove("WSD_TOKEN")
+            .env_remove("WSD_TOKEN_FILE")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if let Some(t) = &self.token_file {
+            cmd.arg("--token-file").arg(t);
+        }
+        let mut child = cmd.spawn().expect("spawn wsd serve");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while TcpStream::connect(&self.addr).is_err() {
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("wsd serve exited early: {status}");
+            }
+            assert!(Instant::now() < deadline, "wsd serve did not listen on {}", self.addr);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.child = Some(child);
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// SIGKILL, as a crash.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait: a graceful stop.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        let mut c = self.child.take().expect("running");
+        let status = Command::new("kill").arg(c.id().to_string()).status().unwrap();
+        assert!(status.success());
+        c.wait().unwrap()
+    }
+
+    /// Starts the daemon again on the same root, state and address.
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    /// Runs a `wsd` client subcommand against this daemon.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        let mut cmd = Command::new(wsd_bin());
+        cmd.args(args).args(["--remote", &self.addr]).env_remove("WSD_TOKEN_FILE");
+        if let Some(t) = &self.token_file {
+            cmd.arg("--token-file").arg(t);
+        }
+        cmd.output().expect("run wsd")
+    }
+
+    /// `wsd push|pull LOCAL --json`, asserting success; returns the summary.
+    pub fn transfer(&self, verb: &str, local: &Path) -> serde_json::Value {
+        let out = self.cli(&[verb, local.to_str().unwrap(), "--json"]);
+        assert!(
+            out.status.success(),
+            "wsd {verb} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        serde_json::from_str(stdout.lines().last().expect("a JSON summary")).unwrap()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// One path's state, as compared between trees (mtimes excluded).
+pub fn tree_digest(root: &Path) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    walk(root, root, &mut out);
+    out
+}
+
+fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        let path = entry.path();
+        let rel = path.strip_prefix(root).unwrap().to_str().unwrap().to_owned();
+        if rel == ".wsd" {
+            continue;
+        }
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        let mode = meta.permissions().mode() & 0o7777;
+        if meta.file_type().is_symlink() {
+            out.insert(rel, format!("l {}", std::fs::read_link(&path).unwrap().display()));
+        } else if meta.is_dir() {
+            out.insert(rel, format!("d {mode:o}"));
+            walk(root, &path, out);
+        } else {
+            let bytes = std::fs::read(&path).unwrap();
+            out.insert(rel, format!("f {mode:o} {} {}", bytes.len(), hex::encode(Sha256::digest(&bytes))));
+        }
+    }
+}
+
+/// Deterministic pseudo-random bytes.
+pub fn bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+pub fn write(root: &Path, rel: &str, data: &[u8], mode: u32) {
+    let p = root.join(rel);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(&p, data).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// A small tree with nested dirs, executables, an empty file, a file of
+/// several chunks and symlinks (relative, absolute, dangling).
+pub fn make_tree(root: &Path, files: usize, seed: u64) {
+    for i in 0..files {
+        let dir = format!("d{}/e{}", i % 7, i % 3);
+        let len = (i * 997 + 13) % 5000;
+        let mode = if i % 11 == 0 { 0o755 } else { 0o644 };
+        write(root, &format!("{dir}/f{i}.txt"), &bytes(len, seed + i as u64), mode);
+    }
+    write(root, "empty", b"", 0o600);
+    write(root, "big/blob.bin", &bytes(900_000, seed), 0o644);
+    std::fs::create_dir_all(root.join("links")).unwrap();
+    symlink("../d0", root.join("links/rel")).unwrap();
+    symlink("/nonexistent/target", root.join("links/abs")).unwrap();
+    symlink("dangling", root.join("links/dangling")).unwrap();
+    std::fs::create_dir_all(root.join("empty-dir")).unwrap();
+    std::fs::set_permissions(root.join("empty-dir"), std::fs::Permissions::from_mode(0o700)).unwrap();
+}

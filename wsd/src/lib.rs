@@ -4,6 +4,7 @@
 //! ([`store`]), the exec runner and its durable log ([`exec`]) and the RPC
 //! server and client ([`rpc`]); the binary (`src/main.rs`) is the CLI.
 
+pub mod daemon;
 pub mod exec;
 pub mod rpc;
 pub mod store;

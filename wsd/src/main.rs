@@ -1,1 +1,20 @@
-fn main() {}
+//! The `wsd` command: the daemon (`serve`) and its clients (`push`, `pull`,
+//! `sync`, `watermarks`, `exec`, `attach`, `kill`).
+
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let args = cli::Cli::parse();
+    cli::init_tracing(&args);
+    match cli::run(args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("wsd: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! The daemon end to end: a real `wsd serve` on loopback, the `wsd` CLI,
+//! real directories compared byte for byte (content, modes, symlinks).
+
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::path::PathBuf;
+
+use tempfile::TempDir;
+use wsd_tests::{Daemon, bytes, make_tree, tree_digest, write};
+
+struct Env {
+    tmp: TempDir,
+    local: PathBuf,
+    served: PathBuf,
+    daemon: Daemon,
+}
+
+fn setup() -> Env {
+    let tmp = tempfile::tempdir().unwrap();
+    let local = tmp.path().join("local");
+    let served = tmp.path().join("served");
+    std::fs::create_dir_all(&local).unwrap();
+    std::fs::create_dir_all(&served).unwrap();
+    let daemon = Daemon::start(&served, &tmp.path().join("state"), None);
+    Env { tmp, local, served, daemon }
+}
+
+fn n(v: &serde_json::Value, key: &str) -> u64 {
+    v[key].as_u64().unwrap_or_else(|| panic!("{key} missing in {v}"))
+}
+
+#[test]
+fn push_into_an_empty_workspace_leaves_an_identical_tree() {
+    let e = setup();
+    make_tree(&e.local, 300, 1);
+    let summary = e.daemon.transfer("push", &e.local);
+    assert_eq!(tree_digest(&e.local), tree_digest(&e.served));
+    assert!(n(&summary, "entries") > 300, "{summary}");
+    assert!(n(&summary, "bytes_sent") > 900_000, "{summary}");
+}
+
+#[test]
+fn an_incremental_push_sends_only_the_changed_chunks() {
+    let e = setup();
+    make_tree(&e.local, 50, 2);
+    let mut big = bytes(8 * 1024 * 1024, 9);
+    write(&e.local, "big/eight.bin", &big, 0o644);
+    e.daemon.transfer("push", &e.local);
+    big.splice(4_000_000..4_000_000, b"a hundred bytes inserted mid-file".iter().copied());
+    write(&e.local, "big/eight.bin", &big, 0o644);
+    write(&e.local, "d0/e0/f0.txt", b"rewritten", 0o644);
+    let summary = e.daemon.transfer("push", &e.local);
+    assert_eq!(tree_digest(&e.local), tree_digest(&e.served));
+    let sent = n(&summary, "bytes_sent");
+    assert!(sent > 0 && sent <= 2 * 256 * 1024 + 9, "an insert cost {sent} bytes: {summary}");
+    assert!(n(&summary, "bytes_deduplicated") > 7 * 1024 * 1024, "{summary}");
+}
+
+#[test]
+fn changes_made_in_the_served_directory_are_pulled_back() {
+    let e = setup();
+    make_tree(&e.local, 40, 3);
+    e.daemon.transfer("push", &e.local);
+    write(&e.served, "made/by/command.txt", b"hello from the container", 0o640);
+    std::fs::remove_file(e.served.join("d1/e1/f1.txt")).unwrap();
+    std::fs::set_permissions(e.served.join("d2/e2/f2.txt"), std::fs::Permissions::from_mode(0o700))
+        .unwrap();
+    std::fs::remove_dir_all(e.served.join("d3")).unwrap();
+    symlink("made", e.served.join("made-link")).unwrap();
+    let summary = e.daemon.transfer("pull", &e.local);
+    assert_eq!(tree_digest(&e.local), tree_digest(&e.served));
+    assert!(n(&summary, "entries") >= 5, "{summary}");
+}
+
+#[test]
+fn a_no_op_push_or_pull_transfers_no_objects_and_nothing_echoes_back() {
+    let e = setup();
+    make_tree(&e.local, 60, 4);
+    e.daemon.transfer("push", &e.local);
+    let again = e.daemon.transfer("push", &e.local);
+    assert_eq!((n(&again, "entries"), n(&again, "objects")), (0, 0), "{again}");
+    // What we pushed is not streamed back to us.
+    let pulled = e.daemon.transfer("pull", &e.local);
+    assert_eq!((n(&pulled, "entries"), n(&pulled, "objects")), (0, 0), "{pulled}");
+    let after = e.daemon.transfer("push", &e.local);
+    assert_eq!(n(&after, "entries"), 0, "{after}");
+}
+
+#[test]
+fn two_directories_converge_through_one_daemon() {
+    let e = setup();
+    let other = e.tmp.path().join("other");
+    make_tree(&e.local, 80, 5);
+    e.daemon.transfer("push", &e.local);
+    e.daemon.transfer("pull", &other);
+    assert_eq!(tree_digest(&e.local), tree_digest(&other));
+    write(&other, "from-other.txt", b"second laptop", 0o644);
+    std::fs::remove_file(other.join("d4/e1/f4.txt")).unwrap();
+    e.daemon.transfer("push", &other);
+    e.daemon.transfer("pull", &e.local);
+    assert_eq!(tree_digest(&e.local), tree_digest(&other));
+    assert_eq!(tree_digest(&e.local), tree_digest(&e.served));
+}
+
+#[test]
+fn a_wrong_or_missing_token_is_refused_with_eauth() {
+    let tmp = tempfile::tempdir().unwrap();
+    let token = tmp.path().join("token");
+    std::fs::write(&token, "correct horse battery staple").unwrap();
+    let daemon = Daemon::start(&tmp.path().join("served"), &tmp.path().join("state"), Some(&token));
+    let local = tmp.path().join("local");
+    make_tree(&local, 5, 6);
+    daemon.transfer("push", &local);
+
+    let wrong = tmp.path().join("wrong");
+    std::fs::write(&wrong, "incorrect").unwrap();
+    let out = std::process::Command::new(wsd_tests::wsd_bin())
+        .args(["push", local.to_str().unwrap(), "--remote", &daemon.addr, "--token-file"])
+        .arg(&wrong)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("EAUTH"), "{out:?}");
+
+    let out = std::process::Command::new(wsd_tests::wsd_bin())
+        .args(["push", local.to_str().unwrap(), "--remote", &daemon.addr])
+        .env_remove("WSD_TOKEN_FILE")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("EAUTH"), "{out:?}");
+}
+
+#[test]
+fn a_symlink_in_the_workspace_pointing_outside_is_never_written_through() {
+    let e = setup();
+    let outside = e.tmp.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    make_tree(&e.local, 5, 7);
+    e.daemon.transfer("push", &e.local);
+    // A command in the workspace plants a symlink to a directory outside it...
+    symlink(&outside, e.served.join("escape")).unwrap();
+    // ...while the local side creates a real directory of that name.
+    write(&e.local, "escape/pwned", b"must not land outside", 0o644);
+    let out = e.daemon.cli(&["push", e.local.to_str().unwrap()]);
+    assert!(!outside.join("pwned").exists(), "wrote through a symlink: {out:?}");
+    assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+}
+
+#[test]
+fn a_push_cut_by_a_daemon_crash_resumes_and_converges() {
+    let mut e = setup();
+    make_tree(&e.local, 400, 8);
+    for i in 0..6 {
+        write(&e.local, &format!("blobs/b{i}.bin"), &bytes(3 * 1024 * 1024, 100 + i), 0o644);
+    }
+    let child = std::process::Command::new(wsd_tests::wsd_bin())
+        .args(["push", e.local.to_str().unwrap(), "--remote", &e.daemon.addr])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wherever the crash lands (before, during or after the push), a retry
+    // against the restarted daemon must converge.
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    e.daemon.kill9();
+    let _ = child.wait_with_output();
+    e.daemon.restart();
+    e.daemon.transfer("push", &e.local);
+    assert_eq!(tree_digest(&e.local), tree_digest(&e.served));
+    let temp_files: Vec<_> = walk_names(&e.served).into_iter().filter(|n| n.contains(".wsd-tmp")).collect();
+    assert!(temp_files.is_empty(), "temp files left: {temp_files:?}");
+}
+
+fn walk_names(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        out.push(entry.file_name().to_string_lossy().into_owned());
+        if entry.file_type().unwrap().is_dir() {
+            out.extend(walk_names(&entry.path()));
+        }
+    }
+    out
+}
+
+#[test]
+fn a_restarted_daemon_keeps_its_state() {
+    let mut e = setup();
+    make_tree(&e.local, 100, 9);
+    e.daemon.transfer("push", &e.local);
+    let status = e.daemon.stop();
+    assert!(status.success(), "graceful stop exited with {status}");
+    e.daemon.restart();
+    let again = e.daemon.transfer("push", &e.local);
+    assert_eq!(n(&again, "entries"), 0, "{again}");
+    assert_eq!(again["rebaselined"], false, "{again}");
+
+    e.daemon.kill9();
+    write(&e.served, "written-while-down.txt", b"the stat walk finds me", 0o644);
+    e.daemon.restart();
+    let pulled = e.daemon.transfer("pull", &e.local);
+    assert_eq!(n(&pulled, "entries"), 1, "{pulled}");
+    assert_eq!(tree_digest(&e.local), tree_digest(&e.served));
+}

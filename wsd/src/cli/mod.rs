@@ -1,0 +1,166 @@
+//! Argument parsing and dispatch of the `wsd` subcommands.
+
+mod exec;
+mod sync;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use wsd::rpc::{DEFAULT_PORT, Token};
+
+/// wsd: a content-addressed sync and workspace daemon.
+///
+/// `wsd serve` owns one workspace directory and serves it over Cap'n Proto
+/// RPC. The other subcommands are its clients: they keep a local directory
+/// in sync with it and run commands in it.
+#[derive(Debug, Parser)]
+#[command(version, propagate_version = true, max_term_width = 100)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// More log output (repeat for more); `RUST_LOG` overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve a workspace directory until SIGTERM or Ctrl-C.
+    ///
+    /// Without a token only loopback and unix-socket peers are admitted.
+    Serve(ServeArgs),
+    /// Send LOCAL_DIR's changes to the remote workspace.
+    ///
+    /// LOCAL_DIR is indexed in LOCAL_DIR/.wsd (never synced); only changed
+    /// chunks cross the wire. Prints a one-line summary.
+    Push(sync::TransferArgs),
+    /// Bring the remote workspace's changes into LOCAL_DIR.
+    Pull(sync::TransferArgs),
+    /// Pull then push; with --watch, keep both sides converged until Ctrl-C.
+    Sync(sync::SyncArgs),
+    /// Print the remote's watermarks as JSON (currentRev, pushRev,
+    /// fetchCursor), as kept for one peer.
+    Watermarks(sync::WatermarksArgs),
+    /// Run a command in the remote workspace and stream its output.
+    ///
+    /// Exits with the command's exit code. Ctrl-C kills the remote command.
+    Exec(exec::ExecArgs),
+    /// Re-attach to a command's output.
+    Attach(exec::AttachArgs),
+    /// Signal a running command's process group.
+    Kill(exec::KillArgs),
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// The workspace directory (created if missing).
+    #[arg(long, value_name = "DIR")]
+    root: PathBuf,
+    /// Where to listen: `host:port` or `unix:/path`; repeat for several.
+    #[arg(long, value_name = "ADDR", default_value_t = format!("127.0.0.1:{DEFAULT_PORT}"))]
+    listen: Vec<String>,
+    /// The index and exec log directory. Default: ROOT/.wsd, which is never
+    /// synced and which `apply` refuses to write into.
+    #[arg(long, value_name = "DIR")]
+    state: Option<PathBuf>,
+    /// A file holding the token peers must present (also `WSD_TOKEN`).
+    #[arg(long, value_name = "FILE", env = "WSD_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+    /// Do not watch the tree with inotify: every settle walks it.
+    #[arg(long)]
+    no_watch: bool,
+}
+
+/// How to reach a remote daemon.
+#[derive(Debug, Args, Clone)]
+pub struct RemoteArgs {
+    /// The daemon's address: `host:port` or `unix:/path`.
+    #[arg(long, value_name = "ADDR", env = "WSD_REMOTE")]
+    remote: String,
+    /// A file holding the daemon's token.
+    #[arg(long, value_name = "FILE", env = "WSD_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+}
+
+impl RemoteArgs {
+    fn token(&self) -> Result<Option<Vec<u8>>> {
+        self.token_file.as_deref().map(read_token).transpose()
+    }
+}
+
+fn read_token(path: &Path) -> Result<Vec<u8>> {
+    let token = Token::from_file(path).with_context(|| format!("token file {}", path.display()))?;
+    Ok(token.as_bytes().to_vec())
+}
+
+pub fn init_tracing(args: &Cli) {
+    let default = match args.verbose {
+        0 => "wsd=info,warn",
+        1 => "wsd=debug,info",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+/// Runs `fut` on a current-thread runtime inside a `LocalSet` (capnp-rpc is
+/// `!Send`).
+fn block_on_local<F: std::future::Future>(fut: F) -> Result<F::Output> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    Ok(tokio::task::LocalSet::new().block_on(&rt, fut))
+}
+
+pub fn run(args: Cli) -> Result<ExitCode> {
+    match args.command {
+        Command::Serve(a) => serve(a),
+        Command::Push(a) => block_on_local(sync::push(a))?,
+        Command::Pull(a) => block_on_local(sync::pull(a))?,
+        Command::Sync(a) => block_on_local(sync::sync(a))?,
+        Command::Watermarks(a) => block_on_local(sync::watermarks(a))?,
+        Command::Exec(a) => block_on_local(exec::exec(a))?,
+        Command::Attach(a) => block_on_local(exec::attach(a))?,
+        Command::Kill(a) => block_on_local(exec::kill(a))?,
+    }
+}
+
+fn serve(a: ServeArgs) -> Result<ExitCode> {
+    std::fs::create_dir_all(&a.root)
+        .with_context(|| format!("creating the workspace root {}", a.root.display()))?;
+    let root = a.root.canonicalize().with_context(|| format!("{}", a.root.display()))?;
+    let state_dir = a.state.unwrap_or_else(|| root.join(".wsd"));
+    let token = match &a.token_file {
+        Some(f) => Some(Token::from_file(f).with_context(|| format!("token file {}", f.display()))?),
+        None => Token::from_env(),
+    };
+    let config = wsd::daemon::DaemonConfig {
+        root,
+        state_dir,
+        listen: a.listen,
+        token,
+        store: wsd::store::StoreOptions { watch: !a.no_watch, ..Default::default() },
+    };
+    block_on_local(wsd::daemon::run(config, |_| {}, shutdown_signal()))??;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops the daemon");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupt received"),
+    }
+}

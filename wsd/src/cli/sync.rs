@@ -1,0 +1,250 @@
+//! `wsd push`, `pull`, `sync` and `watermarks`: the sync driver between a
+//! local directory (indexed in `LOCAL_DIR/.wsd`) and a remote daemon.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
+use wsd::rpc::client::{self, Client};
+use wsd::store::{StoreOptions, WorkspaceStore};
+use wsd_sync::driver::{self, SyncOptions, SyncReport};
+use wsd_sync::IgnoreRules;
+
+use super::RemoteArgs;
+
+/// The state directory of a local directory, never synced.
+const LOCAL_STATE: &str = ".wsd";
+/// The file in it holding this directory's stable peer name.
+const PEER_FILE: &str = "peer";
+
+#[derive(Debug, Args)]
+pub struct TransferArgs {
+    /// The local directory (created if missing).
+    #[arg(value_name = "LOCAL_DIR")]
+    local: PathBuf,
+    #[command(flatten)]
+    remote: RemoteArgs,
+    /// Print the summary as one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct SyncArgs {
+    #[command(flatten)]
+    transfer: TransferArgs,
+    /// Keep syncing until interrupted.
+    #[arg(long)]
+    watch: bool,
+    /// Time between rounds with --watch, in milliseconds.
+    #[arg(long, default_value_t = 500, value_name = "MS")]
+    interval: u64,
+}
+
+/// A local directory opened for a transfer, connected to its remote.
+struct Session {
+    store: WorkspaceStore,
+    remote: Client,
+    remote_name: String,
+}
+
+impl Session {
+    async fn open(a: &TransferArgs) -> Result<Session> {
+        std::fs::create_dir_all(&a.local)
+            .with_context(|| format!("creating {}", a.local.display()))?;
+        let state = a.local.join(LOCAL_STATE);
+        let mut store = WorkspaceStore::open(&a.local, &state, StoreOptions { watch: false, ..Default::default() })
+            .with_context(|| format!("opening the index of {}", a.local.display()))?;
+        let peer = peer_name(&state)?;
+        let token = a.remote.token()?;
+        let mut remote = client::connect(&a.remote.remote, token, &peer)
+            .await
+            .with_context(|| format!("connecting to {}", a.remote.remote))?;
+        let remote_name = a.remote.remote.clone();
+        driver::reconcile(&mut store, &mut remote, &remote_name)
+            .await
+            .with_context(|| format!("comparing watermarks with {}", a.remote.remote))?;
+        Ok(Session { store, remote, remote_name })
+    }
+
+    async fn push(&mut self, progress: &Progress) -> Result<SyncReport> {
+        let ignore = IgnoreRules::none();
+        let opts = SyncOptions { remote_name: &self.remote_name, ignore: &ignore };
+        driver::push(&mut self.store, &mut self.remote, &opts, |r| progress.update("push", r))
+            .await
+            .context("push failed")
+    }
+
+    async fn pull(&mut self, progress: &Progress) -> Result<SyncReport> {
+        let ignore = IgnoreRules::none();
+        let opts = SyncOptions { remote_name: &self.remote_name, ignore: &ignore };
+        driver::pull(&mut self.store, &mut self.remote, &opts, |r| progress.update("pull", r))
+            .await
+            .context("pull failed")
+    }
+}
+
+/// This directory's stable name as a peer: created once, kept in the state
+/// directory, so the daemon keeps its watermarks across runs.
+fn peer_name(state: &Path) -> Result<String> {
+    let file = state.join(PEER_FILE);
+    match std::fs::read_to_string(&file) {
+        Ok(s) if !s.trim().is_empty() => Ok(s.trim().to_owned()),
+        _ => {
+            let name = format!("cli-{:016x}", rand::random::<u64>());
+            std::fs::write(&file, &name).with_context(|| format!("writing {}", file.display()))?;
+            Ok(name)
+        }
+    }
+}
+
+/// A progress line on a terminal (files, bytes, rate); nothing otherwise.
+struct Progress {
+    bar: Option<ProgressBar>,
+    started: Instant,
+}
+
+impl Progress {
+    fn new() -> Progress {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = ProgressBar::new_spinner();
+            bar.set_style(ProgressStyle::with_template("{spinner} {msg}").expect("valid template"));
+            bar.enable_steady_tick(Duration::from_millis(120));
+            bar
+        });
+        Progress { bar, started: Instant::now() }
+    }
+
+    fn update(&self, verb: &str, r: &SyncReport) {
+        if let Some(bar) = &self.bar {
+            let secs = self.started.elapsed().as_secs_f64().max(1e-3);
+            bar.set_message(format!(
+                "{verb}: {} entries, {} moved ({}/s)",
+                r.entries,
+                HumanBytes(r.object_bytes),
+                HumanBytes((r.object_bytes as f64 / secs) as u64)
+            ));
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+fn summarize(verb: &str, r: &SyncReport, elapsed: Duration, json: bool) {
+    if json {
+        let v = serde_json::json!({
+            "op": verb,
+            "entries": r.entries,
+            "applied": r.applied,
+            "objects": r.objects,
+            "bytes_sent": r.object_bytes,
+            "bytes_deduplicated": r.deduplicated_bytes,
+            "batches": r.batches,
+            "rebaselined": r.rebaselined,
+            "overwrote_local": r.overwrote_local,
+            "elapsed_ms": elapsed.as_secs_f64() * 1e3,
+        });
+        println!("{v}");
+    }
+    eprintln!(
+        "{verb}: {} entries, {} in {} objects moved, {} deduplicated, {:.2} s{}",
+        r.entries,
+        HumanBytes(r.object_bytes),
+        r.objects,
+        HumanBytes(r.deduplicated_bytes),
+        elapsed.as_secs_f64(),
+        if r.rebaselined { " (re-baselined)" } else { "" }
+    );
+    if r.overwrote_local > 0 {
+        eprintln!("{verb}: {} local changes were overwritten by the remote's", r.overwrote_local);
+    }
+}
+
+pub async fn push(a: TransferArgs) -> Result<ExitCode> {
+    let started = Instant::now();
+    let mut s = Session::open(&a).await?;
+    let progress = Progress::new();
+    let report = s.push(&progress).await;
+    progress.finish();
+    summarize("push", &report?, started.elapsed(), a.json);
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn pull(a: TransferArgs) -> Result<ExitCode> {
+    let started = Instant::now();
+    let mut s = Session::open(&a).await?;
+    let progress = Progress::new();
+    let report = s.pull(&progress).await;
+    progress.finish();
+    summarize("pull", &report?, started.elapsed(), a.json);
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
+    let mut s = Session::open(&a.transfer).await?;
+    loop {
+        let started = Instant::now();
+        let progress = Progress::new();
+        let round = async {
+            let pulled = s.pull(&progress).await?;
+            let pushed = s.push(&progress).await?;
+            anyhow::Ok((pulled, pushed))
+        }
+        .await;
+        progress.finish();
+        let (pulled, pushed) = round?;
+        if !a.watch || pulled.entries + pushed.entries > 0 {
+            summarize("pull", &pulled, started.elapsed(), a.transfer.json);
+            summarize("push", &pushed, started.elapsed(), a.transfer.json);
+        }
+        if !a.watch {
+            return Ok(ExitCode::SUCCESS);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(a.interval)) => {}
+            _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct WatermarksArgs {
+    #[command(flatten)]
+    remote: RemoteArgs,
+    /// Report the watermarks kept for this local directory's peer name.
+    #[arg(value_name = "LOCAL_DIR")]
+    local: Option<PathBuf>,
+    /// Report the watermarks kept for this peer name (without LOCAL_DIR).
+    #[arg(long, default_value = "default", conflicts_with = "local")]
+    peer: String,
+}
+
+pub async fn watermarks(a: WatermarksArgs) -> Result<ExitCode> {
+    let peer = match &a.local {
+        Some(dir) => peer_name(&dir.join(LOCAL_STATE))?,
+        None => a.peer.clone(),
+    };
+    let token = a.remote.token()?;
+    let c = client::connect(&a.remote.remote, token, &peer)
+        .await
+        .with_context(|| format!("connecting to {}", a.remote.remote))?;
+    let wm = c.watermarks().await.context("watermarks")?;
+    let v = serde_json::json!({
+        "currentRev": wm.current_rev,
+        "pushRev": wm.push_rev(),
+        "fetchCursor": {
+            "rev": wm.fetch_cursor.rev,
+            "path": wm.fetch_cursor.path.as_ref().map(|p| p.as_str()),
+        },
+    });
+    println!("{v}");
+    Ok(ExitCode::SUCCESS)
+}

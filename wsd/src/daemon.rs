@@ -1,0 +1,145 @@
+//! `wsd serve`: wires the workspace store, the exec runner and the RPC
+//! server together, and runs them until a shutdown signal.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::exec::{self, ExecConfig, ExecManager, SettleHook};
+use crate::rpc::{
+    Backend, ExecBackend, ExecEvent, ExecEventKind, ExecEvents, ExecRequest, ExecSignal,
+    Listener, ResumeFrom, ServeError, ServerConfig, Token, WireError,
+};
+use crate::store::{StoreError, StoreOptions, WorkspaceStore};
+
+/// Everything `wsd serve` needs.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    pub root: PathBuf,
+    pub state_dir: PathBuf,
+    /// `host:port` or `unix:/path`, at least one.
+    pub listen: Vec<String>,
+    pub token: Option<Token>,
+    pub store: StoreOptions,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DaemonError {
+    #[error("opening the workspace {root}: {source}")]
+    Store { root: PathBuf, source: StoreError },
+    #[error("opening the exec log {path}: {source}")]
+    Exec { path: PathBuf, source: exec::ExecError },
+    #[error("listening on {addr}: {source}")]
+    Listen { addr: String, source: std::io::Error },
+    #[error(transparent)]
+    Serve(#[from] ServeError),
+}
+
+/// Name of the exec log database in the state directory.
+pub const EXEC_DB_FILE: &str = "exec.sqlite3";
+
+/// Runs the daemon until `shutdown` resolves, then stops accepting, lets the
+/// in-flight store transaction finish and stops the exec runner. Must run
+/// inside a [`tokio::task::LocalSet`]. `on_listening` gets the bound
+/// addresses (useful with port 0).
+pub async fn run(
+    config: DaemonConfig,
+    on_listening: impl FnOnce(&[String]),
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), DaemonError> {
+    let store = WorkspaceStore::open(&config.root, &config.state_dir, config.store.clone())
+        .map_err(|source| DaemonError::Store { root: config.root.clone(), source })?;
+    let backend = Backend::new(store)?;
+    let caller = backend.store_caller();
+    let settle: SettleHook = Arc::new(move || {
+        caller.call_blocking(|s| s.settle().map(|_| ())).map_err(|e| e.to_string())
+    });
+    let exec_db = config.state_dir.join(EXEC_DB_FILE);
+    let manager = ExecManager::open(ExecConfig::new(&config.root, &exec_db), settle)
+        .map_err(|source| DaemonError::Exec { path: exec_db, source })?;
+    let backend = backend.with_exec(ExecAdapter(manager.clone()));
+    let mut listeners = Vec::new();
+    let mut bound = Vec::new();
+    for addr in &config.listen {
+        let l = Listener::bind(addr)
+            .await
+            .map_err(|source| DaemonError::Listen { addr: addr.clone(), source })?;
+        bound.push(l.local_addr().unwrap_or_else(|_| addr.clone()));
+        listeners.push(l);
+    }
+    on_listening(&bound);
+    let server_config = ServerConfig { token: config.token.clone(), ..ServerConfig::default() };
+    tracing::info!(root = %config.root.display(), state = %config.state_dir.display(), "serving");
+    let result = crate::rpc::serve(listeners, backend, server_config, shutdown).await;
+    manager.shutdown().await;
+    result.map(|_| ()).map_err(DaemonError::from)
+}
+
+/// The exec runner as the RPC server's shell half sees it.
+struct ExecAdapter(ExecManager);
+
+/// One subscription, converted event by event.
+struct EventsAdapter(exec::Subscription);
+
+fn wire(e: exec::ExecError) -> WireError {
+    WireError::new(e.code(), e.to_string())
+}
+
+impl ExecEvents for EventsAdapter {
+    async fn next(&mut self) -> Result<Option<ExecEvent>, WireError> {
+        match self.0.next().await {
+            None => Ok(None),
+            Some(Err(e)) => Err(wire(e)),
+            Some(Ok(e)) => Ok(Some(ExecEvent {
+                id: e.id,
+                seq: e.seq,
+                kind: match e.kind {
+                    exec::EventKind::Stdout(b) => ExecEventKind::Stdout(b),
+                    exec::EventKind::Stderr(b) => ExecEventKind::Stderr(b),
+                    exec::EventKind::Exit(c) => ExecEventKind::Exit(c),
+                },
+            })),
+        }
+    }
+}
+
+impl ExecBackend for ExecAdapter {
+    type Events = EventsAdapter;
+
+    async fn exec(&self, r: ExecRequest) -> Result<(String, EventsAdapter), WireError> {
+        let req = exec::ExecRequest {
+            command: r.command,
+            cwd: r.cwd,
+            id: r.id,
+            env: r.env,
+            stdin: r.stdin,
+            timeout_ms: r.timeout_ms,
+        };
+        let (id, sub) = self.0.exec(req).await.map_err(wire)?;
+        Ok((id, EventsAdapter(sub)))
+    }
+
+    async fn get(&self, id: &str, from: ResumeFrom) -> Result<EventsAdapter, WireError> {
+        let after = match from {
+            ResumeFrom::Start => exec::After::All,
+            ResumeFrom::After(n) => exec::After::Seq(n),
+            ResumeFrom::Tail => exec::After::Tail,
+        };
+        Ok(EventsAdapter(self.0.get(id, after).await.map_err(wire)?))
+    }
+
+    async fn kill(&self, id: &str, signal: ExecSignal) -> Result<(), WireError> {
+        let name = match signal {
+            ExecSignal::Term => "TERM",
+            ExecSignal::Kill => "KILL",
+            ExecSignal::Int => "INT",
+            ExecSignal::Hup => "HUP",
+        };
+        self.0.kill(id, Some(name)).await.map_err(wire)
+    }
+
+    async fn dispose(&self, id: &str) -> Result<(), WireError> {
+        self.0.dispose(id).await.map_err(wire)
+    }
+}
