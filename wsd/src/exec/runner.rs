@@ -233,6 +233,11 @@ pub(crate) async fn run(
         &mut seq,
     )
     .await;
+    // From here on a kill is a no-op (the group is gone or going) and a
+    // dispose is picked up through `disposing`; closing the channel makes
+    // their sends return at once instead of waiting on a settle or on a
+    // subscriber that is slow to take the exit.
+    drop(control_rx);
     match outcome {
         Outcome::Exited(code) => {
             // Members of the group that closed their output and kept running
@@ -391,10 +396,12 @@ async fn pump(
     loop {
         let in_flight = pipeline.len() + usize::from(delivery.is_some());
         live.max_in_flight.fetch_max(in_flight, Ordering::Relaxed);
-        if stdout.is_none() && stderr.is_none() && in_flight == 0 {
-            if let Some(code) = status {
-                return Outcome::Exited(code);
-            }
+        if stdout.is_none()
+            && stderr.is_none()
+            && in_flight == 0
+            && let Some(code) = status
+        {
+            return Outcome::Exited(code);
         }
         let can_read = in_flight < PIPELINE_DEPTH;
         tokio::select! {

@@ -578,7 +578,7 @@ async fn the_global_cap_evicts_finished_execs_first_and_keeps_their_exit() {
     );
     let a_exit = a_events.last().unwrap();
     let tail = collect(&mut f.manager.get(&a, After::Seq(a_exit.seq - 1)).await.unwrap()).await;
-    assert_eq!(tail, [a_exit.clone()]);
+    assert_eq!(tail, std::slice::from_ref(a_exit));
 }
 
 #[test]
@@ -929,4 +929,17 @@ fn works_inside_a_local_set_on_a_current_thread_runtime() {
         let events = task.await.unwrap();
         assert_eq!(stdout_of(&events), b"local\n");
     });
+}
+
+/// Compile-time check: the API's futures are `Send`, so the manager also
+/// serves a multi-thread runtime (never called).
+#[allow(dead_code)]
+fn the_public_futures_are_send(m: &ExecManager, sub: &mut Subscription) {
+    fn send<T: Send>(_: T) {}
+    send(m.exec(ExecRequest::default()));
+    send(m.get("x", After::All));
+    send(m.kill("x", None));
+    send(m.dispose("x"));
+    send(m.shutdown());
+    send(sub.next());
 }
