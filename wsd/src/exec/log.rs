@@ -13,7 +13,8 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, OptionalExtension, params};
@@ -249,6 +250,8 @@ struct ExecAccount {
 #[derive(Debug, Clone)]
 pub(crate) struct ExecLogWriter {
     tx: mpsc::Sender<Command>,
+    /// Transactions the writer has run (groups), for observing batching.
+    groups: Arc<AtomicU64>,
 }
 
 /// What `open` found and repaired.
@@ -287,16 +290,18 @@ impl ExecLogWriter {
             execs: HashMap::new(),
             global_bytes: 0,
             next_generation: 1,
+            groups: Arc::new(AtomicU64::new(0)),
         };
         state.load_accounts()?;
         let report = state.mark_lost()?;
 
         let (tx, rx) = mpsc::channel(LOG_QUEUE_CAPACITY);
+        let groups = state.groups.clone();
         std::thread::Builder::new()
             .name("wsd-exec-log".into())
             .spawn(move || state.run(rx))
             .map_err(|e| ExecError::io("starting the exec log writer thread", e))?;
-        Ok((ExecLogWriter { tx }, report))
+        Ok((ExecLogWriter { tx, groups }, report))
     }
 
     async fn call<T>(
@@ -346,6 +351,12 @@ impl ExecLogWriter {
         .await
     }
 
+    /// Transactions run so far.
+    #[cfg(test)]
+    pub(crate) fn groups_committed(&self) -> u64 {
+        self.groups.load(Ordering::Relaxed)
+    }
+
     /// Deletes a finished exec's log; an unfinished exec is left alone
     /// (`DeleteOutcome::Live`).
     pub(crate) async fn delete_finished(&self, id: &str) -> Result<DeleteOutcome, ExecError> {
@@ -390,6 +401,7 @@ struct WriterState {
     execs: HashMap<String, ExecAccount>,
     global_bytes: u64,
     next_generation: u64,
+    groups: Arc<AtomicU64>,
 }
 
 impl WriterState {
@@ -485,6 +497,7 @@ impl WriterState {
     }
 
     fn apply_group(&mut self, group: Vec<Command>) {
+        self.groups.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = self.conn.execute_batch("BEGIN IMMEDIATE") {
             let msg = e.to_string();
             tracing::error!(error = %msg, "exec log: cannot begin a transaction");
@@ -1042,6 +1055,36 @@ mod tests {
             w.delete_finished("running").await.unwrap(),
             DeleteOutcome::NotFound
         );
+    }
+
+    #[tokio::test]
+    async fn queued_events_are_committed_together_in_one_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log.db");
+        let caps = LogCaps {
+            per_exec: u64::MAX,
+            global: u64::MAX,
+        };
+        let (w, _) = ExecLogWriter::open(&path, caps).unwrap();
+        let g = w.begin("a").await.unwrap();
+        let before = w.groups_committed();
+        // Hold the write lock so the writer stalls on its next group while
+        // 100 events queue behind it.
+        let blocker = Connection::open(&path).unwrap();
+        blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let mut acks = Vec::new();
+        for seq in 1..=100 {
+            acks.push(w.append(out("a", seq, 10)).await.unwrap());
+        }
+        blocker.execute_batch("COMMIT").unwrap();
+        for ack in acks {
+            ack.await.unwrap().unwrap();
+        }
+        let groups = w.groups_committed() - before;
+        assert!(groups <= 2, "100 queued events took {groups} transactions");
+        let r = ExecLogReader::new(&path);
+        assert_eq!(r.meta("a").unwrap().unwrap().last_seq, 100);
+        assert_eq!(r.page("a", g, 0, u64::MAX).unwrap().len(), 100);
     }
 
     #[tokio::test]
