@@ -250,7 +250,9 @@ struct ExecAccount {
 #[derive(Debug, Clone)]
 pub(crate) struct ExecLogWriter {
     tx: mpsc::Sender<Command>,
-    /// Transactions the writer has run (groups), for observing batching.
+    /// Transactions the writer has run (groups); read by the tests that
+    /// check batching.
+    #[cfg_attr(not(test), allow(dead_code))]
     groups: Arc<AtomicU64>,
 }
 
@@ -493,7 +495,10 @@ impl WriterState {
             }
             self.apply_group(group);
         }
-        tracing::debug!("exec log writer stopped");
+        tracing::debug!(
+            groups = self.groups.load(Ordering::Relaxed),
+            "exec log writer stopped"
+        );
     }
 
     fn apply_group(&mut self, group: Vec<Command>) {
