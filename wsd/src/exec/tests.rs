@@ -202,6 +202,16 @@ fn wait_gone(pid: i32) {
     panic!("process {pid} survived");
 }
 
+fn wait_for_comm(pid: i32, comm: &str) {
+    for _ in 0..400 {
+        if std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == comm) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    panic!("process {pid} never became {comm:?}");
+}
+
 fn read_pids(path: &Path) -> Vec<i32> {
     std::fs::read_to_string(path)
         .unwrap()
@@ -369,8 +379,15 @@ async fn kill_takes_signal_names_and_numbers_and_escalates_to_sigkill() {
     let f = fixture();
     assert_code(f.manager.kill("x", Some("BOGUS")).await, ErrorCode::Invalid);
     for (signal, code) in [("KILL", 137), ("9", 137), ("SIGINT", 130), ("hup", 129)] {
-        let (id, mut sub) = f.manager.exec(req("echo ready; sleep 100")).await.unwrap();
+        let (id, mut sub) = f
+            .manager
+            .exec(req("echo $$ > pid; echo ready; exec sleep 100"))
+            .await
+            .unwrap();
         read_until(&mut sub, "ready").await;
+        // dash catches SIGINT and would lose one that lands just before the
+        // exec; signal the sleep itself, once it runs.
+        wait_for_comm(read_pids(&f.root.join("pid"))[0], "sleep");
         f.manager.kill(&id, Some(signal)).await.unwrap();
         assert_eq!(exit_of(&collect(&mut sub).await, 2), code, "{signal}");
     }
