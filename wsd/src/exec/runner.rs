@@ -1,0 +1,561 @@
+//! The runner: one task per exec that spawns the command, reads its pipes,
+//! appends each chunk to the log, hands committed events to subscribers,
+//! enforces the timeout and kill escalation, and finally settles the
+//! workspace and logs the exit event.
+//!
+//! Flow of one output chunk: pipe read (≤ `READ_CHUNK_BYTES`) → `append`
+//! queued to the log writer → committed (the writer sends the event back)
+//! → delivered to every live subscriber's bounded channel. Chunks move
+//! through that pipeline in order; at most `PIPELINE_DEPTH` are past the
+//! read and not yet delivered, and while that window is full the pipes are
+//! not read, so a stalled subscriber stalls the command (backpressure).
+//! Control (kill, dispose) and timers are served while delivery waits.
+
+use std::ffi::OsString;
+use std::future::Future;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use futures::stream::{FuturesOrdered, StreamExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, Command};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+
+use super::process::signal_group;
+use super::{EXIT_LOST, EventKind, ExecError, ExecEvent, PIPELINE_DEPTH, READ_CHUNK_BYTES, Shared};
+
+/// Kill and dispose requests queued for a runner. Senders wait when it is
+/// full; the runner reads it whenever it is not finishing.
+const CONTROL_CAPACITY: usize = 8;
+
+/// A command the runner has validated and resolved.
+#[derive(Debug)]
+pub(crate) struct ExecSpec {
+    pub command: String,
+    pub cwd: PathBuf,
+    pub env: Vec<(OsString, OsString)>,
+    pub stdin: Option<Vec<u8>>,
+    pub timeout: Option<Duration>,
+}
+
+#[derive(Debug)]
+pub(crate) enum Control {
+    Kill(i32),
+    Dispose,
+}
+
+/// Why an exec's live stream ended; read by a subscriber whose channel
+/// closed, so it can say why instead of hanging.
+#[derive(Debug, Clone)]
+pub(crate) enum EndReason {
+    Exited,
+    Disposed,
+    Failed(String),
+}
+
+#[derive(Debug)]
+pub(crate) struct LiveState {
+    /// Highest seq handed to the subscribers (every event up to it is
+    /// committed). A subscriber attaching now replays up to it from the log
+    /// and receives every later event on its channel.
+    pub delivered_through: u64,
+    pub subscribers: Vec<mpsc::Sender<ExecEvent>>,
+    pub end: Option<EndReason>,
+}
+
+/// The shared face of a running exec.
+#[derive(Debug)]
+pub(crate) struct LiveExec {
+    pub id: String,
+    /// Set once the log has begun; needed only to replay (after seq 1 is
+    /// delivered, which is after it is set).
+    pub generation: OnceLock<u64>,
+    pub control: mpsc::Sender<Control>,
+    /// Set by `dispose` under the live-map lock.
+    pub disposing: AtomicBool,
+    pub state: Mutex<LiveState>,
+    done: watch::Receiver<bool>,
+    /// Most events ever in the pipeline at once (for the tests'
+    /// memory-bound assertions).
+    pub max_in_flight: AtomicUsize,
+}
+
+type Delivery = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+impl LiveExec {
+    pub(crate) fn new(id: String) -> (Arc<LiveExec>, mpsc::Receiver<Control>, watch::Sender<bool>) {
+        let (control, control_rx) = mpsc::channel(CONTROL_CAPACITY);
+        let (done_tx, done) = watch::channel(false);
+        let live = Arc::new(LiveExec {
+            id,
+            generation: OnceLock::new(),
+            control,
+            disposing: AtomicBool::new(false),
+            state: Mutex::new(LiveState {
+                delivered_through: 0,
+                subscribers: Vec::new(),
+                end: None,
+            }),
+            done,
+            max_in_flight: AtomicUsize::new(0),
+        });
+        (live, control_rx, done_tx)
+    }
+
+    /// Waits until the runner has finished with this exec (its log is final
+    /// or deleted), or is gone.
+    pub(crate) async fn wait_done(&self) {
+        let mut done = self.done.clone();
+        let _ = done.wait_for(|d| *d).await;
+    }
+
+    /// Marks `event` delivered and returns the future that hands it to every
+    /// current subscriber (`None` if there is none). With `end`, the
+    /// subscribers are detached after this last event.
+    fn deliver(&self, event: ExecEvent, end: Option<EndReason>) -> Option<Delivery> {
+        let senders = {
+            let mut st = self.state.lock().expect("live state poisoned");
+            st.delivered_through = event.seq;
+            st.subscribers.retain(|s| !s.is_closed());
+            match end {
+                Some(reason) => {
+                    st.end = Some(reason);
+                    std::mem::take(&mut st.subscribers)
+                }
+                None => st.subscribers.clone(),
+            }
+        };
+        let (last, rest) = senders.split_last()?;
+        let (last, rest) = (last.clone(), rest.to_vec());
+        Some(Box::pin(async move {
+            // A send fails only if the subscriber went away; it is pruned at
+            // the next delivery.
+            for s in rest {
+                let _ = s.send(event.clone()).await;
+            }
+            let _ = last.send(event).await;
+        }))
+    }
+
+    /// Ends the live stream without an exit event; subscribers see `reason`.
+    fn end(&self, reason: EndReason) {
+        let mut st = self.state.lock().expect("live state poisoned");
+        st.end = Some(reason);
+        st.subscribers.clear();
+    }
+}
+
+/// SIGKILLs the process group when dropped while armed, so no command
+/// outlives its runner, even if the runtime drops the task mid-flight.
+struct GroupGuard {
+    pgid: i32,
+    armed: bool,
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = signal_group(self.pgid, libc::SIGKILL);
+        }
+    }
+}
+
+/// Publishes "done" when dropped, whatever path the runner took.
+struct DoneGuard(watch::Sender<bool>);
+
+impl Drop for DoneGuard {
+    fn drop(&mut self) {
+        self.0.send_replace(true);
+    }
+}
+
+/// Aborts the stdin writer with the runner.
+struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(h) = &self.0 {
+            h.abort();
+        }
+    }
+}
+
+enum Outcome {
+    /// The leader exited and both pipes closed (or were abandoned); every
+    /// event read is committed and delivered.
+    Exited(i32),
+    Disposed,
+    LogFailed(ExecError),
+}
+
+/// The runner task. Reports the start (log begun, process spawned) on
+/// `started`, then runs the exec to its end.
+pub(crate) async fn run(
+    shared: Arc<Shared>,
+    live: Arc<LiveExec>,
+    mut control_rx: mpsc::Receiver<Control>,
+    done_tx: watch::Sender<bool>,
+    spec: ExecSpec,
+    started: oneshot::Sender<Result<(), ExecError>>,
+) {
+    let done = DoneGuard(done_tx);
+    let timeout = spec.timeout;
+    let (mut child, generation, _stdin_task) = match start(&shared, &live, spec).await {
+        Ok(started) => started,
+        Err(e) => {
+            live.end(EndReason::Failed(e.to_string()));
+            shared.remove_live(&live);
+            let _ = started.send(Err(e));
+            return;
+        }
+    };
+    let pgid = child
+        .id()
+        .expect("a child that was not waited for has a pid") as i32;
+    let mut guard = GroupGuard { pgid, armed: true };
+    let _ = started.send(Ok(()));
+    tracing::debug!(exec = %live.id, pgid, "exec started");
+
+    let mut seq = 0u64;
+    let outcome = pump(
+        &shared,
+        &live,
+        &mut child,
+        pgid,
+        &mut control_rx,
+        timeout,
+        &mut seq,
+    )
+    .await;
+    // From here on a kill is a no-op (the group is gone or going) and a
+    // dispose is picked up through `disposing`; closing the channel makes
+    // their sends return at once instead of waiting on a settle or on a
+    // subscriber that is slow to take the exit.
+    drop(control_rx);
+    match outcome {
+        Outcome::Exited(code) => {
+            // Members of the group that closed their output and kept running
+            // would write behind the settle; an exec is one unit.
+            let _ = signal_group(pgid, libc::SIGKILL);
+            guard.armed = false;
+            finish(&shared, &live, seq, code, done).await;
+        }
+        Outcome::Disposed => {
+            // SIGKILL was sent; reap the leader, bounded in case it is stuck
+            // in uninterruptible sleep.
+            let _ = tokio::time::timeout(shared.config.kill_grace, child.wait()).await;
+            drop(guard);
+            live.end(EndReason::Disposed);
+            if let Err(e) = shared.writer.delete_generation(&live.id, generation).await {
+                tracing::error!(exec = %live.id, error = %e, "deleting a disposed exec's log failed");
+            }
+            shared.remove_live(&live);
+            tracing::debug!(exec = %live.id, "exec disposed");
+        }
+        Outcome::LogFailed(e) => {
+            // Output that cannot be logged cannot be delivered either; stop
+            // the command rather than run it blind. The log keeps no exit
+            // event, so the next open records `EXIT_LOST` for it.
+            tracing::error!(exec = %live.id, error = %e, "exec log write failed; killing the exec");
+            drop(guard);
+            live.end(EndReason::Failed(e.to_string()));
+            shared.remove_live(&live);
+        }
+    }
+}
+
+async fn start(
+    shared: &Shared,
+    live: &LiveExec,
+    spec: ExecSpec,
+) -> Result<(Child, u64, AbortOnDrop), ExecError> {
+    let generation = shared.writer.begin(&live.id).await?;
+    let _ = live.generation.set(generation);
+    let mut cmd = Command::new("/bin/sh");
+    cmd.arg("-c")
+        .arg(&spec.command)
+        .current_dir(&spec.cwd)
+        .env_clear()
+        .envs(spec.env)
+        .process_group(0)
+        .stdin(if spec.stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = match cmd.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            // Leave no half-begun log behind: the call fails as a whole.
+            let _ = shared.writer.delete_generation(&live.id, generation).await;
+            return Err(ExecError::io("spawning /bin/sh", e));
+        }
+    };
+    let stdin_task = match (child.stdin.take(), spec.stdin) {
+        (Some(mut pipe), Some(bytes)) => Some(tokio::spawn(async move {
+            // EPIPE just means the command exited without reading it all.
+            let _ = pipe.write_all(&bytes).await;
+            let _ = pipe.shutdown().await;
+        })),
+        _ => None,
+    };
+    Ok((child, generation, AbortOnDrop(stdin_task)))
+}
+
+fn exit_code(status: std::process::ExitStatus) -> i32 {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => code,
+        (None, Some(sig)) => 128 + sig,
+        (None, None) => EXIT_LOST,
+    }
+}
+
+async fn read_pipe<R: AsyncRead + Unpin>(
+    pipe: &mut Option<R>,
+    buf: &mut [u8],
+) -> std::io::Result<usize> {
+    match pipe {
+        Some(p) => p.read(buf).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn poll_delivery(delivery: &mut Option<Delivery>) {
+    match delivery {
+        Some(d) => d.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Allocates the next seq and queues the event for commit.
+async fn append(
+    shared: &Shared,
+    live: &LiveExec,
+    seq: &mut u64,
+    kind: EventKind,
+) -> Result<oneshot::Receiver<Result<ExecEvent, ExecError>>, ExecError> {
+    *seq += 1;
+    shared
+        .writer
+        .append(ExecEvent {
+            id: live.id.clone(),
+            seq: *seq,
+            kind,
+        })
+        .await
+}
+
+/// Runs the exec until its leader has exited, both pipes are closed and
+/// every event read is committed and delivered.
+async fn pump(
+    shared: &Shared,
+    live: &LiveExec,
+    child: &mut Child,
+    pgid: i32,
+    control_rx: &mut mpsc::Receiver<Control>,
+    timeout: Option<Duration>,
+    seq: &mut u64,
+) -> Outcome {
+    let grace = shared.config.kill_grace;
+    let id = live.id.as_str();
+    let mut stdout = child.stdout.take();
+    let mut stderr = child.stderr.take();
+    let mut out_buf = vec![0u8; READ_CHUNK_BYTES];
+    let mut err_buf = vec![0u8; READ_CHUNK_BYTES];
+    let mut pipeline = FuturesOrdered::new();
+    let mut delivery: Option<Delivery> = None;
+    let mut status: Option<i32> = None;
+    let mut timeout_at = timeout.map(|t| Instant::now() + t);
+    // SIGKILL to the group when a SIGTERM (or other signal) did not end it.
+    let mut escalate_at: Option<Instant> = None;
+    // After a SIGKILL, stop waiting for EOF on pipes that a process outside
+    // the group (one that called setsid) still holds open.
+    let mut abandon_at: Option<Instant> = None;
+    let mut shutdown_seen = false;
+    let mut control_open = true;
+    let signal = |sig: i32| {
+        if let Err(e) = signal_group(pgid, sig) {
+            tracing::warn!(exec = id, pgid, sig, error = %e, "signalling the process group failed");
+        }
+    };
+    loop {
+        let in_flight = pipeline.len() + usize::from(delivery.is_some());
+        live.max_in_flight.fetch_max(in_flight, Ordering::Relaxed);
+        if stdout.is_none()
+            && stderr.is_none()
+            && in_flight == 0
+            && let Some(code) = status
+        {
+            return Outcome::Exited(code);
+        }
+        let can_read = in_flight < PIPELINE_DEPTH;
+        tokio::select! {
+            ctl = control_rx.recv(), if control_open => match ctl {
+                Some(Control::Kill(sig)) => {
+                    signal(sig);
+                    if sig == libc::SIGKILL {
+                        abandon_at.get_or_insert(Instant::now() + grace);
+                    } else {
+                        escalate_at.get_or_insert(Instant::now() + grace);
+                    }
+                }
+                Some(Control::Dispose) => {
+                    signal(libc::SIGKILL);
+                    return Outcome::Disposed;
+                }
+                None => control_open = false,
+            },
+            () = shared.shutdown.cancelled(), if !shutdown_seen => {
+                shutdown_seen = true;
+                signal(libc::SIGKILL);
+                abandon_at.get_or_insert(Instant::now() + grace);
+            }
+            () = sleep_until_opt(timeout_at), if timeout_at.is_some() => {
+                timeout_at = None;
+                tracing::info!(exec = id, "exec timed out; SIGTERM to its group");
+                signal(libc::SIGTERM);
+                escalate_at.get_or_insert(Instant::now() + grace);
+            }
+            () = sleep_until_opt(escalate_at), if escalate_at.is_some() => {
+                escalate_at = None;
+                tracing::info!(exec = id, "exec still running after the kill grace; SIGKILL to its group");
+                signal(libc::SIGKILL);
+                abandon_at.get_or_insert(Instant::now() + grace);
+            }
+            () = sleep_until_opt(abandon_at), if abandon_at.is_some() && status.is_some() => {
+                abandon_at = None;
+                if stdout.is_some() || stderr.is_some() {
+                    tracing::warn!(exec = id, "output pipes held open by a process outside the group; closing them");
+                    stdout = None;
+                    stderr = None;
+                }
+            }
+            () = poll_delivery(&mut delivery), if delivery.is_some() => delivery = None,
+            committed = pipeline.next(), if delivery.is_none() && !pipeline.is_empty() => match committed {
+                Some(Ok(Ok(event))) => delivery = live.deliver(event, None),
+                Some(Ok(Err(e))) => return Outcome::LogFailed(e),
+                Some(Err(_)) => {
+                    return Outcome::LogFailed(ExecError::Storage("the log writer dropped an append".into()));
+                }
+                None => {}
+            },
+            n = read_pipe(&mut stdout, &mut out_buf), if stdout.is_some() && can_read => match n {
+                Ok(0) => stdout = None,
+                Ok(n) => match append(shared, live, seq, EventKind::Stdout(out_buf[..n].to_vec())).await {
+                    Ok(committed) => pipeline.push_back(committed),
+                    Err(e) => return Outcome::LogFailed(e),
+                },
+                Err(e) => {
+                    tracing::warn!(exec = id, error = %e, "reading stdout failed");
+                    stdout = None;
+                }
+            },
+            n = read_pipe(&mut stderr, &mut err_buf), if stderr.is_some() && can_read => match n {
+                Ok(0) => stderr = None,
+                Ok(n) => match append(shared, live, seq, EventKind::Stderr(err_buf[..n].to_vec())).await {
+                    Ok(committed) => pipeline.push_back(committed),
+                    Err(e) => return Outcome::LogFailed(e),
+                },
+                Err(e) => {
+                    tracing::warn!(exec = id, error = %e, "reading stderr failed");
+                    stderr = None;
+                }
+            },
+            st = child.wait(), if status.is_none() => {
+                status = Some(match st {
+                    Ok(st) => exit_code(st),
+                    Err(e) => {
+                        tracing::error!(exec = id, error = %e, "waiting for the exec failed");
+                        EXIT_LOST
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// Settles the workspace, logs the exit event and hands it out. `seq` is the
+/// last output seq.
+async fn finish(shared: &Shared, live: &Arc<LiveExec>, mut seq: u64, code: i32, done: DoneGuard) {
+    let settle = shared.settle.clone();
+    let failure = match tokio::task::spawn_blocking(move || settle()).await {
+        Ok(Ok(())) => None,
+        Ok(Err(msg)) => Some(msg),
+        Err(e) => Some(format!("the settle hook panicked: {e}")),
+    };
+    if let Some(msg) = failure {
+        // Readers treat `exit` as "the workspace has every write"; say on
+        // the exec's own stderr that this time it may not.
+        tracing::warn!(exec = %live.id, error = %msg, "settling the workspace before exit failed");
+        let note = format!("wsd: settling the workspace failed: {msg}\n").into_bytes();
+        let logged = match append(shared, live, &mut seq, EventKind::Stderr(note)).await {
+            Ok(committed) => committed.await.ok().and_then(Result::ok),
+            Err(_) => None,
+        };
+        match logged {
+            Some(event) => {
+                if let Some(d) = live.deliver(event, None) {
+                    d.await;
+                }
+            }
+            // The exit below cannot follow a seq gap; give up like a log failure.
+            None => {
+                live.end(EndReason::Failed(
+                    "writing the settle failure note failed".into(),
+                ));
+                shared.remove_live(live);
+                return;
+            }
+        }
+    }
+    let exit_seq = seq + 1;
+    let logged = shared.writer.finish(&live.id, exit_seq, code).await;
+    // Leave the live map before handing out the exit: a subscriber that is
+    // not reading must not keep the id busy. A `get` from here on replays
+    // the (committed) exit from the log.
+    let disposing = shared.remove_live(live);
+    match logged {
+        Err(e) => {
+            tracing::error!(exec = %live.id, error = %e, "logging the exit event failed");
+            live.end(EndReason::Failed(e.to_string()));
+        }
+        Ok(()) if disposing => {
+            live.end(EndReason::Disposed);
+            let generation = live.generation.get().copied().unwrap_or_default();
+            if let Err(e) = shared.writer.delete_generation(&live.id, generation).await {
+                tracing::error!(exec = %live.id, error = %e, "deleting a disposed exec's log failed");
+            }
+            // `dispose` returns after this: the log is gone.
+            drop(done);
+        }
+        Ok(()) => {
+            // Nobody waits on `done` for an exec that was not disposed; free
+            // it before a stalled subscriber can delay it.
+            drop(done);
+            tracing::debug!(exec = %live.id, code, "exec exited");
+            let exit = ExecEvent {
+                id: live.id.clone(),
+                seq: exit_seq,
+                kind: EventKind::Exit(code),
+            };
+            if let Some(d) = live.deliver(exit, Some(EndReason::Exited)) {
+                d.await;
+            }
+        }
+    }
+}
