@@ -24,8 +24,8 @@ use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, params};
 use wsd_sync::{
-    ApplyOutcome, Baseline, ChangeCursor, ChangeEntry, ChunkRef, EntryState, Hash,
-    SyncError, SyncPath, manifest,
+    ApplyOutcome, Baseline, ChangeCursor, ChangeEntry, ChunkRef, EntryState, Hash, SyncError,
+    SyncPath, manifest,
 };
 
 use super::error::{IndexContext, IoContext};
@@ -94,14 +94,23 @@ pub(crate) fn read_indexed_chunk(
 }
 
 /// The error for a chunk that could not be produced.
-pub(crate) fn missing_chunk_error(hash: &Hash, needed_by: Option<&SyncPath>, misses: &ChunkMisses) -> SyncError {
+pub(crate) fn missing_chunk_error(
+    hash: &Hash,
+    needed_by: Option<&SyncPath>,
+    misses: &ChunkMisses,
+) -> SyncError {
     match misses.changed.first() {
         Some(changed) => SyncError::Storage(format!(
             "object {hash}: {changed} changed on disk since it was indexed (hash mismatch); \
              it is re-indexed by the next settle{}",
-            needed_by.map(|p| format!(" (needed by {p})")).unwrap_or_default()
+            needed_by
+                .map(|p| format!(" (needed by {p})"))
+                .unwrap_or_default()
         )),
-        None => SyncError::UnknownHash { hash: *hash, path: needed_by.map(|p| p.to_string()) },
+        None => SyncError::UnknownHash {
+            hash: *hash,
+            path: needed_by.map(|p| p.to_string()),
+        },
     }
 }
 
@@ -234,7 +243,10 @@ impl<'a> Apply<'a> {
             }
             let locs = index::chunk_locations(self.db, &hash, 16)?;
             if locs.is_empty() {
-                return Err(SyncError::UnknownHash { hash, path: Some(user.to_string()) });
+                return Err(SyncError::UnknownHash {
+                    hash,
+                    path: Some(user.to_string()),
+                });
             }
             let users = &consumers[&hash];
             let safe = locs.iter().any(|l| {
@@ -281,7 +293,13 @@ impl<'a> Apply<'a> {
             )
             .and_then(|mut s| {
                 s.query_row(
-                    params![lo, hi, self.remote, p.rev as i64, p.path.as_ref().map(SyncPath::as_str)],
+                    params![
+                        lo,
+                        hi,
+                        self.remote,
+                        p.rev as i64,
+                        p.path.as_ref().map(SyncPath::as_str)
+                    ],
                     |r| r.get::<_, bool>(0),
                 )
             })
@@ -296,7 +314,12 @@ impl<'a> Apply<'a> {
 
     fn temp_name(&mut self, dir: &Path) -> PathBuf {
         self.temp_seq += 1;
-        dir.join(format!("{}{}-{}", fsutil::APPLY_TEMP_PREFIX, std::process::id(), self.temp_seq))
+        dir.join(format!(
+            "{}{}-{}",
+            fsutil::APPLY_TEMP_PREFIX,
+            std::process::id(),
+            self.temp_seq
+        ))
     }
 
     /// Makes every ancestor of `path` a real directory: creates missing ones
@@ -313,14 +336,19 @@ impl<'a> Apply<'a> {
             };
             let row = index::get_node(self.db, &a)?;
             if let Some(m) = &existing {
-                let kind = if m.file_type().is_symlink() { "symlink" } else { "file" };
+                let kind = if m.file_type().is_symlink() {
+                    "symlink"
+                } else {
+                    "file"
+                };
                 tracing::warn!(ancestor = %a, %path, kind,
                     "replacing a non-directory ancestor with a directory to apply an entry below it");
                 if self.unpushed_local(row.as_ref()) {
                     self.note_overwrite(&a, "ancestor replaced by a directory");
                 }
                 self.touched_disk = true;
-                std::fs::remove_file(&abs).io_ctx(|| format!("removing {a} (ancestor of {path})"))?;
+                std::fs::remove_file(&abs)
+                    .io_ctx(|| format!("removing {a} (ancestor of {path})"))?;
             }
             self.touched_disk = true;
             std::fs::create_dir(&abs).io_ctx(|| format!("creating directory {a}"))?;
@@ -357,7 +385,8 @@ impl<'a> Apply<'a> {
     /// is both indexed and on disk.
     pub fn entry(&mut self, e: &ChangeEntry) -> Result<(), SyncError> {
         let row = index::get_node(self.db, &e.path)?.filter(Node::is_live);
-        let disk = fsutil::lstat_in_root(self.root, &e.path).io_ctx(|| format!("stat {}", e.path))?;
+        let disk =
+            fsutil::lstat_in_root(self.root, &e.path).io_ctx(|| format!("stat {}", e.path))?;
         let disk_kind = disk.as_ref().map(fsutil::kind_of);
         // A difference between disk and index is a local write settle has
         // not stamped yet: it is local state all the same.
@@ -374,7 +403,8 @@ impl<'a> Apply<'a> {
             self.outcome.skipped += 1;
             return Ok(());
         }
-        let replaces_dir = disk_kind == Some(DiskKind::Dir) && !matches!(e.state, EntryState::Dir { .. });
+        let replaces_dir =
+            disk_kind == Some(DiskKind::Dir) && !matches!(e.state, EntryState::Dir { .. });
         let any_row = index::get_node(self.db, &e.path)?;
         if unsettled
             || self.unpushed_local(any_row.as_ref())
@@ -389,11 +419,18 @@ impl<'a> Apply<'a> {
         }
         let abs = fsutil::abs(self.root, &e.path);
         match &e.state {
-            EntryState::File { mode, mtime, chunks, .. } => {
-                self.write_file(e, &abs, *mode, *mtime, chunks, replaces_dir)?
+            EntryState::File {
+                mode,
+                mtime,
+                chunks,
+                ..
+            } => self.write_file(e, &abs, *mode, *mtime, chunks, replaces_dir)?,
+            EntryState::Dir { mode, mtime } => {
+                self.write_dir(e, &abs, *mode, *mtime, disk.as_ref())?
             }
-            EntryState::Dir { mode, mtime } => self.write_dir(e, &abs, *mode, *mtime, disk.as_ref())?,
-            EntryState::Symlink { target, .. } => self.write_symlink(e, &abs, target, replaces_dir)?,
+            EntryState::Symlink { target, .. } => {
+                self.write_symlink(e, &abs, target, replaces_dir)?
+            }
             EntryState::Delete => {
                 self.touched_disk = true;
                 match disk_kind {
@@ -429,7 +466,9 @@ impl<'a> Apply<'a> {
         chunks: &[ChunkRef],
         replaces_dir: bool,
     ) -> Result<(), SyncError> {
-        let dir = abs.parent().expect("an entry path has a parent inside the root");
+        let dir = abs
+            .parent()
+            .expect("an entry path has a parent inside the root");
         let tmp = self.temp_name(dir);
         self.touched_disk = true;
         let written = self.assemble(e, &tmp, mode, mtime, chunks);
@@ -451,7 +490,13 @@ impl<'a> Apply<'a> {
         // The stat after the rename (which moves ctime on most filesystems)
         // is what the next settle compares against.
         let meta = file.metadata().io_ctx(|| format!("stat {}", e.path))?;
-        let node = self.node(&e.path, NodeKind::File, Stat::of(&meta), None, Some(manifest::hash(chunks)))?;
+        let node = self.node(
+            &e.path,
+            NodeKind::File,
+            Stat::of(&meta),
+            None,
+            Some(manifest::hash(chunks)),
+        )?;
         index::put_node(self.db, &node, chunks)
     }
 
@@ -472,7 +517,8 @@ impl<'a> Apply<'a> {
             .io_ctx(|| format!("creating a temp file for {}", e.path))?;
         for c in chunks {
             let bytes = self.chunk_bytes(&c.hash, &e.path)?;
-            file.write_all(&bytes).io_ctx(|| format!("writing {}", e.path))?;
+            file.write_all(&bytes)
+                .io_ctx(|| format!("writing {}", e.path))?;
         }
         // fchmod is not subject to the umask, so the mode arrives exactly.
         file.set_permissions(std::fs::Permissions::from_mode(mode))
@@ -521,7 +567,8 @@ impl<'a> Apply<'a> {
             // child); set it on creation so a fresh tree looks like the
             // sender's, best effort.
             if let Ok(d) = std::fs::File::open(abs) {
-                let _ = d.set_times(std::fs::FileTimes::new().set_modified(fsutil::time_of_ms(mtime)));
+                let _ =
+                    d.set_times(std::fs::FileTimes::new().set_modified(fsutil::time_of_ms(mtime)));
             }
         }
         let meta = std::fs::symlink_metadata(abs).io_ctx(|| format!("stat {}", e.path))?;
@@ -536,10 +583,13 @@ impl<'a> Apply<'a> {
         target: &str,
         replaces_dir: bool,
     ) -> Result<(), SyncError> {
-        let dir = abs.parent().expect("an entry path has a parent inside the root");
+        let dir = abs
+            .parent()
+            .expect("an entry path has a parent inside the root");
         let tmp = self.temp_name(dir);
         self.touched_disk = true;
-        std::os::unix::fs::symlink(target, &tmp).io_ctx(|| format!("creating symlink {}", e.path))?;
+        std::os::unix::fs::symlink(target, &tmp)
+            .io_ctx(|| format!("creating symlink {}", e.path))?;
         if replaces_dir && let Err(err) = self.remove_dir_for(&e.path, abs) {
             let _ = std::fs::remove_file(&tmp);
             return Err(err);
@@ -551,7 +601,13 @@ impl<'a> Apply<'a> {
         // Symlink mode and mtime are what the filesystem gives (Linux has no
         // lchmod; the wire mtime of a symlink is informative only).
         let meta = std::fs::symlink_metadata(abs).io_ctx(|| format!("stat {}", e.path))?;
-        let node = self.node(&e.path, NodeKind::Symlink, Stat::of(&meta), Some(target.to_owned()), None)?;
+        let node = self.node(
+            &e.path,
+            NodeKind::Symlink,
+            Stat::of(&meta),
+            Some(target.to_owned()),
+            None,
+        )?;
         index::put_node(self.db, &node, &[])
     }
 
@@ -564,10 +620,13 @@ impl<'a> Apply<'a> {
         {
             let mut ins = self
                 .db
-                .prepare_cached("INSERT OR IGNORE INTO baseline_marks (remote, path) VALUES (?1, ?2)")
+                .prepare_cached(
+                    "INSERT OR IGNORE INTO baseline_marks (remote, path) VALUES (?1, ?2)",
+                )
                 .ctx("marking a baseline")?;
             for e in entries {
-                ins.execute(params![self.remote, e.path.as_str()]).ctx("marking a baseline")?;
+                ins.execute(params![self.remote, e.path.as_str()])
+                    .ctx("marking a baseline")?;
             }
         }
         if phase != Baseline::Sweep {
@@ -603,12 +662,19 @@ impl<'a> Apply<'a> {
                 if !index::get_node(self.db, &path)?.is_some_and(|n| n.is_live()) {
                     continue;
                 }
-                let del = ChangeEntry { rev: 0, path, state: EntryState::Delete };
+                let del = ChangeEntry {
+                    rev: 0,
+                    path,
+                    state: EntryState::Delete,
+                };
                 self.entry(&del)?;
             }
         }
         self.db
-            .execute("DELETE FROM baseline_marks WHERE remote = ?1", [self.remote])
+            .execute(
+                "DELETE FROM baseline_marks WHERE remote = ?1",
+                [self.remote],
+            )
             .ctx("clearing baseline marks")?;
         Ok(())
     }

@@ -76,17 +76,26 @@ mod tests {
 
     #[test]
     fn every_open_error_maps_to_one_wire_code() {
-        let io = StoreError::Io { context: "root".into(), source: std::io::Error::other("x") };
+        let io = StoreError::Io {
+            context: "root".into(),
+            source: std::io::Error::other("x"),
+        };
         assert_eq!(SyncError::from(io).code(), ErrorCode::Io);
         let idx = StoreError::Index {
             context: "open".into(),
             source: rusqlite::Error::InvalidQuery,
         };
         assert_eq!(SyncError::from(idx).code(), ErrorCode::Io);
-        let newer = StoreError::SchemaTooNew { found: 9, supported: 1 };
+        let newer = StoreError::SchemaTooNew {
+            found: 9,
+            supported: 1,
+        };
         let e = SyncError::from(newer);
         assert_eq!(e.code(), ErrorCode::Io);
         assert!(e.to_string().contains("version 9"), "{e}");
-        assert_eq!(SyncError::from(StoreError::Invalid("x".into())).code(), ErrorCode::Invalid);
+        assert_eq!(
+            SyncError::from(StoreError::Invalid("x".into())).code(),
+            ErrorCode::Invalid
+        );
     }
 }

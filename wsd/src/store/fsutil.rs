@@ -65,7 +65,10 @@ pub(crate) fn lstat_in_root(root: &Path, rel: &SyncPath) -> io::Result<Option<Me
 
 /// Errors meaning "nothing is there (any more)".
 pub(crate) fn is_gone(e: &io::Error) -> bool {
-    matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::NotADirectory)
+    matches!(
+        e.kind(),
+        io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+    )
 }
 
 /// Wall-clock nanoseconds since the epoch.
@@ -96,5 +99,8 @@ pub(crate) fn read_link_utf8(path: &Path) -> io::Result<Option<String>> {
 /// Opens a regular file for reading without following a final symlink.
 pub(crate) fn open_nofollow(path: &Path) -> io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
-    std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(path)
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
 }

@@ -71,19 +71,28 @@ pub(crate) fn open(path: &Path) -> Result<Connection, StoreError> {
     // WAL: readers never block the single writer; NORMAL: a crash may lose
     // the last commits but never corrupts, and the directory stays the
     // truth that the next settle reconciles against.
-    db.pragma_update(None, "journal_mode", "WAL").map_err(ix("journal_mode"))?;
-    db.pragma_update(None, "synchronous", "NORMAL").map_err(ix("synchronous"))?;
-    db.busy_timeout(std::time::Duration::from_secs(5)).map_err(ix("busy_timeout"))?;
-    let found: i64 =
-        db.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(ix("user_version"))?;
+    db.pragma_update(None, "journal_mode", "WAL")
+        .map_err(ix("journal_mode"))?;
+    db.pragma_update(None, "synchronous", "NORMAL")
+        .map_err(ix("synchronous"))?;
+    db.busy_timeout(std::time::Duration::from_secs(5))
+        .map_err(ix("busy_timeout"))?;
+    let found: i64 = db
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(ix("user_version"))?;
     if found > SCHEMA_VERSION {
-        return Err(StoreError::SchemaTooNew { found, supported: SCHEMA_VERSION });
+        return Err(StoreError::SchemaTooNew {
+            found,
+            supported: SCHEMA_VERSION,
+        });
     }
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
         let version = i as i64 + 1;
         let tx = db.transaction().map_err(ix("migration"))?;
-        tx.execute_batch(sql).map_err(ix(&format!("migration {version}")))?;
-        tx.pragma_update(None, "user_version", version).map_err(ix("user_version"))?;
+        tx.execute_batch(sql)
+            .map_err(ix(&format!("migration {version}")))?;
+        tx.pragma_update(None, "user_version", version)
+            .map_err(ix("user_version"))?;
         tx.commit().map_err(ix(&format!("migration {version}")))?;
         tracing::debug!(version, "index migrated");
     }
@@ -130,10 +139,16 @@ impl Stat {
         Stat {
             mode: m.mode() & wsd_sync::MODE_MASK,
             size: m.size(),
-            mtime_ns: m.mtime().saturating_mul(1_000_000_000).saturating_add(m.mtime_nsec()),
+            mtime_ns: m
+                .mtime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(m.mtime_nsec()),
             dev: m.dev(),
             ino: m.ino(),
-            ctime_ns: m.ctime().saturating_mul(1_000_000_000).saturating_add(m.ctime_nsec()),
+            ctime_ns: m
+                .ctime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(m.ctime_nsec()),
         }
     }
 
@@ -165,8 +180,7 @@ impl Node {
     }
 }
 
-const NODE_COLS: &str =
-    "path, kind, mode, size, mtime_ns, dev, ino, ctime_ns, target, manifest, verified_ns, rev, applied_from";
+const NODE_COLS: &str = "path, kind, mode, size, mtime_ns, dev, ino, ctime_ns, target, manifest, verified_ns, rev, applied_from";
 
 fn node_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, i64, Node0)> {
     Ok((
@@ -341,11 +355,9 @@ pub(crate) fn tombstone_subtree(
     applied_from: Option<&str>,
 ) -> Result<usize, SyncError> {
     let (lo, hi) = descendant_range(path);
-    db.prepare_cached(
-        "DELETE FROM chunks WHERE path = ?1 OR (path >= ?2 AND path < ?3)",
-    )
-    .and_then(|mut st| st.execute(params![path.as_str(), lo, hi]))
-    .ctx("dropping chunk locations")?;
+    db.prepare_cached("DELETE FROM chunks WHERE path = ?1 OR (path >= ?2 AND path < ?3)")
+        .and_then(|mut st| st.execute(params![path.as_str(), lo, hi]))
+        .ctx("dropping chunk locations")?;
     db.prepare_cached(
         "UPDATE nodes SET kind = 3, mode = 0, size = 0, mtime_ms = 0, mtime_ns = 0, dev = 0, ino = 0,
             ctime_ns = 0, target = NULL, manifest = NULL, verified_ns = 0, rev = ?4, applied_from = ?5
@@ -382,12 +394,19 @@ pub(crate) fn chunks_of(db: &Connection, path: &SyncPath) -> Result<Vec<ChunkRef
         .prepare_cached("SELECT hash, size FROM chunks WHERE path = ?1 ORDER BY idx")
         .ctx("reading chunks")?;
     let rows = stmt
-        .query_map([path.as_str()], |r| Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, i64>(1)?)))
+        .query_map([path.as_str()], |r| {
+            Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, i64>(1)?))
+        })
         .ctx("reading chunks")?
         .collect::<Result<Vec<_>, _>>()
         .ctx("reading chunks")?;
     rows.into_iter()
-        .map(|(h, size)| Ok(ChunkRef { hash: Hash::from_slice(&h)?, size: size as u32 }))
+        .map(|(h, size)| {
+            Ok(ChunkRef {
+                hash: Hash::from_slice(&h)?,
+                size: size as u32,
+            })
+        })
         .collect()
 }
 
@@ -413,7 +432,11 @@ pub(crate) fn chunk_locations(
         .ctx("locating a chunk")?;
     let rows = stmt
         .query_map(params![hash.0.to_vec(), limit as i64], |r| {
-            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
         })
         .ctx("locating a chunk")?
         .collect::<Result<Vec<_>, _>>()
@@ -445,7 +468,10 @@ pub(crate) fn entry_of(db: &Connection, node: &Node) -> Result<ChangeEntry, Sync
             size: s.size,
             chunks: chunks_of(db, &node.path)?,
         },
-        NodeKind::Dir => EntryState::Dir { mode: s.mode, mtime: s.mtime_ms() },
+        NodeKind::Dir => EntryState::Dir {
+            mode: s.mode,
+            mtime: s.mtime_ms(),
+        },
         NodeKind::Symlink => EntryState::Symlink {
             target: node.target.clone().unwrap_or_default(),
             mode: s.mode,
@@ -453,7 +479,11 @@ pub(crate) fn entry_of(db: &Connection, node: &Node) -> Result<ChangeEntry, Sync
         },
         NodeKind::Tombstone => EntryState::Delete,
     };
-    Ok(ChangeEntry { rev: node.rev, path: node.path.clone(), state })
+    Ok(ChangeEntry {
+        rev: node.rev,
+        path: node.path.clone(),
+        state,
+    })
 }
 
 /// One page of rows with `after < (rev, path) <= {through_rev, None}`,
@@ -470,7 +500,11 @@ pub(crate) fn rows_after(
         "SELECT {NODE_COLS} FROM nodes
          WHERE {} AND rev <= ?3 AND (?4 IS NULL OR applied_from IS NULL OR applied_from != ?4)
          ORDER BY rev, path LIMIT ?5",
-        if after.path.is_some() { "(rev, path) > (?1, ?2)" } else { "rev > ?1 AND ?2 IS NULL" }
+        if after.path.is_some() {
+            "(rev, path) > (?1, ?2)"
+        } else {
+            "rev > ?1 AND ?2 IS NULL"
+        }
     );
     let mut stmt = db.prepare_cached(&sql).ctx("paging changes")?;
     let rows = stmt
@@ -525,7 +559,10 @@ fn cursor_of(rev: i64, path: Option<String>) -> Result<ChangeCursor, SyncError> 
         .map(SyncPath::new)
         .transpose()
         .map_err(|e| SyncError::Storage(format!("index holds a bad cursor path: {e}")))?;
-    Ok(ChangeCursor { rev: rev as u64, path })
+    Ok(ChangeCursor {
+        rev: rev as u64,
+        path,
+    })
 }
 
 pub(crate) fn remote_cursors(db: &Connection, remote: &str) -> Result<RemoteCursors, SyncError> {
@@ -547,9 +584,10 @@ pub(crate) fn remote_cursors(db: &Connection, remote: &str) -> Result<RemoteCurs
         .ctx("reading remote cursors")?;
     match row {
         None => Ok(RemoteCursors::default()),
-        Some((pr, pp, fr, fp)) => {
-            Ok(RemoteCursors { push: cursor_of(pr, pp)?, fetch: cursor_of(fr, fp)? })
-        }
+        Some((pr, pp, fr, fp)) => Ok(RemoteCursors {
+            push: cursor_of(pr, pp)?,
+            fetch: cursor_of(fr, fp)?,
+        }),
     }
 }
 
@@ -562,7 +600,13 @@ pub(crate) fn set_push_cursor(
         "INSERT INTO remotes (name, push_rev, push_path) VALUES (?1, ?2, ?3)
          ON CONFLICT (name) DO UPDATE SET push_rev = ?2, push_path = ?3",
     )
-    .and_then(|mut s| s.execute(params![remote, c.rev as i64, c.path.as_ref().map(SyncPath::as_str)]))
+    .and_then(|mut s| {
+        s.execute(params![
+            remote,
+            c.rev as i64,
+            c.path.as_ref().map(SyncPath::as_str)
+        ])
+    })
     .ctx("writing a push cursor")?;
     Ok(())
 }
@@ -576,7 +620,13 @@ pub(crate) fn set_fetch_cursor(
         "INSERT INTO remotes (name, fetch_rev, fetch_path) VALUES (?1, ?2, ?3)
          ON CONFLICT (name) DO UPDATE SET fetch_rev = ?2, fetch_path = ?3",
     )
-    .and_then(|mut s| s.execute(params![remote, c.rev as i64, c.path.as_ref().map(SyncPath::as_str)]))
+    .and_then(|mut s| {
+        s.execute(params![
+            remote,
+            c.rev as i64,
+            c.path.as_ref().map(SyncPath::as_str)
+        ])
+    })
     .ctx("writing a fetch cursor")?;
     Ok(())
 }
@@ -588,7 +638,9 @@ pub(crate) fn min_push_rev(db: &Connection) -> Result<Option<u64>, SyncError> {
         .prepare_cached("SELECT push_rev, push_path FROM remotes")
         .ctx("reading remotes")?;
     let rows = stmt
-        .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Option<String>>(1)?)))
+        .query_map([], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, Option<String>>(1)?))
+        })
         .ctx("reading remotes")?
         .collect::<Result<Vec<_>, _>>()
         .ctx("reading remotes")?;

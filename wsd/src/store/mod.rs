@@ -28,8 +28,8 @@ use std::time::Duration;
 
 use rusqlite::Connection;
 use wsd_sync::{
-    ApplyBatch, ApplyOutcome, ChangeCursor, ChangeEntry, ChangesQuery, ChangesWindow, Hash,
-    Object, Store, SyncError, SyncPath, Watermarks, chunk,
+    ApplyBatch, ApplyOutcome, ChangeCursor, ChangeEntry, ChangesQuery, ChangesWindow, Hash, Object,
+    Store, SyncError, SyncPath, Watermarks, chunk,
 };
 
 pub use error::StoreError;
@@ -56,7 +56,10 @@ pub struct StoreOptions {
 
 impl Default for StoreOptions {
     fn default() -> StoreOptions {
-        StoreOptions { watch: true, barrier_timeout: Duration::from_secs(5) }
+        StoreOptions {
+            watch: true,
+            barrier_timeout: Duration::from_secs(5),
+        }
     }
 }
 
@@ -101,13 +104,23 @@ impl WorkspaceStore {
     /// cursors survive a restart, and the first settle walks the tree to
     /// pick up what changed while the daemon was down.
     pub fn open(root: &Path, state_dir: &Path, opts: StoreOptions) -> Result<Self, StoreError> {
-        let io = |what: String| move |source| StoreError::Io { context: what, source };
+        let io = |what: String| {
+            move |source| StoreError::Io {
+                context: what,
+                source,
+            }
+        };
         let root = std::fs::canonicalize(root).map_err(io(format!("root {}", root.display())))?;
         if !root.is_dir() {
-            return Err(StoreError::Invalid(format!("root {} is not a directory", root.display())));
+            return Err(StoreError::Invalid(format!(
+                "root {} is not a directory",
+                root.display()
+            )));
         }
-        std::fs::create_dir_all(state_dir)
-            .map_err(io(format!("creating state directory {}", state_dir.display())))?;
+        std::fs::create_dir_all(state_dir).map_err(io(format!(
+            "creating state directory {}",
+            state_dir.display()
+        )))?;
         let state_dir = std::fs::canonicalize(state_dir)
             .map_err(io(format!("state directory {}", state_dir.display())))?;
         if root.starts_with(&state_dir) {
@@ -119,17 +132,26 @@ impl WorkspaceStore {
         }
         let state_rel = match state_dir.strip_prefix(&root) {
             Err(_) => None,
-            Ok(rel) => Some(rel.to_str().and_then(|s| SyncPath::new(s).ok()).ok_or_else(|| {
-                StoreError::Invalid(format!(
-                    "state directory {} is not a valid workspace path",
-                    state_dir.display()
-                ))
-            })?),
+            Ok(rel) => Some(
+                rel.to_str()
+                    .and_then(|s| SyncPath::new(s).ok())
+                    .ok_or_else(|| {
+                        StoreError::Invalid(format!(
+                            "state directory {} is not a valid workspace path",
+                            state_dir.display()
+                        ))
+                    })?,
+            ),
         };
         let db = index::open(&state_dir.join(INDEX_FILE))?;
         let staging = Staging::open(state_dir.join("objects"))?;
         let (watch, no_watch) = if opts.watch {
-            match LocalWatcher::start(&root, &state_dir, &state_dir.join("cookies"), opts.barrier_timeout) {
+            match LocalWatcher::start(
+                &root,
+                &state_dir,
+                &state_dir.join("cookies"),
+                opts.barrier_timeout,
+            ) {
                 Ok(w) => (Some(w), None),
                 Err(reason) => {
                     tracing::warn!(%reason, "no watcher; every settle walks the whole tree");
@@ -293,15 +315,22 @@ impl WorkspaceStore {
     /// baseline from [`Store::open_changes`]. Returns how many were dropped.
     pub fn prune_tombstones(&mut self) -> Result<usize, SyncError> {
         let tx = self.db.transaction().ctx("starting a prune")?;
-        let Some(min) = index::min_push_rev(&tx)? else { return Ok(0) };
+        let Some(min) = index::min_push_rev(&tx)? else {
+            return Ok(0);
+        };
         let newest: Option<i64> = tx
-            .query_row("SELECT MAX(rev) FROM nodes WHERE kind = 3 AND rev <= ?1", [min as i64], |r| {
-                r.get(0)
-            })
+            .query_row(
+                "SELECT MAX(rev) FROM nodes WHERE kind = 3 AND rev <= ?1",
+                [min as i64],
+                |r| r.get(0),
+            )
             .ctx("pruning tombstones")?;
         let Some(newest) = newest else { return Ok(0) };
         let n = tx
-            .execute("DELETE FROM nodes WHERE kind = 3 AND rev <= ?1", [min as i64])
+            .execute(
+                "DELETE FROM nodes WHERE kind = 3 AND rev <= ?1",
+                [min as i64],
+            )
             .ctx("pruning tombstones")?;
         let horizon = index::meta_get(&tx, "prune_horizon")?.max(newest as u64);
         index::meta_set(&tx, "prune_horizon", horizon)?;
@@ -341,8 +370,13 @@ impl Store for WorkspaceStore {
         let mut after = q.after.clone();
         while out.len() < q.limit {
             let want = q.limit - out.len();
-            let rows =
-                index::rows_after(&self.db, &after, q.through.rev, q.exclude_applied_from, want)?;
+            let rows = index::rows_after(
+                &self.db,
+                &after,
+                q.through.rev,
+                q.exclude_applied_from,
+                want,
+            )?;
             let got = rows.len();
             for node in rows {
                 if q.through.is_before(node.rev, &node.path) {

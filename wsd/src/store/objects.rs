@@ -28,7 +28,10 @@ impl Staging {
             Err(e) => return Err(SyncError::io(format!("clearing {}", dir.display()), e)),
         }
         std::fs::create_dir_all(&dir).io_ctx(|| format!("creating {}", dir.display()))?;
-        Ok(Staging { dir, held: HashSet::new() })
+        Ok(Staging {
+            dir,
+            held: HashSet::new(),
+        })
     }
 
     fn path_of(&self, hash: &Hash) -> PathBuf {
@@ -55,7 +58,8 @@ impl Staging {
         // cannot collide.
         let tmp = self.dir.join(format!(".incoming-{hash}"));
         let mut f = std::fs::File::create(&tmp).io_ctx(|| format!("staging object {hash}"))?;
-        f.write_all(bytes).io_ctx(|| format!("staging object {hash}"))?;
+        f.write_all(bytes)
+            .io_ctx(|| format!("staging object {hash}"))?;
         drop(f);
         std::fs::rename(&tmp, self.path_of(hash)).io_ctx(|| format!("staging object {hash}"))?;
         self.held.insert(*hash);

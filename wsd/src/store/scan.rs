@@ -79,7 +79,12 @@ impl Scan<'_> {
         Ok(())
     }
 
-    fn put(&mut self, node: Node, chunks: &[ChunkRef], was: Option<&Node>) -> Result<(), SyncError> {
+    fn put(
+        &mut self,
+        node: Node,
+        chunks: &[ChunkRef],
+        was: Option<&Node>,
+    ) -> Result<(), SyncError> {
         // A directory replaced by another kind takes its indexed subtree along.
         if was.is_some_and(|w| w.kind == NodeKind::Dir) && node.kind != NodeKind::Dir {
             let rev = node.rev;
@@ -294,7 +299,9 @@ pub(crate) fn hash_file(abs: &Path) -> Result<Option<(Vec<ChunkRef>, Stat)>, Syn
         Err(e) if fsutil::is_gone(&e) || e.raw_os_error() == Some(libc::ELOOP) => return Ok(None),
         Err(e) => return Err(SyncError::io(format!("opening {}", abs.display()), e)),
     };
-    let meta = file.metadata().io_ctx(|| format!("stat {}", abs.display()))?;
+    let meta = file
+        .metadata()
+        .io_ctx(|| format!("stat {}", abs.display()))?;
     if !meta.file_type().is_file() {
         return Ok(None);
     }
@@ -311,7 +318,14 @@ mod tests {
         Node {
             path: SyncPath::new("f").unwrap(),
             kind: NodeKind::File,
-            stat: Stat { mode: 0o644, size: 3, mtime_ns, dev: 1, ino: 2, ctime_ns: mtime_ns },
+            stat: Stat {
+                mode: 0o644,
+                size: 3,
+                mtime_ns,
+                dev: 1,
+                ino: 2,
+                ctime_ns: mtime_ns,
+            },
             target: None,
             manifest: None,
             verified_ns,
@@ -324,9 +338,18 @@ mod tests {
     fn a_file_hashed_in_its_mtime_tick_is_racily_clean() {
         let s = 1_000_000_000_000;
         assert!(is_racy(&file_node(s, s)), "hashed in the same instant");
-        assert!(is_racy(&file_node(s, s + RACY_MARGIN_NS)), "within the margin");
-        assert!(!is_racy(&file_node(s, s + RACY_MARGIN_NS + 1)), "well after the write");
-        assert!(is_racy(&file_node(s + 10, s)), "mtime in the future of the hash");
+        assert!(
+            is_racy(&file_node(s, s + RACY_MARGIN_NS)),
+            "within the margin"
+        );
+        assert!(
+            !is_racy(&file_node(s, s + RACY_MARGIN_NS + 1)),
+            "well after the write"
+        );
+        assert!(
+            is_racy(&file_node(s + 10, s)),
+            "mtime in the future of the hash"
+        );
     }
 
     #[test]

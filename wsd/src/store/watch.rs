@@ -93,7 +93,8 @@ impl LocalWatcher {
                 }
                 Ok(ev) => {
                     if ev.need_rescan() {
-                        s.rescan.get_or_insert_with(|| "inotify event queue overflowed".into());
+                        s.rescan
+                            .get_or_insert_with(|| "inotify event queue overflowed".into());
                     }
                     // Reads (open, close-nowrite) are noise; every write also
                     // raises a modify event.
@@ -159,7 +160,10 @@ impl LocalWatcher {
                     "inotify watch limit reached (fs.inotify.max_user_watches) at {}",
                     dir.display()
                 ))),
-                _ => Err(WatchFailure::Fatal(format!("cannot watch {}: {e}", dir.display()))),
+                _ => Err(WatchFailure::Fatal(format!(
+                    "cannot watch {}: {e}",
+                    dir.display()
+                ))),
             },
         }
     }
@@ -171,7 +175,10 @@ impl LocalWatcher {
         let n = self.next_cookie;
         let cookie = self.cookie_dir.join(n.to_string());
         let barrier = match std::fs::File::create(&cookie) {
-            Err(e) => Err(format!("cannot create the barrier cookie {}: {e}", cookie.display())),
+            Err(e) => Err(format!(
+                "cannot create the barrier cookie {}: {e}",
+                cookie.display()
+            )),
             Ok(_) => {
                 let (lock, cvar) = &*self.shared;
                 let deadline = Instant::now() + self.barrier_timeout;
@@ -187,7 +194,10 @@ impl LocalWatcher {
                             self.barrier_timeout
                         ));
                     }
-                    s = cvar.wait_timeout(s, left).unwrap_or_else(|p| p.into_inner()).0;
+                    s = cvar
+                        .wait_timeout(s, left)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
                 }
             }
         };
@@ -208,5 +218,15 @@ impl LocalWatcher {
                 Pending::Rescan(reason)
             }
         }
+    }
+
+    /// Drops the pending events and flags a rescan, as an inotify queue
+    /// overflow does.
+    #[cfg(test)]
+    pub fn simulate_overflow(&self) {
+        let (lock, _) = &*self.shared;
+        let mut s = lock.lock().unwrap_or_else(|p| p.into_inner());
+        s.dirty.clear();
+        s.rescan = Some("inotify event queue overflowed".into());
     }
 }
