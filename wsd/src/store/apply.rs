@@ -16,7 +16,7 @@
 //! idempotent. If the index commit itself fails, the next settle finds the
 //! written paths as local changes.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::Metadata;
 use std::io::Write;
 use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
@@ -201,10 +201,14 @@ impl<'a> Apply<'a> {
                 _ => None,
             };
         }
-        // A batch is one state of the sender's tree: a path cannot be below
-        // a file or symlink of the same batch. Applying it would mean
+        // A batch is one state of the sender's tree: a live path cannot be
+        // below a file or symlink of the same batch. Applying it would mean
         // writing through that symlink, or undoing the batch's own entry.
-        for e in entries {
+        // (Tombstones below are normal: a directory turned into a file.)
+        for e in entries
+            .iter()
+            .filter(|e| !matches!(e.state, EntryState::Delete))
+        {
             for a in e.path.ancestors() {
                 if let Some(kind) = non_dirs.get(&a) {
                     return Err(SyncError::Invalid(format!(
@@ -236,7 +240,8 @@ impl<'a> Apply<'a> {
                 }
             }
         }
-        let touched: Vec<&SyncPath> = entries.iter().map(|e| &e.path).collect();
+        let touched: HashSet<&str> = entries.iter().map(|e| e.path.as_str()).collect();
+        let touched_sorted: BTreeSet<&str> = touched.iter().copied().collect();
         for (hash, user) in first_user {
             if self.staging.contains(&hash) {
                 continue;
@@ -250,13 +255,19 @@ impl<'a> Apply<'a> {
             }
             let users = &consumers[&hash];
             let safe = locs.iter().any(|l| {
-                !touched.iter().any(|t| {
-                    let related = t.starts_with(&l.path) || l.path.starts_with(t);
-                    // The file itself being rewritten is still in place while
-                    // its new content is assembled.
-                    let only_self = **t == l.path && users.iter().all(|u| **u == l.path);
-                    related && !only_self
-                })
+                let own = l.path.as_str();
+                // The file itself being rewritten stays in place while its
+                // new content is assembled; any other entry at or above it
+                // removes it first, and an entry below it turns it into a
+                // directory.
+                let rewritten = touched.contains(own) && !users.iter().all(|u| **u == l.path);
+                let below_removed = l.path.ancestors().any(|a| touched.contains(a.as_str()));
+                let prefix = format!("{own}/");
+                let becomes_dir = touched_sorted
+                    .range(prefix.as_str()..)
+                    .next()
+                    .is_some_and(|t| t.starts_with(&prefix));
+                !(rewritten || below_removed || becomes_dir)
             });
             if safe {
                 continue;
@@ -335,6 +346,16 @@ impl<'a> Apply<'a> {
                 Err(e) => return Err(SyncError::io(format!("stat {a} (ancestor of {path})"), e)),
             };
             let row = index::get_node(self.db, &a)?;
+            // The implied directory stands in for the sender's, whose mode
+            // we do not know. Normally its own entry follows (or it is
+            // already synced) and the row counts as the sender's state. But
+            // when it overwrites a local change not yet pushed (a delete or
+            // a file there), it is our resolution of a conflict: record it
+            // as a local change, so it ships back and both sides converge.
+            let local = self.unpushed_local(row.as_ref());
+            if local {
+                self.note_overwrite(&a, "ancestor recreated as a directory");
+            }
             if let Some(m) = &existing {
                 let kind = if m.file_type().is_symlink() {
                     "symlink"
@@ -343,9 +364,6 @@ impl<'a> Apply<'a> {
                 };
                 tracing::warn!(ancestor = %a, %path, kind,
                     "replacing a non-directory ancestor with a directory to apply an entry below it");
-                if self.unpushed_local(row.as_ref()) {
-                    self.note_overwrite(&a, "ancestor replaced by a directory");
-                }
                 self.touched_disk = true;
                 std::fs::remove_file(&abs)
                     .io_ctx(|| format!("removing {a} (ancestor of {path})"))?;
@@ -355,7 +373,10 @@ impl<'a> Apply<'a> {
             std::fs::set_permissions(&abs, std::fs::Permissions::from_mode(IMPLIED_DIR_MODE))
                 .io_ctx(|| format!("chmod {a}"))?;
             let meta = std::fs::symlink_metadata(&abs).io_ctx(|| format!("stat {a}"))?;
-            let node = self.node(&a, NodeKind::Dir, Stat::of(&meta), None, None)?;
+            let mut node = self.node(&a, NodeKind::Dir, Stat::of(&meta), None, None)?;
+            if local {
+                node.applied_from = None;
+            }
             index::put_node(self.db, &node, &[])?;
         }
         Ok(())

@@ -955,6 +955,151 @@ fn a_lost_event_stream_falls_back_to_a_full_walk() {
 }
 
 #[test]
+fn reaching_the_watch_limit_falls_back_to_walking_without_failing() {
+    let mut w = ws(true);
+    w.store.settle().unwrap();
+    w.store.watch.as_mut().unwrap().simulate_watch_limit(1);
+    for d in ["d1", "d2", "d3"] {
+        w.write(&format!("{d}/f"), b"x");
+    }
+    let r = w.store.settle().unwrap();
+    assert_eq!(r.changed, 6, "{r:?}");
+    assert!(!w.store.is_watching(), "the watcher was given up");
+    // From now on every settle walks, and still finds changes.
+    w.write("d3/f", b"changed");
+    let r = w.store.settle().unwrap();
+    assert!(
+        r.full_walk
+            .as_deref()
+            .is_some_and(|r| r.contains("watch limit")),
+        "{r:?}"
+    );
+    assert_eq!(r.changed, 1);
+}
+
+#[test]
+fn a_failure_mid_batch_keeps_the_index_true_to_the_directory() {
+    let mut w = ws(false);
+    let src = noise(100_000, 7);
+    w.write("src", &src);
+    w.store.settle().unwrap();
+    // `src` changes behind the index: its chunks can no longer be copied,
+    // which only shows once `second` is being assembled.
+    fs::write(w.root.join("src"), noise(100_000, 8)).unwrap();
+    let (first, objs) = file_entry("first", b"first", 0o644, 0);
+    w.store.stage_objects(&objs).unwrap();
+    let (second, second_objs) = file_entry("second", &src, 0o644, 0);
+    let entries = [first, second];
+    let err = w.store.apply(peer_batch(&entries, 5)).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Io);
+    assert!(err.to_string().contains("src"), "{err}");
+    assert_eq!(fs::read(w.root.join("first")).unwrap(), b"first");
+    assert!(!w.root.join("second").exists());
+    // The index holds `first` as applied (not a local change) and the
+    // cursor did not move.
+    let r = w.store.settle().unwrap();
+    assert_eq!(r.changed, 1, "only src's own change: {r:?}");
+    let wm = w.store.watermarks("peer").unwrap();
+    assert_eq!(wm.fetch_cursor, ChangeCursor::ZERO);
+    // The retry (with the chunks the sender now knows are missing) skips
+    // what is done.
+    w.store.stage_objects(&second_objs).unwrap();
+    let out = w.store.apply(peer_batch(&entries, 5)).unwrap();
+    assert_eq!((out.applied, out.skipped), (1, 1));
+    assert_eq!(fs::read(w.root.join("second")).unwrap(), src);
+}
+
+/// xorshift64: deterministic test randomness without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn pick<'a>(&mut self, of: &[&'a str]) -> &'a str {
+        of[(self.next() % of.len() as u64) as usize]
+    }
+}
+
+/// One random local operation under `root`. Failures (a parent that is a
+/// file, a missing source) are part of the game and ignored.
+fn random_op(root: &Path, rng: &mut Rng) {
+    let names = ["a", "b", "c"];
+    let depth = 1 + rng.next() % 3;
+    let rel: Vec<&str> = (0..depth).map(|_| rng.pick(&names)).collect();
+    let path = root.join(rel.join("/"));
+    let _ = match rng.next() % 7 {
+        0 | 1 => fs::create_dir_all(path.parent().unwrap()).and_then(|_| {
+            let len = if rng.next().is_multiple_of(4) { 70_000 } else { 10 };
+            fs::write(&path, noise(len, rng.next()))
+        }),
+        2 => fs::create_dir_all(&path),
+        3 => fs::remove_file(&path).or_else(|_| fs::remove_dir_all(&path)),
+        4 => fs::set_permissions(
+            &path,
+            fs::Permissions::from_mode(if rng.next().is_multiple_of(2) { 0o700 } else { 0o755 }),
+        ),
+        5 => fs::rename(
+            &path,
+            root.join(rng.pick(&names))
+                .join(format!("moved{}", rng.next() % 3)),
+        ),
+        _ => symlink("nowhere", &path),
+    };
+}
+
+/// Seeds run by the randomized convergence test: a few by default,
+/// `WSD_STORE_SEEDS=<n>` for a longer soak (200 seeds pass).
+fn seeds() -> u64 {
+    std::env::var("WSD_STORE_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4)
+}
+
+#[test]
+fn random_edits_on_both_sides_converge_after_each_sync() {
+    for seed in 0..seeds() {
+        // Alternate watcher and walking on both sides.
+        let mut a = ws(seed.is_multiple_of(2));
+        let b = ws(seed.is_multiple_of(3));
+        let (b_root, _b_tmp) = (b.root.clone(), b._tmp);
+        let b_store = Rc::new(RefCell::new(b.store));
+        let ignore = IgnoreRules::none();
+        let opts_to_b = SyncOptions {
+            remote_name: "b",
+            ignore: &ignore,
+        };
+        let mut remote = StoreRemote::new(b_store.clone(), "a");
+        let mut rng = Rng(0x5eed_1234_abcd_0001 + seed * 7919);
+        for round in 0..25 {
+            for _ in 0..4 {
+                random_op(&a.root, &mut rng);
+                random_op(&b_root, &mut rng);
+            }
+            let at = format!("seed {seed} round {round}");
+            // Pull first (the other side's writes win conflicts), then push.
+            let pull = driver::pull(&mut a.store, &mut remote, &opts_to_b, |_| {});
+            futures::executor::block_on(pull).unwrap_or_else(|e| panic!("{at}: pull: {e}"));
+            let push = driver::push(&mut a.store, &mut remote, &opts_to_b, |_| {});
+            futures::executor::block_on(push).unwrap_or_else(|e| panic!("{at}: push: {e}"));
+            assert_tree_eq(&a.root, &b_root);
+            assert_eq!(
+                a.store.settle().unwrap().rev,
+                None,
+                "{at}: apply left a local change"
+            );
+            let b_settle = b_store.borrow_mut().settle().unwrap();
+            assert_eq!(b_settle.rev, None, "{at}: apply left a local change on b");
+        }
+    }
+}
+
+#[test]
 fn two_workspaces_converge_through_the_driver() {
     let mut a = ws(true);
     let b = ws(true);

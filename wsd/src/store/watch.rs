@@ -61,6 +61,10 @@ pub(crate) struct LocalWatcher {
     cookie_dir: PathBuf,
     next_cookie: u64,
     barrier_timeout: Duration,
+    /// Test hook: how many more directories may be watched before the
+    /// watch limit is "reached".
+    #[cfg(test)]
+    watch_budget: Option<usize>,
 }
 
 impl LocalWatcher {
@@ -138,12 +142,24 @@ impl LocalWatcher {
             cookie_dir: cookie_dir.to_owned(),
             next_cookie: 0,
             barrier_timeout,
+            #[cfg(test)]
+            watch_budget: None,
         })
     }
 
     /// Watches one directory (its direct children). Adding an existing
     /// watch again is harmless.
     pub fn watch_dir(&mut self, dir: &Path) -> Result<(), WatchFailure> {
+        #[cfg(test)]
+        if let Some(left) = self.watch_budget.as_mut() {
+            if *left == 0 {
+                return Err(WatchFailure::Fatal(format!(
+                    "inotify watch limit reached (fs.inotify.max_user_watches) at {} (simulated)",
+                    dir.display()
+                )));
+            }
+            *left -= 1;
+        }
         match self.watcher.watch(dir, RecursiveMode::NonRecursive) {
             Ok(()) => Ok(()),
             Err(e) => match &e.kind {
@@ -228,5 +244,11 @@ impl LocalWatcher {
         let mut s = lock.lock().unwrap_or_else(|p| p.into_inner());
         s.dirty.clear();
         s.rescan = Some("inotify event queue overflowed".into());
+    }
+
+    /// Makes the watch limit "reached" after `n` more directories.
+    #[cfg(test)]
+    pub fn simulate_watch_limit(&mut self, n: usize) {
+        self.watch_budget = Some(n);
     }
 }
