@@ -1034,14 +1034,22 @@ fn random_op(root: &Path, rng: &mut Rng) {
     let path = root.join(rel.join("/"));
     let _ = match rng.next() % 7 {
         0 | 1 => fs::create_dir_all(path.parent().unwrap()).and_then(|_| {
-            let len = if rng.next().is_multiple_of(4) { 70_000 } else { 10 };
+            let len = if rng.next().is_multiple_of(4) {
+                70_000
+            } else {
+                10
+            };
             fs::write(&path, noise(len, rng.next()))
         }),
         2 => fs::create_dir_all(&path),
         3 => fs::remove_file(&path).or_else(|_| fs::remove_dir_all(&path)),
         4 => fs::set_permissions(
             &path,
-            fs::Permissions::from_mode(if rng.next().is_multiple_of(2) { 0o700 } else { 0o755 }),
+            fs::Permissions::from_mode(if rng.next().is_multiple_of(2) {
+                0o700
+            } else {
+                0o755
+            }),
         ),
         5 => fs::rename(
             &path,
