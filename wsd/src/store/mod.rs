@@ -94,6 +94,9 @@ pub struct WorkspaceStore {
     no_watch: Option<String>,
     /// A full walk owed to the next settle, with its reason.
     owed_walk: Option<String>,
+    /// Whether a full walk has completed since open (the first one also
+    /// removes apply temp files a crash left behind).
+    walked_since_open: bool,
     /// Files a read found changed behind the index: hashed next settle.
     force: HashSet<SyncPath>,
 }
@@ -171,6 +174,7 @@ impl WorkspaceStore {
             watch,
             no_watch,
             owed_walk: Some("startup: reconciling the directory with the index".to_owned()),
+            walked_since_open: false,
             force: HashSet::new(),
         })
     }
@@ -193,6 +197,17 @@ impl WorkspaceStore {
     /// Stamps everything written to the directory before this call with a
     /// rev: one new rev for the whole settle when anything changed.
     pub fn settle(&mut self) -> Result<SettleReport, SyncError> {
+        let result = self.settle_once();
+        if let Err(e) = &result {
+            // The dirty paths it consumed are lost with the rolled-back
+            // transaction: only a walk can find them again.
+            tracing::warn!(error = %e, "settle failed; the next settle walks the whole tree");
+            self.owed_walk = Some(format!("the previous settle failed: {e}"));
+        }
+        result
+    }
+
+    fn settle_once(&mut self) -> Result<SettleReport, SyncError> {
         let started_ns = fsutil::now_ns();
         let pending = match self.watch.as_mut() {
             Some(w) => w.take_pending(),
@@ -218,7 +233,6 @@ impl WorkspaceStore {
         } else {
             tracing::debug!(%reason, "settle walks the whole tree");
         }
-        let startup = reason.starts_with("startup");
         let tx = self.db.transaction().ctx("starting a settle")?;
         let mut scan = scan::Scan {
             db: &tx,
@@ -230,13 +244,14 @@ impl WorkspaceStore {
             watch: &mut self.watch,
             watch_lost: None,
             force: &self.force,
-            remove_stale_temps: startup,
+            remove_stale_temps: !self.walked_since_open,
         };
         scan.walk(None)?;
         let mut report = scan.report;
         let lost = scan.watch_lost;
         tx.commit().ctx("committing a settle")?;
         report.full_walk = Some(reason);
+        self.walked_since_open = true;
         self.after_settle(lost);
         Ok(report)
     }

@@ -618,6 +618,19 @@ fn a_restart_keeps_revs_and_watermarks_and_finds_changes_made_while_down() {
 }
 
 #[test]
+fn a_temp_file_left_by_a_crash_mid_apply_is_removed_and_never_synced() {
+    let tmp = TempDir::new().unwrap();
+    let root = tmp.path().join("root");
+    fs::create_dir_all(root.join("d")).unwrap();
+    let stale = root.join("d").join(format!("{}999-1", fsutil::APPLY_TEMP_PREFIX));
+    fs::write(&stale, b"half written").unwrap();
+    let mut s = WorkspaceStore::open(&root, &tmp.path().join("state"), opts(true)).unwrap();
+    s.settle().unwrap();
+    assert!(!stale.exists());
+    assert_eq!(paths(&all_changes(&mut s, &ChangeCursor::ZERO)), [("d".to_owned(), false)]);
+}
+
+#[test]
 fn a_file_modified_between_indexing_and_read_object_is_reported_not_served() {
     let mut w = ws(false);
     let data = noise(200_000, 9);
