@@ -622,12 +622,17 @@ fn a_temp_file_left_by_a_crash_mid_apply_is_removed_and_never_synced() {
     let tmp = TempDir::new().unwrap();
     let root = tmp.path().join("root");
     fs::create_dir_all(root.join("d")).unwrap();
-    let stale = root.join("d").join(format!("{}999-1", fsutil::APPLY_TEMP_PREFIX));
+    let stale = root
+        .join("d")
+        .join(format!("{}999-1", fsutil::APPLY_TEMP_PREFIX));
     fs::write(&stale, b"half written").unwrap();
     let mut s = WorkspaceStore::open(&root, &tmp.path().join("state"), opts(true)).unwrap();
     s.settle().unwrap();
     assert!(!stale.exists());
-    assert_eq!(paths(&all_changes(&mut s, &ChangeCursor::ZERO)), [("d".to_owned(), false)]);
+    assert_eq!(
+        paths(&all_changes(&mut s, &ChangeCursor::ZERO)),
+        [("d".to_owned(), false)]
+    );
 }
 
 #[test]
