@@ -213,9 +213,17 @@ impl WorkspaceStore {
             Some(w) => w.take_pending(),
             None => Pending::Rescan(self.no_watch.clone().unwrap_or_default()),
         };
-        let walk_reason = match (self.owed_walk.take(), pending) {
-            (Some(reason), _) => Some((reason, true)),
-            (None, Pending::Rescan(reason)) => Some((reason, self.watch.is_some())),
+        let reason = match (self.owed_walk.take(), pending) {
+            (Some(reason), _) => {
+                tracing::info!(%reason, "settle walks the whole tree");
+                reason
+            }
+            (None, Pending::Rescan(reason)) if self.watch.is_some() => {
+                tracing::warn!(%reason, "events may be lost; settle walks the whole tree");
+                reason
+            }
+            // Without a watcher every settle walks; that was logged once.
+            (None, Pending::Rescan(reason)) => reason,
             (None, Pending::Paths(paths)) => {
                 let mut dirty = BTreeSet::new();
                 for p in paths {
@@ -227,12 +235,6 @@ impl WorkspaceStore {
                 return self.settle_paths(started_ns, dirty);
             }
         };
-        let (reason, notable) = walk_reason.expect("set above");
-        if notable {
-            tracing::info!(%reason, "settle walks the whole tree");
-        } else {
-            tracing::debug!(%reason, "settle walks the whole tree");
-        }
         let tx = self.db.transaction().ctx("starting a settle")?;
         let mut scan = scan::Scan {
             db: &tx,
