@@ -1,0 +1,738 @@
+//! Applying a batch of entries to the directory and the index (rules 3–6,
+//! 10 of `sync-protocol.md`).
+//!
+//! Order of work: everything that can reject the batch runs before the
+//! directory is touched (entry validation, the state-directory guard,
+//! contradictions inside the batch, chunk availability, and copying into
+//! staging the chunks whose only local copies this batch will overwrite).
+//! Then each entry is written (temp + rename beside its target) and its row
+//! updated in the same index transaction, which also holds the rev and the
+//! fetch cursor.
+//!
+//! If the disk fails mid-batch, the transaction still commits the rows of
+//! the entries already written (without moving the fetch cursor), so the
+//! index never claims a state the directory lacks and never misses one it
+//! has; the sender retries the batch and the finished entries are skipped as
+//! idempotent. If the index commit itself fails, the next settle finds the
+//! written paths as local changes.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::fs::Metadata;
+use std::io::Write;
+use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use rusqlite::{Connection, params};
+use wsd_sync::{
+    ApplyOutcome, Baseline, ChangeCursor, ChangeEntry, ChunkRef, EntryState, Hash, SyncError,
+    SyncPath, manifest,
+};
+
+use super::error::{IndexContext, IoContext};
+use super::fsutil::{self, DiskKind};
+use super::index::{self, Node, NodeKind, Stat};
+use super::objects::Staging;
+use super::scan;
+
+/// Default mode of a parent directory apply creates before its own entry
+/// arrives (rule 3).
+const IMPLIED_DIR_MODE: u32 = 0o755;
+
+/// Where `read_chunk` looked and what it found wrong, for the error message.
+#[derive(Debug, Default)]
+pub(crate) struct ChunkMisses {
+    /// Files whose bytes at the indexed offset no longer hash right.
+    pub changed: Vec<SyncPath>,
+}
+
+/// Reads chunk `hash` from the files the index says hold it, verifying the
+/// bytes. A file that changed behind the index is recorded in `misses` (and
+/// should be re-hashed), never served.
+pub(crate) fn read_indexed_chunk(
+    db: &Connection,
+    root: &Path,
+    hash: &Hash,
+    misses: &mut ChunkMisses,
+) -> Result<Option<Vec<u8>>, SyncError> {
+    for loc in index::chunk_locations(db, hash, 8)? {
+        let abs = fsutil::abs(root, &loc.path);
+        // The ancestors must still be real directories: never read through
+        // a symlink that appeared since indexing.
+        match fsutil::lstat_in_root(root, &loc.path) {
+            Ok(Some(m)) if m.file_type().is_file() => {}
+            Ok(_) => {
+                misses.changed.push(loc.path);
+                continue;
+            }
+            Err(e) => return Err(SyncError::io(format!("stat {}", loc.path), e)),
+        }
+        let file = match fsutil::open_nofollow(&abs) {
+            Ok(f) => f,
+            Err(e) if fsutil::is_gone(&e) || e.raw_os_error() == Some(libc::ELOOP) => {
+                misses.changed.push(loc.path);
+                continue;
+            }
+            Err(e) => return Err(SyncError::io(format!("opening {}", loc.path), e)),
+        };
+        let mut buf = vec![0u8; loc.size as usize];
+        match file.read_exact_at(&mut buf, loc.offset) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                misses.changed.push(loc.path);
+                continue;
+            }
+            Err(e) => return Err(SyncError::io(format!("reading {}", loc.path), e)),
+        }
+        if hash.verify(&buf).is_ok() {
+            return Ok(Some(buf));
+        }
+        tracing::warn!(path = %loc.path, %hash, offset = loc.offset,
+            "file changed since it was indexed; its chunk is not served");
+        misses.changed.push(loc.path);
+    }
+    Ok(None)
+}
+
+/// The error for a chunk that could not be produced.
+pub(crate) fn missing_chunk_error(
+    hash: &Hash,
+    needed_by: Option<&SyncPath>,
+    misses: &ChunkMisses,
+) -> SyncError {
+    match misses.changed.first() {
+        Some(changed) => SyncError::Storage(format!(
+            "object {hash}: {changed} changed on disk since it was indexed (hash mismatch); \
+             it is re-indexed by the next settle{}",
+            needed_by
+                .map(|p| format!(" (needed by {p})"))
+                .unwrap_or_default()
+        )),
+        None => SyncError::UnknownHash {
+            hash: *hash,
+            path: needed_by.map(|p| p.to_string()),
+        },
+    }
+}
+
+pub(crate) struct Apply<'a> {
+    pub db: &'a Connection,
+    pub root: &'a Path,
+    pub state_rel: Option<&'a SyncPath>,
+    pub staging: &'a mut Staging,
+    /// Files found changed behind the index: settle re-hashes them.
+    pub force: &'a mut HashSet<SyncPath>,
+    pub started_ns: i64,
+    pub remote: &'a str,
+    pub peer: bool,
+    pub push_cursor: ChangeCursor,
+    rev: Option<u64>,
+    pub outcome: ApplyOutcome,
+    /// True once the directory was modified: a failure after this point
+    /// still commits the rows of what was written.
+    pub touched_disk: bool,
+    temp_seq: u64,
+}
+
+impl<'a> Apply<'a> {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        db: &'a Connection,
+        root: &'a Path,
+        state_rel: Option<&'a SyncPath>,
+        staging: &'a mut Staging,
+        force: &'a mut HashSet<SyncPath>,
+        started_ns: i64,
+        remote: &'a str,
+        peer: bool,
+    ) -> Result<Apply<'a>, SyncError> {
+        let push_cursor = index::remote_cursors(db, remote)?.push;
+        Ok(Apply {
+            db,
+            root,
+            state_rel,
+            staging,
+            force,
+            started_ns,
+            remote,
+            peer,
+            push_cursor,
+            rev: None,
+            outcome: ApplyOutcome::default(),
+            touched_disk: false,
+            temp_seq: 0,
+        })
+    }
+
+    fn applied_from(&self) -> Option<&'a str> {
+        self.peer.then_some(self.remote)
+    }
+
+    fn rev(&mut self) -> Result<u64, SyncError> {
+        if let Some(r) = self.rev {
+            return Ok(r);
+        }
+        let r = index::next_rev(self.db)?;
+        self.rev = Some(r);
+        Ok(r)
+    }
+
+    /// Everything that can reject the batch, before the directory is touched.
+    pub fn check(&mut self, entries: &[ChangeEntry]) -> Result<(), SyncError> {
+        let mut non_dirs: HashMap<&SyncPath, &'static str> = HashMap::new();
+        for e in entries {
+            e.validate()?;
+            if let Some(sr) = self.state_rel {
+                if e.path.starts_with(sr) {
+                    return Err(SyncError::InvalidPath {
+                        path: e.path.to_string(),
+                        reason: "the path is inside wsd's state directory",
+                    });
+                }
+                if sr.starts_with(&e.path) && !matches!(e.state, EntryState::Dir { .. }) {
+                    return Err(SyncError::InvalidPath {
+                        path: e.path.to_string(),
+                        reason: "applying it would remove wsd's state directory",
+                    });
+                }
+            }
+            match e.state {
+                EntryState::File { .. } => non_dirs.insert(&e.path, "file"),
+                EntryState::Symlink { .. } => non_dirs.insert(&e.path, "symlink"),
+                _ => None,
+            };
+        }
+        // A batch is one state of the sender's tree: a live path cannot be
+        // below a file or symlink of the same batch. Applying it would mean
+        // writing through that symlink, or undoing the batch's own entry.
+        // (Tombstones below are normal: a directory turned into a file.)
+        for e in entries
+            .iter()
+            .filter(|e| !matches!(e.state, EntryState::Delete))
+        {
+            for a in e.path.ancestors() {
+                if let Some(kind) = non_dirs.get(&a) {
+                    return Err(SyncError::Invalid(format!(
+                        "{}: its ancestor {a} is a {kind} in the same batch",
+                        e.path
+                    )));
+                }
+            }
+        }
+        self.check_chunks(entries)
+    }
+
+    /// Rule: every referenced chunk must be staged or in an indexed file
+    /// (`EUNKNOWN_HASH` naming hash and path otherwise). A chunk whose every
+    /// local copy sits in a file this batch overwrites or removes (a rename
+    /// ships the new path and the old path's tombstone together) is copied
+    /// into staging first, so the order of entries cannot lose it.
+    fn check_chunks(&mut self, entries: &[ChangeEntry]) -> Result<(), SyncError> {
+        let mut consumers: HashMap<Hash, Vec<&SyncPath>> = HashMap::new();
+        let mut first_user: Vec<(Hash, &SyncPath)> = Vec::new();
+        for e in entries {
+            for c in e.chunks() {
+                let users = consumers.entry(c.hash).or_default();
+                if users.is_empty() {
+                    first_user.push((c.hash, &e.path));
+                }
+                if users.last() != Some(&&e.path) {
+                    users.push(&e.path);
+                }
+            }
+        }
+        let touched: HashSet<&str> = entries.iter().map(|e| e.path.as_str()).collect();
+        let touched_sorted: BTreeSet<&str> = touched.iter().copied().collect();
+        for (hash, user) in first_user {
+            if self.staging.contains(&hash) {
+                continue;
+            }
+            let locs = index::chunk_locations(self.db, &hash, 16)?;
+            if locs.is_empty() {
+                return Err(SyncError::UnknownHash {
+                    hash,
+                    path: Some(user.to_string()),
+                });
+            }
+            let users = &consumers[&hash];
+            let safe = locs.iter().any(|l| {
+                let own = l.path.as_str();
+                // The file itself being rewritten stays in place while its
+                // new content is assembled; any other entry at or above it
+                // removes it first, and an entry below it turns it into a
+                // directory.
+                let rewritten = touched.contains(own) && !users.iter().all(|u| **u == l.path);
+                let below_removed = l.path.ancestors().any(|a| touched.contains(a.as_str()));
+                let prefix = format!("{own}/");
+                let becomes_dir = touched_sorted
+                    .range(prefix.as_str()..)
+                    .next()
+                    .is_some_and(|t| t.starts_with(&prefix));
+                !(rewritten || below_removed || becomes_dir)
+            });
+            if safe {
+                continue;
+            }
+            let mut misses = ChunkMisses::default();
+            match read_indexed_chunk(self.db, self.root, &hash, &mut misses)? {
+                Some(bytes) => self.staging.put_verified(&hash, &bytes)?,
+                None => {
+                    self.force.extend(misses.changed.iter().cloned());
+                    return Err(missing_chunk_error(&hash, Some(user), &misses));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the row is a local change the remote has not acknowledged.
+    fn unpushed_local(&self, row: Option<&Node>) -> bool {
+        row.is_some_and(|r| {
+            r.applied_from.as_deref() != Some(self.remote)
+                && self.push_cursor.is_before(r.rev, &r.path)
+        })
+    }
+
+    /// Whether any row strictly below `path` is an unacknowledged local change.
+    fn unpushed_local_below(&self, path: &SyncPath) -> Result<bool, SyncError> {
+        let (lo, hi) = index::descendant_range(path);
+        let p = &self.push_cursor;
+        self.db
+            .prepare_cached(
+                "SELECT EXISTS (SELECT 1 FROM nodes WHERE path >= ?1 AND path < ?2
+                   AND (applied_from IS NULL OR applied_from != ?3)
+                   AND (rev > ?4 OR (rev = ?4 AND ?5 IS NOT NULL AND path > ?5)))",
+            )
+            .and_then(|mut s| {
+                s.query_row(
+                    params![
+                        lo,
+                        hi,
+                        self.remote,
+                        p.rev as i64,
+                        p.path.as_ref().map(SyncPath::as_str)
+                    ],
+                    |r| r.get::<_, bool>(0),
+                )
+            })
+            .ctx("checking for local changes")
+    }
+
+    fn note_overwrite(&mut self, path: &SyncPath, what: &str) {
+        self.outcome.overwrote_local += 1;
+        tracing::warn!(%path, remote = self.remote, what,
+            "apply overwrote a local change not yet pushed to that remote (last applier wins)");
+    }
+
+    fn temp_name(&mut self, dir: &Path) -> PathBuf {
+        self.temp_seq += 1;
+        dir.join(format!(
+            "{}{}-{}",
+            fsutil::APPLY_TEMP_PREFIX,
+            std::process::id(),
+            self.temp_seq
+        ))
+    }
+
+    /// Makes every ancestor of `path` a real directory: creates missing ones
+    /// (rule 3) and replaces files and symlinks (a kind change, rule 6) so
+    /// that nothing is ever written through a symlink.
+    fn prepare_ancestors(&mut self, path: &SyncPath) -> Result<(), SyncError> {
+        for a in path.ancestors() {
+            let abs = fsutil::abs(self.root, &a);
+            let existing = match std::fs::symlink_metadata(&abs) {
+                Ok(m) if m.file_type().is_dir() => continue,
+                Ok(m) => Some(m),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => return Err(SyncError::io(format!("stat {a} (ancestor of {path})"), e)),
+            };
+            let row = index::get_node(self.db, &a)?;
+            // The implied directory stands in for the sender's, whose mode
+            // we do not know. Normally its own entry follows (or it is
+            // already synced) and the row counts as the sender's state. But
+            // when it overwrites a local change not yet pushed (a delete or
+            // a file there), it is our resolution of a conflict: record it
+            // as a local change, so it ships back and both sides converge.
+            let local = self.unpushed_local(row.as_ref());
+            if local {
+                self.note_overwrite(&a, "ancestor recreated as a directory");
+            }
+            if let Some(m) = &existing {
+                let kind = if m.file_type().is_symlink() {
+                    "symlink"
+                } else {
+                    "file"
+                };
+                tracing::warn!(ancestor = %a, %path, kind,
+                    "replacing a non-directory ancestor with a directory to apply an entry below it");
+                self.touched_disk = true;
+                std::fs::remove_file(&abs)
+                    .io_ctx(|| format!("removing {a} (ancestor of {path})"))?;
+            }
+            self.touched_disk = true;
+            std::fs::create_dir(&abs).io_ctx(|| format!("creating directory {a}"))?;
+            std::fs::set_permissions(&abs, std::fs::Permissions::from_mode(IMPLIED_DIR_MODE))
+                .io_ctx(|| format!("chmod {a}"))?;
+            let meta = std::fs::symlink_metadata(&abs).io_ctx(|| format!("stat {a}"))?;
+            let mut node = self.node(&a, NodeKind::Dir, Stat::of(&meta), None, None)?;
+            if local {
+                node.applied_from = None;
+            }
+            index::put_node(self.db, &node, &[])?;
+        }
+        Ok(())
+    }
+
+    fn node(
+        &mut self,
+        path: &SyncPath,
+        kind: NodeKind,
+        stat: Stat,
+        target: Option<String>,
+        manifest: Option<Hash>,
+    ) -> Result<Node, SyncError> {
+        Ok(Node {
+            path: path.clone(),
+            kind,
+            stat,
+            target,
+            manifest,
+            verified_ns: self.started_ns,
+            rev: self.rev()?,
+            applied_from: self.applied_from().map(str::to_owned),
+        })
+    }
+
+    /// Applies one entry. Skips (rule 4) when a peer's entry matches what
+    /// is both indexed and on disk.
+    pub fn entry(&mut self, e: &ChangeEntry) -> Result<(), SyncError> {
+        let row = index::get_node(self.db, &e.path)?.filter(Node::is_live);
+        let disk =
+            fsutil::lstat_in_root(self.root, &e.path).io_ctx(|| format!("stat {}", e.path))?;
+        let disk_kind = disk.as_ref().map(fsutil::kind_of);
+        // A difference between disk and index is a local write settle has
+        // not stamped yet: it is local state all the same.
+        let unsettled = match (&row, &disk) {
+            (None, None) => false,
+            (Some(r), Some(m)) => !scan::stat_matches(r, fsutil::kind_of(m), &Stat::of(m)),
+            _ => true,
+        };
+        if matches!(e.state, EntryState::Delete) && row.is_none() && disk.is_none() {
+            self.outcome.skipped += 1;
+            return Ok(());
+        }
+        if self.peer && !unsettled && row.as_ref().is_some_and(|r| row_matches(r, &e.state)) {
+            self.outcome.skipped += 1;
+            return Ok(());
+        }
+        let replaces_dir =
+            disk_kind == Some(DiskKind::Dir) && !matches!(e.state, EntryState::Dir { .. });
+        let any_row = index::get_node(self.db, &e.path)?;
+        if unsettled
+            || self.unpushed_local(any_row.as_ref())
+            || (replaces_dir && self.unpushed_local_below(&e.path)?)
+        {
+            self.note_overwrite(&e.path, "entry");
+        }
+        // A delete never creates parents; its path resolved inside the root
+        // already (or does not exist there).
+        if !matches!(e.state, EntryState::Delete) {
+            self.prepare_ancestors(&e.path)?;
+        }
+        let abs = fsutil::abs(self.root, &e.path);
+        match &e.state {
+            EntryState::File {
+                mode,
+                mtime,
+                chunks,
+                ..
+            } => self.write_file(e, &abs, *mode, *mtime, chunks, replaces_dir)?,
+            EntryState::Dir { mode, mtime } => {
+                self.write_dir(e, &abs, *mode, *mtime, disk.as_ref())?
+            }
+            EntryState::Symlink { target, .. } => {
+                self.write_symlink(e, &abs, target, replaces_dir)?
+            }
+            EntryState::Delete => {
+                self.touched_disk = true;
+                match disk_kind {
+                    Some(DiskKind::Dir) => std::fs::remove_dir_all(&abs),
+                    Some(_) => std::fs::remove_file(&abs),
+                    None => Ok(()),
+                }
+                .or_else(|e| if fsutil::is_gone(&e) { Ok(()) } else { Err(e) })
+                .io_ctx(|| format!("removing {}", e.path))?;
+                let rev = self.rev()?;
+                index::tombstone_subtree(self.db, &e.path, rev, self.applied_from())?;
+            }
+        }
+        self.outcome.applied += 1;
+        Ok(())
+    }
+
+    /// Removes a directory that an entry of another kind replaces, with
+    /// tombstones for its indexed subtree.
+    fn remove_dir_for(&mut self, path: &SyncPath, abs: &Path) -> Result<(), SyncError> {
+        std::fs::remove_dir_all(abs).io_ctx(|| format!("removing directory {path}"))?;
+        let rev = self.rev()?;
+        index::tombstone_descendants(self.db, path, rev, self.applied_from())?;
+        Ok(())
+    }
+
+    fn write_file(
+        &mut self,
+        e: &ChangeEntry,
+        abs: &Path,
+        mode: u32,
+        mtime: i64,
+        chunks: &[ChunkRef],
+        replaces_dir: bool,
+    ) -> Result<(), SyncError> {
+        let dir = abs
+            .parent()
+            .expect("an entry path has a parent inside the root");
+        let tmp = self.temp_name(dir);
+        self.touched_disk = true;
+        let written = self.assemble(e, &tmp, mode, mtime, chunks);
+        let file = match written {
+            Ok(f) => f,
+            Err(err) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(err);
+            }
+        };
+        if replaces_dir && let Err(err) = self.remove_dir_for(&e.path, abs) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(err);
+        }
+        if let Err(err) = std::fs::rename(&tmp, abs) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(SyncError::io(format!("renaming into {}", e.path), err));
+        }
+        // The stat after the rename (which moves ctime on most filesystems)
+        // is what the next settle compares against.
+        let meta = file.metadata().io_ctx(|| format!("stat {}", e.path))?;
+        let node = self.node(
+            &e.path,
+            NodeKind::File,
+            Stat::of(&meta),
+            None,
+            Some(manifest::hash(chunks)),
+        )?;
+        index::put_node(self.db, &node, chunks)
+    }
+
+    fn assemble(
+        &mut self,
+        e: &ChangeEntry,
+        tmp: &Path,
+        mode: u32,
+        mtime: i64,
+        chunks: &[ChunkRef],
+    ) -> Result<std::fs::File, SyncError> {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(tmp)
+            .io_ctx(|| format!("creating a temp file for {}", e.path))?;
+        for c in chunks {
+            let bytes = self.chunk_bytes(&c.hash, &e.path)?;
+            file.write_all(&bytes)
+                .io_ctx(|| format!("writing {}", e.path))?;
+        }
+        // fchmod is not subject to the umask, so the mode arrives exactly.
+        file.set_permissions(std::fs::Permissions::from_mode(mode))
+            .io_ctx(|| format!("chmod {}", e.path))?;
+        file.set_times(std::fs::FileTimes::new().set_modified(fsutil::time_of_ms(mtime)))
+            .io_ctx(|| format!("setting the mtime of {}", e.path))?;
+        Ok(file)
+    }
+
+    fn chunk_bytes(&mut self, hash: &Hash, path: &SyncPath) -> Result<Vec<u8>, SyncError> {
+        if let Some(b) = self.staging.read(hash)? {
+            return Ok(b);
+        }
+        let mut misses = ChunkMisses::default();
+        if let Some(b) = read_indexed_chunk(self.db, self.root, hash, &mut misses)? {
+            return Ok(b);
+        }
+        self.force.extend(misses.changed.iter().cloned());
+        Err(missing_chunk_error(hash, Some(path), &misses))
+    }
+
+    fn write_dir(
+        &mut self,
+        e: &ChangeEntry,
+        abs: &Path,
+        mode: u32,
+        mtime: i64,
+        disk: Option<&Metadata>,
+    ) -> Result<(), SyncError> {
+        self.touched_disk = true;
+        let created = match disk.map(fsutil::kind_of) {
+            Some(DiskKind::Dir) => false,
+            Some(_) => {
+                std::fs::remove_file(abs).io_ctx(|| format!("removing {}", e.path))?;
+                true
+            }
+            None => true,
+        };
+        if created {
+            std::fs::create_dir(abs).io_ctx(|| format!("creating directory {}", e.path))?;
+        }
+        std::fs::set_permissions(abs, std::fs::Permissions::from_mode(mode))
+            .io_ctx(|| format!("chmod {}", e.path))?;
+        if created {
+            // A directory's mtime is informative only (it moves with every
+            // child); set it on creation so a fresh tree looks like the
+            // sender's, best effort.
+            if let Ok(d) = std::fs::File::open(abs) {
+                let _ =
+                    d.set_times(std::fs::FileTimes::new().set_modified(fsutil::time_of_ms(mtime)));
+            }
+        }
+        let meta = std::fs::symlink_metadata(abs).io_ctx(|| format!("stat {}", e.path))?;
+        let node = self.node(&e.path, NodeKind::Dir, Stat::of(&meta), None, None)?;
+        index::put_node(self.db, &node, &[])
+    }
+
+    fn write_symlink(
+        &mut self,
+        e: &ChangeEntry,
+        abs: &Path,
+        target: &str,
+        replaces_dir: bool,
+    ) -> Result<(), SyncError> {
+        let dir = abs
+            .parent()
+            .expect("an entry path has a parent inside the root");
+        let tmp = self.temp_name(dir);
+        self.touched_disk = true;
+        std::os::unix::fs::symlink(target, &tmp)
+            .io_ctx(|| format!("creating symlink {}", e.path))?;
+        if replaces_dir && let Err(err) = self.remove_dir_for(&e.path, abs) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(err);
+        }
+        if let Err(err) = std::fs::rename(&tmp, abs) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(SyncError::io(format!("renaming into {}", e.path), err));
+        }
+        // Symlink mode and mtime are what the filesystem gives (Linux has no
+        // lchmod; the wire mtime of a symlink is informative only).
+        let meta = std::fs::symlink_metadata(abs).io_ctx(|| format!("stat {}", e.path))?;
+        let node = self.node(
+            &e.path,
+            NodeKind::Symlink,
+            Stat::of(&meta),
+            Some(target.to_owned()),
+            None,
+        )?;
+        index::put_node(self.db, &node, &[])
+    }
+
+    /// Baseline bookkeeping (rule 10): remember listed paths; on `Sweep`,
+    /// delete every live path the baseline did not list.
+    pub fn baseline(&mut self, phase: Baseline, entries: &[ChangeEntry]) -> Result<(), SyncError> {
+        if phase == Baseline::Off {
+            return Ok(());
+        }
+        {
+            let mut ins = self
+                .db
+                .prepare_cached(
+                    "INSERT OR IGNORE INTO baseline_marks (remote, path) VALUES (?1, ?2)",
+                )
+                .ctx("marking a baseline")?;
+            for e in entries {
+                ins.execute(params![self.remote, e.path.as_str()])
+                    .ctx("marking a baseline")?;
+            }
+        }
+        if phase != Baseline::Sweep {
+            return Ok(());
+        }
+        let mut after = String::new();
+        loop {
+            let page: Vec<String> = {
+                let mut stmt = self
+                    .db
+                    .prepare_cached(
+                        "SELECT path FROM nodes WHERE kind != 3 AND path > ?2
+                           AND path NOT IN (SELECT path FROM baseline_marks WHERE remote = ?1)
+                         ORDER BY path LIMIT 256",
+                    )
+                    .ctx("sweeping a baseline")?;
+                stmt.query_map(params![self.remote, after], |r| r.get(0))
+                    .ctx("sweeping a baseline")?
+                    .collect::<Result<_, _>>()
+                    .ctx("sweeping a baseline")?
+            };
+            let Some(last) = page.last() else { break };
+            after = last.clone();
+            for p in page {
+                let path = SyncPath::new(p)
+                    .map_err(|e| SyncError::Storage(format!("index holds a bad path: {e}")))?;
+                // The state directory's ancestors stay; their unlisted
+                // children are swept one by one.
+                if self.state_rel.is_some_and(|sr| sr.starts_with(&path)) {
+                    continue;
+                }
+                // Already removed with an unlisted ancestor earlier in the page.
+                if !index::get_node(self.db, &path)?.is_some_and(|n| n.is_live()) {
+                    continue;
+                }
+                let del = ChangeEntry {
+                    rev: 0,
+                    path,
+                    state: EntryState::Delete,
+                };
+                self.entry(&del)?;
+            }
+        }
+        self.db
+            .execute(
+                "DELETE FROM baseline_marks WHERE remote = ?1",
+                [self.remote],
+            )
+            .ctx("clearing baseline marks")?;
+        Ok(())
+    }
+
+    /// Moves the fetch cursor forward to `sender` (never back) and fills in
+    /// the outcome.
+    pub fn finish(&mut self, sender: Option<&ChangeCursor>) -> Result<ApplyOutcome, SyncError> {
+        let stored = index::remote_cursors(self.db, self.remote)?.fetch;
+        let fetch = match sender {
+            Some(c) if *c > stored => {
+                index::set_fetch_cursor(self.db, self.remote, c)?;
+                c.clone()
+            }
+            Some(_) => {
+                // Registers the remote even when nothing moves.
+                index::set_fetch_cursor(self.db, self.remote, &stored)?;
+                stored
+            }
+            None => stored,
+        };
+        let mut out = std::mem::take(&mut self.outcome);
+        out.rev = index::meta_get(self.db, "rev")?;
+        out.fetch_cursor = fetch;
+        Ok(out)
+    }
+}
+
+/// Rule 4: same kind, mode, content and target. mtime never counts.
+fn row_matches(row: &Node, state: &EntryState) -> bool {
+    match (row.kind, state) {
+        (NodeKind::File, EntryState::File { mode, chunks, .. }) => {
+            row.stat.mode == *mode && row.manifest == Some(manifest::hash(chunks))
+        }
+        (NodeKind::Dir, EntryState::Dir { mode, .. }) => row.stat.mode == *mode,
+        (NodeKind::Symlink, EntryState::Symlink { target, mode, .. }) => {
+            row.target.as_deref() == Some(target.as_str()) && row.stat.mode == *mode
+        }
+        _ => false,
+    }
+}

@@ -1,0 +1,653 @@
+//! The SQLite index: schema, migrations and row helpers. See `DESIGN.md`.
+
+use std::path::Path;
+
+use rusqlite::{Connection, OptionalExtension, params};
+use wsd_sync::{ChangeCursor, ChangeEntry, ChunkRef, EntryState, Hash, SyncError, SyncPath};
+
+use super::error::{IndexContext, StoreError};
+
+/// Numbered migrations; `PRAGMA user_version` holds how many have run.
+/// Never edit a shipped entry: append a new one.
+const MIGRATIONS: &[&str] = &[
+    // 1: the initial schema.
+    r#"
+    CREATE TABLE meta (k TEXT PRIMARY KEY, v INTEGER NOT NULL) STRICT;
+    INSERT INTO meta (k, v) VALUES ('rev', 0), ('prune_horizon', 0);
+    CREATE TABLE nodes (
+        path TEXT PRIMARY KEY,
+        parent TEXT NOT NULL,
+        kind INTEGER NOT NULL,
+        mode INTEGER NOT NULL,
+        size INTEGER NOT NULL,
+        mtime_ms INTEGER NOT NULL,
+        mtime_ns INTEGER NOT NULL,
+        dev INTEGER NOT NULL,
+        ino INTEGER NOT NULL,
+        ctime_ns INTEGER NOT NULL,
+        target TEXT,
+        manifest BLOB,
+        verified_ns INTEGER NOT NULL,
+        rev INTEGER NOT NULL,
+        applied_from TEXT
+    ) STRICT;
+    CREATE INDEX nodes_by_rev ON nodes (rev, path);
+    CREATE INDEX nodes_by_parent ON nodes (parent, path);
+    CREATE TABLE chunks (
+        path TEXT NOT NULL,
+        idx INTEGER NOT NULL,
+        hash BLOB NOT NULL,
+        offset INTEGER NOT NULL,
+        size INTEGER NOT NULL,
+        PRIMARY KEY (path, idx)
+    ) STRICT, WITHOUT ROWID;
+    CREATE INDEX chunks_by_hash ON chunks (hash);
+    CREATE TABLE remotes (
+        name TEXT PRIMARY KEY,
+        push_rev INTEGER NOT NULL DEFAULT 0,
+        push_path TEXT,
+        fetch_rev INTEGER NOT NULL DEFAULT 0,
+        fetch_path TEXT
+    ) STRICT;
+    CREATE TABLE baseline_marks (
+        remote TEXT NOT NULL,
+        path TEXT NOT NULL,
+        PRIMARY KEY (remote, path)
+    ) STRICT, WITHOUT ROWID;
+    "#,
+];
+
+/// The schema version this build writes.
+pub(crate) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Opens (creating if needed) the index at `path`, configures it and runs
+/// pending migrations, each in its own transaction.
+pub(crate) fn open(path: &Path) -> Result<Connection, StoreError> {
+    let ix = |context: &str| {
+        let context = format!("{context} ({})", path.display());
+        move |source| StoreError::Index { context, source }
+    };
+    let mut db = Connection::open(path).map_err(ix("open"))?;
+    // WAL: readers never block the single writer; NORMAL: a crash may lose
+    // the last commits but never corrupts, and the directory stays the
+    // truth that the next settle reconciles against.
+    db.pragma_update(None, "journal_mode", "WAL")
+        .map_err(ix("journal_mode"))?;
+    db.pragma_update(None, "synchronous", "NORMAL")
+        .map_err(ix("synchronous"))?;
+    db.busy_timeout(std::time::Duration::from_secs(5))
+        .map_err(ix("busy_timeout"))?;
+    let found: i64 = db
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(ix("user_version"))?;
+    if found > SCHEMA_VERSION {
+        return Err(StoreError::SchemaTooNew {
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+        let version = i as i64 + 1;
+        let tx = db.transaction().map_err(ix("migration"))?;
+        tx.execute_batch(sql)
+            .map_err(ix(&format!("migration {version}")))?;
+        tx.pragma_update(None, "user_version", version)
+            .map_err(ix("user_version"))?;
+        tx.commit().map_err(ix(&format!("migration {version}")))?;
+        tracing::debug!(version, "index migrated");
+    }
+    Ok(db)
+}
+
+/// What a row says is at its path.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum NodeKind {
+    File = 0,
+    Dir = 1,
+    Symlink = 2,
+    Tombstone = 3,
+}
+
+impl NodeKind {
+    fn from_i64(v: i64) -> Result<NodeKind, SyncError> {
+        Ok(match v {
+            0 => NodeKind::File,
+            1 => NodeKind::Dir,
+            2 => NodeKind::Symlink,
+            3 => NodeKind::Tombstone,
+            _ => return Err(SyncError::Storage(format!("index: unknown node kind {v}"))),
+        })
+    }
+}
+
+/// What the filesystem said about a path when it was indexed. Two stats
+/// with equal fields are taken to mean unchanged content (modulo the
+/// racy-clean rule, see `scan.rs`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub(crate) struct Stat {
+    pub mode: u32,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub dev: u64,
+    pub ino: u64,
+    pub ctime_ns: i64,
+}
+
+impl Stat {
+    pub fn of(m: &std::fs::Metadata) -> Stat {
+        use std::os::unix::fs::MetadataExt;
+        Stat {
+            mode: m.mode() & wsd_sync::MODE_MASK,
+            size: m.size(),
+            mtime_ns: m
+                .mtime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(m.mtime_nsec()),
+            dev: m.dev(),
+            ino: m.ino(),
+            ctime_ns: m
+                .ctime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(m.ctime_nsec()),
+        }
+    }
+
+    /// The wire mtime: milliseconds since the epoch, rounded down.
+    pub fn mtime_ms(&self) -> i64 {
+        self.mtime_ns.div_euclid(1_000_000)
+    }
+}
+
+/// One row of `nodes`: a live path or a tombstone.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub(crate) struct Node {
+    pub path: SyncPath,
+    pub kind: NodeKind,
+    pub stat: Stat,
+    pub target: Option<String>,
+    pub manifest: Option<Hash>,
+    /// When the content was last hashed or written by apply (ns since the
+    /// epoch): the racy-clean reference point.
+    pub verified_ns: i64,
+    pub rev: u64,
+    /// The remote whose apply produced this state; `None` once changed locally.
+    pub applied_from: Option<String>,
+}
+
+impl Node {
+    pub fn is_live(&self) -> bool {
+        self.kind != NodeKind::Tombstone
+    }
+}
+
+const NODE_COLS: &str = "path, kind, mode, size, mtime_ns, dev, ino, ctime_ns, target, manifest, verified_ns, rev, applied_from";
+
+fn node_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, i64, Node0)> {
+    Ok((
+        r.get(0)?,
+        r.get(1)?,
+        Node0 {
+            stat: Stat {
+                mode: r.get::<_, i64>(2)? as u32,
+                size: r.get::<_, i64>(3)? as u64,
+                mtime_ns: r.get(4)?,
+                dev: r.get::<_, i64>(5)? as u64,
+                ino: r.get::<_, i64>(6)? as u64,
+                ctime_ns: r.get(7)?,
+            },
+            target: r.get(8)?,
+            manifest: r.get(9)?,
+            verified_ns: r.get(10)?,
+            rev: r.get::<_, i64>(11)? as u64,
+            applied_from: r.get(12)?,
+        },
+    ))
+}
+
+/// A row before its path and kind are validated.
+struct Node0 {
+    stat: Stat,
+    target: Option<String>,
+    manifest: Option<Vec<u8>>,
+    verified_ns: i64,
+    rev: u64,
+    applied_from: Option<String>,
+}
+
+fn finish(path: String, kind: i64, n: Node0) -> Result<Node, SyncError> {
+    let path = SyncPath::new(path)
+        .map_err(|e| SyncError::Storage(format!("index holds a bad path: {e}")))?;
+    Ok(Node {
+        path,
+        kind: NodeKind::from_i64(kind)?,
+        stat: n.stat,
+        target: n.target,
+        manifest: n.manifest.map(|b| Hash::from_slice(&b)).transpose()?,
+        verified_ns: n.verified_ns,
+        rev: n.rev,
+        applied_from: n.applied_from,
+    })
+}
+
+/// The row for `path` (live or tombstone).
+pub(crate) fn get_node(db: &Connection, path: &SyncPath) -> Result<Option<Node>, SyncError> {
+    let row = db
+        .prepare_cached(&format!("SELECT {NODE_COLS} FROM nodes WHERE path = ?1"))
+        .and_then(|mut s| s.query_row([path.as_str()], node_from_row).optional())
+        .ctx("reading a node")?;
+    row.map(|(p, k, n)| finish(p, k, n)).transpose()
+}
+
+/// Names (last segments) of the live children of `parent` (`""` = root).
+pub(crate) fn live_child_names(db: &Connection, parent: &str) -> Result<Vec<String>, SyncError> {
+    let mut stmt = db
+        .prepare_cached("SELECT path FROM nodes WHERE parent = ?1 AND kind != 3")
+        .ctx("listing children")?;
+    let rows = stmt
+        .query_map([parent], |r| r.get::<_, String>(0))
+        .ctx("listing children")?
+        .collect::<Result<Vec<_>, _>>()
+        .ctx("listing children")?;
+    Ok(rows
+        .into_iter()
+        .map(|p| p.rsplit('/').next().unwrap_or(&p).to_owned())
+        .collect())
+}
+
+/// The key of a path's parent in the `parent` column.
+fn parent_key(path: &SyncPath) -> String {
+    path.parent().map(SyncPath::into_string).unwrap_or_default()
+}
+
+/// Bounds of the key range holding exactly the strict descendants of `p`
+/// (`p/` ≤ key < `p0`, as `0` is the byte after `/`).
+pub(crate) fn descendant_range(p: &SyncPath) -> (String, String) {
+    (format!("{p}/"), format!("{p}0"))
+}
+
+/// Inserts or replaces the row of a live path; for files, replaces its chunk
+/// locations too (offsets follow from the sizes).
+pub(crate) fn put_node(db: &Connection, node: &Node, chunks: &[ChunkRef]) -> Result<(), SyncError> {
+    let s = &node.stat;
+    db.prepare_cached(
+        "INSERT OR REPLACE INTO nodes (path, parent, kind, mode, size, mtime_ms, mtime_ns, dev, ino,
+            ctime_ns, target, manifest, verified_ns, rev, applied_from)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+    )
+    .and_then(|mut st| {
+        st.execute(params![
+            node.path.as_str(),
+            parent_key(&node.path),
+            node.kind as i64,
+            i64::from(s.mode),
+            s.size as i64,
+            s.mtime_ms(),
+            s.mtime_ns,
+            s.dev as i64,
+            s.ino as i64,
+            s.ctime_ns,
+            node.target,
+            node.manifest.map(|h| h.0.to_vec()),
+            node.verified_ns,
+            node.rev as i64,
+            node.applied_from,
+        ])
+    })
+    .ctx("writing a node")?;
+    db.prepare_cached("DELETE FROM chunks WHERE path = ?1")
+        .and_then(|mut st| st.execute([node.path.as_str()]))
+        .ctx("clearing chunk locations")?;
+    let mut ins = db
+        .prepare_cached(
+            "INSERT INTO chunks (path, idx, hash, offset, size) VALUES (?1, ?2, ?3, ?4, ?5)",
+        )
+        .ctx("writing chunk locations")?;
+    let mut offset = 0u64;
+    for (i, c) in chunks.iter().enumerate() {
+        ins.execute(params![
+            node.path.as_str(),
+            i as i64,
+            c.hash.0.to_vec(),
+            offset as i64,
+            i64::from(c.size)
+        ])
+        .ctx("writing chunk locations")?;
+        offset += u64::from(c.size);
+    }
+    Ok(())
+}
+
+/// Records a new stat for a row whose content was re-verified unchanged.
+/// No rev: nothing a peer could observe changed except the mtime.
+pub(crate) fn refresh_stat(
+    db: &Connection,
+    path: &SyncPath,
+    stat: &Stat,
+    verified_ns: i64,
+) -> Result<(), SyncError> {
+    db.prepare_cached(
+        "UPDATE nodes SET mode = ?2, size = ?3, mtime_ms = ?4, mtime_ns = ?5, dev = ?6, ino = ?7,
+            ctime_ns = ?8, verified_ns = ?9 WHERE path = ?1",
+    )
+    .and_then(|mut st| {
+        st.execute(params![
+            path.as_str(),
+            i64::from(stat.mode),
+            stat.size as i64,
+            stat.mtime_ms(),
+            stat.mtime_ns,
+            stat.dev as i64,
+            stat.ino as i64,
+            stat.ctime_ns,
+            verified_ns
+        ])
+    })
+    .ctx("refreshing a stat")?;
+    Ok(())
+}
+
+/// Turns every live row at or below `path` into a tombstone at `rev` and
+/// drops their chunk locations. Returns how many rows changed.
+pub(crate) fn tombstone_subtree(
+    db: &Connection,
+    path: &SyncPath,
+    rev: u64,
+    applied_from: Option<&str>,
+) -> Result<usize, SyncError> {
+    let (lo, hi) = descendant_range(path);
+    db.prepare_cached("DELETE FROM chunks WHERE path = ?1 OR (path >= ?2 AND path < ?3)")
+        .and_then(|mut st| st.execute(params![path.as_str(), lo, hi]))
+        .ctx("dropping chunk locations")?;
+    db.prepare_cached(
+        "UPDATE nodes SET kind = 3, mode = 0, size = 0, mtime_ms = 0, mtime_ns = 0, dev = 0, ino = 0,
+            ctime_ns = 0, target = NULL, manifest = NULL, verified_ns = 0, rev = ?4, applied_from = ?5
+         WHERE (path = ?1 OR (path >= ?2 AND path < ?3)) AND kind != 3",
+    )
+    .and_then(|mut st| st.execute(params![path.as_str(), lo, hi, rev as i64, applied_from]))
+    .ctx("writing tombstones")
+}
+
+/// Tombstones only the strict descendants of `path` (a directory replaced by
+/// another kind).
+pub(crate) fn tombstone_descendants(
+    db: &Connection,
+    path: &SyncPath,
+    rev: u64,
+    applied_from: Option<&str>,
+) -> Result<usize, SyncError> {
+    let (lo, hi) = descendant_range(path);
+    db.prepare_cached("DELETE FROM chunks WHERE path >= ?1 AND path < ?2")
+        .and_then(|mut st| st.execute(params![lo, hi]))
+        .ctx("dropping chunk locations")?;
+    db.prepare_cached(
+        "UPDATE nodes SET kind = 3, mode = 0, size = 0, mtime_ms = 0, mtime_ns = 0, dev = 0, ino = 0,
+            ctime_ns = 0, target = NULL, manifest = NULL, verified_ns = 0, rev = ?3, applied_from = ?4
+         WHERE path >= ?1 AND path < ?2 AND kind != 3",
+    )
+    .and_then(|mut st| st.execute(params![lo, hi, rev as i64, applied_from]))
+    .ctx("writing tombstones")
+}
+
+/// The chunk list of a file row, in file order.
+pub(crate) fn chunks_of(db: &Connection, path: &SyncPath) -> Result<Vec<ChunkRef>, SyncError> {
+    let mut stmt = db
+        .prepare_cached("SELECT hash, size FROM chunks WHERE path = ?1 ORDER BY idx")
+        .ctx("reading chunks")?;
+    let rows = stmt
+        .query_map([path.as_str()], |r| {
+            Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, i64>(1)?))
+        })
+        .ctx("reading chunks")?
+        .collect::<Result<Vec<_>, _>>()
+        .ctx("reading chunks")?;
+    rows.into_iter()
+        .map(|(h, size)| {
+            Ok(ChunkRef {
+                hash: Hash::from_slice(&h)?,
+                size: size as u32,
+            })
+        })
+        .collect()
+}
+
+/// Where a chunk's bytes can be read in the directory.
+#[derive(Clone, Debug)]
+pub(crate) struct ChunkLocation {
+    pub path: SyncPath,
+    pub offset: u64,
+    pub size: u32,
+}
+
+/// Up to `limit` live files holding chunk `hash`.
+pub(crate) fn chunk_locations(
+    db: &Connection,
+    hash: &Hash,
+    limit: usize,
+) -> Result<Vec<ChunkLocation>, SyncError> {
+    let mut stmt = db
+        .prepare_cached(
+            "SELECT c.path, c.offset, c.size FROM chunks c JOIN nodes n ON n.path = c.path
+             WHERE c.hash = ?1 AND n.kind = 0 LIMIT ?2",
+        )
+        .ctx("locating a chunk")?;
+    let rows = stmt
+        .query_map(params![hash.0.to_vec(), limit as i64], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
+        })
+        .ctx("locating a chunk")?
+        .collect::<Result<Vec<_>, _>>()
+        .ctx("locating a chunk")?;
+    rows.into_iter()
+        .map(|(p, offset, size)| {
+            Ok(ChunkLocation {
+                path: SyncPath::new(p)
+                    .map_err(|e| SyncError::Storage(format!("index holds a bad path: {e}")))?,
+                offset: offset as u64,
+                size: size as u32,
+            })
+        })
+        .collect()
+}
+
+/// True when some live file in the index holds chunk `hash`.
+pub(crate) fn chunk_indexed(db: &Connection, hash: &Hash) -> Result<bool, SyncError> {
+    Ok(!chunk_locations(db, hash, 1)?.is_empty())
+}
+
+/// The wire entry for a row.
+pub(crate) fn entry_of(db: &Connection, node: &Node) -> Result<ChangeEntry, SyncError> {
+    let s = &node.stat;
+    let state = match node.kind {
+        NodeKind::File => EntryState::File {
+            mode: s.mode,
+            mtime: s.mtime_ms(),
+            size: s.size,
+            chunks: chunks_of(db, &node.path)?,
+        },
+        NodeKind::Dir => EntryState::Dir {
+            mode: s.mode,
+            mtime: s.mtime_ms(),
+        },
+        NodeKind::Symlink => EntryState::Symlink {
+            target: node.target.clone().unwrap_or_default(),
+            mode: s.mode,
+            mtime: s.mtime_ms(),
+        },
+        NodeKind::Tombstone => EntryState::Delete,
+    };
+    Ok(ChangeEntry {
+        rev: node.rev,
+        path: node.path.clone(),
+        state,
+    })
+}
+
+/// One page of rows with `after < (rev, path) <= {through_rev, None}`,
+/// ordered by `(rev, path)`, leaving out rows applied from `exclude`.
+pub(crate) fn rows_after(
+    db: &Connection,
+    after: &ChangeCursor,
+    through_rev: u64,
+    exclude: Option<&str>,
+    limit: usize,
+) -> Result<Vec<Node>, SyncError> {
+    // Row-value comparison lets SQLite seek the (rev, path) index directly.
+    let sql = format!(
+        "SELECT {NODE_COLS} FROM nodes
+         WHERE {} AND rev <= ?3 AND (?4 IS NULL OR applied_from IS NULL OR applied_from != ?4)
+         ORDER BY rev, path LIMIT ?5",
+        if after.path.is_some() {
+            "(rev, path) > (?1, ?2)"
+        } else {
+            "rev > ?1 AND ?2 IS NULL"
+        }
+    );
+    let mut stmt = db.prepare_cached(&sql).ctx("paging changes")?;
+    let rows = stmt
+        .query_map(
+            params![
+                after.rev as i64,
+                after.path.as_ref().map(SyncPath::as_str),
+                through_rev as i64,
+                exclude,
+                limit as i64
+            ],
+            node_from_row,
+        )
+        .ctx("paging changes")?
+        .collect::<Result<Vec<_>, _>>()
+        .ctx("paging changes")?;
+    rows.into_iter().map(|(p, k, n)| finish(p, k, n)).collect()
+}
+
+/// Reads an integer from `meta`.
+pub(crate) fn meta_get(db: &Connection, key: &str) -> Result<u64, SyncError> {
+    let v: i64 = db
+        .prepare_cached("SELECT v FROM meta WHERE k = ?1")
+        .and_then(|mut s| s.query_row([key], |r| r.get(0)))
+        .ctx("reading meta")?;
+    Ok(v as u64)
+}
+
+pub(crate) fn meta_set(db: &Connection, key: &str, v: u64) -> Result<(), SyncError> {
+    db.prepare_cached("INSERT OR REPLACE INTO meta (k, v) VALUES (?1, ?2)")
+        .and_then(|mut s| s.execute(params![key, v as i64]))
+        .ctx("writing meta")?;
+    Ok(())
+}
+
+/// Allocates the next rev (inside the caller's transaction).
+pub(crate) fn next_rev(db: &Connection) -> Result<u64, SyncError> {
+    let rev = meta_get(db, "rev")? + 1;
+    meta_set(db, "rev", rev)?;
+    Ok(rev)
+}
+
+/// A remote's stored cursors.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RemoteCursors {
+    pub push: ChangeCursor,
+    pub fetch: ChangeCursor,
+}
+
+fn cursor_of(rev: i64, path: Option<String>) -> Result<ChangeCursor, SyncError> {
+    let path = path
+        .map(SyncPath::new)
+        .transpose()
+        .map_err(|e| SyncError::Storage(format!("index holds a bad cursor path: {e}")))?;
+    Ok(ChangeCursor {
+        rev: rev as u64,
+        path,
+    })
+}
+
+pub(crate) fn remote_cursors(db: &Connection, remote: &str) -> Result<RemoteCursors, SyncError> {
+    let row = db
+        .prepare_cached(
+            "SELECT push_rev, push_path, fetch_rev, fetch_path FROM remotes WHERE name = ?1",
+        )
+        .and_then(|mut s| {
+            s.query_row([remote], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, Option<String>>(1)?,
+                    r.get::<_, i64>(2)?,
+                    r.get::<_, Option<String>>(3)?,
+                ))
+            })
+            .optional()
+        })
+        .ctx("reading remote cursors")?;
+    match row {
+        None => Ok(RemoteCursors::default()),
+        Some((pr, pp, fr, fp)) => Ok(RemoteCursors {
+            push: cursor_of(pr, pp)?,
+            fetch: cursor_of(fr, fp)?,
+        }),
+    }
+}
+
+pub(crate) fn set_push_cursor(
+    db: &Connection,
+    remote: &str,
+    c: &ChangeCursor,
+) -> Result<(), SyncError> {
+    db.prepare_cached(
+        "INSERT INTO remotes (name, push_rev, push_path) VALUES (?1, ?2, ?3)
+         ON CONFLICT (name) DO UPDATE SET push_rev = ?2, push_path = ?3",
+    )
+    .and_then(|mut s| {
+        s.execute(params![
+            remote,
+            c.rev as i64,
+            c.path.as_ref().map(SyncPath::as_str)
+        ])
+    })
+    .ctx("writing a push cursor")?;
+    Ok(())
+}
+
+pub(crate) fn set_fetch_cursor(
+    db: &Connection,
+    remote: &str,
+    c: &ChangeCursor,
+) -> Result<(), SyncError> {
+    db.prepare_cached(
+        "INSERT INTO remotes (name, fetch_rev, fetch_path) VALUES (?1, ?2, ?3)
+         ON CONFLICT (name) DO UPDATE SET fetch_rev = ?2, fetch_path = ?3",
+    )
+    .and_then(|mut s| {
+        s.execute(params![
+            remote,
+            c.rev as i64,
+            c.path.as_ref().map(SyncPath::as_str)
+        ])
+    })
+    .ctx("writing a fetch cursor")?;
+    Ok(())
+}
+
+/// The smallest complete push rev over every registered remote, or `None`
+/// when no remote is registered.
+pub(crate) fn min_push_rev(db: &Connection) -> Result<Option<u64>, SyncError> {
+    let mut stmt = db
+        .prepare_cached("SELECT push_rev, push_path FROM remotes")
+        .ctx("reading remotes")?;
+    let rows = stmt
+        .query_map([], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, Option<String>>(1)?))
+        })
+        .ctx("reading remotes")?
+        .collect::<Result<Vec<_>, _>>()
+        .ctx("reading remotes")?;
+    let mut min: Option<u64> = None;
+    for (rev, path) in rows {
+        let complete = cursor_of(rev, path)?.complete_rev();
+        min = Some(min.map_or(complete, |m| m.min(complete)));
+    }
+    Ok(min)
+}
