@@ -166,7 +166,7 @@ fn a_push_cut_by_a_daemon_crash_resumes_and_converges() {
     e.daemon.restart();
     e.daemon.transfer("push", &e.local);
     assert_eq!(tree_digest(&e.local), tree_digest(&e.served));
-    let temp_files: Vec<_> = walk_names(&e.served).into_iter().filter(|n| n.contains(".wsd-tmp")).collect();
+    let temp_files: Vec<_> = walk_names(&e.served).into_iter().filter(|n| n.starts_with(".wsd-apply-")).collect();
     assert!(temp_files.is_empty(), "temp files left: {temp_files:?}");
 }
 

@@ -59,7 +59,7 @@ struct ServeArgs {
     #[arg(long, value_name = "DIR")]
     root: PathBuf,
     /// Where to listen: `host:port` or `unix:/path`; repeat for several.
-    #[arg(long, value_name = "ADDR", default_value_t = format!("127.0.0.1:{DEFAULT_PORT}"))]
+    #[arg(long, value_name = "ADDR", default_values_t = [format!("127.0.0.1:{DEFAULT_PORT}")])]
     listen: Vec<String>,
     /// The index and exec log directory. Default: ROOT/.wsd, which is never
     /// synced and which `apply` refuses to write into.
