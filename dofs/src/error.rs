@@ -19,8 +19,14 @@ pub enum DofsError {
     NotEmpty { path: String },
     #[error("EINVAL: {path}: {reason}")]
     Invalid { path: String, reason: &'static str },
-    #[error("EIO: {path}: database schema version {found} is newer than this build supports ({supported})")]
-    SchemaTooNew { path: String, found: i64, supported: i64 },
+    #[error(
+        "EIO: {path}: database schema version {found} is newer than this build supports ({supported})"
+    )]
+    SchemaTooNew {
+        path: String,
+        found: i64,
+        supported: i64,
+    },
     #[error("EIO: {path}: not a dofs database (application_id {found:#x})")]
     NotADofsDatabase { path: String, found: i64 },
     #[error("EIO: integrity check failed: {}", .problems.join("; "))]
@@ -66,11 +72,16 @@ impl DofsError {
     }
 
     pub(crate) fn not_found(path: impl ToString) -> DofsError {
-        DofsError::NotFound { path: path.to_string() }
+        DofsError::NotFound {
+            path: path.to_string(),
+        }
     }
 
     pub(crate) fn invalid(path: impl ToString, reason: &'static str) -> DofsError {
-        DofsError::Invalid { path: path.to_string(), reason }
+        DofsError::Invalid {
+            path: path.to_string(),
+            reason,
+        }
     }
 }
 
@@ -100,13 +111,37 @@ mod tests {
     fn every_variant_maps_to_one_wire_code_and_names_its_path() {
         let cases: Vec<(DofsError, ErrorCode, &str)> = vec![
             (DofsError::not_found("a/b"), ErrorCode::NotFound, "ENOENT"),
-            (DofsError::AlreadyExists { path: "a/b".into() }, ErrorCode::Invalid, "EEXIST"),
-            (DofsError::NotADirectory { path: "a/b".into() }, ErrorCode::Invalid, "ENOTDIR"),
-            (DofsError::IsADirectory { path: "a/b".into() }, ErrorCode::Invalid, "EISDIR"),
-            (DofsError::NotEmpty { path: "a/b".into() }, ErrorCode::Invalid, "ENOTEMPTY"),
-            (DofsError::invalid("a/b", "nope"), ErrorCode::Invalid, "EINVAL"),
             (
-                DofsError::SchemaTooNew { path: "a/b".into(), found: 9, supported: 1 },
+                DofsError::AlreadyExists { path: "a/b".into() },
+                ErrorCode::Invalid,
+                "EEXIST",
+            ),
+            (
+                DofsError::NotADirectory { path: "a/b".into() },
+                ErrorCode::Invalid,
+                "ENOTDIR",
+            ),
+            (
+                DofsError::IsADirectory { path: "a/b".into() },
+                ErrorCode::Invalid,
+                "EISDIR",
+            ),
+            (
+                DofsError::NotEmpty { path: "a/b".into() },
+                ErrorCode::Invalid,
+                "ENOTEMPTY",
+            ),
+            (
+                DofsError::invalid("a/b", "nope"),
+                ErrorCode::Invalid,
+                "EINVAL",
+            ),
+            (
+                DofsError::SchemaTooNew {
+                    path: "a/b".into(),
+                    found: 9,
+                    supported: 1,
+                },
                 ErrorCode::Io,
                 "EIO",
             ),
@@ -122,7 +157,10 @@ mod tests {
         for (err, code, posix) in cases {
             assert_eq!(err.code(), code, "{err}");
             assert_eq!(err.posix_name(), posix, "{err}");
-            assert!(err.to_string().contains("a/b"), "{err} does not name its path");
+            assert!(
+                err.to_string().contains("a/b"),
+                "{err} does not name its path"
+            );
             assert!(err.to_string().starts_with(posix), "{err}");
             assert_eq!(SyncError::from(err).code(), code);
         }

@@ -57,11 +57,22 @@ impl Stat {
             manifest: None,
         };
         Some(match node {
-            Node::File { mode, mtime, size, manifest } => {
-                Stat { size, manifest: Some(manifest), ..base(Kind::File, mode, mtime) }
-            }
+            Node::File {
+                mode,
+                mtime,
+                size,
+                manifest,
+            } => Stat {
+                size,
+                manifest: Some(manifest),
+                ..base(Kind::File, mode, mtime)
+            },
             Node::Dir { mode, mtime } => base(Kind::Dir, mode, mtime),
-            Node::Symlink { mode, mtime, target } => Stat {
+            Node::Symlink {
+                mode,
+                mtime,
+                target,
+            } => Stat {
                 size: target.len() as u64,
                 target: Some(target),
                 ..base(Kind::Symlink, mode, mtime)
@@ -103,28 +114,46 @@ pub struct SearchHit {
 
 fn check_target(path: &SyncPath, target: &str) -> Result<(), DofsError> {
     if target.is_empty() || target.contains('\0') {
-        return Err(DofsError::invalid(path, "symlink target is empty or contains NUL"));
+        return Err(DofsError::invalid(
+            path,
+            "symlink target is empty or contains NUL",
+        ));
     }
-    SyncError::check_limit("symlink target length (bytes)", MAX_SYMLINK_TARGET_BYTES, target.len())?;
+    SyncError::check_limit(
+        "symlink target length (bytes)",
+        MAX_SYMLINK_TARGET_BYTES,
+        target.len(),
+    )?;
     Ok(())
 }
 
 /// Requires every ancestor of `path` to be a live directory: the first
 /// missing one is `ENOENT`, the first non-directory is `ENOTDIR`.
 fn require_parent_dir(conn: &rusqlite::Connection, path: &SyncPath) -> Result<(), DofsError> {
-    let Some(parent) = path.parent() else { return Ok(()) };
+    let Some(parent) = path.parent() else {
+        return Ok(());
+    };
     // The invariant "every live path's parent is a live dir" means checking
     // the parent suffices when it exists; the walk only names the culprit.
     if let Some(row) = live(conn, parent.as_str())? {
         return match row.node {
             Node::Dir { .. } => Ok(()),
-            _ => Err(DofsError::NotADirectory { path: parent.into_string() }),
+            _ => Err(DofsError::NotADirectory {
+                path: parent.into_string(),
+            }),
         };
     }
     for anc in path.ancestors() {
         match live(conn, anc.as_str())? {
-            Some(Row { node: Node::Dir { .. }, .. }) => {}
-            Some(_) => return Err(DofsError::NotADirectory { path: anc.into_string() }),
+            Some(Row {
+                node: Node::Dir { .. },
+                ..
+            }) => {}
+            Some(_) => {
+                return Err(DofsError::NotADirectory {
+                    path: anc.into_string(),
+                });
+            }
             None => return Err(DofsError::not_found(anc)),
         }
     }
@@ -136,11 +165,27 @@ fn require_parent_dir(conn: &rusqlite::Connection, path: &SyncPath) -> Result<()
 fn create_parents(m: &mut Mutation<'_>, path: &SyncPath, mtime: i64) -> Result<(), DofsError> {
     for anc in path.ancestors() {
         match live(m, anc.as_str())? {
-            Some(Row { node: Node::Dir { .. }, .. }) => {}
-            Some(_) => return Err(DofsError::NotADirectory { path: anc.into_string() }),
+            Some(Row {
+                node: Node::Dir { .. },
+                ..
+            }) => {}
+            Some(_) => {
+                return Err(DofsError::NotADirectory {
+                    path: anc.into_string(),
+                });
+            }
             None => {
                 let rev = m.rev()?;
-                put_node(m, &anc, rev, &Node::Dir { mode: DEFAULT_DIR_MODE, mtime }, None)?;
+                put_node(
+                    m,
+                    &anc,
+                    rev,
+                    &Node::Dir {
+                        mode: DEFAULT_DIR_MODE,
+                        mtime,
+                    },
+                    None,
+                )?;
             }
         }
     }
@@ -160,9 +205,11 @@ fn chunk_bytes(conn: &rusqlite::Connection, hash: &Hash) -> Result<Vec<u8>, Dofs
     let mut stmt = conn.prepare_cached("SELECT data FROM chunks WHERE hash = ?1")?;
     match stmt.query_row([hash.as_bytes()], |r| r.get(0)) {
         Ok(bytes) => Ok(bytes),
-        Err(rusqlite::Error::QueryReturnedNoRows) => {
-            Err(SyncError::UnknownHash { hash: *hash, path: None }.into())
+        Err(rusqlite::Error::QueryReturnedNoRows) => Err(SyncError::UnknownHash {
+            hash: *hash,
+            path: None,
         }
+        .into()),
         Err(e) => Err(e.into()),
     }
 }
@@ -183,9 +230,16 @@ impl Dofs {
         let mtime = opts.mtime.unwrap_or_else(now_ms);
         let mut m = Mutation::begin(&mut self.conn)?;
         let mode = match live(&m, path.as_str())?.map(|r| r.node) {
-            Some(Node::Dir { .. }) => return Err(DofsError::IsADirectory { path: path.to_string() }),
+            Some(Node::Dir { .. }) => {
+                return Err(DofsError::IsADirectory {
+                    path: path.to_string(),
+                });
+            }
             Some(Node::Symlink { .. }) => {
-                return Err(DofsError::invalid(path, "is a symlink (dofs never follows symlinks)"));
+                return Err(DofsError::invalid(
+                    path,
+                    "is a symlink (dofs never follows symlinks)",
+                ));
             }
             Some(Node::File { mode, .. }) => opts.mode.unwrap_or(mode),
             _ => opts.mode.unwrap_or(DEFAULT_FILE_MODE),
@@ -210,11 +264,20 @@ impl Dofs {
         let mtime = now_ms();
         let mut m = Mutation::begin(&mut self.conn)?;
         let (mode, mut chunks) = match live(&m, path.as_str())?.map(|r| r.node) {
-            Some(Node::Dir { .. }) => return Err(DofsError::IsADirectory { path: path.to_string() }),
-            Some(Node::Symlink { .. }) => {
-                return Err(DofsError::invalid(path, "is a symlink (dofs never follows symlinks)"));
+            Some(Node::Dir { .. }) => {
+                return Err(DofsError::IsADirectory {
+                    path: path.to_string(),
+                });
             }
-            Some(Node::File { mode, manifest, .. }) => (mode, rows::manifest_chunks(&m, &manifest)?),
+            Some(Node::Symlink { .. }) => {
+                return Err(DofsError::invalid(
+                    path,
+                    "is a symlink (dofs never follows symlinks)",
+                ));
+            }
+            Some(Node::File { mode, manifest, .. }) => {
+                (mode, rows::manifest_chunks(&m, &manifest)?)
+            }
             _ => {
                 require_parent_dir(&m, path)?;
                 (DEFAULT_FILE_MODE, Vec::new())
@@ -224,7 +287,10 @@ impl Dofs {
             Some(last) => chunk_bytes(&m, &last.hash)?,
             None => Vec::new(),
         };
-        chunks.extend(chunk_into_store(&m, std::io::Cursor::new(tail).chain(content))?);
+        chunks.extend(chunk_into_store(
+            &m,
+            std::io::Cursor::new(tail).chain(content),
+        )?);
         let node = file_node(&m, &chunks, mode, mtime)?;
         let rev = m.rev()?;
         put_node(&m, path, rev, &node, None)?;
@@ -260,8 +326,13 @@ impl Dofs {
     fn file_manifest(&self, path: &SyncPath) -> Result<Hash, DofsError> {
         match live(&self.conn, path.as_str())?.map(|r| r.node) {
             Some(Node::File { manifest, .. }) => Ok(manifest),
-            Some(Node::Dir { .. }) => Err(DofsError::IsADirectory { path: path.to_string() }),
-            Some(_) => Err(DofsError::invalid(path, "is a symlink (dofs never follows symlinks)")),
+            Some(Node::Dir { .. }) => Err(DofsError::IsADirectory {
+                path: path.to_string(),
+            }),
+            Some(_) => Err(DofsError::invalid(
+                path,
+                "is a symlink (dofs never follows symlinks)",
+            )),
             None => Err(DofsError::not_found(path)),
         }
     }
@@ -272,8 +343,15 @@ impl Dofs {
         let mtime = now_ms();
         let mut m = Mutation::begin(&mut self.conn)?;
         match live(&m, path.as_str())? {
-            Some(Row { node: Node::Dir { .. }, .. }) if parents => return Ok(()),
-            Some(_) => return Err(DofsError::AlreadyExists { path: path.to_string() }),
+            Some(Row {
+                node: Node::Dir { .. },
+                ..
+            }) if parents => return Ok(()),
+            Some(_) => {
+                return Err(DofsError::AlreadyExists {
+                    path: path.to_string(),
+                });
+            }
             None => {}
         }
         if parents {
@@ -282,7 +360,16 @@ impl Dofs {
             require_parent_dir(&m, path)?;
         }
         let rev = m.rev()?;
-        put_node(&m, path, rev, &Node::Dir { mode: DEFAULT_DIR_MODE, mtime }, None)?;
+        put_node(
+            &m,
+            path,
+            rev,
+            &Node::Dir {
+                mode: DEFAULT_DIR_MODE,
+                mtime,
+            },
+            None,
+        )?;
         m.commit()?;
         Ok(())
     }
@@ -293,7 +380,9 @@ impl Dofs {
         let mut m = Mutation::begin(&mut self.conn)?;
         let row = live(&m, path.as_str())?.ok_or_else(|| DofsError::not_found(path))?;
         if row.node.is_dir() && !recursive && has_live_children(&m, path.as_str())? {
-            return Err(DofsError::NotEmpty { path: path.to_string() });
+            return Err(DofsError::NotEmpty {
+                path: path.to_string(),
+            });
         }
         let rev = m.rev()?;
         tombstone_subtree(&m, path.as_str(), true, rev, None)?;
@@ -312,18 +401,27 @@ impl Dofs {
             return Ok(());
         }
         if to.starts_with(from) {
-            return Err(DofsError::invalid(to, "cannot move a directory into itself"));
+            return Err(DofsError::invalid(
+                to,
+                "cannot move a directory into itself",
+            ));
         }
         require_parent_dir(&m, to)?;
         match live(&m, to.as_str())?.map(|r| r.node) {
             Some(Node::Dir { .. }) if !src.node.is_dir() => {
-                return Err(DofsError::IsADirectory { path: to.to_string() });
+                return Err(DofsError::IsADirectory {
+                    path: to.to_string(),
+                });
             }
             Some(Node::Dir { .. }) if has_live_children(&m, to.as_str())? => {
-                return Err(DofsError::NotEmpty { path: to.to_string() });
+                return Err(DofsError::NotEmpty {
+                    path: to.to_string(),
+                });
             }
             Some(n) if n.is_live() && !n.is_dir() && src.node.is_dir() => {
-                return Err(DofsError::NotADirectory { path: to.to_string() });
+                return Err(DofsError::NotADirectory {
+                    path: to.to_string(),
+                });
             }
             _ => {}
         }
@@ -363,12 +461,17 @@ impl Dofs {
         check_target(path, target)?;
         let mut m = Mutation::begin(&mut self.conn)?;
         if live(&m, path.as_str())?.is_some() {
-            return Err(DofsError::AlreadyExists { path: path.to_string() });
+            return Err(DofsError::AlreadyExists {
+                path: path.to_string(),
+            });
         }
         require_parent_dir(&m, path)?;
         let rev = m.rev()?;
-        let node =
-            Node::Symlink { mode: DEFAULT_SYMLINK_MODE, mtime: now_ms(), target: target.to_owned() };
+        let node = Node::Symlink {
+            mode: DEFAULT_SYMLINK_MODE,
+            mtime: now_ms(),
+            target: target.to_owned(),
+        };
         put_node(&m, path, rev, &node, None)?;
         m.commit()?;
         Ok(())
@@ -387,9 +490,9 @@ impl Dofs {
     pub fn chmod(&mut self, path: &SyncPath, mode: u32) -> Result<(), DofsError> {
         let mode = mode & MODE_MASK;
         self.update_node(path, |node| match node {
-            Node::File { mode: m, .. } | Node::Dir { mode: m, .. } | Node::Symlink { mode: m, .. } => {
-                std::mem::replace(m, mode) != mode
-            }
+            Node::File { mode: m, .. }
+            | Node::Dir { mode: m, .. }
+            | Node::Symlink { mode: m, .. } => std::mem::replace(m, mode) != mode,
             Node::Deleted => false,
         })
     }
@@ -397,9 +500,9 @@ impl Dofs {
     /// Sets the mtime (ms since the epoch). An unchanged mtime stamps no rev.
     pub fn set_mtime(&mut self, path: &SyncPath, mtime: i64) -> Result<(), DofsError> {
         self.update_node(path, |node| match node {
-            Node::File { mtime: t, .. } | Node::Dir { mtime: t, .. } | Node::Symlink { mtime: t, .. } => {
-                std::mem::replace(t, mtime) != mtime
-            }
+            Node::File { mtime: t, .. }
+            | Node::Dir { mtime: t, .. }
+            | Node::Symlink { mtime: t, .. } => std::mem::replace(t, mtime) != mtime,
             Node::Deleted => false,
         })
     }
@@ -437,7 +540,11 @@ impl Dofs {
             match get_row(&self.conn, dir.as_str())?.map(|r| r.node) {
                 Some(Node::Dir { .. }) => {}
                 Some(Node::Deleted) | None => return Err(DofsError::not_found(dir)),
-                Some(_) => return Err(DofsError::NotADirectory { path: dir.to_string() }),
+                Some(_) => {
+                    return Err(DofsError::NotADirectory {
+                        path: dir.to_string(),
+                    });
+                }
             }
         }
         let parent = dir.map(SyncPath::as_str).unwrap_or("");
@@ -450,7 +557,11 @@ impl Dofs {
             let row = row?;
             let path = SyncPath::new(row.path)?;
             let stat = Stat::from_node(row.rev, row.node).expect("live");
-            out.push(DirEntry { name: path.file_name().to_owned(), path, stat });
+            out.push(DirEntry {
+                name: path.file_name().to_owned(),
+                path,
+                stat,
+            });
         }
         Ok(out)
     }
@@ -465,7 +576,10 @@ impl Dofs {
         limit: usize,
     ) -> Result<Vec<SearchHit>, DofsError> {
         if pattern.is_empty() {
-            return Err(DofsError::invalid(under.map_or("", |p| p.as_str()), "empty search pattern"));
+            return Err(DofsError::invalid(
+                under.map_or("", |p| p.as_str()),
+                "empty search pattern",
+            ));
         }
         let finder = memchr::memmem::Finder::new(pattern);
         let mut hits = Vec::new();
@@ -548,5 +662,438 @@ fn file_node(
 ) -> Result<Node, DofsError> {
     let manifest = ensure_manifest(conn, chunks)?;
     let size = chunks.iter().map(|c| u64::from(c.size)).sum();
-    Ok(Node::File { mode, mtime, size, manifest })
+    Ok(Node::File {
+        mode,
+        mtime,
+        size,
+        manifest,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use wsd_sync::{ErrorCode, Store, chunk};
+
+    use super::*;
+    use crate::test_util::{noise, p, put, store};
+
+    fn tombstones(d: &mut Dofs) -> Vec<(String, u64)> {
+        let mut stmt = d
+            .conn
+            .prepare("SELECT path, rev FROM entries WHERE kind = 'delete' ORDER BY path")
+            .unwrap();
+        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    }
+
+    #[test]
+    fn a_write_stamps_exactly_one_new_rev_and_reads_back() {
+        let mut d = store();
+        assert_eq!(d.current_rev().unwrap(), 0);
+        d.write_file(&p("a.txt"), &b"hello"[..]).unwrap();
+        assert_eq!(d.current_rev().unwrap(), 1);
+        let st = d.stat(&p("a.txt")).unwrap();
+        assert_eq!(
+            (st.kind, st.mode, st.size, st.rev),
+            (Kind::File, DEFAULT_FILE_MODE, 5, 1)
+        );
+        assert_eq!(d.read_file(&p("a.txt")).unwrap(), b"hello");
+        d.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn a_large_streamed_write_reads_back_identically_and_cuts_like_chunk_slice() {
+        let mut d = store();
+        let data = noise(9 * 1024 * 1024 + 17, 1);
+        d.write_file(&p("big"), &data[..]).unwrap();
+        assert_eq!(d.read_file(&p("big")).unwrap(), data);
+        let expected: Vec<ChunkRef> = chunk::chunk_slice(&data)
+            .into_iter()
+            .map(|(_, c)| c)
+            .collect();
+        let entry = d.read_entry(&p("big")).unwrap().unwrap();
+        assert_eq!(entry.chunks(), &expected[..]);
+        d.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn a_failing_reader_rolls_back_the_write_and_the_rev_counter() {
+        struct Broken(usize);
+        impl Read for Broken {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                if self.0 == 0 {
+                    return Err(std::io::Error::other("disk on fire"));
+                }
+                let n = buf.len().min(self.0);
+                buf[..n].fill(7);
+                self.0 -= n;
+                Ok(n)
+            }
+        }
+        let mut d = store();
+        d.mkdir(&p("d"), false).unwrap();
+        let err = d.write_file(&p("d/f"), Broken(100_000)).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Io);
+        assert_eq!(d.current_rev().unwrap(), 1);
+        assert!(!d.exists(&p("d/f")).unwrap());
+        let chunks: u64 = d
+            .conn
+            .query_row("SELECT count(*) FROM chunks", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(
+            chunks, 0,
+            "chunks staged by the failed write were rolled back too"
+        );
+        d.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn append_recuts_only_the_tail_and_matches_chunking_the_whole() {
+        let mut d = store();
+        let first = noise(700 * 1024, 2);
+        let more = noise(300 * 1024, 3);
+        d.write_file(&p("log"), &first[..]).unwrap();
+        d.append_file(&p("log"), &more[..]).unwrap();
+        let whole = [first, more].concat();
+        assert_eq!(d.read_file(&p("log")).unwrap(), whole);
+        let expected: Vec<ChunkRef> = chunk::chunk_slice(&whole)
+            .into_iter()
+            .map(|(_, c)| c)
+            .collect();
+        assert_eq!(
+            d.read_entry(&p("log")).unwrap().unwrap().chunks(),
+            &expected[..]
+        );
+        d.append_file(&p("new"), &b"x"[..]).unwrap();
+        assert_eq!(d.read_file(&p("new")).unwrap(), b"x");
+        d.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn mkdir_p_of_an_existing_directory_burns_no_rev() {
+        let mut d = store();
+        d.mkdir(&p("a/b/c"), true).unwrap();
+        let rev = d.current_rev().unwrap();
+        assert_eq!(rev, 1, "one mkdir -p is one rev whatever it creates");
+        d.mkdir(&p("a/b/c"), true).unwrap();
+        d.mkdir(&p("a"), true).unwrap();
+        assert_eq!(d.current_rev().unwrap(), rev);
+        assert_eq!(d.mkdir(&p("a"), false).unwrap_err().posix_name(), "EEXIST");
+    }
+
+    #[test]
+    fn creating_under_a_missing_or_non_directory_parent_fails_precisely() {
+        let mut d = store();
+        assert_eq!(
+            d.write_file(&p("x/y"), &b""[..]).unwrap_err().posix_name(),
+            "ENOENT"
+        );
+        put(&mut d, "f", b"file");
+        let err = d.write_file(&p("f/y/z"), &b""[..]).unwrap_err();
+        assert_eq!(err.posix_name(), "ENOTDIR");
+        assert!(
+            err.to_string().contains(": f:") || err.to_string().contains(" f:"),
+            "{err}"
+        );
+        assert_eq!(
+            d.mkdir(&p("f/q"), true).unwrap_err().posix_name(),
+            "ENOTDIR"
+        );
+        assert_eq!(
+            d.symlink("t", &p("f/s")).unwrap_err().posix_name(),
+            "ENOTDIR"
+        );
+        assert_eq!(d.current_rev().unwrap(), 1);
+    }
+
+    #[test]
+    fn rm_writes_one_tombstone_per_removed_path_all_at_one_rev() {
+        let mut d = store();
+        put(&mut d, "d/a", b"1");
+        put(&mut d, "d/sub/b", b"2");
+        d.symlink("../a", &p("d/sub/link")).unwrap();
+        assert_eq!(d.rm(&p("d"), false).unwrap_err().posix_name(), "ENOTEMPTY");
+        let before = d.current_rev().unwrap();
+        d.rm(&p("d"), true).unwrap();
+        let rev = before + 1;
+        assert_eq!(d.current_rev().unwrap(), rev);
+        assert_eq!(
+            tombstones(&mut d),
+            vec![
+                ("d".into(), rev),
+                ("d/a".into(), rev),
+                ("d/sub".into(), rev),
+                ("d/sub/b".into(), rev),
+                ("d/sub/link".into(), rev)
+            ]
+        );
+        assert_eq!(d.rm(&p("d"), true).unwrap_err().code(), ErrorCode::NotFound);
+        assert!(d.readdir(None).unwrap().is_empty());
+        d.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn rename_restamps_the_subtree_and_tombstones_old_paths_at_one_rev() {
+        let mut d = store();
+        put(&mut d, "src/a", b"1");
+        put(&mut d, "src/x/b", b"2");
+        put(&mut d, "src-sibling", b"not moved");
+        d.chmod(&p("src/a"), 0o600).unwrap();
+        d.rename(&p("src"), &p("dst")).unwrap();
+        let rev = d.current_rev().unwrap();
+        for path in ["dst", "dst/a", "dst/x", "dst/x/b"] {
+            assert_eq!(d.stat(&p(path)).unwrap().rev, rev, "{path}");
+        }
+        assert_eq!(d.stat(&p("dst/a")).unwrap().mode, 0o600);
+        assert_eq!(d.read_file(&p("dst/x/b")).unwrap(), b"2");
+        assert_eq!(
+            tombstones(&mut d),
+            vec![
+                ("src".into(), rev),
+                ("src/a".into(), rev),
+                ("src/x".into(), rev),
+                ("src/x/b".into(), rev)
+            ]
+        );
+        assert!(d.stat(&p("src-sibling")).unwrap().rev < rev);
+        d.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn rename_of_a_subtree_larger_than_one_page_moves_everything() {
+        let mut d = store();
+        d.mkdir(&p("big"), false).unwrap();
+        for i in 0..(RENAME_PAGE + 10) {
+            put(&mut d, &format!("big/f{i:04}"), b"x");
+        }
+        d.rename(&p("big"), &p("moved")).unwrap();
+        assert_eq!(
+            d.readdir(Some(&p("moved"))).unwrap().len(),
+            RENAME_PAGE + 10
+        );
+        assert!(!d.exists(&p("big/f0000")).unwrap());
+        d.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn rename_refuses_moving_a_directory_into_itself_and_incompatible_targets() {
+        let mut d = store();
+        put(&mut d, "a/b/f", b"1");
+        put(&mut d, "g", b"2");
+        put(&mut d, "full/x", b"3");
+        d.mkdir(&p("empty"), false).unwrap();
+        let rev = d.current_rev().unwrap();
+        assert_eq!(
+            d.rename(&p("a"), &p("a/b/c")).unwrap_err().posix_name(),
+            "EINVAL"
+        );
+        assert_eq!(
+            d.rename(&p("a"), &p("g")).unwrap_err().posix_name(),
+            "ENOTDIR"
+        );
+        assert_eq!(
+            d.rename(&p("g"), &p("empty")).unwrap_err().posix_name(),
+            "EISDIR"
+        );
+        assert_eq!(
+            d.rename(&p("a"), &p("full")).unwrap_err().posix_name(),
+            "ENOTEMPTY"
+        );
+        assert_eq!(
+            d.rename(&p("nope"), &p("z")).unwrap_err().posix_name(),
+            "ENOENT"
+        );
+        assert_eq!(
+            d.rename(&p("g"), &p("none/z")).unwrap_err().posix_name(),
+            "ENOENT"
+        );
+        d.rename(&p("a"), &p("a")).unwrap();
+        assert_eq!(
+            d.current_rev().unwrap(),
+            rev,
+            "refused renames stamp nothing"
+        );
+        d.rename(&p("a"), &p("empty")).unwrap();
+        assert_eq!(d.read_file(&p("empty/b/f")).unwrap(), b"1");
+        d.rename(&p("g"), &p("full/x")).unwrap();
+        assert_eq!(d.read_file(&p("full/x")).unwrap(), b"2");
+        d.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn symlinks_are_stored_verbatim_and_never_followed() {
+        let mut d = store();
+        put(&mut d, "dir/file", b"1");
+        d.symlink("dir", &p("link")).unwrap();
+        d.symlink("/does/not/exist", &p("dangling")).unwrap();
+        assert_eq!(d.readlink(&p("link")).unwrap(), "dir");
+        let st = d.stat(&p("link")).unwrap();
+        assert_eq!(
+            (st.kind, st.mode, st.size),
+            (Kind::Symlink, DEFAULT_SYMLINK_MODE, 3)
+        );
+        assert_eq!(
+            d.symlink("x", &p("link")).unwrap_err().posix_name(),
+            "EEXIST"
+        );
+        assert_eq!(d.readlink(&p("dir")).unwrap_err().posix_name(), "EINVAL");
+        assert_eq!(d.readlink(&p("nope")).unwrap_err().posix_name(), "ENOENT");
+        assert_eq!(
+            d.read_file(&p("link/file")).unwrap_err().posix_name(),
+            "ENOENT"
+        );
+        assert_eq!(
+            d.write_file(&p("link/new"), &b""[..])
+                .unwrap_err()
+                .posix_name(),
+            "ENOTDIR"
+        );
+        assert_eq!(
+            d.symlink("", &p("empty")).unwrap_err().posix_name(),
+            "EINVAL"
+        );
+        d.rm(&p("link"), false).unwrap();
+        assert_eq!(
+            d.read_file(&p("dir/file")).unwrap(),
+            b"1",
+            "removing a link keeps its target"
+        );
+    }
+
+    #[test]
+    fn chmod_masks_to_twelve_bits_and_an_unchanged_mode_stamps_nothing() {
+        let mut d = store();
+        put(&mut d, "f", b"x");
+        d.chmod(&p("f"), 0o104_755).unwrap();
+        assert_eq!(d.stat(&p("f")).unwrap().mode, 0o4755);
+        let rev = d.current_rev().unwrap();
+        assert_eq!(
+            d.stat(&p("f")).unwrap().rev,
+            rev,
+            "a mode change is a change"
+        );
+        d.chmod(&p("f"), 0o4755).unwrap();
+        assert_eq!(d.current_rev().unwrap(), rev);
+        assert_eq!(
+            d.chmod(&p("nope"), 0o600).unwrap_err().code(),
+            ErrorCode::NotFound
+        );
+        put(&mut d, "f", b"rewritten");
+        assert_eq!(
+            d.stat(&p("f")).unwrap().mode,
+            0o4755,
+            "a rewrite keeps the mode"
+        );
+    }
+
+    #[test]
+    fn set_mtime_is_recorded_and_stamped() {
+        let mut d = store();
+        d.mkdir(&p("d"), false).unwrap();
+        d.set_mtime(&p("d"), 1_000).unwrap();
+        assert_eq!(d.stat(&p("d")).unwrap().mtime, 1_000);
+        assert_eq!(d.current_rev().unwrap(), 2);
+        d.set_mtime(&p("d"), 1_000).unwrap();
+        assert_eq!(d.current_rev().unwrap(), 2);
+    }
+
+    #[test]
+    fn readdir_lists_children_in_utf8_byte_order() {
+        let mut d = store();
+        for name in ["\u{1F600}", "\u{E000}", "b", "a-b", "a", "B"] {
+            put(&mut d, &format!("d/{name}"), b"");
+        }
+        put(&mut d, "d/sub/deeper", b"");
+        let names: Vec<String> = d
+            .readdir(Some(&p("d")))
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        assert_eq!(
+            names,
+            ["B", "a", "a-b", "b", "sub", "\u{E000}", "\u{1F600}"].map(String::from)
+        );
+        let root: Vec<String> = d
+            .readdir(None)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        assert_eq!(root, ["d"]);
+        assert_eq!(
+            d.readdir(Some(&p("d/b"))).unwrap_err().posix_name(),
+            "ENOTDIR"
+        );
+        assert_eq!(
+            d.readdir(Some(&p("zz"))).unwrap_err().posix_name(),
+            "ENOENT"
+        );
+    }
+
+    #[test]
+    fn reading_a_directory_or_a_missing_file_fails_with_its_path() {
+        let mut d = store();
+        d.mkdir(&p("d"), false).unwrap();
+        assert_eq!(d.read_file(&p("d")).unwrap_err().posix_name(), "EISDIR");
+        let err = d.read_file(&p("d/missing")).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::NotFound);
+        assert!(err.to_string().contains("d/missing"));
+        assert_eq!(
+            d.write_file(&p("d"), &b""[..]).unwrap_err().posix_name(),
+            "EISDIR"
+        );
+    }
+
+    #[test]
+    fn search_finds_literal_matches_with_lines_and_offsets_across_chunk_boundaries() {
+        let mut d = store();
+        put(
+            &mut d,
+            "src/a.rs",
+            b"fn main() {}\nlet needle = 1;\n\nneedle needle\n",
+        );
+        put(&mut d, "src/b.rs", b"nothing here\n");
+        put(&mut d, "srcx/c.rs", b"needle\n");
+        // A match straddling the first cut of a multi-chunk file.
+        let mut big = noise(600 * 1024, 4);
+        big.retain(|&b| b != b'\n' && b != b'n');
+        let cut = chunk::chunk_slice(&big)[1].0;
+        big.splice(cut - 3..cut - 3, b"\nneedle".iter().copied());
+        put(&mut d, "src/big.bin", &big);
+        assert!(
+            d.read_entry(&p("src/big.bin"))
+                .unwrap()
+                .unwrap()
+                .chunks()
+                .len()
+                > 1
+        );
+
+        let hits = d.search(b"needle", Some(&p("src")), 100).unwrap();
+        let found: Vec<(&str, u64, u64)> = hits
+            .iter()
+            .map(|h| (h.path.as_str(), h.line, h.offset))
+            .collect();
+        assert_eq!(
+            found,
+            vec![
+                ("src/a.rs", 2, 17),
+                ("src/a.rs", 4, 30),
+                ("src/a.rs", 4, 37),
+                ("src/big.bin", 2, (cut - 2) as u64)
+            ]
+        );
+        assert_eq!(d.search(b"needle", None, 100).unwrap().len(), 5);
+        assert_eq!(d.search(b"needle", None, 2).unwrap().len(), 2);
+        assert_eq!(
+            d.search(b"needle", Some(&p("src/a.rs")), 100)
+                .unwrap()
+                .len(),
+            3
+        );
+        assert_eq!(d.search(b"", None, 1).unwrap_err().posix_name(), "EINVAL");
+    }
 }

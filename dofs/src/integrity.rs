@@ -14,15 +14,24 @@ impl Dofs {
         let conn = &self.conn;
 
         let mut stmt = conn.prepare("PRAGMA integrity_check")?;
-        let lines: Vec<String> = stmt.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?;
+        let lines: Vec<String> = stmt
+            .query_map([], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
         if lines != ["ok"] {
-            problems.extend(lines.into_iter().map(|l| format!("sqlite integrity_check: {l}")));
+            problems.extend(
+                lines
+                    .into_iter()
+                    .map(|l| format!("sqlite integrity_check: {l}")),
+            );
         }
         let mut stmt = conn.prepare("PRAGMA foreign_key_check")?;
-        let fk: Vec<(String, String)> =
-            stmt.query_map([], |r| Ok((r.get(0)?, r.get(2)?)))?.collect::<Result<_, _>>()?;
+        let fk: Vec<(String, String)> = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(2)?)))?
+            .collect::<Result<_, _>>()?;
         for (table, parent) in fk {
-            problems.push(format!("a row of {table} references a missing {parent} row"));
+            problems.push(format!(
+                "a row of {table} references a missing {parent} row"
+            ));
         }
 
         // Chunks: the bytes are what the hash says.
@@ -33,7 +42,10 @@ impl Dofs {
             let size: u64 = r.get(1)?;
             let data = r.get_ref(2)?.as_blob()?;
             if data.len() as u64 != size {
-                problems.push(format!("chunk {hash}: {} bytes stored, size says {size}", data.len()));
+                problems.push(format!(
+                    "chunk {hash}: {} bytes stored, size says {size}",
+                    data.len()
+                ));
             }
             if Hash::of(data) != hash {
                 problems.push(format!("chunk {hash}: bytes do not hash to its name"));
@@ -43,7 +55,9 @@ impl Dofs {
         // Manifests: their chunk list is contiguous, sized and named right.
         let mut stmt = conn.prepare("SELECT hash, size, chunk_count FROM manifests")?;
         let manifests: Vec<(Hash, u64, u64)> = stmt
-            .query_map([], |r| Ok((hash_from_sql(r.get(0)?, 0)?, r.get(1)?, r.get(2)?)))?
+            .query_map([], |r| {
+                Ok((hash_from_sql(r.get(0)?, 0)?, r.get(1)?, r.get(2)?))
+            })?
             .collect::<Result<_, _>>()?;
         let mut idx_stmt = conn.prepare(
             "SELECT mc.idx, mc.chunk, mc.size, c.size FROM manifest_chunks mc
@@ -54,15 +68,22 @@ impl Dofs {
             let mut rows = idx_stmt.query([hash.as_bytes()])?;
             while let Some(r) = rows.next()? {
                 let idx: u64 = r.get(0)?;
-                let c = ChunkRef { hash: hash_from_sql(r.get(1)?, 1)?, size: r.get(2)? };
+                let c = ChunkRef {
+                    hash: hash_from_sql(r.get(1)?, 1)?,
+                    size: r.get(2)?,
+                };
                 let held: Option<u64> = r.get(3)?;
                 if idx != chunks.len() as u64 {
-                    problems.push(format!("manifest {hash}: chunk index {idx} out of sequence"));
+                    problems.push(format!(
+                        "manifest {hash}: chunk index {idx} out of sequence"
+                    ));
                 }
                 match held {
                     None => problems.push(format!("manifest {hash}: chunk {} is not held", c.hash)),
-                    Some(s) if s != u64::from(c.size) => problems
-                        .push(format!("manifest {hash}: chunk {} listed as {} bytes, holds {s}", c.hash, c.size)),
+                    Some(s) if s != u64::from(c.size) => problems.push(format!(
+                        "manifest {hash}: chunk {} listed as {} bytes, holds {s}",
+                        c.hash, c.size
+                    )),
                     Some(_) => {}
                 }
                 chunks.push(c);
@@ -75,7 +96,9 @@ impl Dofs {
                 ));
             }
             if manifest::hash(&chunks) != hash {
-                problems.push(format!("manifest {hash}: its chunk list hashes differently"));
+                problems.push(format!(
+                    "manifest {hash}: its chunk list hashes differently"
+                ));
             }
         }
 
@@ -83,7 +106,9 @@ impl Dofs {
         let counter = rows::current_rev(conn)?;
         let horizon = rows::meta(conn, "prune_horizon")?;
         if horizon > counter {
-            problems.push(format!("prune horizon {horizon} is beyond the rev counter {counter}"));
+            problems.push(format!(
+                "prune horizon {horizon} is beyond the rev counter {counter}"
+            ));
         }
         let mut stmt = conn.prepare(
             "SELECT e.path, e.parent, e.rev, e.kind, e.size, m.size FROM entries e
@@ -107,21 +132,28 @@ impl Dofs {
                 Err(e) => problems.push(format!("{path:?}: not canonical: {e}")),
             }
             if rev > counter {
-                problems.push(format!("{path}: rev {rev} is beyond the rev counter {counter}"));
+                problems.push(format!(
+                    "{path}: rev {rev} is beyond the rev counter {counter}"
+                ));
             }
             if kind == "file" && size != manifest_size {
-                problems.push(format!("{path}: size {size:?} differs from its manifest's {manifest_size:?}"));
+                problems.push(format!(
+                    "{path}: size {size:?} differs from its manifest's {manifest_size:?}"
+                ));
             }
             if kind == "delete" && rev <= horizon {
-                problems.push(format!("{path}: tombstone at rev {rev} survived pruning to {horizon}"));
+                problems.push(format!(
+                    "{path}: tombstone at rev {rev} survived pruning to {horizon}"
+                ));
             }
         }
         let mut stmt = conn.prepare(
             "SELECT c.path, p.kind FROM entries c LEFT JOIN entries p ON p.path = c.parent
              WHERE c.kind <> 'delete' AND c.parent <> '' AND (p.kind IS NULL OR p.kind <> 'dir')",
         )?;
-        let orphans: Vec<(String, Option<String>)> =
-            stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<Result<_, _>>()?;
+        let orphans: Vec<(String, Option<String>)> = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<Result<_, _>>()?;
         for (path, parent_kind) in orphans {
             problems.push(format!(
                 "{path}: parent is {}",
@@ -129,12 +161,91 @@ impl Dofs {
             ));
         }
         let mut stmt = conn.prepare("SELECT name, push_rev FROM remotes WHERE push_rev > ?1")?;
-        let ahead: Vec<(String, u64)> =
-            stmt.query_map([counter], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<Result<_, _>>()?;
+        let ahead: Vec<(String, u64)> = stmt
+            .query_map([counter], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<Result<_, _>>()?;
         for (name, rev) in ahead {
-            problems.push(format!("remote {name}: push cursor rev {rev} is beyond the rev counter {counter}"));
+            problems.push(format!(
+                "remote {name}: push cursor rev {rev} is beyond the rev counter {counter}"
+            ));
         }
 
-        if problems.is_empty() { Ok(()) } else { Err(DofsError::Corrupt { problems }) }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(DofsError::Corrupt { problems })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::DofsError;
+    use crate::test_util::{put, store};
+
+    fn problems(d: &crate::Dofs) -> Vec<String> {
+        match d.check_integrity() {
+            Ok(()) => Vec::new(),
+            Err(DofsError::Corrupt { problems }) => problems,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn a_healthy_store_passes() {
+        let mut d = store();
+        put(&mut d, "a/b", b"x");
+        assert_eq!(problems(&d), Vec::<String>::new());
+    }
+
+    #[test]
+    fn corrupted_chunk_bytes_are_reported() {
+        let mut d = store();
+        put(&mut d, "f", b"original");
+        d.conn
+            .execute(
+                "UPDATE chunks SET data = X'6F726967696E616C21', size = 9",
+                [],
+            )
+            .unwrap();
+        let found = problems(&d);
+        assert!(
+            found.iter().any(|p| p.contains("do not hash to its name")),
+            "{found:?}"
+        );
+        assert!(
+            found
+                .iter()
+                .any(|p| p.contains("listed as 8 bytes, holds 9")),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn a_wrong_file_size_an_orphan_and_a_rev_beyond_the_counter_are_reported() {
+        let mut d = store();
+        put(&mut d, "d/f", b"1234");
+        d.conn
+            .execute("UPDATE entries SET size = 3 WHERE path = 'd/f'", [])
+            .unwrap();
+        d.conn
+            .execute("DELETE FROM entries WHERE path = 'd'", [])
+            .unwrap();
+        d.conn
+            .execute("UPDATE entries SET rev = 99 WHERE path = 'd/f'", [])
+            .unwrap();
+        let found = problems(&d);
+        assert!(
+            found.iter().any(|p| p.starts_with("d/f: size")),
+            "{found:?}"
+        );
+        assert!(
+            found.iter().any(|p| p == "d/f: parent is missing"),
+            "{found:?}"
+        );
+        assert!(
+            found.iter().any(|p| p.contains("rev 99 is beyond")),
+            "{found:?}"
+        );
     }
 }

@@ -71,3 +71,40 @@ impl Dofs {
         rows::current_rev(&self.conn)
     }
 }
+
+#[cfg(test)]
+pub(crate) mod test_util {
+    use wsd_sync::SyncPath;
+
+    use crate::{Dofs, WriteOptions};
+
+    pub fn p(s: &str) -> SyncPath {
+        SyncPath::new(s).unwrap()
+    }
+
+    pub fn store() -> Dofs {
+        Dofs::open_in_memory().unwrap()
+    }
+
+    /// Writes `bytes` at `path`, creating parents.
+    pub fn put(d: &mut Dofs, path: &str, bytes: &[u8]) {
+        let opts = WriteOptions {
+            create_parents: true,
+            ..WriteOptions::default()
+        };
+        d.write_file_with(&p(path), bytes, opts).unwrap();
+    }
+
+    /// Deterministic bytes that do not repeat (so they cut into many chunks).
+    pub fn noise(len: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+}

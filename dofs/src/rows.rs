@@ -11,9 +11,21 @@ use crate::DofsError;
 /// The state a row records for its path.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub(crate) enum Node {
-    File { mode: u32, mtime: i64, size: u64, manifest: Hash },
-    Dir { mode: u32, mtime: i64 },
-    Symlink { mode: u32, mtime: i64, target: String },
+    File {
+        mode: u32,
+        mtime: i64,
+        size: u64,
+        manifest: Hash,
+    },
+    Dir {
+        mode: u32,
+        mtime: i64,
+    },
+    Symlink {
+        mode: u32,
+        mtime: i64,
+        target: String,
+    },
     /// A tombstone.
     Deleted,
 }
@@ -48,16 +60,30 @@ impl Node {
     /// The row state for an incoming live entry whose chunks are `manifest`.
     pub(crate) fn from_state(state: &EntryState) -> Node {
         match state {
-            EntryState::File { mode, mtime, size, chunks } => Node::File {
+            EntryState::File {
+                mode,
+                mtime,
+                size,
+                chunks,
+            } => Node::File {
                 mode: *mode,
                 mtime: *mtime,
                 size: *size,
                 manifest: manifest::hash(chunks),
             },
-            EntryState::Dir { mode, mtime } => Node::Dir { mode: *mode, mtime: *mtime },
-            EntryState::Symlink { target, mode, mtime } => {
-                Node::Symlink { mode: *mode, mtime: *mtime, target: target.clone() }
-            }
+            EntryState::Dir { mode, mtime } => Node::Dir {
+                mode: *mode,
+                mtime: *mtime,
+            },
+            EntryState::Symlink {
+                target,
+                mode,
+                mtime,
+            } => Node::Symlink {
+                mode: *mode,
+                mtime: *mtime,
+                target: target.clone(),
+            },
             EntryState::Delete => Node::Deleted,
         }
     }
@@ -67,13 +93,29 @@ impl Node {
     pub(crate) fn same_content(&self, other: &Node) -> bool {
         match (self, other) {
             (
-                Node::File { mode: m1, manifest: h1, .. },
-                Node::File { mode: m2, manifest: h2, .. },
+                Node::File {
+                    mode: m1,
+                    manifest: h1,
+                    ..
+                },
+                Node::File {
+                    mode: m2,
+                    manifest: h2,
+                    ..
+                },
             ) => m1 == m2 && h1 == h2,
             (Node::Dir { mode: m1, .. }, Node::Dir { mode: m2, .. }) => m1 == m2,
             (
-                Node::Symlink { mode: m1, target: t1, .. },
-                Node::Symlink { mode: m2, target: t2, .. },
+                Node::Symlink {
+                    mode: m1,
+                    target: t1,
+                    ..
+                },
+                Node::Symlink {
+                    mode: m2,
+                    target: t2,
+                    ..
+                },
             ) => m1 == m2 && t1 == t2,
             (Node::Deleted, Node::Deleted) => true,
             _ => false,
@@ -111,18 +153,31 @@ pub(crate) fn row_from_sql(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
             size: r.get(5)?,
             manifest: hash_from_sql(r.get(7)?, 7)?,
         },
-        "dir" => Node::Dir { mode: r.get(3)?, mtime: r.get(4)? },
-        "symlink" => Node::Symlink { mode: r.get(3)?, mtime: r.get(4)?, target: r.get(6)? },
+        "dir" => Node::Dir {
+            mode: r.get(3)?,
+            mtime: r.get(4)?,
+        },
+        "symlink" => Node::Symlink {
+            mode: r.get(3)?,
+            mtime: r.get(4)?,
+            target: r.get(6)?,
+        },
         "delete" => Node::Deleted,
         other => return Err(conversion_error(2, format!("unknown kind {other:?}"))),
     };
-    Ok(Row { path: r.get(0)?, rev: r.get(1)?, node, applied_from: r.get(8)? })
+    Ok(Row {
+        path: r.get(0)?,
+        rev: r.get(1)?,
+        node,
+        applied_from: r.get(8)?,
+    })
 }
 
 /// The row at `path`, live or tombstone.
 pub(crate) fn get_row(conn: &Connection, path: &str) -> Result<Option<Row>, DofsError> {
-    let mut stmt =
-        conn.prepare_cached(&format!("SELECT {ROW_COLUMNS} FROM entries WHERE path = ?1"))?;
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {ROW_COLUMNS} FROM entries WHERE path = ?1"
+    ))?;
     Ok(stmt.query_row([path], row_from_sql).optional()?)
 }
 
@@ -130,6 +185,15 @@ pub(crate) fn get_row(conn: &Connection, path: &str) -> Result<Option<Row>, Dofs
 pub(crate) fn live(conn: &Connection, path: &str) -> Result<Option<Row>, DofsError> {
     Ok(get_row(conn, path)?.filter(|r| r.node.is_live()))
 }
+
+/// `mode, mtime, size, target, manifest` as bound for a node.
+type NodeColumns<'a> = (
+    Option<u32>,
+    Option<i64>,
+    Option<u64>,
+    Option<&'a str>,
+    Option<&'a [u8]>,
+);
 
 /// Writes `node` at `path` stamped `rev`, replacing whatever row was there.
 pub(crate) fn put_node(
@@ -140,20 +204,25 @@ pub(crate) fn put_node(
     applied_from: Option<&str>,
 ) -> Result<(), DofsError> {
     let parent = path.parent().map(SyncPath::into_string).unwrap_or_default();
-    let (mode, mtime, size, target, manifest): (
-        Option<u32>,
-        Option<i64>,
-        Option<u64>,
-        Option<&str>,
-        Option<&[u8]>,
-    ) = match node {
-        Node::File { mode, mtime, size, manifest } => {
-            (Some(*mode), Some(*mtime), Some(*size), None, Some(manifest.as_bytes()))
-        }
+    let (mode, mtime, size, target, manifest): NodeColumns<'_> = match node {
+        Node::File {
+            mode,
+            mtime,
+            size,
+            manifest,
+        } => (
+            Some(*mode),
+            Some(*mtime),
+            Some(*size),
+            None,
+            Some(manifest.as_bytes()),
+        ),
         Node::Dir { mode, mtime } => (Some(*mode), Some(*mtime), None, None, None),
-        Node::Symlink { mode, mtime, target } => {
-            (Some(*mode), Some(*mtime), None, Some(target.as_str()), None)
-        }
+        Node::Symlink {
+            mode,
+            mtime,
+            target,
+        } => (Some(*mode), Some(*mtime), None, Some(target.as_str()), None),
         Node::Deleted => (None, None, None, None, None),
     };
     let mut stmt = conn.prepare_cached(
@@ -223,16 +292,21 @@ pub(crate) fn meta(conn: &Connection, key: &str) -> Result<u64, DofsError> {
 }
 
 pub(crate) fn set_meta(conn: &Connection, key: &str, value: u64) -> Result<(), DofsError> {
-    conn.prepare_cached("UPDATE meta SET value = ?2 WHERE key = ?1")?.execute(params![key, value])?;
+    conn.prepare_cached("UPDATE meta SET value = ?2 WHERE key = ?1")?
+        .execute(params![key, value])?;
     Ok(())
 }
 
 /// The ordered chunk list of a manifest.
 pub(crate) fn manifest_chunks(conn: &Connection, hash: &Hash) -> Result<Vec<ChunkRef>, DofsError> {
-    let mut stmt = conn
-        .prepare_cached("SELECT chunk, size FROM manifest_chunks WHERE manifest = ?1 ORDER BY idx")?;
+    let mut stmt = conn.prepare_cached(
+        "SELECT chunk, size FROM manifest_chunks WHERE manifest = ?1 ORDER BY idx",
+    )?;
     let rows = stmt.query_map([hash.as_bytes()], |r| {
-        Ok(ChunkRef { hash: hash_from_sql(r.get(0)?, 0)?, size: r.get(1)? })
+        Ok(ChunkRef {
+            hash: hash_from_sql(r.get(0)?, 0)?,
+            size: r.get(1)?,
+        })
     })?;
     Ok(rows.collect::<Result<_, _>>()?)
 }
@@ -253,7 +327,12 @@ pub(crate) fn ensure_manifest(conn: &Connection, chunks: &[ChunkRef]) -> Result<
             "INSERT INTO manifest_chunks (manifest, idx, chunk, size) VALUES (?1, ?2, ?3, ?4)",
         )?;
         for (idx, c) in chunks.iter().enumerate() {
-            stmt.execute(params![hash.as_bytes(), idx as u64, c.hash.as_bytes(), c.size])?;
+            stmt.execute(params![
+                hash.as_bytes(),
+                idx as u64,
+                c.hash.as_bytes(),
+                c.size
+            ])?;
         }
     }
     Ok(hash)
@@ -277,19 +356,42 @@ pub(crate) fn has_chunk(conn: &Connection, hash: &Hash) -> Result<bool, DofsErro
 pub(crate) fn to_entry(conn: &Connection, row: Row) -> Result<ChangeEntry, DofsError> {
     let path = SyncPath::new(row.path)?;
     let state = match row.node {
-        Node::File { mode, mtime, size, manifest } => {
-            EntryState::File { mode, mtime, size, chunks: manifest_chunks(conn, &manifest)? }
-        }
+        Node::File {
+            mode,
+            mtime,
+            size,
+            manifest,
+        } => EntryState::File {
+            mode,
+            mtime,
+            size,
+            chunks: manifest_chunks(conn, &manifest)?,
+        },
         Node::Dir { mode, mtime } => EntryState::Dir { mode, mtime },
-        Node::Symlink { mode, mtime, target } => EntryState::Symlink { target, mode, mtime },
+        Node::Symlink {
+            mode,
+            mtime,
+            target,
+        } => EntryState::Symlink {
+            target,
+            mode,
+            mtime,
+        },
         Node::Deleted => EntryState::Delete,
     };
-    Ok(ChangeEntry { rev: row.rev, path, state })
+    Ok(ChangeEntry {
+        rev: row.rev,
+        path,
+        state,
+    })
 }
 
 /// Reads a stored cursor from its rev and optional path columns.
 pub(crate) fn cursor_from(rev: u64, path: Option<String>) -> Result<ChangeCursor, DofsError> {
-    Ok(ChangeCursor { rev, path: path.map(SyncPath::new).transpose()? })
+    Ok(ChangeCursor {
+        rev,
+        path: path.map(SyncPath::new).transpose()?,
+    })
 }
 
 /// Milliseconds since the Unix epoch, the mtime unit on the wire.

@@ -2,12 +2,14 @@
 //! (`sync-protocol.md` rules 3–6 and 10), all in one transaction.
 
 use rusqlite::{Connection, OptionalExtension, params};
-use wsd_sync::{ApplyBatch, ApplyOutcome, Baseline, ChangeCursor, ChangeEntry, EntryState, SyncError, SyncPath};
+use wsd_sync::{
+    ApplyBatch, ApplyOutcome, Baseline, ChangeCursor, ChangeEntry, EntryState, SyncError, SyncPath,
+};
 
 use crate::fs::DEFAULT_DIR_MODE;
 use crate::rows::{
-    self, Mutation, Node, Row, ensure_manifest, get_row, has_chunk, live, put_node,
-    subtree_bounds, tombstone_subtree,
+    self, Mutation, Node, Row, ensure_manifest, get_row, has_chunk, live, put_node, subtree_bounds,
+    tombstone_subtree,
 };
 use crate::sync::watermarks;
 use crate::{Dofs, DofsError};
@@ -28,12 +30,16 @@ impl Source<'_> {
         if self.marker.is_none() || row.applied_from.as_deref() == self.marker {
             return Ok(false);
         }
-        Ok(self.pushed.is_before(row.rev, &SyncPath::new(row.path.clone())?))
+        Ok(self
+            .pushed
+            .is_before(row.rev, &SyncPath::new(row.path.clone())?))
     }
 
     /// Whether any live strict descendant of `path` is an unpushed change.
     fn subtree_unpushed(&self, conn: &Connection, path: &str) -> Result<bool, DofsError> {
-        let Some(marker) = self.marker else { return Ok(false) };
+        let Some(marker) = self.marker else {
+            return Ok(false);
+        };
         let (lo, hi) = subtree_bounds(path);
         let mut stmt = conn.prepare_cached(
             "SELECT EXISTS (SELECT 1 FROM entries
@@ -68,7 +74,9 @@ impl Dofs {
         let pushed = match batch.sender {
             Some(_) => {
                 watermarks::register(&m, batch.remote)?;
-                watermarks::cursors(&m, batch.remote)?.map(|(p, _)| p).unwrap_or_default()
+                watermarks::cursors(&m, batch.remote)?
+                    .map(|(p, _)| p)
+                    .unwrap_or_default()
             }
             None => ChangeCursor::ZERO,
         };
@@ -108,29 +116,43 @@ impl Dofs {
                 watermarks::write_fetch_cursor(&m, batch.remote, sender)?;
             }
         }
-        outcome.fetch_cursor =
-            watermarks::cursors(&m, batch.remote)?.map(|(_, f)| f).unwrap_or_default();
+        outcome.fetch_cursor = watermarks::cursors(&m, batch.remote)?
+            .map(|(_, f)| f)
+            .unwrap_or_default();
         let stamped = m.stamped();
         m.commit()?;
         outcome.rev = rows::current_rev(&self.conn)?;
         if let Some(rev) = stamped {
-            tracing::debug!(remote = batch.remote, rev, applied = outcome.applied,
-                skipped = outcome.skipped, "applied batch");
+            tracing::debug!(
+                remote = batch.remote,
+                rev,
+                applied = outcome.applied,
+                skipped = outcome.skipped,
+                "applied batch"
+            );
         }
         Ok(outcome)
     }
 }
 
-fn apply_entry(m: &mut Mutation<'_>, src: &Source<'_>, e: &ChangeEntry) -> Result<Applied, DofsError> {
+fn apply_entry(
+    m: &mut Mutation<'_>,
+    src: &Source<'_>,
+    e: &ChangeEntry,
+) -> Result<Applied, DofsError> {
     let path = e.path.as_str();
     let current = get_row(m, path)?;
     let current_live = current.as_ref().filter(|r| r.node.is_live());
     if let EntryState::Delete = e.state {
-        let Some(cur) = current_live else { return Ok(Applied::Skipped) };
+        let Some(cur) = current_live else {
+            return Ok(Applied::Skipped);
+        };
         let overwrote = src.is_unpushed(cur)? || src.subtree_unpushed(m, path)?;
         let rev = m.rev()?;
         tombstone_subtree(m, path, true, rev, src.marker)?;
-        return Ok(Applied::Changed { overwrote_local: overwrote });
+        return Ok(Applied::Changed {
+            overwrote_local: overwrote,
+        });
     }
     let node = Node::from_state(&e.state);
     if src.marker.is_some()
@@ -143,7 +165,11 @@ fn apply_entry(m: &mut Mutation<'_>, src: &Source<'_>, e: &ChangeEntry) -> Resul
     // rolls back otherwise, so a half-linked file is never visible.
     for c in e.chunks() {
         if !has_chunk(m, &c.hash)? {
-            return Err(SyncError::UnknownHash { hash: c.hash, path: Some(path.to_owned()) }.into());
+            return Err(SyncError::UnknownHash {
+                hash: c.hash,
+                path: Some(path.to_owned()),
+            }
+            .into());
         }
     }
     let mut overwrote = match &current {
@@ -165,7 +191,9 @@ fn apply_entry(m: &mut Mutation<'_>, src: &Source<'_>, e: &ChangeEntry) -> Resul
     }
     let rev = m.rev()?;
     put_node(m, &e.path, rev, &node, src.marker)?;
-    Ok(Applied::Changed { overwrote_local: overwrote })
+    Ok(Applied::Changed {
+        overwrote_local: overwrote,
+    })
 }
 
 /// Creates `path`'s missing ancestors (a child may stream before a parent
@@ -186,7 +214,10 @@ fn ensure_parent_dirs(
     for anc in path.ancestors() {
         let cur = live(m, anc.as_str())?;
         match &cur {
-            Some(Row { node: Node::Dir { .. }, .. }) => continue,
+            Some(Row {
+                node: Node::Dir { .. },
+                ..
+            }) => continue,
             Some(row) => overwrote |= src.is_unpushed(row)?,
             None => {}
         }
@@ -195,7 +226,16 @@ fn ensure_parent_dirs(
             Some(Node::File { mtime, .. } | Node::Symlink { mtime, .. }) => mtime,
             _ => rows::now_ms(),
         };
-        put_node(m, &anc, rev, &Node::Dir { mode: DEFAULT_DIR_MODE, mtime }, None)?;
+        put_node(
+            m,
+            &anc,
+            rev,
+            &Node::Dir {
+                mode: DEFAULT_DIR_MODE,
+                mtime,
+            },
+            None,
+        )?;
     }
     Ok(overwrote)
 }
@@ -208,7 +248,9 @@ fn restart_baseline_if_rewound(
     remote: &str,
     entries: &[ChangeEntry],
 ) -> Result<(), DofsError> {
-    let Some(first) = entries.first() else { return Ok(()) };
+    let Some(first) = entries.first() else {
+        return Ok(());
+    };
     let progress: Option<(u64, String)> = conn
         .prepare_cached("SELECT rev, path FROM baseline_progress WHERE remote = ?1")?
         .query_row([remote], |r| Ok((r.get(0)?, r.get(1)?)))
@@ -216,15 +258,20 @@ fn restart_baseline_if_rewound(
     if let Some((rev, path)) = progress
         && !ChangeCursor::within(rev, SyncPath::new(path)?).is_before(first.rev, &first.path)
     {
-        tracing::info!(remote, "baseline restarted; dropping the marks of the previous attempt");
+        tracing::info!(
+            remote,
+            "baseline restarted; dropping the marks of the previous attempt"
+        );
         clear_baseline(conn, remote)?;
     }
     Ok(())
 }
 
 fn clear_baseline(conn: &Connection, remote: &str) -> Result<(), DofsError> {
-    conn.prepare_cached("DELETE FROM baseline_marks WHERE remote = ?1")?.execute([remote])?;
-    conn.prepare_cached("DELETE FROM baseline_progress WHERE remote = ?1")?.execute([remote])?;
+    conn.prepare_cached("DELETE FROM baseline_marks WHERE remote = ?1")?
+        .execute([remote])?;
+    conn.prepare_cached("DELETE FROM baseline_progress WHERE remote = ?1")?
+        .execute([remote])?;
     Ok(())
 }
 
@@ -287,8 +334,432 @@ fn sweep(m: &mut Mutation<'_>, src: &Source<'_>) -> Result<usize, DofsError> {
             ),
             params![src.remote, rev, src.marker],
         )?;
-        tracing::info!(remote = src.remote, swept, overwrote, "baseline sweep deleted unlisted paths");
+        tracing::info!(
+            remote = src.remote,
+            swept,
+            overwrote,
+            "baseline sweep deleted unlisted paths"
+        );
     }
     clear_baseline(m, src.remote)?;
     Ok(overwrote)
+}
+
+#[cfg(test)]
+mod tests {
+    use wsd_sync::{
+        ApplyBatch, ApplyOutcome, Baseline, ChangeCursor, ChangeEntry, ChangesQuery, ChunkRef,
+        EntryState, ErrorCode, Hash, IgnoreRules, Kind, Object, Store, SyncError, chunk,
+    };
+
+    use crate::Dofs;
+    use crate::test_util::{p, put, store};
+
+    fn file(d: &mut Dofs, path: &str, bytes: &[u8], mode: u32, rev: u64) -> ChangeEntry {
+        let chunks: Vec<ChunkRef> = chunk::chunk_slice(bytes)
+            .into_iter()
+            .map(|(_, c)| c)
+            .collect();
+        let objects: Vec<Object> = chunk::chunk_slice(bytes)
+            .into_iter()
+            .map(|(off, c)| Object {
+                hash: c.hash,
+                bytes: bytes[off..off + c.size as usize].to_vec(),
+            })
+            .collect();
+        d.stage_objects(&objects).unwrap();
+        let size = bytes.len() as u64;
+        ChangeEntry {
+            rev,
+            path: p(path),
+            state: EntryState::File {
+                mode,
+                mtime: 1,
+                size,
+                chunks,
+            },
+        }
+    }
+
+    fn dir(path: &str, mode: u32, rev: u64) -> ChangeEntry {
+        ChangeEntry {
+            rev,
+            path: p(path),
+            state: EntryState::Dir {
+                mode,
+                mtime: rev as i64,
+            },
+        }
+    }
+
+    fn link(path: &str, target: &str, rev: u64) -> ChangeEntry {
+        ChangeEntry {
+            rev,
+            path: p(path),
+            state: EntryState::Symlink {
+                target: target.into(),
+                mode: 0o777,
+                mtime: 1,
+            },
+        }
+    }
+
+    fn del(path: &str, rev: u64) -> ChangeEntry {
+        ChangeEntry {
+            rev,
+            path: p(path),
+            state: EntryState::Delete,
+        }
+    }
+
+    fn apply_as(
+        d: &mut Dofs,
+        sender: Option<ChangeCursor>,
+        entries: &[ChangeEntry],
+        baseline: Baseline,
+    ) -> Result<ApplyOutcome, SyncError> {
+        d.apply(ApplyBatch {
+            remote: "R",
+            sender,
+            entries,
+            baseline,
+        })
+    }
+
+    fn from_r(d: &mut Dofs, rev: u64, entries: &[ChangeEntry]) -> ApplyOutcome {
+        apply_as(d, Some(ChangeCursor::at(rev)), entries, Baseline::Off).unwrap()
+    }
+
+    fn applied_from(d: &Dofs, path: &str) -> Option<String> {
+        d.conn
+            .query_row(
+                "SELECT applied_from FROM entries WHERE path = ?1",
+                [path],
+                |r| r.get(0),
+            )
+            .unwrap()
+    }
+
+    #[test]
+    fn a_peer_entry_matching_local_state_is_skipped_but_a_mode_only_change_applies() {
+        let mut d = store();
+        let f = file(&mut d, "f", b"content", 0o644, 1);
+        assert_eq!(
+            from_r(&mut d, 1, &[f.clone(), dir("d", 0o755, 1)]).applied,
+            2
+        );
+        let rev = d.current_rev().unwrap();
+        let again = from_r(&mut d, 2, &[f.clone(), dir("d", 0o755, 99)]);
+        assert_eq!((again.applied, again.skipped), (0, 2));
+        assert_eq!(
+            d.current_rev().unwrap(),
+            rev,
+            "skips stamp no rev, mtime alone is no change"
+        );
+        let mut chmod = f.clone();
+        if let EntryState::File { mode, .. } = &mut chmod.state {
+            *mode = 0o755;
+        }
+        assert_eq!(from_r(&mut d, 3, &[chmod]).applied, 1);
+        assert_eq!(d.stat(&p("f")).unwrap().mode, 0o755);
+        assert_eq!(from_r(&mut d, 4, &[dir("d", 0o700, 4)]).applied, 1);
+        assert_eq!(d.stat(&p("d")).unwrap().mode, 0o700);
+        assert_eq!(d.current_rev().unwrap(), rev + 2);
+    }
+
+    #[test]
+    fn a_batch_is_stamped_with_one_rev_and_advances_the_fetch_cursor() {
+        let mut d = store();
+        let entries = [
+            dir("a", 0o755, 7),
+            file(&mut d, "a/x", b"1", 0o644, 7),
+            link("a/l", "x", 7),
+        ];
+        let out = apply_as(
+            &mut d,
+            Some(ChangeCursor::within(7, p("a/x"))),
+            &entries,
+            Baseline::Off,
+        )
+        .unwrap();
+        assert_eq!(out.rev, 1);
+        assert_eq!(out.fetch_cursor, ChangeCursor::within(7, p("a/x")));
+        for path in ["a", "a/x", "a/l"] {
+            assert_eq!(d.stat(&p(path)).unwrap().rev, 1);
+            assert_eq!(applied_from(&d, path).as_deref(), Some("R"));
+        }
+        assert_eq!(
+            d.remote_watermarks("R").unwrap().fetch_cursor,
+            out.fetch_cursor
+        );
+        d.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn the_fetch_cursor_never_moves_backwards() {
+        let mut d = store();
+        assert_eq!(from_r(&mut d, 10, &[]).fetch_cursor, ChangeCursor::at(10));
+        assert_eq!(from_r(&mut d, 5, &[]).fetch_cursor, ChangeCursor::at(10));
+        let partial = apply_as(
+            &mut d,
+            Some(ChangeCursor::within(10, p("z"))),
+            &[],
+            Baseline::Off,
+        );
+        assert_eq!(partial.unwrap().fetch_cursor, ChangeCursor::at(10));
+        assert_eq!(
+            d.current_rev().unwrap(),
+            0,
+            "cursor moves are not tree mutations"
+        );
+    }
+
+    #[test]
+    fn a_missing_chunk_fails_naming_hash_and_path_and_changes_nothing() {
+        let mut d = store();
+        put(&mut d, "existing", b"x");
+        let rev = d.current_rev().unwrap();
+        let held = file(&mut d, "a/held", b"held bytes", 0o644, 3);
+        let missing_bytes = b"never staged";
+        let missing = ChangeEntry {
+            rev: 3,
+            path: p("a/missing"),
+            state: EntryState::File {
+                mode: 0o644,
+                mtime: 1,
+                size: missing_bytes.len() as u64,
+                chunks: vec![ChunkRef {
+                    hash: Hash::of(missing_bytes),
+                    size: 12,
+                }],
+            },
+        };
+        let err = from_r_err(
+            &mut d,
+            &[dir("a", 0o755, 3), held, del("existing", 3), missing],
+        );
+        assert_eq!(err.code(), ErrorCode::UnknownHash);
+        assert!(
+            err.to_string()
+                .contains(&Hash::of(missing_bytes).to_string()),
+            "{err}"
+        );
+        assert!(err.to_string().contains("a/missing"), "{err}");
+        assert_eq!(d.current_rev().unwrap(), rev);
+        assert!(!d.exists(&p("a")).unwrap());
+        assert!(d.exists(&p("existing")).unwrap());
+        assert_eq!(
+            d.remote_watermarks("R").unwrap().fetch_cursor,
+            ChangeCursor::ZERO
+        );
+        d.check_integrity().unwrap();
+    }
+
+    fn from_r_err(d: &mut Dofs, entries: &[ChangeEntry]) -> SyncError {
+        apply_as(d, Some(ChangeCursor::at(3)), entries, Baseline::Off).unwrap_err()
+    }
+
+    #[test]
+    fn an_invalid_entry_rejects_the_whole_batch() {
+        let mut d = store();
+        let mut bad = file(&mut d, "f", b"abc", 0o644, 1);
+        if let EntryState::File { size, .. } = &mut bad.state {
+            *size = 4;
+        }
+        let err = from_r_err(&mut d, &[dir("d", 0o755, 1), bad]);
+        assert_eq!(err.code(), ErrorCode::Invalid);
+        assert!(!d.exists(&p("d")).unwrap());
+    }
+
+    #[test]
+    fn a_child_before_its_parent_creates_the_missing_parents() {
+        let mut d = store();
+        let f = file(&mut d, "x/y/z", b"deep", 0o600, 2);
+        from_r(&mut d, 2, &[f]);
+        assert_eq!(d.stat(&p("x")).unwrap().kind, Kind::Dir);
+        assert_eq!(d.stat(&p("x/y")).unwrap().mode, crate::DEFAULT_DIR_MODE);
+        assert_eq!(d.read_file(&p("x/y/z")).unwrap(), b"deep");
+        // The parent's own (later) entry then sets its real mode.
+        from_r(&mut d, 3, &[dir("x/y", 0o700, 3)]);
+        assert_eq!(d.stat(&p("x/y")).unwrap().mode, 0o700);
+        d.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn kind_changes_replace_the_local_subtree_with_tombstones_marked_as_the_remotes() {
+        let mut d = store();
+        put(&mut d, "d/a", b"1");
+        put(&mut d, "d/b/c", b"2");
+        let f = file(&mut d, "d", b"now a file", 0o644, 5);
+        from_r(&mut d, 5, &[f]);
+        assert_eq!(d.read_file(&p("d")).unwrap(), b"now a file");
+        for gone in ["d/a", "d/b", "d/b/c"] {
+            assert_eq!(
+                d.read_entry(&p(gone)).unwrap().unwrap().state,
+                EntryState::Delete
+            );
+            assert_eq!(applied_from(&d, gone).as_deref(), Some("R"), "{gone}");
+        }
+        from_r(&mut d, 6, &[dir("d", 0o755, 6)]);
+        assert_eq!(d.stat(&p("d")).unwrap().kind, Kind::Dir);
+        from_r(&mut d, 7, &[link("d", "elsewhere", 7)]);
+        assert_eq!(d.readlink(&p("d")).unwrap(), "elsewhere");
+        let f = file(&mut d, "d", b"file again", 0o644, 8);
+        from_r(&mut d, 8, &[f]);
+        assert_eq!(d.read_file(&p("d")).unwrap(), b"file again");
+        // A file in the way of an incoming child becomes a directory.
+        let child = file(&mut d, "d/inner", b"x", 0o644, 9);
+        from_r(&mut d, 9, &[child]);
+        assert_eq!(d.stat(&p("d")).unwrap().kind, Kind::Dir);
+        d.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn a_delete_removes_the_subtree_and_a_delete_of_nothing_is_skipped() {
+        let mut d = store();
+        put(&mut d, "d/a/b", b"1");
+        let out = from_r(&mut d, 2, &[del("d", 2), del("d/a", 2), del("never", 2)]);
+        assert_eq!((out.applied, out.skipped), (1, 2));
+        assert!(d.readdir(None).unwrap().is_empty());
+        d.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn an_external_writer_applies_fresh_local_revs_and_moves_no_watermark() {
+        let mut d = store();
+        let f = file(&mut d, "f", b"same", 0o644, 0);
+        apply_as(&mut d, None, std::slice::from_ref(&f), Baseline::Off).unwrap();
+        let out = apply_as(&mut d, None, std::slice::from_ref(&f), Baseline::Off).unwrap();
+        assert_eq!(out.applied, 1, "an external write is never skipped");
+        assert_eq!(d.current_rev().unwrap(), 2);
+        assert_eq!(out.fetch_cursor, ChangeCursor::ZERO);
+        assert!(
+            d.remotes().unwrap().is_empty(),
+            "an external writer is not a remote"
+        );
+        assert_eq!(applied_from(&d, "f"), None, "streamed on to every remote");
+    }
+
+    #[test]
+    fn overwriting_an_unpushed_local_change_is_counted() {
+        let mut d = store();
+        put(&mut d, "mine", b"local");
+        put(&mut d, "dir/child", b"local");
+        put(&mut d, "deleted", b"x");
+        d.rm(&p("deleted"), false).unwrap();
+        let entries = [
+            file(&mut d, "mine", b"theirs", 0o644, 1),
+            file(&mut d, "dir", b"file over my dir", 0o644, 1),
+            file(&mut d, "deleted", b"resurrected", 0o644, 1),
+            file(&mut d, "fresh", b"no conflict", 0o644, 1),
+        ];
+        let out = from_r(&mut d, 1, &entries);
+        assert_eq!((out.applied, out.overwrote_local), (4, 3));
+        // Overwriting the remote's own earlier state is not a lost write,
+        // nor is overwriting local state the remote has acknowledged.
+        let again = file(&mut d, "mine", b"theirs v2", 0o644, 2);
+        assert_eq!(from_r(&mut d, 2, &[again]).overwrote_local, 0);
+        put(&mut d, "acked", b"local");
+        let rev = d.current_rev().unwrap();
+        d.set_push_cursor("R", &ChangeCursor::at(rev)).unwrap();
+        let over = file(&mut d, "acked", b"theirs", 0o644, 3);
+        assert_eq!(from_r(&mut d, 3, &[over]).overwrote_local, 0);
+    }
+
+    #[test]
+    fn entries_applied_from_a_remote_are_not_streamed_back_to_it_until_changed_locally() {
+        let mut d = store();
+        let f = file(&mut d, "f", b"theirs", 0o644, 1);
+        from_r(&mut d, 1, &[f, dir("d", 0o755, 1)]);
+        let stream = |d: &mut Dofs, exclude: &str| -> Vec<String> {
+            let ignore = IgnoreRules::none();
+            let through = d.open_changes(&ChangeCursor::ZERO).unwrap().through;
+            d.changes(ChangesQuery {
+                after: &ChangeCursor::ZERO,
+                through: &through,
+                ignore: &ignore,
+                exclude_applied_from: Some(exclude),
+                limit: 10,
+            })
+            .unwrap()
+            .into_iter()
+            .map(|e| e.path.into_string())
+            .collect()
+        };
+        assert!(stream(&mut d, "R").is_empty());
+        assert_eq!(stream(&mut d, "S"), ["d", "f"]);
+        d.chmod(&p("f"), 0o600).unwrap();
+        assert_eq!(stream(&mut d, "R"), ["f"]);
+    }
+
+    #[test]
+    fn a_baseline_sweep_deletes_every_unlisted_live_path_and_keeps_listed_ancestors() {
+        let mut d = store();
+        for path in ["keep", "stale", "tree/leaf", "tree/stale", "other/x"] {
+            put(&mut d, path, b"old");
+        }
+        let keep = file(&mut d, "keep", b"old", 0o644, 1);
+        let leaf = file(&mut d, "tree/leaf", b"old", 0o644, 3);
+        let batch1 = apply_as(
+            &mut d,
+            Some(ChangeCursor::within(1, p("keep"))),
+            &[keep],
+            Baseline::Mark,
+        );
+        assert_eq!(batch1.unwrap().skipped, 1);
+        let rev = d.current_rev().unwrap();
+        let out = apply_as(
+            &mut d,
+            Some(ChangeCursor::at(3)),
+            &[leaf, del("gone", 2)],
+            Baseline::Sweep,
+        )
+        .unwrap();
+        let mut live: Vec<String> = Vec::new();
+        for e in d.readdir(None).unwrap() {
+            live.push(e.name.clone());
+            if e.stat.kind == Kind::Dir {
+                live.extend(
+                    d.readdir(Some(&e.path))
+                        .unwrap()
+                        .into_iter()
+                        .map(|c| c.path.into_string()),
+                );
+            }
+        }
+        assert_eq!(live, ["keep", "tree", "tree/leaf"]);
+        assert_eq!(d.current_rev().unwrap(), rev + 1, "the sweep is one rev");
+        assert_eq!(applied_from(&d, "stale").as_deref(), Some("R"));
+        assert_eq!(
+            out.overwrote_local, 4,
+            "the swept paths were unpushed local writes"
+        );
+        let marks: u64 = d
+            .conn
+            .query_row("SELECT count(*) FROM baseline_marks", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(marks, 0);
+        d.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn a_restarted_baseline_forgets_the_marks_of_the_abandoned_attempt() {
+        let mut d = store();
+        put(&mut d, "a", b"1");
+        put(&mut d, "b", b"1");
+        let a = file(&mut d, "a", b"1", 0o644, 5);
+        let b = file(&mut d, "b", b"1", 0o644, 6);
+        apply_as(
+            &mut d,
+            Some(ChangeCursor::within(6, p("b"))),
+            &[a.clone(), b],
+            Baseline::Mark,
+        )
+        .unwrap();
+        // The sender deleted `b` and its tombstone was pruned; the baseline
+        // starts over and no longer lists it.
+        apply_as(&mut d, Some(ChangeCursor::at(9)), &[a], Baseline::Sweep).unwrap();
+        assert!(d.exists(&p("a")).unwrap());
+        assert!(!d.exists(&p("b")).unwrap());
+    }
 }

@@ -30,10 +30,7 @@ impl Dofs {
         })
     }
 
-    pub(crate) fn changes_inner(
-        &self,
-        q: ChangesQuery<'_>,
-    ) -> Result<Vec<ChangeEntry>, DofsError> {
+    pub(crate) fn changes_inner(&self, q: ChangesQuery<'_>) -> Result<Vec<ChangeEntry>, DofsError> {
         let mut out = Vec::new();
         let mut after = q.after.clone();
         while out.len() < q.limit {
@@ -43,8 +40,12 @@ impl Dofs {
             for row in page {
                 after = ChangeCursor::within(row.rev, wsd_sync::SyncPath::new(row.path.clone())?);
                 let ignored = match row.node.kind() {
-                    Some(kind) => q.ignore.is_ignored(after.path.as_ref().expect("set"), kind == Kind::Dir),
-                    None => q.ignore.is_ignored_any_kind(after.path.as_ref().expect("set")),
+                    Some(kind) => q
+                        .ignore
+                        .is_ignored(after.path.as_ref().expect("set"), kind == Kind::Dir),
+                    None => q
+                        .ignore
+                        .is_ignored_any_kind(after.path.as_ref().expect("set")),
                 };
                 if !ignored {
                     out.push(to_entry(&self.conn, row)?);
@@ -99,6 +100,164 @@ impl Dofs {
         &self,
         path: &wsd_sync::SyncPath,
     ) -> Result<Option<ChangeEntry>, DofsError> {
-        rows::get_row(&self.conn, path.as_str())?.map(|row| to_entry(&self.conn, row)).transpose()
+        rows::get_row(&self.conn, path.as_str())?
+            .map(|row| to_entry(&self.conn, row))
+            .transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use wsd_sync::{ChangeCursor, EntryState, IgnoreRules, Store};
+
+    use crate::Dofs;
+    use crate::test_util::{p, put, store};
+
+    fn all(
+        d: &mut Dofs,
+        after: ChangeCursor,
+        limit: usize,
+        ignore: &IgnoreRules,
+    ) -> Vec<(u64, String, bool)> {
+        let through = d.open_changes(&after).unwrap().through;
+        let mut out = Vec::new();
+        let mut cursor = after;
+        loop {
+            let page = d
+                .changes(wsd_sync::ChangesQuery {
+                    after: &cursor,
+                    through: &through,
+                    ignore,
+                    exclude_applied_from: None,
+                    limit,
+                })
+                .unwrap();
+            let done = page.len() < limit;
+            if let Some(e) = page.last() {
+                cursor = ChangeCursor::within(e.rev, e.path.clone());
+            }
+            out.extend(
+                page.into_iter()
+                    .map(|e| (e.rev, e.path.into_string(), e.state == EntryState::Delete)),
+            );
+            if done {
+                return out;
+            }
+        }
+    }
+
+    #[test]
+    fn five_rewrites_of_one_path_cost_one_entry() {
+        let mut d = store();
+        for i in 0..5u8 {
+            put(&mut d, "f", &[i]);
+        }
+        assert_eq!(
+            all(&mut d, ChangeCursor::ZERO, 100, &IgnoreRules::none()),
+            vec![(5, "f".into(), false)]
+        );
+    }
+
+    #[test]
+    fn delete_then_recreate_is_one_live_entry() {
+        let mut d = store();
+        put(&mut d, "f", b"1");
+        d.rm(&p("f"), false).unwrap();
+        put(&mut d, "f", b"2");
+        assert_eq!(
+            all(&mut d, ChangeCursor::ZERO, 100, &IgnoreRules::none()),
+            vec![(3, "f".into(), false)]
+        );
+    }
+
+    #[test]
+    fn changes_come_in_rev_then_byte_order_and_resume_mid_rev() {
+        let mut d = store();
+        put(&mut d, "z", b"1"); // rev 1
+        d.mkdir(&p("old"), false).unwrap(); // rev 2
+        for name in ["b", "a", "c"] {
+            put(&mut d, &format!("old/{name}"), b"x"); // revs 3..5
+        }
+        d.rename(&p("old"), &p("new")).unwrap(); // rev 6
+        let expected = vec![
+            (1, "z".to_string(), false),
+            (6, "new".into(), false),
+            (6, "new/a".into(), false),
+            (6, "new/b".into(), false),
+            (6, "new/c".into(), false),
+            (6, "old".into(), true),
+            (6, "old/a".into(), true),
+            (6, "old/b".into(), true),
+            (6, "old/c".into(), true),
+        ];
+        assert_eq!(
+            all(&mut d, ChangeCursor::ZERO, 100, &IgnoreRules::none()),
+            expected
+        );
+        for limit in 1..4 {
+            assert_eq!(
+                all(&mut d, ChangeCursor::ZERO, limit, &IgnoreRules::none()),
+                expected
+            );
+        }
+        let mid = ChangeCursor::within(6, p("new/b"));
+        assert_eq!(
+            all(&mut d, mid, 2, &IgnoreRules::none()),
+            expected[4..].to_vec()
+        );
+        assert!(all(&mut d, ChangeCursor::at(6), 10, &IgnoreRules::none()).is_empty());
+    }
+
+    #[test]
+    fn a_path_rewritten_after_the_window_opened_is_deferred_to_the_next_window() {
+        let mut d = store();
+        put(&mut d, "a", b"1");
+        put(&mut d, "b", b"1");
+        let window = d.open_changes(&ChangeCursor::ZERO).unwrap();
+        put(&mut d, "a", b"2");
+        let ignore = IgnoreRules::none();
+        let page = d
+            .changes(wsd_sync::ChangesQuery {
+                after: &ChangeCursor::ZERO,
+                through: &window.through,
+                ignore: &ignore,
+                exclude_applied_from: None,
+                limit: 10,
+            })
+            .unwrap();
+        assert_eq!(
+            page.iter().map(|e| e.path.as_str()).collect::<Vec<_>>(),
+            ["b"]
+        );
+        let next = all(&mut d, window.through, 10, &ignore);
+        assert_eq!(next, vec![(3, "a".into(), false)]);
+    }
+
+    #[test]
+    fn ignored_paths_are_left_out_without_ending_the_page_early() {
+        let mut d = store();
+        for i in 0..600 {
+            put(&mut d, &format!("node_modules/m{i:03}"), b"x");
+        }
+        put(&mut d, "src/main.rs", b"fn main() {}");
+        d.rm(&p("node_modules/m000"), false).unwrap();
+        let ignore = IgnoreRules::new(&["node_modules/"]).unwrap();
+        let got = all(&mut d, ChangeCursor::ZERO, 5, &ignore);
+        assert_eq!(
+            got.iter().map(|(_, p, _)| p.as_str()).collect::<Vec<_>>(),
+            ["src", "src/main.rs"]
+        );
+    }
+
+    #[test]
+    fn read_entry_gives_live_state_else_tombstone_else_nothing() {
+        let mut d = store();
+        put(&mut d, "f", b"1");
+        let live = d.read_entry(&p("f")).unwrap().unwrap();
+        assert!(matches!(live.state, EntryState::File { size: 1, .. }));
+        d.rm(&p("f"), false).unwrap();
+        let gone = d.read_entry(&p("f")).unwrap().unwrap();
+        assert_eq!((gone.rev, gone.state), (2, EntryState::Delete));
+        assert_eq!(d.read_entry(&p("never")).unwrap(), None);
     }
 }

@@ -9,8 +9,8 @@ pub use objects::GcOutcome;
 pub use watermarks::PruneOutcome;
 
 use wsd_sync::{
-    ApplyBatch, ApplyOutcome, ChangeCursor, ChangeEntry, ChangesQuery, ChangesWindow, Hash,
-    Object, Store, SyncError, SyncPath, Watermarks,
+    ApplyBatch, ApplyOutcome, ChangeCursor, ChangeEntry, ChangesQuery, ChangesWindow, Hash, Object,
+    Store, SyncError, SyncPath, Watermarks,
 };
 
 use crate::Dofs;

@@ -25,9 +25,12 @@ pub(crate) fn cursors(
         "SELECT push_rev, push_path, fetch_rev, fetch_path FROM remotes WHERE name = ?1",
     )?;
     let raw: Option<(u64, Option<String>, u64, Option<String>)> = stmt
-        .query_row([remote], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+        .query_row([remote], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        })
         .optional()?;
-    raw.map(|(pr, pp, fr, fp)| Ok((cursor_from(pr, pp)?, cursor_from(fr, fp)?))).transpose()
+    raw.map(|(pr, pp, fr, fp)| Ok((cursor_from(pr, pp)?, cursor_from(fr, fp)?)))
+        .transpose()
 }
 
 pub(crate) fn register(conn: &Connection, remote: &str) -> Result<(), DofsError> {
@@ -59,7 +62,11 @@ impl Dofs {
     /// The watermarks kept for `remote` (zero cursors when unregistered).
     pub fn remote_watermarks(&self, remote: &str) -> Result<Watermarks, DofsError> {
         let (push_cursor, fetch_cursor) = cursors(&self.conn, remote)?.unwrap_or_default();
-        Ok(Watermarks { current_rev: rows::current_rev(&self.conn)?, push_cursor, fetch_cursor })
+        Ok(Watermarks {
+            current_rev: rows::current_rev(&self.conn)?,
+            push_cursor,
+            fetch_cursor,
+        })
     }
 
     /// Registers `remote` with zero cursors (a no-op when registered). A
@@ -72,7 +79,9 @@ impl Dofs {
     /// Drops `remote`'s watermarks, baseline marks and echo markers, so it
     /// no longer holds back pruning.
     pub fn forget_remote(&mut self, remote: &str) -> Result<(), DofsError> {
-        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
         // The foreign key clears `entries.applied_from` (ON DELETE SET NULL).
         tx.execute("DELETE FROM remotes WHERE name = ?1", [remote])?;
         tx.execute("DELETE FROM baseline_marks WHERE remote = ?1", [remote])?;
@@ -83,8 +92,12 @@ impl Dofs {
 
     /// Registered remotes, in byte order.
     pub fn remotes(&self) -> Result<Vec<String>, DofsError> {
-        let mut stmt = self.conn.prepare_cached("SELECT name FROM remotes ORDER BY name")?;
-        let names = stmt.query_map([], |r| r.get(0))?.collect::<Result<_, _>>()?;
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT name FROM remotes ORDER BY name")?;
+        let names = stmt
+            .query_map([], |r| r.get(0))?
+            .collect::<Result<_, _>>()?;
         Ok(names)
     }
 
@@ -98,11 +111,15 @@ impl Dofs {
     /// prune horizon to match. With no registered remote nothing is pruned:
     /// nobody is known to have seen anything.
     pub fn prune_tombstones(&mut self) -> Result<PruneOutcome, DofsError> {
-        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
         let old = rows::meta(&tx, "prune_horizon")?;
         let acked: Option<u64> = {
             let mut stmt = tx.prepare("SELECT push_rev, push_path FROM remotes")?;
-            let rows = stmt.query_map([], |r| Ok((r.get::<_, u64>(0)?, r.get::<_, Option<String>>(1)?)))?;
+            let rows = stmt.query_map([], |r| {
+                Ok((r.get::<_, u64>(0)?, r.get::<_, Option<String>>(1)?))
+            })?;
             let mut min: Option<u64> = None;
             for r in rows {
                 let (rev, path) = r?;
@@ -112,11 +129,16 @@ impl Dofs {
             min
         };
         let Some(acked) = acked else {
-            return Ok(PruneOutcome { pruned: 0, horizon: old });
+            return Ok(PruneOutcome {
+                pruned: 0,
+                horizon: old,
+            });
         };
         let horizon = old.max(acked);
-        let pruned =
-            tx.execute("DELETE FROM entries WHERE kind = 'delete' AND rev <= ?1", [horizon])?;
+        let pruned = tx.execute(
+            "DELETE FROM entries WHERE kind = 'delete' AND rev <= ?1",
+            [horizon],
+        )?;
         rows::set_meta(&tx, "prune_horizon", horizon)?;
         tx.commit()?;
         if pruned > 0 {
@@ -130,7 +152,9 @@ impl Dofs {
         remote: &str,
         cursor: &ChangeCursor,
     ) -> Result<(), DofsError> {
-        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
         let current = rows::current_rev(&tx)?;
         if cursor.rev > current {
             return Err(DofsError::invalid(
@@ -141,7 +165,11 @@ impl Dofs {
         let (old, _) = cursors(&tx, remote)?.unwrap_or_default();
         register(&tx, remote)?;
         tx.prepare_cached("UPDATE remotes SET push_rev = ?2, push_path = ?3 WHERE name = ?1")?
-            .execute(params![remote, cursor.rev, cursor.path.as_ref().map(|p| p.as_str())])?;
+            .execute(params![
+                remote,
+                cursor.rev,
+                cursor.path.as_ref().map(|p| p.as_str())
+            ])?;
         if *cursor < old {
             let cleared = forget_applied_markers(&tx, remote)?;
             tracing::warn!(remote, from = %old, to = %cursor, cleared,
@@ -156,7 +184,9 @@ impl Dofs {
         remote: &str,
         cursor: &ChangeCursor,
     ) -> Result<(), DofsError> {
-        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
         let (_, old) = cursors(&tx, remote)?.unwrap_or_default();
         write_fetch_cursor(&tx, remote, cursor)?;
         if *cursor < old {
@@ -166,5 +196,146 @@ impl Dofs {
         }
         tx.commit()?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use wsd_sync::{ApplyBatch, Baseline, ChangeCursor, ErrorCode, Store};
+
+    use super::*;
+    use crate::test_util::{p, put, store};
+
+    fn tombstone_count(d: &Dofs) -> u64 {
+        d.conn
+            .query_row(
+                "SELECT count(*) FROM entries WHERE kind = 'delete'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap()
+    }
+
+    #[test]
+    fn pruning_waits_for_every_registered_remote_and_raises_the_horizon() {
+        let mut d = store();
+        put(&mut d, "a", b"1"); // rev 1
+        d.rm(&p("a"), false).unwrap(); // rev 2
+        put(&mut d, "b", b"1"); // rev 3
+        d.rm(&p("b"), false).unwrap(); // rev 4
+        assert_eq!(
+            d.prune_tombstones().unwrap(),
+            PruneOutcome {
+                pruned: 0,
+                horizon: 0
+            }
+        );
+        d.register_remote("R").unwrap();
+        d.register_remote("S").unwrap();
+        d.set_push_cursor("R", &ChangeCursor::at(4)).unwrap();
+        assert_eq!(
+            d.prune_tombstones().unwrap().pruned,
+            0,
+            "S has seen nothing"
+        );
+        d.set_push_cursor("S", &ChangeCursor::within(4, p("a")))
+            .unwrap();
+        assert_eq!(
+            d.prune_tombstones().unwrap(),
+            PruneOutcome {
+                pruned: 1,
+                horizon: 3
+            }
+        );
+        assert_eq!(d.read_entry(&p("a")).unwrap(), None);
+        assert_eq!(tombstone_count(&d), 1);
+        d.forget_remote("S").unwrap();
+        assert_eq!(
+            d.prune_tombstones().unwrap(),
+            PruneOutcome {
+                pruned: 1,
+                horizon: 4
+            }
+        );
+        assert_eq!(d.prune_horizon().unwrap(), 4);
+        d.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn a_reader_older_than_the_prune_horizon_is_told_to_take_a_baseline() {
+        let mut d = store();
+        put(&mut d, "a", b"1");
+        d.rm(&p("a"), false).unwrap();
+        put(&mut d, "b", b"1");
+        assert!(
+            !d.open_changes(&ChangeCursor::ZERO).unwrap().baseline,
+            "nothing pruned yet"
+        );
+        d.set_push_cursor("R", &ChangeCursor::at(2)).unwrap();
+        d.prune_tombstones().unwrap();
+        let window = d.open_changes(&ChangeCursor::at(1)).unwrap();
+        assert_eq!(window.through, ChangeCursor::at(3));
+        assert!(window.baseline);
+        assert!(d.open_changes(&ChangeCursor::ZERO).unwrap().baseline);
+        assert!(
+            d.open_changes(&ChangeCursor::within(2, p("a")))
+                .unwrap()
+                .baseline
+        );
+        assert!(!d.open_changes(&ChangeCursor::at(2)).unwrap().baseline);
+    }
+
+    #[test]
+    fn a_push_cursor_beyond_the_current_rev_is_einval() {
+        let mut d = store();
+        let err = d.set_push_cursor("R", &ChangeCursor::at(1)).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Invalid);
+    }
+
+    #[test]
+    fn a_cursor_moving_back_or_a_forgotten_remote_clears_its_echo_markers() {
+        let marked = |d: &Dofs| -> u64 {
+            d.conn
+                .query_row(
+                    "SELECT count(*) FROM entries WHERE applied_from = 'R'",
+                    [],
+                    |r| r.get(0),
+                )
+                .unwrap()
+        };
+        let mut d = store();
+        let dir = |path: &str| wsd_sync::ChangeEntry {
+            rev: 1,
+            path: p(path),
+            state: wsd_sync::EntryState::Dir {
+                mode: 0o755,
+                mtime: 0,
+            },
+        };
+        let apply = |d: &mut Dofs, path: &str| {
+            d.apply(ApplyBatch {
+                remote: "R",
+                sender: Some(ChangeCursor::at(5)),
+                entries: &[dir(path)],
+                baseline: Baseline::Off,
+            })
+            .unwrap();
+        };
+        apply(&mut d, "a");
+        assert_eq!(marked(&d), 1);
+        d.set_fetch_cursor("R", &ChangeCursor::at(9)).unwrap();
+        assert_eq!(marked(&d), 1, "forward moves keep the markers");
+        d.set_fetch_cursor("R", &ChangeCursor::ZERO).unwrap();
+        assert_eq!(marked(&d), 0);
+        apply(&mut d, "b");
+        d.set_push_cursor("R", &ChangeCursor::at(2)).unwrap();
+        d.set_push_cursor("R", &ChangeCursor::ZERO).unwrap();
+        assert_eq!(marked(&d), 0);
+        apply(&mut d, "c");
+        assert_eq!(marked(&d), 1);
+        d.forget_remote("R").unwrap();
+        assert_eq!(marked(&d), 0);
+        assert!(d.remotes().unwrap().is_empty());
+        d.check_integrity().unwrap();
     }
 }
