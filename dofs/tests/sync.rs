@@ -162,7 +162,8 @@ fn kind_changes_replace_the_subtree_on_the_other_side() {
         s.put("src/x/y", b"deep");
     };
     // Every one of the six transitions, alternating which side makes it.
-    let steps: [(&dyn Fn(&Peer), bool); 6] = [
+    type Step<'a> = (&'a dyn Fn(&Peer), bool);
+    let steps: [Step<'_>; 6] = [
         (&to_file, true),     // dir -> file, pushed
         (&to_symlink, false), // file -> symlink, pulled
         (&to_dir, true),      // symlink -> dir, pushed
