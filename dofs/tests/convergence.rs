@@ -4,7 +4,8 @@
 //! step; sync steps (some interrupted mid-way) happen at random points. At
 //! the end the pair must settle, be equal and pass the integrity check, and
 //! then one-sided changes on either side must arrive exactly (no write lost
-//! when there is no conflict, whatever the history before).
+//! when there is no conflict, whatever the history before). Tombstone
+//! pruning and B losing its whole state happen at random points too.
 //!
 //! Cases: `PROPTEST_CASES` or 200.
 
@@ -12,10 +13,11 @@ mod util;
 
 use std::collections::BTreeMap;
 
+use futures::executor::block_on;
 use proptest::prelude::*;
 use util::{Node, Peer, faulty, noise, p, pull, pull_via, push, push_via, quiesce};
 use wsd_dofs::{Dofs, DofsError, WriteOptions};
-use wsd_sync::ErrorCode;
+use wsd_sync::{ErrorCode, driver};
 
 type Model = BTreeMap<String, Node>;
 
@@ -69,6 +71,10 @@ enum Op {
     /// A push or pull whose connection dies after this many calls.
     InterruptedPush(usize),
     InterruptedPull(usize),
+    /// Prune the tombstones every registered remote has acknowledged.
+    Prune(Side),
+    /// B loses its whole state (a fresh container); A reconciles with it.
+    ResetB,
 }
 
 // --- the model -------------------------------------------------------------
@@ -331,6 +337,8 @@ fn op() -> impl Strategy<Value = Op> {
         3 => Just(Op::Pull),
         1 => (0usize..6).prop_map(Op::InterruptedPush),
         1 => (0usize..6).prop_map(Op::InterruptedPull),
+        1 => prop_oneof![Just(Side::A), Just(Side::B)].prop_map(Op::Prune),
+        1 => Just(Op::ResetB),
     ]
 }
 
@@ -367,6 +375,16 @@ proptest! {
                     let (mut remote, faults) = faulty(&b, &a);
                     faults.calls_left.set(Some(*calls));
                     expect_injected(pull_via(&a, "B", &mut remote));
+                }
+                Op::Prune(side) => {
+                    let peer = if *side == Side::A { &a } else { &b };
+                    peer.store.borrow_mut().prune_tombstones().unwrap();
+                }
+                Op::ResetB => {
+                    *b.store.borrow_mut() = Dofs::open_in_memory().unwrap();
+                    let mut remote = b.remote_for(&a);
+                    block_on(driver::reconcile(&mut *a.store.borrow_mut(), &mut remote, "B"))
+                        .unwrap();
                 }
             }
             if !matches!(op, Op::Local(..)) {

@@ -469,3 +469,25 @@ fn a_pull_that_overwrites_an_unpushed_local_write_reports_it() {
     };
     assert_eq!(bytes, b"command output");
 }
+
+#[test]
+fn a_first_pull_from_a_remote_behind_the_horizon_does_not_hide_its_paths_from_the_baseline() {
+    let (a, b, c) = (Peer::new("A"), Peer::new("B"), Peer::new("C"));
+    a.put("gone", b"1");
+    a.store.borrow_mut().rm(&p("gone"), false).unwrap();
+    a.put("shared", b"1");
+    push(&a, &c).unwrap();
+    assert_eq!(a.store.borrow_mut().prune_tombstones().unwrap().pruned, 1);
+    // B first meets A after the prune: A pulls first, then pushes.
+    b.put("made-on-b/file", b"precious");
+    pull(&a, &b).unwrap();
+    let report = push(&a, &b).unwrap();
+    assert!(report.rebaselined, "B's push cursor is behind the horizon");
+    assert!(
+        b.store.borrow().exists(&p("made-on-b/file")).unwrap(),
+        "swept by its own baseline"
+    );
+    quiesce(&a, &b);
+    assert_eq!(a.tree(), b.tree());
+    assert!(a.store.borrow().exists(&p("made-on-b/file")).unwrap());
+}

@@ -17,8 +17,12 @@ use crate::{Dofs, DofsError};
 /// Who a batch comes from, as the rows it writes will remember it.
 struct Source<'a> {
     remote: &'a str,
-    /// `Some(remote)` for a peer: rows record it in `applied_from`, so they
-    /// are not echoed back to it. `None` for an external writer.
+    /// `Some(remote)` for a peer (rules 4 and 6 apply), `None` for an
+    /// external writer.
+    peer: Option<&'a str>,
+    /// What written rows record in `applied_from`, so they are not echoed
+    /// back: the peer, unless that peer is due a baseline from us (see
+    /// `apply_inner`); `None` for an external writer.
     marker: Option<&'a str>,
     /// Our push cursor for that remote: a row beyond it (and not the
     /// remote's own state) is a local change the remote has not seen.
@@ -27,7 +31,7 @@ struct Source<'a> {
 
 impl Source<'_> {
     fn is_unpushed(&self, row: &Row) -> Result<bool, DofsError> {
-        if self.marker.is_none() || row.applied_from.as_deref() == self.marker {
+        if self.peer.is_none() || row.applied_from.as_deref() == self.peer {
             return Ok(false);
         }
         Ok(self
@@ -37,7 +41,7 @@ impl Source<'_> {
 
     /// Whether any live strict descendant of `path` is an unpushed change.
     fn subtree_unpushed(&self, conn: &Connection, path: &str) -> Result<bool, DofsError> {
-        let Some(marker) = self.marker else {
+        let Some(peer) = self.peer else {
             return Ok(false);
         };
         let (lo, hi) = subtree_bounds(path);
@@ -51,7 +55,7 @@ impl Source<'_> {
             params![
                 lo,
                 hi,
-                marker,
+                peer,
                 self.pushed.rev,
                 self.pushed.path.as_ref().map(|p| p.as_str())
             ],
@@ -80,9 +84,17 @@ impl Dofs {
             }
             None => ChangeCursor::ZERO,
         };
+        let peer = batch.sender.as_ref().map(|_| batch.remote);
+        // A peer whose push cursor is below our prune horizon will get a
+        // sweeping baseline from us; every live path must be listed in it,
+        // so nothing may be hidden from it as "its own". (A cursor only
+        // gets there by registering late or by a reset, never by pruning.)
+        let horizon = rows::meta(&m, "prune_horizon")?;
+        let due_baseline = horizon > 0 && pushed.complete_rev() < horizon;
         let src = Source {
             remote: batch.remote,
-            marker: batch.sender.as_ref().map(|_| batch.remote),
+            peer,
+            marker: if due_baseline { None } else { peer },
             pushed,
         };
         if batch.baseline != Baseline::Off {
@@ -155,7 +167,7 @@ fn apply_entry(
         });
     }
     let node = Node::from_state(&e.state);
-    if src.marker.is_some()
+    if src.peer.is_some()
         && let Some(cur) = current_live
         && cur.node.same_content(&node)
     {
@@ -309,7 +321,7 @@ fn sweep(m: &mut Mutation<'_>, src: &Source<'_>) -> Result<usize, DofsError> {
     )?;
     let mut overwrote = 0usize;
     if victims > 0 {
-        if let Some(marker) = src.marker {
+        if let Some(peer) = src.peer {
             overwrote = m.query_row(
                 &format!(
                     "SELECT count(*) FROM entries WHERE {UNMARKED}
@@ -318,7 +330,7 @@ fn sweep(m: &mut Mutation<'_>, src: &Source<'_>) -> Result<usize, DofsError> {
                 ),
                 params![
                     src.remote,
-                    marker,
+                    peer,
                     src.pushed.rev,
                     src.pushed.path.as_ref().map(|p| p.as_str())
                 ],

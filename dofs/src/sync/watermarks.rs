@@ -171,9 +171,13 @@ impl Dofs {
                 cursor.path.as_ref().map(|p| p.as_str())
             ])?;
         if *cursor < old {
+            // Also the start of every baseline push; only worth a warning
+            // when it made us forget something.
             let cleared = forget_applied_markers(&tx, remote)?;
-            tracing::warn!(remote, from = %old, to = %cursor, cleared,
-                "push cursor moved back: the remote lost state; its echo markers are cleared");
+            if cleared > 0 {
+                tracing::warn!(remote, from = %old, to = %cursor, cleared,
+                    "push cursor moved back: the remote lost state; its echo markers are cleared");
+            }
         }
         tx.commit()?;
         Ok(())
