@@ -468,12 +468,25 @@ mod tests {
             rev,
             "skips stamp no rev, mtime alone is no change"
         );
+        assert_eq!(
+            d.stat(&p("d")).unwrap().mtime,
+            1,
+            "a skipped dir keeps its mtime"
+        );
         let mut chmod = f.clone();
         if let EntryState::File { mode, .. } = &mut chmod.state {
             *mode = 0o755;
         }
+        if let EntryState::File { mtime, .. } = &mut chmod.state {
+            *mtime = 42;
+        }
         assert_eq!(from_r(&mut d, 3, &[chmod]).applied, 1);
-        assert_eq!(d.stat(&p("f")).unwrap().mode, 0o755);
+        let st = d.stat(&p("f")).unwrap();
+        assert_eq!(
+            (st.mode, st.mtime),
+            (0o755, 42),
+            "an applied entry carries its mtime"
+        );
         assert_eq!(from_r(&mut d, 4, &[dir("d", 0o700, 4)]).applied, 1);
         assert_eq!(d.stat(&p("d")).unwrap().mode, 0o700);
         assert_eq!(d.current_rev().unwrap(), rev + 2);
@@ -524,6 +537,18 @@ mod tests {
             0,
             "cursor moves are not tree mutations"
         );
+        // A push covering rev 11 whole supersedes a partial pull cursor in it.
+        let partial = apply_as(
+            &mut d,
+            Some(ChangeCursor::within(11, p("m"))),
+            &[],
+            Baseline::Off,
+        );
+        assert_eq!(
+            partial.unwrap().fetch_cursor,
+            ChangeCursor::within(11, p("m"))
+        );
+        assert_eq!(from_r(&mut d, 11, &[]).fetch_cursor, ChangeCursor::at(11));
     }
 
     #[test]
