@@ -1,1 +1,110 @@
 //! dofs: the authority-side filesystem in one SQLite database.
+//!
+//! A [`Dofs`] holds one workspace tree — files (content-defined chunks named
+//! by SHA-256, and a manifest hash per file), directories and symlinks with
+//! their modes and mtimes — together with everything sync needs: a
+//! `(rev, path)` change index covering live paths and tombstones, per-remote
+//! watermarks, echo markers ("applied from remote R") and baseline marks. It
+//! offers a small POSIX-like API ([`Dofs::write_file`], [`Dofs::rename`],
+//! [`Dofs::readdir`], [`Dofs::search`], ...) and implements
+//! [`wsd_sync::Store`], so the sync driver can push to and pull from it.
+//! Every mutation is one SQLite transaction stamping exactly one new rev.
+//! The on-disk format is described in `dofs/DESIGN.md`.
+//!
+//! It deliberately does not: follow symlinks (they are opaque nodes, and a
+//! path through one is `ENOTDIR`); keep hardlinks, owners, xattrs or atimes;
+//! update parent directory mtimes; talk to the network or run commands
+//! (that is `wsd` and the kernel); share its connection between threads
+//! (one `Dofs` is one writer; callers serialise on it, e.g. behind
+//! `spawn_blocking`); or collect garbage on its own ([`Dofs::collect_garbage`]
+//! is explicit).
+
+mod error;
+mod fs;
+mod integrity;
+mod rows;
+mod schema;
+mod sync;
+
+use std::path::Path;
+
+use rusqlite::Connection;
+
+pub use error::DofsError;
+pub use fs::{
+    DEFAULT_DIR_MODE, DEFAULT_FILE_MODE, DEFAULT_SYMLINK_MODE, DirEntry, SearchHit, Stat,
+    WriteOptions,
+};
+pub use schema::SCHEMA_VERSION;
+pub use sync::{GcOutcome, PruneOutcome};
+
+/// One workspace's filesystem and sync state in one SQLite database, on one
+/// connection (the single writer).
+#[derive(Debug)]
+pub struct Dofs {
+    conn: Connection,
+}
+
+impl Dofs {
+    /// Opens (creating if needed, migrating if older) the database at `path`.
+    /// A database written by a newer build is refused with
+    /// [`DofsError::SchemaTooNew`].
+    pub fn open(path: impl AsRef<Path>) -> Result<Dofs, DofsError> {
+        let path = path.as_ref();
+        let conn = Connection::open(path)?;
+        Dofs::init(conn, &path.display().to_string())
+    }
+
+    /// A private database that lives as long as the value (tests, scratch).
+    pub fn open_in_memory() -> Result<Dofs, DofsError> {
+        Dofs::init(Connection::open_in_memory()?, ":memory:")
+    }
+
+    fn init(mut conn: Connection, label: &str) -> Result<Dofs, DofsError> {
+        schema::configure(&conn)?;
+        schema::migrate(&mut conn, label)?;
+        Ok(Dofs { conn })
+    }
+
+    /// The latest committed rev (0 before the first mutation).
+    pub fn current_rev(&self) -> Result<u64, DofsError> {
+        rows::current_rev(&self.conn)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod test_util {
+    use wsd_sync::SyncPath;
+
+    use crate::{Dofs, WriteOptions};
+
+    pub fn p(s: &str) -> SyncPath {
+        SyncPath::new(s).unwrap()
+    }
+
+    pub fn store() -> Dofs {
+        Dofs::open_in_memory().unwrap()
+    }
+
+    /// Writes `bytes` at `path`, creating parents.
+    pub fn put(d: &mut Dofs, path: &str, bytes: &[u8]) {
+        let opts = WriteOptions {
+            create_parents: true,
+            ..WriteOptions::default()
+        };
+        d.write_file_with(&p(path), bytes, opts).unwrap();
+    }
+
+    /// Deterministic bytes that do not repeat (so they cut into many chunks).
+    pub fn noise(len: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+}

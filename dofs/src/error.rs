@@ -1,0 +1,168 @@
+use wsd_sync::{ErrorCode, SyncError};
+
+/// Everything a dofs operation can fail with. Each variant maps to one wire
+/// [`ErrorCode`] ([`DofsError::code`]) and to one POSIX-style name
+/// ([`DofsError::posix_name`]) for the kernel's `fs.*` surface; messages name
+/// the offending path or hash.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DofsError {
+    #[error("ENOENT: {path}: no such file or directory")]
+    NotFound { path: String },
+    #[error("EEXIST: {path}: already exists")]
+    AlreadyExists { path: String },
+    #[error("ENOTDIR: {path}: not a directory")]
+    NotADirectory { path: String },
+    #[error("EISDIR: {path}: is a directory")]
+    IsADirectory { path: String },
+    #[error("ENOTEMPTY: {path}: directory not empty")]
+    NotEmpty { path: String },
+    #[error("EINVAL: {path}: {reason}")]
+    Invalid { path: String, reason: &'static str },
+    #[error(
+        "EIO: {path}: database schema version {found} is newer than this build supports ({supported})"
+    )]
+    SchemaTooNew {
+        path: String,
+        found: i64,
+        supported: i64,
+    },
+    #[error("EIO: {path}: not a dofs database (application_id {found:#x})")]
+    NotADofsDatabase { path: String, found: i64 },
+    #[error("EIO: integrity check failed: {}", .problems.join("; "))]
+    Corrupt { problems: Vec<String> },
+    #[error("EIO: sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// Path validation, limits, chunking input errors, unknown or
+    /// mismatching objects: the sync core's own typed errors.
+    #[error(transparent)]
+    Sync(#[from] SyncError),
+}
+
+impl DofsError {
+    /// The stable wire code. The contract has no codes for EEXIST, ENOTDIR,
+    /// EISDIR or ENOTEMPTY, so they travel as `EINVAL` (their message keeps
+    /// the precise name).
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            DofsError::NotFound { .. } => ErrorCode::NotFound,
+            DofsError::AlreadyExists { .. }
+            | DofsError::NotADirectory { .. }
+            | DofsError::IsADirectory { .. }
+            | DofsError::NotEmpty { .. }
+            | DofsError::Invalid { .. } => ErrorCode::Invalid,
+            DofsError::SchemaTooNew { .. }
+            | DofsError::NotADofsDatabase { .. }
+            | DofsError::Corrupt { .. }
+            | DofsError::Sqlite(_) => ErrorCode::Io,
+            DofsError::Sync(e) => e.code(),
+        }
+    }
+
+    /// The POSIX-style name for `fs.*` callers (`EEXIST`, `ENOTDIR`, ...),
+    /// falling back to the wire code where POSIX has nothing finer.
+    pub fn posix_name(&self) -> &'static str {
+        match self {
+            DofsError::AlreadyExists { .. } => "EEXIST",
+            DofsError::NotADirectory { .. } => "ENOTDIR",
+            DofsError::IsADirectory { .. } => "EISDIR",
+            DofsError::NotEmpty { .. } => "ENOTEMPTY",
+            other => other.code().as_str(),
+        }
+    }
+
+    pub(crate) fn not_found(path: impl ToString) -> DofsError {
+        DofsError::NotFound {
+            path: path.to_string(),
+        }
+    }
+
+    pub(crate) fn invalid(path: impl ToString, reason: &'static str) -> DofsError {
+        DofsError::Invalid {
+            path: path.to_string(),
+            reason,
+        }
+    }
+}
+
+impl From<rusqlite::types::FromSqlError> for DofsError {
+    fn from(e: rusqlite::types::FromSqlError) -> DofsError {
+        DofsError::Sqlite(e.into())
+    }
+}
+
+impl From<DofsError> for SyncError {
+    fn from(e: DofsError) -> SyncError {
+        match e {
+            DofsError::NotFound { path } => SyncError::NotFound { path },
+            DofsError::Sync(e) => e,
+            other if other.code() == ErrorCode::Io => SyncError::Storage(other.to_string()),
+            other => SyncError::Invalid(other.to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wsd_sync::Hash;
+
+    #[test]
+    fn every_variant_maps_to_one_wire_code_and_names_its_path() {
+        let cases: Vec<(DofsError, ErrorCode, &str)> = vec![
+            (DofsError::not_found("a/b"), ErrorCode::NotFound, "ENOENT"),
+            (
+                DofsError::AlreadyExists { path: "a/b".into() },
+                ErrorCode::Invalid,
+                "EEXIST",
+            ),
+            (
+                DofsError::NotADirectory { path: "a/b".into() },
+                ErrorCode::Invalid,
+                "ENOTDIR",
+            ),
+            (
+                DofsError::IsADirectory { path: "a/b".into() },
+                ErrorCode::Invalid,
+                "EISDIR",
+            ),
+            (
+                DofsError::NotEmpty { path: "a/b".into() },
+                ErrorCode::Invalid,
+                "ENOTEMPTY",
+            ),
+            (
+                DofsError::invalid("a/b", "nope"),
+                ErrorCode::Invalid,
+                "EINVAL",
+            ),
+            (
+                DofsError::SchemaTooNew {
+                    path: "a/b".into(),
+                    found: 9,
+                    supported: 1,
+                },
+                ErrorCode::Io,
+                "EIO",
+            ),
+            (
+                DofsError::Sync(SyncError::UnknownHash {
+                    hash: Hash::of(b"x"),
+                    path: Some("a/b".into()),
+                }),
+                ErrorCode::UnknownHash,
+                "EUNKNOWN_HASH",
+            ),
+        ];
+        for (err, code, posix) in cases {
+            assert_eq!(err.code(), code, "{err}");
+            assert_eq!(err.posix_name(), posix, "{err}");
+            assert!(
+                err.to_string().contains("a/b"),
+                "{err} does not name its path"
+            );
+            assert!(err.to_string().starts_with(posix), "{err}");
+            assert_eq!(SyncError::from(err).code(), code);
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! The chunk store as the sync core sees it: probe, read, stage, collect.
+
+use std::collections::HashSet;
+
+use rusqlite::TransactionBehavior;
+use rusqlite::types::Value;
+use wsd_sync::{Hash, Object, SyncError, chunk};
+
+use crate::rows::hash_from_sql;
+use crate::{Dofs, DofsError};
+
+/// Hashes per `IN (...)` probe: bounded statements whatever the request.
+const PROBE_WINDOW: usize = 256;
+
+/// What [`Dofs::collect_garbage`] freed.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct GcOutcome {
+    pub manifests: usize,
+    pub chunks: usize,
+}
+
+impl Dofs {
+    pub(crate) fn has_objects_inner(&self, hashes: &[Hash]) -> Result<Vec<Hash>, DofsError> {
+        let mut out = Vec::with_capacity(hashes.len());
+        for window in hashes.chunks(PROBE_WINDOW) {
+            let placeholders = vec!["?"; window.len()].join(",");
+            let mut stmt = self.conn.prepare_cached(&format!(
+                "SELECT hash FROM chunks WHERE hash IN ({placeholders}) AND length(data) = size"
+            ))?;
+            let params: Vec<Value> = window.iter().map(|h| Value::Blob(h.0.to_vec())).collect();
+            let held: HashSet<Hash> = stmt
+                .query_map(rusqlite::params_from_iter(params), |r| {
+                    hash_from_sql(r.get(0)?, 0)
+                })?
+                .collect::<Result<_, _>>()?;
+            // Input order and duplicates are kept: the caller zips answers
+            // with its own list.
+            out.extend(window.iter().filter(|h| held.contains(h)));
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn read_object_inner(&self, hash: &Hash) -> Result<Vec<u8>, DofsError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT data, size FROM chunks WHERE hash = ?1")?;
+        let found: Option<(Vec<u8>, u64)> = rusqlite::OptionalExtension::optional(
+            stmt.query_row([hash.as_bytes()], |r| Ok((r.get(0)?, r.get(1)?))),
+        )?;
+        match found {
+            Some((bytes, size)) if bytes.len() as u64 == size => Ok(bytes),
+            Some(_) => Err(DofsError::Corrupt {
+                problems: vec![format!("chunk {hash} has bytes of the wrong length")],
+            }),
+            None => Err(SyncError::UnknownHash {
+                hash: *hash,
+                path: None,
+            }
+            .into()),
+        }
+    }
+
+    /// Verifies every object first and stores them in one transaction, so a
+    /// bad object in a call stores nothing at all.
+    pub(crate) fn stage_objects_inner(&mut self, objects: &[Object]) -> Result<(), DofsError> {
+        for o in objects {
+            SyncError::check_limit("object size (bytes)", chunk::MAX_CHUNK, o.bytes.len())?;
+            o.hash.verify(&o.bytes)?;
+        }
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        for o in objects {
+            crate::rows::insert_chunk(&tx, &o.hash, &o.bytes)?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Deletes manifests no path references, then chunks no manifest
+    /// references. Staged objects not yet linked by an apply count as
+    /// garbage, so run this only when no push into this store is between
+    /// its `pushObjects` and its `push`.
+    pub fn collect_garbage(&mut self) -> Result<GcOutcome, DofsError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let manifests = tx.execute(
+            "DELETE FROM manifests WHERE NOT EXISTS
+               (SELECT 1 FROM entries e WHERE e.manifest = manifests.hash)",
+            [],
+        )?;
+        let chunks = tx.execute(
+            "DELETE FROM chunks WHERE NOT EXISTS
+               (SELECT 1 FROM manifest_chunks mc WHERE mc.chunk = chunks.hash)",
+            [],
+        )?;
+        tx.commit()?;
+        Ok(GcOutcome { manifests, chunks })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use wsd_sync::{ErrorCode, Hash, Object, Store};
+
+    use crate::test_util::{put, store};
+
+    #[test]
+    fn has_objects_answers_more_than_a_window_in_input_order_with_duplicates() {
+        let mut d = store();
+        let objects: Vec<Object> = (0..300u32)
+            .map(|i| {
+                let bytes = i.to_le_bytes().to_vec();
+                Object {
+                    hash: Hash::of(&bytes),
+                    bytes,
+                }
+            })
+            .collect();
+        let held: Vec<Object> = objects.iter().step_by(2).cloned().collect();
+        d.stage_objects(&held).unwrap();
+        let mut probe: Vec<Hash> = objects.iter().rev().map(|o| o.hash).collect();
+        probe.push(objects[0].hash);
+        probe.push(objects[1].hash);
+        let answer = d.has_objects(&probe).unwrap();
+        let expected: Vec<Hash> = probe
+            .iter()
+            .copied()
+            .filter(|h| held.iter().any(|o| o.hash == *h))
+            .collect();
+        assert_eq!(expected.len(), 151);
+        assert_eq!(answer, expected);
+        assert!(d.has_objects(&[]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn stage_objects_rejects_a_corrupted_object_and_stores_nothing_from_the_call() {
+        let mut d = store();
+        let good = Object {
+            hash: Hash::of(b"good"),
+            bytes: b"good".to_vec(),
+        };
+        let bad = Object {
+            hash: Hash::of(b"meant"),
+            bytes: b"tampered".to_vec(),
+        };
+        let err = d.stage_objects(&[good.clone(), bad.clone()]).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Protocol);
+        assert!(err.to_string().contains(&bad.hash.to_string()), "{err}");
+        assert!(d.has_objects(&[good.hash, bad.hash]).unwrap().is_empty());
+        d.stage_objects(std::slice::from_ref(&good)).unwrap();
+        assert_eq!(d.read_object(&good.hash).unwrap(), b"good");
+    }
+
+    #[test]
+    fn an_object_over_the_chunk_limit_is_elimit() {
+        let mut d = store();
+        let bytes = vec![0u8; wsd_sync::chunk::MAX_CHUNK + 1];
+        let err = d
+            .stage_objects(&[Object {
+                hash: Hash::of(&bytes),
+                bytes,
+            }])
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Limit);
+    }
+
+    #[test]
+    fn read_object_of_an_unknown_hash_is_eunknown_hash_naming_it() {
+        let mut d = store();
+        let h = Hash::of(b"nope");
+        let err = d.read_object(&h).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::UnknownHash);
+        assert!(err.to_string().contains(&h.to_string()));
+    }
+
+    #[test]
+    fn garbage_collection_frees_only_unreferenced_manifests_and_chunks() {
+        let mut d = store();
+        put(&mut d, "keep", b"kept bytes");
+        put(&mut d, "twin", b"kept bytes");
+        put(&mut d, "gone", b"old bytes");
+        put(&mut d, "gone", b"new bytes");
+        let kept = Hash::of(b"kept bytes");
+        let old = Hash::of(b"old bytes");
+        let out = d.collect_garbage().unwrap();
+        assert_eq!((out.manifests, out.chunks), (1, 1));
+        assert_eq!(d.has_objects(&[kept, old]).unwrap(), vec![kept]);
+        d.check_integrity().unwrap();
+    }
+}
