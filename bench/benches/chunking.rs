@@ -10,7 +10,9 @@ fn chunking(c: &mut Criterion) {
     let mut g = c.benchmark_group("chunk");
     g.throughput(Throughput::Bytes(data.len() as u64));
     g.sample_size(10);
-    g.bench_function("cut_and_hash_slice", |b| b.iter(|| chunk::chunk_slice(&data).len()));
+    g.bench_function("cut_and_hash_slice", |b| {
+        b.iter(|| chunk::chunk_slice(&data).len())
+    });
     g.bench_function("cut_and_hash_reader", |b| {
         b.iter(|| chunk::chunk_reader(&data[..], |_, _| Ok(())).unwrap().len())
     });

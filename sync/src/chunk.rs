@@ -33,7 +33,13 @@ pub fn chunk_slice(data: &[u8]) -> Vec<(usize, ChunkRef)> {
     cutter(data)
         .map(|c| {
             let bytes = &data[c.offset..c.offset + c.length];
-            (c.offset, ChunkRef { hash: Hash::of(bytes), size: c.length as u32 })
+            (
+                c.offset,
+                ChunkRef {
+                    hash: Hash::of(bytes),
+                    size: c.length as u32,
+                },
+            )
         })
         .collect()
 }
@@ -71,7 +77,10 @@ pub fn chunk_reader<R: Read>(
                 break;
             }
             let bytes = &buf[c.offset..end];
-            let r = ChunkRef { hash: Hash::of(bytes), size: c.length as u32 };
+            let r = ChunkRef {
+                hash: Hash::of(bytes),
+                size: c.length as u32,
+            };
             on_chunk(&r, bytes)?;
             out.push(r);
             consumed = end;
@@ -131,15 +140,23 @@ mod tests {
     fn an_insert_mid_file_changes_only_nearby_chunks() {
         let data = pseudo_random(8 * 1024 * 1024, 11);
         let mut edited = data.clone();
-        edited.splice(4 * 1024 * 1024..4 * 1024 * 1024, b"inserted".iter().copied());
-        let before: std::collections::HashSet<_> =
-            chunk_slice(&data).into_iter().map(|(_, c)| c.hash).collect();
+        edited.splice(
+            4 * 1024 * 1024..4 * 1024 * 1024,
+            b"inserted".iter().copied(),
+        );
+        let before: std::collections::HashSet<_> = chunk_slice(&data)
+            .into_iter()
+            .map(|(_, c)| c.hash)
+            .collect();
         let changed: usize = chunk_slice(&edited)
             .into_iter()
             .filter(|(_, c)| !before.contains(&c.hash))
             .map(|(_, c)| c.size as usize)
             .sum();
-        assert!(changed <= 2 * MAX_CHUNK, "{changed} new bytes after an 8-byte insert");
+        assert!(
+            changed <= 2 * MAX_CHUNK,
+            "{changed} new bytes after an 8-byte insert"
+        );
     }
 
     #[test]

@@ -25,7 +25,10 @@ impl ChangeCursor {
 
     /// `{rev, Some(path)}`: rev `rev` offered up to and including `path`.
     pub fn within(rev: u64, path: SyncPath) -> ChangeCursor {
-        ChangeCursor { rev, path: Some(path) }
+        ChangeCursor {
+            rev,
+            path: Some(path),
+        }
     }
 
     /// True when a change at `(rev, path)` lies strictly after this cursor.
@@ -51,12 +54,14 @@ impl ChangeCursor {
 
 impl Ord for ChangeCursor {
     fn cmp(&self, other: &Self) -> Ordering {
-        self.rev.cmp(&other.rev).then_with(|| match (&self.path, &other.path) {
-            (None, None) => Ordering::Equal,
-            (Some(_), None) => Ordering::Less,
-            (None, Some(_)) => Ordering::Greater,
-            (Some(a), Some(b)) => a.cmp(b),
-        })
+        self.rev
+            .cmp(&other.rev)
+            .then_with(|| match (&self.path, &other.path) {
+                (None, None) => Ordering::Equal,
+                (Some(_), None) => Ordering::Less,
+                (None, Some(_)) => Ordering::Greater,
+                (Some(a), Some(b)) => a.cmp(b),
+            })
     }
 }
 

@@ -55,7 +55,10 @@ fn distinct_chunks(entries: &[ChangeEntry]) -> (Vec<Hash>, HashMap<Hash, u32>) {
     (order, sizes)
 }
 
-async fn remote_has<R: Remote>(remote: &mut R, hashes: &[Hash]) -> Result<HashSet<Hash>, SyncError> {
+async fn remote_has<R: Remote>(
+    remote: &mut R,
+    hashes: &[Hash],
+) -> Result<HashSet<Hash>, SyncError> {
     let mut held = HashSet::new();
     for window in hashes.chunks(MAX_HASHES_PER_CALL) {
         held.extend(remote.has_objects(window).await?);
@@ -73,7 +76,10 @@ fn remote_lost_state(applied: &ChangeCursor, pushed: &ChangeCursor) -> Result<bo
     if applied.complete_rev() < pushed.complete_rev() || applied.rev < pushed.rev {
         return Ok(true);
     }
-    Err(SyncError::InvariantViolated { applied: applied.clone(), pushed: pushed.clone() })
+    Err(SyncError::InvariantViolated {
+        applied: applied.clone(),
+        pushed: pushed.clone(),
+    })
 }
 
 /// Compares both sides' watermarks once per connection and resets what the
@@ -123,7 +129,10 @@ pub async fn push<S: Store, R: Remote>(
     let mut cursor = wm.push_cursor.clone();
     let window = local.open_changes(&cursor)?;
     let through = window.through;
-    let mut report = SyncReport { cursor: cursor.clone(), ..SyncReport::default() };
+    let mut report = SyncReport {
+        cursor: cursor.clone(),
+        ..SyncReport::default()
+    };
     let baseline = window.baseline;
     if baseline {
         cursor = ChangeCursor::ZERO;
@@ -136,7 +145,9 @@ pub async fn push<S: Store, R: Remote>(
     let mut exhausted = false;
     loop {
         if page.len() < BATCH_ENTRIES && !exhausted {
-            let after = page.last().map(|e| ChangeCursor::within(e.rev, e.path.clone()));
+            let after = page
+                .last()
+                .map(|e| ChangeCursor::within(e.rev, e.path.clone()));
             let after = after.as_ref().unwrap_or(&cursor);
             let want = BATCH_ENTRIES - page.len();
             let more = local.changes(ChangesQuery {
@@ -250,9 +261,15 @@ pub async fn pull<S: Store, R: Remote>(
             pushed = %wm.push_cursor, "remote lost what we pushed; the next push re-baselines");
         local.set_push_cursor(opts.remote_name, &ChangeCursor::ZERO)?;
     }
-    let FetchOpened { current, baseline, .. } = opened;
+    let FetchOpened {
+        current, baseline, ..
+    } = opened;
     report.rebaselined |= baseline;
-    let mark = if baseline { Baseline::Mark } else { Baseline::Off };
+    let mark = if baseline {
+        Baseline::Mark
+    } else {
+        Baseline::Off
+    };
     loop {
         let batch = stream.next_batch(BATCH_ENTRIES).await?;
         if batch.is_empty() {
@@ -306,7 +323,11 @@ pub async fn pull<S: Store, R: Remote>(
         remote: opts.remote_name,
         sender: Some(current),
         entries: &[],
-        baseline: if baseline { Baseline::Sweep } else { Baseline::Off },
+        baseline: if baseline {
+            Baseline::Sweep
+        } else {
+            Baseline::Off
+        },
     })?;
     report.cursor = outcome.fetch_cursor;
     Ok(report)
@@ -343,7 +364,10 @@ pub struct StoreRemote<S> {
 
 impl<S: Store> StoreRemote<S> {
     pub fn new(store: Rc<RefCell<S>>, peer: impl Into<String>) -> StoreRemote<S> {
-        StoreRemote { store, peer: peer.into() }
+        StoreRemote {
+            store,
+            peer: peer.into(),
+        }
     }
 }
 
@@ -394,7 +418,11 @@ impl<S: Store> Remote for StoreRemote<S> {
         let mut store = self.store.borrow_mut();
         let window = store.open_changes(after)?;
         let applied = store.watermarks(&self.peer)?.fetch_cursor;
-        let start = if window.baseline { ChangeCursor::ZERO } else { after.clone() };
+        let start = if window.baseline {
+            ChangeCursor::ZERO
+        } else {
+            after.clone()
+        };
         let opened = FetchOpened {
             current: window.through.clone(),
             applied_push_cursor: applied,
@@ -421,7 +449,12 @@ impl<S: Store> Remote for StoreRemote<S> {
         let mut store = self.store.borrow_mut();
         hashes
             .iter()
-            .map(|h| Ok(Object { hash: *h, bytes: store.read_object(h)? }))
+            .map(|h| {
+                Ok(Object {
+                    hash: *h,
+                    bytes: store.read_object(h)?,
+                })
+            })
             .collect()
     }
 
@@ -435,7 +468,11 @@ impl<S: Store> Remote for StoreRemote<S> {
         entries: Vec<ChangeEntry>,
         baseline: Baseline,
     ) -> Result<PushOutcome, SyncError> {
-        SyncError::check_limit("entries per push", crate::limits::MAX_PUSH_ENTRIES, entries.len())?;
+        SyncError::check_limit(
+            "entries per push",
+            crate::limits::MAX_PUSH_ENTRIES,
+            entries.len(),
+        )?;
         for e in &entries {
             e.validate()?;
         }
@@ -445,6 +482,9 @@ impl<S: Store> Remote for StoreRemote<S> {
             entries: &entries,
             baseline,
         })?;
-        Ok(PushOutcome { rev: outcome.rev, applied_push_cursor: outcome.fetch_cursor })
+        Ok(PushOutcome {
+            rev: outcome.rev,
+            applied_push_cursor: outcome.fetch_cursor,
+        })
     }
 }

@@ -23,9 +23,21 @@ pub enum Kind {
 /// The final state of one path. `mtime` is milliseconds since the Unix epoch.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub enum EntryState {
-    File { mode: u32, mtime: i64, size: u64, chunks: Vec<ChunkRef> },
-    Dir { mode: u32, mtime: i64 },
-    Symlink { target: String, mode: u32, mtime: i64 },
+    File {
+        mode: u32,
+        mtime: i64,
+        size: u64,
+        chunks: Vec<ChunkRef>,
+    },
+    Dir {
+        mode: u32,
+        mtime: i64,
+    },
+    Symlink {
+        target: String,
+        mode: u32,
+        mtime: i64,
+    },
     /// A tombstone: the path does not exist (any more).
     Delete,
 }
@@ -62,13 +74,29 @@ impl EntryState {
     pub fn same_content(&self, other: &EntryState) -> bool {
         match (self, other) {
             (
-                EntryState::File { mode: m1, chunks: c1, .. },
-                EntryState::File { mode: m2, chunks: c2, .. },
+                EntryState::File {
+                    mode: m1,
+                    chunks: c1,
+                    ..
+                },
+                EntryState::File {
+                    mode: m2,
+                    chunks: c2,
+                    ..
+                },
             ) => m1 == m2 && c1 == c2,
             (EntryState::Dir { mode: m1, .. }, EntryState::Dir { mode: m2, .. }) => m1 == m2,
             (
-                EntryState::Symlink { target: t1, mode: m1, .. },
-                EntryState::Symlink { target: t2, mode: m2, .. },
+                EntryState::Symlink {
+                    target: t1,
+                    mode: m1,
+                    ..
+                },
+                EntryState::Symlink {
+                    target: t2,
+                    mode: m2,
+                    ..
+                },
             ) => t1 == t2 && m1 == m2,
             (EntryState::Delete, EntryState::Delete) => true,
             _ => false,
@@ -86,7 +114,9 @@ impl ChangeEntry {
         if let Some(mode) = self.state.mode()
             && mode & !MODE_MASK != 0
         {
-            return Err(SyncError::Invalid(format!("{path}: mode {mode:o} has bits outside 7777")));
+            return Err(SyncError::Invalid(format!(
+                "{path}: mode {mode:o} has bits outside 7777"
+            )));
         }
         match &self.state {
             EntryState::File { size, chunks, .. } => {
@@ -141,20 +171,34 @@ mod tests {
 
     fn file(mode: u32, chunks: Vec<ChunkRef>) -> EntryState {
         let size = chunks.iter().map(|c| u64::from(c.size)).sum();
-        EntryState::File { mode, mtime: 1, size, chunks }
+        EntryState::File {
+            mode,
+            mtime: 1,
+            size,
+            chunks,
+        }
     }
 
     #[test]
     fn a_mode_only_change_is_not_the_same_content() {
-        let c = vec![ChunkRef { hash: Hash::of(b"x"), size: 1 }];
+        let c = vec![ChunkRef {
+            hash: Hash::of(b"x"),
+            size: 1,
+        }];
         assert!(!file(0o644, c.clone()).same_content(&file(0o755, c.clone())));
         assert!(file(0o644, c.clone()).same_content(&file(0o644, c)));
     }
 
     #[test]
     fn mtime_alone_does_not_make_a_directory_differ() {
-        let a = EntryState::Dir { mode: 0o755, mtime: 1 };
-        let b = EntryState::Dir { mode: 0o755, mtime: 999 };
+        let a = EntryState::Dir {
+            mode: 0o755,
+            mtime: 1,
+        };
+        let b = EntryState::Dir {
+            mode: 0o755,
+            mtime: 999,
+        };
         assert!(a.same_content(&b));
     }
 
@@ -167,7 +211,10 @@ mod tests {
                 mode: 0o644,
                 mtime: 0,
                 size: 5,
-                chunks: vec![ChunkRef { hash: Hash::of(b"x"), size: 1 }],
+                chunks: vec![ChunkRef {
+                    hash: Hash::of(b"x"),
+                    size: 1,
+                }],
             },
         };
         assert_eq!(e.validate().unwrap_err().code(), crate::ErrorCode::Invalid);
@@ -175,13 +222,23 @@ mod tests {
 
     #[test]
     fn validate_rejects_oversized_chunks_and_bad_modes() {
-        let big = ChunkRef { hash: Hash::of(b"x"), size: chunk::MAX_CHUNK as u32 + 1 };
-        let e = ChangeEntry { rev: 1, path: SyncPath::new("f").unwrap(), state: file(0o644, vec![big]) };
+        let big = ChunkRef {
+            hash: Hash::of(b"x"),
+            size: chunk::MAX_CHUNK as u32 + 1,
+        };
+        let e = ChangeEntry {
+            rev: 1,
+            path: SyncPath::new("f").unwrap(),
+            state: file(0o644, vec![big]),
+        };
         assert!(e.validate().is_err());
         let e = ChangeEntry {
             rev: 1,
             path: SyncPath::new("d").unwrap(),
-            state: EntryState::Dir { mode: 0o40755, mtime: 0 },
+            state: EntryState::Dir {
+                mode: 0o40755,
+                mtime: 0,
+            },
         };
         assert!(e.validate().is_err());
     }

@@ -74,7 +74,11 @@ pub enum SyncError {
     #[error("EINVAL: {0}")]
     Invalid(String),
     #[error("ELIMIT: {limit} is {max}, got {got}")]
-    Limit { limit: &'static str, max: u64, got: u64 },
+    Limit {
+        limit: &'static str,
+        max: u64,
+        got: u64,
+    },
     #[error("EPROTOCOL: object {hash} does not match its bytes (sha256 is {actual})")]
     HashMismatch { hash: Hash, actual: Hash },
     #[error("EPROTOCOL: {0}")]
@@ -82,9 +86,15 @@ pub enum SyncError {
     #[error(
         "EPROTOCOL: cross-side invariant violated: remote applied push cursor {applied} is behind our push cursor {pushed}"
     )]
-    InvariantViolated { applied: ChangeCursor, pushed: ChangeCursor },
+    InvariantViolated {
+        applied: ChangeCursor,
+        pushed: ChangeCursor,
+    },
     #[error("EIO: {context}: {source}")]
-    Io { context: String, source: std::io::Error },
+    Io {
+        context: String,
+        source: std::io::Error,
+    },
     #[error("EIO: {0}")]
     Storage(String),
     /// An error that arrived over the wire, with its code preserved.
@@ -108,13 +118,20 @@ impl SyncError {
     }
 
     pub fn io(context: impl Into<String>, source: std::io::Error) -> SyncError {
-        SyncError::Io { context: context.into(), source }
+        SyncError::Io {
+            context: context.into(),
+            source,
+        }
     }
 
     /// Checks `got <= max` for the named limit.
     pub fn check_limit(limit: &'static str, max: usize, got: usize) -> Result<(), SyncError> {
         if got > max {
-            return Err(SyncError::Limit { limit, max: max as u64, got: got as u64 });
+            return Err(SyncError::Limit {
+                limit,
+                max: max as u64,
+                got: got as u64,
+            });
         }
         Ok(())
     }

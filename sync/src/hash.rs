@@ -35,7 +35,10 @@ impl Hash {
     pub fn verify(&self, bytes: &[u8]) -> Result<(), crate::SyncError> {
         let actual = Hash::of(bytes);
         if actual != *self {
-            return Err(crate::SyncError::HashMismatch { hash: *self, actual });
+            return Err(crate::SyncError::HashMismatch {
+                hash: *self,
+                actual,
+            });
         }
         Ok(())
     }

@@ -16,7 +16,10 @@ pub struct IgnoreRules {
 impl IgnoreRules {
     /// Rules that ignore nothing.
     pub fn none() -> IgnoreRules {
-        IgnoreRules { patterns: Vec::new(), matcher: Gitignore::empty() }
+        IgnoreRules {
+            patterns: Vec::new(),
+            matcher: Gitignore::empty(),
+        }
     }
 
     /// Compiles `patterns`; a malformed glob is `EINVAL` naming it.
@@ -29,8 +32,9 @@ impl IgnoreRules {
                 .add_line(None, p)
                 .map_err(|e| SyncError::Invalid(format!("ignore pattern {p:?}: {e}")))?;
         }
-        let matcher =
-            builder.build().map_err(|e| SyncError::Invalid(format!("ignore patterns: {e}")))?;
+        let matcher = builder
+            .build()
+            .map_err(|e| SyncError::Invalid(format!("ignore patterns: {e}")))?;
         Ok(IgnoreRules {
             patterns: patterns.iter().map(|p| p.as_ref().to_owned()).collect(),
             matcher,
@@ -51,7 +55,8 @@ impl IgnoreRules {
             return false;
         }
         matches!(
-            self.matcher.matched_path_or_any_parents(path.as_str(), is_dir),
+            self.matcher
+                .matched_path_or_any_parents(path.as_str(), is_dir),
             Match::Ignore(_)
         )
     }

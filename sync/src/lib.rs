@@ -30,7 +30,9 @@ pub use hash::Hash;
 pub use ignore_rules::IgnoreRules;
 pub use path::SyncPath;
 pub use remote::{ChangeStream, FetchOpened, Object, PushOutcome, Remote};
-pub use store::{ApplyBatch, ApplyOutcome, Baseline, ChangesQuery, ChangesWindow, Store, Watermarks};
+pub use store::{
+    ApplyBatch, ApplyOutcome, Baseline, ChangesQuery, ChangesWindow, Store, Watermarks,
+};
 
 /// Name of the remote a store tracks watermarks for when it has only one peer.
 pub const DEFAULT_REMOTE: &str = "default";

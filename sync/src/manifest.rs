@@ -33,7 +33,9 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<ChunkRef>, SyncError> {
         return Err(SyncError::Invalid("manifest is empty".into()));
     };
     if version != VERSION {
-        return Err(SyncError::Invalid(format!("manifest version {version} is not supported")));
+        return Err(SyncError::Invalid(format!(
+            "manifest version {version} is not supported"
+        )));
     }
     if body.len() % RECORD != 0 {
         return Err(SyncError::Invalid(format!(
@@ -46,7 +48,9 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<ChunkRef>, SyncError> {
             let hash = Hash::from_slice(&rec[..Hash::LEN])?;
             let size = u32::from_le_bytes(rec[Hash::LEN..].try_into().expect("4 bytes"));
             if size == 0 || size as usize > chunk::MAX_CHUNK {
-                return Err(SyncError::Invalid(format!("manifest chunk {hash} has size {size}")));
+                return Err(SyncError::Invalid(format!(
+                    "manifest chunk {hash} has size {size}"
+                )));
             }
             Ok(ChunkRef { hash, size })
         })
@@ -78,7 +82,10 @@ mod tests {
         assert!(decode(&[]).is_err());
         assert!(decode(&[2]).is_err());
         assert!(decode(&[1, 0, 0]).is_err());
-        let mut zero = encode(&[ChunkRef { hash: Hash::of(b"a"), size: 1 }]);
+        let mut zero = encode(&[ChunkRef {
+            hash: Hash::of(b"a"),
+            size: 1,
+        }]);
         zero[33..37].copy_from_slice(&0u32.to_le_bytes());
         assert!(decode(&zero).is_err());
     }

@@ -20,7 +20,10 @@ impl SyncPath {
         let s = s.into();
         let canonical = Self::canonicalize(&s)?;
         if canonical.0 != s {
-            return Err(SyncError::InvalidPath { path: s, reason: "path is not canonical" });
+            return Err(SyncError::InvalidPath {
+                path: s,
+                reason: "path is not canonical",
+            });
         }
         Ok(canonical)
     }
@@ -29,7 +32,10 @@ impl SyncPath {
     /// `/`. Rejects absolute paths, `..`, NUL, an empty result and paths over
     /// the limits.
     pub fn canonicalize(s: &str) -> Result<SyncPath, SyncError> {
-        let bad = |reason| SyncError::InvalidPath { path: s.to_owned(), reason };
+        let bad = |reason| SyncError::InvalidPath {
+            path: s.to_owned(),
+            reason,
+        };
         if s.starts_with('/') {
             return Err(bad("absolute paths are not allowed"));
         }
@@ -102,7 +108,9 @@ impl SyncPath {
 
     /// Every proper ancestor, outermost first (`a`, `a/b` for `a/b/c`).
     pub fn ancestors(&self) -> impl Iterator<Item = SyncPath> + '_ {
-        self.0.match_indices('/').map(|(i, _)| SyncPath(self.0[..i].to_owned()))
+        self.0
+            .match_indices('/')
+            .map(|(i, _)| SyncPath(self.0[..i].to_owned()))
     }
 
     /// True when `self` is `other` or lies below it.
@@ -156,7 +164,17 @@ mod tests {
 
     #[test]
     fn hostile_paths_are_rejected_with_einval() {
-        for bad in ["", "/", "/etc/passwd", "..", "a/../b", "a/..", "a\0b", ".", "./"] {
+        for bad in [
+            "",
+            "/",
+            "/etc/passwd",
+            "..",
+            "a/../b",
+            "a/..",
+            "a\0b",
+            ".",
+            "./",
+        ] {
             let err = SyncPath::canonicalize(bad).unwrap_err();
             assert_eq!(err.code(), ErrorCode::Invalid, "{bad:?} gave {err}");
         }
@@ -166,16 +184,26 @@ mod tests {
     fn wire_paths_must_already_be_canonical() {
         assert!(SyncPath::new("a/b").is_ok());
         for bad in ["a//b", "a/./b", "a/", "./a"] {
-            assert_eq!(SyncPath::new(bad).unwrap_err().code(), ErrorCode::Invalid, "{bad:?}");
+            assert_eq!(
+                SyncPath::new(bad).unwrap_err().code(),
+                ErrorCode::Invalid,
+                "{bad:?}"
+            );
         }
     }
 
     #[test]
     fn over_long_paths_are_elimit() {
         let long = "a/".repeat(MAX_PATH_DEPTH) + "z";
-        assert_eq!(SyncPath::canonicalize(&long).unwrap_err().code(), ErrorCode::Limit);
+        assert_eq!(
+            SyncPath::canonicalize(&long).unwrap_err().code(),
+            ErrorCode::Limit
+        );
         let seg = "x".repeat(MAX_SEGMENT_BYTES + 1);
-        assert_eq!(SyncPath::canonicalize(&seg).unwrap_err().code(), ErrorCode::Limit);
+        assert_eq!(
+            SyncPath::canonicalize(&seg).unwrap_err().code(),
+            ErrorCode::Limit
+        );
     }
 
     #[test]
@@ -202,7 +230,11 @@ mod tests {
         let anc: Vec<_> = p.ancestors().map(|a| a.into_string()).collect();
         assert_eq!(anc, ["a", "a/b"]);
         assert!(p.starts_with(&SyncPath::new("a/b").unwrap()));
-        assert!(!SyncPath::new("a/bc").unwrap().starts_with(&SyncPath::new("a/b").unwrap()));
+        assert!(
+            !SyncPath::new("a/bc")
+                .unwrap()
+                .starts_with(&SyncPath::new("a/b").unwrap())
+        );
         assert!(SyncPath::new("x").unwrap().parent().is_none());
     }
 }

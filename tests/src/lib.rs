@@ -21,12 +21,20 @@ pub fn wsd_bin() -> PathBuf {
     // target/<profile>/deps/<test> → target/<profile>/wsd
     let dir = exe.parent().and_then(Path::parent).expect("target dir");
     let bin = dir.join("wsd");
-    assert!(bin.exists(), "{} is missing: run `cargo build -p wsd` (or set WSD_BIN)", bin.display());
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build -p wsd` (or set WSD_BIN)",
+        bin.display()
+    );
     bin
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// A `wsd serve` child process; killed (SIGKILL) when dropped.
@@ -75,7 +83,11 @@ impl Daemon {
             if let Some(status) = child.try_wait().unwrap() {
                 panic!("wsd serve exited early: {status}");
             }
-            assert!(Instant::now() < deadline, "wsd serve did not listen on {}", self.addr);
+            assert!(
+                Instant::now() < deadline,
+                "wsd serve did not listen on {}",
+                self.addr
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
         self.child = Some(child);
@@ -96,7 +108,10 @@ impl Daemon {
     /// SIGTERM and wait: a graceful stop.
     pub fn stop(&mut self) -> std::process::ExitStatus {
         let mut c = self.child.take().expect("running");
-        let status = Command::new("kill").arg(c.id().to_string()).status().unwrap();
+        let status = Command::new("kill")
+            .arg(c.id().to_string())
+            .status()
+            .unwrap();
         assert!(status.success());
         c.wait().unwrap()
     }
@@ -110,7 +125,9 @@ impl Daemon {
     /// Runs a `wsd` client subcommand against this daemon.
     pub fn cli(&self, args: &[&str]) -> Output {
         let mut cmd = Command::new(wsd_bin());
-        cmd.args(args).args(["--remote", &self.addr]).env_remove("WSD_TOKEN_FILE");
+        cmd.args(args)
+            .args(["--remote", &self.addr])
+            .env_remove("WSD_TOKEN_FILE");
         if let Some(t) = &self.token_file {
             cmd.arg("--token-file").arg(t);
         }
@@ -147,20 +164,35 @@ fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
     for entry in std::fs::read_dir(dir).unwrap() {
         let entry = entry.unwrap();
         let path = entry.path();
-        let rel = path.strip_prefix(root).unwrap().to_str().unwrap().to_owned();
+        let rel = path
+            .strip_prefix(root)
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_owned();
         if rel == ".wsd" {
             continue;
         }
         let meta = std::fs::symlink_metadata(&path).unwrap();
         let mode = meta.permissions().mode() & 0o7777;
         if meta.file_type().is_symlink() {
-            out.insert(rel, format!("l {}", std::fs::read_link(&path).unwrap().display()));
+            out.insert(
+                rel,
+                format!("l {}", std::fs::read_link(&path).unwrap().display()),
+            );
         } else if meta.is_dir() {
             out.insert(rel, format!("d {mode:o}"));
             walk(root, &path, out);
         } else {
             let bytes = std::fs::read(&path).unwrap();
-            out.insert(rel, format!("f {mode:o} {} {}", bytes.len(), hex::encode(Sha256::digest(&bytes))));
+            out.insert(
+                rel,
+                format!(
+                    "f {mode:o} {} {}",
+                    bytes.len(),
+                    hex::encode(Sha256::digest(&bytes))
+                ),
+            );
         }
     }
 }
@@ -192,7 +224,12 @@ pub fn make_tree(root: &Path, files: usize, seed: u64) {
         let dir = format!("d{}/e{}", i % 7, i % 3);
         let len = (i * 997 + 13) % 5000;
         let mode = if i % 11 == 0 { 0o755 } else { 0o644 };
-        write(root, &format!("{dir}/f{i}.txt"), &bytes(len, seed + i as u64), mode);
+        write(
+            root,
+            &format!("{dir}/f{i}.txt"),
+            &bytes(len, seed + i as u64),
+            mode,
+        );
     }
     write(root, "empty", b"", 0o600);
     write(root, "big/blob.bin", &bytes(900_000, seed), 0o644);
@@ -201,5 +238,9 @@ pub fn make_tree(root: &Path, files: usize, seed: u64) {
     symlink("/nonexistent/target", root.join("links/abs")).unwrap();
     symlink("dangling", root.join("links/dangling")).unwrap();
     std::fs::create_dir_all(root.join("empty-dir")).unwrap();
-    std::fs::set_permissions(root.join("empty-dir"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::set_permissions(
+        root.join("empty-dir"),
+        std::fs::Permissions::from_mode(0o700),
+    )
+    .unwrap();
 }

@@ -21,11 +21,18 @@ fn setup() -> Env {
     std::fs::create_dir_all(&local).unwrap();
     std::fs::create_dir_all(&served).unwrap();
     let daemon = Daemon::start(&served, &tmp.path().join("state"), None);
-    Env { tmp, local, served, daemon }
+    Env {
+        tmp,
+        local,
+        served,
+        daemon,
+    }
 }
 
 fn n(v: &serde_json::Value, key: &str) -> u64 {
-    v[key].as_u64().unwrap_or_else(|| panic!("{key} missing in {v}"))
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} missing in {v}"))
 }
 
 #[test]
@@ -45,14 +52,23 @@ fn an_incremental_push_sends_only_the_changed_chunks() {
     let mut big = bytes(8 * 1024 * 1024, 9);
     write(&e.local, "big/eight.bin", &big, 0o644);
     e.daemon.transfer("push", &e.local);
-    big.splice(4_000_000..4_000_000, b"a hundred bytes inserted mid-file".iter().copied());
+    big.splice(
+        4_000_000..4_000_000,
+        b"a hundred bytes inserted mid-file".iter().copied(),
+    );
     write(&e.local, "big/eight.bin", &big, 0o644);
     write(&e.local, "d0/e0/f0.txt", b"rewritten", 0o644);
     let summary = e.daemon.transfer("push", &e.local);
     assert_eq!(tree_digest(&e.local), tree_digest(&e.served));
     let sent = n(&summary, "bytes_sent");
-    assert!(sent > 0 && sent <= 2 * 256 * 1024 + 9, "an insert cost {sent} bytes: {summary}");
-    assert!(n(&summary, "bytes_deduplicated") > 7 * 1024 * 1024, "{summary}");
+    assert!(
+        sent > 0 && sent <= 2 * 256 * 1024 + 9,
+        "an insert cost {sent} bytes: {summary}"
+    );
+    assert!(
+        n(&summary, "bytes_deduplicated") > 7 * 1024 * 1024,
+        "{summary}"
+    );
 }
 
 #[test]
@@ -60,10 +76,18 @@ fn changes_made_in_the_served_directory_are_pulled_back() {
     let e = setup();
     make_tree(&e.local, 40, 3);
     e.daemon.transfer("push", &e.local);
-    write(&e.served, "made/by/command.txt", b"hello from the container", 0o640);
+    write(
+        &e.served,
+        "made/by/command.txt",
+        b"hello from the container",
+        0o640,
+    );
     std::fs::remove_file(e.served.join("d1/e1/f1.txt")).unwrap();
-    std::fs::set_permissions(e.served.join("d2/e2/f2.txt"), std::fs::Permissions::from_mode(0o700))
-        .unwrap();
+    std::fs::set_permissions(
+        e.served.join("d2/e2/f2.txt"),
+        std::fs::Permissions::from_mode(0o700),
+    )
+    .unwrap();
     std::fs::remove_dir_all(e.served.join("d3")).unwrap();
     symlink("made", e.served.join("made-link")).unwrap();
     let summary = e.daemon.transfer("pull", &e.local);
@@ -77,10 +101,18 @@ fn a_no_op_push_or_pull_transfers_no_objects_and_nothing_echoes_back() {
     make_tree(&e.local, 60, 4);
     e.daemon.transfer("push", &e.local);
     let again = e.daemon.transfer("push", &e.local);
-    assert_eq!((n(&again, "entries"), n(&again, "objects")), (0, 0), "{again}");
+    assert_eq!(
+        (n(&again, "entries"), n(&again, "objects")),
+        (0, 0),
+        "{again}"
+    );
     // What we pushed is not streamed back to us.
     let pulled = e.daemon.transfer("pull", &e.local);
-    assert_eq!((n(&pulled, "entries"), n(&pulled, "objects")), (0, 0), "{pulled}");
+    assert_eq!(
+        (n(&pulled, "entries"), n(&pulled, "objects")),
+        (0, 0),
+        "{pulled}"
+    );
     let after = e.daemon.transfer("push", &e.local);
     assert_eq!(n(&after, "entries"), 0, "{after}");
 }
@@ -106,7 +138,11 @@ fn a_wrong_or_missing_token_is_refused_with_eauth() {
     let tmp = tempfile::tempdir().unwrap();
     let token = tmp.path().join("token");
     std::fs::write(&token, "correct horse battery staple").unwrap();
-    let daemon = Daemon::start(&tmp.path().join("served"), &tmp.path().join("state"), Some(&token));
+    let daemon = Daemon::start(
+        &tmp.path().join("served"),
+        &tmp.path().join("state"),
+        Some(&token),
+    );
     let local = tmp.path().join("local");
     make_tree(&local, 5, 6);
     daemon.transfer("push", &local);
@@ -114,12 +150,21 @@ fn a_wrong_or_missing_token_is_refused_with_eauth() {
     let wrong = tmp.path().join("wrong");
     std::fs::write(&wrong, "incorrect").unwrap();
     let out = std::process::Command::new(wsd_tests::wsd_bin())
-        .args(["push", local.to_str().unwrap(), "--remote", &daemon.addr, "--token-file"])
+        .args([
+            "push",
+            local.to_str().unwrap(),
+            "--remote",
+            &daemon.addr,
+            "--token-file",
+        ])
         .arg(&wrong)
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("EAUTH"), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("EAUTH"),
+        "{out:?}"
+    );
 
     let out = std::process::Command::new(wsd_tests::wsd_bin())
         .args(["push", local.to_str().unwrap(), "--remote", &daemon.addr])
@@ -127,7 +172,10 @@ fn a_wrong_or_missing_token_is_refused_with_eauth() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("EAUTH"), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("EAUTH"),
+        "{out:?}"
+    );
 }
 
 #[test]
@@ -142,7 +190,10 @@ fn a_symlink_in_the_workspace_pointing_outside_is_never_written_through() {
     // ...while the local side creates a real directory of that name.
     write(&e.local, "escape/pwned", b"must not land outside", 0o644);
     let out = e.daemon.cli(&["push", e.local.to_str().unwrap()]);
-    assert!(!outside.join("pwned").exists(), "wrote through a symlink: {out:?}");
+    assert!(
+        !outside.join("pwned").exists(),
+        "wrote through a symlink: {out:?}"
+    );
     assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
 }
 
@@ -151,10 +202,20 @@ fn a_push_cut_by_a_daemon_crash_resumes_and_converges() {
     let mut e = setup();
     make_tree(&e.local, 400, 8);
     for i in 0..6 {
-        write(&e.local, &format!("blobs/b{i}.bin"), &bytes(3 * 1024 * 1024, 100 + i), 0o644);
+        write(
+            &e.local,
+            &format!("blobs/b{i}.bin"),
+            &bytes(3 * 1024 * 1024, 100 + i),
+            0o644,
+        );
     }
     let child = std::process::Command::new(wsd_tests::wsd_bin())
-        .args(["push", e.local.to_str().unwrap(), "--remote", &e.daemon.addr])
+        .args([
+            "push",
+            e.local.to_str().unwrap(),
+            "--remote",
+            &e.daemon.addr,
+        ])
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
@@ -166,7 +227,10 @@ fn a_push_cut_by_a_daemon_crash_resumes_and_converges() {
     e.daemon.restart();
     e.daemon.transfer("push", &e.local);
     assert_eq!(tree_digest(&e.local), tree_digest(&e.served));
-    let temp_files: Vec<_> = walk_names(&e.served).into_iter().filter(|n| n.starts_with(".wsd-apply-")).collect();
+    let temp_files: Vec<_> = walk_names(&e.served)
+        .into_iter()
+        .filter(|n| n.starts_with(".wsd-apply-"))
+        .collect();
     assert!(temp_files.is_empty(), "temp files left: {temp_files:?}");
 }
 
@@ -195,7 +259,12 @@ fn a_restarted_daemon_keeps_its_state() {
     assert_eq!(again["rebaselined"], false, "{again}");
 
     e.daemon.kill9();
-    write(&e.served, "written-while-down.txt", b"the stat walk finds me", 0o644);
+    write(
+        &e.served,
+        "written-while-down.txt",
+        b"the stat walk finds me",
+        0o644,
+    );
     e.daemon.restart();
     let pulled = e.daemon.transfer("pull", &e.local);
     assert_eq!(n(&pulled, "entries"), 1, "{pulled}");

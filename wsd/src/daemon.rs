@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use crate::exec::{self, ExecConfig, ExecManager, SettleHook};
 use crate::rpc::{
-    Backend, ExecBackend, ExecEvent, ExecEventKind, ExecEvents, ExecRequest, ExecSignal,
-    Listener, ResumeFrom, ServeError, ServerConfig, Token, WireError,
+    Backend, ExecBackend, ExecEvent, ExecEventKind, ExecEvents, ExecRequest, ExecSignal, Listener,
+    ResumeFrom, ServeError, ServerConfig, Token, WireError,
 };
 use crate::store::{StoreError, StoreOptions, WorkspaceStore};
 
@@ -29,9 +29,15 @@ pub enum DaemonError {
     #[error("opening the workspace {root}: {source}")]
     Store { root: PathBuf, source: StoreError },
     #[error("opening the exec log {path}: {source}")]
-    Exec { path: PathBuf, source: exec::ExecError },
+    Exec {
+        path: PathBuf,
+        source: exec::ExecError,
+    },
     #[error("listening on {addr}: {source}")]
-    Listen { addr: String, source: std::io::Error },
+    Listen {
+        addr: String,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Serve(#[from] ServeError),
 }
@@ -49,27 +55,43 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), DaemonError> {
     let store = WorkspaceStore::open(&config.root, &config.state_dir, config.store.clone())
-        .map_err(|source| DaemonError::Store { root: config.root.clone(), source })?;
+        .map_err(|source| DaemonError::Store {
+            root: config.root.clone(),
+            source,
+        })?;
     let backend = Backend::new(store)?;
     let caller = backend.store_caller();
     let settle: SettleHook = Arc::new(move || {
-        caller.call_blocking(|s| s.settle().map(|_| ())).map_err(|e| e.to_string())
+        caller
+            .call_blocking(|s| s.settle().map(|_| ()))
+            .map_err(|e| e.to_string())
     });
     let exec_db = config.state_dir.join(EXEC_DB_FILE);
-    let manager = ExecManager::open(ExecConfig::new(&config.root, &exec_db), settle)
-        .map_err(|source| DaemonError::Exec { path: exec_db, source })?;
+    let manager =
+        ExecManager::open(ExecConfig::new(&config.root, &exec_db), settle).map_err(|source| {
+            DaemonError::Exec {
+                path: exec_db,
+                source,
+            }
+        })?;
     let backend = backend.with_exec(ExecAdapter(manager.clone()));
     let mut listeners = Vec::new();
     let mut bound = Vec::new();
     for addr in &config.listen {
         let l = Listener::bind(addr)
             .await
-            .map_err(|source| DaemonError::Listen { addr: addr.clone(), source })?;
+            .map_err(|source| DaemonError::Listen {
+                addr: addr.clone(),
+                source,
+            })?;
         bound.push(l.local_addr().unwrap_or_else(|_| addr.clone()));
         listeners.push(l);
     }
     on_listening(&bound);
-    let server_config = ServerConfig { token: config.token.clone(), ..ServerConfig::default() };
+    let server_config = ServerConfig {
+        token: config.token.clone(),
+        ..ServerConfig::default()
+    };
     tracing::info!(root = %config.root.display(), state = %config.state_dir.display(), "serving");
     let result = crate::rpc::serve(listeners, backend, server_config, shutdown).await;
     manager.shutdown().await;

@@ -6,7 +6,9 @@ use std::process::Command;
 
 fn wsd() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_wsd"));
-    c.env_remove("WSD_REMOTE").env_remove("WSD_TOKEN_FILE").env_remove("WSD_TOKEN");
+    c.env_remove("WSD_REMOTE")
+        .env_remove("WSD_TOKEN_FILE")
+        .env_remove("WSD_TOKEN");
     c
 }
 
@@ -15,7 +17,16 @@ fn help_lists_every_subcommand() {
     let out = wsd().arg("--help").output().unwrap();
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
-    for sub in ["serve", "push", "pull", "sync", "watermarks", "exec", "attach", "kill"] {
+    for sub in [
+        "serve",
+        "push",
+        "pull",
+        "sync",
+        "watermarks",
+        "exec",
+        "attach",
+        "kill",
+    ] {
         assert!(text.contains(sub), "--help does not mention {sub}:\n{text}");
     }
 }
@@ -32,9 +43,18 @@ fn a_missing_remote_is_a_usage_error_naming_the_flag() {
 fn an_unreachable_remote_fails_with_exit_code_1_naming_the_address() {
     let dir = tempfile::tempdir().unwrap();
     // A port that was just free: nothing listens on it.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let addr = format!("127.0.0.1:{port}");
-    let out = wsd().arg("push").arg(dir.path()).args(["--remote", &addr]).output().unwrap();
+    let out = wsd()
+        .arg("push")
+        .arg(dir.path())
+        .args(["--remote", &addr])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&addr), "{err}");

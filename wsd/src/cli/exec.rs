@@ -94,7 +94,11 @@ fn exit_code(code: i32) -> ExitCode {
 /// Copies events to stdout/stderr until the exit event. Ctrl-C sends TERM
 /// to the remote command once and keeps streaming until it exits. A lost
 /// connection re-attaches after the last seq seen.
-async fn stream(remote: &RemoteArgs, mut client: Client, mut events: ExecStream) -> Result<ExitCode> {
+async fn stream(
+    remote: &RemoteArgs,
+    mut client: Client,
+    mut events: ExecStream,
+) -> Result<ExitCode> {
     let id = events.id().to_owned();
     let mut last_seq = 0u64;
     let mut interrupted = false;
@@ -159,12 +163,18 @@ pub async fn attach(a: AttachArgs) -> Result<ExitCode> {
         (Some(n), false) => ResumeFrom::After(n),
         (None, false) => ResumeFrom::Start,
     };
-    let events = client.get_exec(&a.id, from).await.with_context(|| format!("attaching to {}", a.id))?;
+    let events = client
+        .get_exec(&a.id, from)
+        .await
+        .with_context(|| format!("attaching to {}", a.id))?;
     stream(&a.remote, client, events).await
 }
 
 pub async fn kill(a: KillArgs) -> Result<ExitCode> {
     let client = connect(&a.remote).await?;
-    client.kill_exec(&a.id, a.signal).await.with_context(|| format!("killing {}", a.id))?;
+    client
+        .kill_exec(&a.id, a.signal)
+        .await
+        .with_context(|| format!("killing {}", a.id))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -96,14 +96,19 @@ fn read_token(path: &Path) -> Result<Vec<u8>> {
 }
 
 pub fn init_tracing(args: &Cli) {
+    // The daemon reports its lifecycle; clients print only their summary.
+    let quiet = if matches!(args.command, Command::Serve(_)) { "wsd=info,warn" } else { "warn" };
     let default = match args.verbose {
-        0 => "wsd=info,warn",
+        0 => quiet,
         1 => "wsd=debug,info",
         _ => "trace",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 /// Runs `fut` on a current-thread runtime inside a `LocalSet` (capnp-rpc is
@@ -132,10 +137,15 @@ pub fn run(args: Cli) -> Result<ExitCode> {
 fn serve(a: ServeArgs) -> Result<ExitCode> {
     std::fs::create_dir_all(&a.root)
         .with_context(|| format!("creating the workspace root {}", a.root.display()))?;
-    let root = a.root.canonicalize().with_context(|| format!("{}", a.root.display()))?;
+    let root = a
+        .root
+        .canonicalize()
+        .with_context(|| format!("{}", a.root.display()))?;
     let state_dir = a.state.unwrap_or_else(|| root.join(".wsd"));
     let token = match &a.token_file {
-        Some(f) => Some(Token::from_file(f).with_context(|| format!("token file {}", f.display()))?),
+        Some(f) => {
+            Some(Token::from_file(f).with_context(|| format!("token file {}", f.display()))?)
+        }
         None => Token::from_env(),
     };
     let config = wsd::daemon::DaemonConfig {
@@ -143,7 +153,10 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
         state_dir,
         listen: a.listen,
         token,
-        store: wsd::store::StoreOptions { watch: !a.no_watch, ..Default::default() },
+        store: wsd::store::StoreOptions {
+            watch: !a.no_watch,
+            ..Default::default()
+        },
     };
     block_on_local(wsd::daemon::run(config, |_| {}, shutdown_signal()))??;
     Ok(ExitCode::SUCCESS)

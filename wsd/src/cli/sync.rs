@@ -11,8 +11,8 @@ use clap::Args;
 use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
 use wsd::rpc::client::{self, Client};
 use wsd::store::{StoreOptions, WorkspaceStore};
-use wsd_sync::driver::{self, SyncOptions, SyncReport};
 use wsd_sync::IgnoreRules;
+use wsd_sync::driver::{self, SyncOptions, SyncReport};
 
 use super::RemoteArgs;
 
@@ -31,6 +31,9 @@ pub struct TransferArgs {
     /// Print the summary as one JSON object on stdout.
     #[arg(long)]
     json: bool,
+    /// Keep LOCAL_DIR's index here instead of LOCAL_DIR/.wsd.
+    #[arg(long, value_name = "DIR")]
+    state: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -56,9 +59,16 @@ impl Session {
     async fn open(a: &TransferArgs) -> Result<Session> {
         std::fs::create_dir_all(&a.local)
             .with_context(|| format!("creating {}", a.local.display()))?;
-        let state = a.local.join(LOCAL_STATE);
-        let mut store = WorkspaceStore::open(&a.local, &state, StoreOptions { watch: false, ..Default::default() })
-            .with_context(|| format!("opening the index of {}", a.local.display()))?;
+        let state = a.state.clone().unwrap_or_else(|| a.local.join(LOCAL_STATE));
+        let mut store = WorkspaceStore::open(
+            &a.local,
+            &state,
+            StoreOptions {
+                watch: false,
+                ..Default::default()
+            },
+        )
+        .with_context(|| format!("opening the index of {}", a.local.display()))?;
         let peer = peer_name(&state)?;
         let token = a.remote.token()?;
         let mut remote = client::connect(&a.remote.remote, token, &peer)
@@ -68,23 +78,37 @@ impl Session {
         driver::reconcile(&mut store, &mut remote, &remote_name)
             .await
             .with_context(|| format!("comparing watermarks with {}", a.remote.remote))?;
-        Ok(Session { store, remote, remote_name })
+        Ok(Session {
+            store,
+            remote,
+            remote_name,
+        })
     }
 
     async fn push(&mut self, progress: &Progress) -> Result<SyncReport> {
         let ignore = IgnoreRules::none();
-        let opts = SyncOptions { remote_name: &self.remote_name, ignore: &ignore };
-        driver::push(&mut self.store, &mut self.remote, &opts, |r| progress.update("push", r))
-            .await
-            .context("push failed")
+        let opts = SyncOptions {
+            remote_name: &self.remote_name,
+            ignore: &ignore,
+        };
+        driver::push(&mut self.store, &mut self.remote, &opts, |r| {
+            progress.update("push", r)
+        })
+        .await
+        .context("push failed")
     }
 
     async fn pull(&mut self, progress: &Progress) -> Result<SyncReport> {
         let ignore = IgnoreRules::none();
-        let opts = SyncOptions { remote_name: &self.remote_name, ignore: &ignore };
-        driver::pull(&mut self.store, &mut self.remote, &opts, |r| progress.update("pull", r))
-            .await
-            .context("pull failed")
+        let opts = SyncOptions {
+            remote_name: &self.remote_name,
+            ignore: &ignore,
+        };
+        driver::pull(&mut self.store, &mut self.remote, &opts, |r| {
+            progress.update("pull", r)
+        })
+        .await
+        .context("pull failed")
     }
 }
 
@@ -116,7 +140,10 @@ impl Progress {
             bar.enable_steady_tick(Duration::from_millis(120));
             bar
         });
-        Progress { bar, started: Instant::now() }
+        Progress {
+            bar,
+            started: Instant::now(),
+        }
     }
 
     fn update(&self, verb: &str, r: &SyncReport) {
@@ -164,7 +191,10 @@ fn summarize(verb: &str, r: &SyncReport, elapsed: Duration, json: bool) {
         if r.rebaselined { " (re-baselined)" } else { "" }
     );
     if r.overwrote_local > 0 {
-        eprintln!("{verb}: {} local changes were overwritten by the remote's", r.overwrote_local);
+        eprintln!(
+            "{verb}: {} local changes were overwritten by the remote's",
+            r.overwrote_local
+        );
     }
 }
 

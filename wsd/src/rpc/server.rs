@@ -72,7 +72,11 @@ impl<S: Store + Send + 'static> Backend<S> {
     /// that [`Backend::store_caller`] works before [`serve`] starts.
     pub fn new(store: S) -> Result<Backend<S>, ServeError> {
         let (store, store_thread) = StoreHandle::spawn(store).map_err(ServeError::StoreThread)?;
-        Ok(Backend { store, store_thread, exec: None })
+        Ok(Backend {
+            store,
+            store_thread,
+            exec: None,
+        })
     }
 
     /// A `Send` handle for blocking calls into the store from other threads
@@ -202,7 +206,11 @@ pub async fn serve<S: Store + Send + 'static>(
     config: ServerConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<S, ServeError> {
-    let Backend { store, store_thread, exec } = backend;
+    let Backend {
+        store,
+        store_thread,
+        exec,
+    } = backend;
     let shared = Rc::new(Shared {
         store,
         exec,

@@ -30,7 +30,9 @@ pub struct StoreCaller<S> {
 
 impl<S> Clone for StoreCaller<S> {
     fn clone(&self) -> Self {
-        StoreCaller { tx: self.tx.clone() }
+        StoreCaller {
+            tx: self.tx.clone(),
+        }
     }
 }
 
@@ -59,7 +61,10 @@ impl<S: 'static> StoreCaller<S> {
         drop(tx);
         match reply_rx.blocking_recv() {
             Ok(result) => result.map_err(WireError::from),
-            Err(_) => Err(WireError::new(ErrorCode::Io, "the store thread has stopped")),
+            Err(_) => Err(WireError::new(
+                ErrorCode::Io,
+                "the store thread has stopped",
+            )),
         }
     }
 }
@@ -135,7 +140,9 @@ impl<S: Store + Send + 'static> StoreHandle<S> {
     }
 
     pub(crate) fn caller(&self) -> StoreCaller<S> {
-        StoreCaller { tx: self.tx.clone() }
+        StoreCaller {
+            tx: self.tx.clone(),
+        }
     }
 }
 
