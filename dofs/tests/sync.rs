@@ -491,3 +491,53 @@ fn a_first_pull_from_a_remote_behind_the_horizon_does_not_hide_its_paths_from_th
     assert_eq!(a.tree(), b.tree());
     assert!(a.store.borrow().exists(&p("made-on-b/file")).unwrap());
 }
+
+#[test]
+fn an_interrupted_baseline_push_starts_over_and_still_sweeps() {
+    let (a, b, c) = (Peer::new("A"), Peer::new("B"), Peer::new("C"));
+    a.put("stale", b"1");
+    push(&a, &c).unwrap();
+    a.store.borrow_mut().rm(&p("stale"), false).unwrap();
+    a.store.borrow_mut().forget_remote("C").unwrap();
+    push(&a, &b).unwrap();
+    assert!(a.store.borrow_mut().prune_tombstones().unwrap().pruned >= 1);
+    a.store.borrow_mut().register_remote("C").unwrap();
+    // Written after the prune: a baseline's first batch passes the horizon,
+    // so resuming from its cursor would no longer be a baseline.
+    for i in 0..(2 * BATCH_ENTRIES + 10) {
+        a.put(&format!("later/f{i:04}"), &noise(50, i as u64));
+    }
+    let (mut remote, faults) = faulty(&c, &a);
+    faults.calls_left.set(Some(4));
+    assert!(
+        push_via(&a, "C", &mut remote).is_err(),
+        "the push was cut after one batch"
+    );
+    let report = push(&a, &c).unwrap();
+    assert!(report.rebaselined, "{report:?}");
+    assert_eq!(c.tree(), a.tree());
+    check(&[&a, &b, &c]);
+}
+
+#[test]
+fn an_interrupted_baseline_pull_starts_over_and_still_sweeps() {
+    let (a, b, c) = (Peer::new("A"), Peer::new("B"), Peer::new("C"));
+    a.put("stale", b"1");
+    pull(&c, &a).unwrap();
+    a.store.borrow_mut().rm(&p("stale"), false).unwrap();
+    push(&a, &b).unwrap();
+    assert!(a.store.borrow_mut().prune_tombstones().unwrap().pruned >= 1);
+    for i in 0..(2 * BATCH_ENTRIES + 10) {
+        a.put(&format!("later/f{i:04}"), &noise(50, i as u64));
+    }
+    let (mut remote, faults) = faulty(&a, &c);
+    faults.calls_left.set(Some(3));
+    assert!(
+        pull_via(&c, "A", &mut remote).is_err(),
+        "the pull was cut after one batch"
+    );
+    let report = pull(&c, &a).unwrap();
+    assert!(report.rebaselined, "{report:?}");
+    assert_eq!(c.tree(), a.tree());
+    check(&[&a, &b, &c]);
+}

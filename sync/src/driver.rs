@@ -221,7 +221,13 @@ pub async fn push<S: Store, R: Remote>(
                 pushed: sender,
             });
         }
-        local.set_push_cursor(opts.remote_name, &sender)?;
+        // A baseline is only complete with its sweep: until then the push
+        // cursor stays where it was, so an interrupted baseline starts over
+        // (objects already sent are deduplicated) instead of resuming as an
+        // incremental push that would never sweep.
+        if !baseline || last {
+            local.set_push_cursor(opts.remote_name, &sender)?;
+        }
         report.batches += 1;
         report.cursor = sender.clone();
         cursor = sender;
@@ -305,7 +311,13 @@ pub async fn pull<S: Store, R: Remote>(
             fetch_and_stage(local, remote, &slice, &mut report).await?;
         }
         let last = batch.last().expect("non-empty batch");
-        let sender = ChangeCursor::within(last.rev, last.path.clone());
+        // During a baseline the fetch cursor must not move before the sweep
+        // (ZERO never moves it), so an interrupted baseline starts over.
+        let sender = if baseline {
+            ChangeCursor::ZERO
+        } else {
+            ChangeCursor::within(last.rev, last.path.clone())
+        };
         let outcome = local.apply(ApplyBatch {
             remote: opts.remote_name,
             sender: Some(sender),
