@@ -21,6 +21,9 @@ pub struct DaemonConfig {
     pub listen: Vec<String>,
     pub token: Option<Token>,
     pub store: StoreOptions,
+    /// Output bytes retained per exec log ([`ExecConfig::per_exec_cap`]);
+    /// older events are evicted first. `None`: the default (16 MiB).
+    pub exec_log_cap: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -67,13 +70,14 @@ pub async fn run(
             .map_err(|e| e.to_string())
     });
     let exec_db = config.state_dir.join(EXEC_DB_FILE);
-    let manager =
-        ExecManager::open(ExecConfig::new(&config.root, &exec_db), settle).map_err(|source| {
-            DaemonError::Exec {
-                path: exec_db,
-                source,
-            }
-        })?;
+    let mut exec_config = ExecConfig::new(&config.root, &exec_db);
+    if let Some(cap) = config.exec_log_cap {
+        exec_config.per_exec_cap = cap;
+    }
+    let manager = ExecManager::open(exec_config, settle).map_err(|source| DaemonError::Exec {
+        path: exec_db,
+        source,
+    })?;
     let backend = backend.with_exec(ExecAdapter(manager.clone()));
     let mut listeners = Vec::new();
     let mut bound = Vec::new();
