@@ -109,7 +109,15 @@ struct ExecAdapter(ExecManager);
 struct EventsAdapter(exec::Subscription);
 
 fn wire(e: exec::ExecError) -> WireError {
-    WireError::new(e.code(), e.to_string())
+    let code = e.code();
+    // `ExecError`'s messages start with their code; keep it once, in the
+    // field (the wire reason and `WireError`'s display add it back).
+    let text = e.to_string();
+    let message = text
+        .strip_prefix(code.as_str())
+        .and_then(|m| m.strip_prefix(": "))
+        .map_or_else(|| text.clone(), str::to_owned);
+    WireError::new(code, message)
 }
 
 impl ExecEvents for EventsAdapter {
@@ -167,5 +175,18 @@ impl ExecBackend for ExecAdapter {
 
     async fn dispose(&self, id: &str) -> Result<(), WireError> {
         self.0.dispose(id).await.map_err(wire)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exec_errors_carry_their_code_once() {
+        let e = wire(exec::ExecError::NotFound { id: "x".into() });
+        assert_eq!(e.code, wsd_sync::ErrorCode::NotFound);
+        assert_eq!(e.message, "no exec with id \"x\"");
+        assert_eq!(e.to_string(), "ENOENT: no exec with id \"x\"");
     }
 }
