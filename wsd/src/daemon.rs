@@ -21,6 +21,9 @@ pub struct DaemonConfig {
     pub listen: Vec<String>,
     pub token: Option<Token>,
     pub store: StoreOptions,
+    /// Output bytes retained per exec log ([`ExecConfig::per_exec_cap`]);
+    /// older events are evicted first. `None`: the default (16 MiB).
+    pub exec_log_cap: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -67,13 +70,14 @@ pub async fn run(
             .map_err(|e| e.to_string())
     });
     let exec_db = config.state_dir.join(EXEC_DB_FILE);
-    let manager =
-        ExecManager::open(ExecConfig::new(&config.root, &exec_db), settle).map_err(|source| {
-            DaemonError::Exec {
-                path: exec_db,
-                source,
-            }
-        })?;
+    let mut exec_config = ExecConfig::new(&config.root, &exec_db);
+    if let Some(cap) = config.exec_log_cap {
+        exec_config.per_exec_cap = cap;
+    }
+    let manager = ExecManager::open(exec_config, settle).map_err(|source| DaemonError::Exec {
+        path: exec_db,
+        source,
+    })?;
     let backend = backend.with_exec(ExecAdapter(manager.clone()));
     let mut listeners = Vec::new();
     let mut bound = Vec::new();
@@ -105,7 +109,15 @@ struct ExecAdapter(ExecManager);
 struct EventsAdapter(exec::Subscription);
 
 fn wire(e: exec::ExecError) -> WireError {
-    WireError::new(e.code(), e.to_string())
+    let code = e.code();
+    // `ExecError`'s messages start with their code; keep it once, in the
+    // field (the wire reason and `WireError`'s display add it back).
+    let text = e.to_string();
+    let message = text
+        .strip_prefix(code.as_str())
+        .and_then(|m| m.strip_prefix(": "))
+        .map_or_else(|| text.clone(), str::to_owned);
+    WireError::new(code, message)
 }
 
 impl ExecEvents for EventsAdapter {
@@ -163,5 +175,18 @@ impl ExecBackend for ExecAdapter {
 
     async fn dispose(&self, id: &str) -> Result<(), WireError> {
         self.0.dispose(id).await.map_err(wire)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exec_errors_carry_their_code_once() {
+        let e = wire(exec::ExecError::NotFound { id: "x".into() });
+        assert_eq!(e.code, wsd_sync::ErrorCode::NotFound);
+        assert_eq!(e.message, "no exec with id \"x\"");
+        assert_eq!(e.to_string(), "ENOENT: no exec with id \"x\"");
     }
 }

@@ -2,11 +2,13 @@
 
 use std::io::Write;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use wsd::rpc::client::{self, Client, ExecStream};
-use wsd::rpc::{ExecEventKind, ExecRequest, ExecSignal, ResumeFrom};
+use wsd::rpc::{ExecEventKind, ExecRequest, ExecSignal, ResumeFrom, WireError};
+use wsd_sync::ErrorCode;
 
 use super::RemoteArgs;
 
@@ -91,50 +93,185 @@ fn exit_code(code: i32) -> ExitCode {
     ExitCode::from(u8::try_from(code).unwrap_or(255))
 }
 
-/// Copies events to stdout/stderr until the exit event. Ctrl-C sends TERM
-/// to the remote command once and keeps streaming until it exits. A lost
-/// connection re-attaches after the last seq seen.
+/// How long a stream keeps trying to re-attach after losing the daemon (a
+/// restart included) before it gives up.
+const REATTACH_FOR: Duration = Duration::from_secs(30);
+
+/// Exit code after a second Ctrl-C detached us (the shell's code for SIGINT).
+const DETACHED_BY_INTERRUPT: u8 = 130;
+
+/// Exit code when our own stdout or stderr went away (the shell's code for
+/// SIGPIPE).
+const OUTPUT_CLOSED: u8 = 141;
+
+/// Who is streaming: the `wsd exec` that started the command owns it (a
+/// Ctrl-C or a closed stdout stops it); `wsd attach` only watches (a closed
+/// stdout detaches).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Owner,
+    Watcher,
+}
+
+/// Copies events to stdout/stderr until the exit event and returns the
+/// command's exit code.
+///
+/// Ctrl-C sends TERM to the remote command once and keeps streaming until
+/// it exits (the daemon escalates to KILL after its grace); a second Ctrl-C
+/// detaches. A lost connection (a daemon restart included) re-attaches
+/// after the last seq seen, for up to `REATTACH_FOR`. If our stdout closes,
+/// an owner sends TERM to the command (as a pipe reader's exit would) and a
+/// watcher detaches.
 async fn stream(
     remote: &RemoteArgs,
     mut client: Client,
     mut events: ExecStream,
+    from: ResumeFrom,
+    role: Role,
 ) -> Result<ExitCode> {
     let id = events.id().to_owned();
-    let mut last_seq = 0u64;
+    let mut last_seq: Option<u64> = None;
     let mut interrupted = false;
-    let mut reattached = false;
     loop {
         let next = tokio::select! {
             n = events.next() => n,
-            _ = tokio::signal::ctrl_c(), if !interrupted => {
+            _ = tokio::signal::ctrl_c() => {
+                if interrupted {
+                    eprintln!("wsd: interrupted again; detached from {id}");
+                    return Ok(ExitCode::from(DETACHED_BY_INTERRUPT));
+                }
                 interrupted = true;
-                eprintln!("wsd: interrupted; sending TERM to {id}");
+                eprintln!("wsd: interrupted; sending TERM to {id} (Ctrl-C again to detach)");
                 client.kill_exec(&id, ExecSignal::Term).await.with_context(|| format!("killing {id}"))?;
                 continue;
             }
         };
         match next {
             Ok(Some(e)) => {
-                last_seq = e.seq;
-                match e.kind {
+                last_seq = Some(e.seq);
+                let written = match e.kind {
                     ExecEventKind::Stdout(b) => {
                         let mut out = std::io::stdout().lock();
-                        out.write_all(&b)?;
-                        out.flush()?;
+                        out.write_all(&b).and_then(|()| out.flush())
                     }
-                    ExecEventKind::Stderr(b) => std::io::stderr().lock().write_all(&b)?,
+                    ExecEventKind::Stderr(b) => std::io::stderr().lock().write_all(&b),
                     ExecEventKind::Exit(code) => return Ok(exit_code(code)),
+                };
+                if let Err(e) = written {
+                    return output_closed(&client, &id, role, e).await;
                 }
             }
+            // `--tail` on an exec that had already exited: there is nothing
+            // after "now", but its exit code is still worth reporting.
+            Ok(None) if last_seq.is_none() && from == ResumeFrom::Tail => {
+                let code = finished_exit_code(&client, &id).await?;
+                eprintln!("wsd: {id} had already exited with code {code}");
+                return Ok(exit_code(code));
+            }
             Ok(None) => bail!("{id}: the event stream ended without an exit event"),
-            Err(e) if e.is_retryable() && !reattached => {
-                tracing::warn!(error = %e, "connection lost; re-attaching to {id} after seq {last_seq}");
-                reattached = true;
-                client = connect(remote).await?;
-                events = client.get_exec(&id, ResumeFrom::After(last_seq)).await?;
+            Err(e) if e.is_retryable() => {
+                tracing::warn!(error = %e, "connection lost; re-attaching to {id}");
+                let resume = last_seq.map_or(from, ResumeFrom::After);
+                tokio::select! {
+                    r = reattach(remote, &id, resume) => (client, events) = r?,
+                    _ = tokio::signal::ctrl_c() => {
+                        eprintln!("wsd: interrupted while re-attaching to {id}");
+                        return Ok(ExitCode::from(DETACHED_BY_INTERRUPT));
+                    }
+                }
             }
             Err(e) => return Err(e).with_context(|| format!("{id}: streaming events")),
         }
+    }
+}
+
+/// Our stdout (or stderr) is gone: nobody can see the output any more.
+async fn output_closed(
+    client: &Client,
+    id: &str,
+    role: Role,
+    error: std::io::Error,
+) -> Result<ExitCode> {
+    if role == Role::Owner {
+        // Best effort: the connection may be gone too.
+        let _ = client.kill_exec(id, ExecSignal::Term).await;
+        let _ = writeln!(
+            std::io::stderr(),
+            "wsd: output closed ({error}); sent TERM to {id}"
+        );
+    }
+    Ok(ExitCode::from(OUTPUT_CLOSED))
+}
+
+/// Dials again and re-attaches at `from`, retrying while the daemon is
+/// unreachable or restarting, for up to `REATTACH_FOR`.
+async fn reattach(remote: &RemoteArgs, id: &str, from: ResumeFrom) -> Result<(Client, ExecStream)> {
+    let deadline = tokio::time::Instant::now() + REATTACH_FOR;
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let attempt = async {
+            let client = client::connect(&remote.remote, remote.token()?, EXEC_PEER).await?;
+            let events = client.get_exec(id, from).await?;
+            anyhow::Ok((client, events))
+        };
+        match attempt.await {
+            Ok(attached) => return Ok(attached),
+            Err(e) => {
+                // Only a daemon that is away is worth waiting for; an answer
+                // such as ENOENT is final.
+                let retry = e
+                    .downcast_ref::<WireError>()
+                    .is_some_and(|w| w.is_retryable() || w.code == ErrorCode::Io);
+                if !retry || tokio::time::Instant::now() + backoff > deadline {
+                    return Err(e).with_context(|| format!("re-attaching to {id}"));
+                }
+                tracing::debug!(error = %e, ?backoff, "re-attaching failed; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+/// The exit code of a finished exec, read from the end of its log without
+/// printing its output. The retained events are a suffix of the log that
+/// always holds the exit event; resuming below them is `ELOG_TRUNCATED` and
+/// at or past the exit an empty stream, so a search finds a resume point
+/// inside them.
+async fn finished_exit_code(client: &Client, id: &str) -> Result<i32> {
+    // `below`: a resume point known to be truncated; `past`: known to be at
+    // or past the exit.
+    let (mut below, mut past): (Option<u64>, Option<u64>) = (None, None);
+    let mut probe = 0u64;
+    loop {
+        match client.get_exec(id, ResumeFrom::After(probe)).await {
+            Err(e) if e.code == ErrorCode::LogTruncated => below = Some(probe),
+            Err(e) => return Err(e).with_context(|| format!("reading the exit of {id}")),
+            Ok(mut s) => {
+                let mut any = false;
+                while let Some(e) = s.next().await? {
+                    any = true;
+                    if let ExecEventKind::Exit(code) = e.kind {
+                        return Ok(code);
+                    }
+                }
+                if any {
+                    bail!("{id}: the log ended without an exit event");
+                }
+                past = Some(probe);
+            }
+        }
+        probe = match (below, past) {
+            (Some(b), None) => b.saturating_mul(2).max(1),
+            (b, Some(p)) => {
+                let b = b.unwrap_or(0);
+                if p <= b + 1 || past == Some(0) {
+                    bail!("{id}: no exit event found in its log");
+                }
+                b + (p - b) / 2
+            }
+            (None, None) => unreachable!("a probe either failed or succeeded"),
+        };
     }
 }
 
@@ -153,7 +290,7 @@ pub async fn exec(a: ExecArgs) -> Result<ExitCode> {
         println!("{}", events.id());
         return Ok(ExitCode::SUCCESS);
     }
-    stream(&a.remote, client, events).await
+    stream(&a.remote, client, events, ResumeFrom::Start, Role::Owner).await
 }
 
 pub async fn attach(a: AttachArgs) -> Result<ExitCode> {
@@ -167,7 +304,7 @@ pub async fn attach(a: AttachArgs) -> Result<ExitCode> {
         .get_exec(&a.id, from)
         .await
         .with_context(|| format!("attaching to {}", a.id))?;
-    stream(&a.remote, client, events).await
+    stream(&a.remote, client, events, from, Role::Watcher).await
 }
 
 pub async fn kill(a: KillArgs) -> Result<ExitCode> {

@@ -71,6 +71,11 @@ struct ServeArgs {
     /// Do not watch the tree with inotify: every settle walks it.
     #[arg(long)]
     no_watch: bool,
+    /// Output bytes kept per exec log (default 16 MiB); the oldest events
+    /// are evicted first, and resuming below the kept window is
+    /// ELOG_TRUNCATED.
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
+    exec_log_cap: Option<u64>,
 }
 
 /// How to reach a remote daemon.
@@ -161,6 +166,7 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
             watch: !a.no_watch,
             ..Default::default()
         },
+        exec_log_cap: a.exec_log_cap,
     };
     block_on_local(wsd::daemon::run(config, |_| {}, shutdown_signal()))??;
     Ok(ExitCode::SUCCESS)
