@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
+pub mod hub;
+
 /// The `wsd` binary of this workspace's target directory. `cargo test`
 /// builds it because the `wsd` package has integration tests of its own.
 pub fn wsd_bin() -> PathBuf {
