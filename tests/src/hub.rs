@@ -132,3 +132,59 @@ impl Hub {
         }
     }
 }
+
+/// `wsd::daemon::run` on its own thread in this process (so a test can arm
+/// the store's fault-injection points); stopped on drop.
+#[derive(Debug)]
+pub struct InProcessDaemon {
+    pub addr: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl InProcessDaemon {
+    pub fn start(root: &Path, state: &Path) -> InProcessDaemon {
+        std::fs::create_dir_all(root).unwrap();
+        let config = wsd::daemon::DaemonConfig {
+            root: root.canonicalize().unwrap(),
+            state_dir: state.to_owned(),
+            listen: vec!["127.0.0.1:0".into()],
+            token: None,
+            store: wsd::store::StoreOptions::default(),
+        };
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            block_on_local(async move {
+                wsd::daemon::run(
+                    config,
+                    |addrs| addr_tx.send(addrs[0].clone()).unwrap(),
+                    async move {
+                        let _ = stopped.await;
+                    },
+                )
+                .await
+                .expect("in-process daemon");
+            })
+        });
+        let addr = addr_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the in-process daemon listens");
+        InProcessDaemon {
+            addr,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for InProcessDaemon {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

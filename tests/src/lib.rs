@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 
 pub mod hub;
+pub mod parsers;
 
 /// The `wsd` binary of this workspace's target directory. `cargo test`
 /// builds it because the `wsd` package has integration tests of its own.

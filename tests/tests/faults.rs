@@ -409,3 +409,53 @@ fn a_connection_cut_at_every_point_of_a_push_or_pull_fails_typed_and_a_retry_con
     drop(daemon);
     drop(tmp);
 }
+
+// --- the store's IO seam (runs where nothing can be mounted) -----------------
+
+/// Both points in one test: they are process-wide.
+#[test]
+fn failpoints_in_apply_give_eio_leave_nothing_torn_and_a_retry_converges() {
+    use wsd::store::failpoint;
+    let tmp = tempfile::tempdir().unwrap();
+    let served = tmp.path().join("served");
+    let daemon = wsd_tests::hub::InProcessDaemon::start(&served, &tmp.path().join("state"));
+    let served = served.canonicalize().unwrap();
+    let mut hub = Hub::open(&tmp.path().join("authority.dofs"), &daemon.addr);
+    block_on_local(async {
+        hub.put("a/first.txt", b"first", 0o644);
+        hub.converge().await.unwrap();
+
+        // The rename into place fails as on a full disk.
+        hub.put("a/first.txt", b"first, rewritten", 0o644);
+        hub.put("b/new.bin", &bytes(300_000, 1), 0o600);
+        failpoint::set("apply-before-rename", Some(libc::ENOSPC));
+        let err = hub.push().await.unwrap_err();
+        failpoint::set("apply-before-rename", None);
+        assert_eq!(err.code(), ErrorCode::Io, "{err}");
+        assert!(err.to_string().contains("No space left"), "{err}");
+        assert_nothing_torn(&served, &hub, &HashSet::new(), "rename fails");
+        assert_eq!(std::fs::read(served.join("a/first.txt")).unwrap(), b"first");
+        let pulled = hub.pull().await.unwrap();
+        assert_eq!(
+            pulled.entries, 0,
+            "the failed apply left unrecorded changes"
+        );
+        hub.converge().await.unwrap();
+        assert_eq!(dofs_digest(&hub.dofs), tree_digest(&served));
+
+        // Every entry is on disk, the index commit fails: the next settle
+        // finds them as local changes, whose echoes are idempotent.
+        hub.put("c/late.txt", b"late", 0o644);
+        hub.put("a/first.txt", b"first, third", 0o644);
+        failpoint::set("apply-before-commit", Some(libc::EIO));
+        let err = hub.push().await.unwrap_err();
+        failpoint::set("apply-before-commit", None);
+        assert_eq!(err.code(), ErrorCode::Io, "{err}");
+        assert_nothing_torn(&served, &hub, &HashSet::new(), "commit fails");
+        hub.converge().await.unwrap();
+        let (a, b) = (dofs_digest(&hub.dofs), tree_digest(&served));
+        assert!(a == b, "{}", digest_diff(&a, &b, 20).join("\n"));
+        hub.dofs.check_integrity().unwrap();
+    });
+    drop(daemon);
+}
