@@ -387,7 +387,7 @@ mod tests {
                 let mut i = 0u64;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     i += 1;
-                    let len = if i % 2 == 0 { 5000 } else { 20 };
+                    let len = if i.is_multiple_of(2) { 5000 } else { 20 };
                     std::fs::write(&path, vec![i as u8; len]).unwrap();
                 }
             })
