@@ -3,6 +3,7 @@
 //! `wsd` CLI, build deterministic trees and compare them byte for byte.
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::net::TcpStream;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
@@ -10,6 +11,9 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
+
+pub mod hub;
+pub mod parsers;
 
 /// The `wsd` binary of this workspace's target directory. `cargo test`
 /// builds it because the `wsd` package has integration tests of its own.
@@ -44,6 +48,10 @@ pub struct Daemon {
     pub state: PathBuf,
     pub addr: String,
     pub token_file: Option<PathBuf>,
+    /// The program and its leading arguments (default: the `wsd` binary).
+    pub program: Vec<OsString>,
+    /// Where the daemon's stderr goes (default: discarded).
+    pub log: Option<PathBuf>,
     child: Option<Child>,
 }
 
@@ -51,12 +59,27 @@ impl Daemon {
     /// Starts `wsd serve --root root --state state` on a free loopback port
     /// and waits until it accepts connections.
     pub fn start(root: &Path, state: &Path, token_file: Option<&Path>) -> Daemon {
+        Daemon::start_with(vec![wsd_bin().into()], root, state, token_file, None)
+    }
+
+    /// Like [`Daemon::start`] with another program (e.g. a binary that
+    /// embeds the daemon, followed by its leading arguments) and a file for
+    /// the daemon's stderr.
+    pub fn start_with(
+        program: Vec<OsString>,
+        root: &Path,
+        state: &Path,
+        token_file: Option<&Path>,
+        log: Option<&Path>,
+    ) -> Daemon {
         let addr = format!("127.0.0.1:{}", free_port());
         let mut d = Daemon {
             root: root.to_owned(),
             state: state.to_owned(),
             addr,
             token_file: token_file.map(Path::to_owned),
+            program,
+            log: log.map(Path::to_owned),
             child: None,
         };
         d.spawn();
@@ -64,8 +87,9 @@ impl Daemon {
     }
 
     fn spawn(&mut self) {
-        let mut cmd = Command::new(wsd_bin());
-        cmd.args(["serve", "--listen", &self.addr])
+        let mut cmd = Command::new(&self.program[0]);
+        cmd.args(&self.program[1..])
+            .args(["serve", "--listen", &self.addr])
             .arg("--root")
             .arg(&self.root)
             .arg("--state")
@@ -74,6 +98,14 @@ impl Daemon {
             .env_remove("WSD_TOKEN_FILE")
             .stdout(Stdio::null())
             .stderr(Stdio::null());
+        if let Some(log) = &self.log {
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)
+                .expect("open the daemon log");
+            cmd.stderr(f);
+        }
         if let Some(t) = &self.token_file {
             cmd.arg("--token-file").arg(t);
         }
@@ -95,6 +127,14 @@ impl Daemon {
 
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("running").id()
+    }
+
+    /// True while the child process has not exited.
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(c) => c.try_wait().map(|s| s.is_none()).unwrap_or(false),
+            None => false,
+        }
     }
 
     /// SIGKILL, as a crash.
@@ -243,4 +283,129 @@ pub fn make_tree(root: &Path, files: usize, seed: u64) {
         std::fs::Permissions::from_mode(0o700),
     )
     .unwrap();
+}
+
+/// A `Dofs` tree in the format of [`tree_digest`] (modes of symlinks are
+/// not compared, as on Linux where they mean nothing).
+pub fn dofs_digest(d: &wsd_dofs::Dofs) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    dofs_walk(d, None, &mut out);
+    out
+}
+
+fn dofs_walk(
+    d: &wsd_dofs::Dofs,
+    dir: Option<&wsd_sync::SyncPath>,
+    out: &mut BTreeMap<String, String>,
+) {
+    for e in d.readdir(dir).expect("readdir") {
+        let rel = e.path.as_str().to_owned();
+        match e.stat.kind {
+            wsd_sync::Kind::Dir => {
+                out.insert(rel, format!("d {:o}", e.stat.mode));
+                dofs_walk(d, Some(&e.path), out);
+            }
+            wsd_sync::Kind::Symlink => {
+                out.insert(rel, format!("l {}", e.stat.target.unwrap_or_default()));
+            }
+            _ => {
+                let bytes = d.read_file(&e.path).expect("read_file");
+                out.insert(
+                    rel,
+                    format!(
+                        "f {:o} {} {}",
+                        e.stat.mode,
+                        bytes.len(),
+                        hex::encode(Sha256::digest(&bytes))
+                    ),
+                );
+            }
+        }
+    }
+}
+
+/// The differences between two digests, at most `max` lines.
+pub fn digest_diff(
+    a: &BTreeMap<String, String>,
+    b: &BTreeMap<String, String>,
+    max: usize,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    for k in keys {
+        let (x, y) = (a.get(k), b.get(k));
+        if x != y {
+            out.push(format!("{k}: {x:?} vs {y:?}"));
+            if out.len() >= max {
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// Resident memory of a process in KiB (`VmRSS`), if it is alive.
+pub fn proc_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// Open file descriptors of a process, if it is alive.
+pub fn proc_fd_count(pid: u32) -> Option<usize> {
+    Some(std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count())
+}
+
+/// `PRAGMA integrity_check` of a SQLite database opened read-only: `Ok`
+/// when it answers `ok`, else the rows it answered (or the open error).
+pub fn sqlite_integrity(path: &Path) -> Result<(), String> {
+    let conn = rusqlite::Connection::open_with_flags(
+        path,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| format!("opening {}: {e}", path.display()))?;
+    let rows: Vec<String> = conn
+        .prepare("PRAGMA integrity_check")
+        .and_then(|mut s| {
+            s.query_map([], |r| r.get::<_, String>(0))?
+                .collect::<Result<_, _>>()
+        })
+        .map_err(|e| format!("integrity_check of {}: {e}", path.display()))?;
+    if rows == ["ok"] {
+        Ok(())
+    } else {
+        Err(format!("{}: {}", path.display(), rows.join("; ")))
+    }
+}
+
+/// Every path under `root` (relative, `.wsd` excluded) whose file name
+/// starts with `prefix`.
+pub fn find_named(root: &Path, prefix: &str) -> Vec<String> {
+    fn go(root: &Path, dir: &Path, prefix: &str, out: &mut Vec<String>) {
+        let Ok(rd) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in rd.flatten() {
+            let path = entry.path();
+            let rel = path
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            if rel == ".wsd" {
+                continue;
+            }
+            if entry.file_name().to_string_lossy().starts_with(prefix) {
+                out.push(rel);
+            }
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                go(root, &path, prefix, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    go(root, root, prefix, &mut out);
+    out
 }

@@ -27,13 +27,17 @@ pub(crate) fn error_to(e: &WireError) -> capnp::Error {
     capnp::Error::failed(format!("{}: {}", e.code, e.message))
 }
 
-/// Decodes any capnp error: a `disconnected` exception is a lost
+/// Decodes any capnp error: a `disconnected` exception, or a stream that
+/// ended in the middle of a message (the connection was cut), is a lost
 /// connection; a reason that starts with a known code keeps it; anything
 /// else (a malformed message, a library-level failure) is `EPROTOCOL`.
 impl From<capnp::Error> for WireError {
     fn from(e: capnp::Error) -> WireError {
         let reason = e.extra.strip_prefix(REMOTE_PREFIX).unwrap_or(&e.extra);
-        if e.kind == capnp::ErrorKind::Disconnected {
+        if matches!(
+            e.kind,
+            capnp::ErrorKind::Disconnected | capnp::ErrorKind::PrematureEndOfFile
+        ) {
             return WireError::connection_lost(reason);
         }
         if let Some((code, message)) = reason.split_once(": ")
@@ -562,5 +566,16 @@ mod tests {
         let e = WireError::from(capnp::Error::disconnected("Peer disconnected.".into()));
         assert_eq!(e.code, ErrorCode::Shutdown);
         assert!(e.message.starts_with("connection lost"));
+    }
+
+    #[test]
+    fn a_connection_cut_in_the_middle_of_a_message_is_a_lost_connection() {
+        // What capnp reports when the socket closes mid-frame (found by the
+        // connection-cut sweep in tests/tests/faults.rs): retryable, not
+        // EPROTOCOL.
+        let io = std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "unexpected end of file");
+        let e = WireError::from(capnp::Error::from(io));
+        assert_eq!(e.code, ErrorCode::Shutdown, "{e}");
+        assert!(e.is_retryable());
     }
 }

@@ -18,6 +18,8 @@ pub mod client;
 mod convert;
 mod error;
 mod exec_backend;
+#[doc(hidden)]
+pub mod fuzzing;
 mod server;
 mod server_shell;
 mod server_sync;

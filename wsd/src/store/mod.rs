@@ -13,6 +13,9 @@
 
 mod apply;
 mod error;
+// Fault-injection seam for tests (feature `failpoints`); a no-op otherwise.
+#[doc(hidden)]
+pub mod failpoint;
 mod fsutil;
 mod index;
 mod objects;
@@ -497,6 +500,8 @@ impl Store for WorkspaceStore {
                 return Err(err);
             }
         };
+        failpoint::hit("apply-before-commit")
+            .map_err(|e| SyncError::io("committing an apply".to_owned(), e))?;
         tx.commit().ctx("committing an apply")?;
         // Staged objects of this batch now live in files (or were not
         // needed): drop them so staging holds only what is still pending.

@@ -1,0 +1,8 @@
+//! Fuzz target: manifest decoding (wsd_sync::manifest::decode).
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    wsd_tests::parsers::check_manifest(data);
+});

@@ -1,0 +1,190 @@
+//! The hub topology in a test: a `Dofs` authority store in this process
+//! pushing into and pulling from a daemon over the RPC client, with
+//! reconnection (and `reconcile`) after the daemon restarted.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::path::Path;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use wsd::rpc::client::{self, Client};
+use wsd_dofs::{Dofs, WriteOptions};
+use wsd_sync::driver::{self, SyncOptions, SyncReport};
+use wsd_sync::{IgnoreRules, SyncError, SyncPath};
+
+/// The name the authority keeps the daemon's watermarks under.
+pub const REMOTE: &str = "wsd";
+/// The peer name the authority presents to the daemon.
+pub const PEER: &str = "authority";
+
+/// Runs `fut` on a current-thread runtime inside a `LocalSet` (the RPC
+/// client is `!Send`).
+pub fn block_on_local<F: Future>(fut: F) -> F::Output {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    tokio::task::LocalSet::new().block_on(&rt, fut)
+}
+
+pub fn p(s: &str) -> SyncPath {
+    SyncPath::new(s).unwrap()
+}
+
+/// The authority: a dofs store, the daemon's address, a connection made on
+/// demand, and the SHA-256 of every file content it ever wrote (to tell a
+/// complete version from a torn one).
+#[derive(Debug)]
+pub struct Hub {
+    pub dofs: Dofs,
+    pub addr: String,
+    client: Option<Client>,
+    pub written: HashSet<[u8; 32]>,
+}
+
+impl Hub {
+    pub fn open(db: &Path, addr: &str) -> Hub {
+        Hub {
+            dofs: Dofs::open(db).expect("open dofs"),
+            addr: addr.to_owned(),
+            client: None,
+            written: HashSet::new(),
+        }
+    }
+
+    /// Writes a file on the authority (parents created) and remembers its
+    /// content as a legitimate version.
+    pub fn put(&mut self, path: &str, bytes: &[u8], mode: u32) {
+        self.written.insert(Sha256::digest(bytes).into());
+        let opts = WriteOptions {
+            mode: Some(mode),
+            create_parents: true,
+            ..WriteOptions::default()
+        };
+        self.dofs.write_file_with(&p(path), bytes, opts).unwrap();
+    }
+
+    /// The live connection, dialled and reconciled when there is none.
+    pub async fn client(&mut self) -> Result<Client, SyncError> {
+        if let Some(c) = &self.client
+            && c.is_connected()
+        {
+            return Ok(c.clone());
+        }
+        self.client = None;
+        let mut c = client::connect(&self.addr, None, PEER).await?;
+        driver::reconcile(&mut self.dofs, &mut c, REMOTE).await?;
+        self.client = Some(c.clone());
+        Ok(c)
+    }
+
+    /// Forgets the connection (after the daemon was killed).
+    pub fn disconnect(&mut self) {
+        self.client = None;
+    }
+
+    pub async fn push(&mut self) -> Result<SyncReport, SyncError> {
+        let mut c = self.client().await?;
+        let ignore = IgnoreRules::none();
+        let opts = SyncOptions {
+            remote_name: REMOTE,
+            ignore: &ignore,
+        };
+        driver::push(&mut self.dofs, &mut c, &opts, |_| {}).await
+    }
+
+    pub async fn pull(&mut self) -> Result<SyncReport, SyncError> {
+        let mut c = self.client().await?;
+        let ignore = IgnoreRules::none();
+        let opts = SyncOptions {
+            remote_name: REMOTE,
+            ignore: &ignore,
+        };
+        driver::pull(&mut self.dofs, &mut c, &opts, |_| {}).await
+    }
+
+    /// Pull then push until neither moves an entry. A lost connection
+    /// (the daemon restarting) is retried for a while; any other error is
+    /// returned.
+    pub async fn converge(&mut self) -> Result<usize, SyncError> {
+        let mut rounds = 0;
+        let mut retries = 0;
+        loop {
+            rounds += 1;
+            let r = async {
+                let a = self.pull().await?.entries;
+                let b = self.push().await?.entries;
+                Ok::<_, SyncError>(a + b)
+            }
+            .await;
+            match r {
+                Ok(0) if rounds > 1 => return Ok(rounds),
+                Ok(_) => {}
+                Err(e) if e.code() == wsd_sync::ErrorCode::Shutdown && retries < 50 => {
+                    retries += 1;
+                    self.disconnect();
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => return Err(e),
+            }
+            assert!(rounds < 20, "no convergence after 20 rounds");
+        }
+    }
+}
+
+/// `wsd::daemon::run` on its own thread in this process (so a test can arm
+/// the store's fault-injection points); stopped on drop.
+#[derive(Debug)]
+pub struct InProcessDaemon {
+    pub addr: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl InProcessDaemon {
+    pub fn start(root: &Path, state: &Path) -> InProcessDaemon {
+        std::fs::create_dir_all(root).unwrap();
+        let config = wsd::daemon::DaemonConfig {
+            root: root.canonicalize().unwrap(),
+            state_dir: state.to_owned(),
+            listen: vec!["127.0.0.1:0".into()],
+            token: None,
+            store: wsd::store::StoreOptions::default(),
+        };
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            block_on_local(async move {
+                wsd::daemon::run(
+                    config,
+                    |addrs| addr_tx.send(addrs[0].clone()).unwrap(),
+                    async move {
+                        let _ = stopped.await;
+                    },
+                )
+                .await
+                .expect("in-process daemon");
+            })
+        });
+        let addr = addr_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the in-process daemon listens");
+        InProcessDaemon {
+            addr,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for InProcessDaemon {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
