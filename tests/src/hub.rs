@@ -149,7 +149,8 @@ impl InProcessDaemon {
             root: root.canonicalize().unwrap(),
             state_dir: state.to_owned(),
             listen: vec!["127.0.0.1:0".into()],
-            token: None,
+            store: wsd::store::StoreOptions::default(),
+            exec_log_cap: None,
             store: wsd::store::StoreOptions::default(),
         };
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
