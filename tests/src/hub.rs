@@ -149,7 +149,7 @@ impl InProcessDaemon {
             root: root.canonicalize().unwrap(),
             state_dir: state.to_owned(),
             listen: vec!["127.0.0.1:0".into()],
-            store: wsd::store::StoreOptions::default(),
+            token: None,
             exec_log_cap: None,
             store: wsd::store::StoreOptions::default(),
         };
