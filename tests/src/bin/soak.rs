@@ -1204,6 +1204,7 @@ fn embedded_daemon(args: &[String]) -> Result<ExitCode> {
         listen: vec![get("--listen")?],
         token: None,
         store: wsd::store::StoreOptions::default(),
+        exec_log_cap: None,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
