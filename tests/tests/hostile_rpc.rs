@@ -346,7 +346,11 @@ fn malformed_and_oversized_rpc_arguments_get_typed_errors_and_the_daemon_stays_u
             &["EPROTOCOL"],
         );
         let mut req = raw.sync.has_objects_request();
-        req.get().init_hashes(1).set(0, &sha(b"these bytes"));
+        {
+            let mut l = req.get().init_hashes(2);
+            l.set(0, &sha(b"something else"));
+            l.set(1, &sha(b"these bytes"));
+        }
         let held = req
             .send()
             .promise
