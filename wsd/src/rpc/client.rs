@@ -25,6 +25,7 @@ use super::convert::{
 };
 use super::exec_backend::{ExecEvent, ExecRequest, ExecSignal, ResumeFrom};
 use super::limits::{CLIENT_EXEC_EVENT_BUFFER, MAX_CHANGES_PER_NEXT, OBJECT_WRITE_BYTES};
+use super::stream::{self, StreamWindow, message_bytes};
 use super::transport::network;
 use super::{PROTOCOL_VERSION, WireError};
 
@@ -223,6 +224,7 @@ impl Client {
         }
         let sink = self.sync.push_objects_request().send().pipeline.get_sink();
         let mut start = 0;
+        let mut window = StreamWindow::new();
         while start < objects.len() {
             let mut end = start;
             let mut bytes = 0;
@@ -232,14 +234,16 @@ impl Client {
                 bytes += objects[end].bytes.len();
                 end += 1;
             }
-            let mut req = sink.write_request();
+            let mut req = stream::object_write_call(&sink);
             objects_to(
                 req.get().init_objects((end - start) as u32),
                 &objects[start..end],
             );
-            req.send().await?;
+            let size = message_bytes(req.get().into_reader().total_size());
+            window.send(req, size).await?;
             start = end;
         }
+        window.finish().await?;
         sink.done_request().send().promise.await?;
         Ok(())
     }

@@ -24,6 +24,7 @@ mod server;
 mod server_shell;
 mod server_sync;
 mod store_thread;
+mod stream;
 mod transport;
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ use super::convert::{
 };
 use super::exec_backend::{DynExecBackend, DynExecEvents};
 use super::server::{Conn, run_call};
+use super::stream::{self, StreamWindow, message_bytes};
 
 pub(crate) struct ShellServer {
     exec: Option<Rc<dyn DynExecBackend>>,
@@ -39,24 +40,31 @@ fn subscribe(
     sink: wire::exec_event_sink::Client,
 ) -> wire::exec_subscription::Client {
     let task = tokio::task::spawn_local(async move {
+        let mut window = StreamWindow::new();
         loop {
             match events.next().await {
                 Ok(Some(event)) => {
-                    let mut req = sink.event_request();
+                    let mut req = stream::exec_event_call(&sink);
                     exec_event_to(req.get().init_event(), &event);
+                    let size = message_bytes(req.get().into_reader().total_size());
                     // Waits while the caller's stream window is full: this is
                     // where a slow reader slows the runner.
-                    if let Err(e) = req.send().await {
+                    if let Err(e) = window.send(req, size).await {
                         tracing::debug!(error = %e, "exec event sink failed; delivery stops");
                         return;
                     }
                 }
                 Ok(None) => {
+                    if let Err(e) = window.finish().await {
+                        tracing::debug!(error = %e, "exec event sink failed; delivery stops");
+                        return;
+                    }
                     let _ = sink.end_request().send().promise.await;
                     return;
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "exec event subscription failed");
+                    let _ = window.finish().await;
                     let mut req = sink.end_request();
                     wire_error_to(req.get().init_error(), &e);
                     let _ = req.send().promise.await;

@@ -19,6 +19,7 @@ use super::convert::{
 use super::limits::{MAX_CHANGES_PER_NEXT, OBJECT_WRITE_BYTES};
 use super::server::{Conn, run_call};
 use super::store_thread::StoreHandle;
+use super::stream::{self, StreamWindow, message_bytes};
 
 /// `Sync` for one peer on one connection.
 pub(crate) struct SyncServer<S> {
@@ -195,6 +196,7 @@ impl<S: Store + Send + 'static> wire::sync::Server for SyncServer<S> {
             let hashes: Arc<[Hash]> = hashes_from(p.get_hashes()?, MAX_HASHES_PER_CALL)?.into();
             let sink = p.get_sink()?;
             let mut next = 0;
+            let mut window = StreamWindow::new();
             while next < hashes.len() {
                 let (start, hs) = (next, hashes.clone());
                 // One store call reads about one write's worth of objects, so
@@ -216,12 +218,14 @@ impl<S: Store + Send + 'static> wire::sync::Server for SyncServer<S> {
                     })
                     .await?;
                 next = end;
-                let mut req = sink.write_request();
+                let mut req = stream::object_write_call(&sink);
                 objects_to(req.get().init_objects(objects.len() as u32), &objects);
+                let size = message_bytes(req.get().into_reader().total_size());
                 // Resolves when the stream window has room: the caller's
                 // pace bounds what is in flight.
-                req.send().await?;
+                window.send(req, size).await?;
             }
+            window.finish().await?;
             // Ordered after the writes on the same capability: its answer
             // means every write was processed.
             sink.done_request().send().promise.await?;
