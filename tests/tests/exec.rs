@@ -1308,3 +1308,25 @@ fn one_gib_of_output_keeps_daemon_memory_bounded_with_no_reader() {
     assert_eq!(std::fs::read_to_string(d.path("status")).unwrap(), "0\n");
     assert!(rss < RSS_BOUND, "daemon peak RSS {rss} bytes");
 }
+
+#[test]
+fn an_exec_stream_outlives_the_client_handle_it_came_from() {
+    let d = Served::start();
+    run(async {
+        // The client handle is a temporary: only the stream is kept.
+        let mut s = connect(&d.addr)
+            .await
+            .exec(&req("echo still here"))
+            .await
+            .unwrap();
+        let events = collect(&mut s).await;
+        assert_eq!(stdout_of(&events), b"still here\n");
+        assert_eq!(exit_of(&events), 0);
+        let mut s = connect(&d.addr)
+            .await
+            .get_exec(s.id(), ResumeFrom::Start)
+            .await
+            .unwrap();
+        assert_eq!(collect(&mut s).await, events);
+    });
+}
