@@ -1330,3 +1330,49 @@ fn an_exec_stream_outlives_the_client_handle_it_came_from() {
         assert_eq!(collect(&mut s).await, events);
     });
 }
+
+#[test]
+fn dropped_connections_free_their_subscriber_slots() {
+    let d = Served::start();
+    d.mkfifo("gate");
+    run(async {
+        let c = connect(&d.addr).await;
+        let s = c
+            .exec(&req_id("read x < gate; echo done", "slots"))
+            .await
+            .unwrap();
+        // The exec's own stream is one subscriber; 15 more fit, then ELIMIT.
+        let mut held = Vec::new();
+        for _ in 0..15 {
+            held.push(c.get_exec("slots", ResumeFrom::Tail).await.unwrap());
+        }
+        assert_eq!(
+            code_of(c.get_exec("slots", ResumeFrom::Tail).await),
+            ErrorCode::Limit
+        );
+        drop(held);
+        drop(s);
+        // Readers that come and go on their own connections do not leak
+        // slots (a slot frees once the daemon sees the connection close).
+        for _ in 0..40 {
+            let deadline = Instant::now() + STEP;
+            loop {
+                let other = connect(&d.addr).await;
+                match other.get_exec("slots", ResumeFrom::Tail).await {
+                    Ok(stream) => {
+                        drop((stream, other));
+                        break;
+                    }
+                    Err(e) if e.code == ErrorCode::Limit && Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    Err(e) => panic!("attaching: {e}"),
+                }
+            }
+        }
+        let mut last = c.get_exec("slots", ResumeFrom::Tail).await.unwrap();
+        open_gate_async(&d.path("gate")).await;
+        let events = collect(&mut last).await;
+        assert_eq!(stdout_of(&events), b"done\n");
+    });
+}
