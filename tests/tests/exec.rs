@@ -120,12 +120,10 @@ impl Served {
     /// Runs `wsd ARGS` against this daemon (`--remote` through
     /// `WSD_REMOTE`, so it never lands after a `--`).
     fn cli(&self, args: &[&str]) -> Output {
-        let out = self
-            .cli_command(args)
+        self.cli_command(args)
             .stdin(Stdio::null())
             .output()
-            .expect("run wsd");
-        out
+            .expect("run wsd")
     }
 
     /// Starts `wsd ARGS` with piped stdout and stderr.
