@@ -1121,7 +1121,10 @@ mod tests {
         let g = w.begin("a").await.unwrap();
         append(&w, out("a", 1, 65536)).await;
         assert_eq!(page_size(&new), PAGE_SIZE);
-        assert_eq!(ExecLogReader::new(&new).page("a", g, 0, 1).unwrap().len(), 1);
+        assert_eq!(
+            ExecLogReader::new(&new).page("a", g, 0, 1).unwrap().len(),
+            1
+        );
 
         // A log created with SQLite's default pages by an earlier build.
         let old = dir.path().join("old.db");
@@ -1129,7 +1132,8 @@ mod tests {
             let c = Connection::open(&old).unwrap();
             c.pragma_update(None, "journal_mode", "WAL").unwrap();
             c.execute_batch(SCHEMA).unwrap();
-            c.pragma_update(None, "user_version", SCHEMA_VERSION).unwrap();
+            c.pragma_update(None, "user_version", SCHEMA_VERSION)
+                .unwrap();
         }
         let before = page_size(&old);
         assert_ne!(before, PAGE_SIZE);

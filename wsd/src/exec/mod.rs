@@ -351,11 +351,9 @@ impl ExecManager {
             Some(_) => {
                 let root = shared.root.clone();
                 let cwd_arg = req.cwd.clone();
-                tokio::task::spawn_blocking(move || {
-                    process::resolve_cwd(&root, cwd_arg.as_deref())
-                })
-                .await
-                .map_err(|e| ExecError::Storage(format!("cwd check task failed: {e}")))??
+                tokio::task::spawn_blocking(move || process::resolve_cwd(&root, cwd_arg.as_deref()))
+                    .await
+                    .map_err(|e| ExecError::Storage(format!("cwd check task failed: {e}")))??
             }
         };
         let timeout = match req.timeout_ms {
