@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use wsd::rpc::client::{self, Client, ExecStream};
 use wsd::rpc::{ExecEventKind, ExecRequest, ExecSignal, ResumeFrom, WireError};
 use wsd_sync::ErrorCode;
@@ -128,6 +129,7 @@ async fn stream(
     mut events: ExecStream,
     from: ResumeFrom,
     role: Role,
+    interrupts: &mut Signal,
 ) -> Result<ExitCode> {
     let id = events.id().to_owned();
     let mut last_seq: Option<u64> = None;
@@ -135,7 +137,7 @@ async fn stream(
     loop {
         let next = tokio::select! {
             n = events.next() => n,
-            _ = tokio::signal::ctrl_c() => {
+            _ = interrupts.recv() => {
                 if interrupted {
                     eprintln!("wsd: interrupted again; detached from {id}");
                     return Ok(ExitCode::from(DETACHED_BY_INTERRUPT));
@@ -174,7 +176,7 @@ async fn stream(
                 let resume = last_seq.map_or(from, ResumeFrom::After);
                 tokio::select! {
                     r = reattach(remote, &id, resume) => (client, events) = r?,
-                    _ = tokio::signal::ctrl_c() => {
+                    _ = interrupts.recv() => {
                         eprintln!("wsd: interrupted while re-attaching to {id}");
                         return Ok(ExitCode::from(DETACHED_BY_INTERRUPT));
                     }
@@ -275,7 +277,16 @@ async fn finished_exit_code(client: &Client, id: &str) -> Result<i32> {
     }
 }
 
+/// SIGINT (Ctrl-C) as a stream, registered before anything is sent: a
+/// Ctrl-C that comes while the exec call is in flight still reaches the
+/// command once its id is known, and one that comes while a kill is being
+/// sent is not lost (a fresh `ctrl_c()` per wait would miss it).
+fn interrupts() -> Result<Signal> {
+    signal(SignalKind::interrupt()).context("listening for SIGINT")
+}
+
 pub async fn exec(a: ExecArgs) -> Result<ExitCode> {
+    let mut interrupts = interrupts()?;
     let client = connect(&a.remote).await?;
     let request = ExecRequest {
         command: a.command.join(" "),
@@ -290,10 +301,19 @@ pub async fn exec(a: ExecArgs) -> Result<ExitCode> {
         println!("{}", events.id());
         return Ok(ExitCode::SUCCESS);
     }
-    stream(&a.remote, client, events, ResumeFrom::Start, Role::Owner).await
+    stream(
+        &a.remote,
+        client,
+        events,
+        ResumeFrom::Start,
+        Role::Owner,
+        &mut interrupts,
+    )
+    .await
 }
 
 pub async fn attach(a: AttachArgs) -> Result<ExitCode> {
+    let mut interrupts = interrupts()?;
     let client = connect(&a.remote).await?;
     let from = match (a.after, a.tail) {
         (_, true) => ResumeFrom::Tail,
@@ -304,7 +324,15 @@ pub async fn attach(a: AttachArgs) -> Result<ExitCode> {
         .get_exec(&a.id, from)
         .await
         .with_context(|| format!("attaching to {}", a.id))?;
-    stream(&a.remote, client, events, from, Role::Watcher).await
+    stream(
+        &a.remote,
+        client,
+        events,
+        from,
+        Role::Watcher,
+        &mut interrupts,
+    )
+    .await
 }
 
 pub async fn kill(a: KillArgs) -> Result<ExitCode> {
