@@ -1172,6 +1172,34 @@ fn a_second_ctrl_c_detaches_and_the_daemon_still_escalates_to_sigkill() {
 }
 
 #[test]
+fn ctrl_c_on_wsd_attach_only_detaches() {
+    let d = Served::start();
+    d.mkfifo("gate");
+    let out = d.cli(&[
+        "exec",
+        "--detach",
+        "--id",
+        "watched",
+        "--",
+        "echo up; read x < gate; exit 6",
+    ]);
+    assert!(out.status.success());
+    let mut watcher = d.cli_spawn(&["attach", "watched"]);
+    assert_eq!(watcher.next_line(), "up");
+    watcher.signal("INT");
+    assert_eq!(watcher.wait(), 130);
+    assert!(watcher.stderr().contains("detached"));
+    // The command was left alone: it still waits at the gate.
+    open_gate(&d.path("gate"));
+    let out = d.cli(&["attach", "watched"]);
+    assert_eq!(out.status.code(), Some(6));
+    // Resuming at or past the exit reports the exit code too.
+    let out = d.cli(&["attach", "watched", "--after", "2"]);
+    assert_eq!(out.status.code(), Some(6), "{}", text(&out.stderr));
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
 fn wsd_exec_stops_the_remote_command_when_its_own_stdout_closes() {
     let d = Served::start();
     let mut child = d

@@ -106,8 +106,8 @@ const DETACHED_BY_INTERRUPT: u8 = 130;
 const OUTPUT_CLOSED: u8 = 141;
 
 /// Who is streaming: the `wsd exec` that started the command owns it (a
-/// Ctrl-C or a closed stdout stops it); `wsd attach` only watches (a closed
-/// stdout detaches).
+/// Ctrl-C or a closed stdout stops it); `wsd attach` only watches (either
+/// detaches).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Role {
     Owner,
@@ -117,12 +117,13 @@ enum Role {
 /// Copies events to stdout/stderr until the exit event and returns the
 /// command's exit code.
 ///
-/// Ctrl-C sends TERM to the remote command once and keeps streaming until
-/// it exits (the daemon escalates to KILL after its grace); a second Ctrl-C
-/// detaches. A lost connection (a daemon restart included) re-attaches
-/// after the last seq seen, for up to `REATTACH_FOR`. If our stdout closes,
-/// an owner sends TERM to the command (as a pipe reader's exit would) and a
-/// watcher detaches.
+/// For an owner, Ctrl-C sends TERM to the remote command once and keeps
+/// streaming until it exits (the daemon escalates to KILL after its grace);
+/// a second Ctrl-C detaches. A watcher detaches at the first Ctrl-C. A lost
+/// connection (a daemon restart included) re-attaches after the last seq
+/// seen, for up to `REATTACH_FOR`. If our stdout closes, an owner sends
+/// TERM to the command (as a pipe reader's exit would) and a watcher
+/// detaches.
 async fn stream(
     remote: &RemoteArgs,
     mut client: Client,
@@ -138,6 +139,10 @@ async fn stream(
         let next = tokio::select! {
             n = events.next() => n,
             _ = interrupts.recv() => {
+                if role == Role::Watcher {
+                    eprintln!("wsd: detached from {id}; it keeps running");
+                    return Ok(ExitCode::from(DETACHED_BY_INTERRUPT));
+                }
                 if interrupted {
                     eprintln!("wsd: interrupted again; detached from {id}");
                     return Ok(ExitCode::from(DETACHED_BY_INTERRUPT));
@@ -163,9 +168,10 @@ async fn stream(
                     return output_closed(&client, &id, role, e).await;
                 }
             }
-            // `--tail` on an exec that had already exited: there is nothing
-            // after "now", but its exit code is still worth reporting.
-            Ok(None) if last_seq.is_none() && from == ResumeFrom::Tail => {
+            // `--tail` (or `--after N` at or past the exit) on an exec that
+            // had already exited: nothing is left to show, but its exit code
+            // is still worth reporting.
+            Ok(None) if last_seq.is_none() && from != ResumeFrom::Start => {
                 let code = finished_exit_code(&client, &id).await?;
                 eprintln!("wsd: {id} had already exited with code {code}");
                 return Ok(exit_code(code));
