@@ -655,6 +655,52 @@ fn a_live_id_is_busy_and_unknown_ids_are_not_found() {
     open_gate(&d.path("gate"));
 }
 
+#[test]
+fn disposing_a_live_exec_kills_it_and_its_readers_end_with_enoent() {
+    let d = Served::start();
+    run(async {
+        let c = connect(&d.addr).await;
+        let mut s = c
+            .exec(&req_id(
+                "echo $$ >> pids; sleep 60 & echo $! >> pids; echo up; wait",
+                "gone",
+            ))
+            .await
+            .unwrap();
+        read_until(&mut s, b"up\n", b"", &mut Vec::new()).await;
+        let pids = d.pids("pids");
+        let other = connect(&d.addr).await;
+        let mut watcher = other.get_exec("gone", ResumeFrom::Tail).await.unwrap();
+        c.dispose_exec("gone").await.unwrap();
+        for stream in [&mut s, &mut watcher] {
+            let end = tokio::time::timeout(STEP, async {
+                loop {
+                    match stream.next().await {
+                        Ok(Some(e)) => assert!(!matches!(e.kind, ExecEventKind::Exit(_))),
+                        other => return other,
+                    }
+                }
+            })
+            .await
+            .expect("the stream did not end");
+            assert_eq!(end.map(|_| ()).unwrap_err().code, ErrorCode::NotFound);
+        }
+        assert_all_dead(&pids);
+        assert_eq!(
+            code_of(c.get_exec("gone", ResumeFrom::Start).await),
+            ErrorCode::NotFound
+        );
+        // A finished exec's log can be disposed too.
+        let mut s = c.exec(&req_id("echo once", "done")).await.unwrap();
+        collect(&mut s).await;
+        c.dispose_exec("done").await.unwrap();
+        assert_eq!(
+            code_of(c.get_exec("done", ResumeFrom::Start).await),
+            ErrorCode::NotFound
+        );
+    });
+}
+
 // ---------------------------------------------------------------------------
 // Process hygiene.
 
