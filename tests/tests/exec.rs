@@ -656,6 +656,48 @@ fn a_live_id_is_busy_and_unknown_ids_are_not_found() {
 }
 
 #[test]
+fn malformed_or_oversized_requests_are_refused_with_their_codes() {
+    let d = Served::start();
+    run(async {
+        let c = connect(&d.addr).await;
+        let bad: Vec<(ExecRequest, ErrorCode)> = vec![
+            (req("   "), ErrorCode::Invalid),
+            (req_id("true", "has space"), ErrorCode::Invalid),
+            (req_id("true", ""), ErrorCode::Invalid),
+            (req_id("true", &"x".repeat(129)), ErrorCode::Limit),
+            (
+                ExecRequest {
+                    env: vec![("A=B".into(), "1".into())],
+                    ..req("true")
+                },
+                ErrorCode::Invalid,
+            ),
+            (
+                ExecRequest {
+                    cwd: Some("/etc".into()),
+                    ..req("true")
+                },
+                ErrorCode::Invalid,
+            ),
+            (
+                ExecRequest {
+                    stdin: Some(vec![0; 8 * 1024 * 1024 + 1]),
+                    ..req("cat")
+                },
+                ErrorCode::Limit,
+            ),
+            (req(&"x".repeat(64 * 1024 + 1)), ErrorCode::Limit),
+        ];
+        for (request, code) in bad {
+            assert_eq!(code_of(c.exec(&request).await), code, "{:?}", request.id);
+        }
+        // Nothing was started, and the connection is still usable.
+        let events = collect(&mut c.exec(&req("echo fine")).await.unwrap()).await;
+        assert_eq!(stdout_of(&events), b"fine\n");
+    });
+}
+
+#[test]
 fn disposing_a_live_exec_kills_it_and_its_readers_end_with_enoent() {
     let d = Served::start();
     run(async {
