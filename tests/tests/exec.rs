@@ -120,12 +120,10 @@ impl Served {
     /// Runs `wsd ARGS` against this daemon (`--remote` through
     /// `WSD_REMOTE`, so it never lands after a `--`).
     fn cli(&self, args: &[&str]) -> Output {
-        let out = self
-            .cli_command(args)
+        self.cli_command(args)
             .stdin(Stdio::null())
             .output()
-            .expect("run wsd");
-        out
+            .expect("run wsd")
     }
 
     /// Starts `wsd ARGS` with piped stdout and stderr.
@@ -657,6 +655,94 @@ fn a_live_id_is_busy_and_unknown_ids_are_not_found() {
     open_gate(&d.path("gate"));
 }
 
+#[test]
+fn malformed_or_oversized_requests_are_refused_with_their_codes() {
+    let d = Served::start();
+    run(async {
+        let c = connect(&d.addr).await;
+        let bad: Vec<(ExecRequest, ErrorCode)> = vec![
+            (req("   "), ErrorCode::Invalid),
+            (req_id("true", "has space"), ErrorCode::Invalid),
+            (req_id("true", ""), ErrorCode::Invalid),
+            (req_id("true", &"x".repeat(129)), ErrorCode::Limit),
+            (
+                ExecRequest {
+                    env: vec![("A=B".into(), "1".into())],
+                    ..req("true")
+                },
+                ErrorCode::Invalid,
+            ),
+            (
+                ExecRequest {
+                    cwd: Some("/etc".into()),
+                    ..req("true")
+                },
+                ErrorCode::Invalid,
+            ),
+            (
+                ExecRequest {
+                    stdin: Some(vec![0; 8 * 1024 * 1024 + 1]),
+                    ..req("cat")
+                },
+                ErrorCode::Limit,
+            ),
+            (req(&"x".repeat(64 * 1024 + 1)), ErrorCode::Limit),
+        ];
+        for (request, code) in bad {
+            assert_eq!(code_of(c.exec(&request).await), code, "{:?}", request.id);
+        }
+        // Nothing was started, and the connection is still usable.
+        let events = collect(&mut c.exec(&req("echo fine")).await.unwrap()).await;
+        assert_eq!(stdout_of(&events), b"fine\n");
+    });
+}
+
+#[test]
+fn disposing_a_live_exec_kills_it_and_its_readers_end_with_enoent() {
+    let d = Served::start();
+    run(async {
+        let c = connect(&d.addr).await;
+        let mut s = c
+            .exec(&req_id(
+                "echo $$ >> pids; sleep 60 & echo $! >> pids; echo up; wait",
+                "gone",
+            ))
+            .await
+            .unwrap();
+        read_until(&mut s, b"up\n", b"", &mut Vec::new()).await;
+        let pids = d.pids("pids");
+        let other = connect(&d.addr).await;
+        let mut watcher = other.get_exec("gone", ResumeFrom::Tail).await.unwrap();
+        c.dispose_exec("gone").await.unwrap();
+        for stream in [&mut s, &mut watcher] {
+            let end = tokio::time::timeout(STEP, async {
+                loop {
+                    match stream.next().await {
+                        Ok(Some(e)) => assert!(!matches!(e.kind, ExecEventKind::Exit(_))),
+                        other => return other,
+                    }
+                }
+            })
+            .await
+            .expect("the stream did not end");
+            assert_eq!(end.map(|_| ()).unwrap_err().code, ErrorCode::NotFound);
+        }
+        assert_all_dead(&pids);
+        assert_eq!(
+            code_of(c.get_exec("gone", ResumeFrom::Start).await),
+            ErrorCode::NotFound
+        );
+        // A finished exec's log can be disposed too.
+        let mut s = c.exec(&req_id("echo once", "done")).await.unwrap();
+        collect(&mut s).await;
+        c.dispose_exec("done").await.unwrap();
+        assert_eq!(
+            code_of(c.get_exec("done", ResumeFrom::Start).await),
+            ErrorCode::NotFound
+        );
+    });
+}
+
 // ---------------------------------------------------------------------------
 // Process hygiene.
 
@@ -1174,6 +1260,34 @@ fn a_second_ctrl_c_detaches_and_the_daemon_still_escalates_to_sigkill() {
 }
 
 #[test]
+fn ctrl_c_on_wsd_attach_only_detaches() {
+    let d = Served::start();
+    d.mkfifo("gate");
+    let out = d.cli(&[
+        "exec",
+        "--detach",
+        "--id",
+        "watched",
+        "--",
+        "echo up; read x < gate; exit 6",
+    ]);
+    assert!(out.status.success());
+    let mut watcher = d.cli_spawn(&["attach", "watched"]);
+    assert_eq!(watcher.next_line(), "up");
+    watcher.signal("INT");
+    assert_eq!(watcher.wait(), 130);
+    assert!(watcher.stderr().contains("detached"));
+    // The command was left alone: it still waits at the gate.
+    open_gate(&d.path("gate"));
+    let out = d.cli(&["attach", "watched"]);
+    assert_eq!(out.status.code(), Some(6));
+    // Resuming at or past the exit reports the exit code too.
+    let out = d.cli(&["attach", "watched", "--after", "2"]);
+    assert_eq!(out.status.code(), Some(6), "{}", text(&out.stderr));
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
 fn wsd_exec_stops_the_remote_command_when_its_own_stdout_closes() {
     let d = Served::start();
     let mut child = d
@@ -1307,4 +1421,72 @@ fn one_gib_of_output_keeps_daemon_memory_bounded_with_no_reader() {
     assert_eq!(code, 0);
     assert_eq!(std::fs::read_to_string(d.path("status")).unwrap(), "0\n");
     assert!(rss < RSS_BOUND, "daemon peak RSS {rss} bytes");
+}
+
+#[test]
+fn an_exec_stream_outlives_the_client_handle_it_came_from() {
+    let d = Served::start();
+    run(async {
+        // The client handle is a temporary: only the stream is kept.
+        let mut s = connect(&d.addr)
+            .await
+            .exec(&req("echo still here"))
+            .await
+            .unwrap();
+        let events = collect(&mut s).await;
+        assert_eq!(stdout_of(&events), b"still here\n");
+        assert_eq!(exit_of(&events), 0);
+        let mut s = connect(&d.addr)
+            .await
+            .get_exec(s.id(), ResumeFrom::Start)
+            .await
+            .unwrap();
+        assert_eq!(collect(&mut s).await, events);
+    });
+}
+
+#[test]
+fn dropped_connections_free_their_subscriber_slots() {
+    let d = Served::start();
+    d.mkfifo("gate");
+    run(async {
+        let c = connect(&d.addr).await;
+        let s = c
+            .exec(&req_id("read x < gate; echo done", "slots"))
+            .await
+            .unwrap();
+        // The exec's own stream is one subscriber; 15 more fit, then ELIMIT.
+        let mut held = Vec::new();
+        for _ in 0..15 {
+            held.push(c.get_exec("slots", ResumeFrom::Tail).await.unwrap());
+        }
+        assert_eq!(
+            code_of(c.get_exec("slots", ResumeFrom::Tail).await),
+            ErrorCode::Limit
+        );
+        drop(held);
+        drop(s);
+        // Readers that come and go on their own connections do not leak
+        // slots (a slot frees once the daemon sees the connection close).
+        for _ in 0..40 {
+            let deadline = Instant::now() + STEP;
+            loop {
+                let other = connect(&d.addr).await;
+                match other.get_exec("slots", ResumeFrom::Tail).await {
+                    Ok(stream) => {
+                        drop((stream, other));
+                        break;
+                    }
+                    Err(e) if e.code == ErrorCode::Limit && Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    Err(e) => panic!("attaching: {e}"),
+                }
+            }
+        }
+        let mut last = c.get_exec("slots", ResumeFrom::Tail).await.unwrap();
+        open_gate_async(&d.path("gate")).await;
+        let events = collect(&mut last).await;
+        assert_eq!(stdout_of(&events), b"done\n");
+    });
 }

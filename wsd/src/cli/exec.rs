@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use wsd::rpc::client::{self, Client, ExecStream};
 use wsd::rpc::{ExecEventKind, ExecRequest, ExecSignal, ResumeFrom, WireError};
 use wsd_sync::ErrorCode;
@@ -105,8 +106,8 @@ const DETACHED_BY_INTERRUPT: u8 = 130;
 const OUTPUT_CLOSED: u8 = 141;
 
 /// Who is streaming: the `wsd exec` that started the command owns it (a
-/// Ctrl-C or a closed stdout stops it); `wsd attach` only watches (a closed
-/// stdout detaches).
+/// Ctrl-C or a closed stdout stops it); `wsd attach` only watches (either
+/// detaches).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Role {
     Owner,
@@ -116,18 +117,20 @@ enum Role {
 /// Copies events to stdout/stderr until the exit event and returns the
 /// command's exit code.
 ///
-/// Ctrl-C sends TERM to the remote command once and keeps streaming until
-/// it exits (the daemon escalates to KILL after its grace); a second Ctrl-C
-/// detaches. A lost connection (a daemon restart included) re-attaches
-/// after the last seq seen, for up to `REATTACH_FOR`. If our stdout closes,
-/// an owner sends TERM to the command (as a pipe reader's exit would) and a
-/// watcher detaches.
+/// For an owner, Ctrl-C sends TERM to the remote command once and keeps
+/// streaming until it exits (the daemon escalates to KILL after its grace);
+/// a second Ctrl-C detaches. A watcher detaches at the first Ctrl-C. A lost
+/// connection (a daemon restart included) re-attaches after the last seq
+/// seen, for up to `REATTACH_FOR`. If our stdout closes, an owner sends
+/// TERM to the command (as a pipe reader's exit would) and a watcher
+/// detaches.
 async fn stream(
     remote: &RemoteArgs,
     mut client: Client,
     mut events: ExecStream,
     from: ResumeFrom,
     role: Role,
+    interrupts: &mut Signal,
 ) -> Result<ExitCode> {
     let id = events.id().to_owned();
     let mut last_seq: Option<u64> = None;
@@ -135,7 +138,11 @@ async fn stream(
     loop {
         let next = tokio::select! {
             n = events.next() => n,
-            _ = tokio::signal::ctrl_c() => {
+            _ = interrupts.recv() => {
+                if role == Role::Watcher {
+                    eprintln!("wsd: detached from {id}; it keeps running");
+                    return Ok(ExitCode::from(DETACHED_BY_INTERRUPT));
+                }
                 if interrupted {
                     eprintln!("wsd: interrupted again; detached from {id}");
                     return Ok(ExitCode::from(DETACHED_BY_INTERRUPT));
@@ -161,9 +168,10 @@ async fn stream(
                     return output_closed(&client, &id, role, e).await;
                 }
             }
-            // `--tail` on an exec that had already exited: there is nothing
-            // after "now", but its exit code is still worth reporting.
-            Ok(None) if last_seq.is_none() && from == ResumeFrom::Tail => {
+            // `--tail` (or `--after N` at or past the exit) on an exec that
+            // had already exited: nothing is left to show, but its exit code
+            // is still worth reporting.
+            Ok(None) if last_seq.is_none() && from != ResumeFrom::Start => {
                 let code = finished_exit_code(&client, &id).await?;
                 eprintln!("wsd: {id} had already exited with code {code}");
                 return Ok(exit_code(code));
@@ -174,7 +182,7 @@ async fn stream(
                 let resume = last_seq.map_or(from, ResumeFrom::After);
                 tokio::select! {
                     r = reattach(remote, &id, resume) => (client, events) = r?,
-                    _ = tokio::signal::ctrl_c() => {
+                    _ = interrupts.recv() => {
                         eprintln!("wsd: interrupted while re-attaching to {id}");
                         return Ok(ExitCode::from(DETACHED_BY_INTERRUPT));
                     }
@@ -275,7 +283,16 @@ async fn finished_exit_code(client: &Client, id: &str) -> Result<i32> {
     }
 }
 
+/// SIGINT (Ctrl-C) as a stream, registered before anything is sent: a
+/// Ctrl-C that comes while the exec call is in flight still reaches the
+/// command once its id is known, and one that comes while a kill is being
+/// sent is not lost (a fresh `ctrl_c()` per wait would miss it).
+fn interrupts() -> Result<Signal> {
+    signal(SignalKind::interrupt()).context("listening for SIGINT")
+}
+
 pub async fn exec(a: ExecArgs) -> Result<ExitCode> {
+    let mut interrupts = interrupts()?;
     let client = connect(&a.remote).await?;
     let request = ExecRequest {
         command: a.command.join(" "),
@@ -290,10 +307,19 @@ pub async fn exec(a: ExecArgs) -> Result<ExitCode> {
         println!("{}", events.id());
         return Ok(ExitCode::SUCCESS);
     }
-    stream(&a.remote, client, events, ResumeFrom::Start, Role::Owner).await
+    stream(
+        &a.remote,
+        client,
+        events,
+        ResumeFrom::Start,
+        Role::Owner,
+        &mut interrupts,
+    )
+    .await
 }
 
 pub async fn attach(a: AttachArgs) -> Result<ExitCode> {
+    let mut interrupts = interrupts()?;
     let client = connect(&a.remote).await?;
     let from = match (a.after, a.tail) {
         (_, true) => ResumeFrom::Tail,
@@ -304,7 +330,15 @@ pub async fn attach(a: AttachArgs) -> Result<ExitCode> {
         .get_exec(&a.id, from)
         .await
         .with_context(|| format!("attaching to {}", a.id))?;
-    stream(&a.remote, client, events, from, Role::Watcher).await
+    stream(
+        &a.remote,
+        client,
+        events,
+        from,
+        Role::Watcher,
+        &mut interrupts,
+    )
+    .await
 }
 
 pub async fn kill(a: KillArgs) -> Result<ExitCode> {

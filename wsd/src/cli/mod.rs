@@ -45,9 +45,16 @@ enum Command {
     Watermarks(sync::WatermarksArgs),
     /// Run a command in the remote workspace and stream its output.
     ///
-    /// Exits with the command's exit code. Ctrl-C kills the remote command.
+    /// Its stdout and stderr go to ours; we exit with its exit code (128+N
+    /// if signal N killed it, 255 if the daemon died while it ran). Ctrl-C
+    /// sends it TERM (the daemon KILLs it 5 s later if needed); a second
+    /// Ctrl-C detaches (exit 130). If our stdout closes it gets TERM (exit
+    /// 141). A lost connection re-attaches, for up to 30 s.
     Exec(exec::ExecArgs),
-    /// Re-attach to a command's output.
+    /// Re-attach to a command's output and exit with its exit code.
+    ///
+    /// By default every retained event is replayed (ELOG_TRUNCATED if the
+    /// oldest were evicted: use --after or --tail). Ctrl-C detaches.
     Attach(exec::AttachArgs),
     /// Signal a running command's process group.
     Kill(exec::KillArgs),

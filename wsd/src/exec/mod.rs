@@ -343,12 +343,19 @@ impl ExecManager {
         if let Some(stdin) = &req.stdin {
             ExecError::check_limit("stdin size (bytes)", MAX_STDIN_BYTES, stdin.len())?;
         }
-        let root = shared.root.clone();
-        let cwd_arg = req.cwd.clone();
-        let cwd =
-            tokio::task::spawn_blocking(move || process::resolve_cwd(&root, cwd_arg.as_deref()))
-                .await
-                .map_err(|e| ExecError::Storage(format!("cwd check task failed: {e}")))??;
+        let cwd = match req.cwd.as_deref() {
+            // The root itself needs no filesystem check: skip the hop to a
+            // blocking thread, whose wake-up dominates a short command's
+            // latency on a busy machine.
+            None | Some("" | ".") => shared.root.clone(),
+            Some(_) => {
+                let root = shared.root.clone();
+                let cwd_arg = req.cwd.clone();
+                tokio::task::spawn_blocking(move || process::resolve_cwd(&root, cwd_arg.as_deref()))
+                    .await
+                    .map_err(|e| ExecError::Storage(format!("cwd check task failed: {e}")))??
+            }
+        };
         let timeout = match req.timeout_ms {
             Some(0) => None,
             Some(ms) => Some(Duration::from_millis(ms)),

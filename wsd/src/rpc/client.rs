@@ -295,6 +295,7 @@ impl Client {
                 .map_err(|e| WireError::new(ErrorCode::Protocol, e.to_string()))?,
             r.get_subscription()?,
             rx,
+            self.conn.clone(),
         ))
     }
 
@@ -314,6 +315,7 @@ impl Client {
             id.to_owned(),
             response.get()?.get_subscription()?,
             rx,
+            self.conn.clone(),
         ))
     }
 
@@ -499,6 +501,10 @@ pub struct ExecStream {
     rx: mpsc::Receiver<SinkItem>,
     ended: bool,
     _subscription: wire::exec_subscription::Client,
+    /// Keeps the connection driven while the stream lives, even after the
+    /// [`Client`] it came from is dropped (without it the events stop and
+    /// `next` waits forever).
+    _conn: Rc<Connection>,
 }
 
 impl std::fmt::Debug for ExecStream {
@@ -515,12 +521,14 @@ impl ExecStream {
         id: String,
         subscription: wire::exec_subscription::Client,
         rx: mpsc::Receiver<SinkItem>,
+        conn: Rc<Connection>,
     ) -> Self {
         ExecStream {
             id,
             rx,
             ended: false,
             _subscription: subscription,
+            _conn: conn,
         }
     }
 
