@@ -289,6 +289,11 @@ impl Scan<'_> {
     }
 }
 
+thread_local! {
+    /// The read window of [`hash_file`], reused across files on a thread.
+    static HASH_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Reads and chunks a regular file without following a symlink. Returns the
 /// chunk list and the stat taken *before* reading (so a write racing the
 /// read leaves a stat that differs next time), or `None` when the file is
@@ -305,7 +310,10 @@ pub(crate) fn hash_file(abs: &Path) -> Result<Option<(Vec<ChunkRef>, Stat)>, Syn
     if !meta.file_type().is_file() {
         return Ok(None);
     }
-    let chunks = chunk::chunk_reader(&file, |_, _| Ok(()))
+    let chunks = HASH_BUF
+        .with_borrow_mut(|buf| {
+            chunk::chunk_reader_with(&file, buf, Some(meta.len()), |_, _| Ok(()))
+        })
         .map_err(|e| SyncError::Storage(format!("hashing {}: {e}", abs.display())))?;
     Ok(Some((chunks, Stat::of(&meta))))
 }
