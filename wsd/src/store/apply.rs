@@ -16,6 +16,7 @@
 //! idempotent. If the index commit itself fails, the next settle finds the
 //! written paths as local changes.
 
+use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::Metadata;
 use std::io::Write;
@@ -549,13 +550,16 @@ impl<'a> Apply<'a> {
         Ok(file)
     }
 
-    fn chunk_bytes(&mut self, hash: &Hash, path: &SyncPath) -> Result<Vec<u8>, SyncError> {
-        if let Some(b) = self.staging.read(hash)? {
-            return Ok(b);
+    fn chunk_bytes(&mut self, hash: &Hash, path: &SyncPath) -> Result<Cow<'_, [u8]>, SyncError> {
+        if self.staging.in_memory(hash).is_some() {
+            return Ok(Cow::Borrowed(self.staging.in_memory(hash).expect("checked")));
+        }
+        if let Some(b) = self.staging.read_spilled(hash)? {
+            return Ok(Cow::Owned(b));
         }
         let mut misses = ChunkMisses::default();
         if let Some(b) = read_indexed_chunk(self.db, self.root, hash, &mut misses)? {
-            return Ok(b);
+            return Ok(Cow::Owned(b));
         }
         self.force.extend(misses.changed.iter().cloned());
         Err(missing_chunk_error(hash, Some(path), &misses))

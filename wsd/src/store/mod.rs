@@ -436,7 +436,7 @@ impl Store for WorkspaceStore {
 
     fn read_object(&mut self, hash: &Hash) -> Result<Vec<u8>, SyncError> {
         if let Some(b) = self.staging.read(hash)? {
-            return Ok(b);
+            return Ok(b.into_owned());
         }
         let mut misses = apply::ChunkMisses::default();
         if let Some(b) = apply::read_indexed_chunk(&self.db, &self.root, hash, &mut misses)? {
