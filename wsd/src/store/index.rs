@@ -247,20 +247,59 @@ pub(crate) fn get_node(db: &Connection, path: &SyncPath) -> Result<Option<Node>,
     row.map(|(p, k, n)| finish(p, k, n)).transpose()
 }
 
-/// Names (last segments) of the live children of `parent` (`""` = root).
-pub(crate) fn live_child_names(db: &Connection, parent: &str) -> Result<Vec<String>, SyncError> {
+/// What a walk compares a directory entry against: the kind, stat and
+/// verification time of a live row, without building its [`Node`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ChildRow {
+    pub kind: NodeKind,
+    pub stat: Stat,
+    pub verified_ns: i64,
+}
+
+/// The live children of `parent` (`""` = root) by name (last segment), in
+/// one query (the `(parent, path)` index).
+pub(crate) fn live_children(
+    db: &Connection,
+    parent: &str,
+) -> Result<std::collections::HashMap<String, ChildRow>, SyncError> {
     let mut stmt = db
-        .prepare_cached("SELECT path FROM nodes WHERE parent = ?1 AND kind != 3")
+        .prepare_cached(
+            "SELECT path, kind, mode, size, mtime_ns, dev, ino, ctime_ns, verified_ns
+             FROM nodes WHERE parent = ?1 AND kind != 3",
+        )
         .ctx("listing children")?;
-    let rows = stmt
-        .query_map([parent], |r| r.get::<_, String>(0))
-        .ctx("listing children")?
-        .collect::<Result<Vec<_>, _>>()
+    let mut rows = stmt.query([parent]).ctx("listing children")?;
+    let mut out = std::collections::HashMap::new();
+    while let Some(r) = rows.next().ctx("listing children")? {
+        let path = r.get_ref(0).ctx("listing children")?;
+        let path = path
+            .as_str()
+            .map_err(|e| SyncError::Storage(format!("index holds a bad path: {e}")))?;
+        let name = path.rsplit('/').next().unwrap_or(path).to_owned();
+        let row = (|| {
+            Ok::<_, rusqlite::Error>(ChildRow {
+                kind: NodeKind::from_i64(r.get(1)?).map_err(|e| {
+                    rusqlite::Error::FromSqlConversionFailure(
+                        1,
+                        rusqlite::types::Type::Integer,
+                        Box::new(e),
+                    )
+                })?,
+                stat: Stat {
+                    mode: r.get::<_, i64>(2)? as u32,
+                    size: r.get::<_, i64>(3)? as u64,
+                    mtime_ns: r.get(4)?,
+                    dev: r.get::<_, i64>(5)? as u64,
+                    ino: r.get::<_, i64>(6)? as u64,
+                    ctime_ns: r.get(7)?,
+                },
+                verified_ns: r.get(8)?,
+            })
+        })()
         .ctx("listing children")?;
-    Ok(rows
-        .into_iter()
-        .map(|p| p.rsplit('/').next().unwrap_or(&p).to_owned())
-        .collect())
+        out.insert(name, row);
+    }
+    Ok(out)
 }
 
 /// The key of a path's parent in the `parent` column.

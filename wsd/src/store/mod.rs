@@ -52,6 +52,11 @@ pub struct StoreOptions {
     /// How long a settle waits for the watcher to deliver its barrier before
     /// it distrusts the events and walks the whole tree.
     pub barrier_timeout: Duration,
+    /// Settle before answering `watermarks`, `open_changes` and
+    /// `read_entry` (the daemon). Off for a caller that settles explicitly
+    /// once per round (the CLI): without a watcher every settle walks the
+    /// whole tree, and one push asked for three.
+    pub auto_settle: bool,
 }
 
 impl Default for StoreOptions {
@@ -59,6 +64,7 @@ impl Default for StoreOptions {
         StoreOptions {
             watch: true,
             barrier_timeout: Duration::from_secs(5),
+            auto_settle: true,
         }
     }
 }
@@ -99,6 +105,8 @@ pub struct WorkspaceStore {
     walked_since_open: bool,
     /// Files a read found changed behind the index: hashed next settle.
     force: HashSet<SyncPath>,
+    /// See [`StoreOptions::auto_settle`].
+    auto_settle: bool,
 }
 
 impl WorkspaceStore {
@@ -176,6 +184,7 @@ impl WorkspaceStore {
             owed_walk: Some("startup: reconciling the directory with the index".to_owned()),
             walked_since_open: false,
             force: HashSet::new(),
+            auto_settle: opts.auto_settle,
         })
     }
 
@@ -192,6 +201,14 @@ impl WorkspaceStore {
     /// True while inotify narrows settles (false: every settle walks).
     pub fn is_watching(&self) -> bool {
         self.watch.is_some()
+    }
+
+    /// Settles when [`StoreOptions::auto_settle`] is on.
+    fn auto_settle(&mut self) -> Result<(), SyncError> {
+        if self.auto_settle {
+            self.settle()?;
+        }
+        Ok(())
     }
 
     /// Stamps everything written to the directory before this call with a
@@ -247,6 +264,7 @@ impl WorkspaceStore {
             watch_lost: None,
             force: &self.force,
             remove_stale_temps: !self.walked_since_open,
+            pending: Vec::new(),
         };
         scan.walk(None)?;
         let mut report = scan.report;
@@ -275,6 +293,7 @@ impl WorkspaceStore {
             watch_lost: None,
             force: &self.force,
             remove_stale_temps: false,
+            pending: Vec::new(),
         };
         // Sorted, so a directory comes before the paths below it; a walked
         // directory covers its whole subtree.
@@ -295,6 +314,7 @@ impl WorkspaceStore {
                 scan.observe(&rel, meta.as_ref())?;
             }
         }
+        scan.flush_hashes()?;
         let report = scan.report;
         let lost = scan.watch_lost;
         tx.commit().ctx("committing a settle")?;
@@ -363,7 +383,7 @@ impl Store for WorkspaceStore {
     }
 
     fn watermarks(&mut self, remote: &str) -> Result<Watermarks, SyncError> {
-        self.settle()?;
+        self.auto_settle()?;
         let c = index::remote_cursors(&self.db, remote)?;
         Ok(Watermarks {
             current_rev: index::meta_get(&self.db, "rev")?,
@@ -373,7 +393,7 @@ impl Store for WorkspaceStore {
     }
 
     fn open_changes(&mut self, after: &ChangeCursor) -> Result<ChangesWindow, SyncError> {
-        self.settle()?;
+        self.auto_settle()?;
         let rev = index::meta_get(&self.db, "rev")?;
         let horizon = index::meta_get(&self.db, "prune_horizon")?;
         Ok(ChangesWindow {
@@ -417,7 +437,7 @@ impl Store for WorkspaceStore {
     }
 
     fn read_entry(&mut self, path: &SyncPath) -> Result<Option<ChangeEntry>, SyncError> {
-        self.settle()?;
+        self.auto_settle()?;
         match index::get_node(&self.db, path)? {
             Some(n) => Ok(Some(index::entry_of(&self.db, &n)?)),
             None => Ok(None),
