@@ -7,6 +7,20 @@ pub struct Object {
     pub bytes: Vec<u8>,
 }
 
+impl Object {
+    /// What a receiver checks before staging an object: its size is within
+    /// [`crate::chunk::MAX_CHUNK`] (`ELIMIT`) and its bytes hash to its
+    /// name (`EPROTOCOL`).
+    pub fn check(&self) -> Result<(), SyncError> {
+        SyncError::check_limit(
+            "object size (bytes)",
+            crate::chunk::MAX_CHUNK,
+            self.bytes.len(),
+        )?;
+        self.hash.verify(&self.bytes)
+    }
+}
+
 /// The head of a `fetchChanges` answer.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct FetchOpened {

@@ -122,6 +122,15 @@ pub trait Store {
     /// `EPROTOCOL`.
     fn stage_objects(&mut self, objects: &[crate::Object]) -> Result<(), SyncError>;
 
+    /// [`Store::stage_objects`] for objects the caller already checked with
+    /// [`crate::Object::check`] (a server verifies them on its network
+    /// thread, off the store's single writer thread). A store may skip its
+    /// own check and keep the bytes without copying; by default it checks
+    /// again.
+    fn stage_checked_objects(&mut self, objects: Vec<crate::Object>) -> Result<(), SyncError> {
+        self.stage_objects(&objects)
+    }
+
     /// Applies a batch atomically (rules 3–6, 10): all entries or none; a
     /// chunk that is not held fails with `EUNKNOWN_HASH` and changes
     /// nothing. With a sender cursor, the remote's fetch cursor advances to

@@ -326,7 +326,15 @@ impl<S: Store + Send + 'static> UploadSink<S> {
             return Err(e);
         }
         let objects = objects_from(params.get()?.get_objects()?)?;
-        self.store.call(move |s| s.stage_objects(&objects)).await
+        // Verified here, on the network thread, so the store thread (the
+        // single writer, the bottleneck of a push) only keeps the bytes. A
+        // write with a bad object stages nothing.
+        for o in &objects {
+            o.check()?;
+        }
+        self.store
+            .call(move |s| s.stage_checked_objects(objects))
+            .await
     }
 }
 

@@ -29,7 +29,7 @@ use std::time::Duration;
 use rusqlite::Connection;
 use wsd_sync::{
     ApplyBatch, ApplyOutcome, ChangeCursor, ChangeEntry, ChangesQuery, ChangesWindow, Hash, Object,
-    Store, SyncError, SyncPath, Watermarks, chunk,
+    Store, SyncError, SyncPath, Watermarks,
 };
 
 pub use error::StoreError;
@@ -468,9 +468,16 @@ impl Store for WorkspaceStore {
 
     fn stage_objects(&mut self, objects: &[Object]) -> Result<(), SyncError> {
         for o in objects {
-            SyncError::check_limit("object size (bytes)", chunk::MAX_CHUNK, o.bytes.len())?;
-            o.hash.verify(&o.bytes)?;
+            o.check()?;
             self.staging.put_verified(&o.hash, &o.bytes)?;
+        }
+        Ok(())
+    }
+
+    fn stage_checked_objects(&mut self, objects: Vec<Object>) -> Result<(), SyncError> {
+        for o in objects {
+            debug_assert!(o.check().is_ok(), "object {} was not checked", o.hash);
+            self.staging.put_owned(o.hash, o.bytes)?;
         }
         Ok(())
     }

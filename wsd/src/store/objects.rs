@@ -91,6 +91,23 @@ impl Staging {
             self.mem.insert(*hash, bytes.to_vec());
             return Ok(());
         }
+        self.spill(hash, bytes)
+    }
+
+    /// [`Staging::put_verified`] taking the bytes, kept without a copy.
+    pub fn put_owned(&mut self, hash: Hash, bytes: Vec<u8>) -> Result<(), SyncError> {
+        if self.contains(&hash) {
+            return Ok(());
+        }
+        if self.mem_bytes + bytes.len() <= self.budget {
+            self.mem_bytes += bytes.len();
+            self.mem.insert(hash, bytes);
+            return Ok(());
+        }
+        self.spill(&hash, &bytes)
+    }
+
+    fn spill(&mut self, hash: &Hash, bytes: &[u8]) -> Result<(), SyncError> {
         // One writer (the store is `&mut`), so a fixed temp name per hash
         // cannot collide.
         let tmp = self.dir.join(format!(".incoming-{hash}"));
