@@ -182,7 +182,7 @@ pub async fn push<S: Store, R: Remote>(
         }
         let batch: Vec<ChangeEntry> = page.drain(..take).collect();
         let (batch_hashes, _) = distinct_chunks(&batch);
-        let mut outgoing = Vec::new();
+        let mut outgoing: Vec<Hash> = Vec::new();
         let mut outgoing_bytes = 0usize;
         for h in batch_hashes {
             let size = sizes[&h] as usize;
@@ -190,18 +190,15 @@ pub async fn push<S: Store, R: Remote>(
                 report.deduplicated_bytes += size as u64;
                 continue;
             }
-            let bytes = local.read_object(&h)?;
-            outgoing_bytes += bytes.len();
-            report.objects += 1;
-            report.object_bytes += bytes.len() as u64;
-            outgoing.push(Object { hash: h, bytes });
+            outgoing.push(h);
+            outgoing_bytes += size;
             if outgoing_bytes >= BATCH_OBJECT_BYTES {
-                remote.push_objects(std::mem::take(&mut outgoing)).await?;
+                send_objects(local, remote, &std::mem::take(&mut outgoing), &mut report).await?;
                 outgoing_bytes = 0;
             }
         }
         if !outgoing.is_empty() {
-            remote.push_objects(outgoing).await?;
+            send_objects(local, remote, &outgoing, &mut report).await?;
         }
         let last = exhausted && page.is_empty();
         let sender = match (last, batch.last()) {
@@ -230,6 +227,19 @@ pub async fn push<S: Store, R: Remote>(
             return Ok(report);
         }
     }
+}
+
+/// Reads `hashes` from the local store and pushes them to the remote.
+async fn send_objects<S: Store, R: Remote>(
+    local: &mut S,
+    remote: &mut R,
+    hashes: &[Hash],
+    report: &mut SyncReport,
+) -> Result<(), SyncError> {
+    let objects = local.read_objects(hashes)?;
+    report.objects += objects.len() as u64;
+    report.object_bytes += objects.iter().map(|o| o.bytes.len() as u64).sum::<u64>();
+    remote.push_objects(objects).await
 }
 
 /// Pulls every remote change after our fetch cursor (rule 8): batches of
@@ -446,16 +456,7 @@ impl<S: Store> Remote for StoreRemote<S> {
 
     async fn fetch_objects(&mut self, hashes: &[Hash]) -> Result<Vec<Object>, SyncError> {
         SyncError::check_limit("hashes per call", MAX_HASHES_PER_CALL, hashes.len())?;
-        let mut store = self.store.borrow_mut();
-        hashes
-            .iter()
-            .map(|h| {
-                Ok(Object {
-                    hash: *h,
-                    bytes: store.read_object(h)?,
-                })
-            })
-            .collect()
+        self.store.borrow_mut().read_objects(hashes)
     }
 
     async fn push_objects(&mut self, objects: Vec<Object>) -> Result<(), SyncError> {

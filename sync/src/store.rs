@@ -117,6 +117,21 @@ pub trait Store {
     /// The verified bytes of one object; `EUNKNOWN_HASH` when not held.
     fn read_object(&mut self, hash: &Hash) -> Result<Vec<u8>, SyncError>;
 
+    /// The objects for `hashes`, in order, each as [`Store::read_object`]
+    /// gives it; the first error ends the call. A store may override it to
+    /// read a batch in one transaction.
+    fn read_objects(&mut self, hashes: &[Hash]) -> Result<Vec<crate::Object>, SyncError> {
+        hashes
+            .iter()
+            .map(|h| {
+                Ok(crate::Object {
+                    hash: *h,
+                    bytes: self.read_object(h)?,
+                })
+            })
+            .collect()
+    }
+
     /// Stores objects after checking `sha256(bytes) == hash` for each; a
     /// mismatch stores nothing from the bad object and fails with
     /// `EPROTOCOL`.

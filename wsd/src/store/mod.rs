@@ -377,6 +377,26 @@ impl WorkspaceStore {
     }
 }
 
+/// [`Store::read_object`] with the store's parts borrowed separately, so a
+/// batch can run inside one read transaction.
+fn read_one_object(
+    db: &Connection,
+    root: &Path,
+    staging: &mut Staging,
+    force: &mut HashSet<SyncPath>,
+    hash: &Hash,
+) -> Result<Vec<u8>, SyncError> {
+    if let Some(b) = staging.read(hash)? {
+        return Ok(b.into_owned());
+    }
+    let mut misses = apply::ChunkMisses::default();
+    if let Some(b) = apply::read_indexed_chunk(db, root, hash, &mut misses)? {
+        return Ok(b);
+    }
+    force.extend(misses.changed.iter().cloned());
+    Err(apply::missing_chunk_error(hash, None, &misses))
+}
+
 impl Store for WorkspaceStore {
     fn current_rev(&mut self) -> Result<u64, SyncError> {
         index::meta_get(&self.db, "rev")
@@ -403,12 +423,14 @@ impl Store for WorkspaceStore {
     }
 
     fn changes(&mut self, q: ChangesQuery<'_>) -> Result<Vec<ChangeEntry>, SyncError> {
+        // One read transaction for the page and its chunk lists.
+        let tx = self.db.unchecked_transaction().ctx("paging changes")?;
         let mut out = Vec::new();
         let mut after = q.after.clone();
         while out.len() < q.limit {
             let want = q.limit - out.len();
             let rows = index::rows_after(
-                &self.db,
+                &tx,
                 &after,
                 q.through.rev,
                 q.exclude_applied_from,
@@ -426,7 +448,7 @@ impl Store for WorkspaceStore {
                     NodeKind::Tombstone => q.ignore.is_ignored_any_kind(&node.path),
                 };
                 if !ignored {
-                    out.push(index::entry_of(&self.db, &node)?);
+                    out.push(index::entry_of(&tx, &node)?);
                 }
             }
             if got < want {
@@ -445,9 +467,12 @@ impl Store for WorkspaceStore {
     }
 
     fn has_objects(&mut self, hashes: &[Hash]) -> Result<Vec<Hash>, SyncError> {
+        // One read transaction for the batch: otherwise SQLite takes and
+        // drops its WAL locks (three fcntl calls) for every lookup.
+        let tx = self.db.unchecked_transaction().ctx("probing objects")?;
         let mut held = Vec::new();
         for h in hashes {
-            if self.staging.contains(h) || index::chunk_indexed(&self.db, h)? {
+            if self.staging.contains(h) || index::chunk_indexed(&tx, h)? {
                 held.push(*h);
             }
         }
@@ -455,15 +480,20 @@ impl Store for WorkspaceStore {
     }
 
     fn read_object(&mut self, hash: &Hash) -> Result<Vec<u8>, SyncError> {
-        if let Some(b) = self.staging.read(hash)? {
-            return Ok(b.into_owned());
-        }
-        let mut misses = apply::ChunkMisses::default();
-        if let Some(b) = apply::read_indexed_chunk(&self.db, &self.root, hash, &mut misses)? {
-            return Ok(b);
-        }
-        self.force.extend(misses.changed.iter().cloned());
-        Err(apply::missing_chunk_error(hash, None, &misses))
+        read_one_object(&self.db, &self.root, &mut self.staging, &mut self.force, hash)
+    }
+
+    fn read_objects(&mut self, hashes: &[Hash]) -> Result<Vec<Object>, SyncError> {
+        let tx = self.db.unchecked_transaction().ctx("reading objects")?;
+        hashes
+            .iter()
+            .map(|h| {
+                Ok(Object {
+                    hash: *h,
+                    bytes: read_one_object(&tx, &self.root, &mut self.staging, &mut self.force, h)?,
+                })
+            })
+            .collect()
     }
 
     fn stage_objects(&mut self, objects: &[Object]) -> Result<(), SyncError> {
