@@ -132,6 +132,14 @@ pub(crate) struct Apply<'a> {
     /// still commits the rows of what was written.
     pub touched_disk: bool,
     temp_seq: u64,
+    /// Our pid, for temp names (one `getpid` per batch, not per file).
+    pid: u32,
+    /// Workspace paths this batch has seen to be real directories (not
+    /// symlinks), so ancestors shared by many entries are checked once.
+    /// Entries that remove or replace a path drop it and everything below.
+    known_dirs: HashSet<String>,
+    /// Whether the current entry's path has chunk rows to replace.
+    clear_chunks: bool,
 }
 
 impl<'a> Apply<'a> {
@@ -161,6 +169,9 @@ impl<'a> Apply<'a> {
             outcome: ApplyOutcome::default(),
             touched_disk: false,
             temp_seq: 0,
+            pid: std::process::id(),
+            known_dirs: HashSet::new(),
+            clear_chunks: true,
         })
     }
 
@@ -329,7 +340,7 @@ impl<'a> Apply<'a> {
         dir.join(format!(
             "{}{}-{}",
             fsutil::APPLY_TEMP_PREFIX,
-            std::process::id(),
+            self.pid,
             self.temp_seq
         ))
     }
@@ -339,9 +350,15 @@ impl<'a> Apply<'a> {
     /// that nothing is ever written through a symlink.
     fn prepare_ancestors(&mut self, path: &SyncPath) -> Result<(), SyncError> {
         for a in path.ancestors() {
+            if self.known_dirs.contains(a.as_str()) {
+                continue;
+            }
             let abs = fsutil::abs(self.root, &a);
             let existing = match std::fs::symlink_metadata(&abs) {
-                Ok(m) if m.file_type().is_dir() => continue,
+                Ok(m) if m.file_type().is_dir() => {
+                    self.known_dirs.insert(a.as_str().to_owned());
+                    continue;
+                }
                 Ok(m) => Some(m),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
                 Err(e) => return Err(SyncError::io(format!("stat {a} (ancestor of {path})"), e)),
@@ -379,8 +396,42 @@ impl<'a> Apply<'a> {
                 node.applied_from = None;
             }
             index::put_node(self.db, &node, &[])?;
+            self.known_dirs.insert(a.as_str().to_owned());
         }
         Ok(())
+    }
+
+    /// `lstat` of `rel` inside the root (see [`fsutil::lstat_in_root`]),
+    /// stat-ing only ancestors this batch has not yet seen as directories.
+    fn lstat_in_root(&mut self, rel: &SyncPath) -> std::io::Result<Option<Metadata>> {
+        let path = rel.as_str();
+        for (i, _) in path.match_indices('/') {
+            let a = &path[..i];
+            if self.known_dirs.contains(a) {
+                continue;
+            }
+            match std::fs::symlink_metadata(self.root.join(a)) {
+                Ok(m) if m.file_type().is_dir() => {
+                    self.known_dirs.insert(a.to_owned());
+                }
+                Ok(_) => return Ok(None),
+                Err(e) if fsutil::is_gone(&e) => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        }
+        match std::fs::symlink_metadata(fsutil::abs(self.root, rel)) {
+            Ok(m) => Ok(Some(m)),
+            Err(e) if fsutil::is_gone(&e) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Forgets `path` and everything below it as known directories (the
+    /// entry removes or replaces it).
+    fn forget_dirs(&mut self, path: &SyncPath) {
+        let p = path.as_str();
+        self.known_dirs
+            .retain(|d| !(d == p || (d.starts_with(p) && d.as_bytes().get(p.len()) == Some(&b'/'))));
     }
 
     fn node(
@@ -406,9 +457,11 @@ impl<'a> Apply<'a> {
     /// Applies one entry. Skips (rule 4) when a peer's entry matches what
     /// is both indexed and on disk.
     pub fn entry(&mut self, e: &ChangeEntry) -> Result<(), SyncError> {
-        let row = index::get_node(self.db, &e.path)?.filter(Node::is_live);
-        let disk =
-            fsutil::lstat_in_root(self.root, &e.path).io_ctx(|| format!("stat {}", e.path))?;
+        let any_row = index::get_node(self.db, &e.path)?;
+        let row = any_row.clone().filter(Node::is_live);
+        let disk = self
+            .lstat_in_root(&e.path)
+            .io_ctx(|| format!("stat {}", e.path))?;
         let disk_kind = disk.as_ref().map(fsutil::kind_of);
         // A difference between disk and index is a local write settle has
         // not stamped yet: it is local state all the same.
@@ -427,7 +480,12 @@ impl<'a> Apply<'a> {
         }
         let replaces_dir =
             disk_kind == Some(DiskKind::Dir) && !matches!(e.state, EntryState::Dir { .. });
-        let any_row = index::get_node(self.db, &e.path)?;
+        if replaces_dir || matches!(e.state, EntryState::Delete) {
+            self.forget_dirs(&e.path);
+        }
+        // Chunk rows exist only for a live file row: a fresh path skips
+        // clearing them.
+        self.clear_chunks = row.as_ref().is_some_and(|r| r.kind == NodeKind::File);
         if unsettled
             || self.unpushed_local(any_row.as_ref())
             || (replaces_dir && self.unpushed_local_below(&e.path)?)
@@ -519,7 +577,7 @@ impl<'a> Apply<'a> {
             None,
             Some(manifest::hash(chunks)),
         )?;
-        index::put_node(self.db, &node, chunks)
+        index::put_node_with(self.db, &node, chunks, self.clear_chunks)
     }
 
     fn assemble(

@@ -316,6 +316,17 @@ pub(crate) fn descendant_range(p: &SyncPath) -> (String, String) {
 /// Inserts or replaces the row of a live path; for files, replaces its chunk
 /// locations too (offsets follow from the sizes).
 pub(crate) fn put_node(db: &Connection, node: &Node, chunks: &[ChunkRef]) -> Result<(), SyncError> {
+    put_node_with(db, node, chunks, true)
+}
+
+/// [`put_node`]; `clear_chunks = false` when the path is known to have no
+/// chunk rows (no row before, or a row that was not a live file).
+pub(crate) fn put_node_with(
+    db: &Connection,
+    node: &Node,
+    chunks: &[ChunkRef],
+    clear_chunks: bool,
+) -> Result<(), SyncError> {
     let s = &node.stat;
     db.prepare_cached(
         "INSERT OR REPLACE INTO nodes (path, parent, kind, mode, size, mtime_ms, mtime_ns, dev, ino,
@@ -342,9 +353,11 @@ pub(crate) fn put_node(db: &Connection, node: &Node, chunks: &[ChunkRef]) -> Res
         ])
     })
     .ctx("writing a node")?;
-    db.prepare_cached("DELETE FROM chunks WHERE path = ?1")
-        .and_then(|mut st| st.execute([node.path.as_str()]))
-        .ctx("clearing chunk locations")?;
+    if clear_chunks {
+        db.prepare_cached("DELETE FROM chunks WHERE path = ?1")
+            .and_then(|mut st| st.execute([node.path.as_str()]))
+            .ctx("clearing chunk locations")?;
+    }
     let mut ins = db
         .prepare_cached(
             "INSERT INTO chunks (path, idx, hash, offset, size) VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -355,7 +368,7 @@ pub(crate) fn put_node(db: &Connection, node: &Node, chunks: &[ChunkRef]) -> Res
         ins.execute(params![
             node.path.as_str(),
             i as i64,
-            c.hash.0.to_vec(),
+            &c.hash.0[..],
             offset as i64,
             i64::from(c.size)
         ])
