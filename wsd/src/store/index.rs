@@ -477,6 +477,20 @@ pub(crate) struct ChunkLocation {
     pub path: SyncPath,
     pub offset: u64,
     pub size: u32,
+    /// The file row's stat and verification time: a file whose stat still
+    /// equals it (and is not racily clean) holds the bytes that were
+    /// hashed, as settle assumes.
+    pub stat: Stat,
+    pub verified_ns: i64,
+}
+
+impl ChunkLocation {
+    /// True when `disk` (the open file's `fstat`) proves the indexed bytes
+    /// unchanged, so they need not be hashed again.
+    pub fn unchanged(&self, disk: &std::fs::Metadata) -> bool {
+        Stat::of(disk) == self.stat
+            && self.stat.mtime_ns.saturating_add(super::scan::RACY_MARGIN_NS) < self.verified_ns
+    }
 }
 
 /// Up to `limit` live files holding chunk `hash`.
@@ -487,28 +501,41 @@ pub(crate) fn chunk_locations(
 ) -> Result<Vec<ChunkLocation>, SyncError> {
     let mut stmt = db
         .prepare_cached(
-            "SELECT c.path, c.offset, c.size FROM chunks c JOIN nodes n ON n.path = c.path
+            "SELECT c.path, c.offset, c.size, n.mode, n.size, n.mtime_ns, n.dev, n.ino,
+                    n.ctime_ns, n.verified_ns
+             FROM chunks c JOIN nodes n ON n.path = c.path
              WHERE c.hash = ?1 AND n.kind = 0 LIMIT ?2",
         )
         .ctx("locating a chunk")?;
     let rows = stmt
-        .query_map(params![hash.0.to_vec(), limit as i64], |r| {
+        .query_map(params![&hash.0[..], limit as i64], |r| {
             Ok((
                 r.get::<_, String>(0)?,
                 r.get::<_, i64>(1)?,
                 r.get::<_, i64>(2)?,
+                Stat {
+                    mode: r.get::<_, i64>(3)? as u32,
+                    size: r.get::<_, i64>(4)? as u64,
+                    mtime_ns: r.get(5)?,
+                    dev: r.get::<_, i64>(6)? as u64,
+                    ino: r.get::<_, i64>(7)? as u64,
+                    ctime_ns: r.get(8)?,
+                },
+                r.get::<_, i64>(9)?,
             ))
         })
         .ctx("locating a chunk")?
         .collect::<Result<Vec<_>, _>>()
         .ctx("locating a chunk")?;
     rows.into_iter()
-        .map(|(p, offset, size)| {
+        .map(|(p, offset, size, stat, verified_ns)| {
             Ok(ChunkLocation {
                 path: SyncPath::new(p)
                     .map_err(|e| SyncError::Storage(format!("index holds a bad path: {e}")))?,
                 offset: offset as u64,
                 size: size as u32,
+                stat,
+                verified_ns,
             })
         })
         .collect()
