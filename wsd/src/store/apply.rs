@@ -507,7 +507,10 @@ impl<'a> Apply<'a> {
                 mtime,
                 chunks,
                 ..
-            } => self.write_file(e, &abs, *mode, *mtime, chunks, replaces_dir)?,
+            } => {
+                let old = row.as_ref().filter(|r| r.kind == NodeKind::File);
+                self.write_file(e, &abs, *mode, *mtime, chunks, replaces_dir, old)?
+            }
             EntryState::Dir { mode, mtime } => {
                 self.write_dir(e, &abs, *mode, *mtime, disk.as_ref())?
             }
@@ -548,13 +551,14 @@ impl<'a> Apply<'a> {
         mtime: i64,
         chunks: &[ChunkRef],
         replaces_dir: bool,
+        old: Option<&Node>,
     ) -> Result<(), SyncError> {
         let dir = abs
             .parent()
             .expect("an entry path has a parent inside the root");
         let tmp = self.temp_name(dir);
         self.touched_disk = true;
-        let written = self.assemble(e, &tmp, mode, mtime, chunks);
+        let written = self.assemble(e, &tmp, mode, mtime, chunks, old);
         let file = match written {
             Ok(f) => f,
             Err(err) => {
@@ -590,6 +594,7 @@ impl<'a> Apply<'a> {
         mode: u32,
         mtime: i64,
         chunks: &[ChunkRef],
+        old: Option<&Node>,
     ) -> Result<std::fs::File, SyncError> {
         let mut file = std::fs::OpenOptions::new()
             .write(true)
@@ -598,10 +603,41 @@ impl<'a> Apply<'a> {
             .custom_flags(libc::O_NOFOLLOW)
             .open(tmp)
             .io_ctx(|| format!("creating a temp file for {}", e.path))?;
+        // An edit of a large file keeps most of its chunks: copy the runs
+        // of them that the current version holds straight from it, in the
+        // kernel (copy_file_range), instead of reading and writing each.
+        let source = match old {
+            Some(old) if chunks.len() > 1 => OldVersion::open(self.db, self.root, old)?,
+            _ => None,
+        };
+        let mut run: Option<(u64, u64)> = None;
         for c in chunks {
+            if !self.staging.contains(&c.hash)
+                && let Some(src) = &source
+                && let Some(&offset) = src.offsets.get(&c.hash)
+            {
+                run = match run {
+                    Some((start, len)) if start + len == offset => {
+                        Some((start, len + u64::from(c.size)))
+                    }
+                    _ => {
+                        if let Some(r) = run {
+                            src.copy(r, &mut file, &e.path)?;
+                        }
+                        Some((offset, u64::from(c.size)))
+                    }
+                };
+                continue;
+            }
+            if let (Some(r), Some(src)) = (run.take(), &source) {
+                src.copy(r, &mut file, &e.path)?;
+            }
             let bytes = self.chunk_bytes(&c.hash, &e.path)?;
             file.write_all(&bytes)
                 .io_ctx(|| format!("writing {}", e.path))?;
+        }
+        if let (Some(r), Some(src)) = (run, &source) {
+            src.copy(r, &mut file, &e.path)?;
         }
         // fchmod is not subject to the umask, so the mode arrives exactly.
         file.set_permissions(std::fs::Permissions::from_mode(mode))
@@ -785,6 +821,53 @@ impl<'a> Apply<'a> {
         out.rev = index::meta_get(self.db, "rev")?;
         out.fetch_cursor = fetch;
         Ok(out)
+    }
+}
+
+/// The current version of a file apply rewrites, when its bytes are known
+/// to be the indexed ones: its stat equals its row's and is not racily
+/// clean (the rule settle trusts).
+struct OldVersion {
+    file: std::fs::File,
+    /// Where each of its chunks starts.
+    offsets: HashMap<Hash, u64>,
+}
+
+impl OldVersion {
+    fn open(db: &Connection, root: &Path, row: &Node) -> Result<Option<OldVersion>, SyncError> {
+        let Some((file, meta)) = fsutil::open_file_in_root(root, &row.path)
+            .map_err(|e| SyncError::io(format!("opening {}", row.path), e))?
+        else {
+            return Ok(None);
+        };
+        let unchanged = Stat::of(&meta) == row.stat && !scan::is_racy(row);
+        if !unchanged {
+            return Ok(None);
+        }
+        let mut offsets = HashMap::new();
+        let mut offset = 0u64;
+        for c in index::chunks_of(db, &row.path)? {
+            offsets.entry(c.hash).or_insert(offset);
+            offset += u64::from(c.size);
+        }
+        Ok(Some(OldVersion { file, offsets }))
+    }
+
+    /// Appends `len` bytes at `start` of the old version to `out`.
+    fn copy(&self, (start, len): (u64, u64), out: &mut std::fs::File, path: &SyncPath) -> Result<(), SyncError> {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut src = &self.file;
+        src.seek(SeekFrom::Start(start))
+            .io_ctx(|| format!("reading {path}"))?;
+        // std copies File to File with copy_file_range.
+        let copied = std::io::copy(&mut src.take(len), out).io_ctx(|| format!("writing {path}"))?;
+        if copied != len {
+            return Err(SyncError::Storage(format!(
+                "{path} changed on disk while being rewritten (copied {copied} of {len} bytes); \
+                 it is re-indexed by the next settle"
+            )));
+        }
+        Ok(())
     }
 }
 
