@@ -25,6 +25,12 @@ pub(crate) fn configure(conn: &Connection) -> Result<(), DofsError> {
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "foreign_keys", true)?;
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    // Plans never depend on bound values: the bundled SQLite (STAT4) would
+    // otherwise re-prepare a cached statement whenever a plan-relevant
+    // parameter (a LIMIT, an indexed key) is rebound.
+    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
+    // Room for every statement dofs prepares, so none is re-parsed.
+    conn.set_prepared_statement_cache_capacity(64);
     Ok(())
 }
 

@@ -356,8 +356,9 @@ fn an_interrupted_push_resumes_after_the_last_acknowledged_batch() {
         a.put(&format!("f{i:03}"), format!("{i}").as_bytes());
     }
     let (mut remote, faults) = faulty(&b, &a);
-    // watermarks-free push: has, push_objects, push for batch one, then fail.
-    faults.calls_left.set(Some(3));
+    // watermarks-free push: has, push_objects, has (the next batch is probed
+    // before this one is pushed), push for batch one, then fail.
+    faults.calls_left.set(Some(4));
     push_via(&a, "B", &mut remote).unwrap_err();
     let acked = a.store.borrow().remote_watermarks("B").unwrap().push_cursor;
     assert!(

@@ -49,16 +49,39 @@ pub fn chunk_slice(data: &[u8]) -> Vec<(usize, ChunkRef)> {
 /// one read window whatever the input size. Cut points are identical to
 /// [`chunk_slice`] over the same bytes.
 pub fn chunk_reader<R: Read>(
+    reader: R,
+    on_chunk: impl FnMut(&ChunkRef, &[u8]) -> Result<(), SyncError>,
+) -> Result<Vec<ChunkRef>, SyncError> {
+    chunk_reader_with(reader, &mut Vec::new(), None, on_chunk)
+}
+
+/// [`chunk_reader`] with a caller-owned buffer, reused across calls (a
+/// settle chunks thousands of small files; allocating and faulting in a
+/// fresh read window per file cost more than hashing them). `size_hint`
+/// (the file's size from `stat`) sizes the buffer for a small input, so a
+/// 2 KiB file touches 2 KiB of buffer, not [`READ_WINDOW`]; the input may
+/// still be longer or shorter than the hint.
+pub fn chunk_reader_with<R: Read>(
     mut reader: R,
+    buf: &mut Vec<u8>,
+    size_hint: Option<u64>,
     mut on_chunk: impl FnMut(&ChunkRef, &[u8]) -> Result<(), SyncError>,
 ) -> Result<Vec<ChunkRef>, SyncError> {
-    let mut buf = vec![0u8; READ_WINDOW];
+    // One byte more than the hint, so a file that is exactly the hinted
+    // size is known to be complete when that byte is not filled.
+    let want = size_hint
+        .map(|h| (h as usize).saturating_add(1).clamp(MIN_CHUNK, READ_WINDOW))
+        .unwrap_or(READ_WINDOW);
+    if buf.len() < want {
+        buf.resize(want, 0);
+    }
+    let mut window = want;
     let mut filled = 0usize;
     let mut eof = false;
     let mut out = Vec::new();
     loop {
-        while !eof && filled < buf.len() {
-            match reader.read(&mut buf[filled..]) {
+        while !eof && filled < window {
+            match reader.read(&mut buf[filled..window]) {
                 Ok(0) => eof = true,
                 Ok(n) => filled += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -90,6 +113,13 @@ pub fn chunk_reader<R: Read>(
         }
         buf.copy_within(consumed..filled, 0);
         filled -= consumed;
+        // The input outgrew its hint: continue with the full window.
+        if window < READ_WINDOW {
+            window = READ_WINDOW;
+            if buf.len() < window {
+                buf.resize(window, 0);
+            }
+        }
     }
 }
 
@@ -122,6 +152,24 @@ mod tests {
         .unwrap();
         assert_eq!(a, b);
         assert_eq!(seen, data.len());
+    }
+
+    #[test]
+    fn a_reused_buffer_and_a_wrong_hint_cut_the_same() {
+        let mut buf = Vec::new();
+        for (len, hint) in [
+            (5 * 1024 * 1024 + 7, Some(10)),
+            (100, Some(100)),
+            (100, Some(5_000_000)),
+            (300 * 1024, Some(300 * 1024)),
+            (9 * 1024 * 1024, None),
+            (0, Some(0)),
+        ] {
+            let data = pseudo_random(len, len as u64);
+            let a: Vec<ChunkRef> = chunk_slice(&data).into_iter().map(|(_, c)| c).collect();
+            let b = chunk_reader_with(&data[..], &mut buf, hint, |_, _| Ok(())).unwrap();
+            assert_eq!(a, b, "len {len} hint {hint:?}");
+        }
     }
 
     #[test]

@@ -141,32 +141,136 @@ pub async fn push<S: Store, R: Remote>(
     if cursor >= through && !baseline {
         return Ok(report);
     }
-    let mut page: Vec<ChangeEntry> = Vec::new();
-    let mut exhausted = false;
+    let mut pager = Pager {
+        page: Vec::new(),
+        exhausted: false,
+        after: cursor.clone(),
+        through,
+        baseline,
+    };
+    // Pipelined: the next batch is cut and probed before this batch's push
+    // is sent (so the receiver answers the probe before applying), and its
+    // objects are uploaded while the receiver applies this batch. A push is
+    // still sent only after the previous one was acknowledged.
+    let mut current = pager.next_batch(local, remote, opts).await?;
+    send_objects(local, remote, &current.missing, &mut report).await?;
     loop {
-        if page.len() < BATCH_ENTRIES && !exhausted {
-            let after = page
-                .last()
-                .map(|e| ChangeCursor::within(e.rev, e.path.clone()));
-            let after = after.as_ref().unwrap_or(&cursor);
-            let want = BATCH_ENTRIES - page.len();
+        report.deduplicated_bytes += current.deduplicated_bytes;
+        let next = if current.last {
+            None
+        } else {
+            Some(pager.next_batch(local, remote, opts).await?)
+        };
+        report.entries += current.entries.len() as u64;
+        let current_bytes = current.missing_bytes();
+        let sender = current.sender.clone();
+        let pending = remote
+            .push_pipelined(Some(sender.clone()), current.entries, current.phase)
+            .await?;
+        // Overlap the next upload with this apply only while both batches
+        // together stay within two batch budgets: the receiver stages
+        // objects in memory, and two large-file batches at once would make
+        // it spill them to disk.
+        let overlap = next
+            .as_ref()
+            .is_some_and(|n| current_bytes + n.missing_bytes() <= 2 * BATCH_OBJECT_BYTES);
+        let upload = match &next {
+            Some(n) if overlap => send_objects(local, remote, &n.missing, &mut report).await,
+            _ => Ok(()),
+        };
+        // Record this batch's acknowledgement even if the next upload failed.
+        let outcome: PushOutcome = pending.await?;
+        if remote_lost_state(&outcome.applied_push_cursor, &sender)? {
+            return Err(SyncError::InvariantViolated {
+                applied: outcome.applied_push_cursor,
+                pushed: sender,
+            });
+        }
+        // A baseline is only complete with its sweep: until then the push
+        // cursor stays where it was, so an interrupted baseline starts over
+        // (objects already sent are deduplicated) instead of resuming as an
+        // incremental push that would never sweep.
+        if current.phase != Baseline::Mark {
+            local.set_push_cursor(opts.remote_name, &sender)?;
+        }
+        report.batches += 1;
+        report.cursor = sender;
+        on_batch(&report);
+        upload?;
+        match next {
+            Some(n) => {
+                if !overlap {
+                    send_objects(local, remote, &n.missing, &mut report).await?;
+                }
+                current = n;
+            }
+            None => return Ok(report),
+        }
+    }
+}
+
+/// One push batch, cut and probed.
+struct PushBatch {
+    entries: Vec<ChangeEntry>,
+    /// The batch's chunks the remote does not hold, in first-use order,
+    /// with their sizes.
+    missing: Vec<(Hash, u32)>,
+    deduplicated_bytes: u64,
+    /// The cursor the batch acknowledges.
+    sender: ChangeCursor,
+    phase: Baseline,
+    last: bool,
+}
+
+impl PushBatch {
+    fn missing_bytes(&self) -> usize {
+        self.missing.iter().map(|(_, size)| *size as usize).sum()
+    }
+}
+
+/// Pages through the local changes and cuts them into push batches.
+struct Pager {
+    /// Entries read but not yet in a batch.
+    page: Vec<ChangeEntry>,
+    exhausted: bool,
+    /// Where the page continues (after the last entry read).
+    after: ChangeCursor,
+    through: ChangeCursor,
+    baseline: bool,
+}
+
+impl Pager {
+    /// Tops the page up to [`BATCH_ENTRIES`], probes the remote for its
+    /// chunks and cuts the next batch where the missing bytes pass
+    /// [`BATCH_OBJECT_BYTES`] (a single larger file goes alone).
+    async fn next_batch<S: Store, R: Remote>(
+        &mut self,
+        local: &mut S,
+        remote: &mut R,
+        opts: &SyncOptions<'_>,
+    ) -> Result<PushBatch, SyncError> {
+        if self.page.len() < BATCH_ENTRIES && !self.exhausted {
+            let want = BATCH_ENTRIES - self.page.len();
             let more = local.changes(ChangesQuery {
-                after,
-                through: &through,
+                after: &self.after,
+                through: &self.through,
                 ignore: opts.ignore,
                 exclude_applied_from: Some(opts.remote_name),
                 limit: want,
             })?;
-            exhausted = more.len() < want;
-            page.extend(more);
+            self.exhausted = more.len() < want;
+            if let Some(e) = more.last() {
+                self.after = ChangeCursor::within(e.rev, e.path.clone());
+            }
+            self.page.extend(more);
         }
-        let (hashes, sizes) = distinct_chunks(&page);
+        let (hashes, sizes) = distinct_chunks(&self.page);
         let held = remote_has(remote, &hashes).await?;
         // Cut the batch where the missing bytes pass the budget.
         let mut take = 0usize;
         let mut budget = 0usize;
         let mut counted: HashSet<Hash> = HashSet::new();
-        for e in &page {
+        for e in &self.page {
             let extra: usize = e
                 .chunks()
                 .iter()
@@ -180,62 +284,61 @@ pub async fn push<S: Store, R: Remote>(
             take += 1;
             counted.extend(e.chunks().iter().map(|c| c.hash));
         }
-        let batch: Vec<ChangeEntry> = page.drain(..take).collect();
-        let (batch_hashes, _) = distinct_chunks(&batch);
-        let mut outgoing = Vec::new();
-        let mut outgoing_bytes = 0usize;
+        let entries: Vec<ChangeEntry> = self.page.drain(..take).collect();
+        let (batch_hashes, _) = distinct_chunks(&entries);
+        let mut missing = Vec::new();
+        let mut deduplicated_bytes = 0u64;
         for h in batch_hashes {
-            let size = sizes[&h] as usize;
             if held.contains(&h) {
-                report.deduplicated_bytes += size as u64;
-                continue;
-            }
-            let bytes = local.read_object(&h)?;
-            outgoing_bytes += bytes.len();
-            report.objects += 1;
-            report.object_bytes += bytes.len() as u64;
-            outgoing.push(Object { hash: h, bytes });
-            if outgoing_bytes >= BATCH_OBJECT_BYTES {
-                remote.push_objects(std::mem::take(&mut outgoing)).await?;
-                outgoing_bytes = 0;
+                deduplicated_bytes += u64::from(sizes[&h]);
+            } else {
+                missing.push((h, sizes[&h]));
             }
         }
-        if !outgoing.is_empty() {
-            remote.push_objects(outgoing).await?;
-        }
-        let last = exhausted && page.is_empty();
-        let sender = match (last, batch.last()) {
-            (true, _) | (false, None) => through.clone(),
+        let last = self.exhausted && self.page.is_empty();
+        let sender = match (last, entries.last()) {
+            (true, _) | (false, None) => self.through.clone(),
             (false, Some(e)) => ChangeCursor::within(e.rev, e.path.clone()),
         };
-        let phase = match (baseline, last) {
+        let phase = match (self.baseline, last) {
             (false, _) => Baseline::Off,
             (true, false) => Baseline::Mark,
             (true, true) => Baseline::Sweep,
         };
-        report.entries += batch.len() as u64;
-        let outcome: PushOutcome = remote.push(Some(sender.clone()), batch, phase).await?;
-        if remote_lost_state(&outcome.applied_push_cursor, &sender)? {
-            return Err(SyncError::InvariantViolated {
-                applied: outcome.applied_push_cursor,
-                pushed: sender,
-            });
-        }
-        // A baseline is only complete with its sweep: until then the push
-        // cursor stays where it was, so an interrupted baseline starts over
-        // (objects already sent are deduplicated) instead of resuming as an
-        // incremental push that would never sweep.
-        if !baseline || last {
-            local.set_push_cursor(opts.remote_name, &sender)?;
-        }
-        report.batches += 1;
-        report.cursor = sender.clone();
-        cursor = sender;
-        on_batch(&report);
-        if last {
-            return Ok(report);
+        Ok(PushBatch {
+            entries,
+            missing,
+            deduplicated_bytes,
+            sender,
+            phase,
+            last,
+        })
+    }
+}
+
+/// Reads `hashes` (a batch's missing chunks) from the local store and
+/// pushes them to the remote, about [`BATCH_OBJECT_BYTES`] per upload.
+async fn send_objects<S: Store, R: Remote>(
+    local: &mut S,
+    remote: &mut R,
+    missing: &[(Hash, u32)],
+    report: &mut SyncReport,
+) -> Result<(), SyncError> {
+    let mut group: Vec<Hash> = Vec::new();
+    let mut group_bytes = 0usize;
+    for (i, (h, size)) in missing.iter().enumerate() {
+        group.push(*h);
+        group_bytes += *size as usize;
+        if group_bytes >= BATCH_OBJECT_BYTES || i + 1 == missing.len() {
+            let objects = local.read_objects(&group)?;
+            report.objects += objects.len() as u64;
+            report.object_bytes += objects.iter().map(|o| o.bytes.len() as u64).sum::<u64>();
+            remote.push_objects(objects).await?;
+            group.clear();
+            group_bytes = 0;
         }
     }
+    Ok(())
 }
 
 /// Pulls every remote change after our fetch cursor (rule 8): batches of
@@ -458,16 +561,7 @@ impl<S: Store> Remote for StoreRemote<S> {
 
     async fn fetch_objects(&mut self, hashes: &[Hash]) -> Result<Vec<Object>, SyncError> {
         SyncError::check_limit("hashes per call", MAX_HASHES_PER_CALL, hashes.len())?;
-        let mut store = self.store.borrow_mut();
-        hashes
-            .iter()
-            .map(|h| {
-                Ok(Object {
-                    hash: *h,
-                    bytes: store.read_object(h)?,
-                })
-            })
-            .collect()
+        self.store.borrow_mut().read_objects(hashes)
     }
 
     async fn push_objects(&mut self, objects: Vec<Object>) -> Result<(), SyncError> {

@@ -7,6 +7,20 @@ pub struct Object {
     pub bytes: Vec<u8>,
 }
 
+impl Object {
+    /// What a receiver checks before staging an object: its size is within
+    /// [`crate::chunk::MAX_CHUNK`] (`ELIMIT`) and its bytes hash to its
+    /// name (`EPROTOCOL`).
+    pub fn check(&self) -> Result<(), SyncError> {
+        SyncError::check_limit(
+            "object size (bytes)",
+            crate::chunk::MAX_CHUNK,
+            self.bytes.len(),
+        )?;
+        self.hash.verify(&self.bytes)
+    }
+}
+
 /// The head of a `fetchChanges` answer.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct FetchOpened {
@@ -28,6 +42,11 @@ pub struct PushOutcome {
     /// The receiver's stored fetch cursor for us after the push.
     pub applied_push_cursor: ChangeCursor,
 }
+
+/// The outcome of a push already sent ([`Remote::push_pipelined`]); it
+/// borrows nothing, so the driver can use the remote while it is pending.
+pub type PendingPush =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<PushOutcome, SyncError>>>>;
 
 /// A pull iterator over a remote change stream.
 #[allow(async_fn_in_trait)]
@@ -65,4 +84,19 @@ pub trait Remote {
         entries: Vec<ChangeEntry>,
         baseline: Baseline,
     ) -> Result<PushOutcome, SyncError>;
+
+    /// [`Remote::push`], returning once the push is *sent*: the outcome
+    /// arrives on the returned future while the caller goes on using the
+    /// remote (the driver uploads the next batch's objects meanwhile). Calls
+    /// made after it reach the receiver after it. By default the push
+    /// completes before this returns.
+    async fn push_pipelined(
+        &mut self,
+        sender: Option<ChangeCursor>,
+        entries: Vec<ChangeEntry>,
+        baseline: Baseline,
+    ) -> Result<PendingPush, SyncError> {
+        let outcome = self.push(sender, entries, baseline).await;
+        Ok(Box::pin(std::future::ready(outcome)))
+    }
 }

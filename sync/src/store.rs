@@ -117,10 +117,34 @@ pub trait Store {
     /// The verified bytes of one object; `EUNKNOWN_HASH` when not held.
     fn read_object(&mut self, hash: &Hash) -> Result<Vec<u8>, SyncError>;
 
+    /// The objects for `hashes`, in order, each as [`Store::read_object`]
+    /// gives it; the first error ends the call. A store may override it to
+    /// read a batch in one transaction.
+    fn read_objects(&mut self, hashes: &[Hash]) -> Result<Vec<crate::Object>, SyncError> {
+        hashes
+            .iter()
+            .map(|h| {
+                Ok(crate::Object {
+                    hash: *h,
+                    bytes: self.read_object(h)?,
+                })
+            })
+            .collect()
+    }
+
     /// Stores objects after checking `sha256(bytes) == hash` for each; a
     /// mismatch stores nothing from the bad object and fails with
     /// `EPROTOCOL`.
     fn stage_objects(&mut self, objects: &[crate::Object]) -> Result<(), SyncError>;
+
+    /// [`Store::stage_objects`] for objects the caller already checked with
+    /// [`crate::Object::check`] (a server verifies them on its network
+    /// thread, off the store's single writer thread). A store may skip its
+    /// own check and keep the bytes without copying; by default it checks
+    /// again.
+    fn stage_checked_objects(&mut self, objects: Vec<crate::Object>) -> Result<(), SyncError> {
+        self.stage_objects(&objects)
+    }
 
     /// Applies a batch atomically (rules 3–6, 10): all entries or none; a
     /// chunk that is not held fails with `EUNKNOWN_HASH` and changes

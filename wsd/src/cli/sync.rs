@@ -53,6 +53,8 @@ struct Session {
     store: WorkspaceStore,
     remote: Client,
     remote_name: String,
+    /// True right after a settle: the next push or pull needs none.
+    settled: bool,
 }
 
 impl Session {
@@ -65,10 +67,16 @@ impl Session {
             &state,
             StoreOptions {
                 watch: false,
+                // Every settle walks the whole tree here: settle once per
+                // direction explicitly instead of on every store call.
+                auto_settle: false,
                 ..Default::default()
             },
         )
         .with_context(|| format!("opening the index of {}", a.local.display()))?;
+        store
+            .settle()
+            .with_context(|| format!("indexing {}", a.local.display()))?;
         let peer = peer_name(&state)?;
         let token = a.remote.token()?;
         let mut remote = client::connect(&a.remote.remote, token, &peer)
@@ -82,10 +90,21 @@ impl Session {
             store,
             remote,
             remote_name,
+            settled: true,
         })
     }
 
+    /// Settles the local directory unless nothing could have changed since
+    /// the last settle of this session.
+    fn settle(&mut self) -> Result<()> {
+        if !std::mem::take(&mut self.settled) {
+            self.store.settle().context("indexing the local directory")?;
+        }
+        Ok(())
+    }
+
     async fn push(&mut self, progress: &Progress) -> Result<SyncReport> {
+        self.settle()?;
         let ignore = IgnoreRules::none();
         let opts = SyncOptions {
             remote_name: &self.remote_name,
@@ -99,6 +118,7 @@ impl Session {
     }
 
     async fn pull(&mut self, progress: &Progress) -> Result<SyncReport> {
+        self.settle()?;
         let ignore = IgnoreRules::none();
         let opts = SyncOptions {
             remote_name: &self.remote_name,

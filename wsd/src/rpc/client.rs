@@ -15,7 +15,7 @@ use wsd_schema::workspace_capnp as wire;
 use wsd_sync::limits::MAX_HASHES_PER_CALL;
 use wsd_sync::{
     Baseline, ChangeCursor, ChangeEntry, ChangeStream, ErrorCode, FetchOpened, Hash, Object,
-    PushOutcome, Remote, SyncError, SyncPath, Watermarks,
+    PendingPush, PushOutcome, Remote, SyncError, SyncPath, Watermarks,
 };
 
 use super::convert::{
@@ -258,6 +258,17 @@ impl Client {
         entries: &[ChangeEntry],
         baseline: Baseline,
     ) -> Result<PushOutcome, WireError> {
+        self.push_send(sender, entries, baseline)?.await
+    }
+
+    /// Sends a `push` and returns its outcome as a future that borrows
+    /// nothing: calls made after this one reach the daemon after it.
+    pub fn push_send(
+        &self,
+        sender: Option<&ChangeCursor>,
+        entries: &[ChangeEntry],
+        baseline: Baseline,
+    ) -> Result<impl Future<Output = Result<PushOutcome, WireError>> + 'static, WireError> {
         self.check_alive()?;
         let mut req = self.sync.push_request();
         {
@@ -269,11 +280,14 @@ impl Client {
             p.set_baseline(baseline_to(baseline));
             entries_to(p.init_entries(entries.len() as u32), entries);
         }
-        let response = req.send().promise.await?;
-        let r = response.get()?;
-        Ok(PushOutcome {
-            rev: r.get_rev(),
-            applied_push_cursor: cursor_from(r.get_applied_push_cursor()?)?,
+        let promise = req.send().promise;
+        Ok(async move {
+            let response = promise.await?;
+            let r = response.get()?;
+            Ok(PushOutcome {
+                rev: r.get_rev(),
+                applied_push_cursor: cursor_from(r.get_applied_push_cursor()?)?,
+            })
         })
     }
 
@@ -408,6 +422,16 @@ impl Remote for Client {
         baseline: Baseline,
     ) -> Result<PushOutcome, SyncError> {
         Ok(Client::push(self, sender.as_ref(), &entries, baseline).await?)
+    }
+
+    async fn push_pipelined(
+        &mut self,
+        sender: Option<ChangeCursor>,
+        entries: Vec<ChangeEntry>,
+        baseline: Baseline,
+    ) -> Result<PendingPush, SyncError> {
+        let pending = self.push_send(sender.as_ref(), &entries, baseline)?;
+        Ok(Box::pin(async move { Ok(pending.await?) }))
     }
 }
 

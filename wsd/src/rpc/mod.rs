@@ -56,6 +56,14 @@ pub mod limits {
     /// with 64 KiB writes on the reference machine), small enough that the
     /// stream window keeps only a few MiB in flight.
     pub const OBJECT_WRITE_BYTES: usize = 1024 * 1024;
+    /// Bytes of streaming calls (`ObjectSink.write`) a client keeps in
+    /// flight per stream before it waits for acknowledgements (the server's
+    /// streams keep capnp-rpc's default). capnp-rpc's
+    /// default (64 KiB, plus one message) let a push upload only about one
+    /// 1 MiB write ahead of the receiver's store thread, so the upload of
+    /// the next batch stalled while the previous batch was applied. 8 MiB
+    /// holds two push batches (4 MiB of objects each).
+    pub const STREAM_WINDOW_BYTES: usize = 8 * 1024 * 1024;
     /// Most object bytes a receiving sink accepts in one `write` (a sender
     /// may overshoot [`OBJECT_WRITE_BYTES`] by one object).
     pub const MAX_OBJECT_WRITE_BYTES: usize = 4 * 1024 * 1024;

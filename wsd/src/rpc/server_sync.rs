@@ -8,7 +8,7 @@ use std::sync::Arc;
 use wsd_schema::workspace_capnp as wire;
 use wsd_sync::limits::{MAX_HASHES_PER_CALL, MAX_IGNORE_PATTERNS, MAX_PUSH_ENTRIES};
 use wsd_sync::{
-    ApplyBatch, ChangeCursor, ChangesQuery, ErrorCode, Hash, IgnoreRules, Object, Store,
+    ApplyBatch, ChangeCursor, ChangesQuery, ErrorCode, Hash, IgnoreRules, Store,
 };
 
 use super::WireError;
@@ -20,6 +20,10 @@ use super::limits::{MAX_CHANGES_PER_NEXT, OBJECT_WRITE_BYTES};
 use super::server::{Conn, run_call};
 use super::store_thread::StoreHandle;
 use super::stream::{self, StreamWindow, message_bytes};
+
+/// Objects `fetchObjects` reads per store lookup: one write stays below
+/// `OBJECT_WRITE_BYTES + READ_GROUP * MAX_CHUNK` = 3 MiB.
+const READ_GROUP: usize = 8;
 
 /// `Sync` for one peer on one connection.
 pub(crate) struct SyncServer<S> {
@@ -206,13 +210,14 @@ impl<S: Store + Send + 'static> wire::sync::Server for SyncServer<S> {
                     .call(move |s| {
                         let (mut out, mut bytes, mut i) = (Vec::new(), 0, start);
                         while i < hs.len() && bytes < OBJECT_WRITE_BYTES {
-                            let data = s.read_object(&hs[i])?;
-                            bytes += data.len();
-                            out.push(Object {
-                                hash: hs[i],
-                                bytes: data,
-                            });
-                            i += 1;
+                            // A few objects per read (each at most
+                            // MAX_CHUNK), so a write stays well within
+                            // MAX_OBJECT_WRITE_BYTES.
+                            let end = (i + READ_GROUP).min(hs.len());
+                            let objects = s.read_objects(&hs[i..end])?;
+                            bytes += objects.iter().map(|o| o.bytes.len()).sum::<usize>();
+                            out.extend(objects);
+                            i = end;
                         }
                         Ok((out, i))
                     })
@@ -330,7 +335,15 @@ impl<S: Store + Send + 'static> UploadSink<S> {
             return Err(e);
         }
         let objects = objects_from(params.get()?.get_objects()?)?;
-        self.store.call(move |s| s.stage_objects(&objects)).await
+        // Verified here, on the network thread, so the store thread (the
+        // single writer, the bottleneck of a push) only keeps the bytes. A
+        // write with a bad object stages nothing.
+        for o in &objects {
+            o.check()?;
+        }
+        self.store
+            .call(move |s| s.stage_checked_objects(objects))
+            .await
     }
 }
 

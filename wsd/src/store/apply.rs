@@ -16,10 +16,11 @@
 //! idempotent. If the index commit itself fails, the next settle finds the
 //! written paths as local changes.
 
+use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::Metadata;
 use std::io::Write;
-use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, params};
@@ -55,35 +56,25 @@ pub(crate) fn read_indexed_chunk(
     misses: &mut ChunkMisses,
 ) -> Result<Option<Vec<u8>>, SyncError> {
     for loc in index::chunk_locations(db, hash, 8)? {
-        let abs = fsutil::abs(root, &loc.path);
-        // The ancestors must still be real directories: never read through
-        // a symlink that appeared since indexing.
-        match fsutil::lstat_in_root(root, &loc.path) {
-            Ok(Some(m)) if m.file_type().is_file() => {}
-            Ok(_) => {
-                misses.changed.push(loc.path);
-                continue;
-            }
-            Err(e) => return Err(SyncError::io(format!("stat {}", loc.path), e)),
-        }
-        let file = match fsutil::open_nofollow(&abs) {
-            Ok(f) => f,
-            Err(e) if fsutil::is_gone(&e) || e.raw_os_error() == Some(libc::ELOOP) => {
+        // Only a regular file reached through real directories: never read
+        // through a symlink that appeared since indexing.
+        let (file, meta) = match fsutil::open_file_in_root(root, &loc.path) {
+            Ok(Some(f)) => f,
+            Ok(None) => {
                 misses.changed.push(loc.path);
                 continue;
             }
             Err(e) => return Err(SyncError::io(format!("opening {}", loc.path), e)),
         };
-        let mut buf = vec![0u8; loc.size as usize];
-        match file.read_exact_at(&mut buf, loc.offset) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                misses.changed.push(loc.path);
-                continue;
-            }
-            Err(e) => return Err(SyncError::io(format!("reading {}", loc.path), e)),
-        }
-        if hash.verify(&buf).is_ok() {
+        let Some(buf) = read_at(&file, loc.offset, loc.size as usize)
+            .map_err(|e| SyncError::io(format!("reading {}", loc.path), e))?
+        else {
+            misses.changed.push(loc.path);
+            continue;
+        };
+        // A file whose stat still matches its row holds the bytes settle
+        // hashed (the same rule settle trusts); anything else is verified.
+        if loc.unchanged(&meta) || hash.verify(&buf).is_ok() {
             return Ok(Some(buf));
         }
         tracing::warn!(path = %loc.path, %hash, offset = loc.offset,
@@ -91,6 +82,19 @@ pub(crate) fn read_indexed_chunk(
         misses.changed.push(loc.path);
     }
     Ok(None)
+}
+
+/// Reads exactly `len` bytes at `offset` (without zero-filling a buffer
+/// first), or `None` when the file is shorter.
+fn read_at(file: &std::fs::File, offset: u64, len: usize) -> std::io::Result<Option<Vec<u8>>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = file;
+    if offset > 0 {
+        f.seek(SeekFrom::Start(offset))?;
+    }
+    let mut buf = Vec::with_capacity(len);
+    f.take(len as u64).read_to_end(&mut buf)?;
+    Ok((buf.len() == len).then_some(buf))
 }
 
 /// The error for a chunk that could not be produced.
@@ -131,6 +135,14 @@ pub(crate) struct Apply<'a> {
     /// still commits the rows of what was written.
     pub touched_disk: bool,
     temp_seq: u64,
+    /// Our pid, for temp names (one `getpid` per batch, not per file).
+    pid: u32,
+    /// Workspace paths this batch has seen to be real directories (not
+    /// symlinks), so ancestors shared by many entries are checked once.
+    /// Entries that remove or replace a path drop it and everything below.
+    known_dirs: HashSet<String>,
+    /// Whether the current entry's path has chunk rows to replace.
+    clear_chunks: bool,
 }
 
 impl<'a> Apply<'a> {
@@ -160,6 +172,9 @@ impl<'a> Apply<'a> {
             outcome: ApplyOutcome::default(),
             touched_disk: false,
             temp_seq: 0,
+            pid: std::process::id(),
+            known_dirs: HashSet::new(),
+            clear_chunks: true,
         })
     }
 
@@ -328,7 +343,7 @@ impl<'a> Apply<'a> {
         dir.join(format!(
             "{}{}-{}",
             fsutil::APPLY_TEMP_PREFIX,
-            std::process::id(),
+            self.pid,
             self.temp_seq
         ))
     }
@@ -338,9 +353,15 @@ impl<'a> Apply<'a> {
     /// that nothing is ever written through a symlink.
     fn prepare_ancestors(&mut self, path: &SyncPath) -> Result<(), SyncError> {
         for a in path.ancestors() {
+            if self.known_dirs.contains(a.as_str()) {
+                continue;
+            }
             let abs = fsutil::abs(self.root, &a);
             let existing = match std::fs::symlink_metadata(&abs) {
-                Ok(m) if m.file_type().is_dir() => continue,
+                Ok(m) if m.file_type().is_dir() => {
+                    self.known_dirs.insert(a.as_str().to_owned());
+                    continue;
+                }
                 Ok(m) => Some(m),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
                 Err(e) => return Err(SyncError::io(format!("stat {a} (ancestor of {path})"), e)),
@@ -378,8 +399,42 @@ impl<'a> Apply<'a> {
                 node.applied_from = None;
             }
             index::put_node(self.db, &node, &[])?;
+            self.known_dirs.insert(a.as_str().to_owned());
         }
         Ok(())
+    }
+
+    /// `lstat` of `rel` inside the root (see [`fsutil::lstat_in_root`]),
+    /// stat-ing only ancestors this batch has not yet seen as directories.
+    fn lstat_in_root(&mut self, rel: &SyncPath) -> std::io::Result<Option<Metadata>> {
+        let path = rel.as_str();
+        for (i, _) in path.match_indices('/') {
+            let a = &path[..i];
+            if self.known_dirs.contains(a) {
+                continue;
+            }
+            match std::fs::symlink_metadata(self.root.join(a)) {
+                Ok(m) if m.file_type().is_dir() => {
+                    self.known_dirs.insert(a.to_owned());
+                }
+                Ok(_) => return Ok(None),
+                Err(e) if fsutil::is_gone(&e) => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        }
+        match std::fs::symlink_metadata(fsutil::abs(self.root, rel)) {
+            Ok(m) => Ok(Some(m)),
+            Err(e) if fsutil::is_gone(&e) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Forgets `path` and everything below it as known directories (the
+    /// entry removes or replaces it).
+    fn forget_dirs(&mut self, path: &SyncPath) {
+        let p = path.as_str();
+        self.known_dirs
+            .retain(|d| !(d == p || (d.starts_with(p) && d.as_bytes().get(p.len()) == Some(&b'/'))));
     }
 
     fn node(
@@ -405,9 +460,11 @@ impl<'a> Apply<'a> {
     /// Applies one entry. Skips (rule 4) when a peer's entry matches what
     /// is both indexed and on disk.
     pub fn entry(&mut self, e: &ChangeEntry) -> Result<(), SyncError> {
-        let row = index::get_node(self.db, &e.path)?.filter(Node::is_live);
-        let disk =
-            fsutil::lstat_in_root(self.root, &e.path).io_ctx(|| format!("stat {}", e.path))?;
+        let any_row = index::get_node(self.db, &e.path)?;
+        let row = any_row.clone().filter(Node::is_live);
+        let disk = self
+            .lstat_in_root(&e.path)
+            .io_ctx(|| format!("stat {}", e.path))?;
         let disk_kind = disk.as_ref().map(fsutil::kind_of);
         // A difference between disk and index is a local write settle has
         // not stamped yet: it is local state all the same.
@@ -426,7 +483,12 @@ impl<'a> Apply<'a> {
         }
         let replaces_dir =
             disk_kind == Some(DiskKind::Dir) && !matches!(e.state, EntryState::Dir { .. });
-        let any_row = index::get_node(self.db, &e.path)?;
+        if replaces_dir || matches!(e.state, EntryState::Delete) {
+            self.forget_dirs(&e.path);
+        }
+        // Chunk rows exist only for a live file row: a fresh path skips
+        // clearing them.
+        self.clear_chunks = row.as_ref().is_some_and(|r| r.kind == NodeKind::File);
         if unsettled
             || self.unpushed_local(any_row.as_ref())
             || (replaces_dir && self.unpushed_local_below(&e.path)?)
@@ -445,7 +507,10 @@ impl<'a> Apply<'a> {
                 mtime,
                 chunks,
                 ..
-            } => self.write_file(e, &abs, *mode, *mtime, chunks, replaces_dir)?,
+            } => {
+                let old = row.as_ref().filter(|r| r.kind == NodeKind::File);
+                self.write_file(e, &abs, *mode, *mtime, chunks, replaces_dir, old)?
+            }
             EntryState::Dir { mode, mtime } => {
                 self.write_dir(e, &abs, *mode, *mtime, disk.as_ref())?
             }
@@ -486,13 +551,14 @@ impl<'a> Apply<'a> {
         mtime: i64,
         chunks: &[ChunkRef],
         replaces_dir: bool,
+        old: Option<&Node>,
     ) -> Result<(), SyncError> {
         let dir = abs
             .parent()
             .expect("an entry path has a parent inside the root");
         let tmp = self.temp_name(dir);
         self.touched_disk = true;
-        let written = self.assemble(e, &tmp, mode, mtime, chunks);
+        let written = self.assemble(e, &tmp, mode, mtime, chunks, old);
         let file = match written {
             Ok(f) => f,
             Err(err) => {
@@ -520,7 +586,7 @@ impl<'a> Apply<'a> {
             None,
             Some(manifest::hash(chunks)),
         )?;
-        index::put_node(self.db, &node, chunks)
+        index::put_node_with(self.db, &node, chunks, self.clear_chunks)
     }
 
     fn assemble(
@@ -530,6 +596,7 @@ impl<'a> Apply<'a> {
         mode: u32,
         mtime: i64,
         chunks: &[ChunkRef],
+        old: Option<&Node>,
     ) -> Result<std::fs::File, SyncError> {
         let mut file = std::fs::OpenOptions::new()
             .write(true)
@@ -538,10 +605,41 @@ impl<'a> Apply<'a> {
             .custom_flags(libc::O_NOFOLLOW)
             .open(tmp)
             .io_ctx(|| format!("creating a temp file for {}", e.path))?;
+        // An edit of a large file keeps most of its chunks: copy the runs
+        // of them that the current version holds straight from it, in the
+        // kernel (copy_file_range), instead of reading and writing each.
+        let source = match old {
+            Some(old) if chunks.len() > 1 => OldVersion::open(self.db, self.root, old)?,
+            _ => None,
+        };
+        let mut run: Option<(u64, u64)> = None;
         for c in chunks {
+            if !self.staging.contains(&c.hash)
+                && let Some(src) = &source
+                && let Some(&offset) = src.offsets.get(&c.hash)
+            {
+                run = match run {
+                    Some((start, len)) if start + len == offset => {
+                        Some((start, len + u64::from(c.size)))
+                    }
+                    _ => {
+                        if let Some(r) = run {
+                            src.copy(r, &mut file, &e.path)?;
+                        }
+                        Some((offset, u64::from(c.size)))
+                    }
+                };
+                continue;
+            }
+            if let (Some(r), Some(src)) = (run.take(), &source) {
+                src.copy(r, &mut file, &e.path)?;
+            }
             let bytes = self.chunk_bytes(&c.hash, &e.path)?;
             file.write_all(&bytes)
                 .io_ctx(|| format!("writing {}", e.path))?;
+        }
+        if let (Some(r), Some(src)) = (run, &source) {
+            src.copy(r, &mut file, &e.path)?;
         }
         // fchmod is not subject to the umask, so the mode arrives exactly.
         file.set_permissions(std::fs::Permissions::from_mode(mode))
@@ -551,13 +649,16 @@ impl<'a> Apply<'a> {
         Ok(file)
     }
 
-    fn chunk_bytes(&mut self, hash: &Hash, path: &SyncPath) -> Result<Vec<u8>, SyncError> {
-        if let Some(b) = self.staging.read(hash)? {
-            return Ok(b);
+    fn chunk_bytes(&mut self, hash: &Hash, path: &SyncPath) -> Result<Cow<'_, [u8]>, SyncError> {
+        if self.staging.in_memory(hash).is_some() {
+            return Ok(Cow::Borrowed(self.staging.in_memory(hash).expect("checked")));
+        }
+        if let Some(b) = self.staging.read_spilled(hash)? {
+            return Ok(Cow::Owned(b));
         }
         let mut misses = ChunkMisses::default();
         if let Some(b) = read_indexed_chunk(self.db, self.root, hash, &mut misses)? {
-            return Ok(b);
+            return Ok(Cow::Owned(b));
         }
         self.force.extend(misses.changed.iter().cloned());
         Err(missing_chunk_error(hash, Some(path), &misses))
@@ -722,6 +823,53 @@ impl<'a> Apply<'a> {
         out.rev = index::meta_get(self.db, "rev")?;
         out.fetch_cursor = fetch;
         Ok(out)
+    }
+}
+
+/// The current version of a file apply rewrites, when its bytes are known
+/// to be the indexed ones: its stat equals its row's and is not racily
+/// clean (the rule settle trusts).
+struct OldVersion {
+    file: std::fs::File,
+    /// Where each of its chunks starts.
+    offsets: HashMap<Hash, u64>,
+}
+
+impl OldVersion {
+    fn open(db: &Connection, root: &Path, row: &Node) -> Result<Option<OldVersion>, SyncError> {
+        let Some((file, meta)) = fsutil::open_file_in_root(root, &row.path)
+            .map_err(|e| SyncError::io(format!("opening {}", row.path), e))?
+        else {
+            return Ok(None);
+        };
+        let unchanged = Stat::of(&meta) == row.stat && !scan::is_racy(row);
+        if !unchanged {
+            return Ok(None);
+        }
+        let mut offsets = HashMap::new();
+        let mut offset = 0u64;
+        for c in index::chunks_of(db, &row.path)? {
+            offsets.entry(c.hash).or_insert(offset);
+            offset += u64::from(c.size);
+        }
+        Ok(Some(OldVersion { file, offsets }))
+    }
+
+    /// Appends `len` bytes at `start` of the old version to `out`.
+    fn copy(&self, (start, len): (u64, u64), out: &mut std::fs::File, path: &SyncPath) -> Result<(), SyncError> {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut src = &self.file;
+        src.seek(SeekFrom::Start(start))
+            .io_ctx(|| format!("reading {path}"))?;
+        // std copies File to File with copy_file_range.
+        let copied = std::io::copy(&mut src.take(len), out).io_ctx(|| format!("writing {path}"))?;
+        if copied != len {
+            return Err(SyncError::Storage(format!(
+                "{path} changed on disk while being rewritten (copied {copied} of {len} bytes); \
+                 it is re-indexed by the next settle"
+            )));
+        }
+        Ok(())
     }
 }
 

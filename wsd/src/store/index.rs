@@ -2,6 +2,7 @@
 
 use std::path::Path;
 
+use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OptionalExtension, params};
 use wsd_sync::{ChangeCursor, ChangeEntry, ChunkRef, EntryState, Hash, SyncError, SyncPath};
 
@@ -77,6 +78,14 @@ pub(crate) fn open(path: &Path) -> Result<Connection, StoreError> {
         .map_err(ix("synchronous"))?;
     db.busy_timeout(std::time::Duration::from_secs(5))
         .map_err(ix("busy_timeout"))?;
+    // Plans never depend on bound values. Without this, the bundled SQLite
+    // (built with STAT4) marks parameters such as a chunk hash or a LIMIT as
+    // plan-relevant and re-prepares the cached statement on every rebind:
+    // 7% of a cold push's receiving CPU went to re-parsing one query.
+    db.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
+        .map_err(ix("query planner stability"))?;
+    // Room for every statement the store prepares, so none is re-parsed.
+    db.set_prepared_statement_cache_capacity(64);
     let found: i64 = db
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .map_err(ix("user_version"))?;
@@ -238,20 +247,59 @@ pub(crate) fn get_node(db: &Connection, path: &SyncPath) -> Result<Option<Node>,
     row.map(|(p, k, n)| finish(p, k, n)).transpose()
 }
 
-/// Names (last segments) of the live children of `parent` (`""` = root).
-pub(crate) fn live_child_names(db: &Connection, parent: &str) -> Result<Vec<String>, SyncError> {
+/// What a walk compares a directory entry against: the kind, stat and
+/// verification time of a live row, without building its [`Node`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ChildRow {
+    pub kind: NodeKind,
+    pub stat: Stat,
+    pub verified_ns: i64,
+}
+
+/// The live children of `parent` (`""` = root) by name (last segment), in
+/// one query (the `(parent, path)` index).
+pub(crate) fn live_children(
+    db: &Connection,
+    parent: &str,
+) -> Result<std::collections::HashMap<String, ChildRow>, SyncError> {
     let mut stmt = db
-        .prepare_cached("SELECT path FROM nodes WHERE parent = ?1 AND kind != 3")
+        .prepare_cached(
+            "SELECT path, kind, mode, size, mtime_ns, dev, ino, ctime_ns, verified_ns
+             FROM nodes WHERE parent = ?1 AND kind != 3",
+        )
         .ctx("listing children")?;
-    let rows = stmt
-        .query_map([parent], |r| r.get::<_, String>(0))
-        .ctx("listing children")?
-        .collect::<Result<Vec<_>, _>>()
+    let mut rows = stmt.query([parent]).ctx("listing children")?;
+    let mut out = std::collections::HashMap::new();
+    while let Some(r) = rows.next().ctx("listing children")? {
+        let path = r.get_ref(0).ctx("listing children")?;
+        let path = path
+            .as_str()
+            .map_err(|e| SyncError::Storage(format!("index holds a bad path: {e}")))?;
+        let name = path.rsplit('/').next().unwrap_or(path).to_owned();
+        let row = (|| {
+            Ok::<_, rusqlite::Error>(ChildRow {
+                kind: NodeKind::from_i64(r.get(1)?).map_err(|e| {
+                    rusqlite::Error::FromSqlConversionFailure(
+                        1,
+                        rusqlite::types::Type::Integer,
+                        Box::new(e),
+                    )
+                })?,
+                stat: Stat {
+                    mode: r.get::<_, i64>(2)? as u32,
+                    size: r.get::<_, i64>(3)? as u64,
+                    mtime_ns: r.get(4)?,
+                    dev: r.get::<_, i64>(5)? as u64,
+                    ino: r.get::<_, i64>(6)? as u64,
+                    ctime_ns: r.get(7)?,
+                },
+                verified_ns: r.get(8)?,
+            })
+        })()
         .ctx("listing children")?;
-    Ok(rows
-        .into_iter()
-        .map(|p| p.rsplit('/').next().unwrap_or(&p).to_owned())
-        .collect())
+        out.insert(name, row);
+    }
+    Ok(out)
 }
 
 /// The key of a path's parent in the `parent` column.
@@ -268,6 +316,17 @@ pub(crate) fn descendant_range(p: &SyncPath) -> (String, String) {
 /// Inserts or replaces the row of a live path; for files, replaces its chunk
 /// locations too (offsets follow from the sizes).
 pub(crate) fn put_node(db: &Connection, node: &Node, chunks: &[ChunkRef]) -> Result<(), SyncError> {
+    put_node_with(db, node, chunks, true)
+}
+
+/// [`put_node`]; `clear_chunks = false` when the path is known to have no
+/// chunk rows (no row before, or a row that was not a live file).
+pub(crate) fn put_node_with(
+    db: &Connection,
+    node: &Node,
+    chunks: &[ChunkRef],
+    clear_chunks: bool,
+) -> Result<(), SyncError> {
     let s = &node.stat;
     db.prepare_cached(
         "INSERT OR REPLACE INTO nodes (path, parent, kind, mode, size, mtime_ms, mtime_ns, dev, ino,
@@ -294,9 +353,11 @@ pub(crate) fn put_node(db: &Connection, node: &Node, chunks: &[ChunkRef]) -> Res
         ])
     })
     .ctx("writing a node")?;
-    db.prepare_cached("DELETE FROM chunks WHERE path = ?1")
-        .and_then(|mut st| st.execute([node.path.as_str()]))
-        .ctx("clearing chunk locations")?;
+    if clear_chunks {
+        db.prepare_cached("DELETE FROM chunks WHERE path = ?1")
+            .and_then(|mut st| st.execute([node.path.as_str()]))
+            .ctx("clearing chunk locations")?;
+    }
     let mut ins = db
         .prepare_cached(
             "INSERT INTO chunks (path, idx, hash, offset, size) VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -307,7 +368,7 @@ pub(crate) fn put_node(db: &Connection, node: &Node, chunks: &[ChunkRef]) -> Res
         ins.execute(params![
             node.path.as_str(),
             i as i64,
-            c.hash.0.to_vec(),
+            &c.hash.0[..],
             offset as i64,
             i64::from(c.size)
         ])
@@ -416,6 +477,20 @@ pub(crate) struct ChunkLocation {
     pub path: SyncPath,
     pub offset: u64,
     pub size: u32,
+    /// The file row's stat and verification time: a file whose stat still
+    /// equals it (and is not racily clean) holds the bytes that were
+    /// hashed, as settle assumes.
+    pub stat: Stat,
+    pub verified_ns: i64,
+}
+
+impl ChunkLocation {
+    /// True when `disk` (the open file's `fstat`) proves the indexed bytes
+    /// unchanged, so they need not be hashed again.
+    pub fn unchanged(&self, disk: &std::fs::Metadata) -> bool {
+        Stat::of(disk) == self.stat
+            && self.stat.mtime_ns.saturating_add(super::scan::RACY_MARGIN_NS) < self.verified_ns
+    }
 }
 
 /// Up to `limit` live files holding chunk `hash`.
@@ -426,28 +501,41 @@ pub(crate) fn chunk_locations(
 ) -> Result<Vec<ChunkLocation>, SyncError> {
     let mut stmt = db
         .prepare_cached(
-            "SELECT c.path, c.offset, c.size FROM chunks c JOIN nodes n ON n.path = c.path
+            "SELECT c.path, c.offset, c.size, n.mode, n.size, n.mtime_ns, n.dev, n.ino,
+                    n.ctime_ns, n.verified_ns
+             FROM chunks c JOIN nodes n ON n.path = c.path
              WHERE c.hash = ?1 AND n.kind = 0 LIMIT ?2",
         )
         .ctx("locating a chunk")?;
     let rows = stmt
-        .query_map(params![hash.0.to_vec(), limit as i64], |r| {
+        .query_map(params![&hash.0[..], limit as i64], |r| {
             Ok((
                 r.get::<_, String>(0)?,
                 r.get::<_, i64>(1)?,
                 r.get::<_, i64>(2)?,
+                Stat {
+                    mode: r.get::<_, i64>(3)? as u32,
+                    size: r.get::<_, i64>(4)? as u64,
+                    mtime_ns: r.get(5)?,
+                    dev: r.get::<_, i64>(6)? as u64,
+                    ino: r.get::<_, i64>(7)? as u64,
+                    ctime_ns: r.get(8)?,
+                },
+                r.get::<_, i64>(9)?,
             ))
         })
         .ctx("locating a chunk")?
         .collect::<Result<Vec<_>, _>>()
         .ctx("locating a chunk")?;
     rows.into_iter()
-        .map(|(p, offset, size)| {
+        .map(|(p, offset, size, stat, verified_ns)| {
             Ok(ChunkLocation {
                 path: SyncPath::new(p)
                     .map_err(|e| SyncError::Storage(format!("index holds a bad path: {e}")))?,
                 offset: offset as u64,
                 size: size as u32,
+                stat,
+                verified_ns,
             })
         })
         .collect()

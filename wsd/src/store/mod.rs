@@ -32,7 +32,7 @@ use std::time::Duration;
 use rusqlite::Connection;
 use wsd_sync::{
     ApplyBatch, ApplyOutcome, ChangeCursor, ChangeEntry, ChangesQuery, ChangesWindow, Hash, Object,
-    Store, SyncError, SyncPath, Watermarks, chunk,
+    Store, SyncError, SyncPath, Watermarks,
 };
 
 pub use error::StoreError;
@@ -55,6 +55,11 @@ pub struct StoreOptions {
     /// How long a settle waits for the watcher to deliver its barrier before
     /// it distrusts the events and walks the whole tree.
     pub barrier_timeout: Duration,
+    /// Settle before answering `watermarks`, `open_changes` and
+    /// `read_entry` (the daemon). Off for a caller that settles explicitly
+    /// once per round (the CLI): without a watcher every settle walks the
+    /// whole tree, and one push asked for three.
+    pub auto_settle: bool,
 }
 
 impl Default for StoreOptions {
@@ -62,6 +67,7 @@ impl Default for StoreOptions {
         StoreOptions {
             watch: true,
             barrier_timeout: Duration::from_secs(5),
+            auto_settle: true,
         }
     }
 }
@@ -102,6 +108,8 @@ pub struct WorkspaceStore {
     walked_since_open: bool,
     /// Files a read found changed behind the index: hashed next settle.
     force: HashSet<SyncPath>,
+    /// See [`StoreOptions::auto_settle`].
+    auto_settle: bool,
 }
 
 impl WorkspaceStore {
@@ -179,6 +187,7 @@ impl WorkspaceStore {
             owed_walk: Some("startup: reconciling the directory with the index".to_owned()),
             walked_since_open: false,
             force: HashSet::new(),
+            auto_settle: opts.auto_settle,
         })
     }
 
@@ -195,6 +204,14 @@ impl WorkspaceStore {
     /// True while inotify narrows settles (false: every settle walks).
     pub fn is_watching(&self) -> bool {
         self.watch.is_some()
+    }
+
+    /// Settles when [`StoreOptions::auto_settle`] is on.
+    fn auto_settle(&mut self) -> Result<(), SyncError> {
+        if self.auto_settle {
+            self.settle()?;
+        }
+        Ok(())
     }
 
     /// Stamps everything written to the directory before this call with a
@@ -250,6 +267,7 @@ impl WorkspaceStore {
             watch_lost: None,
             force: &self.force,
             remove_stale_temps: !self.walked_since_open,
+            pending: Vec::new(),
         };
         scan.walk(None)?;
         let mut report = scan.report;
@@ -278,6 +296,7 @@ impl WorkspaceStore {
             watch_lost: None,
             force: &self.force,
             remove_stale_temps: false,
+            pending: Vec::new(),
         };
         // Sorted, so a directory comes before the paths below it; a walked
         // directory covers its whole subtree.
@@ -298,6 +317,7 @@ impl WorkspaceStore {
                 scan.observe(&rel, meta.as_ref())?;
             }
         }
+        scan.flush_hashes()?;
         let report = scan.report;
         let lost = scan.watch_lost;
         tx.commit().ctx("committing a settle")?;
@@ -360,13 +380,33 @@ impl WorkspaceStore {
     }
 }
 
+/// [`Store::read_object`] with the store's parts borrowed separately, so a
+/// batch can run inside one read transaction.
+fn read_one_object(
+    db: &Connection,
+    root: &Path,
+    staging: &mut Staging,
+    force: &mut HashSet<SyncPath>,
+    hash: &Hash,
+) -> Result<Vec<u8>, SyncError> {
+    if let Some(b) = staging.read(hash)? {
+        return Ok(b.into_owned());
+    }
+    let mut misses = apply::ChunkMisses::default();
+    if let Some(b) = apply::read_indexed_chunk(db, root, hash, &mut misses)? {
+        return Ok(b);
+    }
+    force.extend(misses.changed.iter().cloned());
+    Err(apply::missing_chunk_error(hash, None, &misses))
+}
+
 impl Store for WorkspaceStore {
     fn current_rev(&mut self) -> Result<u64, SyncError> {
         index::meta_get(&self.db, "rev")
     }
 
     fn watermarks(&mut self, remote: &str) -> Result<Watermarks, SyncError> {
-        self.settle()?;
+        self.auto_settle()?;
         let c = index::remote_cursors(&self.db, remote)?;
         Ok(Watermarks {
             current_rev: index::meta_get(&self.db, "rev")?,
@@ -376,7 +416,7 @@ impl Store for WorkspaceStore {
     }
 
     fn open_changes(&mut self, after: &ChangeCursor) -> Result<ChangesWindow, SyncError> {
-        self.settle()?;
+        self.auto_settle()?;
         let rev = index::meta_get(&self.db, "rev")?;
         let horizon = index::meta_get(&self.db, "prune_horizon")?;
         Ok(ChangesWindow {
@@ -386,12 +426,14 @@ impl Store for WorkspaceStore {
     }
 
     fn changes(&mut self, q: ChangesQuery<'_>) -> Result<Vec<ChangeEntry>, SyncError> {
+        // One read transaction for the page and its chunk lists.
+        let tx = self.db.unchecked_transaction().ctx("paging changes")?;
         let mut out = Vec::new();
         let mut after = q.after.clone();
         while out.len() < q.limit {
             let want = q.limit - out.len();
             let rows = index::rows_after(
-                &self.db,
+                &tx,
                 &after,
                 q.through.rev,
                 q.exclude_applied_from,
@@ -409,7 +451,7 @@ impl Store for WorkspaceStore {
                     NodeKind::Tombstone => q.ignore.is_ignored_any_kind(&node.path),
                 };
                 if !ignored {
-                    out.push(index::entry_of(&self.db, &node)?);
+                    out.push(index::entry_of(&tx, &node)?);
                 }
             }
             if got < want {
@@ -420,7 +462,7 @@ impl Store for WorkspaceStore {
     }
 
     fn read_entry(&mut self, path: &SyncPath) -> Result<Option<ChangeEntry>, SyncError> {
-        self.settle()?;
+        self.auto_settle()?;
         match index::get_node(&self.db, path)? {
             Some(n) => Ok(Some(index::entry_of(&self.db, &n)?)),
             None => Ok(None),
@@ -428,9 +470,12 @@ impl Store for WorkspaceStore {
     }
 
     fn has_objects(&mut self, hashes: &[Hash]) -> Result<Vec<Hash>, SyncError> {
+        // One read transaction for the batch: otherwise SQLite takes and
+        // drops its WAL locks (three fcntl calls) for every lookup.
+        let tx = self.db.unchecked_transaction().ctx("probing objects")?;
         let mut held = Vec::new();
         for h in hashes {
-            if self.staging.contains(h) || index::chunk_indexed(&self.db, h)? {
+            if self.staging.contains(h) || index::chunk_indexed(&tx, h)? {
                 held.push(*h);
             }
         }
@@ -438,22 +483,34 @@ impl Store for WorkspaceStore {
     }
 
     fn read_object(&mut self, hash: &Hash) -> Result<Vec<u8>, SyncError> {
-        if let Some(b) = self.staging.read(hash)? {
-            return Ok(b);
-        }
-        let mut misses = apply::ChunkMisses::default();
-        if let Some(b) = apply::read_indexed_chunk(&self.db, &self.root, hash, &mut misses)? {
-            return Ok(b);
-        }
-        self.force.extend(misses.changed.iter().cloned());
-        Err(apply::missing_chunk_error(hash, None, &misses))
+        read_one_object(&self.db, &self.root, &mut self.staging, &mut self.force, hash)
+    }
+
+    fn read_objects(&mut self, hashes: &[Hash]) -> Result<Vec<Object>, SyncError> {
+        let tx = self.db.unchecked_transaction().ctx("reading objects")?;
+        hashes
+            .iter()
+            .map(|h| {
+                Ok(Object {
+                    hash: *h,
+                    bytes: read_one_object(&tx, &self.root, &mut self.staging, &mut self.force, h)?,
+                })
+            })
+            .collect()
     }
 
     fn stage_objects(&mut self, objects: &[Object]) -> Result<(), SyncError> {
         for o in objects {
-            SyncError::check_limit("object size (bytes)", chunk::MAX_CHUNK, o.bytes.len())?;
-            o.hash.verify(&o.bytes)?;
+            o.check()?;
             self.staging.put_verified(&o.hash, &o.bytes)?;
+        }
+        Ok(())
+    }
+
+    fn stage_checked_objects(&mut self, objects: Vec<Object>) -> Result<(), SyncError> {
+        for o in objects {
+            debug_assert!(o.check().is_ok(), "object {} was not checked", o.hash);
+            self.staging.put_owned(o.hash, o.bytes)?;
         }
         Ok(())
     }

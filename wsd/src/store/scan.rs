@@ -11,7 +11,8 @@
 
 use std::collections::HashSet;
 use std::fs::Metadata;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rusqlite::Connection;
 use wsd_sync::{ChunkRef, SyncError, SyncPath, chunk, manifest};
@@ -19,7 +20,7 @@ use wsd_sync::{ChunkRef, SyncError, SyncPath, chunk, manifest};
 use super::SettleReport;
 use super::error::IoContext;
 use super::fsutil::{self, DiskKind};
-use super::index::{self, Node, NodeKind, Stat};
+use super::index::{self, ChildRow, Node, NodeKind, Stat};
 use super::watch::{LocalWatcher, WatchFailure};
 
 /// How close to its hashing time a file's mtime must be to count as racily
@@ -60,7 +61,26 @@ pub(crate) struct Scan<'a> {
     pub force: &'a HashSet<SyncPath>,
     /// The startup walk also removes apply temp files a crash left behind.
     pub remove_stale_temps: bool,
+    /// Files found changed whose hashing is deferred, so that many are
+    /// hashed at once on several threads ([`Scan::flush_hashes`]).
+    pub pending: Vec<PendingHash>,
 }
+
+/// A file `observe` found changed, waiting to be hashed.
+#[derive(Debug)]
+pub(crate) struct PendingHash {
+    rel: SyncPath,
+    abs: PathBuf,
+    /// Its live row when observed.
+    live: Option<Node>,
+    size: u64,
+}
+
+/// Deferred files are hashed once this many are pending, or this many
+/// bytes: enough to keep every hashing thread busy, few enough that the
+/// pending rows stay small.
+const FLUSH_FILES: usize = 1024;
+const FLUSH_BYTES: u64 = 256 * 1024 * 1024;
 
 impl Scan<'_> {
     fn rev(&mut self) -> Result<u64, SyncError> {
@@ -119,32 +139,17 @@ impl Scan<'_> {
         let abs = fsutil::abs(self.root, rel);
         match kind {
             DiskKind::File => {
-                let Some((chunks, stat)) = hash_file(&abs)? else {
-                    // Vanished or replaced while we looked: its own event (or
-                    // the next walk) records what is there now.
-                    return Ok(());
-                };
-                self.report.hashed += 1;
-                let mhash = manifest::hash(&chunks);
-                if let Some(n) = &live
-                    && n.kind == NodeKind::File
-                    && n.manifest == Some(mhash)
-                    && n.stat.mode == stat.mode
-                {
-                    index::refresh_stat(self.db, rel, &stat, self.started_ns)?;
-                    return Ok(());
+                self.pending.push(PendingHash {
+                    rel: rel.clone(),
+                    abs,
+                    live,
+                    size: stat.size,
+                });
+                let bytes: u64 = self.pending.iter().map(|p| p.size).sum();
+                if self.pending.len() >= FLUSH_FILES || bytes >= FLUSH_BYTES {
+                    self.flush_hashes()?;
                 }
-                let node = Node {
-                    path: rel.clone(),
-                    kind: NodeKind::File,
-                    stat,
-                    target: None,
-                    manifest: Some(mhash),
-                    verified_ns: self.started_ns,
-                    rev: self.rev()?,
-                    applied_from: None,
-                };
-                self.put(node, &chunks, live.as_ref())
+                Ok(())
             }
             DiskKind::Dir => {
                 let node = Node {
@@ -196,6 +201,76 @@ impl Scan<'_> {
         }
     }
 
+    /// Hashes every deferred file (on several threads when there is enough
+    /// work) and records the results, in the order they were observed.
+    pub fn flush_hashes(&mut self) -> Result<(), SyncError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let pending = std::mem::take(&mut self.pending);
+        let hashed = hash_files(&pending);
+        for (p, result) in pending.into_iter().zip(hashed) {
+            self.record_file(p.rel, p.live, result?)?;
+        }
+        Ok(())
+    }
+
+    fn record_file(
+        &mut self,
+        rel: SyncPath,
+        live: Option<Node>,
+        hashed: Option<(Vec<ChunkRef>, Stat)>,
+    ) -> Result<(), SyncError> {
+        let Some((chunks, stat)) = hashed else {
+            // Vanished or replaced while we looked: its own event (or the
+            // next walk) records what is there now.
+            return Ok(());
+        };
+        self.report.hashed += 1;
+        let mhash = manifest::hash(&chunks);
+        if let Some(n) = &live
+            && n.kind == NodeKind::File
+            && n.manifest == Some(mhash)
+            && n.stat.mode == stat.mode
+        {
+            index::refresh_stat(self.db, &rel, &stat, self.started_ns)?;
+            return Ok(());
+        }
+        let node = Node {
+            path: rel,
+            kind: NodeKind::File,
+            stat,
+            target: None,
+            manifest: Some(mhash),
+            verified_ns: self.started_ns,
+            rev: self.rev()?,
+            applied_from: None,
+        };
+        self.put(node, &chunks, live.as_ref())
+    }
+
+    /// True when a directory entry is clean against its live row: the
+    /// walk's fast path, which builds no path and runs no query.
+    fn clean(&self, row: &ChildRow, meta: &Metadata, child: impl FnOnce() -> Option<SyncPath>) -> bool {
+        let kind = fsutil::kind_of(meta);
+        let stat = Stat::of(meta);
+        let matches = match (row.kind, kind) {
+            (NodeKind::File, DiskKind::File) | (NodeKind::Symlink, DiskKind::Symlink) => {
+                row.stat == stat
+            }
+            (NodeKind::Dir, DiskKind::Dir) => row.stat.mode == stat.mode,
+            _ => false,
+        };
+        if !matches || kind != DiskKind::File {
+            return matches;
+        }
+        let racy = row.stat.mtime_ns.saturating_add(RACY_MARGIN_NS) >= row.verified_ns;
+        if racy {
+            return false;
+        }
+        self.force.is_empty() || child().is_none_or(|c| !self.force.contains(&c))
+    }
+
     /// Walks the directory `start` (`None` = the root): observes it, then
     /// every entry below it, and tombstones indexed children that are gone.
     /// Each directory is watched before it is listed.
@@ -204,7 +279,7 @@ impl Scan<'_> {
             let meta = fsutil::lstat_in_root(self.root, s).io_ctx(|| format!("stat {s}"))?;
             self.observe(s, meta.as_ref())?;
             if !meta.is_some_and(|m| m.file_type().is_dir()) {
-                return Ok(());
+                return self.flush_hashes();
             }
         }
         let mut stack: Vec<Option<SyncPath>> = vec![start.cloned()];
@@ -232,61 +307,137 @@ impl Scan<'_> {
                     return Err(SyncError::io(format!("listing {}", dir_abs.display()), e));
                 }
             };
-            let mut on_disk: HashSet<String> = HashSet::new();
+            // One query for the directory's rows; each entry on disk takes
+            // its row out, and what is left was removed.
+            let parent_key = dir.as_ref().map(SyncPath::as_str).unwrap_or("");
+            let mut rows = index::live_children(self.db, parent_key)?;
+            let state_here = self.state_dir.parent() == Some(dir_abs.as_path());
             for ent in rd {
                 let ent = ent.io_ctx(|| format!("listing {}", dir_abs.display()))?;
-                let child_abs = ent.path();
-                if child_abs == self.state_dir {
+                let name = ent.file_name();
+                if state_here && self.state_dir.file_name() == Some(name.as_os_str()) {
                     continue;
                 }
-                let Ok(name) = ent.file_name().into_string() else {
-                    tracing::warn!(path = %child_abs.display(), "name is not UTF-8; not synced");
+                let Ok(name) = name.into_string() else {
+                    tracing::warn!(path = %ent.path().display(), "name is not UTF-8; not synced");
                     continue;
                 };
                 if fsutil::is_apply_temp(&name) {
                     if self.remove_stale_temps {
+                        let child_abs = ent.path();
                         tracing::info!(path = %child_abs.display(), "removing a stale apply temp file");
                         let _ = std::fs::remove_file(&child_abs);
                     }
                     continue;
                 }
-                let child = match &dir {
-                    Some(d) => d.join(&name),
-                    None => SyncPath::new(name.clone()),
-                };
-                let child = match child {
-                    Ok(c) => c,
-                    Err(e) => {
-                        tracing::warn!(path = %child_abs.display(), error = %e, "not synced");
-                        continue;
-                    }
-                };
                 let meta = match ent.metadata() {
                     Ok(m) => Some(m),
                     Err(e) if fsutil::is_gone(&e) => None,
-                    Err(e) => return Err(SyncError::io(format!("stat {child}"), e)),
+                    Err(e) => {
+                        return Err(SyncError::io(
+                            format!("stat {}", ent.path().display()),
+                            e,
+                        ));
+                    }
                 };
-                if meta.is_some() {
-                    on_disk.insert(name);
+                let join = || match &dir {
+                    Some(d) => d.join(&name),
+                    None => SyncPath::new(name.clone()),
+                };
+                let row = rows.remove(&name);
+                let is_dir = meta.as_ref().is_some_and(|m| m.file_type().is_dir());
+                if let (Some(row), Some(m)) = (&row, &meta)
+                    && !is_dir
+                    && self.clean(row, m, || join().ok())
+                {
+                    continue;
+                }
+                let child = match join() {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::warn!(path = %ent.path().display(), error = %e, "not synced");
+                        continue;
+                    }
+                };
+                if let (Some(row), Some(m)) = (&row, &meta)
+                    && is_dir
+                    && self.clean(row, m, || None)
+                {
+                    stack.push(Some(child));
+                    continue;
                 }
                 self.observe(&child, meta.as_ref())?;
-                if meta.is_some_and(|m| m.file_type().is_dir()) {
+                if is_dir {
                     stack.push(Some(child));
                 }
             }
-            let parent_key = dir.as_ref().map(SyncPath::as_str).unwrap_or("");
-            for name in index::live_child_names(self.db, parent_key)? {
-                if !on_disk.contains(&name) {
-                    let child = match &dir {
-                        Some(d) => d.join(&name)?,
-                        None => SyncPath::new(name)?,
-                    };
-                    self.tombstone(&child)?;
-                }
+            let mut gone: Vec<String> = rows.into_keys().collect();
+            gone.sort_unstable();
+            for name in gone {
+                let child = match &dir {
+                    Some(d) => d.join(&name)?,
+                    None => SyncPath::new(name)?,
+                };
+                self.tombstone(&child)?;
             }
         }
-        Ok(())
+        self.flush_hashes()
     }
+}
+
+/// Hashes `files` with [`hash_file`], on up to [`hash_threads`] threads
+/// when there is enough work to share. Results are in input order.
+fn hash_files(files: &[PendingHash]) -> Vec<Result<Option<(Vec<ChunkRef>, Stat)>, SyncError>> {
+    let bytes: u64 = files.iter().map(|f| f.size).sum();
+    let threads = hash_threads().min(files.len());
+    // Below a few MiB a second thread costs more than it saves.
+    if threads <= 1 || bytes < 4 * 1024 * 1024 {
+        return files.iter().map(|f| hash_file(&f.abs)).collect();
+    }
+    let next = AtomicUsize::new(0);
+    let work = || {
+        let mut done = Vec::new();
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some(f) = files.get(i) else { break };
+            done.push((i, hash_file(&f.abs)));
+        }
+        done
+    };
+    let mut out: Vec<Option<Result<Option<(Vec<ChunkRef>, Stat)>, SyncError>>> =
+        (0..files.len()).map(|_| None).collect();
+    std::thread::scope(|s| {
+        let helpers: Vec<_> = (1..threads).map(|_| s.spawn(work)).collect();
+        for (i, r) in work() {
+            out[i] = Some(r);
+        }
+        for h in helpers {
+            match h.join() {
+                Ok(done) => {
+                    for (i, r) in done {
+                        out[i] = Some(r);
+                    }
+                }
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+    });
+    out.into_iter()
+        .map(|r| r.expect("every file was hashed"))
+        .collect()
+}
+
+/// Threads settle hashes files on: one per core, at most 8.
+fn hash_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(8)
+}
+
+thread_local! {
+    /// The read window of [`hash_file`], reused across files on a thread.
+    static HASH_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Reads and chunks a regular file without following a symlink. Returns the
@@ -306,7 +457,10 @@ pub(crate) fn hash_file(abs: &Path) -> Result<Option<(Vec<ChunkRef>, Stat)>, Syn
     if !meta.file_type().is_file() {
         return Ok(None);
     }
-    let chunks = chunk::chunk_reader(&file, |_, _| Ok(()))
+    let chunks = HASH_BUF
+        .with_borrow_mut(|buf| {
+            chunk::chunk_reader_with(&file, buf, Some(meta.len()), |_, _| Ok(()))
+        })
         .map_err(|e| SyncError::Storage(format!("hashing {}: {e}", abs.display())))?;
     // A write racing the read (truncate, then write) can make the bytes read
     // differ in length from the stat. The row must never claim a size its
