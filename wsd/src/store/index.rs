@@ -489,7 +489,11 @@ impl ChunkLocation {
     /// unchanged, so they need not be hashed again.
     pub fn unchanged(&self, disk: &std::fs::Metadata) -> bool {
         Stat::of(disk) == self.stat
-            && self.stat.mtime_ns.saturating_add(super::scan::RACY_MARGIN_NS) < self.verified_ns
+            && self
+                .stat
+                .mtime_ns
+                .saturating_add(super::scan::RACY_MARGIN_NS)
+                < self.verified_ns
     }
 }
 
