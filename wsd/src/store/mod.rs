@@ -429,15 +429,9 @@ impl Store for WorkspaceStore {
         let mut after = q.after.clone();
         while out.len() < q.limit {
             let want = q.limit - out.len();
-            let rows = index::rows_after(
-                &tx,
-                &after,
-                q.through.rev,
-                q.exclude_applied_from,
-                want,
-            )?;
+            let rows = index::rows_after(&tx, &after, q.through.rev, q.exclude_applied_from, want)?;
             let got = rows.len();
-            for node in rows {
+            for (node, chunks) in rows {
                 if q.through.is_before(node.rev, &node.path) {
                     return Ok(out);
                 }
@@ -448,7 +442,7 @@ impl Store for WorkspaceStore {
                     NodeKind::Tombstone => q.ignore.is_ignored_any_kind(&node.path),
                 };
                 if !ignored {
-                    out.push(index::entry_of(&tx, &node)?);
+                    out.push(index::entry_with(&node, chunks));
                 }
             }
             if got < want {
@@ -480,7 +474,13 @@ impl Store for WorkspaceStore {
     }
 
     fn read_object(&mut self, hash: &Hash) -> Result<Vec<u8>, SyncError> {
-        read_one_object(&self.db, &self.root, &mut self.staging, &mut self.force, hash)
+        read_one_object(
+            &self.db,
+            &self.root,
+            &mut self.staging,
+            &mut self.force,
+            hash,
+        )
     }
 
     fn read_objects(&mut self, hashes: &[Hash]) -> Result<Vec<Object>, SyncError> {
