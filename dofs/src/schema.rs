@@ -28,7 +28,10 @@ pub(crate) fn configure(conn: &Connection) -> Result<(), DofsError> {
     // Plans never depend on bound values: the bundled SQLite (STAT4) would
     // otherwise re-prepare a cached statement whenever a plan-relevant
     // parameter (a LIMIT, an indexed key) is rebound.
-    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+        true,
+    )?;
     // Room for every statement dofs prepares, so none is re-parsed.
     conn.set_prepared_statement_cache_capacity(64);
     Ok(())

@@ -98,7 +98,9 @@ impl Session {
     /// the last settle of this session.
     fn settle(&mut self) -> Result<()> {
         if !std::mem::take(&mut self.settled) {
-            self.store.settle().context("indexing the local directory")?;
+            self.store
+                .settle()
+                .context("indexing the local directory")?;
         }
         Ok(())
     }

@@ -7,9 +7,7 @@ use std::sync::Arc;
 
 use wsd_schema::workspace_capnp as wire;
 use wsd_sync::limits::{MAX_HASHES_PER_CALL, MAX_IGNORE_PATTERNS, MAX_PUSH_ENTRIES};
-use wsd_sync::{
-    ApplyBatch, ChangeCursor, ChangesQuery, ErrorCode, Hash, IgnoreRules, Store,
-};
+use wsd_sync::{ApplyBatch, ChangeCursor, ChangesQuery, ErrorCode, Hash, IgnoreRules, Store};
 
 use super::WireError;
 use super::convert::{

@@ -459,8 +459,9 @@ impl<'a> Apply<'a> {
     /// entry removes or replaces it).
     fn forget_dirs(&mut self, path: &SyncPath) {
         let p = path.as_str();
-        self.known_dirs
-            .retain(|d| !(d == p || (d.starts_with(p) && d.as_bytes().get(p.len()) == Some(&b'/'))));
+        self.known_dirs.retain(|d| {
+            !(d == p || (d.starts_with(p) && d.as_bytes().get(p.len()) == Some(&b'/')))
+        });
     }
 
     fn node(
@@ -569,6 +570,7 @@ impl<'a> Apply<'a> {
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn write_file(
         &mut self,
         e: &ChangeEntry,
@@ -675,7 +677,9 @@ impl<'a> Apply<'a> {
 
     fn chunk_bytes(&mut self, hash: &Hash, path: &SyncPath) -> Result<Cow<'_, [u8]>, SyncError> {
         if self.staging.in_memory(hash).is_some() {
-            return Ok(Cow::Borrowed(self.staging.in_memory(hash).expect("checked")));
+            return Ok(Cow::Borrowed(
+                self.staging.in_memory(hash).expect("checked"),
+            ));
         }
         if let Some(b) = self.staging.read_spilled(hash)? {
             return Ok(Cow::Owned(b));
@@ -880,7 +884,12 @@ impl OldVersion {
     }
 
     /// Appends `len` bytes at `start` of the old version to `out`.
-    fn copy(&self, (start, len): (u64, u64), out: &mut std::fs::File, path: &SyncPath) -> Result<(), SyncError> {
+    fn copy(
+        &self,
+        (start, len): (u64, u64),
+        out: &mut std::fs::File,
+        path: &SyncPath,
+    ) -> Result<(), SyncError> {
         use std::io::{Read, Seek, SeekFrom};
         let mut src = &self.file;
         src.seek(SeekFrom::Start(start))

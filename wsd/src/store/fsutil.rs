@@ -122,10 +122,18 @@ pub(crate) fn open_file_in_root(
     let file = match openat2_no_symlinks(&abs) {
         Ok(f) => f,
         Err(e) if is_gone(&e) => return Ok(None),
-        Err(e) if !matches!(
-            e.raw_os_error(),
-            Some(libc::ENOSYS | libc::EPERM | libc::EINVAL | libc::E2BIG | libc::ELOOP | libc::EXDEV)
-        ) =>
+        Err(e)
+            if !matches!(
+                e.raw_os_error(),
+                Some(
+                    libc::ENOSYS
+                        | libc::EPERM
+                        | libc::EINVAL
+                        | libc::E2BIG
+                        | libc::ELOOP
+                        | libc::EXDEV
+                )
+            ) =>
         {
             return Err(e);
         }
@@ -188,5 +196,7 @@ fn openat2_no_symlinks(path: &Path) -> io::Result<std::fs::File> {
     }
     // SAFETY: the kernel just returned this descriptor to us; nothing else
     // owns it.
-    Ok(std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd as i32) }))
+    Ok(std::fs::File::from(unsafe {
+        OwnedFd::from_raw_fd(fd as i32)
+    }))
 }

@@ -172,7 +172,9 @@ mod tests {
             s.put_verified(&Hash::of(o), o).unwrap();
         }
         assert_eq!((s.len(), s.spilled_len()), (4, 2), "8 bytes fit in 10");
-        let files = std::fs::read_dir(dir.path().join("objects")).unwrap().count();
+        let files = std::fs::read_dir(dir.path().join("objects"))
+            .unwrap()
+            .count();
         assert_eq!(files, 2);
         for o in &objs {
             assert_eq!(s.read(&Hash::of(o)).unwrap().unwrap().as_ref(), &o[..]);
@@ -182,7 +184,9 @@ mod tests {
         }
         assert_eq!(s.len(), 0);
         assert_eq!(s.mem_bytes, 0);
-        let files = std::fs::read_dir(dir.path().join("objects")).unwrap().count();
+        let files = std::fs::read_dir(dir.path().join("objects"))
+            .unwrap()
+            .count();
         assert_eq!(files, 0, "spilled files are removed with their object");
     }
 

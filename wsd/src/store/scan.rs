@@ -251,7 +251,12 @@ impl Scan<'_> {
 
     /// True when a directory entry is clean against its live row: the
     /// walk's fast path, which builds no path and runs no query.
-    fn clean(&self, row: &ChildRow, meta: &Metadata, child: impl FnOnce() -> Option<SyncPath>) -> bool {
+    fn clean(
+        &self,
+        row: &ChildRow,
+        meta: &Metadata,
+        child: impl FnOnce() -> Option<SyncPath>,
+    ) -> bool {
         let kind = fsutil::kind_of(meta);
         let stat = Stat::of(meta);
         let matches = match (row.kind, kind) {
@@ -334,10 +339,7 @@ impl Scan<'_> {
                     Ok(m) => Some(m),
                     Err(e) if fsutil::is_gone(&e) => None,
                     Err(e) => {
-                        return Err(SyncError::io(
-                            format!("stat {}", ent.path().display()),
-                            e,
-                        ));
+                        return Err(SyncError::io(format!("stat {}", ent.path().display()), e));
                     }
                 };
                 let join = || match &dir {
@@ -387,7 +389,10 @@ impl Scan<'_> {
 
 /// Hashes `files` with [`hash_file`], on up to [`hash_threads`] threads
 /// when there is enough work to share. Results are in input order.
-fn hash_files(files: &[PendingHash]) -> Vec<Result<Option<(Vec<ChunkRef>, Stat)>, SyncError>> {
+/// What [`hash_file`] returns for one file.
+type Hashed = Result<Option<(Vec<ChunkRef>, Stat)>, SyncError>;
+
+fn hash_files(files: &[PendingHash]) -> Vec<Hashed> {
     let bytes: u64 = files.iter().map(|f| f.size).sum();
     let threads = hash_threads().min(files.len());
     // Below a few MiB a second thread costs more than it saves.
@@ -404,8 +409,7 @@ fn hash_files(files: &[PendingHash]) -> Vec<Result<Option<(Vec<ChunkRef>, Stat)>
         }
         done
     };
-    let mut out: Vec<Option<Result<Option<(Vec<ChunkRef>, Stat)>, SyncError>>> =
-        (0..files.len()).map(|_| None).collect();
+    let mut out: Vec<Option<Hashed>> = (0..files.len()).map(|_| None).collect();
     std::thread::scope(|s| {
         let helpers: Vec<_> = (1..threads).map(|_| s.spawn(work)).collect();
         for (i, r) in work() {
