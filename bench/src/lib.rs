@@ -117,7 +117,7 @@ impl TreeSpec {
             write(
                 root,
                 &self.big_path(i),
-                &pseudo_random(self.big_size, 1000 + i as u64),
+                &pseudo_random(self.big_size, 2001 + 2 * i as u64),
             );
         }
     }

@@ -547,7 +547,12 @@ pub(crate) fn chunk_locations(
 
 /// True when some live file in the index holds chunk `hash`.
 pub(crate) fn chunk_indexed(db: &Connection, hash: &Hash) -> Result<bool, SyncError> {
-    Ok(!chunk_locations(db, hash, 1)?.is_empty())
+    db.prepare_cached(
+        "SELECT EXISTS (SELECT 1 FROM chunks c JOIN nodes n ON n.path = c.path
+                        WHERE c.hash = ?1 AND n.kind = 0)",
+    )
+    .and_then(|mut s| s.query_row([&hash.0[..]], |r| r.get(0)))
+    .ctx("probing a chunk")
 }
 
 /// The wire entry for a row.
