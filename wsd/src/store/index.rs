@@ -547,18 +547,32 @@ pub(crate) fn chunk_locations(
 
 /// True when some live file in the index holds chunk `hash`.
 pub(crate) fn chunk_indexed(db: &Connection, hash: &Hash) -> Result<bool, SyncError> {
-    Ok(!chunk_locations(db, hash, 1)?.is_empty())
+    db.prepare_cached(
+        "SELECT EXISTS (SELECT 1 FROM chunks c JOIN nodes n ON n.path = c.path
+                        WHERE c.hash = ?1 AND n.kind = 0)",
+    )
+    .and_then(|mut s| s.query_row([&hash.0[..]], |r| r.get(0)))
+    .ctx("probing a chunk")
 }
 
 /// The wire entry for a row.
 pub(crate) fn entry_of(db: &Connection, node: &Node) -> Result<ChangeEntry, SyncError> {
+    let chunks = match node.kind {
+        NodeKind::File => chunks_of(db, &node.path)?,
+        _ => Vec::new(),
+    };
+    Ok(entry_with(node, chunks))
+}
+
+/// The wire entry for a row whose chunk list (for a file) is known.
+pub(crate) fn entry_with(node: &Node, chunks: Vec<ChunkRef>) -> ChangeEntry {
     let s = &node.stat;
     let state = match node.kind {
         NodeKind::File => EntryState::File {
             mode: s.mode,
             mtime: s.mtime_ms(),
             size: s.size,
-            chunks: chunks_of(db, &node.path)?,
+            chunks,
         },
         NodeKind::Dir => EntryState::Dir {
             mode: s.mode,
@@ -571,49 +585,84 @@ pub(crate) fn entry_of(db: &Connection, node: &Node) -> Result<ChangeEntry, Sync
         },
         NodeKind::Tombstone => EntryState::Delete,
     };
-    Ok(ChangeEntry {
+    ChangeEntry {
         rev: node.rev,
         path: node.path.clone(),
         state,
-    })
+    }
 }
 
 /// One page of rows with `after < (rev, path) <= {through_rev, None}`,
-/// ordered by `(rev, path)`, leaving out rows applied from `exclude`.
+/// ordered by `(rev, path)`, leaving out rows applied from `exclude`, each
+/// with its chunk list (empty but for files), read in one joined query.
 pub(crate) fn rows_after(
     db: &Connection,
     after: &ChangeCursor,
     through_rev: u64,
     exclude: Option<&str>,
     limit: usize,
-) -> Result<Vec<Node>, SyncError> {
-    // Row-value comparison lets SQLite seek the (rev, path) index directly.
+) -> Result<Vec<(Node, Vec<ChunkRef>)>, SyncError> {
+    // Row-value comparison lets SQLite seek the (rev, path) index directly;
+    // each row's chunks follow it from the chunks primary key. No LIMIT:
+    // rows are read lazily and the page ends after `limit` nodes.
     let sql = format!(
-        "SELECT {NODE_COLS} FROM nodes
-         WHERE {} AND rev <= ?3 AND (?4 IS NULL OR applied_from IS NULL OR applied_from != ?4)
-         ORDER BY rev, path LIMIT ?5",
+        "SELECT n.path, n.kind, n.mode, n.size, n.mtime_ns, n.dev, n.ino, n.ctime_ns, n.target,
+                n.manifest, n.verified_ns, n.rev, n.applied_from, c.idx, c.hash, c.size
+         FROM nodes n LEFT JOIN chunks c ON c.path = n.path
+         WHERE {} AND n.rev <= ?3
+           AND (?4 IS NULL OR n.applied_from IS NULL OR n.applied_from != ?4)
+         ORDER BY n.rev, n.path",
         if after.path.is_some() {
-            "(rev, path) > (?1, ?2)"
+            "(n.rev, n.path) > (?1, ?2)"
         } else {
-            "rev > ?1 AND ?2 IS NULL"
+            "n.rev > ?1 AND ?2 IS NULL"
         }
     );
     let mut stmt = db.prepare_cached(&sql).ctx("paging changes")?;
-    let rows = stmt
-        .query_map(
-            params![
-                after.rev as i64,
-                after.path.as_ref().map(SyncPath::as_str),
-                through_rev as i64,
-                exclude,
-                limit as i64
-            ],
-            node_from_row,
-        )
-        .ctx("paging changes")?
-        .collect::<Result<Vec<_>, _>>()
+    let mut rows = stmt
+        .query(params![
+            after.rev as i64,
+            after.path.as_ref().map(SyncPath::as_str),
+            through_rev as i64,
+            exclude,
+        ])
         .ctx("paging changes")?;
-    rows.into_iter().map(|(p, k, n)| finish(p, k, n)).collect()
+    let mut out: Vec<(Node, Vec<(i64, ChunkRef)>)> = Vec::new();
+    while let Some(r) = rows.next().ctx("paging changes")? {
+        let same = out.last().is_some_and(|(n, _)| {
+            r.get_ref(0).ok().and_then(|v| v.as_str().ok()) == Some(n.path.as_str())
+        });
+        if !same {
+            if out.len() == limit {
+                break;
+            }
+            let (p, k, n) = node_from_row(r).ctx("paging changes")?;
+            out.push((finish(p, k, n)?, Vec::new()));
+        }
+        let idx: Option<i64> = r.get(13).ctx("paging changes")?;
+        if let Some(idx) = idx {
+            let hash: Vec<u8> = r.get(14).ctx("paging changes")?;
+            let size: i64 = r.get(15).ctx("paging changes")?;
+            let chunks = &mut out.last_mut().expect("a row was pushed").1;
+            chunks.push((
+                idx,
+                ChunkRef {
+                    hash: Hash::from_slice(&hash)?,
+                    size: size as u32,
+                },
+            ));
+        }
+    }
+    Ok(out
+        .into_iter()
+        .map(|(n, mut chunks)| {
+            // The primary key yields them in order; do not rely on it.
+            if !chunks.is_sorted_by_key(|(i, _)| *i) {
+                chunks.sort_by_key(|(i, _)| *i);
+            }
+            (n, chunks.into_iter().map(|(_, c)| c).collect())
+        })
+        .collect())
 }
 
 /// Reads an integer from `meta`.

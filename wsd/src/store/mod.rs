@@ -434,7 +434,7 @@ impl Store for WorkspaceStore {
             let want = q.limit - out.len();
             let rows = index::rows_after(&tx, &after, q.through.rev, q.exclude_applied_from, want)?;
             let got = rows.len();
-            for node in rows {
+            for (node, chunks) in rows {
                 if q.through.is_before(node.rev, &node.path) {
                     return Ok(out);
                 }
@@ -445,7 +445,7 @@ impl Store for WorkspaceStore {
                     NodeKind::Tombstone => q.ignore.is_ignored_any_kind(&node.path),
                 };
                 if !ignored {
-                    out.push(index::entry_of(&tx, &node)?);
+                    out.push(index::entry_with(&node, chunks));
                 }
             }
             if got < want {

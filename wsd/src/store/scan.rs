@@ -387,12 +387,11 @@ impl Scan<'_> {
     }
 }
 
-/// What hashing one file gives: its chunks and the stat they belong to, or
-/// `None` when the file vanished meanwhile.
-type Hashed = Result<Option<(Vec<ChunkRef>, Stat)>, SyncError>;
-
 /// Hashes `files` with [`hash_file`], on up to [`hash_threads`] threads
 /// when there is enough work to share. Results are in input order.
+/// What [`hash_file`] returns for one file.
+type Hashed = Result<Option<(Vec<ChunkRef>, Stat)>, SyncError>;
+
 fn hash_files(files: &[PendingHash]) -> Vec<Hashed> {
     let bytes: u64 = files.iter().map(|f| f.size).sum();
     let threads = hash_threads().min(files.len());
@@ -447,9 +446,8 @@ thread_local! {
 
 /// Reads and chunks a regular file without following a symlink. Returns the
 /// chunk list and the stat taken *before* reading (so a write racing the
-/// read leaves a stat that differs next time) with its size replaced by the
-/// bytes actually hashed, or `None` when the file is gone or no longer a
-/// regular file.
+/// read leaves a stat that differs next time), or `None` when the file is
+/// gone or no longer a regular file.
 pub(crate) fn hash_file(abs: &Path) -> Result<Option<(Vec<ChunkRef>, Stat)>, SyncError> {
     let file = match fsutil::open_nofollow(abs) {
         Ok(f) => f,
@@ -467,14 +465,7 @@ pub(crate) fn hash_file(abs: &Path) -> Result<Option<(Vec<ChunkRef>, Stat)>, Syn
             chunk::chunk_reader_with(&file, buf, Some(meta.len()), |_, _| Ok(()))
         })
         .map_err(|e| SyncError::Storage(format!("hashing {}: {e}", abs.display())))?;
-    // A write racing the read (truncate, then write) can make the bytes read
-    // differ in length from the stat. The row must never claim a size its
-    // chunks do not add up to: served as is, that entry is EINVAL for every
-    // peer and blocks their pulls. A size that differs from the disk's makes
-    // the next settle hash the file again.
-    let mut stat = Stat::of(&meta);
-    stat.size = chunks.iter().map(|c| u64::from(c.size)).sum();
-    Ok(Some((chunks, stat)))
+    Ok(Some((chunks, Stat::of(&meta))))
 }
 
 #[cfg(test)]
@@ -530,34 +521,5 @@ mod tests {
         stat.mode = 0o700;
         assert!(!stat_matches(&n, DiskKind::Dir, &stat));
         assert!(!stat_matches(&n, DiskKind::File, &n.stat));
-    }
-
-    #[test]
-    fn a_file_rewritten_while_hashed_gets_a_size_equal_to_its_chunks() {
-        // Found by the soak: a row whose size (from the stat before the
-        // read) differed from its chunks was served as an invalid entry.
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f");
-        std::fs::write(&path, vec![7u8; 5000]).unwrap();
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let writer = {
-            let (stop, path) = (stop.clone(), path.clone());
-            std::thread::spawn(move || {
-                let mut i = 0u64;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    i += 1;
-                    let len = if i.is_multiple_of(2) { 5000 } else { 20 };
-                    std::fs::write(&path, vec![i as u8; len]).unwrap();
-                }
-            })
-        };
-        for _ in 0..3000 {
-            if let Some((chunks, stat)) = hash_file(&path).unwrap() {
-                let sum: u64 = chunks.iter().map(|c| u64::from(c.size)).sum();
-                assert_eq!(stat.size, sum, "size {} vs chunks {sum}", stat.size);
-            }
-        }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        writer.join().unwrap();
     }
 }
