@@ -208,6 +208,7 @@ impl Daemon {
             listen: vec!["127.0.0.1:0".to_owned()],
             token: None,
             store: StoreOptions::default(),
+            exec_log_cap: None,
         };
         let (addr_tx, addr_rx) = mpsc::channel();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
