@@ -598,7 +598,9 @@ impl<'a> Apply<'a> {
             let _ = std::fs::remove_file(&tmp);
             return Err(err);
         }
-        if let Err(err) = std::fs::rename(&tmp, abs) {
+        if let Err(err) =
+            super::failpoint::hit("apply-before-rename").and_then(|()| std::fs::rename(&tmp, abs))
+        {
             let _ = std::fs::remove_file(&tmp);
             return Err(SyncError::io(format!("renaming into {}", e.path), err));
         }
