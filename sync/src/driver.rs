@@ -164,6 +164,10 @@ pub async fn push<S: Store, R: Remote>(
         report.entries += current.entries.len() as u64;
         let current_bytes = current.missing_bytes();
         let sender = current.sender.clone();
+        // Kept for a retry: this batch was probed before the previous one
+        // was applied, and that apply may have removed the only copy of a
+        // chunk the probe reported as held (a rename is deletes plus creates).
+        let entries = current.entries.clone();
         let pending = remote
             .push_pipelined(Some(sender.clone()), current.entries, current.phase)
             .await?;
@@ -179,7 +183,23 @@ pub async fn push<S: Store, R: Remote>(
             _ => Ok(()),
         };
         // Record this batch's acknowledgement even if the next upload failed.
-        let outcome: PushOutcome = pending.await?;
+        let outcome: PushOutcome = match pending.await {
+            Err(e) if e.code() == crate::ErrorCode::UnknownHash => {
+                tracing::debug!(error = %e, "a chunk went away since the probe; re-probing the batch");
+                let (hashes, sizes) = distinct_chunks(&entries);
+                let held = remote_has(remote, &hashes).await?;
+                let missing: Vec<(Hash, u32)> = hashes
+                    .into_iter()
+                    .filter(|h| !held.contains(h))
+                    .map(|h| (h, sizes[&h]))
+                    .collect();
+                send_objects(local, remote, &missing, &mut report).await?;
+                remote
+                    .push(Some(sender.clone()), entries, current.phase)
+                    .await?
+            }
+            other => other?,
+        };
         if remote_lost_state(&outcome.applied_push_cursor, &sender)? {
             return Err(SyncError::InvariantViolated {
                 applied: outcome.applied_push_cursor,
