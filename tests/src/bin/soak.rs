@@ -1093,6 +1093,31 @@ fn check_no_write_lost(
             if candidates.is_empty() {
                 msg.push_str(" none");
             }
+            // The whole history at the path and its ancestors, so a
+            // failure found in CI can be read without a replay.
+            let mut history: Vec<usize> = by_path.get(path).cloned().unwrap_or_default();
+            for a in ancestors(path) {
+                history.extend(by_path.get(a).into_iter().flatten().copied());
+            }
+            history.sort_by_key(|&i| (events[i].lo, i));
+            let skip = history.len().saturating_sub(40);
+            msg.push_str("\n    history (path and ancestors; delivered = end of the sync that carried it):");
+            for &i in &history[skip..] {
+                let e = &events[i];
+                let d = delivered(e);
+                msg.push_str(&format!(
+                    "\n      [{}..{}] delivered {} {:?} {} {}{}{}{}",
+                    e.lo,
+                    e.hi,
+                    if d == u64::MAX { "never".to_owned() } else { d.to_string() },
+                    e.side,
+                    e.path,
+                    e.what,
+                    if e.certain { "" } else { " (uncertain)" },
+                    if e.subtree { " subtree" } else { "" },
+                    format!(" -> {}", e.st.short())
+                ));
+            }
             violations.push(msg);
         }
     }
