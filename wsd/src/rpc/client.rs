@@ -169,6 +169,7 @@ impl Client {
             RemoteChanges {
                 iter: r.get_changes()?,
                 conn: self.conn.clone(),
+                ahead: None,
             },
         ))
     }
@@ -355,7 +356,15 @@ impl Client {
 pub struct RemoteChanges {
     iter: wire::change_iterator::Client,
     conn: Rc<Connection>,
+    /// The next batch, requested as soon as a full batch arrived, so the
+    /// daemon pages its index while the caller applies the current one.
+    ahead: Option<NextPromise>,
 }
+
+type NextPromise = capnp::capability::Promise<
+    capnp::capability::Response<wire::change_iterator::next_results::Owned>,
+    capnp::Error,
+>;
 
 impl std::fmt::Debug for RemoteChanges {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -364,15 +373,34 @@ impl std::fmt::Debug for RemoteChanges {
 }
 
 impl RemoteChanges {
+    /// Up to `max` next entries. After a full batch the following one is
+    /// requested at once (with the same `max`) and returned by the next call
+    /// whatever `max` that call passes, since the daemon's cursor has moved.
     pub async fn next(&mut self, max: usize) -> Result<Vec<ChangeEntry>, WireError> {
         if !self.conn.alive.get() {
             return Err(WireError::connection_lost("closed"));
         }
         let max = max.clamp(1, MAX_CHANGES_PER_NEXT);
+        let promise = match self.ahead.take() {
+            Some(p) => p,
+            None => self.request(max),
+        };
+        let response = promise.await?;
+        let entries = entries_from(
+            response.get()?.get_entries()?,
+            "entries per next",
+            MAX_CHANGES_PER_NEXT,
+        )?;
+        if entries.len() >= max {
+            self.ahead = Some(self.request(max));
+        }
+        Ok(entries)
+    }
+
+    fn request(&self, max: usize) -> NextPromise {
         let mut req = self.iter.next_request();
         req.get().set_max(max as u32);
-        let response = req.send().promise.await?;
-        entries_from(response.get()?.get_entries()?, "entries per next", max)
+        req.send().promise
     }
 }
 

@@ -543,10 +543,14 @@ fn a_connection_cut_mid_pull_resumes_and_converges() {
         .unwrap_err();
         assert_eq!(err.code(), ErrorCode::Shutdown, "{err}");
         let applied = b.live().len();
-        assert_eq!(
-            applied,
-            wsd_sync::limits::BATCH_ENTRIES,
-            "the first batch was checkpointed"
+        // The cut comes after the first batch was applied; the next one may
+        // have arrived already (the client asks for it ahead) and be applied
+        // too. Whole batches are checkpointed, never more than were received.
+        assert!(
+            applied >= wsd_sync::limits::BATCH_ENTRIES
+                && applied % wsd_sync::limits::BATCH_ENTRIES == 0
+                && applied < 600,
+            "whole batches were checkpointed: {applied}"
         );
 
         let report = driver::pull(&mut b, &mut remote, &opts("server", &none), |_| {})
