@@ -449,7 +449,9 @@ thread_local! {
 /// read leaves a stat that differs next time), or `None` when the file is
 /// gone or no longer a regular file.
 pub(crate) fn hash_file(abs: &Path) -> Result<Option<(Vec<ChunkRef>, Stat)>, SyncError> {
-    let file = match fsutil::open_nofollow(abs) {
+    // No symlink anywhere on the way (the root is canonical): a directory
+    // swapped for a symlink since it was checked is never read through.
+    let file = match fsutil::open_no_symlinks(abs) {
         Ok(f) => f,
         Err(e) if fsutil::is_gone(&e) || e.raw_os_error() == Some(libc::ELOOP) => return Ok(None),
         Err(e) => return Err(SyncError::io(format!("opening {}", abs.display()), e)),
