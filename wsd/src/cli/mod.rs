@@ -97,7 +97,11 @@ fn read_token(path: &Path) -> Result<Vec<u8>> {
 
 pub fn init_tracing(args: &Cli) {
     // The daemon reports its lifecycle; clients print only their summary.
-    let quiet = if matches!(args.command, Command::Serve(_)) { "wsd=info,warn" } else { "warn" };
+    let quiet = if matches!(args.command, Command::Serve(_)) {
+        "wsd=info,warn"
+    } else {
+        "warn"
+    };
     let default = match args.verbose {
         0 => quiet,
         1 => "wsd=debug,info",

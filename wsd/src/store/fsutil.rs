@@ -194,10 +194,11 @@ pub(crate) fn open_file_in_root(
 /// [`open_nofollow`] does.
 pub(crate) fn open_no_symlinks(path: &Path) -> io::Result<std::fs::File> {
     match openat2_no_symlinks(path) {
-        Err(e) if matches!(
-            e.raw_os_error(),
-            Some(libc::ENOSYS | libc::EPERM | libc::EINVAL | libc::E2BIG)
-        ) =>
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENOSYS | libc::EPERM | libc::EINVAL | libc::E2BIG)
+            ) =>
         {
             open_nofollow(path)
         }
