@@ -548,7 +548,7 @@ fn a_connection_cut_mid_pull_resumes_and_converges() {
         // too. Whole batches are checkpointed, never more than were received.
         assert!(
             applied >= wsd_sync::limits::BATCH_ENTRIES
-                && applied % wsd_sync::limits::BATCH_ENTRIES == 0
+                && applied.is_multiple_of(wsd_sync::limits::BATCH_ENTRIES)
                 && applied < 600,
             "whole batches were checkpointed: {applied}"
         );
