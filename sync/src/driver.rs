@@ -9,7 +9,7 @@ use crate::limits::{BATCH_ENTRIES, BATCH_OBJECT_BYTES, MAX_HASHES_PER_CALL};
 use crate::store::{ApplyBatch, ChangesQuery};
 use crate::{
     Baseline, ChangeCursor, ChangeEntry, ChangeStream, FetchOpened, Hash, IgnoreRules, Object,
-    PushOutcome, Remote, Store, SyncError, Watermarks,
+    PendingPush, PendingUpload, PushOutcome, Remote, Store, SyncError, Watermarks,
 };
 
 /// Counters of one push or pull, also handed to the progress callback after
@@ -53,17 +53,6 @@ fn distinct_chunks(entries: &[ChangeEntry]) -> (Vec<Hash>, HashMap<Hash, u32>) {
         }
     }
     (order, sizes)
-}
-
-async fn remote_has<R: Remote>(
-    remote: &mut R,
-    hashes: &[Hash],
-) -> Result<HashSet<Hash>, SyncError> {
-    let mut held = HashSet::new();
-    for window in hashes.chunks(MAX_HASHES_PER_CALL) {
-        held.extend(remote.has_objects(window).await?);
-    }
-    Ok(held)
 }
 
 /// Checks rule 9 on an echoed cursor: `Ok(true)` when the remote is behind
@@ -148,59 +137,143 @@ pub async fn push<S: Store, R: Remote>(
         through,
         baseline,
     };
-    // Pipelined: the next batch is cut and probed before this batch's push
-    // is sent (so the receiver answers the probe before applying), and its
-    // objects are uploaded while the receiver applies this batch. A push is
-    // still sent only after the previous one was acknowledged.
-    let mut current = pager.next_batch(local, remote, opts).await?;
-    send_objects(local, remote, &current.missing, &mut report).await?;
+    // Pipelined so that the receiver's store (one writer, the bottleneck)
+    // always has the next step queued. What the receiver gets, in order:
+    //   objects(i) .. probe(i+1), push(i), objects(i+1) .. probe(i+2), push(i+1) ..
+    // - probe(i+1) queues behind objects(i), so it sees them staged (no
+    //   chunk is sent twice), and ahead of push(i), so it is answered
+    //   before batch i is applied;
+    // - objects(i+1) are read and uploaded while batch i is applied;
+    // - push(i+1) is sent only once push(i) was acknowledged, and behind
+    //   objects(i+1): if one of them failed, the push fails whole.
+    pager.fill(local, opts)?;
+    let (hashes, sizes) = distinct_chunks(&pager.page);
+    let held = probe(remote, &hashes).await?.await?;
+    let mut current = pager.cut(&held, &sizes);
+    let mut uploads = send_objects(local, remote, &current.missing, &mut report).await?;
+    let mut previous: Option<(ChangeCursor, PendingPush)> = None;
     loop {
         report.deduplicated_bytes += current.deduplicated_bytes;
-        let next = if current.last {
+        let next_probe = if current.last {
             None
         } else {
-            Some(pager.next_batch(local, remote, opts).await?)
+            pager.fill(local, opts)?;
+            let (hashes, sizes) = distinct_chunks(&pager.page);
+            Some((probe(remote, &hashes).await?, sizes))
         };
+        if let Some((sender, pending)) = previous.take() {
+            acknowledge(
+                local,
+                opts,
+                &mut report,
+                &mut on_batch,
+                sender,
+                pending.await?,
+            )?;
+        }
         report.entries += current.entries.len() as u64;
         let current_bytes = current.missing_bytes();
         let sender = current.sender.clone();
-        let pending = remote
-            .push_pipelined(Some(sender.clone()), current.entries, current.phase)
-            .await?;
-        // Overlap the next upload with this apply only while both batches
-        // together stay within two batch budgets: the receiver stages
-        // objects in memory, and two large-file batches at once would make
-        // it spill them to disk.
-        let overlap = next
-            .as_ref()
-            .is_some_and(|n| current_bytes + n.missing_bytes() <= 2 * BATCH_OBJECT_BYTES);
-        let upload = match &next {
-            Some(n) if overlap => send_objects(local, remote, &n.missing, &mut report).await,
-            _ => Ok(()),
-        };
-        // Record this batch's acknowledgement even if the next upload failed.
-        let outcome: PushOutcome = pending.await?;
-        if remote_lost_state(&outcome.applied_push_cursor, &sender)? {
-            return Err(SyncError::InvariantViolated {
-                applied: outcome.applied_push_cursor,
-                pushed: sender,
-            });
-        }
-        local.set_push_cursor(opts.remote_name, &sender)?;
-        report.batches += 1;
-        report.cursor = sender;
-        on_batch(&report);
-        upload?;
-        match next {
-            Some(n) => {
-                if !overlap {
-                    send_objects(local, remote, &n.missing, &mut report).await?;
-                }
-                current = n;
+        let mut pending = Some(
+            remote
+                .push_pipelined(Some(sender.clone()), current.entries, current.phase)
+                .await?,
+        );
+        let step = async {
+            for u in uploads.drain(..) {
+                u.await?;
             }
-            None => return Ok(report),
+            let Some((probe, sizes)) = next_probe else {
+                return Ok(None);
+            };
+            let held = probe.await?;
+            let next = pager.cut(&held, &sizes);
+            // Upload the next batch during this apply only while both stay
+            // within two batch budgets: the receiver stages objects in
+            // memory, and two large-file batches at once would make it
+            // spill them to disk.
+            if current_bytes + next.missing_bytes() > 2 * BATCH_OBJECT_BYTES
+                && let Some(p) = pending.take()
+            {
+                acknowledge(
+                    local,
+                    opts,
+                    &mut report,
+                    &mut on_batch,
+                    sender.clone(),
+                    p.await?,
+                )?;
+            }
+            let next_uploads = send_objects(local, remote, &next.missing, &mut report).await?;
+            Ok(Some((next, next_uploads)))
+        }
+        .await;
+        match step {
+            Err(e) => {
+                // Record this batch's acknowledgement even if what followed
+                // it failed.
+                if let Some(p) = pending
+                    && let Ok(outcome) = p.await
+                {
+                    acknowledge(local, opts, &mut report, &mut on_batch, sender, outcome)?;
+                }
+                return Err(e);
+            }
+            Ok(None) => {
+                if let Some(p) = pending {
+                    acknowledge(local, opts, &mut report, &mut on_batch, sender, p.await?)?;
+                }
+                return Ok(report);
+            }
+            Ok(Some((next, next_uploads))) => {
+                previous = pending.map(|p| (sender, p));
+                current = next;
+                uploads = next_uploads;
+            }
         }
     }
+}
+
+/// Checks a push's echoed cursor (rule 9) and advances the push cursor.
+fn acknowledge<S: Store>(
+    local: &mut S,
+    opts: &SyncOptions<'_>,
+    report: &mut SyncReport,
+    on_batch: &mut impl FnMut(&SyncReport),
+    sender: ChangeCursor,
+    outcome: PushOutcome,
+) -> Result<(), SyncError> {
+    if remote_lost_state(&outcome.applied_push_cursor, &sender)? {
+        return Err(SyncError::InvariantViolated {
+            applied: outcome.applied_push_cursor,
+            pushed: sender,
+        });
+    }
+    local.set_push_cursor(opts.remote_name, &sender)?;
+    report.batches += 1;
+    report.cursor = sender;
+    on_batch(report);
+    Ok(())
+}
+
+/// Sends a probe for `hashes` (in windows of [`MAX_HASHES_PER_CALL`]); the
+/// future resolves to the set the remote holds.
+async fn probe<R: Remote>(
+    remote: &mut R,
+    hashes: &[Hash],
+) -> Result<impl std::future::Future<Output = Result<HashSet<Hash>, SyncError>> + use<R>, SyncError>
+{
+    let mut pending = Vec::new();
+    for window in hashes.chunks(MAX_HASHES_PER_CALL) {
+        pending.push(remote.has_objects_pipelined(window).await?);
+    }
+    Ok(async move {
+        let mut held = HashSet::new();
+        for p in pending {
+            held.extend(p.await?);
+        }
+        Ok(held)
+    })
 }
 
 /// One push batch, cut and probed.
@@ -234,15 +307,8 @@ struct Pager {
 }
 
 impl Pager {
-    /// Tops the page up to [`BATCH_ENTRIES`], probes the remote for its
-    /// chunks and cuts the next batch where the missing bytes pass
-    /// [`BATCH_OBJECT_BYTES`] (a single larger file goes alone).
-    async fn next_batch<S: Store, R: Remote>(
-        &mut self,
-        local: &mut S,
-        remote: &mut R,
-        opts: &SyncOptions<'_>,
-    ) -> Result<PushBatch, SyncError> {
+    /// Tops the page up to [`BATCH_ENTRIES`].
+    fn fill<S: Store>(&mut self, local: &mut S, opts: &SyncOptions<'_>) -> Result<(), SyncError> {
         if self.page.len() < BATCH_ENTRIES && !self.exhausted {
             let want = BATCH_ENTRIES - self.page.len();
             let more = local.changes(ChangesQuery {
@@ -258,9 +324,13 @@ impl Pager {
             }
             self.page.extend(more);
         }
-        let (hashes, sizes) = distinct_chunks(&self.page);
-        let held = remote_has(remote, &hashes).await?;
-        // Cut the batch where the missing bytes pass the budget.
+        Ok(())
+    }
+
+    /// Cuts the next batch off the page where the chunk bytes the remote
+    /// lacks (`held` is what it holds) pass [`BATCH_OBJECT_BYTES`] (a
+    /// single larger file goes alone).
+    fn cut(&mut self, held: &HashSet<Hash>, sizes: &HashMap<Hash, u32>) -> PushBatch {
         let mut take = 0usize;
         let mut budget = 0usize;
         let mut counted: HashSet<Hash> = HashSet::new();
@@ -299,25 +369,27 @@ impl Pager {
             (true, false) => Baseline::Mark,
             (true, true) => Baseline::Sweep,
         };
-        Ok(PushBatch {
+        PushBatch {
             entries,
             missing,
             deduplicated_bytes,
             sender,
             phase,
             last,
-        })
+        }
     }
 }
 
-/// Reads `hashes` (a batch's missing chunks) from the local store and
-/// pushes them to the remote, about [`BATCH_OBJECT_BYTES`] per upload.
+/// Reads `missing` (a batch's chunks the remote lacks) from the local store
+/// and uploads them, about [`BATCH_OBJECT_BYTES`] per upload. Returns once
+/// everything is sent; the futures resolve when the remote has staged them.
 async fn send_objects<S: Store, R: Remote>(
     local: &mut S,
     remote: &mut R,
     missing: &[(Hash, u32)],
     report: &mut SyncReport,
-) -> Result<(), SyncError> {
+) -> Result<Vec<PendingUpload>, SyncError> {
+    let mut pending = Vec::new();
     let mut group: Vec<Hash> = Vec::new();
     let mut group_bytes = 0usize;
     for (i, (h, size)) in missing.iter().enumerate() {
@@ -327,12 +399,12 @@ async fn send_objects<S: Store, R: Remote>(
             let objects = local.read_objects(&group)?;
             report.objects += objects.len() as u64;
             report.object_bytes += objects.iter().map(|o| o.bytes.len() as u64).sum::<u64>();
-            remote.push_objects(objects).await?;
+            pending.push(remote.push_objects_pipelined(objects).await?);
             group.clear();
             group_bytes = 0;
         }
     }
-    Ok(())
+    Ok(pending)
 }
 
 /// Pulls every remote change after our fetch cursor (rule 8): batches of

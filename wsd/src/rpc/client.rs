@@ -15,7 +15,7 @@ use wsd_schema::workspace_capnp as wire;
 use wsd_sync::limits::MAX_HASHES_PER_CALL;
 use wsd_sync::{
     Baseline, ChangeCursor, ChangeEntry, ChangeStream, ErrorCode, FetchOpened, Hash, Object,
-    PendingPush, PushOutcome, Remote, SyncError, SyncPath, Watermarks,
+    PendingProbe, PendingPush, PendingUpload, PushOutcome, Remote, SyncError, SyncPath, Watermarks,
 };
 
 use super::convert::{
@@ -175,11 +175,23 @@ impl Client {
     }
 
     pub async fn has_objects(&self, hashes: &[Hash]) -> Result<Vec<Hash>, WireError> {
+        self.has_objects_send(hashes)?.await
+    }
+
+    /// Sends a `hasObjects`; its answer arrives on the returned future,
+    /// which borrows nothing.
+    pub fn has_objects_send(
+        &self,
+        hashes: &[Hash],
+    ) -> Result<impl Future<Output = Result<Vec<Hash>, WireError>> + 'static, WireError> {
         self.check_alive()?;
         let mut req = self.sync.has_objects_request();
         hashes_to(req.get().init_hashes(hashes.len() as u32), hashes);
-        let response = req.send().promise.await?;
-        hashes_from(response.get()?.get_held()?, MAX_HASHES_PER_CALL)
+        let promise = req.send().promise;
+        Ok(async move {
+            let response = promise.await?;
+            hashes_from(response.get()?.get_held()?, MAX_HASHES_PER_CALL)
+        })
     }
 
     /// The objects in request order. The daemon streams them into a local
@@ -218,9 +230,19 @@ impl Client {
     /// Streams `objects` into an upload sink in writes of about
     /// [`OBJECT_WRITE_BYTES`], paced by the daemon's stream window.
     pub async fn push_objects(&self, objects: &[Object]) -> Result<(), WireError> {
+        self.push_objects_send(objects).await?.await
+    }
+
+    /// [`Client::push_objects`], returning once every write is sent (the
+    /// stream window permitting); the returned future resolves when the
+    /// daemon has staged them all.
+    pub async fn push_objects_send(
+        &self,
+        objects: &[Object],
+    ) -> Result<impl Future<Output = Result<(), WireError>> + 'static, WireError> {
         self.check_alive()?;
         if objects.is_empty() {
-            return Ok(());
+            return Ok(futures::future::Either::Left(std::future::ready(Ok(()))));
         }
         let sink = self.sync.push_objects_request().send().pipeline.get_sink();
         let mut start = 0;
@@ -241,8 +263,11 @@ impl Client {
             req.send().await?;
             start = end;
         }
-        sink.done_request().send().promise.await?;
-        Ok(())
+        let done = sink.done_request().send().promise;
+        Ok(futures::future::Either::Right(async move {
+            done.await?;
+            Ok(())
+        }))
     }
 
     /// `sender: None` is an external writer (wire `senderRev = 0`). A
@@ -453,6 +478,19 @@ impl Remote for Client {
         baseline: Baseline,
     ) -> Result<PendingPush, SyncError> {
         let pending = self.push_send(sender.as_ref(), &entries, baseline)?;
+        Ok(Box::pin(async move { Ok(pending.await?) }))
+    }
+
+    async fn has_objects_pipelined(&mut self, hashes: &[Hash]) -> Result<PendingProbe, SyncError> {
+        let pending = self.has_objects_send(hashes)?;
+        Ok(Box::pin(async move { Ok(pending.await?) }))
+    }
+
+    async fn push_objects_pipelined(
+        &mut self,
+        objects: Vec<Object>,
+    ) -> Result<PendingUpload, SyncError> {
+        let pending = self.push_objects_send(&objects).await?;
         Ok(Box::pin(async move { Ok(pending.await?) }))
     }
 }
