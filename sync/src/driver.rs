@@ -138,14 +138,15 @@ pub async fn push<S: Store, R: Remote>(
         baseline,
     };
     // Pipelined so that the receiver's store (one writer, the bottleneck)
-    // always has the next step queued. What the receiver gets, in order:
-    //   objects(i) .. probe(i+1), push(i), objects(i+1) .. probe(i+2), push(i+1) ..
-    // - probe(i+1) queues behind objects(i), so it sees them staged (no
-    //   chunk is sent twice), and ahead of push(i), so it is answered
-    //   before batch i is applied;
-    // - objects(i+1) are read and uploaded while batch i is applied;
-    // - push(i+1) is sent only once push(i) was acknowledged, and behind
-    //   objects(i+1): if one of them failed, the push fails whole.
+    // seldom waits for us. Per batch i:
+    // - objects(i) are uploaded while the receiver applies batch i-1;
+    // - once the receiver has staged them all (the upload's `done`), the
+    //   probe for batch i+1 and push(i) are sent back to back on the same
+    //   capability, so the probe is answered before batch i is applied
+    //   and sees batch i's objects staged (no chunk is sent twice);
+    // - a push is sent only after the previous one was acknowledged and
+    //   after its own objects were staged (uploads go to another
+    //   capability, whose calls are not ordered with the sync calls).
     pager.fill(local, opts)?;
     let (hashes, sizes) = distinct_chunks(&pager.page);
     let held = probe(remote, &hashes).await?.await?;
@@ -154,23 +155,29 @@ pub async fn push<S: Store, R: Remote>(
     let mut previous: Option<(ChangeCursor, PendingPush)> = None;
     loop {
         report.deduplicated_bytes += current.deduplicated_bytes;
+        if !current.last {
+            // Local work while the uploads are on their way.
+            pager.fill(local, opts)?;
+        }
+        let staged = async {
+            for u in uploads.drain(..) {
+                u.await?;
+            }
+            Ok::<(), SyncError>(())
+        }
+        .await;
+        if let Some((sender, pending)) = previous.take() {
+            // Recorded even if this batch's upload failed.
+            let outcome = pending.await?;
+            acknowledge(local, opts, &mut report, &mut on_batch, sender, outcome)?;
+        }
+        staged?;
         let next_probe = if current.last {
             None
         } else {
-            pager.fill(local, opts)?;
             let (hashes, sizes) = distinct_chunks(&pager.page);
             Some((probe(remote, &hashes).await?, sizes))
         };
-        if let Some((sender, pending)) = previous.take() {
-            acknowledge(
-                local,
-                opts,
-                &mut report,
-                &mut on_batch,
-                sender,
-                pending.await?,
-            )?;
-        }
         report.entries += current.entries.len() as u64;
         let current_bytes = current.missing_bytes();
         let sender = current.sender.clone();
@@ -180,9 +187,6 @@ pub async fn push<S: Store, R: Remote>(
                 .await?,
         );
         let step = async {
-            for u in uploads.drain(..) {
-                u.await?;
-            }
             let Some((probe, sizes)) = next_probe else {
                 return Ok(None);
             };
@@ -195,14 +199,7 @@ pub async fn push<S: Store, R: Remote>(
             if current_bytes + next.missing_bytes() > 2 * BATCH_OBJECT_BYTES
                 && let Some(p) = pending.take()
             {
-                acknowledge(
-                    local,
-                    opts,
-                    &mut report,
-                    &mut on_batch,
-                    sender.clone(),
-                    p.await?,
-                )?;
+                acknowledge(local, opts, &mut report, &mut on_batch, sender.clone(), p.await?)?;
             }
             let next_uploads = send_objects(local, remote, &next.missing, &mut report).await?;
             Ok(Some((next, next_uploads)))
