@@ -386,13 +386,18 @@ async fn send_objects<S: Store, R: Remote>(
     missing: &[(Hash, u32)],
     report: &mut SyncReport,
 ) -> Result<Vec<PendingUpload>, SyncError> {
-    let mut pending = Vec::new();
+    let mut pending: Vec<PendingUpload> = Vec::new();
     let mut group: Vec<Hash> = Vec::new();
     let mut group_bytes = 0usize;
     for (i, (h, size)) in missing.iter().enumerate() {
         group.push(*h);
         group_bytes += *size as usize;
         if group_bytes >= BATCH_OBJECT_BYTES || i + 1 == missing.len() {
+            // A large file's upload spans many groups: keep at most two in
+            // flight, so memory stays at a few groups whatever the file size.
+            while pending.len() >= 2 {
+                pending.remove(0).await?;
+            }
             let objects = local.read_objects(&group)?;
             report.objects += objects.len() as u64;
             report.object_bytes += objects.iter().map(|o| o.bytes.len() as u64).sum::<u64>();
