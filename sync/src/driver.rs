@@ -8,8 +8,8 @@ use std::rc::Rc;
 use crate::limits::{BATCH_ENTRIES, BATCH_OBJECT_BYTES, MAX_HASHES_PER_CALL};
 use crate::store::{ApplyBatch, ChangesQuery};
 use crate::{
-    Baseline, ChangeCursor, ChangeEntry, ChangeStream, FetchOpened, Hash, IgnoreRules, Object,
-    PushOutcome, Remote, Store, SyncError, Watermarks,
+    Baseline, ChangeCursor, ChangeEntry, ChangeStream, ErrorCode, FetchOpened, Hash, IgnoreRules,
+    Object, PendingPush, PendingUpload, PushOutcome, Remote, Store, SyncError, Watermarks,
 };
 
 /// Counters of one push or pull, also handed to the progress callback after
@@ -53,17 +53,6 @@ fn distinct_chunks(entries: &[ChangeEntry]) -> (Vec<Hash>, HashMap<Hash, u32>) {
         }
     }
     (order, sizes)
-}
-
-async fn remote_has<R: Remote>(
-    remote: &mut R,
-    hashes: &[Hash],
-) -> Result<HashSet<Hash>, SyncError> {
-    let mut held = HashSet::new();
-    for window in hashes.chunks(MAX_HASHES_PER_CALL) {
-        held.extend(remote.has_objects(window).await?);
-    }
-    Ok(held)
 }
 
 /// Checks rule 9 on an echoed cursor: `Ok(true)` when the remote is behind
@@ -148,85 +137,233 @@ pub async fn push<S: Store, R: Remote>(
         through,
         baseline,
     };
-    // Pipelined: the next batch is cut and probed before this batch's push
-    // is sent (so the receiver answers the probe before applying), and its
-    // objects are uploaded while the receiver applies this batch. A push is
-    // still sent only after the previous one was acknowledged.
-    let mut current = pager.next_batch(local, remote, opts).await?;
-    send_objects(local, remote, &current.missing, &mut report).await?;
+    // Pipelined so that the receiver's store (one writer, the bottleneck)
+    // seldom waits for us. Per batch i:
+    // - objects(i) are uploaded while the receiver applies batch i-1;
+    // - once the receiver has staged them all (the upload's `done`), the
+    //   probe for batch i+1 and push(i) are sent back to back on the same
+    //   capability, so the probe is answered before batch i is applied
+    //   and sees batch i's objects staged (no chunk is sent twice);
+    // - a push is sent only after the previous one was acknowledged and
+    //   after its own objects were staged (uploads go to another
+    //   capability, whose calls are not ordered with the sync calls).
+    pager.fill(local, opts)?;
+    let (hashes, sizes) = distinct_chunks(&pager.page);
+    let held = probe(remote, &hashes).await?.await?;
+    let mut current = pager.cut(&held, &sizes);
+    let mut uploads = send_objects(local, remote, &current.missing, &mut report).await?;
+    let mut previous: Option<InFlight> = None;
     loop {
         report.deduplicated_bytes += current.deduplicated_bytes;
-        let next = if current.last {
+        if !current.last {
+            // Local work while the uploads are on their way.
+            pager.fill(local, opts)?;
+        }
+        let staged = async {
+            for u in uploads.drain(..) {
+                u.await?;
+            }
+            Ok::<(), SyncError>(())
+        }
+        .await;
+        if let Some(p) = previous.take() {
+            // Recorded even if this batch's upload failed.
+            let acked = conclude(local, remote, &mut report, p).await?;
+            acknowledge(local, opts, &mut report, &mut on_batch, acked)?;
+        }
+        staged?;
+        let next_probe = if current.last {
             None
         } else {
-            Some(pager.next_batch(local, remote, opts).await?)
+            let (hashes, sizes) = distinct_chunks(&pager.page);
+            Some((probe(remote, &hashes).await?, sizes))
         };
         report.entries += current.entries.len() as u64;
         let current_bytes = current.missing_bytes();
         let sender = current.sender.clone();
-        // Kept for a retry: this batch was probed before the previous one
-        // was applied, and that apply may have removed the only copy of a
-        // chunk the probe reported as held (a rename is deletes plus creates).
+        // Kept for a retry (see `conclude`).
         let entries = current.entries.clone();
-        let pending = remote
-            .push_pipelined(Some(sender.clone()), current.entries, current.phase)
-            .await?;
-        // Overlap the next upload with this apply only while both batches
-        // together stay within two batch budgets: the receiver stages
-        // objects in memory, and two large-file batches at once would make
-        // it spill them to disk.
-        let overlap = next
-            .as_ref()
-            .is_some_and(|n| current_bytes + n.missing_bytes() <= 2 * BATCH_OBJECT_BYTES);
-        let upload = match &next {
-            Some(n) if overlap => send_objects(local, remote, &n.missing, &mut report).await,
-            _ => Ok(()),
-        };
-        // Record this batch's acknowledgement even if the next upload failed.
-        let outcome: PushOutcome = match pending.await {
-            Err(e) if e.code() == crate::ErrorCode::UnknownHash => {
-                tracing::debug!(error = %e, "a chunk went away since the probe; re-probing the batch");
+        let mut pending = Some(InFlight {
+            pending: remote
+                .push_pipelined(Some(sender.clone()), current.entries, current.phase)
+                .await?,
+            sender,
+            entries,
+            phase: current.phase,
+        });
+        let step = async {
+            let Some((probe, sizes)) = next_probe else {
+                return Ok(None);
+            };
+            let held = probe.await?;
+            let next = pager.cut(&held, &sizes);
+            // Upload the next batch during this apply only while both stay
+            // within two batch budgets: the receiver stages objects in
+            // memory, and two large-file batches at once would make it
+            // spill them to disk.
+            if current_bytes + next.missing_bytes() > 2 * BATCH_OBJECT_BYTES
+                && let Some(p) = pending.take()
+            {
+                let acked = conclude(local, remote, &mut report, p).await?;
+                acknowledge(local, opts, &mut report, &mut on_batch, acked)?;
+            }
+            let next_uploads = send_objects(local, remote, &next.missing, &mut report).await?;
+            Ok(Some((next, next_uploads)))
+        }
+        .await;
+        match step {
+            Err(e) => {
+                // Record this batch's acknowledgement even if what followed
+                // it failed (no retry: the push is over either way).
+                if let Some(p) = pending
+                    && let Ok(outcome) = p.pending.await
+                {
+                    let acked = Acked {
+                        sender: p.sender,
+                        phase: p.phase,
+                        outcome,
+                    };
+                    acknowledge(local, opts, &mut report, &mut on_batch, acked)?;
+                }
+                return Err(e);
+            }
+            Ok(None) => {
+                if let Some(p) = pending {
+                    let acked = conclude(local, remote, &mut report, p).await?;
+                    acknowledge(local, opts, &mut report, &mut on_batch, acked)?;
+                }
+                return Ok(report);
+            }
+            Ok(Some((next, next_uploads))) => {
+                previous = pending;
+                current = next;
+                uploads = next_uploads;
+            }
+        }
+    }
+}
+
+/// How many times one push that failed with `EUNKNOWN_HASH` is re-probed,
+/// its missing objects re-sent and the push sent again.
+const UNKNOWN_HASH_RETRIES: u32 = 3;
+
+/// A push sent and not yet acknowledged, with what a retry needs.
+struct InFlight {
+    pending: PendingPush,
+    /// The cursor the batch acknowledges.
+    sender: ChangeCursor,
+    entries: Vec<ChangeEntry>,
+    phase: Baseline,
+}
+
+/// A push the receiver applied.
+struct Acked {
+    sender: ChangeCursor,
+    phase: Baseline,
+    outcome: PushOutcome,
+}
+
+/// Waits for a pipelined push's outcome. A push that fails with
+/// `EUNKNOWN_HASH` is re-probed, its missing objects are re-sent (and
+/// staged) and it is sent again, at most [`UNKNOWN_HASH_RETRIES`] times: its
+/// batch was probed before the previous batch was applied, and that apply
+/// may have removed the only copy of a chunk the probe reported as held (a
+/// rename is deletes plus creates). Nothing else of ours is in flight then.
+async fn conclude<S: Store, R: Remote>(
+    local: &mut S,
+    remote: &mut R,
+    report: &mut SyncReport,
+    push: InFlight,
+) -> Result<Acked, SyncError> {
+    let InFlight {
+        pending,
+        sender,
+        entries,
+        phase,
+    } = push;
+    let mut result = pending.await;
+    let mut retries = 0;
+    loop {
+        match result {
+            Err(e) if e.code() == ErrorCode::UnknownHash && retries < UNKNOWN_HASH_RETRIES => {
+                retries += 1;
+                tracing::debug!(error = %e, retries, "a chunk went away since the probe; re-probing the batch");
                 let (hashes, sizes) = distinct_chunks(&entries);
-                let held = remote_has(remote, &hashes).await?;
+                let held = probe(remote, &hashes).await?.await?;
                 let missing: Vec<(Hash, u32)> = hashes
                     .into_iter()
                     .filter(|h| !held.contains(h))
                     .map(|h| (h, sizes[&h]))
                     .collect();
-                send_objects(local, remote, &missing, &mut report).await?;
-                remote
-                    .push(Some(sender.clone()), entries, current.phase)
-                    .await?
-            }
-            other => other?,
-        };
-        if remote_lost_state(&outcome.applied_push_cursor, &sender)? {
-            return Err(SyncError::InvariantViolated {
-                applied: outcome.applied_push_cursor,
-                pushed: sender,
-            });
-        }
-        // A baseline is only complete with its sweep: until then the push
-        // cursor stays where it was, so an interrupted baseline starts over
-        // (objects already sent are deduplicated) instead of resuming as an
-        // incremental push that would never sweep.
-        if current.phase != Baseline::Mark {
-            local.set_push_cursor(opts.remote_name, &sender)?;
-        }
-        report.batches += 1;
-        report.cursor = sender;
-        on_batch(&report);
-        upload?;
-        match next {
-            Some(n) => {
-                if !overlap {
-                    send_objects(local, remote, &n.missing, &mut report).await?;
+                for upload in send_objects(local, remote, &missing, report).await? {
+                    upload.await?;
                 }
-                current = n;
+                result = remote
+                    .push(Some(sender.clone()), entries.clone(), phase)
+                    .await;
             }
-            None => return Ok(report),
+            other => {
+                return Ok(Acked {
+                    sender,
+                    phase,
+                    outcome: other?,
+                });
+            }
         }
     }
+}
+
+/// Checks a push's echoed cursor (rule 9) and advances the push cursor
+/// (not during a baseline's mark phase).
+fn acknowledge<S: Store>(
+    local: &mut S,
+    opts: &SyncOptions<'_>,
+    report: &mut SyncReport,
+    on_batch: &mut impl FnMut(&SyncReport),
+    acked: Acked,
+) -> Result<(), SyncError> {
+    let Acked {
+        sender,
+        phase,
+        outcome,
+    } = acked;
+    if remote_lost_state(&outcome.applied_push_cursor, &sender)? {
+        return Err(SyncError::InvariantViolated {
+            applied: outcome.applied_push_cursor,
+            pushed: sender,
+        });
+    }
+    // A baseline is only complete with its sweep: until then the push
+    // cursor stays where it was, so an interrupted baseline starts over
+    // (objects already sent are deduplicated) instead of resuming as an
+    // incremental push that would never sweep.
+    if phase != Baseline::Mark {
+        local.set_push_cursor(opts.remote_name, &sender)?;
+    }
+    report.batches += 1;
+    report.cursor = sender;
+    on_batch(report);
+    Ok(())
+}
+
+/// Sends a probe for `hashes` (in windows of [`MAX_HASHES_PER_CALL`]); the
+/// future resolves to the set the remote holds.
+async fn probe<R: Remote>(
+    remote: &mut R,
+    hashes: &[Hash],
+) -> Result<impl std::future::Future<Output = Result<HashSet<Hash>, SyncError>> + use<R>, SyncError>
+{
+    let mut pending = Vec::new();
+    for window in hashes.chunks(MAX_HASHES_PER_CALL) {
+        pending.push(remote.has_objects_pipelined(window).await?);
+    }
+    Ok(async move {
+        let mut held = HashSet::new();
+        for p in pending {
+            held.extend(p.await?);
+        }
+        Ok(held)
+    })
 }
 
 /// One push batch, cut and probed.
@@ -260,15 +397,8 @@ struct Pager {
 }
 
 impl Pager {
-    /// Tops the page up to [`BATCH_ENTRIES`], probes the remote for its
-    /// chunks and cuts the next batch where the missing bytes pass
-    /// [`BATCH_OBJECT_BYTES`] (a single larger file goes alone).
-    async fn next_batch<S: Store, R: Remote>(
-        &mut self,
-        local: &mut S,
-        remote: &mut R,
-        opts: &SyncOptions<'_>,
-    ) -> Result<PushBatch, SyncError> {
+    /// Tops the page up to [`BATCH_ENTRIES`].
+    fn fill<S: Store>(&mut self, local: &mut S, opts: &SyncOptions<'_>) -> Result<(), SyncError> {
         if self.page.len() < BATCH_ENTRIES && !self.exhausted {
             let want = BATCH_ENTRIES - self.page.len();
             let more = local.changes(ChangesQuery {
@@ -284,9 +414,13 @@ impl Pager {
             }
             self.page.extend(more);
         }
-        let (hashes, sizes) = distinct_chunks(&self.page);
-        let held = remote_has(remote, &hashes).await?;
-        // Cut the batch where the missing bytes pass the budget.
+        Ok(())
+    }
+
+    /// Cuts the next batch off the page where the chunk bytes the remote
+    /// lacks (`held` is what it holds) pass [`BATCH_OBJECT_BYTES`] (a
+    /// single larger file goes alone).
+    fn cut(&mut self, held: &HashSet<Hash>, sizes: &HashMap<Hash, u32>) -> PushBatch {
         let mut take = 0usize;
         let mut budget = 0usize;
         let mut counted: HashSet<Hash> = HashSet::new();
@@ -325,40 +459,47 @@ impl Pager {
             (true, false) => Baseline::Mark,
             (true, true) => Baseline::Sweep,
         };
-        Ok(PushBatch {
+        PushBatch {
             entries,
             missing,
             deduplicated_bytes,
             sender,
             phase,
             last,
-        })
+        }
     }
 }
 
-/// Reads `hashes` (a batch's missing chunks) from the local store and
-/// pushes them to the remote, about [`BATCH_OBJECT_BYTES`] per upload.
+/// Reads `missing` (a batch's chunks the remote lacks) from the local store
+/// and uploads them, about [`BATCH_OBJECT_BYTES`] per upload. Returns once
+/// everything is sent; the futures resolve when the remote has staged them.
 async fn send_objects<S: Store, R: Remote>(
     local: &mut S,
     remote: &mut R,
     missing: &[(Hash, u32)],
     report: &mut SyncReport,
-) -> Result<(), SyncError> {
+) -> Result<Vec<PendingUpload>, SyncError> {
+    let mut pending: Vec<PendingUpload> = Vec::new();
     let mut group: Vec<Hash> = Vec::new();
     let mut group_bytes = 0usize;
     for (i, (h, size)) in missing.iter().enumerate() {
         group.push(*h);
         group_bytes += *size as usize;
         if group_bytes >= BATCH_OBJECT_BYTES || i + 1 == missing.len() {
+            // A large file's upload spans many groups: keep at most two in
+            // flight, so memory stays at a few groups whatever the file size.
+            while pending.len() >= 2 {
+                pending.remove(0).await?;
+            }
             let objects = local.read_objects(&group)?;
             report.objects += objects.len() as u64;
             report.object_bytes += objects.iter().map(|o| o.bytes.len() as u64).sum::<u64>();
-            remote.push_objects(objects).await?;
+            pending.push(remote.push_objects_pipelined(objects).await?);
             group.clear();
             group_bytes = 0;
         }
     }
-    Ok(())
+    Ok(pending)
 }
 
 /// Pulls every remote change after our fetch cursor (rule 8): batches of

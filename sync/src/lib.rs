@@ -29,7 +29,10 @@ pub use error::{ErrorCode, SyncError};
 pub use hash::Hash;
 pub use ignore_rules::IgnoreRules;
 pub use path::SyncPath;
-pub use remote::{ChangeStream, FetchOpened, Object, PendingPush, PushOutcome, Remote};
+pub use remote::{
+    ChangeStream, FetchOpened, Object, PendingProbe, PendingPush, PendingUpload, PushOutcome,
+    Remote,
+};
 pub use store::{
     ApplyBatch, ApplyOutcome, Baseline, ChangesQuery, ChangesWindow, Store, Watermarks,
 };

@@ -48,6 +48,15 @@ pub struct PushOutcome {
 pub type PendingPush =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<PushOutcome, SyncError>>>>;
 
+/// A probe already sent ([`Remote::has_objects_pipelined`]).
+pub type PendingProbe =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<Hash>, SyncError>>>>;
+
+/// An upload already sent ([`Remote::push_objects_pipelined`]): resolves
+/// once the receiver has staged every object of it.
+pub type PendingUpload =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), SyncError>>>>;
+
 /// A pull iterator over a remote change stream.
 #[allow(async_fn_in_trait)]
 pub trait ChangeStream {
@@ -76,6 +85,26 @@ pub trait Remote {
     async fn fetch_objects(&mut self, hashes: &[Hash]) -> Result<Vec<Object>, SyncError>;
 
     async fn push_objects(&mut self, objects: Vec<Object>) -> Result<(), SyncError>;
+
+    /// [`Remote::has_objects`], returning once the probe is *sent*; calls
+    /// made after it reach the receiver after it. By default the probe
+    /// completes before this returns.
+    async fn has_objects_pipelined(&mut self, hashes: &[Hash]) -> Result<PendingProbe, SyncError> {
+        let held = self.has_objects(hashes).await;
+        Ok(Box::pin(std::future::ready(held)))
+    }
+
+    /// [`Remote::push_objects`], returning once every object is *sent*
+    /// (flow control permitting); the returned future resolves when the
+    /// receiver has staged them all. By default the upload completes before
+    /// this returns.
+    async fn push_objects_pipelined(
+        &mut self,
+        objects: Vec<Object>,
+    ) -> Result<PendingUpload, SyncError> {
+        let done = self.push_objects(objects).await;
+        Ok(Box::pin(std::future::ready(done)))
+    }
 
     /// `sender` is `None` for an external writer (wire `senderRev = 0`).
     async fn push(

@@ -152,6 +152,14 @@ pub trait Store {
     /// it (never backwards) in the same transaction.
     fn apply(&mut self, batch: ApplyBatch<'_>) -> Result<ApplyOutcome, SyncError>;
 
+    /// Housekeeping a server runs once its peers have gone quiet for a
+    /// moment (after a push), so that the next request does not pay for
+    /// it: the workspace store settles the paths its watcher reported,
+    /// including those its own applies wrote. By default nothing.
+    fn idle(&mut self) -> Result<(), SyncError> {
+        Ok(())
+    }
+
     /// Sets the push cursor for `remote` (forward after a push, or back to
     /// zero for a re-baseline).
     fn set_push_cursor(&mut self, remote: &str, cursor: &ChangeCursor) -> Result<(), SyncError>;

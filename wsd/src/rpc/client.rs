@@ -15,7 +15,7 @@ use wsd_schema::workspace_capnp as wire;
 use wsd_sync::limits::MAX_HASHES_PER_CALL;
 use wsd_sync::{
     Baseline, ChangeCursor, ChangeEntry, ChangeStream, ErrorCode, FetchOpened, Hash, Object,
-    PendingPush, PushOutcome, Remote, SyncError, SyncPath, Watermarks,
+    PendingProbe, PendingPush, PendingUpload, PushOutcome, Remote, SyncError, SyncPath, Watermarks,
 };
 
 use super::convert::{
@@ -170,16 +170,29 @@ impl Client {
             RemoteChanges {
                 iter: r.get_changes()?,
                 conn: self.conn.clone(),
+                ahead: None,
             },
         ))
     }
 
     pub async fn has_objects(&self, hashes: &[Hash]) -> Result<Vec<Hash>, WireError> {
+        self.has_objects_send(hashes)?.await
+    }
+
+    /// Sends a `hasObjects`; its answer arrives on the returned future,
+    /// which borrows nothing.
+    pub fn has_objects_send(
+        &self,
+        hashes: &[Hash],
+    ) -> Result<impl Future<Output = Result<Vec<Hash>, WireError>> + 'static, WireError> {
         self.check_alive()?;
         let mut req = self.sync.has_objects_request();
         hashes_to(req.get().init_hashes(hashes.len() as u32), hashes);
-        let response = req.send().promise.await?;
-        hashes_from(response.get()?.get_held()?, MAX_HASHES_PER_CALL)
+        let promise = req.send().promise;
+        Ok(async move {
+            let response = promise.await?;
+            hashes_from(response.get()?.get_held()?, MAX_HASHES_PER_CALL)
+        })
     }
 
     /// The objects in request order. The daemon streams them into a local
@@ -218,9 +231,19 @@ impl Client {
     /// Streams `objects` into an upload sink in writes of about
     /// [`OBJECT_WRITE_BYTES`], paced by the daemon's stream window.
     pub async fn push_objects(&self, objects: &[Object]) -> Result<(), WireError> {
+        self.push_objects_send(objects).await?.await
+    }
+
+    /// [`Client::push_objects`], returning once every write is sent (the
+    /// stream window permitting); the returned future resolves when the
+    /// daemon has staged them all.
+    pub async fn push_objects_send(
+        &self,
+        objects: &[Object],
+    ) -> Result<impl Future<Output = Result<(), WireError>> + 'static, WireError> {
         self.check_alive()?;
         if objects.is_empty() {
-            return Ok(());
+            return Ok(futures::future::Either::Left(std::future::ready(Ok(()))));
         }
         let sink = self.sync.push_objects_request().send().pipeline.get_sink();
         let mut start = 0;
@@ -243,9 +266,15 @@ impl Client {
             window.send(req, size).await?;
             start = end;
         }
-        window.finish().await?;
-        sink.done_request().send().promise.await?;
-        Ok(())
+        // `done` may go out before the writes are acknowledged: the daemon
+        // runs a streaming capability's calls one at a time, so it answers
+        // `done` after the last write is staged (or repeats its failure).
+        let done = sink.done_request().send().promise;
+        Ok(futures::future::Either::Right(async move {
+            window.finish().await?;
+            done.await?;
+            Ok(())
+        }))
     }
 
     /// `sender: None` is an external writer (wire `senderRev = 0`). A
@@ -361,7 +390,15 @@ impl Client {
 pub struct RemoteChanges {
     iter: wire::change_iterator::Client,
     conn: Rc<Connection>,
+    /// The next batch, requested as soon as a full batch arrived, so the
+    /// daemon pages its index while the caller applies the current one.
+    ahead: Option<NextPromise>,
 }
+
+type NextPromise = capnp::capability::Promise<
+    capnp::capability::Response<wire::change_iterator::next_results::Owned>,
+    capnp::Error,
+>;
 
 impl std::fmt::Debug for RemoteChanges {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -370,15 +407,34 @@ impl std::fmt::Debug for RemoteChanges {
 }
 
 impl RemoteChanges {
+    /// Up to `max` next entries. After a full batch the following one is
+    /// requested at once (with the same `max`) and returned by the next call
+    /// whatever `max` that call passes, since the daemon's cursor has moved.
     pub async fn next(&mut self, max: usize) -> Result<Vec<ChangeEntry>, WireError> {
         if !self.conn.alive.get() {
             return Err(WireError::connection_lost("closed"));
         }
         let max = max.clamp(1, MAX_CHANGES_PER_NEXT);
+        let promise = match self.ahead.take() {
+            Some(p) => p,
+            None => self.request(max),
+        };
+        let response = promise.await?;
+        let entries = entries_from(
+            response.get()?.get_entries()?,
+            "entries per next",
+            MAX_CHANGES_PER_NEXT,
+        )?;
+        if entries.len() >= max {
+            self.ahead = Some(self.request(max));
+        }
+        Ok(entries)
+    }
+
+    fn request(&self, max: usize) -> NextPromise {
         let mut req = self.iter.next_request();
         req.get().set_max(max as u32);
-        let response = req.send().promise.await?;
-        entries_from(response.get()?.get_entries()?, "entries per next", max)
+        req.send().promise
     }
 }
 
@@ -431,6 +487,19 @@ impl Remote for Client {
         baseline: Baseline,
     ) -> Result<PendingPush, SyncError> {
         let pending = self.push_send(sender.as_ref(), &entries, baseline)?;
+        Ok(Box::pin(async move { Ok(pending.await?) }))
+    }
+
+    async fn has_objects_pipelined(&mut self, hashes: &[Hash]) -> Result<PendingProbe, SyncError> {
+        let pending = self.has_objects_send(hashes)?;
+        Ok(Box::pin(async move { Ok(pending.await?) }))
+    }
+
+    async fn push_objects_pipelined(
+        &mut self,
+        objects: Vec<Object>,
+    ) -> Result<PendingUpload, SyncError> {
+        let pending = self.push_objects_send(&objects).await?;
         Ok(Box::pin(async move { Ok(pending.await?) }))
     }
 }

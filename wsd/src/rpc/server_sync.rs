@@ -23,17 +23,45 @@ use super::stream::{self, StreamWindow, message_bytes};
 /// `OBJECT_WRITE_BYTES + READ_GROUP * MAX_CHUNK` = 3 MiB.
 const READ_GROUP: usize = 8;
 
+/// How long after its last push a connection counts as quiet, when the
+/// store does its idle housekeeping ([`Store::idle`]).
+const IDLE_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// `Sync` for one peer on one connection.
 pub(crate) struct SyncServer<S> {
     store: StoreHandle<S>,
     conn: Rc<Conn>,
     /// The name the store keeps this peer's watermarks under.
     peer: Arc<str>,
+    /// Bumped by every push; an idle task runs only if none came after it.
+    pushes: Rc<std::cell::Cell<u64>>,
 }
 
 impl<S: Store + Send + 'static> SyncServer<S> {
     pub(crate) fn new(store: StoreHandle<S>, conn: Rc<Conn>, peer: Arc<str>) -> Self {
-        SyncServer { store, conn, peer }
+        SyncServer {
+            store,
+            conn,
+            peer,
+            pushes: Rc::default(),
+        }
+    }
+
+    /// After a push, once the connection has been quiet for
+    /// [`IDLE_AFTER`], lets the store settle what the push wrote (its
+    /// watcher reports every file) so the next request does not wait for it.
+    fn schedule_idle(&self) {
+        let n = self.pushes.get() + 1;
+        self.pushes.set(n);
+        let (pushes, store) = (self.pushes.clone(), self.store.clone());
+        tokio::task::spawn_local(async move {
+            tokio::time::sleep(IDLE_AFTER).await;
+            if pushes.get() == n
+                && let Err(e) = store.call(|s| s.idle()).await
+            {
+                tracing::debug!(error = %e, "idle housekeeping failed");
+            }
+        });
     }
 }
 
@@ -78,6 +106,7 @@ impl<S: Store + Send + 'static> wire::sync::Server for SyncServer<S> {
                     "a push overwrote local changes not yet synced to that peer"
                 );
             }
+            self.schedule_idle();
             let mut r = results.get();
             r.set_rev(outcome.rev);
             cursor_to(r.init_applied_push_cursor(), &outcome.fetch_cursor);

@@ -63,6 +63,36 @@ pub(crate) fn lstat_in_root(root: &Path, rel: &SyncPath) -> io::Result<Option<Me
     }
 }
 
+/// [`lstat_in_root`], skipping ancestors in `known_dirs` (workspace paths
+/// seen to be real directories earlier in the same pass) and adding the
+/// ones it checks.
+pub(crate) fn lstat_in_root_cached(
+    root: &Path,
+    rel: &SyncPath,
+    known_dirs: &mut std::collections::HashSet<String>,
+) -> io::Result<Option<Metadata>> {
+    let path = rel.as_str();
+    for (i, _) in path.match_indices('/') {
+        let a = &path[..i];
+        if known_dirs.contains(a) {
+            continue;
+        }
+        match std::fs::symlink_metadata(root.join(a)) {
+            Ok(m) if m.file_type().is_dir() => {
+                known_dirs.insert(a.to_owned());
+            }
+            Ok(_) => return Ok(None),
+            Err(e) if is_gone(&e) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+    }
+    match std::fs::symlink_metadata(abs(root, rel)) {
+        Ok(m) => Ok(Some(m)),
+        Err(e) if is_gone(&e) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// Errors meaning "nothing is there (any more)".
 pub(crate) fn is_gone(e: &io::Error) -> bool {
     matches!(
@@ -156,6 +186,24 @@ pub(crate) fn open_file_in_root(
         return Ok(None);
     }
     Ok(Some((file, meta)))
+}
+
+/// Opens an absolute path for reading without following a symlink at any
+/// depth (`openat2(RESOLVE_NO_SYMLINKS)`; `ELOOP` when there is one). Where
+/// `openat2` is unavailable it only refuses a final symlink, as
+/// [`open_nofollow`] does.
+pub(crate) fn open_no_symlinks(path: &Path) -> io::Result<std::fs::File> {
+    match openat2_no_symlinks(path) {
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENOSYS | libc::EPERM | libc::EINVAL | libc::E2BIG)
+            ) =>
+        {
+            open_nofollow(path)
+        }
+        other => other,
+    }
 }
 
 /// `struct open_how` of `openat2(2)` (the 24-byte first version).

@@ -76,6 +76,11 @@ pub(crate) fn open(path: &Path) -> Result<Connection, StoreError> {
         .map_err(ix("journal_mode"))?;
     db.pragma_update(None, "synchronous", "NORMAL")
         .map_err(ix("synchronous"))?;
+    // Checkpoint every 64 MiB of WAL, not every 4 MiB: each checkpoint
+    // copies pages back and fsyncs (30 fsyncs in one cold push of 10k files
+    // at the default).
+    db.pragma_update(None, "wal_autocheckpoint", 16384)
+        .map_err(ix("wal_autocheckpoint"))?;
     db.busy_timeout(std::time::Duration::from_secs(5))
         .map_err(ix("busy_timeout"))?;
     // Plans never depend on bound values. Without this, the bundled SQLite

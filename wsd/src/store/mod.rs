@@ -301,11 +301,15 @@ impl WorkspaceStore {
         // Sorted, so a directory comes before the paths below it; a walked
         // directory covers its whole subtree.
         let mut walked: HashSet<SyncPath> = HashSet::new();
+        // Ancestors already seen to be real directories in this settle: the
+        // paths of one busy directory share them (an apply of thousands of
+        // files reports every one of them).
+        let mut known_dirs: HashSet<String> = HashSet::new();
         for rel in dirty {
             if rel.ancestors().any(|a| walked.contains(&a)) {
                 continue;
             }
-            let meta = fsutil::lstat_in_root(&self.root, &rel)
+            let meta = fsutil::lstat_in_root_cached(&self.root, &rel, &mut known_dirs)
                 .map_err(|e| SyncError::io(format!("stat {rel}"), e))?;
             if meta.as_ref().is_some_and(|m| m.file_type().is_dir()) {
                 // Walking (not just observing) a dirty directory covers a
@@ -568,6 +572,15 @@ impl Store for WorkspaceStore {
             }
         }
         Ok(outcome)
+    }
+
+    fn idle(&mut self) -> Result<(), SyncError> {
+        // Only a watched store: without a watcher a settle walks the tree.
+        if self.auto_settle && self.watch.as_ref().is_some_and(|w| w.has_pending()) {
+            let report = self.settle()?;
+            tracing::debug!(?report, "settled while idle");
+        }
+        Ok(())
     }
 
     fn set_push_cursor(&mut self, remote: &str, cursor: &ChangeCursor) -> Result<(), SyncError> {

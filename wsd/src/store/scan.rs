@@ -287,6 +287,10 @@ impl Scan<'_> {
                 return self.flush_hashes();
             }
         }
+        if self.watch.is_none() && walk_threads() > 1 {
+            self.walk_parallel(start)?;
+            return self.flush_hashes();
+        }
         let mut stack: Vec<Option<SyncPath>> = vec![start.cloned()];
         while let Some(dir) = stack.pop() {
             let dir_abs = match &dir {
@@ -303,88 +307,246 @@ impl Scan<'_> {
                     }
                 }
             }
-            let rd = match std::fs::read_dir(&dir_abs) {
-                Ok(rd) => rd,
-                // Replaced or removed since it was observed: the event for
-                // that (or the next walk) records it.
-                Err(e) if fsutil::is_gone(&e) => continue,
-                Err(e) => {
-                    return Err(SyncError::io(format!("listing {}", dir_abs.display()), e));
-                }
+            // Replaced or removed since it was observed: the event for that
+            // (or the next walk) records it.
+            let Some(listed) = list_dir(&dir_abs, self.state_dir)? else {
+                continue;
             };
-            // One query for the directory's rows; each entry on disk takes
-            // its row out, and what is left was removed.
-            let parent_key = dir.as_ref().map(SyncPath::as_str).unwrap_or("");
-            let mut rows = index::live_children(self.db, parent_key)?;
-            let state_here = self.state_dir.parent() == Some(dir_abs.as_path());
-            for ent in rd {
-                let ent = ent.io_ctx(|| format!("listing {}", dir_abs.display()))?;
-                let name = ent.file_name();
-                if state_here && self.state_dir.file_name() == Some(name.as_os_str()) {
-                    continue;
-                }
-                let Ok(name) = name.into_string() else {
-                    tracing::warn!(path = %ent.path().display(), "name is not UTF-8; not synced");
-                    continue;
-                };
-                if fsutil::is_apply_temp(&name) {
-                    if self.remove_stale_temps {
-                        let child_abs = ent.path();
-                        tracing::info!(path = %child_abs.display(), "removing a stale apply temp file");
-                        let _ = std::fs::remove_file(&child_abs);
-                    }
-                    continue;
-                }
-                let meta = match ent.metadata() {
-                    Ok(m) => Some(m),
-                    Err(e) if fsutil::is_gone(&e) => None,
-                    Err(e) => {
-                        return Err(SyncError::io(format!("stat {}", ent.path().display()), e));
-                    }
-                };
-                let join = || match &dir {
-                    Some(d) => d.join(&name),
-                    None => SyncPath::new(name.clone()),
-                };
-                let row = rows.remove(&name);
-                let is_dir = meta.as_ref().is_some_and(|m| m.file_type().is_dir());
-                if let (Some(row), Some(m)) = (&row, &meta)
-                    && !is_dir
-                    && self.clean(row, m, || join().ok())
-                {
-                    continue;
-                }
-                let child = match join() {
-                    Ok(c) => c,
-                    Err(e) => {
-                        tracing::warn!(path = %ent.path().display(), error = %e, "not synced");
-                        continue;
-                    }
-                };
-                if let (Some(row), Some(m)) = (&row, &meta)
-                    && is_dir
-                    && self.clean(row, m, || None)
-                {
-                    stack.push(Some(child));
-                    continue;
-                }
-                self.observe(&child, meta.as_ref())?;
-                if is_dir {
-                    stack.push(Some(child));
-                }
-            }
-            let mut gone: Vec<String> = rows.into_keys().collect();
-            gone.sort_unstable();
-            for name in gone {
-                let child = match &dir {
-                    Some(d) => d.join(&name)?,
-                    None => SyncPath::new(name)?,
-                };
-                self.tombstone(&child)?;
-            }
+            let subdirs = self.process_dir(&dir, &dir_abs, listed)?;
+            stack.extend(subdirs.into_iter().map(Some));
         }
         self.flush_hashes()
     }
+
+    /// The walk without a watcher (the CLI, a daemon without inotify):
+    /// directories are listed and `lstat`-ed on [`walk_threads`] threads
+    /// (the kernel work that bounds a no-op walk) while this thread compares
+    /// each listing with the index as it arrives. Rows are per path, so the
+    /// order listings arrive in does not matter.
+    fn walk_parallel(&mut self, start: Option<&SyncPath>) -> Result<(), SyncError> {
+        struct Queue {
+            dirs: Vec<(Option<SyncPath>, PathBuf)>,
+            /// Directories queued or being listed.
+            outstanding: usize,
+            abort: bool,
+        }
+        type Msg = Result<(Option<SyncPath>, PathBuf, Option<Vec<Listed>>), SyncError>;
+        let start_abs = match start {
+            Some(d) => fsutil::abs(self.root, d),
+            None => self.root.to_owned(),
+        };
+        let queue = (
+            std::sync::Mutex::new(Queue {
+                dirs: vec![(start.cloned(), start_abs)],
+                outstanding: 1,
+                abort: false,
+            }),
+            std::sync::Condvar::new(),
+        );
+        let state_dir = self.state_dir.to_owned();
+        std::thread::scope(|s| {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Msg>(64);
+            for _ in 0..walk_threads() {
+                let (tx, queue, state_dir) = (tx.clone(), &queue, &state_dir);
+                s.spawn(move || {
+                    let (lock, cvar) = queue;
+                    loop {
+                        let (dir, dir_abs) = {
+                            let mut q = lock.lock().unwrap_or_else(|p| p.into_inner());
+                            loop {
+                                if q.abort {
+                                    return;
+                                }
+                                if let Some(job) = q.dirs.pop() {
+                                    break job;
+                                }
+                                if q.outstanding == 0 {
+                                    cvar.notify_all();
+                                    return;
+                                }
+                                q = cvar.wait(q).unwrap_or_else(|p| p.into_inner());
+                            }
+                        };
+                        let listed = list_dir(&dir_abs, state_dir);
+                        if let Ok(Some(entries)) = &listed {
+                            let subdirs: Vec<_> = entries
+                                .iter()
+                                .filter_map(|(name, meta)| {
+                                    let meta = meta.as_ref()?;
+                                    if !meta.file_type().is_dir() {
+                                        return None;
+                                    }
+                                    let child = child_path(&dir, name)?;
+                                    Some((Some(child), dir_abs.join(name)))
+                                })
+                                .collect();
+                            let mut q = lock.lock().unwrap_or_else(|p| p.into_inner());
+                            q.outstanding += subdirs.len();
+                            q.dirs.extend(subdirs);
+                            cvar.notify_all();
+                        }
+                        let failed = tx.send(listed.map(|l| (dir, dir_abs, l))).is_err();
+                        let mut q = lock.lock().unwrap_or_else(|p| p.into_inner());
+                        q.outstanding -= 1;
+                        q.abort |= failed;
+                        if q.outstanding == 0 || failed {
+                            cvar.notify_all();
+                        }
+                    }
+                });
+            }
+            drop(tx);
+            let mut result = Ok(());
+            for msg in rx.iter() {
+                let step = msg.and_then(|(dir, dir_abs, listed)| match listed {
+                    Some(listed) => self.process_dir(&dir, &dir_abs, listed).map(|_| ()),
+                    None => Ok(()),
+                });
+                if let Err(e) = step {
+                    result = Err(e);
+                    break;
+                }
+            }
+            if result.is_err() {
+                let (lock, cvar) = &queue;
+                lock.lock().unwrap_or_else(|p| p.into_inner()).abort = true;
+                cvar.notify_all();
+            }
+            // Dropping the receiver unblocks a worker waiting to send.
+            drop(rx);
+            result
+        })
+    }
+
+    /// Compares one listed directory with its rows: observes what changed,
+    /// tombstones indexed children that are gone, and returns the
+    /// subdirectories to walk.
+    fn process_dir(
+        &mut self,
+        dir: &Option<SyncPath>,
+        dir_abs: &Path,
+        listed: Vec<Listed>,
+    ) -> Result<Vec<SyncPath>, SyncError> {
+        // One query for the directory's rows; each entry on disk takes its
+        // row out, and what is left was removed.
+        let parent_key = dir.as_ref().map(SyncPath::as_str).unwrap_or("");
+        let mut rows = index::live_children(self.db, parent_key)?;
+        let mut subdirs = Vec::new();
+        for (name, meta) in listed {
+            let Ok(name) = name.into_string() else {
+                continue;
+            };
+            if fsutil::is_apply_temp(&name) {
+                if self.remove_stale_temps {
+                    let child_abs = dir_abs.join(&name);
+                    tracing::info!(path = %child_abs.display(), "removing a stale apply temp file");
+                    let _ = std::fs::remove_file(&child_abs);
+                }
+                continue;
+            }
+            let join = || match dir {
+                Some(d) => d.join(&name),
+                None => SyncPath::new(name.clone()),
+            };
+            let row = rows.remove(&name);
+            let is_dir = meta.as_ref().is_some_and(|m| m.file_type().is_dir());
+            if let (Some(row), Some(m)) = (&row, &meta)
+                && !is_dir
+                && self.clean(row, m, || join().ok())
+            {
+                continue;
+            }
+            let child = match join() {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(path = %dir_abs.join(&name).display(), error = %e, "not synced");
+                    continue;
+                }
+            };
+            if let (Some(row), Some(m)) = (&row, &meta)
+                && is_dir
+                && self.clean(row, m, || None)
+            {
+                subdirs.push(child);
+                continue;
+            }
+            self.observe(&child, meta.as_ref())?;
+            if is_dir {
+                subdirs.push(child);
+            }
+        }
+        let mut gone: Vec<String> = rows.into_keys().collect();
+        gone.sort_unstable();
+        for name in gone {
+            let child = match dir {
+                Some(d) => d.join(&name)?,
+                None => SyncPath::new(name)?,
+            };
+            self.tombstone(&child)?;
+        }
+        Ok(subdirs)
+    }
+}
+
+/// A directory entry as listed: its name and its `lstat` (`None` when it
+/// vanished in between).
+type Listed = (std::ffi::OsString, Option<Metadata>);
+
+/// Lists `dir_abs` and `lstat`s its entries (relative to the directory's
+/// descriptor), leaving out the state directory; names that cannot be
+/// synced are listed without a stat. `None` when the directory is gone.
+fn list_dir(dir_abs: &Path, state_dir: &Path) -> Result<Option<Vec<Listed>>, SyncError> {
+    let rd = match std::fs::read_dir(dir_abs) {
+        Ok(rd) => rd,
+        Err(e) if fsutil::is_gone(&e) => return Ok(None),
+        Err(e) => return Err(SyncError::io(format!("listing {}", dir_abs.display()), e)),
+    };
+    let state_here = state_dir.parent() == Some(dir_abs);
+    let mut out = Vec::new();
+    for ent in rd {
+        let ent = ent.io_ctx(|| format!("listing {}", dir_abs.display()))?;
+        let name = ent.file_name();
+        if state_here && state_dir.file_name() == Some(name.as_os_str()) {
+            continue;
+        }
+        let Some(utf8) = name.to_str() else {
+            tracing::warn!(path = %ent.path().display(), "name is not UTF-8; not synced");
+            continue;
+        };
+        if fsutil::is_apply_temp(utf8) {
+            out.push((name, None));
+            continue;
+        }
+        let meta = match ent.metadata() {
+            Ok(m) => Some(m),
+            Err(e) if fsutil::is_gone(&e) => None,
+            Err(e) => return Err(SyncError::io(format!("stat {}", ent.path().display()), e)),
+        };
+        out.push((name, meta));
+    }
+    Ok(Some(out))
+}
+
+/// The workspace path of `name` in `dir`, when it is one a walk descends
+/// into (a valid, non-temp name).
+fn child_path(dir: &Option<SyncPath>, name: &std::ffi::OsStr) -> Option<SyncPath> {
+    let name = name.to_str()?;
+    if fsutil::is_apply_temp(name) {
+        return None;
+    }
+    match dir {
+        Some(d) => d.join(name).ok(),
+        None => SyncPath::new(name.to_owned()).ok(),
+    }
+}
+
+/// Threads a walk without a watcher lists directories on: one per core, at
+/// most 4 (`lstat` and `getdents` are what a no-op walk spends its time in).
+fn walk_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(4)
 }
 
 /// Hashes `files` with [`hash_file`], on up to [`hash_threads`] threads
@@ -449,7 +611,9 @@ thread_local! {
 /// read leaves a stat that differs next time), or `None` when the file is
 /// gone or no longer a regular file.
 pub(crate) fn hash_file(abs: &Path) -> Result<Option<(Vec<ChunkRef>, Stat)>, SyncError> {
-    let file = match fsutil::open_nofollow(abs) {
+    // No symlink anywhere on the way (the root is canonical): a directory
+    // swapped for a symlink since it was checked is never read through.
+    let file = match fsutil::open_no_symlinks(abs) {
         Ok(f) => f,
         Err(e) if fsutil::is_gone(&e) || e.raw_os_error() == Some(libc::ELOOP) => return Ok(None),
         Err(e) => return Err(SyncError::io(format!("opening {}", abs.display()), e)),

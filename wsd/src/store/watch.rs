@@ -184,6 +184,14 @@ impl LocalWatcher {
         }
     }
 
+    /// True when events arrived since the last [`LocalWatcher::take_pending`]
+    /// (without a barrier: writes still in flight may not show yet).
+    pub fn has_pending(&self) -> bool {
+        let (lock, _) = &*self.shared;
+        let s = lock.lock().unwrap_or_else(|p| p.into_inner());
+        !s.dirty.is_empty() || s.rescan.is_some()
+    }
+
     /// Waits until every event of writes finished before this call has been
     /// handled, then takes what settle must look at.
     pub fn take_pending(&mut self) -> Pending {
