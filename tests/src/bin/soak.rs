@@ -1101,21 +1101,27 @@ fn check_no_write_lost(
             }
             history.sort_by_key(|&i| (events[i].lo, i));
             let skip = history.len().saturating_sub(40);
-            msg.push_str("\n    history (path and ancestors; delivered = end of the sync that carried it):");
+            msg.push_str(
+                "\n    history (path and ancestors; delivered = end of the sync that carried it):",
+            );
             for &i in &history[skip..] {
                 let e = &events[i];
                 let d = delivered(e);
                 msg.push_str(&format!(
-                    "\n      [{}..{}] delivered {} {:?} {} {}{}{}{}",
+                    "\n      [{}..{}] delivered {} {:?} {} {}{}{} -> {}",
                     e.lo,
                     e.hi,
-                    if d == u64::MAX { "never".to_owned() } else { d.to_string() },
+                    if d == u64::MAX {
+                        "never".to_owned()
+                    } else {
+                        d.to_string()
+                    },
                     e.side,
                     e.path,
                     e.what,
                     if e.certain { "" } else { " (uncertain)" },
                     if e.subtree { " subtree" } else { "" },
-                    format!(" -> {}", e.st.short())
+                    e.st.short()
                 ));
             }
             violations.push(msg);
