@@ -292,6 +292,33 @@ fn a_push_whose_chunks_never_arrived_rolls_back_entirely() {
 }
 
 #[test]
+fn a_push_refused_for_unknown_hashes_is_retried_a_bounded_number_of_times() {
+    let (a, b) = (Peer::new("A"), Peer::new("B"));
+    a.put("dir/one", b"one");
+    a.put("dir/two", b"two");
+    let (mut remote, faults) = faulty(&b, &a);
+    // The first probe claims everything held: nothing is uploaded, the push
+    // fails with EUNKNOWN_HASH, the re-probe tells the truth.
+    faults.claim_held.set(1);
+    push_via(&a, "B", &mut remote).unwrap();
+    assert_eq!(faults.probes.get(), 2);
+    assert_eq!(b.tree(), a.tree());
+    // A probe that always lies: the first try plus three retries, then the
+    // error.
+    a.put("dir/three", b"three");
+    faults.probes.set(0);
+    faults.claim_held.set(usize::MAX);
+    let err = push_via(&a, "B", &mut remote).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::UnknownHash);
+    assert_eq!(faults.probes.get(), 4);
+    assert!(!b.store.borrow().exists(&p("dir/three")).unwrap());
+    faults.claim_held.set(0);
+    push_via(&a, "B", &mut remote).unwrap();
+    assert_eq!(b.tree(), a.tree());
+    check(&[&a, &b]);
+}
+
+#[test]
 fn a_corrupted_chunk_is_rejected_by_the_receiver() {
     let (a, b) = (Peer::new("A"), Peer::new("B"));
     a.put("f", b"precious bytes");

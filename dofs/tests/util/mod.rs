@@ -181,6 +181,10 @@ pub struct Faults {
     pub corrupt_objects: Cell<bool>,
     /// Runs right after `fetch_changes` opened its stream.
     pub after_open: RefCell<Option<Box<dyn FnMut()>>>,
+    /// The next this many `has_objects` answers claim every hash held.
+    pub claim_held: Cell<usize>,
+    /// `has_objects` calls seen.
+    pub probes: Cell<usize>,
     /// Largest `has_objects` request seen.
     pub max_probe: Cell<usize>,
     /// Entries handed out by streams.
@@ -256,6 +260,12 @@ impl<R: Remote> Remote for Faulty<R> {
         self.faults
             .max_probe
             .set(self.faults.max_probe.get().max(hashes.len()));
+        self.faults.probes.set(self.faults.probes.get() + 1);
+        let lies = self.faults.claim_held.get();
+        if lies > 0 {
+            self.faults.claim_held.set(lies - 1);
+            return Ok(hashes.to_vec());
+        }
         self.inner.has_objects(hashes).await
     }
 

@@ -1174,6 +1174,43 @@ fn two_workspaces_converge_through_the_driver() {
     assert_eq!(wa.fetch_cursor, ChangeCursor::at(wb.current_rev));
 }
 
+#[test]
+fn a_renamed_directory_spanning_batches_is_pushed_whole() {
+    // A directory rename is tombstones for a/.. then new paths z/.. at one
+    // rev. With 300 files, z/000..z/209 fall in the batch after the one
+    // deleting a/000..a/209, B's only copies of their chunks. The driver
+    // probes that batch before the deletes are applied, so its push finds
+    // the chunks gone (EUNKNOWN_HASH) and is re-probed and resent.
+    let mut a = ws(false);
+    let b = ws(false);
+    let (b_root, _b_tmp) = (b.root.clone(), b._tmp);
+    let b_store = Rc::new(RefCell::new(b.store));
+    let ignore = IgnoreRules::none();
+    let opts_to_b = SyncOptions {
+        remote_name: "b",
+        ignore: &ignore,
+    };
+    let mut remote = StoreRemote::new(b_store.clone(), "a");
+    for i in 0..300 {
+        a.write(
+            &format!("a/{i:03}"),
+            format!("content of file {i}").as_bytes(),
+        );
+    }
+    a.store.settle().unwrap();
+    futures::executor::block_on(driver::push(&mut a.store, &mut remote, &opts_to_b, |_| {}))
+        .unwrap();
+    assert_tree_eq(&a.root, &b_root);
+    fs::rename(a.root.join("a"), a.root.join("z")).unwrap();
+    a.store.settle().unwrap();
+    let pushed =
+        futures::executor::block_on(driver::push(&mut a.store, &mut remote, &opts_to_b, |_| {}))
+            .unwrap();
+    assert!(pushed.batches >= 2, "{pushed:?}");
+    assert_tree_eq(&a.root, &b_root);
+    assert_eq!(b_store.borrow_mut().settle().unwrap().rev, None);
+}
+
 /// Compares two trees: kinds, modes, bytes and symlink targets.
 fn assert_tree_eq(a: &Path, b: &Path) {
     fn listing(root: &Path) -> Vec<(String, String)> {
