@@ -1068,10 +1068,19 @@ fn check_no_write_lost(
                 (a, b) => a == b,
             }
         };
+        // Under a final file or symlink nothing can exist: a kind change
+        // replaces the subtree (last applier wins), so a concurrent write
+        // below it lost the conflict. Whether that ancestor's state is
+        // explained is checked at the ancestor itself.
+        let shadowed = final_st == St::Absent
+            && ancestors(path)
+                .into_iter()
+                .any(|a| std::fs::symlink_metadata(root_final.join(a)).is_ok_and(|m| !m.is_dir()));
         checked += 1;
         let ok = candidates.iter().any(|&i| matches(i))
             || (final_st == St::Dir && implied_dir)
-            || (rel.is_empty() && final_st == St::Absent);
+            || (rel.is_empty() && final_st == St::Absent)
+            || shadowed;
         if !ok {
             let mut msg = format!(
                 "write lost or unexplained state at {path}: final is {}; unsuperseded writes:",
