@@ -38,6 +38,8 @@ struct Served {
     addr: String,
     args: Vec<String>,
     env: Vec<(String, String)>,
+    /// A program (and its arguments) that execs the daemon's command line.
+    wrapper: Vec<String>,
     child: Option<Child>,
 }
 
@@ -60,14 +62,34 @@ impl Served {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            wrapper: Vec::new(),
             child: None,
         };
         d.spawn();
         d
     }
 
+    /// A daemon started the way a background job of a non-interactive
+    /// shell under `nohup` is: SIGINT, SIGQUIT and SIGHUP ignored.
+    fn start_ignoring_signals() -> Served {
+        let mut d = Served::start_with(&[], &[]);
+        d.kill9();
+        d.wrapper = ["sh", "-c", "trap '' INT QUIT HUP; exec \"$@\"", "sh"]
+            .map(str::to_owned)
+            .to_vec();
+        d.spawn();
+        d
+    }
+
     fn spawn(&mut self) {
-        let mut cmd = Command::new(wsd_bin());
+        let mut cmd = match self.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(wsd_bin());
+                c
+            }
+            None => Command::new(wsd_bin()),
+        };
         cmd.args(["serve", "--listen", &self.addr])
             .arg("--root")
             .arg(&self.root)
@@ -792,6 +814,55 @@ fn wsd_kill_with_signal_kill_ends_the_whole_group_at_once() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(attach.wait(), 137);
     assert_all_dead(&pids);
+}
+
+#[test]
+fn signals_the_daemon_inherited_as_ignored_reach_commands_with_their_default_action() {
+    let d = Served::start_ignoring_signals();
+    let bit = |sig: i32| 1u64 << (sig - 1);
+    // The daemon still shrugs SIGHUP off, as under nohup (it now has a
+    // handler that does nothing instead of an ignore).
+    #[allow(unsafe_code)]
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    let rc = unsafe { libc::kill(d.pid() as i32, libc::SIGHUP) };
+    assert_eq!(rc, 0);
+    run(async {
+        let c = connect(&d.addr).await;
+        let mut s = c
+            .exec(&req("grep '^SigIgn:' /proc/self/status"))
+            .await
+            .unwrap();
+        let events = collect(&mut s).await;
+        assert_eq!(exit_of(&events), 0, "{}", text(&stderr_of(&events)));
+        let out = text(&stdout_of(&events));
+        let mask = u64::from_str_radix(out.split_whitespace().nth(1).unwrap(), 16).unwrap();
+        for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGHUP] {
+            assert_eq!(
+                mask & bit(sig),
+                0,
+                "signal {sig} ignored in the command: {out}"
+            );
+        }
+        // A kill with SIGINT ends the command by SIGINT, not by the
+        // SIGKILL after the grace period.
+        let mut s = c
+            .exec(&req("echo $$ > pid; echo ready; exec sleep 100"))
+            .await
+            .unwrap();
+        let mut seen = Vec::new();
+        read_until(&mut s, b"ready\n", b"", &mut seen).await;
+        // dash catches SIGINT while it runs: signal the sleep itself.
+        let pid = d.pids("pid")[0];
+        let deadline = Instant::now() + STEP;
+        while std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default() != "sleep\n"
+        {
+            assert!(Instant::now() < deadline, "the command never ran sleep");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        c.kill_exec(s.id(), ExecSignal::Int).await.unwrap();
+        seen.extend(collect(&mut s).await);
+        assert_eq!(exit_of(&seen), 128 + libc::SIGINT);
+    });
 }
 
 #[test]

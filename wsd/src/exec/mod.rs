@@ -286,6 +286,7 @@ impl ExecManager {
             global: config.global_cap,
         };
         let (writer, report) = ExecLogWriter::open(&config.db_path, caps)?;
+        process::stop_ignoring_inherited_signals();
         for id in &report.lost {
             tracing::warn!(exec = %id, code = EXIT_LOST, "exec was running when wsd stopped; logged as lost");
         }
