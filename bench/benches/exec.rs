@@ -198,6 +198,23 @@ criterion_group!(benches, round_trip, output);
 // ---------------------------------------------------------------------------
 // WSD_EXEC_NUMBERS=1: the numbers.
 
+/// The lines printed by the numbers run, also written to
+/// `target/criterion/exec_numbers.txt` for `bench/compare`'s results file.
+static REPORT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+fn report(line: String) {
+    println!("{line}");
+    REPORT.lock().unwrap().push(line);
+}
+
+fn save_report() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/criterion");
+    let lines = REPORT.lock().unwrap().join("\n");
+    if std::fs::create_dir_all(&dir).is_ok() {
+        let _ = std::fs::write(dir.join("exec_numbers.txt"), lines + "\n");
+    }
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i]
@@ -206,14 +223,14 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 fn summary(name: &str, mut d: Vec<Duration>) {
     d.sort();
     let ms = |x: Duration| x.as_secs_f64() * 1000.0;
-    println!(
+    report(format!(
         "{name:<28} n={:<5} p50 {:>7.3} ms  p90 {:>7.3} ms  p99 {:>7.3} ms  max {:>7.3} ms",
         d.len(),
         ms(percentile(&d, 0.50)),
         ms(percentile(&d, 0.90)),
         ms(percentile(&d, 0.99)),
         ms(*d.last().unwrap()),
-    );
+    ));
 }
 
 /// Peak resident set of this process (`VmHWM`), in MiB.
@@ -329,7 +346,9 @@ fn numbers() {
         bare_spawn();
         bare.push(t.elapsed());
     }
-    println!("exec(\"true\") round trip vs bare spawn, {runs} runs each, interleaved:");
+    report(format!(
+        "exec(\"true\") round trip vs bare spawn, {runs} runs each, interleaved:"
+    ));
     summary("exec(\"true\") over RPC", rpc);
     summary("bare sh -c true", bare);
 
@@ -358,12 +377,12 @@ fn numbers() {
     let t = Instant::now();
     assert_eq!(side.block_on(run_exec(&side.client, &command)), (bytes, 0));
     let secs = t.elapsed().as_secs_f64();
-    println!(
+    report(format!(
         "{gib} GiB to stdout, live reader: {:.2} s, {:.0} MiB/s (process peak RSS so far {} MiB)",
         secs,
         bytes as f64 / secs / 1048576.0,
         peak_rss_mib()
-    );
+    ));
 
     // Detached: nobody reads while it runs (the log evicts down to its
     // cap); the command marks its end in the workspace.
@@ -386,17 +405,18 @@ fn numbers() {
         secs
     });
     assert_eq!(std::fs::read_to_string(&marker).unwrap(), "0\n");
-    println!(
+    report(format!(
         "{gib} GiB to stdout, detached: {:.2} s, {:.0} MiB/s (process peak RSS {} MiB)",
         secs,
         bytes as f64 / secs / 1048576.0,
         peak_rss_mib()
-    );
+    ));
 }
 
 fn main() {
     if std::env::var_os("WSD_EXEC_NUMBERS").is_some() {
         numbers();
+        save_report();
         return;
     }
     benches();
