@@ -153,7 +153,10 @@ pub(crate) fn resolve_cwd(root: &Path, cwd: Option<&str>) -> Result<PathBuf, Exe
 /// by `exec`. This keeps the fast `posix_spawn` path (a `pre_exec` reset in
 /// the child would force a full `fork`, +0.35 ms per exec). SIGPIPE is left
 /// alone (the standard library resets it in children) and SIGCHLD is
-/// tokio's. Runs once per process, before the first command is spawned.
+/// tokio's. The job-control signals keep an inherited ignore: caught
+/// instead, SIGTTOU would make every terminal write of a background daemon
+/// stop and restart (commands run without a terminal anyway). Runs once
+/// per process, before the first command is spawned.
 pub(crate) fn stop_ignoring_inherited_signals() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
@@ -161,7 +164,13 @@ pub(crate) fn stop_ignoring_inherited_signals() {
         for sig in 1..=libc::SIGRTMAX() {
             if matches!(
                 sig,
-                libc::SIGKILL | libc::SIGSTOP | libc::SIGPIPE | libc::SIGCHLD
+                libc::SIGKILL
+                    | libc::SIGSTOP
+                    | libc::SIGPIPE
+                    | libc::SIGCHLD
+                    | libc::SIGTSTP
+                    | libc::SIGTTIN
+                    | libc::SIGTTOU
             ) {
                 continue;
             }
