@@ -270,3 +270,40 @@ fn a_restarted_daemon_keeps_its_state() {
     assert_eq!(n(&pulled, "entries"), 1, "{pulled}");
     assert_eq!(tree_digest(&e.local), tree_digest(&e.served));
 }
+
+#[test]
+fn two_hundred_idle_connections_do_not_stop_a_push() {
+    let e = setup();
+    let idle: Vec<_> = (0..200)
+        .map(|_| std::net::TcpStream::connect(&e.daemon.addr).unwrap())
+        .collect();
+    make_tree(&e.local, 30, 11);
+    // Bounded: before the handshake deadline and the separate cap on
+    // unauthenticated peers, this push waited forever behind the idle ones.
+    let mut push = std::process::Command::new(wsd_tests::wsd_bin())
+        .args([
+            "push",
+            e.local.to_str().unwrap(),
+            "--remote",
+            &e.daemon.addr,
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = push.try_wait().unwrap() {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = push.kill();
+            let _ = push.wait();
+            panic!("the push did not finish with 200 idle connections open");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(status.success());
+    assert_eq!(tree_digest(&e.local), tree_digest(&e.served));
+    drop(idle);
+}

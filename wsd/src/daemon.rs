@@ -24,6 +24,9 @@ pub struct DaemonConfig {
     /// Output bytes retained per exec log ([`ExecConfig::per_exec_cap`]);
     /// older events are evicted first. `None`: the default (16 MiB).
     pub exec_log_cap: Option<u64>,
+    /// How long a new connection has to complete `Bootstrap.connect`;
+    /// `None`: [`ServerConfig`]'s default (10 s).
+    pub handshake_timeout: Option<std::time::Duration>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -92,10 +95,13 @@ pub async fn run(
         listeners.push(l);
     }
     on_listening(&bound);
-    let server_config = ServerConfig {
+    let mut server_config = ServerConfig {
         token: config.token.clone(),
         ..ServerConfig::default()
     };
+    if let Some(t) = config.handshake_timeout {
+        server_config.handshake_timeout = t;
+    }
     tracing::info!(root = %config.root.display(), state = %config.state_dir.display(), "serving");
     let result = crate::rpc::serve(listeners, backend, server_config, shutdown).await;
     manager.shutdown().await;

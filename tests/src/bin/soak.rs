@@ -1249,6 +1249,7 @@ fn embedded_daemon(args: &[String]) -> Result<ExitCode> {
         token: None,
         store: wsd::store::StoreOptions::default(),
         exec_log_cap: None,
+        handshake_timeout: None,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
