@@ -2,10 +2,12 @@
 //! real directories compared byte for byte (content, modes, symlinks).
 
 use std::os::unix::fs::{PermissionsExt, symlink};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
-use wsd_tests::{Daemon, bytes, make_tree, tree_digest, write};
+use wsd_tests::{Daemon, bytes, make_tree, output_within, tree_digest, write, wsd_bin};
 
 struct Env {
     tmp: TempDir,
@@ -280,30 +282,181 @@ fn two_hundred_idle_connections_do_not_stop_a_push() {
     make_tree(&e.local, 30, 11);
     // Bounded: before the handshake deadline and the separate cap on
     // unauthenticated peers, this push waited forever behind the idle ones.
-    let mut push = std::process::Command::new(wsd_tests::wsd_bin())
-        .args([
+    let out = output_within(
+        Command::new(wsd_bin()).args([
             "push",
             e.local.to_str().unwrap(),
             "--remote",
             &e.daemon.addr,
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let status = loop {
-        if let Some(s) = push.try_wait().unwrap() {
-            break s;
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = push.kill();
-            let _ = push.wait();
-            panic!("the push did not finish with 200 idle connections open");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
-    assert!(status.success());
+        ]),
+        LIMIT,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(tree_digest(&e.local), tree_digest(&e.served));
     drop(idle);
+}
+
+/// Bounds each `wsd` run below: a daemon that should refuse to start but
+/// serves instead fails the test rather than hanging it.
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn serve_cmd(root: &Path, state: &Path, listen: &str) -> Command {
+    let mut cmd = Command::new(wsd_bin());
+    cmd.args(["serve", "--listen", listen])
+        .arg("--root")
+        .arg(root)
+        .arg("--state")
+        .arg(state)
+        .env_remove("WSD_TOKEN")
+        .env_remove("WSD_TOKEN_FILE");
+    cmd
+}
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn a_second_daemon_on_the_same_root_or_state_refuses_to_start_and_creates_no_database() {
+    let e = setup();
+    let other_state = e.tmp.path().join("other-state");
+    let out = output_within(
+        &mut serve_cmd(&e.served, &other_state, "127.0.0.1:0"),
+        LIMIT,
+    );
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("already running"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(e.served.to_str().unwrap()),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!other_state.join("exec.sqlite3").exists());
+    assert!(!other_state.join("index.sqlite3").exists());
+
+    let other_root = e.tmp.path().join("other-root");
+    std::fs::create_dir(&other_root).unwrap();
+    let out = output_within(
+        &mut serve_cmd(&other_root, &e.daemon.state, "127.0.0.1:0"),
+        LIMIT,
+    );
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("already running"), "{}", stderr(&out));
+    // The first daemon is unharmed.
+    make_tree(&e.local, 5, 4);
+    e.daemon.transfer("push", &e.local);
+    assert_eq!(tree_digest(&e.local), tree_digest(&e.served));
+}
+
+#[test]
+fn a_daemon_that_cannot_bind_creates_no_database() {
+    let tmp = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let state = tmp.path().join("state");
+    let out = output_within(
+        &mut serve_cmd(&tmp.path().join("root"), &state, &addr),
+        LIMIT,
+    );
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains(&addr), "{}", stderr(&out));
+    assert!(!state.join("exec.sqlite3").exists());
+    assert!(!state.join("index.sqlite3").exists());
+}
+
+/// Starts `wsd serve` on a unix socket and waits until the socket answers.
+fn serve_unix(root: &Path, state: &Path, sock: &Path) -> std::process::Child {
+    let mut child = serve_cmd(root, state, &format!("unix:{}", sock.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + LIMIT;
+    while std::os::unix::net::UnixStream::connect(sock).is_err() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "wsd serve exited early"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "wsd serve did not listen on {sock:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child
+}
+
+fn exec_echo(sock: &Path) -> std::process::Output {
+    output_within(
+        Command::new(wsd_bin()).args([
+            "exec",
+            "--remote",
+            &format!("unix:{}", sock.display()),
+            "--",
+            "echo",
+            "alive",
+        ]),
+        LIMIT,
+    )
+}
+
+#[test]
+fn a_live_unix_socket_is_never_taken_over_and_a_stale_one_is_replaced() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sock = tmp.path().join("wsd.sock");
+    let mut first = serve_unix(&tmp.path().join("r1"), &tmp.path().join("s1"), &sock);
+
+    let out = output_within(
+        &mut serve_cmd(
+            &tmp.path().join("r2"),
+            &tmp.path().join("s2"),
+            &format!("unix:{}", sock.display()),
+        ),
+        LIMIT,
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("already listening"),
+        "{}",
+        stderr(&out)
+    );
+    let out = exec_echo(&sock);
+    assert!(
+        out.status.success(),
+        "the first daemon lost its socket: {}",
+        stderr(&out)
+    );
+    assert_eq!(out.stdout, b"alive\n");
+
+    // A crash leaves the socket file behind with nobody listening.
+    first.kill().unwrap();
+    first.wait().unwrap();
+    assert!(sock.exists());
+    let mut second = serve_unix(&tmp.path().join("r2"), &tmp.path().join("s2"), &sock);
+    assert!(exec_echo(&sock).status.success());
+    second.kill().unwrap();
+    second.wait().unwrap();
+}
+
+#[test]
+fn a_clean_stop_leaves_no_wal_or_shm_files() {
+    let mut e = setup();
+    make_tree(&e.local, 10, 5);
+    e.daemon.transfer("push", &e.local);
+    let out = output_within(
+        Command::new(wsd_bin()).args(["exec", "--remote", &e.daemon.addr, "--", "echo", "hi"]),
+        LIMIT,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(e.daemon.stop().success());
+    let leftovers: Vec<_> = std::fs::read_dir(&e.daemon.state)
+        .unwrap()
+        .map(|d| d.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with("-wal") || n.ends_with("-shm"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
 }

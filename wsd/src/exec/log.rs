@@ -177,6 +177,8 @@ enum Command {
         cutoff_ms: i64,
         reply: oneshot::Sender<Result<usize, ExecError>>,
     },
+    /// Commit what is queued before it, close the database and stop.
+    Close { reply: oneshot::Sender<()> },
 }
 
 impl Command {
@@ -363,6 +365,16 @@ impl ExecLogWriter {
         .await
     }
 
+    /// Commits everything queued so far, closes the database and stops
+    /// the writer thread; later calls fail with "writer stopped". Returns
+    /// once the database is closed.
+    pub(crate) async fn close(&self) {
+        let (reply, rx) = oneshot::channel();
+        if self.tx.send(Command::Close { reply }).await.is_ok() {
+            let _ = rx.await;
+        }
+    }
+
     /// Transactions run so far.
     #[cfg(test)]
     pub(crate) fn groups_committed(&self) -> u64 {
@@ -491,11 +503,20 @@ impl WriterState {
         // while one group commits, new events queue up and form the next
         // group, so batching grows with load and an idle log commits a lone
         // event at once instead of waiting for company.
+        let mut closed = None;
         while let Some(first) = rx.blocking_recv() {
+            if let Command::Close { reply } = first {
+                closed = Some(reply);
+                break;
+            }
             let mut bytes = first.payload_len();
             let mut group = vec![first];
             while group.len() < GROUP_MAX_COMMANDS && bytes < GROUP_MAX_BYTES {
                 match rx.try_recv() {
+                    Ok(Command::Close { reply }) => {
+                        closed = Some(reply);
+                        break;
+                    }
                     Ok(cmd) => {
                         bytes += cmd.payload_len();
                         group.push(cmd);
@@ -504,11 +525,22 @@ impl WriterState {
                 }
             }
             self.apply_group(group);
+            if closed.is_some() {
+                break;
+            }
         }
         tracing::debug!(
             groups = self.groups.load(Ordering::Relaxed),
             "exec log writer stopped"
         );
+        // Closing the last connection checkpoints the WAL and removes the
+        // `-wal` and `-shm` files (the readers closed theirs first).
+        if let Err((_, e)) = self.conn.close() {
+            tracing::warn!(error = %e, "closing the exec log");
+        }
+        if let Some(reply) = closed {
+            let _ = reply.send(());
+        }
     }
 
     fn apply_group(&mut self, group: Vec<Command>) {
@@ -571,6 +603,12 @@ impl WriterState {
                     (Some(_), _) => self.delete_exec(&id).map(|()| DeleteOutcome::Deleted),
                 };
                 Reply::Delete(reply, r)
+            }
+            // `run` takes it out of the queue before grouping; answering it
+            // here too keeps the caller from waiting forever.
+            Command::Close { reply } => {
+                let _ = reply.send(());
+                Reply::Unit(oneshot::channel().0, Ok(()))
             }
             Command::Sweep { cutoff_ms, reply } => {
                 let expired: Vec<String> = self
@@ -800,6 +838,7 @@ fn fail_command(cmd: Command, msg: &str) {
         Command::Finish { reply, .. } => drop(reply.send(Err(err()))),
         Command::Delete { reply, .. } => drop(reply.send(Err(err()))),
         Command::Sweep { reply, .. } => drop(reply.send(Err(err()))),
+        Command::Close { reply } => drop(reply.send(())),
     }
 }
 
@@ -808,6 +847,8 @@ fn fail_command(cmd: Command, msg: &str) {
 pub(crate) struct ExecLogReader {
     path: PathBuf,
     idle: Mutex<Vec<Connection>>,
+    /// Set by `close`: connections are no longer pooled.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl ExecLogReader {
@@ -815,7 +856,15 @@ impl ExecLogReader {
         ExecLogReader {
             path: path.to_owned(),
             idle: Mutex::new(Vec::new()),
+            closed: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Closes the pooled connections and stops pooling (before the writer
+    /// closes, so that its close is the last and removes the WAL).
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        self.idle.lock().expect("reader pool poisoned").clear();
     }
 
     fn with_conn<T>(
@@ -833,7 +882,7 @@ impl ExecLogReader {
         };
         let result = f(&mut conn);
         let mut idle = self.idle.lock().expect("reader pool poisoned");
-        if idle.len() < IDLE_READERS {
+        if idle.len() < IDLE_READERS && !self.closed.load(Ordering::SeqCst) {
             idle.push(conn);
         }
         result

@@ -517,6 +517,14 @@ impl ExecManager {
         }
     }
 
+    /// [`ExecManager::shutdown`], then closes the log database (a clean
+    /// stop leaves no `-wal`/`-shm` files). Calls after it fail with `EIO`.
+    pub async fn close(&self) {
+        self.shutdown().await;
+        self.shared.reader.close();
+        self.shared.writer.close().await;
+    }
+
     /// Deletes finished execs older than the TTL now (the periodic sweep
     /// does the same every `sweep_interval`).
     #[cfg(test)]

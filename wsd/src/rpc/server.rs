@@ -122,7 +122,9 @@ pub enum Listener {
 
 impl Listener {
     /// Binds `addr`: `"host:port"` for TCP or `"unix:/path"` for a unix
-    /// socket (a stale socket file at that path is replaced).
+    /// socket. A socket file already at that path is probed: if a server
+    /// answers on it the bind fails with `AddrInUse` (its socket is left
+    /// alone); if nothing does, the stale file is replaced.
     pub async fn bind(addr: &str) -> std::io::Result<Listener> {
         if let Some(path) = addr.strip_prefix("unix:") {
             let path = PathBuf::from(path);
@@ -130,7 +132,21 @@ impl Listener {
                 use std::os::unix::fs::FileTypeExt;
                 m.file_type().is_socket()
             }) {
-                std::fs::remove_file(&path)?;
+                match std::os::unix::net::UnixStream::connect(&path) {
+                    Ok(_) => {
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::AddrInUse,
+                            format!("a server is already listening on {}", path.display()),
+                        ));
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                        tracing::info!(path = %path.display(), "replacing a stale socket file");
+                        std::fs::remove_file(&path)?;
+                    }
+                    // A full backlog (EAGAIN) is a live server too; anything
+                    // else is reported rather than guessed at.
+                    Err(e) => return Err(e),
+                }
             }
             let listener = tokio::net::UnixListener::bind(&path)?;
             return Ok(Listener::Unix { listener, path });
