@@ -323,8 +323,10 @@ interface Shell {
   # older than the retained log: ELOG_TRUNCATED.
 
   killExec @2 (id :Text, signal :Signal) -> ();
-  # Signals the exec's whole process group (the default is `term`). A
-  # no-op once it exited. Unknown id: ENOENT.
+  # Signals the exec's whole process group (the default is `term`).
+  # Unknown id: ENOENT. An exec that is no longer running (exited, or lost
+  # with a previous daemon): ENOENT "... is not running", since nothing was
+  # signalled.
 
   disposeExec @3 (id :Text) -> ();
   # Drops the log of an exec (killing it first if still live); a later

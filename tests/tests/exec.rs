@@ -796,8 +796,11 @@ fn killing_an_exec_leaves_no_process_of_its_group_alive() {
         seen.extend(collect(&mut s).await);
         assert_eq!(exit_of(&seen), 143);
         assert_all_dead(&pids);
-        // Killing a finished exec is a no-op.
-        c.kill_exec(s.id(), ExecSignal::Kill).await.unwrap();
+        // Killing a finished exec signals nothing, and says so.
+        assert_eq!(
+            code_of(c.kill_exec(s.id(), ExecSignal::Kill).await),
+            ErrorCode::NotFound
+        );
     });
 }
 
@@ -1559,5 +1562,52 @@ fn dropped_connections_free_their_subscriber_slots() {
         open_gate_async(&d.path("gate")).await;
         let events = collect(&mut last).await;
         assert_eq!(stdout_of(&events), b"done\n");
+    });
+}
+
+#[test]
+fn a_daemon_killed_with_sigkill_has_its_commands_killed_when_it_restarts() {
+    let mut d = Served::start();
+    let out = d.cli(&["exec", "--detach", "--id", "fam", "--", FAMILY]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let mut attach = d.cli_spawn(&["attach", "fam"]);
+    assert_eq!(attach.next_line(), "ready");
+    let pids = d.pids("pids");
+    // Whatever this test asserts, nothing of the family outlives it.
+    let _orphan = KillGroupOnDrop(pids[0]);
+    d.crash_and_restart();
+    assert_eq!(attach.wait(), 255, "{}", attach.stderr());
+    assert_all_dead(&pids);
+
+    // Its log ends with the lost exit, and a signal finds nothing to stop.
+    let out = d.cli(&["attach", "fam"]);
+    assert_eq!(out.status.code(), Some(255), "{}", text(&out.stderr));
+    let out = d.cli(&["kill", "fam"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("ENOENT") && err.contains("not running"),
+        "{err}"
+    );
+}
+
+#[test]
+fn killing_a_finished_exec_is_enoent_and_the_cli_fails() {
+    let d = Served::start();
+    let out = d.cli(&["exec", "--id", "quick", "--", "true"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = d.cli(&["kill", "quick"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("ENOENT") && err.contains("not running"),
+        "{err}"
+    );
+    run(async {
+        let c = connect(&d.addr).await;
+        assert_eq!(
+            code_of(c.kill_exec("quick", ExecSignal::Term).await),
+            ErrorCode::NotFound
+        );
     });
 }

@@ -10,6 +10,11 @@ pub enum ExecError {
     /// or swept after its TTL).
     #[error("ENOENT: no exec with id {id:?}")]
     NotFound { id: String },
+    /// A signal for an exec that is retained but no longer running (it
+    /// exited, or was lost with a previous daemon): there is no process
+    /// left to signal.
+    #[error("ENOENT: exec {id:?} is not running (it has exited)")]
+    NotRunning { id: String },
     /// The exec was disposed while this subscriber was attached.
     #[error("ENOENT: exec {id:?} was disposed")]
     Disposed { id: String },
@@ -63,7 +68,9 @@ impl ExecError {
     /// The stable wire code of this error.
     pub fn code(&self) -> ErrorCode {
         match self {
-            ExecError::NotFound { .. } | ExecError::Disposed { .. } => ErrorCode::NotFound,
+            ExecError::NotFound { .. }
+            | ExecError::NotRunning { .. }
+            | ExecError::Disposed { .. } => ErrorCode::NotFound,
             ExecError::Busy { .. } => ErrorCode::ExecBusy,
             ExecError::Truncated { .. } => ErrorCode::LogTruncated,
             ExecError::Invalid(_) | ExecError::InvalidCwd { .. } => ErrorCode::Invalid,

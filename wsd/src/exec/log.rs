@@ -50,8 +50,10 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// pages are copied as before). The WAL file grows to ~64 MiB under heavy
 /// output.
 const WAL_AUTOCHECKPOINT_PAGES: i64 = 16 * 1024;
-/// `PRAGMA user_version` of the schema below.
-const SCHEMA_VERSION: i32 = 1;
+/// `PRAGMA user_version` of the schema below. Version 2 added
+/// `exec_meta.pgid` and `leader_start`; a version-1 log gains them (NULL for
+/// its execs) when opened.
+const SCHEMA_VERSION: i32 = 2;
 
 const KIND_STDOUT: i64 = 0;
 const KIND_STDERR: i64 = 1;
@@ -66,7 +68,9 @@ CREATE TABLE IF NOT EXISTS exec_meta (
     exit_code  INTEGER,
     first_seq  INTEGER NOT NULL,
     last_seq   INTEGER NOT NULL,
-    bytes      INTEGER NOT NULL
+    bytes      INTEGER NOT NULL,
+    pgid         INTEGER,
+    leader_start INTEGER
 );
 CREATE TABLE IF NOT EXISTS exec_event (
     exec_id TEXT NOT NULL,
@@ -177,6 +181,14 @@ enum Command {
         cutoff_ms: i64,
         reply: oneshot::Sender<Result<usize, ExecError>>,
     },
+    /// Record the process group of a spawned exec (no reply: it commits
+    /// with the exec's first events).
+    Spawned {
+        id: String,
+        generation: u64,
+        pgid: i32,
+        leader_start: Option<u64>,
+    },
     /// Commit what is queued before it, close the database and stop.
     Close { reply: oneshot::Sender<()> },
 }
@@ -212,6 +224,8 @@ enum Reply {
         oneshot::Sender<Result<usize, ExecError>>,
         Result<usize, ExecError>,
     ),
+    /// A command nobody waits on.
+    None,
 }
 
 impl Reply {
@@ -236,6 +250,7 @@ impl Reply {
             Reply::Sweep(tx, r) => {
                 drop(tx.send(r.and_then(|v| failed.map_or(Ok(v), |m| Err(fail(m))))))
             }
+            Reply::None => {}
         }
     }
 }
@@ -253,6 +268,12 @@ struct ExecAccount {
     last_seq: u64,
     /// Payload bytes of the retained stdout/stderr rows.
     bytes: u64,
+    /// The command's process group, once spawned.
+    pgid: Option<i32>,
+    /// The group leader's start time (`/proc/<pgid>/stat` field 22, clock
+    /// ticks since boot): a pid that now names another process has another
+    /// start time.
+    leader_start: Option<u64>,
     dirty: bool,
 }
 
@@ -267,12 +288,24 @@ pub(crate) struct ExecLogWriter {
     groups: Arc<AtomicU64>,
 }
 
+/// The process group a lost exec ran in, as the previous daemon recorded
+/// it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LostGroup {
+    pub id: String,
+    pub pgid: i32,
+    pub leader_start: u64,
+}
+
 /// What `open` found and repaired.
 #[derive(Debug, Default)]
 pub(crate) struct OpenReport {
     /// Execs that were running when the previous daemon stopped; each got an
     /// `EXIT_LOST` exit event.
     pub lost: Vec<String>,
+    /// The recorded process groups of the lost execs (those spawned far
+    /// enough to record one): their commands may still be running.
+    pub groups: Vec<LostGroup>,
     /// Finished execs whose logs were kept.
     pub retained: usize,
 }
@@ -296,6 +329,17 @@ impl ExecLogWriter {
             )));
         }
         conn.execute_batch(SCHEMA)?;
+        let has_pgid: bool = conn.query_row(
+            "SELECT count(*) FROM pragma_table_info('exec_meta') WHERE name = 'pgid'",
+            [],
+            |r| r.get::<_, i64>(0).map(|n| n > 0),
+        )?;
+        if !has_pgid {
+            conn.execute_batch(
+                "ALTER TABLE exec_meta ADD COLUMN pgid INTEGER;
+                 ALTER TABLE exec_meta ADD COLUMN leader_start INTEGER;",
+            )?;
+        }
         conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
 
         let mut state = WriterState {
@@ -375,6 +419,28 @@ impl ExecLogWriter {
         }
     }
 
+    /// Records the process group of exec `id` (this `generation`) and its
+    /// leader's start time. Queued behind `begin`; it commits with the next
+    /// group, so a crash right after the spawn may lose it (the exec is then
+    /// logged as lost without its group being killed).
+    pub(crate) async fn spawned(
+        &self,
+        id: &str,
+        generation: u64,
+        pgid: i32,
+        leader_start: Option<u64>,
+    ) -> Result<(), ExecError> {
+        self.tx
+            .send(Command::Spawned {
+                id: id.to_owned(),
+                generation,
+                pgid,
+                leader_start,
+            })
+            .await
+            .map_err(|_| writer_gone())
+    }
+
     /// Transactions run so far.
     #[cfg(test)]
     pub(crate) fn groups_committed(&self) -> u64 {
@@ -431,7 +497,8 @@ struct WriterState {
 impl WriterState {
     fn load_accounts(&mut self) -> Result<(), ExecError> {
         let mut stmt = self.conn.prepare(
-            "SELECT exec_id, generation, started_at, exited_at, exit_code, first_seq, last_seq, bytes
+            "SELECT exec_id, generation, started_at, exited_at, exit_code, first_seq, last_seq, bytes,
+                    pgid, leader_start
              FROM exec_meta",
         )?;
         let rows = stmt.query_map([], |r| {
@@ -445,6 +512,8 @@ impl WriterState {
                     first_seq: r.get::<_, i64>(5)? as u64,
                     last_seq: r.get::<_, i64>(6)? as u64,
                     bytes: r.get::<_, i64>(7)? as u64,
+                    pgid: r.get(8)?,
+                    leader_start: r.get::<_, Option<i64>>(9)?.map(|t| t as u64),
                     dirty: false,
                 },
             ))
@@ -474,6 +543,17 @@ impl WriterState {
             .collect();
         lost.sort();
         report.retained = self.execs.len() - lost.len();
+        report.groups = lost
+            .iter()
+            .filter_map(|id| {
+                let a = &self.execs[id];
+                Some(LostGroup {
+                    id: id.clone(),
+                    pgid: a.pgid?,
+                    leader_start: a.leader_start?,
+                })
+            })
+            .collect();
         if lost.is_empty() {
             return Ok(report);
         }
@@ -608,7 +688,22 @@ impl WriterState {
             // here too keeps the caller from waiting forever.
             Command::Close { reply } => {
                 let _ = reply.send(());
-                Reply::Unit(oneshot::channel().0, Ok(()))
+                Reply::None
+            }
+            Command::Spawned {
+                id,
+                generation,
+                pgid,
+                leader_start,
+            } => {
+                if let Some(a) = self.execs.get_mut(&id)
+                    && a.generation == generation
+                {
+                    a.pgid = Some(pgid);
+                    a.leader_start = leader_start;
+                    a.dirty = true;
+                }
+                Reply::None
             }
             Command::Sweep { cutoff_ms, reply } => {
                 let expired: Vec<String> = self
@@ -645,6 +740,8 @@ impl WriterState {
                 first_seq: 1,
                 last_seq: 0,
                 bytes: 0,
+                pgid: None,
+                leader_start: None,
                 dirty: true,
             },
         );
@@ -810,8 +907,9 @@ impl WriterState {
     fn flush_accounts(&mut self) -> Result<(), ExecError> {
         let mut stmt = self.conn.prepare_cached(
             "INSERT OR REPLACE INTO exec_meta
-             (exec_id, generation, started_at, exited_at, exit_code, first_seq, last_seq, bytes)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+             (exec_id, generation, started_at, exited_at, exit_code, first_seq, last_seq, bytes,
+              pgid, leader_start)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
         )?;
         for (id, a) in self.execs.iter_mut().filter(|(_, a)| a.dirty) {
             stmt.execute(params![
@@ -822,7 +920,9 @@ impl WriterState {
                 a.exit_code,
                 a.first_seq as i64,
                 a.last_seq as i64,
-                a.bytes as i64
+                a.bytes as i64,
+                a.pgid,
+                a.leader_start.map(|t| t as i64)
             ])?;
             a.dirty = false;
         }
@@ -839,6 +939,7 @@ fn fail_command(cmd: Command, msg: &str) {
         Command::Delete { reply, .. } => drop(reply.send(Err(err()))),
         Command::Sweep { reply, .. } => drop(reply.send(Err(err()))),
         Command::Close { reply } => drop(reply.send(())),
+        Command::Spawned { .. } => {}
     }
 }
 
