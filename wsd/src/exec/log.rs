@@ -319,6 +319,22 @@ impl ExecLogWriter {
         path: &Path,
         caps: LogCaps,
     ) -> Result<(ExecLogWriter, OpenReport), ExecError> {
+        if let Some(reason) = crate::sqlite_state::damage(path) {
+            // Not derived from anything: the old output is lost to the
+            // daemon (kept aside for a person), which must be said loudly.
+            let aside = crate::sqlite_state::set_aside(path).map_err(|e| {
+                ExecError::io(
+                    format!("setting the damaged exec log {} aside", path.display()),
+                    e,
+                )
+            })?;
+            tracing::warn!(
+                exec_log = %path.display(),
+                moved_to = %aside.display(),
+                %reason,
+                "the exec log is damaged: moved aside and started empty; earlier execs' output and exit codes are gone"
+            );
+        }
         let conn = open_connection(path)?;
         conn.pragma_update(None, "wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES)?;
         let version: i32 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;

@@ -62,8 +62,41 @@ const MIGRATIONS: &[&str] = &[
 pub(crate) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// Opens (creating if needed) the index at `path`, configures it and runs
-/// pending migrations, each in its own transaction.
+/// pending migrations, each in its own transaction. A damaged index (failing
+/// `PRAGMA quick_check`, or not a database) is set aside with a warning
+/// naming both files and a fresh one is created: the index is derived from
+/// the tree, so the store's startup walk rebuilds it, and with no cursors
+/// left every peer re-baselines.
 pub(crate) fn open(path: &Path) -> Result<Connection, StoreError> {
+    let Some(reason) = crate::sqlite_state::damage(path) else {
+        return open_sound(path);
+    };
+    {
+        let aside = crate::sqlite_state::set_aside(path).map_err(|source| StoreError::Io {
+            context: format!("setting the damaged index {} aside", path.display()),
+            source,
+        })?;
+        tracing::warn!(
+            index = %path.display(),
+            moved_to = %aside.display(),
+            %reason,
+            "the index is damaged: moved aside; rebuilding it from the tree (peers re-baseline)"
+        );
+    }
+    let db = open_sound(path)?;
+    // The rebuilt index knows nothing of what was deleted or pushed before:
+    // a horizon at the first rev makes every reader whose cursor predates
+    // the rebuild (a push cursor reset to zero, too) take a baseline, whose
+    // sweep removes on the peer what no longer exists here.
+    db.execute("UPDATE meta SET v = 1 WHERE k = 'prune_horizon'", [])
+        .map_err(|source| StoreError::Index {
+            context: format!("marking the rebuilt index ({})", path.display()),
+            source,
+        })?;
+    Ok(db)
+}
+
+fn open_sound(path: &Path) -> Result<Connection, StoreError> {
     let ix = |context: &str| {
         let context = format!("{context} ({})", path.display());
         move |source| StoreError::Index { context, source }
