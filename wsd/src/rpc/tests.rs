@@ -966,3 +966,26 @@ fn connections_beyond_the_bound_wait_until_one_closes() {
         server.stop().await.unwrap();
     });
 }
+
+#[test]
+fn next_with_max_zero_is_elimit_as_the_schema_promises() {
+    run(async {
+        let server = start().await;
+        let raw = raw_sync(&server.addr).await;
+        let mut open = raw.fetch_changes_request();
+        open.get().init_after().set_complete(());
+        let changes = open.send().pipeline.get_changes();
+        for (max, code) in [(0, ErrorCode::Limit), (4097, ErrorCode::Limit)] {
+            let mut req = changes.next_request();
+            req.get().set_max(max);
+            let err = WireError::from(req.send().promise.await.err().expect("next must fail"));
+            assert_eq!(err.code, code, "max={max}: {err}");
+            assert_eq!(err.subject.as_deref(), Some("entries per next"));
+        }
+        let mut req = changes.next_request();
+        req.get().set_max(1);
+        let response = req.send().promise.await.unwrap();
+        assert_eq!(response.get().unwrap().get_entries().unwrap().len(), 0);
+        server.stop().await.unwrap();
+    });
+}
