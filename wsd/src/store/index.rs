@@ -169,7 +169,7 @@ impl NodeKind {
 
 /// What the filesystem said about a path when it was indexed. Two stats
 /// with equal fields are taken to mean unchanged content (modulo the
-/// racy-clean rule, see `scan.rs`).
+/// racy-clean rule, see [`Stat::is_racy`]).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub(crate) struct Stat {
     pub mode: u32,
@@ -180,7 +180,21 @@ pub(crate) struct Stat {
     pub ctime_ns: i64,
 }
 
+/// How close to its hashing time a file's mtime must be to count as racily
+/// clean. Generous enough for coarse filesystem clocks (jiffies, 1-2 s
+/// granularity on FAT/SMB); the cost is one more hash of recently written
+/// files.
+pub(crate) const RACY_MARGIN_NS: i64 = 2_000_000_000;
+
 impl Stat {
+    /// The racy-clean rule (git's), the one place it is written: a file
+    /// whose mtime is within [`RACY_MARGIN_NS`] of `verified_ns` (when it was
+    /// last hashed) may have been rewritten in the same timestamp tick after
+    /// hashing, so a stat equal to this one does not prove its content.
+    pub(crate) fn is_racy(&self, verified_ns: i64) -> bool {
+        self.mtime_ns.saturating_add(RACY_MARGIN_NS) >= verified_ns
+    }
+
     pub fn of(m: &std::fs::Metadata) -> Stat {
         use std::os::unix::fs::MetadataExt;
         Stat {
@@ -526,12 +540,7 @@ impl ChunkLocation {
     /// True when `disk` (the open file's `fstat`) proves the indexed bytes
     /// unchanged, so they need not be hashed again.
     pub fn unchanged(&self, disk: &std::fs::Metadata) -> bool {
-        Stat::of(disk) == self.stat
-            && self
-                .stat
-                .mtime_ns
-                .saturating_add(super::scan::RACY_MARGIN_NS)
-                < self.verified_ns
+        Stat::of(disk) == self.stat && !self.stat.is_racy(self.verified_ns)
     }
 }
 
