@@ -368,8 +368,19 @@ fn a_daemon_that_cannot_bind_creates_no_database() {
     assert!(!state.join("index.sqlite3").exists());
 }
 
+/// A child process killed (SIGKILL) and reaped when dropped, so a failing
+/// assertion does not leak a daemon.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Starts `wsd serve` on a unix socket and waits until the socket answers.
-fn serve_unix(root: &Path, state: &Path, sock: &Path) -> std::process::Child {
+fn serve_unix(root: &Path, state: &Path, sock: &Path) -> KillOnDrop {
     let mut child = serve_cmd(root, state, &format!("unix:{}", sock.display()))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -377,17 +388,14 @@ fn serve_unix(root: &Path, state: &Path, sock: &Path) -> std::process::Child {
         .unwrap();
     let deadline = Instant::now() + LIMIT;
     while std::os::unix::net::UnixStream::connect(sock).is_err() {
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "wsd serve exited early"
-        );
-        assert!(
-            Instant::now() < deadline,
-            "wsd serve did not listen on {sock:?}"
-        );
+        if child.try_wait().unwrap().is_some() || Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("wsd serve did not listen on {sock:?}");
+        }
         std::thread::sleep(Duration::from_millis(10));
     }
-    child
+    KillOnDrop(child)
 }
 
 fn exec_echo(sock: &Path) -> std::process::Output {
@@ -408,7 +416,7 @@ fn exec_echo(sock: &Path) -> std::process::Output {
 fn a_live_unix_socket_is_never_taken_over_and_a_stale_one_is_replaced() {
     let tmp = tempfile::tempdir().unwrap();
     let sock = tmp.path().join("wsd.sock");
-    let mut first = serve_unix(&tmp.path().join("r1"), &tmp.path().join("s1"), &sock);
+    let first = serve_unix(&tmp.path().join("r1"), &tmp.path().join("s1"), &sock);
 
     let out = output_within(
         &mut serve_cmd(
@@ -433,13 +441,10 @@ fn a_live_unix_socket_is_never_taken_over_and_a_stale_one_is_replaced() {
     assert_eq!(out.stdout, b"alive\n");
 
     // A crash leaves the socket file behind with nobody listening.
-    first.kill().unwrap();
-    first.wait().unwrap();
+    drop(first);
     assert!(sock.exists());
-    let mut second = serve_unix(&tmp.path().join("r2"), &tmp.path().join("s2"), &sock);
+    let _second = serve_unix(&tmp.path().join("r2"), &tmp.path().join("s2"), &sock);
     assert!(exec_echo(&sock).status.success());
-    second.kill().unwrap();
-    second.wait().unwrap();
 }
 
 #[test]
