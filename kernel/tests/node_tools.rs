@@ -209,6 +209,21 @@ async fn a_read_window_larger_than_the_cap_stops_at_a_line_and_says_where_to_go_
     assert_eq!(rest["content"], json!(format!("{}\t{line}", got + 1)));
 }
 
+#[tokio::test]
+async fn a_file_without_newlines_is_read_as_one_cut_line_not_loaded_whole() {
+    let n = node();
+    let cap = wsd_kernel::node::MAX_READ_CONTENT_BYTES;
+    n.write("one.txt", "é".repeat(cap));
+    let v = n.call("fs.read", json!({"path": "one.txt"})).await;
+    assert_eq!(v["ok"], json!(true), "{}", v["error"]);
+    assert_eq!(v["truncated"], json!(true));
+    assert_eq!(v["lines"], json!(1));
+    let content = v["content"].as_str().unwrap();
+    assert!(content.starts_with("1\té"));
+    assert!(content.len() <= cap);
+    assert!(content.len() > cap - 64);
+}
+
 // ---- fs.write / fs.edit / fs.delete ----
 
 #[tokio::test]

@@ -31,11 +31,12 @@ pub const MAX_SEARCH_FILE_BYTES: u64 = 16 * 1024 * 1024;
 pub const MAX_SEARCH_MATCHES: usize = 100;
 /// Matching lines are cut to this many characters.
 pub const MAX_SEARCH_LINE_CHARS: usize = 200;
+/// A line is cut to this many bytes, leaving room for its number.
+const MAX_LINE_BYTES: usize = MAX_READ_CONTENT_BYTES - 32;
 /// How much of a file is sniffed for its type.
 const SNIFF_BYTES: usize = 8192;
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub(crate) struct ReadArgs {
     path: String,
     #[serde(default)]
@@ -45,14 +46,13 @@ pub(crate) struct ReadArgs {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub(crate) struct WriteArgs {
     path: String,
     content: String,
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub(crate) struct EditArgs {
     path: String,
     old_string: String,
@@ -62,13 +62,11 @@ pub(crate) struct EditArgs {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub(crate) struct DeleteArgs {
     path: String,
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub(crate) struct SearchArgs {
     /// `pattern` is the older tools' name for the same thing.
     #[serde(default, alias = "pattern")]
@@ -203,47 +201,46 @@ fn read_file(mut file: File, path: &Path, size: u64, args: &ReadArgs) -> Result<
     let mut returned: u64 = 0;
     let mut truncated = false;
     while returned < limit {
-        line.clear();
-        let n = reader
-            .read_until(b'\n', &mut line)
-            .map_err(|e| io_err("read", path, e))?;
-        if n == 0 {
+        let Some(cut) = read_line_capped(&mut reader, &mut line, MAX_LINE_BYTES)
+            .map_err(|e| io_err("read", path, e))?
+        else {
             break;
-        }
+        };
         let here = index;
         index += 1;
         if here < offset {
             continue;
         }
-        if line.last() == Some(&b'\n') {
-            line.pop();
-        }
-        let text = std::str::from_utf8(&line).map_err(|_| OpError::Binary {
-            path: path.display().to_string(),
-            content_type: format!("{mime}, not valid UTF-8 at line {}", here + 1),
-            size,
-        })?;
+        let text = match std::str::from_utf8(&line) {
+            Ok(text) => text,
+            // A line cut by the cap may end inside a character.
+            Err(e) if cut && e.error_len().is_none() => {
+                std::str::from_utf8(&line[..e.valid_up_to()]).unwrap_or_default()
+            }
+            Err(_) => {
+                return Err(OpError::Binary {
+                    path: path.display().to_string(),
+                    content_type: format!("{mime}, not valid UTF-8 at line {}", here + 1),
+                    size,
+                });
+            }
+        };
+        let sep = usize::from(returned > 0);
         let numbered = format!("{}\t{}", here + 1, text);
-        if returned > 0 && content.len() + 1 + numbered.len() > MAX_READ_CONTENT_BYTES {
+        if returned > 0 && content.len() + sep + numbered.len() > MAX_READ_CONTENT_BYTES {
             truncated = true;
             break;
         }
         if returned > 0 {
             content.push('\n');
         }
-        if numbered.len() > MAX_READ_CONTENT_BYTES {
-            // One enormous line: keep its start, on a char boundary.
-            let mut cut = MAX_READ_CONTENT_BYTES;
-            while !numbered.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            content.push_str(&numbered[..cut]);
-            returned += 1;
+        content.push_str(&numbered);
+        returned += 1;
+        if cut {
+            // One enormous line: its start is all that fits.
             truncated = true;
             break;
         }
-        content.push_str(&numbered);
-        returned += 1;
     }
     let mut out = json!({
         "ok": true, "path": path, "size": size, "kind": "text", "contentType": mime,
@@ -433,7 +430,11 @@ pub(crate) fn search(
         return Err(OpError::Invalid("Search query is required.".into()));
     }
     let include = args.include.as_deref().map(Include::new).transpose()?;
-    let request = args.path.as_deref().unwrap_or(".");
+    let request = args
+        .path
+        .as_deref()
+        .filter(|p| !p.is_empty())
+        .unwrap_or(".");
     let base_fd = root.open_beneath(request, OFlags::PATH, Mode::empty())?;
     let base = root.real_path(&base_fd);
     let root_path = root.path().to_path_buf();
@@ -516,4 +517,38 @@ fn read_searchable(fd: OwnedFd) -> Option<String> {
         return None;
     }
     String::from_utf8(bytes).ok()
+}
+
+/// Reads one line (without its `\n`) into `buf`, keeping at most `cap`
+/// bytes of it and skipping the rest, so a file with no newlines never
+/// fills memory. `None` at end of file; `Some(true)` when the line was cut.
+fn read_line_capped(
+    reader: &mut impl BufRead,
+    buf: &mut Vec<u8>,
+    cap: usize,
+) -> io::Result<Option<bool>> {
+    buf.clear();
+    let mut seen_any = false;
+    let mut cut = false;
+    loop {
+        let chunk = reader.fill_buf()?;
+        if chunk.is_empty() {
+            return Ok(seen_any.then_some(cut));
+        }
+        seen_any = true;
+        let (part, done) = match memchr::memchr(b'\n', chunk) {
+            Some(i) => (&chunk[..i], Some(i + 1)),
+            None => (chunk, None),
+        };
+        let room = cap.saturating_sub(buf.len());
+        if part.len() > room {
+            cut = true;
+        }
+        buf.extend_from_slice(&part[..part.len().min(room)]);
+        let used = done.unwrap_or(chunk.len());
+        reader.consume(used);
+        if done.is_some() {
+            return Ok(Some(cut));
+        }
+    }
 }

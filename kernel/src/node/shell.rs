@@ -80,7 +80,7 @@ pub(crate) enum ShellAction {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub(crate) struct ShellArgs {
     /// `command` is the older tools' name.
     #[serde(default, alias = "command")]
@@ -469,14 +469,14 @@ fn signal_group(pid: u32, sig: Signal) {
 /// Kills a foreground command's group if its request goes away (dropped
 /// or cancelled) before the command was answered or backgrounded.
 struct KillGroupOnDrop {
-    pid: u32,
+    session: Arc<Session>,
     armed: bool,
 }
 
 impl Drop for KillGroupOnDrop {
     fn drop(&mut self) {
         if self.armed {
-            signal_group(self.pid, Signal::KILL);
+            self.session.signal_group(Signal::KILL);
         }
     }
 }
@@ -576,7 +576,7 @@ impl ShellSessions {
         if args.input.trim().is_empty() {
             return Err(OpError::Invalid("input must not be empty".into()));
         }
-        let cwd = root.resolve_dir(args.cwd.as_deref().unwrap_or("."))?;
+        let cwd = root.resolve_dir(args.cwd.as_deref().filter(|c| !c.is_empty()).unwrap_or("."))?;
         let shell = login_shell();
         let mut child = tokio::process::Command::new(&shell)
             .arg("-lc")
@@ -611,7 +611,10 @@ impl ShellSessions {
         });
         debug!(event = "node.shell.started", session = %session.id, pid, "shell command started");
         lock(&self.sessions).insert(session.id.clone(), session.clone());
-        let mut guard = KillGroupOnDrop { pid, armed: true };
+        let mut guard = KillGroupOnDrop {
+            session: session.clone(),
+            armed: true,
+        };
         let readers = [
             child.stdout.take().map(|s| pump(s, session.clone(), false)),
             child.stderr.take().map(|s| pump(s, session.clone(), true)),
