@@ -142,9 +142,11 @@ impl NodeRoot {
         mode: Mode,
     ) -> Result<OwnedFd, PathError> {
         match self.openat2_beneath(rel, flags, mode) {
-            Err(Errno::XDEV) => {
-                // An absolute symlink, or a real escape: decide by where the
-                // path actually leads right now, then open again beneath.
+            // An absolute symlink, or a real escape: decide by where the
+            // path actually leads right now, then open again beneath. A `..`
+            // that climbs above the root is refused even if the path comes
+            // back in.
+            Err(Errno::XDEV) if !rel.components().any(|c| c == Component::ParentDir) => {
                 let inside = self
                     .canonical_inside(rel)
                     .ok_or_else(|| PathError::Escapes {
@@ -327,7 +329,17 @@ mod tests {
     fn dotdot_absolute_outside_and_symlinks_out_are_refused_not_clamped() {
         let (tmp, r) = setup();
         let secret = tmp.path().join("secret");
-        for p in ["../secret", "a/../../secret", "out/secret", "a/up/secret"] {
+        let back_in = format!(
+            "../{}/a/b/f.txt",
+            r.path().file_name().unwrap().to_str().unwrap()
+        );
+        for p in [
+            "../secret",
+            "a/../../secret",
+            "out/secret",
+            "a/up/secret",
+            &back_in,
+        ] {
             let e = opens(&r, p).unwrap_err();
             assert!(matches!(e, PathError::Escapes { .. }), "{p}: {e}");
             assert!(e.to_string().contains(p), "{e}");

@@ -525,7 +525,7 @@ impl ShellSessions {
         if args.action == Some(ShellAction::List) {
             return Ok(self.list());
         }
-        match args.session_id.clone() {
+        match args.session_id.clone().filter(|id| !id.is_empty()) {
             Some(id) => self.continue_session(&id, args).await,
             None if args.action.is_some() => Err(OpError::Invalid(
                 "sessionId is required for this action".into(),
