@@ -435,6 +435,13 @@ async fn every_tool_refuses_paths_that_leave_the_root_and_changes_nothing_outsid
             assert_op_error(&v, "path_escape", p);
         }
     }
+    // A search of the whole root neither walks nor reads through links out.
+    let v = n.call("fs.search", json!({"query": "needle"})).await;
+    assert_eq!(v["count"], json!(0), "{v}");
+    n.write("inside.txt", "needle inside\n");
+    let v = n.call("fs.search", json!({"query": "needle"})).await;
+    assert_eq!(v["count"], json!(1), "{v}");
+
     let v = n
         .call(
             "fs.write",
