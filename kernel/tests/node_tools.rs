@@ -89,7 +89,7 @@ fn is_gone(pid: i32) -> bool {
 }
 
 async fn wait_until(mut ok: impl FnMut() -> bool) -> bool {
-    for _ in 0..200 {
+    for _ in 0..400 {
         if ok() {
             return true;
         }
@@ -480,6 +480,24 @@ async fn unknown_calls_are_tool_errors_and_bad_arguments_are_operation_errors() 
 // ---- shell.exec ----
 
 #[tokio::test]
+async fn the_configured_shell_runs_commands_as_a_login_shell_or_not() {
+    for (login, expect) in [(false, "plain"), (true, "login")] {
+        let n = node_with(ShellConfig {
+            shell: Some(PathBuf::from("/bin/bash")),
+            login,
+            ..ShellConfig::default()
+        });
+        let v = n
+            .call(
+                "shell.exec",
+                json!({"input": "shopt -q login_shell && echo login || echo plain; echo $BASH"}),
+            )
+            .await;
+        assert_eq!(v["output"], json!(format!("{expect}\n/bin/bash\n")), "{v}");
+    }
+}
+
+#[tokio::test]
 async fn a_quick_command_completes_with_its_output_in_the_requested_cwd() {
     let n = node();
     std::fs::create_dir(n.root.join("sub")).unwrap();
@@ -762,6 +780,7 @@ async fn background_sessions_report_started_and_finished_events() {
 async fn finished_sessions_nobody_collects_are_dropped_after_the_retention_time() {
     let n = node_with(ShellConfig {
         retention: Duration::from_millis(200),
+        ..ShellConfig::default()
     });
     let v = n
         .call("shell.exec", json!({"input": "true", "background": true}))

@@ -52,16 +52,27 @@ const OUTPUT_DRAIN_GRACE: Duration = Duration::from_millis(500);
 /// `kill` waits this long for the process to be reaped before answering.
 const KILL_WAIT: Duration = Duration::from_secs(5);
 
-/// Tunables of the shell tool (tests shorten the retention).
+/// Tunables of the shell tool.
 #[derive(Debug, Clone)]
 pub struct ShellConfig {
+    /// How long a finished, uncollected session is kept.
     pub retention: Duration,
+    /// The shell; `None`: `$SHELL` when it names an absolute executable
+    /// file, else `/bin/sh` (the reference's choice).
+    pub shell: Option<PathBuf>,
+    /// Run it as a login shell (`-lc`, the reference's choice) rather than
+    /// `-c`. A login shell reads the user's profile, so commands see the
+    /// environment an interactive user would, at the price of the profile's
+    /// start-up time on every command (about 250 ms for a typical bash).
+    pub login: bool,
 }
 
 impl Default for ShellConfig {
     fn default() -> Self {
         Self {
             retention: COMPLETED_SESSION_RETENTION,
+            shell: None,
+            login: true,
         }
     }
 }
@@ -577,9 +588,9 @@ impl ShellSessions {
             return Err(OpError::Invalid("input must not be empty".into()));
         }
         let cwd = root.resolve_dir(args.cwd.as_deref().filter(|c| !c.is_empty()).unwrap_or("."))?;
-        let shell = login_shell();
+        let shell = self.config.shell.clone().unwrap_or_else(login_shell);
         let mut child = tokio::process::Command::new(&shell)
-            .arg("-lc")
+            .arg(if self.config.login { "-lc" } else { "-c" })
             .arg(&args.input)
             .current_dir(&cwd)
             .stdin(Stdio::piped())
