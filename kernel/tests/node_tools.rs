@@ -20,8 +20,18 @@ struct Node {
     tools: NodeTools,
 }
 
+/// Commands run by `/bin/sh -c`, so tests do not depend on the user's
+/// `$SHELL` or profile; the default launch has its own test.
 fn node() -> Node {
-    node_with(ShellConfig::default())
+    node_with(sh_config())
+}
+
+fn sh_config() -> ShellConfig {
+    ShellConfig {
+        shell: Some(PathBuf::from("/bin/sh")),
+        login: false,
+        ..ShellConfig::default()
+    }
 }
 
 fn node_with(config: ShellConfig) -> Node {
@@ -480,6 +490,15 @@ async fn unknown_calls_are_tool_errors_and_bad_arguments_are_operation_errors() 
 // ---- shell.exec ----
 
 #[tokio::test]
+async fn by_default_commands_run_in_the_users_login_shell_or_bin_sh() {
+    let n = node_with(ShellConfig::default());
+    let v = n.call("shell.exec", json!({"input": "echo hi"})).await;
+    assert_eq!(v["status"], json!("completed"), "{v}");
+    // A profile may print something of its own first.
+    assert!(v["stdout"].as_str().unwrap().ends_with("hi\n"), "{v}");
+}
+
+#[tokio::test]
 async fn the_configured_shell_runs_commands_as_a_login_shell_or_not() {
     for (login, expect) in [(false, "plain"), (true, "login")] {
         let n = node_with(ShellConfig {
@@ -543,8 +562,9 @@ async fn a_timeout_terms_then_kills_the_whole_process_group() {
             "shell.exec",
             json!({
                 "input": "sh -c 'trap \"\" TERM; echo $$ > grandchild.pid; exec sleep 30' & wait",
-                // Long enough for a slow login shell to start the grandchild.
-                "timeout": 3000,
+                // Long enough for the shell to start the grandchild on a
+                // loaded machine.
+                "timeout": 1500,
             }),
         )
         .await;
@@ -780,7 +800,7 @@ async fn background_sessions_report_started_and_finished_events() {
 async fn finished_sessions_nobody_collects_are_dropped_after_the_retention_time() {
     let n = node_with(ShellConfig {
         retention: Duration::from_millis(200),
-        ..ShellConfig::default()
+        ..sh_config()
     });
     let v = n
         .call("shell.exec", json!({"input": "true", "background": true}))
