@@ -199,6 +199,23 @@ async fn read_refuses_binary_files_and_reports_missing_ones_by_path() {
 }
 
 #[tokio::test]
+async fn reading_a_fifo_is_an_error_not_a_hang() {
+    let n = node();
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        n.root.join("pipe"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+    let v = n.call("fs.read", json!({"path": "pipe"})).await;
+    assert_op_error(&v, "invalid_argument", "not a regular file");
+    let v = n.call("fs.search", json!({"query": "x"})).await;
+    assert_eq!(v["count"], json!(0), "{v}");
+}
+
+#[tokio::test]
 async fn a_read_window_larger_than_the_cap_stops_at_a_line_and_says_where_to_go_on() {
     let n = node();
     let line = "x".repeat(1000);
