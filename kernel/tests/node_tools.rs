@@ -847,6 +847,29 @@ async fn finished_sessions_nobody_collects_are_dropped_after_the_retention_time(
 }
 
 #[tokio::test]
+async fn commands_beyond_the_running_cap_are_refused_until_one_ends() {
+    let n = node_with(ShellConfig {
+        max_running: 1,
+        ..sh_config()
+    });
+    let v = n
+        .call(
+            "shell.exec",
+            json!({"input": "sleep 30", "background": true}),
+        )
+        .await;
+    let id = v["sessionId"].as_str().unwrap().to_owned();
+    let v = n.call("shell.exec", json!({"input": "echo second"})).await;
+    assert_op_error(&v, "too_many_sessions", "at most 1");
+    let v = n
+        .call("shell.exec", json!({"sessionId": id, "action": "kill"}))
+        .await;
+    assert_eq!(v["status"], json!("failed"));
+    let v = n.call("shell.exec", json!({"input": "echo third"})).await;
+    assert_eq!(v["output"], json!("third\n"), "{v}");
+}
+
+#[tokio::test]
 async fn dropping_a_foreground_request_kills_its_process_group() {
     let n = node();
     let tools = n.tools.clone();

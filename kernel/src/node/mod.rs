@@ -25,8 +25,8 @@ use tokio_util::sync::CancellationToken;
 pub use root::{NodeRoot, PathError};
 pub use shell::{
     COMPLETED_SESSION_RETENTION, DEFAULT_TIMEOUT_MS, DEFAULT_YIELD_MS, ExecEvent, ExecEventKind,
-    ExecEventOutbox, KILL_GRACE_MS, MAX_OUTPUT_CHARS, MAX_YIELD_MS, MIN_YIELD_MS, ShellConfig,
-    TAIL_CHARS,
+    ExecEventOutbox, KILL_GRACE_MS, MAX_OUTPUT_CHARS, MAX_RUNNING_SESSIONS, MAX_YIELD_MS,
+    MIN_YIELD_MS, ShellConfig, TAIL_CHARS,
 };
 
 pub use fs::{
@@ -105,6 +105,8 @@ pub(crate) enum OpError {
     UnknownSession(String),
     #[error("stdin is closed for shell session: {0}")]
     StdinClosed(String),
+    #[error("Too many running shell commands (at most {0}); wait for one to end or kill one")]
+    TooManySessions(usize),
     #[error("Failed to start shell '{shell}': {source}")]
     Spawn {
         shell: String,
@@ -129,6 +131,7 @@ impl OpError {
             Self::MultipleMatches { .. } => "multiple_matches",
             Self::UnknownSession(_) => "unknown_session",
             Self::StdinClosed(_) => "stdin_closed",
+            Self::TooManySessions(_) => "too_many_sessions",
             Self::Cancelled => "cancelled",
         }
     }

@@ -44,6 +44,8 @@ pub const KILL_GRACE_MS: u64 = 250;
 pub const COMPLETED_SESSION_RETENTION: Duration = Duration::from_secs(10 * 60);
 /// The exec-event outbox holds at most this many events (oldest dropped).
 pub const EXEC_EVENT_OUTBOX_CAP: usize = 2048;
+/// How many commands may run at once by default.
+pub const MAX_RUNNING_SESSIONS: usize = 256;
 /// `log` returns this many lines when the call gives no `limit`.
 pub const DEFAULT_LOG_LIMIT: usize = 200;
 /// After the shell exits, how long its output pipes may take to drain; a
@@ -65,6 +67,10 @@ pub struct ShellConfig {
     /// environment an interactive user would, at the price of the profile's
     /// start-up time on every command (about 250 ms for a typical bash).
     pub login: bool,
+    /// At most this many commands run at once; more are refused until one
+    /// ends (a node must not be exhausted by a caller starting background
+    /// commands in a loop).
+    pub max_running: usize,
 }
 
 impl Default for ShellConfig {
@@ -73,6 +79,7 @@ impl Default for ShellConfig {
             retention: COMPLETED_SESSION_RETENTION,
             shell: None,
             login: true,
+            max_running: MAX_RUNNING_SESSIONS,
         }
     }
 }
@@ -586,6 +593,13 @@ impl ShellSessions {
     async fn start(self: &Arc<Self>, root: &NodeRoot, args: ShellArgs) -> Result<Value, OpError> {
         if args.input.trim().is_empty() {
             return Err(OpError::Invalid("input must not be empty".into()));
+        }
+        let running = lock(&self.sessions)
+            .values()
+            .filter(|s| s.exit().is_none())
+            .count();
+        if running >= self.config.max_running {
+            return Err(OpError::TooManySessions(self.config.max_running));
         }
         let cwd = root.resolve_dir(args.cwd.as_deref().filter(|c| !c.is_empty()).unwrap_or("."))?;
         let shell = self.config.shell.clone().unwrap_or_else(login_shell);
