@@ -1188,6 +1188,79 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn reopening_reports_the_recorded_process_groups_of_lost_execs_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log.db");
+        let caps = LogCaps {
+            per_exec: u64::MAX,
+            global: u64::MAX,
+        };
+        {
+            let (w, _) = ExecLogWriter::open(&path, caps).unwrap();
+            let g = w.begin("done").await.unwrap();
+            w.spawned("done", g, 4242, Some(17)).await.unwrap();
+            w.finish("done", 1, 0).await.unwrap();
+            let g = w.begin("running").await.unwrap();
+            w.spawned("running", g, 4343, Some(99)).await.unwrap();
+            // A record for an older generation of the id is ignored.
+            w.spawned("running", g - 1, 1, Some(1)).await.unwrap();
+            append(&w, out("running", 1, 3)).await;
+            w.begin("unrecorded").await.unwrap();
+            append(&w, out("unrecorded", 1, 3)).await;
+            w.close().await;
+        }
+        let (_, report) = ExecLogWriter::open(&path, caps).unwrap();
+        assert_eq!(report.lost, ["running", "unrecorded"]);
+        assert_eq!(
+            report.groups,
+            [LostGroup {
+                id: "running".into(),
+                pgid: 4343,
+                leader_start: 99
+            }]
+        );
+        let (_, report) = ExecLogWriter::open(&path, caps).unwrap();
+        assert!(report.groups.is_empty(), "reported once, then finished");
+    }
+
+    #[tokio::test]
+    async fn a_version_1_log_gains_the_process_group_columns() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log.db");
+        {
+            let c = Connection::open(&path).unwrap();
+            c.execute_batch(
+                "CREATE TABLE exec_meta (exec_id TEXT PRIMARY KEY, generation INTEGER NOT NULL,
+                    started_at INTEGER NOT NULL, exited_at INTEGER, exit_code INTEGER,
+                    first_seq INTEGER NOT NULL, last_seq INTEGER NOT NULL, bytes INTEGER NOT NULL);
+                 CREATE TABLE exec_event (exec_id TEXT NOT NULL, seq INTEGER NOT NULL,
+                    kind INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY (exec_id, seq));
+                 INSERT INTO exec_meta VALUES ('old', 1, 0, NULL, NULL, 1, 0, 0);
+                 PRAGMA user_version = 1;",
+            )
+            .unwrap();
+        }
+        let caps = LogCaps {
+            per_exec: u64::MAX,
+            global: u64::MAX,
+        };
+        let (w, report) = ExecLogWriter::open(&path, caps).unwrap();
+        assert_eq!(report.lost, ["old"]);
+        assert!(report.groups.is_empty(), "no group was recorded for it");
+        let g = w.begin("new").await.unwrap();
+        w.spawned("new", g, 77, Some(5)).await.unwrap();
+        append(&w, out("new", 1, 3)).await;
+        w.close().await;
+        let (_, report) = ExecLogWriter::open(&path, caps).unwrap();
+        assert_eq!(report.groups.len(), 1);
+        let version: i32 = Connection::open(&path)
+            .unwrap()
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+    }
+
+    #[tokio::test]
     async fn reopening_gives_unfinished_execs_a_lost_exit_and_keeps_finished_ones() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log.db");
