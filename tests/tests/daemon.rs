@@ -544,3 +544,38 @@ fn a_daemon_with_a_damaged_index_and_exec_log_sets_both_aside_and_serves() {
     e.daemon.transfer("pull", &fresh);
     assert_eq!(tree_digest(&fresh), tree_digest(&e.served));
 }
+
+#[test]
+fn a_silent_peer_is_disconnected_after_the_configured_handshake_timeout() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sock = tmp.path().join("wsd.sock");
+    let mut cmd = serve_cmd(
+        &tmp.path().join("root"),
+        &tmp.path().join("state"),
+        &format!("unix:{}", sock.display()),
+    );
+    cmd.args(["--handshake-timeout", "1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut child = cmd.spawn().unwrap();
+    let deadline = Instant::now() + LIMIT;
+    let mut silent = loop {
+        if let Ok(s) = std::os::unix::net::UnixStream::connect(&sock) {
+            break s;
+        }
+        if child.try_wait().unwrap().is_some() || Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("wsd serve did not listen on {sock:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let _daemon = KillOnDrop(child);
+    // Bounded by LIMIT; the daemon closes its end well before.
+    silent.set_read_timeout(Some(LIMIT)).unwrap();
+    use std::io::Read;
+    let n = silent
+        .read(&mut [0u8; 16])
+        .expect("the daemon closes a silent connection instead of leaving it open");
+    assert_eq!(n, 0);
+}
