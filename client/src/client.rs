@@ -25,7 +25,9 @@ use crate::convert::{
     signal_to, watermarks_from, wire_error_from,
 };
 use crate::exec::{ExecEvent, ExecRequest, ResumeFrom, Signal};
-use crate::limits::{CLIENT_EXEC_EVENT_BUFFER, MAX_CHANGES_PER_NEXT, OBJECT_WRITE_BYTES};
+use crate::limits::{
+    CLIENT_EXEC_EVENT_BUFFER, MAX_CHANGES_PER_NEXT, MAX_STDIN_WRITE_BYTES, OBJECT_WRITE_BYTES,
+};
 use crate::options::timed_out;
 use crate::stream::{self, StreamWindow, message_bytes};
 use crate::transport::network;
@@ -441,6 +443,28 @@ impl Client {
         req.get().set_id(id);
         req.get().set_signal(signal_to(signal));
         self.conn.deadline("killExec", req.send().promise).await?;
+        Ok(())
+    }
+
+    /// Queues `bytes` (at most [`MAX_STDIN_WRITE_BYTES`]) for the stdin
+    /// of exec `id`, started with `stdin_open`. Checked here too, so an
+    /// oversized write fails before it is sent.
+    pub async fn write_stdin(&self, id: &str, bytes: &[u8]) -> Result<(), WsdError> {
+        self.check_alive()?;
+        WsdError::check_limit("stdin bytes per write", MAX_STDIN_WRITE_BYTES, bytes.len())?;
+        let mut req = self.shell.write_stdin_request();
+        req.get().set_id(id);
+        req.get().set_data(bytes);
+        self.conn.deadline("writeStdin", req.send().promise).await?;
+        Ok(())
+    }
+
+    /// Closes the stdin of exec `id` after its queued writes.
+    pub async fn close_stdin(&self, id: &str) -> Result<(), WsdError> {
+        self.check_alive()?;
+        let mut req = self.shell.close_stdin_request();
+        req.get().set_id(id);
+        self.conn.deadline("closeStdin", req.send().promise).await?;
         Ok(())
     }
 

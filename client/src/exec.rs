@@ -13,9 +13,15 @@ pub struct ExecRequest {
     pub id: Option<String>,
     /// Added to the runner's allowlisted environment.
     pub env: Vec<(String, String)>,
-    /// Written to the command's stdin, then the pipe is closed.
+    /// Written to the command's stdin; the pipe is then closed unless
+    /// `stdin_open`. `None` without `stdin_open`: stdin is `/dev/null`.
     pub stdin: Option<Vec<u8>>,
+    /// SIGTERM to the group after this long, SIGKILL a grace period later.
+    /// `Some(0)` disables the timeout (on the wire `0` is "none", which the
+    /// daemon reads as its configured default); `None` uses the default.
     pub timeout_ms: Option<u64>,
+    /// Keep stdin open after `stdin` for `writeStdin` and `closeStdin`.
+    pub stdin_open: bool,
 }
 
 /// Where a re-attaching reader starts (`Shell.getExec`).

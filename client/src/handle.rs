@@ -356,6 +356,37 @@ impl WsdHandle {
         .await
     }
 
+    /// Queues `bytes` for the stdin of exec `id`, started with
+    /// `stdin_open` (at most [`crate::limits::MAX_STDIN_WRITE_BYTES`] per
+    /// call; returns once queued, waiting while the daemon's small queue
+    /// is full). Not retried after a lost connection: the bytes may have
+    /// arrived.
+    pub async fn write_stdin(&self, id: &str, bytes: Vec<u8>) -> Result<(), WsdError> {
+        let id = id.to_owned();
+        self.run(move |conn| async move {
+            conn.call(false, |c| {
+                let (id, bytes) = (id.clone(), bytes.clone());
+                async move { c.write_stdin(&id, &bytes).await }
+            })
+            .await
+        })
+        .await
+    }
+
+    /// Closes the stdin of exec `id` (the command reads end of file after
+    /// the queued writes). Idempotent.
+    pub async fn close_stdin(&self, id: &str) -> Result<(), WsdError> {
+        let id = id.to_owned();
+        self.run(move |conn| async move {
+            conn.call(true, |c| {
+                let id = id.clone();
+                async move { c.close_stdin(&id).await }
+            })
+            .await
+        })
+        .await
+    }
+
     /// Sends `signal` to exec `id`'s process group (a no-op once it exited).
     pub async fn kill(&self, id: &str, signal: Signal) -> Result<(), WsdError> {
         let id = id.to_owned();

@@ -142,15 +142,7 @@ impl ExecBackend for ExecAdapter {
     type Events = EventsAdapter;
 
     async fn exec(&self, r: ExecRequest) -> Result<(String, EventsAdapter), WireError> {
-        let req = exec::ExecRequest {
-            command: r.command,
-            cwd: r.cwd,
-            id: r.id,
-            env: r.env,
-            stdin: r.stdin,
-            timeout_ms: r.timeout_ms,
-        };
-        let (id, sub) = self.0.exec(req).await.map_err(wire)?;
+        let (id, sub) = self.0.exec(r).await.map_err(wire)?;
         Ok((id, EventsAdapter(sub)))
     }
 
@@ -175,6 +167,14 @@ impl ExecBackend for ExecAdapter {
 
     async fn dispose(&self, id: &str) -> Result<(), WireError> {
         self.0.dispose(id).await.map_err(wire)
+    }
+
+    async fn write_stdin(&self, id: &str, bytes: Vec<u8>) -> Result<(), WireError> {
+        self.0.write_stdin(id, bytes).await.map_err(wire)
+    }
+
+    async fn close_stdin(&self, id: &str) -> Result<(), WireError> {
+        self.0.close_stdin(id).await.map_err(wire)
     }
 }
 

@@ -301,6 +301,7 @@ pub async fn exec(a: ExecArgs) -> Result<ExitCode> {
         env: a.env,
         stdin: None,
         timeout_ms: a.timeout,
+        stdin_open: false,
     };
     let events = client.exec(&request).await.context("exec")?;
     if a.detach {
