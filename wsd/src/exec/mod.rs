@@ -146,37 +146,10 @@ impl ExecConfig {
 /// One `exec` call: the type the wire, the client and the CLI share.
 pub use wsd_client::ExecRequest;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EventKind {
-    Stdout(Vec<u8>),
-    Stderr(Vec<u8>),
-    /// The last event: the command's exit code, `128 + n` if it was killed
-    /// by signal `n`, or [`EXIT_LOST`].
-    Exit(i32),
-}
-
-impl EventKind {
-    pub(crate) fn payload_len(&self) -> usize {
-        match self {
-            EventKind::Stdout(d) | EventKind::Stderr(d) => d.len(),
-            EventKind::Exit(_) => 0,
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExecEvent {
-    pub id: String,
-    /// From 1, one per event of this exec, across stdout and stderr.
-    pub seq: u64,
-    pub kind: EventKind,
-}
-
-impl ExecEvent {
-    pub fn is_exit(&self) -> bool {
-        matches!(self.kind, EventKind::Exit(_))
-    }
-}
+/// The exec's events: the types the wire, the client and the CLI share.
+/// An exit code is the command's, `128 + n` if it was killed by signal `n`,
+/// or [`EXIT_LOST`].
+pub use wsd_client::{ExecEvent, ExecEventKind as EventKind};
 
 /// Where a [`ExecManager::get`] subscription starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -434,7 +407,17 @@ impl ExecManager {
     /// running `kill_grace` later, its group gets SIGKILL. A no-op once the
     /// exec has exited. Errors: `ENOENT` (unknown id), `EINVAL` (signal).
     pub async fn kill(&self, id: &str, signal: Option<&str>) -> Result<(), ExecError> {
-        let sig = process::parse_signal(signal.unwrap_or("TERM"))?;
+        self.kill_with(id, process::parse_signal(signal.unwrap_or("TERM"))?)
+            .await
+    }
+
+    /// [`ExecManager::kill`] with one of the wire's signals, as the RPC
+    /// server passes it (no name to parse on the way).
+    pub async fn signal(&self, id: &str, signal: wsd_client::Signal) -> Result<(), ExecError> {
+        self.kill_with(id, signal.number()).await
+    }
+
+    async fn kill_with(&self, id: &str, sig: i32) -> Result<(), ExecError> {
         let live = self
             .shared
             .live
