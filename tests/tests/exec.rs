@@ -1756,3 +1756,43 @@ fn stdin_writes_are_refused_with_typed_errors_naming_what_is_wrong() {
         assert_eq!(exit_of(&collect_handle(&mut events).await), 0);
     });
 }
+
+#[test]
+fn a_send_handle_redials_after_the_daemon_restarts_and_its_next_push_lands() {
+    let mut d = Served::start();
+    let local = tempfile::tempdir().unwrap();
+    let dofs = wsd_dofs::Dofs::open(local.path().join("local.db")).unwrap();
+    let store = std::sync::Arc::new(std::sync::Mutex::new(dofs));
+    let put = |path: &str, bytes: &[u8]| {
+        store
+            .lock()
+            .unwrap()
+            .write_file_with(
+                &wsd_sync::SyncPath::new(path).unwrap(),
+                bytes,
+                wsd_dofs::WriteOptions::default(),
+            )
+            .unwrap();
+    };
+    put("before", b"1");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let handle = rt.block_on(handle_to(&d));
+    rt.block_on(handle.push(store.clone())).unwrap();
+
+    d.crash_and_restart();
+    put("after", b"2");
+    let pushed = rt
+        .block_on(async { tokio::time::timeout(STEP, handle.push(store.clone())).await })
+        .expect("push after a restart hung")
+        .unwrap();
+    assert_eq!(pushed.sync.entries, 1, "only the new file: {pushed:?}");
+    assert_eq!(std::fs::read(d.path("after")).unwrap(), b"2");
+    assert_eq!(std::fs::read(d.path("before")).unwrap(), b"1");
+    let mut events = rt.block_on(handle.exec(req("echo still here"))).unwrap();
+    let seen = rt.block_on(collect_handle(&mut events));
+    assert_eq!(stdout_of(&seen), b"still here\n");
+}
