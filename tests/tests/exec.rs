@@ -1579,9 +1579,13 @@ fn run_multi_threaded<F: Future>(f: F) -> F::Output {
     })
 }
 
+/// The name the local store keeps a handle's daemon watermarks under.
+const HANDLE_REMOTE: &str = "workspace-under-test";
+
 async fn handle_to(d: &Served) -> wsd_client::WsdHandle {
     let opts = wsd_client::ClientOptions {
         peer: "gateway".into(),
+        remote_name: Some(HANDLE_REMOTE.into()),
         ..Default::default()
     };
     wsd_client::WsdHandle::connect(d.addr.parse().unwrap(), opts)
@@ -1670,6 +1674,15 @@ fn a_send_handle_pushes_runs_a_command_and_pulls_what_it_changed_from_any_thread
             .read_file(&wsd_sync::SyncPath::new("out/twice.txt").unwrap())
             .unwrap();
         assert_eq!(got, b"inputinput");
+
+        // Converged: a round both ways moves nothing, and the local store
+        // keeps the watermarks under the configured name.
+        let (pulled, pushed) = handle.sync(store.clone()).await.unwrap();
+        assert!(pulled.applied.is_empty(), "{pulled:?}");
+        assert_eq!(pushed.sync.entries, 0, "{pushed:?}");
+        let wm = wsd_sync::Store::watermarks(&mut *store.lock().unwrap(), HANDLE_REMOTE).unwrap();
+        assert_ne!(wm.push_cursor, ChangeCursor::ZERO);
+        assert_ne!(wm.fetch_cursor, ChangeCursor::ZERO);
     });
 }
 
