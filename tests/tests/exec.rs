@@ -1809,3 +1809,54 @@ fn a_send_handle_redials_after_the_daemon_restarts_and_its_next_push_lands() {
     let seen = rt.block_on(collect_handle(&mut events));
     assert_eq!(stdout_of(&seen), b"still here\n");
 }
+
+#[test]
+fn a_send_handle_attaches_kills_with_a_typed_signal_and_disposes() {
+    let d = Served::start();
+    run_multi_threaded(async {
+        let handle = handle_to(&d).await;
+        let gate = "started";
+        d.mkfifo(gate);
+        let mut owner = handle
+            .exec(req_id(
+                &format!("echo up > {gate}; exec sleep 60"),
+                "sleeper",
+            ))
+            .await
+            .unwrap();
+        // Wait until the command runs, then read its start from a second
+        // reader on another task.
+        let mut f = tokio::fs::File::open(d.path(gate)).await.unwrap();
+        let mut line = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut f, &mut line)
+            .await
+            .unwrap();
+        assert_eq!(line, "up\n");
+        let h = handle.clone();
+        let watcher = tokio::spawn(async move {
+            let mut events = h.attach("sleeper", ResumeFrom::Start).await.unwrap();
+            collect_handle(&mut events).await
+        });
+
+        handle
+            .kill("sleeper", wsd_client::Signal::Kill)
+            .await
+            .unwrap();
+        let killed = 128 + wsd_client::Signal::Kill.number();
+        assert_eq!(exit_of(&collect_handle(&mut owner).await), killed);
+        assert_eq!(exit_of(&watcher.await.unwrap()), killed);
+
+        handle.dispose("sleeper").await.unwrap();
+        let err = handle
+            .attach("sleeper", ResumeFrom::Start)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::NotFound, "{err}");
+        assert_eq!(err.subject.as_deref(), Some("sleeper"));
+        let err = handle
+            .kill("sleeper", wsd_client::Signal::Term)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::NotFound, "{err}");
+    });
+}
