@@ -1860,3 +1860,32 @@ fn a_send_handle_attaches_kills_with_a_typed_signal_and_disposes() {
         assert_eq!(err.code, ErrorCode::NotFound, "{err}");
     });
 }
+
+#[test]
+fn wsd_exec_with_stdin_passes_its_input_to_the_command_until_end_of_file() {
+    let d = Served::start();
+    let input = binary_payload().repeat(3);
+    let mut child = d
+        .cli_command(&["exec", "--stdin", "--", "cat"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn wsd");
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = {
+        let input = input.clone();
+        std::thread::spawn(move || stdin.write_all(&input))
+    };
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let out = rx
+        .recv_timeout(STEP)
+        .expect("wsd exec --stdin did not finish")
+        .unwrap();
+    writer.join().unwrap().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(out.stdout, input);
+}
