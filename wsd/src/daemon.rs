@@ -157,15 +157,11 @@ struct ExecAdapter(ExecManager);
 struct EventsAdapter(exec::Subscription);
 
 fn wire(e: exec::ExecError) -> WireError {
-    let code = e.code();
-    // `ExecError`'s messages start with their code; keep it once, in the
-    // field (the wire reason and `WireError`'s display add it back).
-    let text = e.to_string();
-    let message = text
-        .strip_prefix(code.as_str())
-        .and_then(|m| m.strip_prefix(": "))
-        .map_or_else(|| text.clone(), str::to_owned);
-    WireError::new(code, message)
+    let error = WireError::new(e.code(), e.detail());
+    match e.subject() {
+        Some(subject) => error.with_subject(subject),
+        None => error,
+    }
 }
 
 impl ExecEvents for EventsAdapter {
@@ -222,5 +218,6 @@ mod tests {
         assert_eq!(e.code, wsd_sync::ErrorCode::NotFound);
         assert_eq!(e.message, "no exec with id \"x\"");
         assert_eq!(e.to_string(), "ENOENT: no exec with id \"x\"");
+        assert_eq!(e.subject.as_deref(), Some("x"));
     }
 }
