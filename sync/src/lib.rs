@@ -22,6 +22,8 @@ pub mod manifest;
 mod path;
 mod remote;
 mod store;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 
 pub use cursor::ChangeCursor;
 pub use entry::{ChangeEntry, ChunkRef, EntryState, Kind, MODE_MASK};

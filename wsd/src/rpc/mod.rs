@@ -28,8 +28,6 @@ mod stream;
 mod transport;
 
 #[cfg(test)]
-mod mem_store;
-#[cfg(test)]
 mod tests;
 
 pub use auth::{PeerOrigin, TOKEN_ENV, Token, admit};

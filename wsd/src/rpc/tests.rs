@@ -17,9 +17,9 @@ use wsd_sync::{
 };
 
 use super::client::{self, Client, ReconnectingClient};
-use super::mem_store::MemStore;
 use super::transport::network;
 use super::*;
+use wsd_sync::testkit::MemStore;
 
 /// Runs a test body on a current-thread runtime inside a `LocalSet`, as
 /// `wsd serve` runs the server.

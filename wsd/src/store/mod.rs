@@ -23,6 +23,8 @@ mod scan;
 mod watch;
 
 #[cfg(test)]
+mod contract;
+#[cfg(test)]
 mod tests;
 
 use std::collections::{BTreeSet, HashSet};
