@@ -9,6 +9,10 @@
 //! It deliberately knows nothing of SQLite, sockets or Cap'n Proto: stores
 //! live in `wsd-dofs` and `wsd`, the wire lives in `wsd-schema` and `wsd`.
 //! CI checks that this crate never depends on `rusqlite` or `capnp`.
+//!
+//! The `testkit` feature (for dev-dependencies) adds [`testkit`]: the
+//! `Store` contract as a conformance suite and a reference-model property
+//! test that every store implementation runs, and the in-memory `MemStore`.
 
 pub mod chunk;
 mod cursor;
