@@ -52,4 +52,4 @@ impl StoreUnderTest for Dofs {
     }
 }
 
-wsd_sync::store_conformance_tests!(|| Dofs::open_in_memory().unwrap(), 64);
+wsd_sync::store_conformance_tests!(|| Dofs::open_in_memory().unwrap(), 256);

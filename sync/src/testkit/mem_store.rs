@@ -385,7 +385,7 @@ impl Store for MemStore {
             )));
         }
         let old = s.push.insert(remote.to_owned(), cursor.clone());
-        if old.is_some_and(|old| *cursor < old) {
+        if old.is_some_and(|old| *cursor < old) || *cursor == ChangeCursor::ZERO {
             s.forget_applied(remote);
         }
         Ok(())
@@ -394,7 +394,7 @@ impl Store for MemStore {
     fn set_fetch_cursor(&mut self, remote: &str, cursor: &ChangeCursor) -> Result<(), SyncError> {
         let mut s = self.0.lock().unwrap();
         let old = s.fetch.insert(remote.to_owned(), cursor.clone());
-        if old.is_some_and(|old| *cursor < old) {
+        if old.is_some_and(|old| *cursor < old) || *cursor == ChangeCursor::ZERO {
             s.forget_applied(remote);
         }
         Ok(())

@@ -102,5 +102,5 @@ wsd_sync::store_conformance_tests!(workspaces(), 32);
 mod mem_store {
     use wsd_sync::testkit::MemStore;
 
-    wsd_sync::store_conformance_tests!(MemStore::new, 64);
+    wsd_sync::store_conformance_tests!(MemStore::new, 256);
 }

@@ -748,8 +748,8 @@ pub(crate) fn remote_cursors(db: &Connection, remote: &str) -> Result<RemoteCurs
 
 /// Sets `remote`'s push cursor. A cursor beyond our current rev is
 /// `EINVAL` (nothing of ours can have been acknowledged there). Moving it
-/// back means the remote lost state: its echo markers are cleared, so that
-/// what we applied from it is pushed back to it too.
+/// back, or to zero, means the remote lost state: its echo markers are
+/// cleared, so that what we applied from it is pushed back to it too.
 pub(crate) fn set_push_cursor(
     db: &Connection,
     remote: &str,
@@ -774,7 +774,9 @@ pub(crate) fn set_push_cursor(
         ])
     })
     .ctx("writing a push cursor")?;
-    if *c < old {
+    // Zero is a reset even when the cursor was already there (we had only
+    // pulled from the remote).
+    if *c < old || *c == ChangeCursor::ZERO {
         let cleared = forget_applied_markers(db, remote)?;
         if cleared > 0 {
             tracing::warn!(remote, from = %old, to = %c, cleared,
@@ -792,8 +794,9 @@ pub(crate) fn forget_applied_markers(db: &Connection, remote: &str) -> Result<us
         .ctx("clearing echo markers")
 }
 
-/// Sets `remote`'s fetch cursor exactly; moving it back means the remote
-/// lost state, and its echo markers are cleared as for the push cursor.
+/// Sets `remote`'s fetch cursor exactly; moving it back (or to zero) means
+/// the remote lost state, and its echo markers are cleared as for the push
+/// cursor.
 pub(crate) fn set_fetch_cursor(
     db: &Connection,
     remote: &str,
@@ -801,7 +804,7 @@ pub(crate) fn set_fetch_cursor(
 ) -> Result<(), SyncError> {
     let old = remote_cursors(db, remote)?.fetch;
     write_fetch_cursor(db, remote, c)?;
-    if *c < old {
+    if *c < old || *c == ChangeCursor::ZERO {
         let cleared = forget_applied_markers(db, remote)?;
         tracing::warn!(remote, from = %old, to = %c, cleared,
             "fetch cursor moved back: the remote lost state; its echo markers are cleared");
