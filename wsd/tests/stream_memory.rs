@@ -10,12 +10,12 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
 
-use wsd::rpc::client;
 use wsd::rpc::{
     Backend, ExecBackend, ExecEvent, ExecEventKind, ExecEvents, ExecRequest, ExecSignal, Listener,
     ResumeFrom, ServerConfig, WireError, serve,
 };
 use wsd::store::{StoreOptions, WorkspaceStore};
+use wsd_client::client;
 
 struct Counting;
 
@@ -72,6 +72,16 @@ impl ExecBackend for InstantExit {
         Ok(())
     }
     async fn dispose(&self, _: &str) -> Result<(), WireError> {
+        Ok(())
+    }
+    async fn write_stdin(&self, id: &str, _: Vec<u8>) -> Result<(), WireError> {
+        // Every exec here has already exited.
+        Err(WireError::new(
+            wsd_sync::ErrorCode::Invalid,
+            format!("stdin of exec {id} is closed"),
+        ))
+    }
+    async fn close_stdin(&self, _: &str) -> Result<(), WireError> {
         Ok(())
     }
 }
