@@ -29,8 +29,6 @@ mod store_thread;
 use wsd_client::{convert, stream, transport};
 
 #[cfg(test)]
-mod mem_store;
-#[cfg(test)]
 mod tests;
 
 pub use auth::{PeerOrigin, TOKEN_ENV, Token, admit};

@@ -16,10 +16,10 @@ use wsd_sync::{
     SyncPath, chunk,
 };
 
-use super::mem_store::MemStore;
 use super::transport::network;
 use super::*;
 use wsd_client::client::{self, Client, ReconnectingClient};
+use wsd_sync::testkit::MemStore;
 
 /// Runs a test body on a current-thread runtime inside a `LocalSet`, as
 /// `wsd serve` runs the server.

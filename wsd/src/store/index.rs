@@ -56,6 +56,15 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (remote, path)
     ) STRICT, WITHOUT ROWID;
     "#,
+    // 2: where an ongoing baseline got to, so a restarted one (its first
+    // entry not after the last one marked) drops the stale marks.
+    r#"
+    CREATE TABLE baseline_progress (
+        remote TEXT PRIMARY KEY,
+        rev INTEGER NOT NULL,
+        path TEXT NOT NULL
+    ) STRICT;
+    "#,
 ];
 
 /// The schema version this build writes.
@@ -779,11 +788,22 @@ pub(crate) fn remote_cursors(db: &Connection, remote: &str) -> Result<RemoteCurs
     }
 }
 
+/// Sets `remote`'s push cursor. A cursor beyond our current rev is
+/// `EINVAL` (nothing of ours can have been acknowledged there). Moving it
+/// back, or to zero, means the remote lost state: its echo markers are
+/// cleared, so that what we applied from it is pushed back to it too.
 pub(crate) fn set_push_cursor(
     db: &Connection,
     remote: &str,
     c: &ChangeCursor,
 ) -> Result<(), SyncError> {
+    let current = meta_get(db, "rev")?;
+    if c.rev > current {
+        return Err(SyncError::Invalid(format!(
+            "push cursor {c} for remote {remote:?} is beyond this store's current rev {current}"
+        )));
+    }
+    let old = remote_cursors(db, remote)?.push;
     db.prepare_cached(
         "INSERT INTO remotes (name, push_rev, push_path) VALUES (?1, ?2, ?3)
          ON CONFLICT (name) DO UPDATE SET push_rev = ?2, push_path = ?3",
@@ -796,10 +816,46 @@ pub(crate) fn set_push_cursor(
         ])
     })
     .ctx("writing a push cursor")?;
+    // Zero is a reset even when the cursor was already there (we had only
+    // pulled from the remote).
+    if *c < old || *c == ChangeCursor::ZERO {
+        let cleared = forget_applied_markers(db, remote)?;
+        if cleared > 0 {
+            tracing::warn!(remote, from = %old, to = %c, cleared,
+                "push cursor moved back: the remote lost state; its echo markers are cleared");
+        }
+    }
     Ok(())
 }
 
+/// Forgets which paths hold `remote`'s state, so echo exclusion no longer
+/// keeps them from it. Returns how many rows were marked.
+pub(crate) fn forget_applied_markers(db: &Connection, remote: &str) -> Result<usize, SyncError> {
+    db.prepare_cached("UPDATE nodes SET applied_from = NULL WHERE applied_from = ?1")
+        .and_then(|mut s| s.execute([remote]))
+        .ctx("clearing echo markers")
+}
+
+/// Sets `remote`'s fetch cursor exactly; moving it back (or to zero) means
+/// the remote lost state, and its echo markers are cleared as for the push
+/// cursor.
 pub(crate) fn set_fetch_cursor(
+    db: &Connection,
+    remote: &str,
+    c: &ChangeCursor,
+) -> Result<(), SyncError> {
+    let old = remote_cursors(db, remote)?.fetch;
+    write_fetch_cursor(db, remote, c)?;
+    if *c < old || *c == ChangeCursor::ZERO {
+        let cleared = forget_applied_markers(db, remote)?;
+        tracing::warn!(remote, from = %old, to = %c, cleared,
+            "fetch cursor moved back: the remote lost state; its echo markers are cleared");
+    }
+    Ok(())
+}
+
+/// Writes `remote`'s fetch cursor (registering the remote), nothing else.
+pub(crate) fn write_fetch_cursor(
     db: &Connection,
     remote: &str,
     c: &ChangeCursor,
