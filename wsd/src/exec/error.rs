@@ -14,7 +14,6 @@ pub enum ExecError {
     /// A signal for an exec that is retained but no longer running (it
     /// exited, or was lost with a previous daemon): there is no process
     /// left to signal.
-    #[error("ENOENT: exec {id:?} is not running (it has exited)")]
     NotRunning { id: String },
     /// The exec was disposed while this subscriber was attached.
     Disposed { id: String },
@@ -82,6 +81,7 @@ impl ExecError {
     pub fn subject(&self) -> Option<&str> {
         match self {
             ExecError::NotFound { id }
+            | ExecError::NotRunning { id }
             | ExecError::Disposed { id }
             | ExecError::Busy { id }
             | ExecError::Truncated { id, .. }
@@ -96,6 +96,7 @@ impl ExecError {
     fn fmt_detail(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ExecError::NotFound { id } => write!(f, "no exec with id {id:?}"),
+            ExecError::NotRunning { id } => write!(f, "exec {id:?} is not running (it has exited)"),
             ExecError::Disposed { id } => write!(f, "exec {id:?} was disposed"),
             ExecError::Busy { id } => write!(f, "exec {id:?} is still running"),
             ExecError::Truncated {
