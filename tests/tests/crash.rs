@@ -320,7 +320,7 @@ fn kill_during_exec_reports_a_lost_exit_and_the_commands_writes_converge() {
             format!(
                 "mkdir -p ex && for i in $(seq 1 120); do \
                    printf 'round {round} file %s\\n' \"$i\" > ex/.tmp.$i && mv ex/.tmp.$i ex/f$((i % 40)); \
-                 done; echo done > ex/marker{round}"
+                 done; echo done > ex/.tmp.marker && mv ex/.tmp.marker ex/marker{round}"
             )
         };
         for round in 0..=40u64 {
