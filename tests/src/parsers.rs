@@ -1,6 +1,6 @@
 //! Properties of every parser of untrusted input, over arbitrary bytes.
 //! Shared by the `cargo fuzz` targets in `fuzz/` and the property-test
-//! stand-in `tests/tests/parsers.rs` (which runs in CI). Each function
+//! stand-in `tests/tests/it/parsers.rs` (which runs in CI). Each function
 //! panics when a property fails; none may panic otherwise.
 
 use wsd_sync::{ChangeEntry, ChunkRef, EntryState, Hash, IgnoreRules, SyncPath, manifest};

@@ -2,7 +2,7 @@
 //! bytes as a Cap'n Proto message and runs the server's argument decoding
 //! for every call on it, exactly as the server does before touching the
 //! store. Used by the `fuzz/` targets and the property-test stand-in in
-//! `tests/tests/parsers.rs`. It must never panic, whatever the bytes.
+//! `tests/tests/it/parsers.rs`. It must never panic, whatever the bytes.
 
 use wsd_schema::workspace_capnp as wire;
 use wsd_sync::IgnoreRules;

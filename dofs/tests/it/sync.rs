@@ -1,10 +1,8 @@
 //! Two (or three) `Dofs` stores synced through the real push/pull driver
 //! over the in-process `StoreRemote`: the protocol rules end to end.
 
-mod util;
-
+use crate::util::{Node, Peer, faulty, noise, p, pull, pull_via, push, push_via, quiesce};
 use futures::executor::block_on;
-use util::{Node, Peer, faulty, noise, p, pull, pull_via, push, push_via, quiesce};
 use wsd_sync::limits::BATCH_ENTRIES;
 use wsd_sync::{ChangeCursor, ErrorCode, Store, driver};
 

@@ -9,13 +9,11 @@
 //!
 //! Cases: `PROPTEST_CASES` or 200.
 
-mod util;
-
 use std::collections::BTreeMap;
 
+use crate::util::{Node, Peer, faulty, noise, p, pull, pull_via, push, push_via, quiesce};
 use futures::executor::block_on;
 use proptest::prelude::*;
-use util::{Node, Peer, faulty, noise, p, pull, pull_via, push, push_via, quiesce};
 use wsd_dofs::{Dofs, DofsError, WriteOptions};
 use wsd_sync::{ErrorCode, driver};
 

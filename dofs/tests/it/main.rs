@@ -1,0 +1,6 @@
+//! dofs scenarios across stores, linked once: the sync rules end to end
+//! (`sync`) and the hub-topology property test (`convergence`).
+
+mod convergence;
+mod sync;
+mod util;
