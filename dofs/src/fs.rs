@@ -5,6 +5,8 @@
 //! carried `RESOLVE_NO_SYMLINKS`. That keeps a path-keyed store honest (one
 //! row per path, no aliasing) and matches what sync needs.
 
+mod lines;
+
 use std::io::{Read, Write};
 
 use rusqlite::params;
@@ -16,6 +18,8 @@ use crate::rows::{
     insert_chunk, live, now_ms, put_node, row_from_sql, subtree_bounds, tombstone_subtree,
 };
 use crate::{Dofs, DofsError};
+
+pub use lines::LineWindow;
 
 /// Mode of a file created without an explicit one.
 pub const DEFAULT_FILE_MODE: u32 = 0o644;
