@@ -588,6 +588,18 @@ impl Dofs {
         under: Option<&SyncPath>,
         limit: usize,
     ) -> Result<Vec<SearchHit>, DofsError> {
+        self.search_where(pattern, under, limit, |_| true)
+    }
+
+    /// [`Dofs::search`] over only the files for which `keep` is true (a
+    /// name filter, a permission check), so `limit` counts kept hits only.
+    pub fn search_where(
+        &self,
+        pattern: &[u8],
+        under: Option<&SyncPath>,
+        limit: usize,
+        mut keep: impl FnMut(&SyncPath) -> bool,
+    ) -> Result<Vec<SearchHit>, DofsError> {
         if pattern.is_empty() {
             return Err(DofsError::invalid(
                 under.map_or("", |p| p.as_str()),
@@ -616,6 +628,9 @@ impl Dofs {
                 break;
             }
             let path = SyncPath::new(path)?;
+            if !keep(&path) {
+                continue;
+            }
             self.search_file(&finder, &path, &manifest, limit, &mut hits)?;
         }
         Ok(hits)

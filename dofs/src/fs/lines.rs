@@ -140,3 +140,21 @@ mod tests {
         assert!(e.to_string().contains("dir"), "{e}");
     }
 }
+
+#[cfg(test)]
+mod search_where_tests {
+    use crate::test_util::{p, put, store};
+
+    #[test]
+    fn search_where_skips_filtered_files_before_counting_the_limit() {
+        let mut d = store();
+        put(&mut d, "a.txt", b"needle\n");
+        put(&mut d, "b.rs", b"needle\n");
+        put(&mut d, "c.rs", b"x\nneedle\n");
+        let hits = d
+            .search_where(b"needle", None, 1, |path| path.as_str().ends_with(".rs"))
+            .unwrap();
+        assert_eq!(hits.len(), 1);
+        assert_eq!(hits[0].path, p("b.rs"));
+    }
+}
