@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
 use tokio::runtime::Runtime;
 use tokio::task::LocalSet;
-use wsd::rpc::client::{self, Client};
 use wsd::rpc::{ExecEventKind, ExecRequest, ResumeFrom};
+use wsd_client::client::{self, Client};
 
 /// A daemon serving a temp workspace on a loopback port, on its own thread.
 struct Daemon {

@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
 use tempfile::TempDir;
-use wsd::rpc::client::{self, Client};
 use wsd::store::{StoreOptions, WorkspaceStore};
+use wsd_client::client::{self, Client};
 use wsd_sync::IgnoreRules;
 use wsd_sync::driver::{self, SyncOptions, SyncReport};
 

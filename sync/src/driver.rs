@@ -511,7 +511,22 @@ pub async fn pull<S: Store, R: Remote>(
     local: &mut S,
     remote: &mut R,
     opts: &SyncOptions<'_>,
+    on_batch: impl FnMut(&SyncReport),
+) -> Result<SyncReport, SyncError> {
+    pull_with(local, remote, opts, on_batch, |_| {}).await
+}
+
+/// [`pull`], also handing every batch of entries to `on_applied` right
+/// after the store applied it, so a caller can report what a pull changed.
+/// A batch includes entries the store found already matching (counted in
+/// [`SyncReport::entries`] but not [`SyncReport::applied`]); deletions a
+/// baseline's final sweep makes are not in any batch.
+pub async fn pull_with<S: Store, R: Remote>(
+    local: &mut S,
+    remote: &mut R,
+    opts: &SyncOptions<'_>,
     mut on_batch: impl FnMut(&SyncReport),
+    mut on_applied: impl FnMut(&[ChangeEntry]),
 ) -> Result<SyncReport, SyncError> {
     let wm = local.watermarks(opts.remote_name)?;
     let mut after = wm.fetch_cursor.clone();
@@ -593,6 +608,7 @@ pub async fn pull<S: Store, R: Remote>(
         report.overwrote_local += outcome.overwrote_local as u64;
         report.batches += 1;
         report.cursor = outcome.fetch_cursor;
+        on_applied(&batch);
         on_batch(&report);
     }
     let outcome = local.apply(ApplyBatch {

@@ -15,10 +15,14 @@ pub enum ErrorCode {
     Invalid,
     Limit,
     Io,
+    /// A deadline passed on the caller's side (connect, handshake, or no
+    /// progress on a call). Never sent by a daemon; the connection it
+    /// happened on is dropped.
+    Timeout,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 10] = [
+    pub const ALL: [ErrorCode; 11] = [
         ErrorCode::NotFound,
         ErrorCode::UnknownHash,
         ErrorCode::ExecBusy,
@@ -29,6 +33,7 @@ impl ErrorCode {
         ErrorCode::Invalid,
         ErrorCode::Limit,
         ErrorCode::Io,
+        ErrorCode::Timeout,
     ];
 
     /// The code as it appears on the wire (`ENOENT`, `EUNKNOWN_HASH`, ...).
@@ -44,6 +49,7 @@ impl ErrorCode {
             ErrorCode::Invalid => "EINVAL",
             ErrorCode::Limit => "ELIMIT",
             ErrorCode::Io => "EIO",
+            ErrorCode::Timeout => "ETIMEDOUT",
         }
     }
 

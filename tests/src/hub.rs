@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use wsd::rpc::client::{self, Client};
+use wsd_client::client::{self, Client};
 use wsd_dofs::{Dofs, WriteOptions};
 use wsd_sync::driver::{self, SyncOptions, SyncReport};
 use wsd_sync::{IgnoreRules, SyncError, SyncPath};

@@ -1,5 +1,5 @@
 //! The shell half end to end: a real `wsd serve` on loopback, driven through
-//! the RPC client (`wsd::rpc::client`) and through the `wsd exec`, `attach`
+//! the RPC client (`wsd_client::client`) and through the `wsd exec`, `attach`
 //! and `kill` CLI. Commands are real `/bin/sh` processes in a temp
 //! workspace. Ordering is forced with FIFOs ("gates") the command blocks
 //! on, never with sleeps; every wait is bounded (`STEP`).
@@ -13,8 +13,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
-use wsd::rpc::client::{self, Client, ExecStream};
 use wsd::rpc::{ExecEvent, ExecEventKind, ExecRequest, ExecSignal, ResumeFrom, WireError};
+use wsd_client::client::{self, Client, ExecStream};
 use wsd_sync::{ChangeCursor, EntryState, ErrorCode};
 use wsd_tests::{bytes, wsd_bin};
 
@@ -1559,5 +1559,116 @@ fn dropped_connections_free_their_subscriber_slots() {
         open_gate_async(&d.path("gate")).await;
         let events = collect(&mut last).await;
         assert_eq!(stdout_of(&events), b"done\n");
+    });
+}
+
+// ---------------------------------------------------------------------------
+// The `Send` handle (`wsd_client::WsdHandle`), from a multi-threaded runtime.
+
+/// A multi-threaded runtime, as a gateway runs: no `LocalSet` anywhere.
+fn run_multi_threaded<F: Future>(f: F) -> F::Output {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(STEP * 3, f)
+            .await
+            .expect("test timed out")
+    })
+}
+
+async fn handle_to(d: &Served) -> wsd_client::WsdHandle {
+    let opts = wsd_client::ClientOptions {
+        peer: "gateway".into(),
+        ..Default::default()
+    };
+    wsd_client::WsdHandle::connect(d.addr.parse().unwrap(), opts)
+        .await
+        .unwrap()
+}
+
+/// Every event of a handle's exec, up to its end.
+async fn collect_handle(events: &mut wsd_client::ExecEvents) -> Vec<ExecEvent> {
+    let mut out = Vec::new();
+    while let Some(e) = tokio::time::timeout(STEP, events.next())
+        .await
+        .expect("no event within STEP")
+        .unwrap()
+    {
+        out.push(e);
+    }
+    out
+}
+
+#[test]
+fn a_send_handle_pushes_runs_a_command_and_pulls_what_it_changed_from_any_thread() {
+    let d = Served::start();
+    let local = tempfile::tempdir().unwrap();
+    let mut dofs = wsd_dofs::Dofs::open(local.path().join("local.db")).unwrap();
+    dofs.write_file_with(
+        &wsd_sync::SyncPath::new("src/in.txt").unwrap(),
+        &b"input"[..],
+        wsd_dofs::WriteOptions {
+            create_parents: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let store = std::sync::Arc::new(std::sync::Mutex::new(dofs));
+    run_multi_threaded(async {
+        let handle = handle_to(&d).await;
+
+        // From a spawned task: the handle and the store move across threads.
+        let (h, s) = (handle.clone(), store.clone());
+        let pushed = tokio::spawn(async move { h.push(s).await })
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(pushed.sync.entries, 2, "src and src/in.txt: {pushed:?}");
+        assert_eq!(std::fs::read(d.path("src/in.txt")).unwrap(), b"input");
+
+        let mut events = handle
+            .exec(req(
+                "mkdir out && cat src/in.txt src/in.txt > out/twice.txt && echo made",
+            ))
+            .await
+            .unwrap();
+        let seen = collect_handle(&mut events).await;
+        assert_eq!(exit_of(&seen), 0, "{seen:?}");
+        assert_eq!(stdout_of(&seen), b"made\n");
+
+        let pulled = handle.pull(store.clone()).await.unwrap();
+        let file = pulled
+            .applied
+            .iter()
+            .find(|e| e.path.as_str() == "out/twice.txt")
+            .unwrap_or_else(|| panic!("the new file is reported: {pulled:?}"));
+        assert_eq!(file.kind, Some(wsd_sync::Kind::File));
+        assert_eq!(file.size, 10);
+        use std::os::unix::fs::PermissionsExt;
+        let on_disk = std::fs::metadata(d.path("out/twice.txt")).unwrap();
+        assert_eq!(file.mode, on_disk.permissions().mode() & 0o7777);
+        assert!(
+            pulled
+                .applied
+                .iter()
+                .any(|e| e.path.as_str() == "out" && e.kind == Some(wsd_sync::Kind::Dir)),
+            "{pulled:?}"
+        );
+        assert!(
+            !pulled
+                .applied
+                .iter()
+                .any(|e| e.path.as_str() == "src/in.txt"),
+            "our own push is not echoed back: {pulled:?}"
+        );
+        let got = store
+            .lock()
+            .unwrap()
+            .read_file(&wsd_sync::SyncPath::new("out/twice.txt").unwrap())
+            .unwrap();
+        assert_eq!(got, b"inputinput");
     });
 }

@@ -10,12 +10,12 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
 
-use wsd::rpc::client;
 use wsd::rpc::{
     Backend, ExecBackend, ExecEvent, ExecEventKind, ExecEvents, ExecRequest, ExecSignal, Listener,
     ResumeFrom, ServerConfig, WireError, serve,
 };
 use wsd::store::{StoreOptions, WorkspaceStore};
+use wsd_client::client;
 
 struct Counting;
 

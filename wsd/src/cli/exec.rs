@@ -7,8 +7,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use tokio::signal::unix::{Signal, SignalKind, signal};
-use wsd::rpc::client::{self, Client, ExecStream};
 use wsd::rpc::{ExecEventKind, ExecRequest, ExecSignal, ResumeFrom, WireError};
+use wsd_client::client::{self, Client, ExecStream};
 use wsd_sync::ErrorCode;
 
 use super::RemoteArgs;

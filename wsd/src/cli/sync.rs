@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
-use wsd::rpc::client::{self, Client};
 use wsd::store::{StoreOptions, WorkspaceStore};
+use wsd_client::client::{self, Client};
 use wsd_sync::IgnoreRules;
 use wsd_sync::driver::{self, SyncOptions, SyncReport};
 

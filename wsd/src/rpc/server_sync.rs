@@ -309,11 +309,14 @@ impl<S: Store + Send + 'static> wire::change_iterator::Server for ChangeIter<S> 
     ) -> Result<(), capnp::Error> {
         run_call(&self.conn, "ChangeIterator.next", async {
             let max = params.get()?.get_max() as usize;
+            // The schema promises ELIMIT "entries per next" outside
+            // 1..=4096, on both sides of the range.
             if max == 0 {
                 return Err(WireError::new(
-                    ErrorCode::Invalid,
-                    "next(max) needs max >= 1",
-                ));
+                    ErrorCode::Limit,
+                    format!("entries per next is 1..={MAX_CHANGES_PER_NEXT}, got 0"),
+                )
+                .with_subject("entries per next"));
             }
             WireError::check_limit("entries per next", MAX_CHANGES_PER_NEXT, max)?;
             let mut state = self.state.lock().await;

@@ -16,10 +16,10 @@ use wsd_sync::{
     SyncPath, chunk,
 };
 
-use super::client::{self, Client, ReconnectingClient};
 use super::mem_store::MemStore;
 use super::transport::network;
 use super::*;
+use wsd_client::client::{self, Client, ReconnectingClient};
 
 /// Runs a test body on a current-thread runtime inside a `LocalSet`, as
 /// `wsd serve` runs the server.
@@ -300,6 +300,21 @@ async fn raw_connect(addr: &str, version: u32, peer: &str) -> Result<(), WireErr
     Ok(())
 }
 
+/// Dials and returns the generated `Sync` capability itself, for sending
+/// requests the real client never builds.
+async fn raw_sync(addr: &str) -> wire::sync::Client {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut rpc = RpcSystem::new(network(stream, rpc_twoparty_capnp::Side::Client), None);
+    let bootstrap: wire::bootstrap::Client = rpc.bootstrap(rpc_twoparty_capnp::Side::Server);
+    tokio::task::spawn_local(rpc);
+    let mut req = bootstrap.connect_request();
+    req.get().set_protocol_version(PROTOCOL_VERSION);
+    req.get().set_peer("raw");
+    let response = req.send().promise.await.unwrap();
+    let workspace = response.get().unwrap().get_workspace().unwrap();
+    workspace.sync_request().send().pipeline.get_sync()
+}
+
 #[test]
 fn an_unsupported_protocol_version_is_eprotocol() {
     run(async {
@@ -323,9 +338,11 @@ fn an_unsupported_protocol_version_is_eprotocol() {
 fn a_hostile_path_in_a_push_is_einval_and_nothing_is_applied() {
     run(async {
         let server = start().await;
-        let c = client::connect(&server.addr, None, "p").await.unwrap();
+        let raw = raw_sync(&server.addr).await;
+        // The peer name `raw_sync` connects as: its watermarks must not move.
+        let c = client::connect(&server.addr, None, "raw").await.unwrap();
         for bad in ["../escape", "/etc/passwd", "a/../../b", "a//b", "a\0b", ""] {
-            let mut req = c.raw_sync().push_request();
+            let mut req = raw.push_request();
             {
                 let mut p = req.get();
                 let mut sender = p.reborrow().init_sender();
@@ -400,7 +417,7 @@ fn over_a_limit_is_elimit_and_the_connection_stays_usable() {
         assert_eq!(err.code, ErrorCode::Limit, "{err}");
 
         let long = "x/".repeat(wsd_sync::limits::MAX_PATH_DEPTH) + "y";
-        let mut req = c.raw_sync().read_entry_request();
+        let mut req = raw_sync(&server.addr).await.read_entry_request();
         req.get().set_path(long.as_str());
         let err = WireError::from(req.send().promise.await.err().unwrap());
         assert_eq!(err.code, ErrorCode::Limit, "{err}");
@@ -946,6 +963,29 @@ fn connections_beyond_the_bound_wait_until_one_closes() {
             .unwrap()
             .unwrap();
         second.watermarks().await.unwrap();
+        server.stop().await.unwrap();
+    });
+}
+
+#[test]
+fn next_with_max_zero_is_elimit_as_the_schema_promises() {
+    run(async {
+        let server = start().await;
+        let raw = raw_sync(&server.addr).await;
+        let mut open = raw.fetch_changes_request();
+        open.get().init_after().set_complete(());
+        let changes = open.send().pipeline.get_changes();
+        for (max, code) in [(0, ErrorCode::Limit), (4097, ErrorCode::Limit)] {
+            let mut req = changes.next_request();
+            req.get().set_max(max);
+            let err = WireError::from(req.send().promise.await.err().expect("next must fail"));
+            assert_eq!(err.code, code, "max={max}: {err}");
+            assert_eq!(err.subject.as_deref(), Some("entries per next"));
+        }
+        let mut req = changes.next_request();
+        req.get().set_max(1);
+        let response = req.send().promise.await.unwrap();
+        assert_eq!(response.get().unwrap().get_entries().unwrap().len(), 0);
         server.stop().await.unwrap();
     });
 }

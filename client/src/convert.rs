@@ -11,9 +11,9 @@ use wsd_sync::{
     Watermarks, chunk,
 };
 
-use super::WireError;
-use super::exec_backend::{ExecEvent, ExecEventKind, ExecRequest, ExecSignal, ResumeFrom};
-use super::limits::MAX_OBJECT_WRITE_BYTES;
+use crate::WsdError;
+use crate::exec::{ExecEvent, ExecEventKind, ExecRequest, ResumeFrom, Signal};
+use crate::limits::MAX_OBJECT_WRITE_BYTES;
 
 // ---------------------------------------------------------------------------
 // Errors
@@ -23,29 +23,50 @@ const REMOTE_PREFIX: &str = "remote exception: ";
 
 /// Encodes an error as the exception the schema promises:
 /// reason `"{code}: {message}"`.
-pub(crate) fn error_to(e: &WireError) -> capnp::Error {
-    capnp::Error::failed(format!("{}: {}", e.code, e.message))
+pub fn error_to(e: &WsdError) -> capnp::Error {
+    match &e.subject {
+        None => capnp::Error::failed(format!("{}: {}", e.code, e.message)),
+        Some(s) => capnp::Error::failed(format!("{}: {}{SUBJECT_SEP}{s}", e.code, e.message)),
+    }
+}
+
+/// Separates the optional subject from the message in an exception's
+/// reason (`"{code}: {message}\nsubject: {subject}"`). A reader that knows
+/// only `"{code}: {message}"` still gets the code right.
+const SUBJECT_SEP: &str = "\nsubject: ";
+
+/// Splits `"{message}\nsubject: {subject}"`.
+fn split_subject(reason: &str) -> (&str, Option<&str>) {
+    match reason.rsplit_once(SUBJECT_SEP) {
+        Some((message, subject)) => (message, Some(subject)),
+        None => (reason, None),
+    }
 }
 
 /// Decodes any capnp error: a `disconnected` exception, or a stream that
 /// ended in the middle of a message (the connection was cut), is a lost
 /// connection; a reason that starts with a known code keeps it; anything
 /// else (a malformed message, a library-level failure) is `EPROTOCOL`.
-impl From<capnp::Error> for WireError {
-    fn from(e: capnp::Error) -> WireError {
+impl From<capnp::Error> for WsdError {
+    fn from(e: capnp::Error) -> WsdError {
         let reason = e.extra.strip_prefix(REMOTE_PREFIX).unwrap_or(&e.extra);
         if matches!(
             e.kind,
             capnp::ErrorKind::Disconnected | capnp::ErrorKind::PrematureEndOfFile
         ) {
-            return WireError::connection_lost(reason);
+            return WsdError::connection_lost(reason);
         }
-        if let Some((code, message)) = reason.split_once(": ")
+        if let Some((code, rest)) = reason.split_once(": ")
             && let Some(code) = ErrorCode::parse(code)
         {
-            return WireError::new(code, message);
+            let (message, subject) = split_subject(rest);
+            let e = WsdError::new(code, message);
+            return match subject {
+                Some(s) => e.with_subject(s),
+                None => e,
+            };
         }
-        WireError::new(
+        WsdError::new(
             ErrorCode::Protocol,
             format!("malformed or failed RPC: {reason}"),
         )
@@ -54,18 +75,15 @@ impl From<capnp::Error> for WireError {
 
 /// A union discriminant this build does not know: the peer speaks a newer
 /// schema than it announced.
-impl From<capnp::NotInSchema> for WireError {
-    fn from(e: capnp::NotInSchema) -> WireError {
-        WireError::new(ErrorCode::Protocol, format!("unknown union member: {e}"))
+impl From<capnp::NotInSchema> for WsdError {
+    fn from(e: capnp::NotInSchema) -> WsdError {
+        WsdError::new(ErrorCode::Protocol, format!("unknown union member: {e}"))
     }
 }
 
-pub(crate) fn text(
-    r: capnp::Result<capnp::text::Reader<'_>>,
-    what: &str,
-) -> Result<String, WireError> {
+pub fn text(r: capnp::Result<capnp::text::Reader<'_>>, what: &str) -> Result<String, WsdError> {
     r?.to_string()
-        .map_err(|e| WireError::new(ErrorCode::Invalid, format!("{what} is not UTF-8: {e}")))
+        .map_err(|e| WsdError::new(ErrorCode::Invalid, format!("{what} is not UTF-8: {e}")))
 }
 
 /// An optional text field: a null pointer is `None`.
@@ -73,7 +91,7 @@ fn opt_text(
     has: bool,
     r: capnp::Result<capnp::text::Reader<'_>>,
     what: &str,
-) -> Result<Option<String>, WireError> {
+) -> Result<Option<String>, WsdError> {
     if has {
         text(r, what).map(Some)
     } else {
@@ -81,33 +99,30 @@ fn opt_text(
     }
 }
 
-pub(crate) fn path_from(r: capnp::Result<capnp::text::Reader<'_>>) -> Result<SyncPath, WireError> {
+pub fn path_from(r: capnp::Result<capnp::text::Reader<'_>>) -> Result<SyncPath, WsdError> {
     Ok(SyncPath::new(text(r, "path")?)?)
 }
 
 // ---------------------------------------------------------------------------
 // Sync types
 
-pub(crate) fn hash_from(bytes: &[u8]) -> Result<Hash, WireError> {
+pub fn hash_from(bytes: &[u8]) -> Result<Hash, WsdError> {
     Ok(Hash::from_slice(bytes)?)
 }
 
-pub(crate) fn hashes_to(mut b: capnp::data_list::Builder<'_>, hashes: &[Hash]) {
+pub fn hashes_to(mut b: capnp::data_list::Builder<'_>, hashes: &[Hash]) {
     for (i, h) in hashes.iter().enumerate() {
         b.set(i as u32, h.as_bytes());
     }
 }
 
 /// Decodes a hash list, checking its length against `max` first.
-pub(crate) fn hashes_from(
-    r: capnp::data_list::Reader<'_>,
-    max: usize,
-) -> Result<Vec<Hash>, WireError> {
-    WireError::check_limit("hashes per call", max, r.len() as usize)?;
+pub fn hashes_from(r: capnp::data_list::Reader<'_>, max: usize) -> Result<Vec<Hash>, WsdError> {
+    WsdError::check_limit("hashes per call", max, r.len() as usize)?;
     r.iter().map(|h| hash_from(h?)).collect()
 }
 
-pub(crate) fn cursor_to(mut b: wire::cursor::Builder<'_>, c: &ChangeCursor) {
+pub fn cursor_to(mut b: wire::cursor::Builder<'_>, c: &ChangeCursor) {
     b.set_rev(c.rev);
     match &c.path {
         None => b.set_complete(()),
@@ -115,7 +130,7 @@ pub(crate) fn cursor_to(mut b: wire::cursor::Builder<'_>, c: &ChangeCursor) {
     }
 }
 
-pub(crate) fn cursor_from(r: wire::cursor::Reader<'_>) -> Result<ChangeCursor, WireError> {
+pub fn cursor_from(r: wire::cursor::Reader<'_>) -> Result<ChangeCursor, WsdError> {
     let rev = r.get_rev();
     Ok(match r.which()? {
         wire::cursor::Which::Complete(()) => ChangeCursor::at(rev),
@@ -125,10 +140,10 @@ pub(crate) fn cursor_from(r: wire::cursor::Reader<'_>) -> Result<ChangeCursor, W
 
 /// A cursor field that may be absent (null pointer): absent is
 /// [`ChangeCursor::ZERO`].
-pub(crate) fn opt_cursor_from(
+pub fn opt_cursor_from(
     has: bool,
     r: capnp::Result<wire::cursor::Reader<'_>>,
-) -> Result<ChangeCursor, WireError> {
+) -> Result<ChangeCursor, WsdError> {
     if has {
         cursor_from(r?)
     } else {
@@ -136,7 +151,7 @@ pub(crate) fn opt_cursor_from(
     }
 }
 
-pub(crate) fn baseline_to(b: Baseline) -> wire::Baseline {
+pub fn baseline_to(b: Baseline) -> wire::Baseline {
     match b {
         Baseline::Off => wire::Baseline::Off,
         Baseline::Mark => wire::Baseline::Mark,
@@ -144,21 +159,19 @@ pub(crate) fn baseline_to(b: Baseline) -> wire::Baseline {
     }
 }
 
-pub(crate) fn baseline_from(
-    r: Result<wire::Baseline, capnp::NotInSchema>,
-) -> Result<Baseline, WireError> {
+pub fn baseline_from(r: Result<wire::Baseline, capnp::NotInSchema>) -> Result<Baseline, WsdError> {
     match r {
         Ok(wire::Baseline::Off) => Ok(Baseline::Off),
         Ok(wire::Baseline::Mark) => Ok(Baseline::Mark),
         Ok(wire::Baseline::Sweep) => Ok(Baseline::Sweep),
-        Err(e) => Err(WireError::new(
+        Err(e) => Err(WsdError::new(
             ErrorCode::Invalid,
             format!("unknown baseline value: {e}"),
         )),
     }
 }
 
-pub(crate) fn entry_to(mut b: wire::change_entry::Builder<'_>, e: &ChangeEntry) {
+pub fn entry_to(mut b: wire::change_entry::Builder<'_>, e: &ChangeEntry) {
     b.set_rev(e.rev);
     b.set_path(e.path.as_str());
     match &e.state {
@@ -199,12 +212,12 @@ pub(crate) fn entry_to(mut b: wire::change_entry::Builder<'_>, e: &ChangeEntry) 
 }
 
 /// Decodes one entry and runs [`ChangeEntry::validate`] on it.
-pub(crate) fn entry_from(r: wire::change_entry::Reader<'_>) -> Result<ChangeEntry, WireError> {
+pub fn entry_from(r: wire::change_entry::Reader<'_>) -> Result<ChangeEntry, WsdError> {
     let path = path_from(r.get_path())?;
     let state = match r.which()? {
         wire::change_entry::Which::File(f) => {
             let list = f.get_chunks()?;
-            WireError::check_limit("chunks per file", MAX_CHUNKS_PER_FILE, list.len() as usize)?;
+            WsdError::check_limit("chunks per file", MAX_CHUNKS_PER_FILE, list.len() as usize)?;
             let chunks = list
                 .iter()
                 .map(|c| {
@@ -213,7 +226,7 @@ pub(crate) fn entry_from(r: wire::change_entry::Reader<'_>) -> Result<ChangeEntr
                         size: c.get_size(),
                     })
                 })
-                .collect::<Result<Vec<_>, WireError>>()?;
+                .collect::<Result<Vec<_>, WsdError>>()?;
             EntryState::File {
                 mode: f.get_mode(),
                 mtime: f.get_mtime(),
@@ -241,7 +254,7 @@ pub(crate) fn entry_from(r: wire::change_entry::Reader<'_>) -> Result<ChangeEntr
     Ok(entry)
 }
 
-pub(crate) fn entries_to(
+pub fn entries_to(
     mut b: capnp::struct_list::Builder<'_, wire::change_entry::Owned>,
     entries: &[ChangeEntry],
 ) {
@@ -252,35 +265,30 @@ pub(crate) fn entries_to(
 
 /// Decodes an entry list, checking its length against `max` (named `limit`)
 /// before decoding anything.
-pub(crate) fn entries_from(
+pub fn entries_from(
     r: capnp::struct_list::Reader<'_, wire::change_entry::Owned>,
     limit: &str,
     max: usize,
-) -> Result<Vec<ChangeEntry>, WireError> {
-    WireError::check_limit(limit, max, r.len() as usize)?;
+) -> Result<Vec<ChangeEntry>, WsdError> {
+    WsdError::check_limit(limit, max, r.len() as usize)?;
     r.iter().map(entry_from).collect()
 }
 
-pub(crate) fn maybe_entry_to(mut b: wire::maybe_entry::Builder<'_>, e: Option<&ChangeEntry>) {
+pub fn maybe_entry_to(mut b: wire::maybe_entry::Builder<'_>, e: Option<&ChangeEntry>) {
     match e {
         None => b.set_none(()),
         Some(e) => entry_to(b.init_entry(), e),
     }
 }
 
-pub(crate) fn maybe_entry_from(
-    r: wire::maybe_entry::Reader<'_>,
-) -> Result<Option<ChangeEntry>, WireError> {
+pub fn maybe_entry_from(r: wire::maybe_entry::Reader<'_>) -> Result<Option<ChangeEntry>, WsdError> {
     match r.which()? {
         wire::maybe_entry::Which::None(()) => Ok(None),
         wire::maybe_entry::Which::Entry(e) => entry_from(e?).map(Some),
     }
 }
 
-pub(crate) fn objects_to(
-    mut b: capnp::struct_list::Builder<'_, wire::object::Owned>,
-    objects: &[Object],
-) {
+pub fn objects_to(mut b: capnp::struct_list::Builder<'_, wire::object::Owned>, objects: &[Object]) {
     for (i, o) in objects.iter().enumerate() {
         let mut ob = b.reborrow().get(i as u32);
         ob.set_hash(o.hash.as_bytes());
@@ -291,16 +299,16 @@ pub(crate) fn objects_to(
 /// Decodes one `ObjectSink.write`: each object at most one maximum chunk,
 /// all together at most [`MAX_OBJECT_WRITE_BYTES`]. Hashes are *not*
 /// verified here; the store verifies them before keeping anything.
-pub(crate) fn objects_from(
+pub fn objects_from(
     r: capnp::struct_list::Reader<'_, wire::object::Owned>,
-) -> Result<Vec<Object>, WireError> {
+) -> Result<Vec<Object>, WsdError> {
     let mut total = 0usize;
     let mut out = Vec::with_capacity(r.len() as usize);
     for o in r.iter() {
         let bytes = o.get_bytes()?;
-        WireError::check_limit("object size (bytes)", chunk::MAX_CHUNK, bytes.len())?;
+        WsdError::check_limit("object size (bytes)", chunk::MAX_CHUNK, bytes.len())?;
         total += bytes.len();
-        WireError::check_limit("object bytes per write", MAX_OBJECT_WRITE_BYTES, total)?;
+        WsdError::check_limit("object bytes per write", MAX_OBJECT_WRITE_BYTES, total)?;
         out.push(Object {
             hash: hash_from(o.get_hash()?)?,
             bytes: bytes.to_vec(),
@@ -310,11 +318,11 @@ pub(crate) fn objects_from(
 }
 
 /// The parts of `Sync.watermarks`' results.
-pub(crate) fn watermarks_from(
+pub fn watermarks_from(
     current_rev: u64,
     push: wire::cursor::Reader<'_>,
     fetch: wire::cursor::Reader<'_>,
-) -> Result<Watermarks, WireError> {
+) -> Result<Watermarks, WsdError> {
     Ok(Watermarks {
         current_rev,
         push_cursor: cursor_from(push)?,
@@ -325,7 +333,7 @@ pub(crate) fn watermarks_from(
 // ---------------------------------------------------------------------------
 // Shell types
 
-pub(crate) fn exec_request_to(mut b: wire::exec_request::Builder<'_>, r: &ExecRequest) {
+pub fn exec_request_to(mut b: wire::exec_request::Builder<'_>, r: &ExecRequest) {
     b.set_command(r.command.as_str());
     if let Some(cwd) = &r.cwd {
         b.set_cwd(cwd.as_str());
@@ -347,9 +355,7 @@ pub(crate) fn exec_request_to(mut b: wire::exec_request::Builder<'_>, r: &ExecRe
     b.set_timeout_ms(r.timeout_ms.unwrap_or(0));
 }
 
-pub(crate) fn exec_request_from(
-    r: wire::exec_request::Reader<'_>,
-) -> Result<ExecRequest, WireError> {
+pub fn exec_request_from(r: wire::exec_request::Reader<'_>) -> Result<ExecRequest, WsdError> {
     let env = if r.has_env() {
         r.get_env()?
             .iter()
@@ -359,7 +365,7 @@ pub(crate) fn exec_request_from(
                     text(v.get_value(), "env value")?,
                 ))
             })
-            .collect::<Result<Vec<_>, WireError>>()?
+            .collect::<Result<Vec<_>, WsdError>>()?
     } else {
         Vec::new()
     };
@@ -380,7 +386,7 @@ pub(crate) fn exec_request_from(
     })
 }
 
-pub(crate) fn exec_event_to(mut b: wire::exec_event::Builder<'_>, e: &ExecEvent) {
+pub fn exec_event_to(mut b: wire::exec_event::Builder<'_>, e: &ExecEvent) {
     b.set_id(e.id.as_str());
     b.set_seq(e.seq);
     match &e.kind {
@@ -390,7 +396,7 @@ pub(crate) fn exec_event_to(mut b: wire::exec_event::Builder<'_>, e: &ExecEvent)
     }
 }
 
-pub(crate) fn exec_event_from(r: wire::exec_event::Reader<'_>) -> Result<ExecEvent, WireError> {
+pub fn exec_event_from(r: wire::exec_event::Reader<'_>) -> Result<ExecEvent, WsdError> {
     let kind = match r.which()? {
         wire::exec_event::Which::Stdout(b) => ExecEventKind::Stdout(b?.to_vec()),
         wire::exec_event::Which::Stderr(b) => ExecEventKind::Stderr(b?.to_vec()),
@@ -403,7 +409,7 @@ pub(crate) fn exec_event_from(r: wire::exec_event::Reader<'_>) -> Result<ExecEve
     })
 }
 
-pub(crate) fn resume_to(mut b: wire::resume_point::Builder<'_>, from: ResumeFrom) {
+pub fn resume_to(mut b: wire::resume_point::Builder<'_>, from: ResumeFrom) {
     match from {
         ResumeFrom::Start => b.set_start(()),
         ResumeFrom::After(n) => b.set_after(n),
@@ -411,10 +417,10 @@ pub(crate) fn resume_to(mut b: wire::resume_point::Builder<'_>, from: ResumeFrom
     }
 }
 
-pub(crate) fn resume_from(
+pub fn resume_from(
     has: bool,
     r: capnp::Result<wire::resume_point::Reader<'_>>,
-) -> Result<ResumeFrom, WireError> {
+) -> Result<ResumeFrom, WsdError> {
     if !has {
         return Ok(ResumeFrom::Start);
     }
@@ -425,41 +431,49 @@ pub(crate) fn resume_from(
     })
 }
 
-pub(crate) fn signal_to(s: ExecSignal) -> wire::Signal {
+pub fn signal_to(s: Signal) -> wire::Signal {
     match s {
-        ExecSignal::Term => wire::Signal::Term,
-        ExecSignal::Kill => wire::Signal::Kill,
-        ExecSignal::Int => wire::Signal::Int,
-        ExecSignal::Hup => wire::Signal::Hup,
+        Signal::Term => wire::Signal::Term,
+        Signal::Kill => wire::Signal::Kill,
+        Signal::Int => wire::Signal::Int,
+        Signal::Hup => wire::Signal::Hup,
     }
 }
 
-pub(crate) fn signal_from(
-    r: Result<wire::Signal, capnp::NotInSchema>,
-) -> Result<ExecSignal, WireError> {
+pub fn signal_from(r: Result<wire::Signal, capnp::NotInSchema>) -> Result<Signal, WsdError> {
     match r {
-        Ok(wire::Signal::Term) => Ok(ExecSignal::Term),
-        Ok(wire::Signal::Kill) => Ok(ExecSignal::Kill),
-        Ok(wire::Signal::Int) => Ok(ExecSignal::Int),
-        Ok(wire::Signal::Hup) => Ok(ExecSignal::Hup),
-        Err(e) => Err(WireError::new(
+        Ok(wire::Signal::Term) => Ok(Signal::Term),
+        Ok(wire::Signal::Kill) => Ok(Signal::Kill),
+        Ok(wire::Signal::Int) => Ok(Signal::Int),
+        Ok(wire::Signal::Hup) => Ok(Signal::Hup),
+        Err(e) => Err(WsdError::new(
             ErrorCode::Invalid,
             format!("unknown signal: {e}"),
         )),
     }
 }
 
-pub(crate) fn wire_error_to(mut b: wire::wire_error::Builder<'_>, e: &WireError) {
+pub fn wire_error_to(mut b: wire::wire_error::Builder<'_>, e: &WsdError) {
     b.set_code(e.code.as_str());
-    b.set_message(e.message.as_str());
+    match &e.subject {
+        None => b.set_message(e.message.as_str()),
+        Some(s) => b.set_message(format!("{}{SUBJECT_SEP}{s}", e.message).as_str()),
+    }
 }
 
-pub(crate) fn wire_error_from(r: wire::wire_error::Reader<'_>) -> Result<WireError, WireError> {
+pub fn wire_error_from(r: wire::wire_error::Reader<'_>) -> Result<WsdError, WsdError> {
     let code = text(r.get_code(), "error code")?;
-    let message = text(r.get_message(), "error message")?;
+    let text = text(r.get_message(), "error message")?;
+    let (message, subject) = split_subject(&text);
     Ok(match ErrorCode::parse(&code) {
-        Some(code) => WireError::new(code, message),
-        None => WireError::new(
+        Some(code) => {
+            let e = WsdError::new(code, message);
+            match subject {
+                Some(s) => e.with_subject(s),
+                None => e,
+            }
+        }
+        None => WsdError::new(
             ErrorCode::Protocol,
             format!("unknown error code {code}: {message}"),
         ),
@@ -470,7 +484,7 @@ pub(crate) fn wire_error_from(r: wire::wire_error::Reader<'_>) -> Result<WireErr
 mod tests {
     use super::*;
 
-    fn roundtrip_entry(e: &ChangeEntry) -> Result<ChangeEntry, WireError> {
+    fn roundtrip_entry(e: &ChangeEntry) -> Result<ChangeEntry, WsdError> {
         let mut msg = capnp::message::Builder::new_default();
         entry_to(msg.init_root::<wire::change_entry::Builder<'_>>(), e);
         entry_from(msg.get_root_as_reader::<wire::change_entry::Reader<'_>>()?)
@@ -549,21 +563,25 @@ mod tests {
 
     #[test]
     fn every_error_code_survives_encoding() {
-        for code in ErrorCode::ALL {
-            let e = WireError::new(code, "it: broke");
+        for (code, subject) in ErrorCode::ALL
+            .into_iter()
+            .zip([None, Some("a/b")].into_iter().cycle())
+        {
+            let mut e = WsdError::new(code, "it: broke");
+            e.subject = subject.map(str::to_owned);
             let mut local = error_to(&e);
-            assert_eq!(WireError::from(local.clone()), e);
+            assert_eq!(WsdError::from(local.clone()), e);
             // What the peer sees after capnp-rpc carried the exception.
             local.extra = format!("{REMOTE_PREFIX}{}", local.extra);
-            assert_eq!(WireError::from(local), e);
+            assert_eq!(WsdError::from(local), e);
         }
     }
 
     #[test]
     fn an_uncoded_or_disconnected_error_gets_a_code() {
-        let e = WireError::from(capnp::Error::failed("Message ends prematurely".into()));
+        let e = WsdError::from(capnp::Error::failed("Message ends prematurely".into()));
         assert_eq!(e.code, ErrorCode::Protocol);
-        let e = WireError::from(capnp::Error::disconnected("Peer disconnected.".into()));
+        let e = WsdError::from(capnp::Error::disconnected("Peer disconnected.".into()));
         assert_eq!(e.code, ErrorCode::Shutdown);
         assert!(e.message.starts_with("connection lost"));
     }
@@ -574,7 +592,7 @@ mod tests {
         // connection-cut sweep in tests/tests/faults.rs): retryable, not
         // EPROTOCOL.
         let io = std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "unexpected end of file");
-        let e = WireError::from(capnp::Error::from(io));
+        let e = WsdError::from(capnp::Error::from(io));
         assert_eq!(e.code, ErrorCode::Shutdown, "{e}");
         assert!(e.is_retryable());
     }

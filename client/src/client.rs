@@ -8,6 +8,7 @@
 use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::rc::Rc;
+use std::time::Duration;
 
 use capnp_rpc::{RpcSystem, rpc_twoparty_capnp};
 use tokio::sync::mpsc;
@@ -18,16 +19,17 @@ use wsd_sync::{
     PendingProbe, PendingPush, PendingUpload, PushOutcome, Remote, SyncError, SyncPath, Watermarks,
 };
 
-use super::convert::{
+use crate::convert::{
     baseline_to, cursor_from, cursor_to, entries_from, entries_to, exec_event_from,
     exec_request_to, hashes_from, hashes_to, maybe_entry_from, objects_from, objects_to, resume_to,
     signal_to, watermarks_from, wire_error_from,
 };
-use super::exec_backend::{ExecEvent, ExecRequest, ExecSignal, ResumeFrom};
-use super::limits::{CLIENT_EXEC_EVENT_BUFFER, MAX_CHANGES_PER_NEXT, OBJECT_WRITE_BYTES};
-use super::stream::{self, StreamWindow, message_bytes};
-use super::transport::network;
-use super::{PROTOCOL_VERSION, WireError};
+use crate::exec::{ExecEvent, ExecRequest, ResumeFrom, Signal};
+use crate::limits::{CLIENT_EXEC_EVENT_BUFFER, MAX_CHANGES_PER_NEXT, OBJECT_WRITE_BYTES};
+use crate::options::timed_out;
+use crate::stream::{self, StreamWindow, message_bytes};
+use crate::transport::network;
+use crate::{ClientOptions, Endpoint, PROTOCOL_VERSION, WsdError};
 
 /// A connection to one daemon's workspace, as one named peer. Cheap to
 /// clone (clones share the connection). The connection closes when the
@@ -50,6 +52,9 @@ impl std::fmt::Debug for Client {
 struct Connection {
     alive: Rc<Cell<bool>>,
     task: tokio::task::JoinHandle<()>,
+    /// The address, for errors.
+    endpoint: String,
+    call_timeout: Duration,
 }
 
 impl Drop for Connection {
@@ -58,34 +63,81 @@ impl Drop for Connection {
     }
 }
 
-/// Dials `addr` (`"host:port"` or `"unix:/path"`), checks the protocol
-/// version and presents `token` (`None` sends an empty token, which only a
-/// daemon without a token accepts), as the peer named `peer` (the name the
-/// daemon keeps our watermarks under: use the same one every time).
+impl Connection {
+    /// Awaits one call under the idle-progress deadline. A call that times
+    /// out drops the connection: its answer may still come, and the calls
+    /// after it would queue behind a daemon that does not answer.
+    async fn deadline<T>(
+        &self,
+        what: &str,
+        call: impl Future<Output = Result<T, capnp::Error>>,
+    ) -> Result<T, WsdError> {
+        match tokio::time::timeout(self.call_timeout, call).await {
+            Ok(result) => Ok(result?),
+            Err(_) => {
+                self.close();
+                Err(timed_out(&self.endpoint, what, self.call_timeout))
+            }
+        }
+    }
+
+    fn close(&self) {
+        self.alive.set(false);
+        self.task.abort();
+    }
+}
+
+/// Dials `addr` (`"host:port"` or `"unix:/path"`) with the default
+/// [`ClientOptions`], presenting `token` as the peer named `peer`; see
+/// [`connect_with`].
+pub async fn connect(addr: &str, token: Option<Vec<u8>>, peer: &str) -> Result<Client, WsdError> {
+    let endpoint: Endpoint = addr.parse()?;
+    let opts = ClientOptions {
+        token,
+        peer: peer.to_owned(),
+        ..ClientOptions::default()
+    };
+    connect_with(&endpoint, &opts).await
+}
+
+/// Dials `endpoint`, checks the protocol version and presents the token
+/// as the peer `opts.peer` (the name the daemon keeps our watermarks under:
+/// use the same one every time).
 ///
 /// Fails with `EAUTH` (wrong token or refused origin), `EPROTOCOL` (version
-/// mismatch), `EIO` (cannot dial). Must be called inside a `LocalSet`.
-pub async fn connect(addr: &str, token: Option<Vec<u8>>, peer: &str) -> Result<Client, WireError> {
-    let dial_err =
-        |e: std::io::Error| WireError::new(ErrorCode::Io, format!("cannot connect to {addr}: {e}"));
-    let network = if let Some(path) = addr.strip_prefix("unix:") {
-        let stream = tokio::net::UnixStream::connect(path)
-            .await
-            .map_err(dial_err)?;
-        network(stream, rpc_twoparty_capnp::Side::Client)
-    } else {
-        let stream = tokio::net::TcpStream::connect(addr)
-            .await
-            .map_err(dial_err)?;
-        stream.set_nodelay(true).map_err(dial_err)?;
-        network(stream, rpc_twoparty_capnp::Side::Client)
+/// mismatch), `EIO` (cannot dial), `ETIMEDOUT` (dial or handshake deadline
+/// passed), each naming the address. Must be called inside a `LocalSet`.
+pub async fn connect_with(endpoint: &Endpoint, opts: &ClientOptions) -> Result<Client, WsdError> {
+    let addr = endpoint.to_string();
+    let dial_err = |e: std::io::Error| {
+        WsdError::new(ErrorCode::Io, format!("cannot connect to {addr}: {e}")).with_subject(&addr)
     };
+    let dial = async {
+        Ok::<_, WsdError>(match endpoint {
+            Endpoint::Unix(path) => {
+                let stream = tokio::net::UnixStream::connect(path)
+                    .await
+                    .map_err(dial_err)?;
+                network(stream, rpc_twoparty_capnp::Side::Client)
+            }
+            Endpoint::Tcp(host_port) => {
+                let stream = tokio::net::TcpStream::connect(host_port.as_str())
+                    .await
+                    .map_err(dial_err)?;
+                stream.set_nodelay(true).map_err(dial_err)?;
+                network(stream, rpc_twoparty_capnp::Side::Client)
+            }
+        })
+    };
+    let network = tokio::time::timeout(opts.connect_timeout, dial)
+        .await
+        .map_err(|_| timed_out(&addr, "connect", opts.connect_timeout))??;
     let mut rpc = RpcSystem::new(network, None);
     let bootstrap: wire::bootstrap::Client = rpc.bootstrap(rpc_twoparty_capnp::Side::Server);
     let alive = Rc::new(Cell::new(true));
     let task = {
         let alive = alive.clone();
-        let addr = addr.to_owned();
+        let addr = addr.clone();
         tokio::task::spawn_local(async move {
             if let Err(e) = rpc.await {
                 tracing::debug!(addr, error = %e, "connection ended");
@@ -93,15 +145,23 @@ pub async fn connect(addr: &str, token: Option<Vec<u8>>, peer: &str) -> Result<C
             alive.set(false);
         })
     };
-    let conn = Rc::new(Connection { alive, task });
+    let conn = Rc::new(Connection {
+        alive,
+        task,
+        endpoint: addr.clone(),
+        call_timeout: opts.call_timeout,
+    });
     let mut req = bootstrap.connect_request();
     {
         let mut p = req.get();
-        p.set_token(token.as_deref().unwrap_or_default());
+        p.set_token(opts.token.as_deref().unwrap_or_default());
         p.set_protocol_version(PROTOCOL_VERSION);
-        p.set_peer(peer);
+        p.set_peer(opts.peer.as_str());
     }
-    let response = req.send().promise.await?;
+    let response = tokio::time::timeout(opts.handshake_timeout, req.send().promise)
+        .await
+        .map_err(|_| timed_out(&addr, "handshake", opts.handshake_timeout))?
+        .map_err(|e| WsdError::from(e).with_subject(&addr))?;
     let workspace = response.get()?.get_workspace()?;
     // Pipelined: both halves resolve in the same round trip.
     let sync = workspace.sync_request().send().pipeline.get_sync();
@@ -116,17 +176,20 @@ impl Client {
         self.conn.alive.get()
     }
 
-    fn check_alive(&self) -> Result<(), WireError> {
+    fn check_alive(&self) -> Result<(), WsdError> {
         if self.is_connected() {
             Ok(())
         } else {
-            Err(WireError::connection_lost("closed"))
+            Err(WsdError::connection_lost("closed"))
         }
     }
 
-    pub async fn watermarks(&self) -> Result<Watermarks, WireError> {
+    pub async fn watermarks(&self) -> Result<Watermarks, WsdError> {
         self.check_alive()?;
-        let response = self.sync.watermarks_request().send().promise.await?;
+        let response = self
+            .conn
+            .deadline("watermarks", self.sync.watermarks_request().send().promise)
+            .await?;
         let r = response.get()?;
         watermarks_from(
             r.get_current_rev(),
@@ -135,11 +198,11 @@ impl Client {
         )
     }
 
-    pub async fn read_entry(&self, path: &SyncPath) -> Result<Option<ChangeEntry>, WireError> {
+    pub async fn read_entry(&self, path: &SyncPath) -> Result<Option<ChangeEntry>, WsdError> {
         self.check_alive()?;
         let mut req = self.sync.read_entry_request();
         req.get().set_path(path.as_str());
-        let response = req.send().promise.await?;
+        let response = self.conn.deadline("readEntry", req.send().promise).await?;
         maybe_entry_from(response.get()?.get_entry()?)
     }
 
@@ -147,7 +210,7 @@ impl Client {
         &self,
         after: &ChangeCursor,
         ignore: &[String],
-    ) -> Result<(FetchOpened, RemoteChanges), WireError> {
+    ) -> Result<(FetchOpened, RemoteChanges), WsdError> {
         self.check_alive()?;
         let mut req = self.sync.fetch_changes_request();
         {
@@ -158,7 +221,10 @@ impl Client {
                 list.set(i as u32, pat.as_str());
             }
         }
-        let response = req.send().promise.await?;
+        let response = self
+            .conn
+            .deadline("fetchChanges", req.send().promise)
+            .await?;
         let r = response.get()?;
         let opened = FetchOpened {
             current: cursor_from(r.get_current_cursor()?)?,
@@ -175,7 +241,7 @@ impl Client {
         ))
     }
 
-    pub async fn has_objects(&self, hashes: &[Hash]) -> Result<Vec<Hash>, WireError> {
+    pub async fn has_objects(&self, hashes: &[Hash]) -> Result<Vec<Hash>, WsdError> {
         self.has_objects_send(hashes)?.await
     }
 
@@ -184,20 +250,21 @@ impl Client {
     pub fn has_objects_send(
         &self,
         hashes: &[Hash],
-    ) -> Result<impl Future<Output = Result<Vec<Hash>, WireError>> + 'static, WireError> {
+    ) -> Result<impl Future<Output = Result<Vec<Hash>, WsdError>> + 'static, WsdError> {
         self.check_alive()?;
         let mut req = self.sync.has_objects_request();
         hashes_to(req.get().init_hashes(hashes.len() as u32), hashes);
         let promise = req.send().promise;
+        let conn = self.conn.clone();
         Ok(async move {
-            let response = promise.await?;
+            let response = conn.deadline("hasObjects", promise).await?;
             hashes_from(response.get()?.get_held()?, MAX_HASHES_PER_CALL)
         })
     }
 
     /// The objects in request order. The daemon streams them into a local
     /// sink; the caller bounds memory by the size of `hashes`.
-    pub async fn fetch_objects(&self, hashes: &[Hash]) -> Result<Vec<Object>, WireError> {
+    pub async fn fetch_objects(&self, hashes: &[Hash]) -> Result<Vec<Object>, WsdError> {
         self.check_alive()?;
         if hashes.is_empty() {
             return Ok(Vec::new());
@@ -213,10 +280,12 @@ impl Client {
             hashes_to(p.reborrow().init_hashes(hashes.len() as u32), hashes);
             p.set_sink(capnp_rpc::new_client(sink));
         }
-        req.send().promise.await?;
+        self.conn
+            .deadline("fetchObjects", req.send().promise)
+            .await?;
         let objects = received.take();
         if objects.len() != hashes.len() || objects.iter().zip(hashes).any(|(o, h)| o.hash != *h) {
-            return Err(WireError::new(
+            return Err(WsdError::new(
                 ErrorCode::Protocol,
                 format!(
                     "fetchObjects delivered {} objects for {} requested, or out of order",
@@ -230,7 +299,7 @@ impl Client {
 
     /// Streams `objects` into an upload sink in writes of about
     /// [`OBJECT_WRITE_BYTES`], paced by the daemon's stream window.
-    pub async fn push_objects(&self, objects: &[Object]) -> Result<(), WireError> {
+    pub async fn push_objects(&self, objects: &[Object]) -> Result<(), WsdError> {
         self.push_objects_send(objects).await?.await
     }
 
@@ -240,7 +309,7 @@ impl Client {
     pub async fn push_objects_send(
         &self,
         objects: &[Object],
-    ) -> Result<impl Future<Output = Result<(), WireError>> + 'static, WireError> {
+    ) -> Result<impl Future<Output = Result<(), WsdError>> + 'static, WsdError> {
         self.check_alive()?;
         if objects.is_empty() {
             return Ok(futures::future::Either::Left(std::future::ready(Ok(()))));
@@ -263,16 +332,19 @@ impl Client {
                 &objects[start..end],
             );
             let size = message_bytes(req.get().into_reader().total_size());
-            window.send(req, size).await?;
+            self.conn
+                .deadline("pushObjects", window.send(req, size))
+                .await?;
             start = end;
         }
         // `done` may go out before the writes are acknowledged: the daemon
         // runs a streaming capability's calls one at a time, so it answers
         // `done` after the last write is staged (or repeats its failure).
         let done = sink.done_request().send().promise;
+        let conn = self.conn.clone();
         Ok(futures::future::Either::Right(async move {
-            window.finish().await?;
-            done.await?;
+            conn.deadline("pushObjects", window.finish()).await?;
+            conn.deadline("pushObjects", done).await?;
             Ok(())
         }))
     }
@@ -286,7 +358,7 @@ impl Client {
         sender: Option<&ChangeCursor>,
         entries: &[ChangeEntry],
         baseline: Baseline,
-    ) -> Result<PushOutcome, WireError> {
+    ) -> Result<PushOutcome, WsdError> {
         self.push_send(sender, entries, baseline)?.await
     }
 
@@ -297,7 +369,7 @@ impl Client {
         sender: Option<&ChangeCursor>,
         entries: &[ChangeEntry],
         baseline: Baseline,
-    ) -> Result<impl Future<Output = Result<PushOutcome, WireError>> + 'static, WireError> {
+    ) -> Result<impl Future<Output = Result<PushOutcome, WsdError>> + 'static, WsdError> {
         self.check_alive()?;
         let mut req = self.sync.push_request();
         {
@@ -310,8 +382,9 @@ impl Client {
             entries_to(p.init_entries(entries.len() as u32), entries);
         }
         let promise = req.send().promise;
+        let conn = self.conn.clone();
         Ok(async move {
-            let response = promise.await?;
+            let response = conn.deadline("push", promise).await?;
             let r = response.get()?;
             Ok(PushOutcome {
                 rev: r.get_rev(),
@@ -321,7 +394,7 @@ impl Client {
     }
 
     /// Starts a command; its events arrive on the returned stream.
-    pub async fn exec(&self, request: &ExecRequest) -> Result<ExecStream, WireError> {
+    pub async fn exec(&self, request: &ExecRequest) -> Result<ExecStream, WsdError> {
         self.check_alive()?;
         let (sink, rx) = EventSink::new();
         let mut req = self.shell.exec_request();
@@ -330,12 +403,12 @@ impl Client {
             exec_request_to(p.reborrow().init_request(), request);
             p.set_events(capnp_rpc::new_client(sink));
         }
-        let response = req.send().promise.await?;
+        let response = self.conn.deadline("exec", req.send().promise).await?;
         let r = response.get()?;
         Ok(ExecStream::new(
             r.get_id()?
                 .to_string()
-                .map_err(|e| WireError::new(ErrorCode::Protocol, e.to_string()))?,
+                .map_err(|e| WsdError::new(ErrorCode::Protocol, e.to_string()))?,
             r.get_subscription()?,
             rx,
             self.conn.clone(),
@@ -343,7 +416,7 @@ impl Client {
     }
 
     /// Re-attaches to an exec from `from`.
-    pub async fn get_exec(&self, id: &str, from: ResumeFrom) -> Result<ExecStream, WireError> {
+    pub async fn get_exec(&self, id: &str, from: ResumeFrom) -> Result<ExecStream, WsdError> {
         self.check_alive()?;
         let (sink, rx) = EventSink::new();
         let mut req = self.shell.get_exec_request();
@@ -353,7 +426,7 @@ impl Client {
             resume_to(p.reborrow().init_after(), from);
             p.set_events(capnp_rpc::new_client(sink));
         }
-        let response = req.send().promise.await?;
+        let response = self.conn.deadline("getExec", req.send().promise).await?;
         Ok(ExecStream::new(
             id.to_owned(),
             response.get()?.get_subscription()?,
@@ -362,26 +435,23 @@ impl Client {
         ))
     }
 
-    pub async fn kill_exec(&self, id: &str, signal: ExecSignal) -> Result<(), WireError> {
+    pub async fn kill_exec(&self, id: &str, signal: Signal) -> Result<(), WsdError> {
         self.check_alive()?;
         let mut req = self.shell.kill_exec_request();
         req.get().set_id(id);
         req.get().set_signal(signal_to(signal));
-        req.send().promise.await?;
+        self.conn.deadline("killExec", req.send().promise).await?;
         Ok(())
     }
 
-    pub async fn dispose_exec(&self, id: &str) -> Result<(), WireError> {
+    pub async fn dispose_exec(&self, id: &str) -> Result<(), WsdError> {
         self.check_alive()?;
         let mut req = self.shell.dispose_exec_request();
         req.get().set_id(id);
-        req.send().promise.await?;
+        self.conn
+            .deadline("disposeExec", req.send().promise)
+            .await?;
         Ok(())
-    }
-
-    #[cfg(test)]
-    pub(crate) fn raw_sync(&self) -> &wire::sync::Client {
-        &self.sync
     }
 }
 
@@ -410,16 +480,16 @@ impl RemoteChanges {
     /// Up to `max` next entries. After a full batch the following one is
     /// requested at once (with the same `max`) and returned by the next call
     /// whatever `max` that call passes, since the daemon's cursor has moved.
-    pub async fn next(&mut self, max: usize) -> Result<Vec<ChangeEntry>, WireError> {
+    pub async fn next(&mut self, max: usize) -> Result<Vec<ChangeEntry>, WsdError> {
         if !self.conn.alive.get() {
-            return Err(WireError::connection_lost("closed"));
+            return Err(WsdError::connection_lost("closed"));
         }
         let max = max.clamp(1, MAX_CHANGES_PER_NEXT);
         let promise = match self.ahead.take() {
             Some(p) => p,
             None => self.request(max),
         };
-        let response = promise.await?;
+        let response = self.conn.deadline("ChangeIterator.next", promise).await?;
         let entries = entries_from(
             response.get()?.get_entries()?,
             "entries per next",
@@ -519,7 +589,7 @@ impl wire::object_sink::Server for CollectSink {
             let objects = objects_from(params.get()?.get_objects()?)?;
             let mut received = self.received.borrow_mut();
             if received.len() + objects.len() > self.expected {
-                return Err(WireError::new(
+                return Err(WsdError::new(
                     ErrorCode::Protocol,
                     "fetchObjects sent more objects than requested",
                 ));
@@ -527,7 +597,7 @@ impl wire::object_sink::Server for CollectSink {
             received.extend(objects);
             Ok(())
         })();
-        result.map_err(|e| super::convert::error_to(&e))
+        result.map_err(|e| crate::convert::error_to(&e))
     }
 
     async fn done(
@@ -541,7 +611,7 @@ impl wire::object_sink::Server for CollectSink {
 
 enum SinkItem {
     Event(ExecEvent),
-    End(Option<WireError>),
+    End(Option<WsdError>),
 }
 
 /// Receives an exec's events into a bounded channel; when the reader of
@@ -564,7 +634,7 @@ impl wire::exec_event_sink::Server for EventSink {
         params: wire::exec_event_sink::EventParams,
     ) -> Result<(), capnp::Error> {
         let event = exec_event_from(params.get()?.get_event()?)
-            .map_err(|e| super::convert::error_to(&e))?;
+            .map_err(|e| crate::convert::error_to(&e))?;
         self.tx
             .send(SinkItem::Event(event))
             .await
@@ -633,7 +703,7 @@ impl ExecStream {
     /// the exit event). A delivery that ended with an error returns it; a
     /// connection lost mid-stream is `ESHUTDOWN` ("connection lost"):
     /// re-attach with `get_exec(id, ResumeFrom::After(last_seq))`.
-    pub async fn next(&mut self) -> Result<Option<ExecEvent>, WireError> {
+    pub async fn next(&mut self) -> Result<Option<ExecEvent>, WsdError> {
         if self.ended {
             return Ok(None);
         }
@@ -649,7 +719,7 @@ impl ExecStream {
             }
             None => {
                 self.ended = true;
-                Err(WireError::connection_lost(
+                Err(WsdError::connection_lost(
                     "the exec event stream ended without its end marker",
                 ))
             }
@@ -693,7 +763,7 @@ impl ReconnectingClient {
     }
 
     /// The live connection, dialling one if there is none.
-    pub async fn client(&mut self) -> Result<Client, WireError> {
+    pub async fn client(&mut self) -> Result<Client, WsdError> {
         if let Some(c) = &self.current
             && c.is_connected()
         {
@@ -709,10 +779,10 @@ impl ReconnectingClient {
         Ok(c)
     }
 
-    async fn call<T, F, Fut>(&mut self, idempotent: bool, f: F) -> Result<T, WireError>
+    async fn call<T, F, Fut>(&mut self, idempotent: bool, f: F) -> Result<T, WsdError>
     where
         F: Fn(Client) -> Fut,
-        Fut: Future<Output = Result<T, WireError>>,
+        Fut: Future<Output = Result<T, WsdError>>,
     {
         let client = self.client().await?;
         match f(client).await {

@@ -5,18 +5,18 @@ use futures::AsyncReadExt;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::compat::TokioAsyncReadCompatExt;
 
-use super::limits::{MAX_MESSAGE_BYTES, STREAM_WINDOW_BYTES};
+use crate::limits::{MAX_MESSAGE_BYTES, STREAM_WINDOW_BYTES};
 
 /// The reader options both sides use: messages above
 /// [`MAX_MESSAGE_BYTES`] are refused before they are buffered.
-pub(crate) fn reader_options() -> capnp::message::ReaderOptions {
+pub fn reader_options() -> capnp::message::ReaderOptions {
     let mut options = capnp::message::ReaderOptions::new();
     options.traversal_limit_in_words(Some(MAX_MESSAGE_BYTES / 8));
     options
 }
 
 /// Wraps a byte stream in a two-party capnp network.
-pub(crate) fn network(
+pub fn network(
     stream: impl AsyncRead + AsyncWrite + Unpin + 'static,
     side: rpc_twoparty_capnp::Side,
 ) -> Box<dyn capnp_rpc::VatNetwork<rpc_twoparty_capnp::Side>> {

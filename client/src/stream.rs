@@ -20,21 +20,36 @@ use wsd_schema::workspace_capnp as wire;
 /// Bytes of calls in flight before `send` waits for acknowledgements (plus
 /// the largest message, as capnp-rpc's fixed window does, so one large
 /// message cannot stall the stream). capnp-rpc's twoparty default.
-pub(crate) const STREAM_WINDOW_BYTES: usize = 64 * 1024;
+pub const STREAM_WINDOW_BYTES: usize = 64 * 1024;
 
 type Ack = Promise<Response<capnp::any_pointer::Owned>, capnp::Error>;
 
 /// The sender side of one stream: calls are sent at once (in order); `send`
 /// returns when the window has room, `finish` when every call is
 /// acknowledged. A failed call fails the next `send` or `finish`.
-pub(crate) struct StreamWindow {
+pub struct StreamWindow {
     acks: VecDeque<(usize, Ack)>,
     in_flight: usize,
     max_message: usize,
 }
 
+impl Default for StreamWindow {
+    fn default() -> StreamWindow {
+        StreamWindow::new()
+    }
+}
+
+impl std::fmt::Debug for StreamWindow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamWindow")
+            .field("calls_in_flight", &self.acks.len())
+            .field("bytes_in_flight", &self.in_flight)
+            .finish()
+    }
+}
+
 impl StreamWindow {
-    pub(crate) fn new() -> StreamWindow {
+    pub fn new() -> StreamWindow {
         StreamWindow {
             acks: VecDeque::new(),
             in_flight: 0,
@@ -43,7 +58,7 @@ impl StreamWindow {
     }
 
     /// Sends `req` (`size` bytes) and waits while the window is full.
-    pub(crate) async fn send<P>(
+    pub async fn send<P>(
         &mut self,
         req: Request<P, capnp::any_pointer::Owned>,
         size: usize,
@@ -61,7 +76,7 @@ impl StreamWindow {
     }
 
     /// Waits until every call sent is acknowledged.
-    pub(crate) async fn finish(&mut self) -> Result<(), capnp::Error> {
+    pub async fn finish(&mut self) -> Result<(), capnp::Error> {
         while !self.acks.is_empty() {
             self.ack_one().await?;
         }
@@ -78,7 +93,7 @@ impl StreamWindow {
 }
 
 /// `ExecEventSink.event` as an ordinary call.
-pub(crate) fn exec_event_call(
+pub fn exec_event_call(
     sink: &wire::exec_event_sink::Client,
 ) -> Request<wire::exec_event_sink::event_params::Owned, capnp::any_pointer::Owned> {
     sink.client
@@ -86,7 +101,7 @@ pub(crate) fn exec_event_call(
 }
 
 /// `ObjectSink.write` as an ordinary call.
-pub(crate) fn object_write_call(
+pub fn object_write_call(
     sink: &wire::object_sink::Client,
 ) -> Request<wire::object_sink::write_params::Owned, capnp::any_pointer::Owned> {
     sink.client
@@ -94,6 +109,6 @@ pub(crate) fn object_write_call(
 }
 
 /// The size of a call's params for the window (0 if it cannot be measured).
-pub(crate) fn message_bytes(size: capnp::Result<capnp::MessageSize>) -> usize {
+pub fn message_bytes(size: capnp::Result<capnp::MessageSize>) -> usize {
     size.map_or(0, |s| s.word_count as usize * 8)
 }
