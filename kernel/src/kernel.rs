@@ -74,6 +74,8 @@ pub struct Kernel {
     pub system: Arc<Mutex<Dofs>>,
     pub workspaces: Workspaces,
     pub pool: ConnectionPool,
+    /// Live `shell.exec` sessions.
+    pub sessions: crate::syscalls::shell::Sessions,
     pub dispatch: Dispatch,
     /// Permits for sockets that have not authenticated yet.
     pub pending: Arc<Semaphore>,
@@ -107,6 +109,7 @@ impl Kernel {
             db,
             system,
             pool: ConnectionPool::default(),
+            sessions: Default::default(),
             dispatch: dispatch::table(),
             login_failures: Mutex::new(HashMap::new()),
         }))

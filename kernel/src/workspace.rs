@@ -241,6 +241,12 @@ impl Workspaces {
         }
     }
 
+    /// The pid of an open workspace's local wsd child, if running.
+    pub async fn local_pid(&self, id: &str) -> Option<u32> {
+        let w = self.open.lock().unwrap().get(id).cloned()?;
+        w.bracket.lock().await.child_pid()
+    }
+
     pub fn open_count(&self) -> usize {
         self.open.lock().unwrap().len()
     }
