@@ -39,6 +39,8 @@ pub struct KernelConfig {
     pub wsd_bin: PathBuf,
     /// How long `shell.exec` waits for a command before answering `running`.
     pub exec_wait: Duration,
+    /// A local wsd unused this long (and running nothing) is stopped.
+    pub wsd_idle_stop: Duration,
 }
 
 impl KernelConfig {
@@ -52,6 +54,7 @@ impl KernelConfig {
             max_frame_bytes: 16 << 20,
             wsd_bin: default_wsd_bin(),
             exec_wait: Duration::from_secs(5),
+            wsd_idle_stop: Duration::from_secs(10 * 60),
         }
     }
 }
@@ -101,7 +104,7 @@ impl Kernel {
             .map_err(|e| KernelError::internal("opening system.dofs", e))?;
         let system = Arc::new(Mutex::new(system));
         crate::syscalls::fs::ensure_dir(&system, "root").await?;
-        Ok(Arc::new(Kernel {
+        let kernel = Arc::new(Kernel {
             workspaces: Workspaces::new(dir.join("workspaces"), config.wsd_bin.clone()),
             pending: Arc::new(Semaphore::new(config.max_pending)),
             connected: Arc::new(Semaphore::new(config.max_connections)),
@@ -112,11 +115,30 @@ impl Kernel {
             sessions: Default::default(),
             dispatch: dispatch::table(),
             login_failures: Mutex::new(HashMap::new()),
-        }))
+        });
+        tokio::spawn(reap_idle_children(Arc::downgrade(&kernel)));
+        Ok(kernel)
     }
 
     /// Stops local `wsd` children (the kernel is going away).
     pub async fn shutdown(&self) {
         self.workspaces.shutdown().await;
+    }
+}
+
+/// Stops idle local wsd children now and then; ends with the kernel.
+async fn reap_idle_children(kernel: std::sync::Weak<Kernel>) {
+    loop {
+        let every = match kernel.upgrade() {
+            Some(k) => (k.config.wsd_idle_stop / 4)
+                .clamp(Duration::from_millis(50), Duration::from_secs(30)),
+            None => return,
+        };
+        tokio::time::sleep(every).await;
+        let Some(k) = kernel.upgrade() else { return };
+        let idle = k.config.wsd_idle_stop;
+        k.workspaces
+            .stop_idle(idle, |id| k.sessions.running_in(id))
+            .await;
     }
 }

@@ -40,6 +40,8 @@ const MIN_YIELD: Duration = Duration::from_millis(50);
 const MAX_YIELD: Duration = Duration::from_secs(30);
 /// How long a finished session's row is kept.
 const SESSION_ROW_TTL_MS: i64 = 24 * 3600 * 1000;
+/// How long a finished session's result waits for its poll in memory.
+const FINISHED_SESSION_KEEP: Duration = Duration::from_secs(10 * 60);
 /// The name the kernel's watermarks are kept under in every wsd.
 const WSD_PEER: &str = "gsv-kernel";
 
@@ -56,6 +58,8 @@ pub struct BackendState {
     child: Option<tokio::process::Child>,
     /// The connection to the wsd, made after the child (re)starts.
     handle: Option<WsdHandle>,
+    /// Last time a bracket used the wsd (the idle reaper reads it).
+    last_used: Instant,
     /// Consecutive starts that did not stay up; drives the backoff.
     restarts: u32,
     last_start: Option<Instant>,
@@ -78,6 +82,7 @@ impl BackendState {
             backend,
             child: None,
             handle: None,
+            last_used: Instant::now(),
             restarts: 0,
             last_start: None,
         }
@@ -204,6 +209,7 @@ impl BackendState {
     /// A connected handle, (re)starting the local child and reconnecting
     /// when it is not running.
     pub async fn handle(&mut self, wsd_bin: &Path) -> Result<WsdHandle, KernelError> {
+        self.last_used = Instant::now();
         let addr = self.ensure_running(wsd_bin).await?;
         if addr.started {
             self.handle = None;
@@ -230,6 +236,15 @@ impl BackendState {
         })?;
         self.handle = Some(h.clone());
         Ok(h)
+    }
+
+    /// Whether a local child runs and has been unused for `idle`.
+    pub fn idle_child(&mut self, idle: Duration) -> bool {
+        let alive = self
+            .child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)));
+        alive && self.last_used.elapsed() >= idle
     }
 
     /// Stops the local child, if any.
@@ -415,6 +430,17 @@ impl ShellSession {
 #[derive(Debug, Default)]
 pub struct Sessions {
     live: Mutex<HashMap<String, Arc<ShellSession>>>,
+}
+
+impl Sessions {
+    /// Whether a command still runs in workspace `id`.
+    pub fn running_in(&self, id: &str) -> bool {
+        self.live
+            .lock()
+            .unwrap()
+            .values()
+            .any(|s| s.workspace_id == id && s.state.lock().unwrap().outcome.is_none())
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -659,6 +685,13 @@ async fn drive_session(
     }
     tracing::info!(session = %session.id, workspace = %session.workspace_id, status, "command finished");
     session.finish(outcome);
+    // A result nobody polls for is dropped after a while (its row stays).
+    let weak = Arc::downgrade(&k);
+    drop(k);
+    tokio::time::sleep(FINISHED_SESSION_KEEP).await;
+    if let Some(k) = weak.upgrade() {
+        k.sessions.live.lock().unwrap().remove(&session.id);
+    }
 }
 
 /// Upserts the session's row and prunes expired rows.

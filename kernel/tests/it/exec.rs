@@ -269,3 +269,29 @@ async fn a_remote_backend_workspace_runs_on_an_existing_wsd() {
     assert_eq!(r["content"], "     1\tremote");
     child.kill().await.unwrap();
 }
+
+#[tokio::test]
+async fn an_idle_local_wsd_is_stopped_and_started_again_on_next_use() {
+    let k = TestKernel::start_with(|c| c.wsd_idle_stop = Duration::from_millis(200)).await;
+    k.setup().await;
+    let mut a = k.alice().await;
+    let id = workspace(&mut a).await;
+    let run =
+        json!({"cwd": format!("/workspaces/{id}"), "input": "echo one > f", "yieldMs": 10000});
+    let first = a.call("shell.exec", run).await.unwrap();
+    let d = until_done(&mut a, first).await;
+    assert_eq!(d["status"], "completed", "{d}");
+    let mut stopped = false;
+    for _ in 0..200 {
+        if k.kernel.workspaces.local_pid(&id).await.is_none() {
+            stopped = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(stopped, "the idle child was never stopped");
+    let run = json!({"cwd": format!("/workspaces/{id}"), "input": "cat f", "yieldMs": 10000});
+    let again = a.call("shell.exec", run).await.unwrap();
+    let d = until_done(&mut a, again).await;
+    assert_eq!(d["output"], "one\n", "{d}");
+}
