@@ -35,10 +35,8 @@ use crate::workspace::{Backend, Workspace};
 // finished result waits for its poll.
 pub use crate::node::{
     COMPLETED_SESSION_RETENTION as FINISHED_SESSION_KEEP, DEFAULT_TIMEOUT_MS, MAX_OUTPUT_CHARS,
+    MAX_YIELD_MS, MIN_YIELD_MS,
 };
-/// Bounds of the caller's `yieldMs` wait.
-const MIN_YIELD: Duration = Duration::from_millis(50);
-const MAX_YIELD: Duration = Duration::from_secs(30);
 /// How long a finished session's row is kept.
 const SESSION_ROW_TTL_MS: i64 = 24 * 3600 * 1000;
 /// The name the kernel's watermarks are kept under in every wsd.
@@ -460,7 +458,10 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<Value,
         .yield_ms
         .map(Duration::from_millis)
         .unwrap_or(k.config.exec_wait)
-        .clamp(MIN_YIELD, MAX_YIELD);
+        .clamp(
+            Duration::from_millis(MIN_YIELD_MS),
+            Duration::from_millis(MAX_YIELD_MS),
+        );
     if let Some(sid) = a
         .session_id
         .as_deref()
