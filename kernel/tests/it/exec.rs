@@ -332,3 +332,39 @@ async fn a_running_command_reads_what_later_calls_write_to_its_stdin() {
         (json!("completed"), json!("got:hello\n"))
     );
 }
+
+#[tokio::test]
+async fn an_unreachable_wsd_fails_the_call_before_anything_runs() {
+    let k = TestKernel::with_users().await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "t").unwrap();
+    let mut root = k.login("root", "root-password").await;
+    let d = root
+        .call(
+            "sys.workspace.create",
+            json!({"backend": {"kind": "remote", "address": format!("unix:{}", dir.path().join("none.sock").display()), "tokenFile": token}}),
+        )
+        .await
+        .unwrap();
+    let id = d["workspace"]["workspaceId"].as_str().unwrap().to_owned();
+    root.call(
+        "fs.write",
+        json!({"path": format!("/workspaces/{id}/f"), "content": "x"}),
+    )
+    .await
+    .unwrap();
+    let d = root
+        .call(
+            "shell.exec",
+            json!({"cwd": format!("/workspaces/{id}"), "input": "touch ran", "yieldMs": 10000}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(d["status"], "failed", "{d}");
+    assert!(
+        d["error"].as_str().unwrap().contains("none.sock"),
+        "names the address: {d}"
+    );
+    assert!(d.get("sessionId").is_none(), "nothing started: {d}");
+}
