@@ -14,6 +14,17 @@ struct Served {
 
 impl Drop for Served {
     fn drop(&mut self) {
+        // SIGTERM: the kernel stops its wsd children on the way out (a
+        // SIGKILL would orphan them).
+        let _ = Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status();
+        for _ in 0..500 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
