@@ -149,6 +149,7 @@ impl BackendState {
             .await
             .map_err(|e| KernelError::internal("writing a wsd token", e))??;
         let sock = self.socket_path();
+        stop_stale_child(&self.dir.join("wsd.pid"), &sock);
         let _ = std::fs::remove_file(&sock);
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -173,6 +174,11 @@ impl BackendState {
             .map_err(|e| {
                 KernelError::Unavailable(format!("cannot start {}: {e}", wsd_bin.display()))
             })?;
+        if let Some(pid) = child.id()
+            && let Err(e) = std::fs::write(self.dir.join("wsd.pid"), pid.to_string())
+        {
+            tracing::warn!(dir = %self.dir.display(), error = %e, "cannot record the wsd pid");
+        }
         self.child = Some(child);
         self.last_start = Some(Instant::now());
         let deadline = Instant::now() + WSD_START_DEADLINE;
@@ -251,6 +257,26 @@ impl BackendState {
             let _ = c.start_kill();
             let _ = tokio::time::timeout(Duration::from_secs(5), c.wait()).await;
         }
+    }
+}
+
+/// Stops a wsd left running for this workspace by a kernel that died
+/// without stopping it (SIGKILL, crash): the pid recorded at its start,
+/// only if that process still serves this workspace's socket (a recycled
+/// pid belongs to someone else and is left alone).
+fn stop_stale_child(pid_file: &Path, sock: &Path) {
+    let Some(pid) = std::fs::read_to_string(pid_file)
+        .ok()
+        .and_then(|t| t.trim().parse::<i32>().ok())
+    else {
+        return;
+    };
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let want = format!("unix:{}", sock.display());
+    let ours = cmdline.split(|b| *b == 0).any(|arg| arg == want.as_bytes());
+    if let (true, Some(p)) = (ours, rustix::process::Pid::from_raw(pid)) {
+        tracing::warn!(pid, socket = %sock.display(), "stopping a wsd left over from an earlier kernel");
+        let _ = rustix::process::kill_process(p, rustix::process::Signal::TERM);
     }
 }
 

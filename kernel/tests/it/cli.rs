@@ -14,6 +14,9 @@ struct Served {
 
 impl Drop for Served {
     fn drop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
         // SIGTERM: the kernel stops its wsd children on the way out (a
         // SIGKILL would orphan them).
         let _ = Command::new("kill")
@@ -31,7 +34,10 @@ impl Drop for Served {
 }
 
 fn serve() -> Served {
-    let dir = tempfile::tempdir().unwrap();
+    serve_in(tempfile::tempdir().unwrap())
+}
+
+fn serve_in(dir: tempfile::TempDir) -> Served {
     let mut child = Command::new(env!("CARGO_BIN_EXE_gsv"))
         .args(["serve", "--listen", "127.0.0.1:0", "--data"])
         .arg(dir.path().join("data"))
@@ -114,4 +120,48 @@ fn the_cli_sets_up_creates_a_workspace_writes_runs_and_reads_back() {
     assert!(!ok, "a failing command fails the CLI: {out}");
     let (ok, out) = gsv(&s, &["call", "no.such.call"]);
     assert!(!ok && out.contains("403"), "{out}");
+}
+
+#[test]
+fn a_kernel_restarted_after_sigkill_stops_the_wsd_its_predecessor_left() {
+    let mut s = serve();
+    gsv(
+        &s,
+        &[
+            "call",
+            "sys.setup",
+            r#"{"username":"alice","password":"alice-password"}"#,
+        ],
+    );
+    let (_, ws) = gsv(&s, &["workspace", "create"]);
+    let ws = ws.trim().to_owned();
+    assert!(gsv(&s, &["exec", &ws, "--", "true"]).0);
+    let pid_file = s._dir.path().join(format!("data/workspaces/{ws}/wsd.pid"));
+    let old: u32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    s.child.kill().unwrap();
+    s.child.wait().unwrap();
+    assert!(
+        std::path::Path::new(&format!("/proc/{old}")).exists(),
+        "the orphan lives on"
+    );
+    // Take the data dir over to a new kernel (the old handle's Drop then
+    // has nothing left to stop).
+    let dir = std::mem::replace(&mut s._dir, tempfile::tempdir().unwrap());
+    let s2 = serve_in(dir);
+    assert!(gsv(&s2, &["exec", &ws, "--", "true"]).0);
+    let mut gone = false;
+    for _ in 0..500 {
+        let stat = std::fs::read_to_string(format!("/proc/{old}/stat")).unwrap_or_default();
+        // Gone, or a zombie waiting for init to reap it.
+        if stat.is_empty() || stat.contains(") Z ") {
+            gone = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(gone, "the leftover wsd {old} was not stopped");
 }
