@@ -5,6 +5,8 @@
 //! carried `RESOLVE_NO_SYMLINKS`. That keeps a path-keyed store honest (one
 //! row per path, no aliasing) and matches what sync needs.
 
+mod lines;
+
 use std::io::{Read, Write};
 
 use rusqlite::params;
@@ -16,6 +18,8 @@ use crate::rows::{
     insert_chunk, live, now_ms, put_node, row_from_sql, subtree_bounds, tombstone_subtree,
 };
 use crate::{Dofs, DofsError};
+
+pub use lines::LineWindow;
 
 /// Mode of a file created without an explicit one.
 pub const DEFAULT_FILE_MODE: u32 = 0o644;
@@ -584,6 +588,18 @@ impl Dofs {
         under: Option<&SyncPath>,
         limit: usize,
     ) -> Result<Vec<SearchHit>, DofsError> {
+        self.search_where(pattern, under, limit, |_| true)
+    }
+
+    /// [`Dofs::search`] over only the files for which `keep` is true (a
+    /// name filter, a permission check), so `limit` counts kept hits only.
+    pub fn search_where(
+        &self,
+        pattern: &[u8],
+        under: Option<&SyncPath>,
+        limit: usize,
+        mut keep: impl FnMut(&SyncPath) -> bool,
+    ) -> Result<Vec<SearchHit>, DofsError> {
         if pattern.is_empty() {
             return Err(DofsError::invalid(
                 under.map_or("", |p| p.as_str()),
@@ -612,6 +628,9 @@ impl Dofs {
                 break;
             }
             let path = SyncPath::new(path)?;
+            if !keep(&path) {
+                continue;
+            }
             self.search_file(&finder, &path, &manifest, limit, &mut hits)?;
         }
         Ok(hits)

@@ -32,8 +32,8 @@ use rusqlite::Connection;
 
 pub use error::DofsError;
 pub use fs::{
-    DEFAULT_DIR_MODE, DEFAULT_FILE_MODE, DEFAULT_SYMLINK_MODE, DirEntry, SearchHit, Stat,
-    WriteOptions,
+    DEFAULT_DIR_MODE, DEFAULT_FILE_MODE, DEFAULT_SYMLINK_MODE, DirEntry, LineWindow, SearchHit,
+    Stat, WriteOptions,
 };
 pub use schema::SCHEMA_VERSION;
 pub use sync::{GcOutcome, PruneOutcome};

@@ -1,0 +1,310 @@
+//! The `gsv` command line: `serve` runs the kernel; `call`, `workspace` and
+//! `exec` drive one over its WebSocket like any other user client.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand};
+use serde_json::{Value, json};
+use wsd_kernel::client::{Credentials, GsvClient};
+use wsd_kernel::{Kernel, KernelConfig};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "gsv",
+    version,
+    about = "The gsv gateway kernel and its user CLI"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the kernel until SIGTERM or Ctrl-C.
+    Serve(ServeArgs),
+    /// Send one syscall and print the response frame as JSON.
+    Call {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// The syscall, e.g. `fs.read`.
+        call: String,
+        /// Its arguments as a JSON object (default `{}`).
+        args: Option<String>,
+    },
+    /// Create or list workspaces.
+    Workspace {
+        #[command(flatten)]
+        conn: ConnArgs,
+        #[command(subcommand)]
+        action: WorkspaceAction,
+    },
+    /// Run a command in a workspace and print its output.
+    Exec {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// The workspace id.
+        workspace: String,
+        /// Working directory inside the workspace (default: its root).
+        #[arg(long)]
+        cwd: Option<String>,
+        /// The command, run by the workspace's shell.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum WorkspaceAction {
+    Create {
+        #[arg(long)]
+        label: Option<String>,
+    },
+    List,
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8787")]
+    listen: String,
+    /// Data directory (default: the per-user data dir, e.g. ~/.local/share/gsv).
+    #[arg(long, value_name = "DIR")]
+    data: Option<PathBuf>,
+    /// The `wsd` binary for local workspaces (default: beside `gsv`, else PATH).
+    #[arg(long, value_name = "FILE", env = "GSV_WSD_BIN")]
+    wsd_bin: Option<PathBuf>,
+    /// Seconds a socket may take to complete `sys.connect`.
+    #[arg(long, default_value_t = 10)]
+    handshake_timeout: u64,
+    /// Largest text frame in bytes.
+    #[arg(long, default_value_t = 16 << 20)]
+    max_frame_bytes: usize,
+    /// Milliseconds `shell.exec` waits before answering `running`.
+    #[arg(long, default_value_t = 5000)]
+    exec_wait_ms: u64,
+    /// Seconds after which an unused local wsd (running nothing) is stopped.
+    #[arg(long, default_value_t = 600)]
+    wsd_idle_secs: u64,
+}
+
+/// Where the kernel is and who we are: flags, else env, else the config
+/// file (`~/.config/gsv/config.json`: `{url, username, token|password}`).
+#[derive(Debug, Args)]
+struct ConnArgs {
+    #[arg(long, env = "GSV_URL")]
+    url: Option<String>,
+    #[arg(long, env = "GSV_USER")]
+    user: Option<String>,
+    #[arg(long, env = "GSV_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    #[arg(long, env = "GSV_PASSWORD", hide_env_values = true)]
+    password: Option<String>,
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("gsv: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("gsv: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.command {
+        Command::Serve(a) => serve(a).await,
+        Command::Call { conn, call, args } => {
+            let args: Value = match args {
+                Some(s) => serde_json::from_str(&s).context("ARGS must be a JSON object")?,
+                None => json!({}),
+            };
+            // Setup happens before anyone can log in.
+            let mut c = if call == "sys.setup" {
+                GsvClient::connect(&conn.resolve()?.0).await?
+            } else {
+                connect(&conn).await?
+            };
+            let res = c.request(&call, args).await?;
+            println!("{}", serde_json::to_string_pretty(&res)?);
+            c.close().await;
+            Ok(if res["ok"] == true {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Command::Workspace { conn, action } => {
+            let mut c = connect(&conn).await?;
+            match action {
+                WorkspaceAction::Create { label } => {
+                    let d = c
+                        .call("sys.workspace.create", json!({"label": label}))
+                        .await?;
+                    println!("{}", d["workspace"]["workspaceId"].as_str().unwrap_or(""));
+                }
+                WorkspaceAction::List => {
+                    let d = c.call("sys.workspace.list", json!({})).await?;
+                    for w in d["workspaces"].as_array().into_iter().flatten() {
+                        println!(
+                            "{}\t{}\t{}",
+                            w["workspaceId"].as_str().unwrap_or(""),
+                            w["state"].as_str().unwrap_or(""),
+                            w["label"].as_str().unwrap_or("")
+                        );
+                    }
+                }
+            }
+            c.close().await;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Exec {
+            conn,
+            workspace,
+            cwd,
+            command,
+        } => exec(&conn, &workspace, cwd, command.join(" ")).await,
+    }
+}
+
+async fn exec(
+    conn: &ConnArgs,
+    workspace: &str,
+    cwd: Option<String>,
+    input: String,
+) -> Result<ExitCode> {
+    let mut c = connect(conn).await?;
+    let cwd = match cwd {
+        Some(d) if d.starts_with('/') => d,
+        Some(d) => format!("/workspaces/{workspace}/{d}"),
+        None => format!("/workspaces/{workspace}"),
+    };
+    let mut d = c
+        .call("shell.exec", json!({"cwd": cwd, "input": input}))
+        .await?;
+    loop {
+        if let Some(out) = d["output"].as_str() {
+            print!("{out}");
+        }
+        match d["status"].as_str() {
+            Some("running") => {
+                let sid = d["sessionId"].as_str().unwrap_or_default().to_owned();
+                d = c
+                    .call("shell.exec", json!({"sessionId": sid, "input": ""}))
+                    .await?;
+            }
+            Some("completed") => {
+                let code = d["exitCode"].as_i64().unwrap_or(1);
+                c.close().await;
+                return Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)));
+            }
+            _ => {
+                c.close().await;
+                bail!("{}", d["error"].as_str().unwrap_or("the command failed"));
+            }
+        }
+    }
+}
+
+impl ConnArgs {
+    /// `(url, username, credentials)`.
+    fn resolve(&self) -> Result<(String, Option<String>, Option<Credentials>)> {
+        let file: Value = dirs::config_dir()
+            .map(|d| d.join("gsv").join("config.json"))
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .and_then(|s| serde_json::from_str(&s).ok())
+            .unwrap_or(Value::Null);
+        let from_file = |k: &str| file[k].as_str().map(str::to_owned);
+        let url = self
+            .url
+            .clone()
+            .or_else(|| from_file("url"))
+            .unwrap_or_else(|| "ws://127.0.0.1:8787/ws".into());
+        let user = self.user.clone().or_else(|| from_file("username"));
+        let creds = match (&self.token, &self.password) {
+            (Some(t), _) => Some(Credentials::Token(t.clone())),
+            (None, Some(p)) => Some(Credentials::Password(p.clone())),
+            (None, None) => from_file("token")
+                .map(Credentials::Token)
+                .or_else(|| from_file("password").map(Credentials::Password)),
+        };
+        Ok((url, user, creds))
+    }
+}
+
+async fn connect(conn: &ConnArgs) -> Result<GsvClient> {
+    let (url, user, creds) = conn.resolve()?;
+    let user =
+        user.context("no username: pass --user, set GSV_USER or write it in the config file")?;
+    let creds =
+        creds.context("no credentials: pass --token/--password or set GSV_TOKEN/GSV_PASSWORD")?;
+    let mut c = GsvClient::connect(&url).await?;
+    c.login(&user, &creds).await?;
+    Ok(c)
+}
+
+async fn serve(a: ServeArgs) -> Result<ExitCode> {
+    let data = match a.data {
+        Some(d) => d,
+        None => dirs::data_dir()
+            .context("no per-user data directory on this platform: pass --data")?
+            .join("gsv"),
+    };
+    let mut config = KernelConfig::new(data.clone());
+    if let Some(b) = a.wsd_bin {
+        config.wsd_bin = b;
+    }
+    config.handshake_timeout = std::time::Duration::from_secs(a.handshake_timeout);
+    config.max_frame_bytes = a.max_frame_bytes;
+    config.exec_wait = std::time::Duration::from_millis(a.exec_wait_ms);
+    config.wsd_idle_stop = std::time::Duration::from_secs(a.wsd_idle_secs);
+    let kernel: Arc<Kernel> = Kernel::open(config)
+        .await
+        .with_context(|| format!("opening {}", data.display()))?;
+    let listener = tokio::net::TcpListener::bind(&a.listen)
+        .await
+        .with_context(|| format!("listening on {}", a.listen))?;
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, data = %data.display(), "gsv listening");
+    // Scripts and tests read the bound address from this line.
+    println!("listening on {addr}");
+    wsd_kernel::server::serve(listener, kernel.clone(), shutdown_signal()).await?;
+    kernel.shutdown().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

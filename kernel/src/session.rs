@@ -1,0 +1,117 @@
+//! Who is on a connection ([`Session`]) and the pool of live connections.
+//!
+//! The pool owns every live socket's outbound sender by connection id, so
+//! that routing (issue 13: requests to a device's driver connection) and
+//! "replaced by newer connection" reach other sockets through one place.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Mutex;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::accounts::ProcessIdentity;
+
+/// A client role (`sys.connect` `client.role`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    User,
+    Driver,
+    Service,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::User => "user",
+            Role::Driver => "driver",
+            Role::Service => "service",
+        }
+    }
+}
+
+/// An authenticated connection's identity, passed to every handler.
+#[derive(Debug, Clone)]
+pub struct Session {
+    pub connection_id: String,
+    pub role: Role,
+    pub identity: ProcessIdentity,
+    pub capabilities: Vec<String>,
+    pub client_id: String,
+    pub peer: SocketAddr,
+    /// A driver's device id and its `implements` patterns.
+    pub device: Option<(String, Vec<String>)>,
+}
+
+/// What goes out on a socket: a text frame or a close with a code.
+#[derive(Debug, Clone)]
+pub enum Outgoing {
+    Text(String),
+    Close(u16, String),
+}
+
+/// One live connection as the pool sees it.
+#[derive(Debug)]
+struct Live {
+    tx: mpsc::Sender<Outgoing>,
+    /// Cancelling it makes the connection's reader stop.
+    closed: CancellationToken,
+    /// `(uid, role, client id)` once connected.
+    key: Option<(i64, Role, String)>,
+}
+
+/// Live sockets by connection id.
+#[derive(Debug, Default)]
+pub struct ConnectionPool {
+    live: Mutex<HashMap<String, Live>>,
+}
+
+impl ConnectionPool {
+    pub fn add(&self, id: &str, tx: mpsc::Sender<Outgoing>, closed: CancellationToken) {
+        self.live.lock().unwrap().insert(
+            id.to_owned(),
+            Live {
+                tx,
+                closed,
+                key: None,
+            },
+        );
+    }
+
+    pub fn remove(&self, id: &str) {
+        self.live.lock().unwrap().remove(id);
+    }
+
+    /// Marks `id` connected as `key` and closes any older connection with
+    /// the same `(uid, role, client id)` ("Replaced by newer connection").
+    pub fn connected(&self, id: &str, key: (i64, Role, String)) {
+        let mut live = self.live.lock().unwrap();
+        let older: Vec<String> = live
+            .iter()
+            .filter(|(cid, l)| cid.as_str() != id && l.key.as_ref() == Some(&key))
+            .map(|(cid, _)| cid.clone())
+            .collect();
+        for cid in older {
+            if let Some(l) = live.remove(&cid) {
+                // A full queue means the peer is not reading; closing the
+                // reader still ends the connection.
+                let _ =
+                    l.tx.try_send(Outgoing::Close(1000, "Replaced by newer connection".into()));
+                l.closed.cancel();
+            }
+        }
+        if let Some(l) = live.get_mut(id) {
+            l.key = Some(key);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.live.lock().unwrap().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

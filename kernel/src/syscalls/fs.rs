@@ -1,0 +1,463 @@
+//! `fs.read|write|edit|delete|search` natively on dofs, with the seed's
+//! shapes. Operation failures (missing file, permission, bad pattern) are
+//! `ok:true, data:{ok:false, error}`; only kernel faults are frame errors.
+
+use std::sync::{Arc, Mutex};
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+use wsd_dofs::{Dofs, WriteOptions};
+use wsd_sync::{Kind, SyncPath};
+
+use crate::error::KernelError;
+use crate::kernel::Kernel;
+use crate::session::Session;
+use crate::vfs::{self, Access, FsError, Place, Resolved};
+use crate::workspace::{self, Workspace};
+
+/// Most line bytes one `fs.read` returns; the rest is `truncated`.
+pub const MAX_READ_BYTES: usize = 1 << 20;
+/// Matches one `fs.search` returns before `truncated` (the seed's 100,
+/// shared with the node tools).
+pub use crate::node::MAX_SEARCH_MATCHES;
+/// Characters of a matching line returned by `fs.search`.
+const MATCH_CONTENT_CHARS: usize = 200;
+
+/// A handler failure: an operation error or a kernel fault.
+#[derive(Debug)]
+pub enum Fail {
+    Op(FsError),
+    Kernel(KernelError),
+}
+
+impl From<FsError> for Fail {
+    fn from(e: FsError) -> Self {
+        Fail::Op(e)
+    }
+}
+
+impl From<KernelError> for Fail {
+    fn from(e: KernelError) -> Self {
+        Fail::Kernel(e)
+    }
+}
+
+/// Folds an operation error into `{ok:false, error}`.
+fn finish(r: Result<Value, Fail>) -> Result<Value, KernelError> {
+    match r {
+        Ok(v) => Ok(v),
+        Err(Fail::Op(e)) => Ok(json!({"ok": false, "error": e.to_string()})),
+        Err(Fail::Kernel(e)) => Err(e),
+    }
+}
+
+/// Runs `f` on a store from a blocking thread.
+pub async fn with_store<R: Send + 'static>(
+    store: &Arc<Mutex<Dofs>>,
+    f: impl FnOnce(&mut Dofs) -> R + Send + 'static,
+) -> Result<R, KernelError> {
+    let store = store.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut d = store.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut d)
+    })
+    .await
+    .map_err(|e| KernelError::internal("filesystem task", e))
+}
+
+/// Creates a directory (and parents) in the system store if missing.
+pub async fn ensure_dir(store: &Arc<Mutex<Dofs>>, path: &str) -> Result<(), KernelError> {
+    let p = SyncPath::canonicalize(path).map_err(|e| KernelError::internal(path, e))?;
+    with_store(store, move |d| d.mkdir(&p, true))
+        .await?
+        .map_err(|e| KernelError::internal(&format!("creating /{path}"), e))
+}
+
+/// Where a resolved path lives, after the permission check.
+enum Located {
+    Store {
+        store: Arc<Mutex<Dofs>>,
+        sub: Option<SyncPath>,
+        workspace: Option<Arc<Workspace>>,
+    },
+    WorkspacesDir,
+}
+
+async fn locate(
+    k: &Arc<Kernel>,
+    s: &Session,
+    path: &str,
+    access: Access,
+) -> Result<(Resolved, Located), Fail> {
+    let r = vfs::resolve(path, &s.identity.home)?;
+    let located = match &r.place {
+        Place::System(sub) => {
+            vfs::check_system(&s.identity, &r, access)?;
+            Located::Store {
+                store: k.system.clone(),
+                sub: sub.clone(),
+                workspace: None,
+            }
+        }
+        Place::WorkspacesDir => {
+            if access == Access::Write {
+                return Err(FsError::PermissionDenied(r.display.clone()).into());
+            }
+            Located::WorkspacesDir
+        }
+        Place::Workspace { id, sub } => {
+            let wid = id.clone();
+            let row = k.db.call(move |c| workspace::get_row(c, &wid)).await?;
+            let row = match row {
+                Some(row) if vfs::check_workspace(&s.identity, row.owner_uid) => row,
+                Some(_) => return Err(FsError::PermissionDenied(r.display.clone()).into()),
+                None => return Err(FsError::NotFound(r.display.clone()).into()),
+            };
+            if access == Access::Write && row.is_archived() {
+                return Err(FsError::Archived(row.id).into());
+            }
+            let w = k.workspaces.open(&row).await?;
+            Located::Store {
+                store: w.dofs.clone(),
+                sub: sub.clone(),
+                workspace: Some(w),
+            }
+        }
+    };
+    Ok((r, located))
+}
+
+/// The store, the file path and the workspace (if any) of a file.
+type FileTarget = (Arc<Mutex<Dofs>>, SyncPath, Option<Arc<Workspace>>);
+
+/// The store, the file path and the workspace of a write target; roots of
+/// stores are not files.
+fn file_target(r: &Resolved, l: Located) -> Result<FileTarget, Fail> {
+    match l {
+        Located::Store {
+            store,
+            sub: Some(sub),
+            workspace,
+        } => Ok((store, sub, workspace)),
+        _ => Err(FsError::IsADirectory(r.display.clone()).into()),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ReadArgs {
+    path: String,
+    offset: Option<u64>,
+    limit: Option<u64>,
+}
+
+pub async fn read(k: Arc<Kernel>, s: Arc<Session>, a: ReadArgs) -> Result<Value, KernelError> {
+    finish(read_inner(&k, &s, a).await)
+}
+
+async fn read_inner(k: &Arc<Kernel>, s: &Session, a: ReadArgs) -> Result<Value, Fail> {
+    let (r, l) = locate(k, s, &a.path, Access::Read).await?;
+    let (store, sub) = match l {
+        Located::WorkspacesDir => {
+            let uid = (!s.identity.is_root()).then_some(s.identity.uid);
+            let rows =
+                k.db.call(move |c| workspace::list_rows(c, uid, None, i64::MAX))
+                    .await?;
+            let mut dirs: Vec<String> = rows.into_iter().map(|w| w.id).collect();
+            dirs.sort();
+            return Ok(json!({"ok": true, "path": r.display, "files": [], "directories": dirs}));
+        }
+        Located::Store { store, sub, .. } => (store, sub),
+    };
+    let display = r.display.clone();
+    let at_system_root = matches!(r.place, Place::System(None));
+    let (offset, limit) = (a.offset.unwrap_or(0), a.limit);
+    let out = with_store(&store, move |d| -> Result<Value, FsError> {
+        let is_dir = match &sub {
+            None => true,
+            Some(p) => d.stat(p).map_err(|e| FsError::from_dofs(&display, e))?.kind == Kind::Dir,
+        };
+        if is_dir {
+            let entries = d
+                .readdir(sub.as_ref())
+                .map_err(|e| FsError::from_dofs(&display, e))?;
+            let (mut files, mut dirs) = (Vec::new(), Vec::new());
+            for e in entries {
+                if e.stat.kind == Kind::Dir {
+                    dirs.push(e.name);
+                } else {
+                    files.push(e.name);
+                }
+            }
+            if at_system_root {
+                dirs.push("workspaces".to_owned());
+                dirs.sort();
+            }
+            return Ok(json!({"ok": true, "path": display, "files": files, "directories": dirs}));
+        }
+        let p = sub.expect("a file has a path");
+        let size = d
+            .stat(&p)
+            .map_err(|e| FsError::from_dofs(&display, e))?
+            .size;
+        let w = d
+            .read_lines(&p, offset, limit, MAX_READ_BYTES)
+            .map_err(|e| FsError::from_dofs(&display, e))?;
+        let mut content = String::new();
+        for (i, line) in w.lines.iter().enumerate() {
+            let text = std::str::from_utf8(line).map_err(|_| {
+                FsError::Operation(format!(
+                    "Binary file ({size} bytes) - not a text file: {display}"
+                ))
+            })?;
+            if i > 0 {
+                content.push('\n');
+            }
+            content.push_str(&format!("{:>6}\t{text}", w.first + i as u64 + 1));
+        }
+        let mut v = json!({
+            "ok": true,
+            "path": display,
+            "content": content,
+            "lines": w.lines.len(),
+            "size": size,
+        });
+        if w.truncated {
+            v["truncated"] = json!(true);
+        }
+        Ok(v)
+    })
+    .await??;
+    Ok(out)
+}
+
+#[derive(Debug, Deserialize)]
+pub struct WriteArgs {
+    path: String,
+    content: String,
+}
+
+pub async fn write(k: Arc<Kernel>, s: Arc<Session>, a: WriteArgs) -> Result<Value, KernelError> {
+    finish(write_inner(&k, &s, a).await)
+}
+
+async fn write_inner(k: &Arc<Kernel>, s: &Session, a: WriteArgs) -> Result<Value, Fail> {
+    let (r, l) = locate(k, s, &a.path, Access::Write).await?;
+    let (store, p, ws) = file_target(&r, l)?;
+    // Holding the bracket keeps this write out of a running push → pull.
+    let _bracket = match &ws {
+        Some(w) => Some(w.bracket.lock().await),
+        None => None,
+    };
+    let display = r.display.clone();
+    let size = a.content.len();
+    with_store(&store, move |d| {
+        let opts = WriteOptions {
+            create_parents: true,
+            ..WriteOptions::default()
+        };
+        d.write_file_with(&p, a.content.as_bytes(), opts)
+            .map_err(|e| FsError::from_dofs(&display, e))
+    })
+    .await??;
+    Ok(json!({"ok": true, "path": r.display, "size": size}))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EditArgs {
+    path: String,
+    old_string: String,
+    new_string: String,
+    #[serde(default)]
+    replace_all: bool,
+}
+
+pub async fn edit(k: Arc<Kernel>, s: Arc<Session>, a: EditArgs) -> Result<Value, KernelError> {
+    finish(edit_inner(&k, &s, a).await)
+}
+
+async fn edit_inner(k: &Arc<Kernel>, s: &Session, a: EditArgs) -> Result<Value, Fail> {
+    if a.old_string.is_empty() {
+        return Err(FsError::Operation("oldString must not be empty".into()).into());
+    }
+    let (r, l) = locate(k, s, &a.path, Access::Write).await?;
+    let (store, p, ws) = file_target(&r, l)?;
+    let _bracket = match &ws {
+        Some(w) => Some(w.bracket.lock().await),
+        None => None,
+    };
+    let display = r.display.clone();
+    let n = with_store(&store, move |d| -> Result<usize, FsError> {
+        let bytes = d.read_file(&p).map_err(|e| FsError::from_dofs(&display, e))?;
+        let text = String::from_utf8(bytes)
+            .map_err(|_| FsError::Operation(format!("Not a UTF-8 text file: {display}")))?;
+        let n = text.matches(&a.old_string).count();
+        if n == 0 {
+            return Err(FsError::Operation(format!(
+                "oldString not found in '{display}'"
+            )));
+        }
+        if n > 1 && !a.replace_all {
+            return Err(FsError::Operation(format!(
+                "oldString found {n} times in '{display}'. Use replaceAll: true or provide more context to make it unique."
+            )));
+        }
+        let new = if a.replace_all {
+            text.replace(&a.old_string, &a.new_string)
+        } else {
+            text.replacen(&a.old_string, &a.new_string, 1)
+        };
+        d.write_file(&p, new.as_bytes())
+            .map_err(|e| FsError::from_dofs(&display, e))?;
+        Ok(n)
+    })
+    .await??;
+    Ok(json!({"ok": true, "path": r.display, "replacements": n}))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct DeleteArgs {
+    path: String,
+}
+
+pub async fn delete(k: Arc<Kernel>, s: Arc<Session>, a: DeleteArgs) -> Result<Value, KernelError> {
+    finish(delete_inner(&k, &s, a).await)
+}
+
+async fn delete_inner(k: &Arc<Kernel>, s: &Session, a: DeleteArgs) -> Result<Value, Fail> {
+    let (r, l) = locate(k, s, &a.path, Access::Write).await?;
+    let (store, p, ws) = match file_target(&r, l) {
+        Ok(t) => t,
+        Err(_) => {
+            return Err(FsError::Operation(format!(
+                "Refusing to delete {}: archive a workspace with sys.workspace.archive",
+                r.display
+            ))
+            .into());
+        }
+    };
+    if ws.is_none() && p.depth() <= 1 {
+        return Err(FsError::Operation(format!("Refusing to delete {}", r.display)).into());
+    }
+    let _bracket = match &ws {
+        Some(w) => Some(w.bracket.lock().await),
+        None => None,
+    };
+    let display = r.display.clone();
+    with_store(&store, move |d| {
+        d.rm(&p, true).map_err(|e| FsError::from_dofs(&display, e))
+    })
+    .await??;
+    Ok(json!({"ok": true, "path": r.display}))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct SearchArgs {
+    #[serde(alias = "pattern")]
+    query: String,
+    path: Option<String>,
+    include: Option<String>,
+}
+
+pub async fn search(k: Arc<Kernel>, s: Arc<Session>, a: SearchArgs) -> Result<Value, KernelError> {
+    finish(search_inner(&k, &s, a).await)
+}
+
+async fn search_inner(k: &Arc<Kernel>, s: &Session, a: SearchArgs) -> Result<Value, Fail> {
+    if a.query.is_empty() {
+        return Err(FsError::Operation("Search query is required.".into()).into());
+    }
+    // A pattern with `/` matches the path below the search root; one
+    // without matches the file name. Braces (`*.{rs,ts}`) work.
+    let include = match &a.include {
+        None => None,
+        Some(g) => Some((
+            globset::Glob::new(g)
+                .map_err(|e| FsError::Operation(format!("Invalid include pattern '{g}': {e}")))?
+                .compile_matcher(),
+            g.contains('/'),
+        )),
+    };
+    let path = a.path.unwrap_or_else(|| s.identity.cwd.clone());
+    let (r, l) = locate(k, s, &path, Access::Read).await?;
+    let Located::Store {
+        store,
+        sub,
+        workspace,
+    } = l
+    else {
+        return Err(FsError::Operation(format!(
+            "Search one workspace at a time: {}/<id>",
+            r.display
+        ))
+        .into());
+    };
+    // How a store path reads back to the caller.
+    let prefix = match &workspace {
+        Some(w) => format!("/workspaces/{}/", w.id),
+        None => "/".to_owned(),
+    };
+    let who = s.identity.clone();
+    let in_system = workspace.is_none();
+    let query = a.query;
+    let root = sub.clone();
+    let (matches, truncated) =
+        with_store(&store, move |d| -> Result<(Vec<Value>, bool), FsError> {
+            let display = r.display.clone();
+            let keep = |p: &SyncPath| {
+                if in_system {
+                    let shown = Resolved {
+                        display: format!("/{p}"),
+                        place: Place::System(Some(p.clone())),
+                    };
+                    if vfs::check_system(&who, &shown, Access::Read).is_err() {
+                        return false;
+                    }
+                }
+                match &include {
+                    None => true,
+                    Some((m, by_path)) => {
+                        if *by_path {
+                            let rel = match &root {
+                                Some(r) => {
+                                    p.as_str().strip_prefix(r.as_str()).unwrap_or(p.as_str())
+                                }
+                                None => p.as_str(),
+                            };
+                            m.is_match(rel.trim_start_matches('/'))
+                        } else {
+                            m.is_match(p.file_name())
+                        }
+                    }
+                }
+            };
+            let hits = d
+                .search_where(query.as_bytes(), sub.as_ref(), MAX_SEARCH_MATCHES + 1, keep)
+                .map_err(|e| FsError::from_dofs(&display, e))?;
+            let truncated = hits.len() > MAX_SEARCH_MATCHES;
+            let mut out = Vec::new();
+            for h in hits.into_iter().take(MAX_SEARCH_MATCHES) {
+                let w = d
+                    .read_lines(&h.path, h.line - 1, Some(1), MATCH_CONTENT_CHARS * 4)
+                    .map_err(|e| FsError::from_dofs(&display, e))?;
+                let line = w
+                    .lines
+                    .first()
+                    .map(|l| String::from_utf8_lossy(l).into_owned())
+                    .unwrap_or_default();
+                let content: String = line.chars().take(MATCH_CONTENT_CHARS).collect();
+                out.push(json!({
+                    "path": format!("{prefix}{}", h.path),
+                    "line": h.line,
+                    "content": content,
+                }));
+            }
+            Ok((out, truncated))
+        })
+        .await??;
+    let mut v = json!({"ok": true, "count": matches.len(), "matches": matches});
+    if truncated {
+        v["truncated"] = json!(true);
+    }
+    Ok(v)
+}

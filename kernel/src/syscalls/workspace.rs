@@ -1,0 +1,160 @@
+//! `sys.workspace.create|list|get|archive`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::accounts;
+use crate::db::now_ms;
+use crate::error::KernelError;
+use crate::kernel::Kernel;
+use crate::session::Session;
+use crate::vfs;
+use crate::workspace::{self, Backend, WorkspaceRow};
+
+/// `backend`: `"local"`, `{kind:"local"}` or `{kind:"remote", address, tokenFile}`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum BackendArg {
+    Name(String),
+    Spec(BackendSpec),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum BackendSpec {
+    Local,
+    #[serde(rename_all = "camelCase")]
+    Remote {
+        address: String,
+        token_file: PathBuf,
+    },
+}
+
+#[derive(Debug, Deserialize)]
+pub struct CreateArgs {
+    label: Option<String>,
+    backend: Option<BackendArg>,
+}
+
+pub async fn create(k: Arc<Kernel>, s: Arc<Session>, a: CreateArgs) -> Result<Value, KernelError> {
+    let backend = match a.backend {
+        None => Backend::Local,
+        Some(BackendArg::Name(n)) if n == "local" => Backend::Local,
+        Some(BackendArg::Name(n)) => {
+            return Err(KernelError::BadRequest(format!(
+                "Unknown backend '{n}': use \"local\" or {{kind:\"remote\", address, tokenFile}}"
+            )));
+        }
+        Some(BackendArg::Spec(BackendSpec::Local)) => Backend::Local,
+        Some(BackendArg::Spec(BackendSpec::Remote {
+            address,
+            token_file,
+        })) => {
+            // Naming a file the kernel reads is a privilege: a user could
+            // otherwise point it at any file the kernel can open.
+            if !s.identity.is_root() {
+                return Err(KernelError::PermissionDenied(
+                    "remote workspace backends (root only)".into(),
+                ));
+            }
+            if address.is_empty() {
+                return Err(KernelError::BadRequest(
+                    "remote backend needs an address".into(),
+                ));
+            }
+            Backend::Remote {
+                address,
+                token_file,
+            }
+        }
+    };
+    let label = a
+        .label
+        .map(|l| l.trim().chars().take(120).collect::<String>());
+    let now = now_ms();
+    let row = WorkspaceRow {
+        id: format!("ws_{}", accounts::random_hex(12)),
+        owner_uid: s.identity.uid,
+        label: label.filter(|l| !l.is_empty()),
+        kind: "thread".into(),
+        state: "active".into(),
+        backend,
+        created_at: now,
+        updated_at: now,
+    };
+    let r = row.clone();
+    k.db.call(move |c| workspace::insert_row(c, &r)).await?;
+    k.workspaces.open(&row).await?;
+    tracing::info!(workspace = %row.id, owner = row.owner_uid, "workspace created");
+    Ok(json!({ "workspace": row.to_json() }))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ListArgs {
+    uid: Option<i64>,
+    state: Option<String>,
+    limit: Option<i64>,
+}
+
+pub async fn list(k: Arc<Kernel>, s: Arc<Session>, a: ListArgs) -> Result<Value, KernelError> {
+    let owner = match a.uid {
+        Some(u) if u != s.identity.uid && !s.identity.is_root() => {
+            return Err(KernelError::PermissionDenied(format!(
+                "workspaces of uid {u}"
+            )));
+        }
+        Some(u) => Some(u),
+        None => Some(s.identity.uid),
+    };
+    let limit = a.limit.unwrap_or(100).clamp(1, 1000);
+    let rows =
+        k.db.call(move |c| workspace::list_rows(c, owner, a.state.as_deref(), limit))
+            .await?;
+    let ws: Vec<Value> = rows.iter().map(WorkspaceRow::to_json).collect();
+    Ok(json!({ "workspaces": ws }))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IdArgs {
+    workspace_id: String,
+}
+
+/// The row of a workspace the caller may use; unknown and foreign
+/// workspaces look the same (403), so ids cannot be probed.
+pub async fn visible_row(
+    k: &Arc<Kernel>,
+    s: &Session,
+    id: &str,
+) -> Result<WorkspaceRow, KernelError> {
+    let wid = id.to_owned();
+    match k.db.call(move |c| workspace::get_row(c, &wid)).await? {
+        Some(row) if vfs::check_workspace(&s.identity, row.owner_uid) => Ok(row),
+        _ => Err(KernelError::AccessDenied {
+            kind: "workspace",
+            id: id.to_owned(),
+        }),
+    }
+}
+
+pub async fn get(k: Arc<Kernel>, s: Arc<Session>, a: IdArgs) -> Result<Value, KernelError> {
+    let row = visible_row(&k, &s, &a.workspace_id).await.ok();
+    Ok(json!({ "workspace": row.map(|r| r.to_json()) }))
+}
+
+pub async fn archive(k: Arc<Kernel>, s: Arc<Session>, a: IdArgs) -> Result<Value, KernelError> {
+    let row = visible_row(&k, &s, &a.workspace_id).await?;
+    let id = row.id.clone();
+    k.db.call(move |c| workspace::set_state(c, &id, "archived"))
+        .await?;
+    k.workspaces.close(&row.id).await;
+    let id = row.id.clone();
+    let row =
+        k.db.call(move |c| workspace::get_row(c, &id))
+            .await?
+            .ok_or_else(|| KernelError::Internal("archived workspace vanished".into()))?;
+    Ok(json!({ "workspace": row.to_json() }))
+}

@@ -1,0 +1,272 @@
+//! Workspaces: a row in the kernel database, a dofs store under
+//! `DATA/workspaces/<id>/dofs.sqlite3`, and a wsd backend (a local child
+//! the kernel starts, or a remote address + token file).
+//!
+//! Each open workspace has one bracket lock: every mutation of its store
+//! (an `fs.write`, a push → exec → pull bracket) holds it, so two brackets
+//! on one workspace never interleave their syncs, while reads go to the
+//! store directly. That lock plays the role of the workspace actor of the
+//! design: one owner at a time, in arrival order (tokio's mutex is fair).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use rusqlite::{Connection, params};
+use serde_json::{Value, json};
+use wsd_dofs::Dofs;
+
+use crate::db::{now_ms, opt};
+use crate::error::KernelError;
+
+/// How a workspace reaches its wsd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    /// The kernel runs `wsd serve` on a unix socket under the workspace dir.
+    Local,
+    /// A wsd already running elsewhere (e.g. in a container).
+    Remote {
+        address: String,
+        token_file: PathBuf,
+    },
+}
+
+/// A `workspaces` row.
+#[derive(Debug, Clone)]
+pub struct WorkspaceRow {
+    pub id: String,
+    pub owner_uid: i64,
+    pub label: Option<String>,
+    pub kind: String,
+    pub state: String,
+    pub backend: Backend,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+impl WorkspaceRow {
+    pub fn is_archived(&self) -> bool {
+        self.state == "archived"
+    }
+
+    /// The seed's `sys.workspace.list` entry shape, plus `backend`.
+    pub fn to_json(&self) -> Value {
+        let backend = match &self.backend {
+            Backend::Local => json!({"kind": "local"}),
+            Backend::Remote { address, .. } => json!({"kind": "remote", "address": address}),
+        };
+        json!({
+            "workspaceId": self.id,
+            "ownerUid": self.owner_uid,
+            "label": self.label,
+            "kind": self.kind,
+            "state": self.state,
+            "createdAt": self.created_at,
+            "updatedAt": self.updated_at,
+            "defaultBranch": "main",
+            "headCommit": null,
+            "activeProcess": null,
+            "processCount": 0,
+            "backend": backend,
+            "path": format!("/workspaces/{}", self.id),
+        })
+    }
+}
+
+const ROW_COLUMNS: &str = "workspace_id, owner_uid, label, kind, state, backend, remote_address,
+    remote_token_file, created_at, updated_at";
+
+fn row_from_sql(r: &rusqlite::Row<'_>) -> rusqlite::Result<WorkspaceRow> {
+    let backend: String = r.get(5)?;
+    let backend = if backend == "remote" {
+        Backend::Remote {
+            address: r.get::<_, Option<String>>(6)?.unwrap_or_default(),
+            token_file: PathBuf::from(r.get::<_, Option<String>>(7)?.unwrap_or_default()),
+        }
+    } else {
+        Backend::Local
+    };
+    Ok(WorkspaceRow {
+        id: r.get(0)?,
+        owner_uid: r.get(1)?,
+        label: r.get(2)?,
+        kind: r.get(3)?,
+        state: r.get(4)?,
+        backend,
+        created_at: r.get(8)?,
+        updated_at: r.get(9)?,
+    })
+}
+
+pub fn insert_row(conn: &Connection, row: &WorkspaceRow) -> Result<(), KernelError> {
+    let (backend, addr, tf) = match &row.backend {
+        Backend::Local => ("local", None, None),
+        Backend::Remote {
+            address,
+            token_file,
+        } => (
+            "remote",
+            Some(address.clone()),
+            Some(token_file.display().to_string()),
+        ),
+    };
+    conn.execute(
+        &format!(
+            "INSERT INTO workspaces({ROW_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+        ),
+        params![
+            row.id,
+            row.owner_uid,
+            row.label,
+            row.kind,
+            row.state,
+            backend,
+            addr,
+            tf,
+            row.created_at,
+            row.updated_at
+        ],
+    )?;
+    Ok(())
+}
+
+pub fn get_row(conn: &Connection, id: &str) -> Result<Option<WorkspaceRow>, KernelError> {
+    opt(conn.query_row(
+        &format!("SELECT {ROW_COLUMNS} FROM workspaces WHERE workspace_id = ?1"),
+        [id],
+        row_from_sql,
+    ))
+}
+
+pub fn list_rows(
+    conn: &Connection,
+    owner: Option<i64>,
+    state: Option<&str>,
+    limit: i64,
+) -> Result<Vec<WorkspaceRow>, KernelError> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {ROW_COLUMNS} FROM workspaces
+         WHERE (?1 IS NULL OR owner_uid = ?1) AND (?2 IS NULL OR state = ?2)
+         ORDER BY created_at DESC, workspace_id LIMIT ?3"
+    ))?;
+    let rows = stmt.query_map(params![owner, state, limit], row_from_sql)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+pub fn set_state(conn: &Connection, id: &str, state: &str) -> Result<(), KernelError> {
+    conn.execute(
+        "UPDATE workspaces SET state = ?2, updated_at = ?3 WHERE workspace_id = ?1",
+        params![id, state, now_ms()],
+    )?;
+    Ok(())
+}
+
+/// An open workspace: its store and its bracket lock.
+#[derive(Debug)]
+pub struct Workspace {
+    pub id: String,
+    pub dir: PathBuf,
+    /// Shared with the sync driver during push/pull (it takes the store as
+    /// `Arc<Mutex<_>>`); everyone else locks it briefly on a blocking task.
+    pub dofs: Arc<Mutex<Dofs>>,
+    /// Held for every mutation and every bracket (see the module docs).
+    pub bracket: tokio::sync::Mutex<crate::syscalls::shell::BackendState>,
+}
+
+/// Open workspaces by id.
+#[derive(Debug)]
+pub struct Workspaces {
+    pub dir: PathBuf,
+    pub wsd_bin: PathBuf,
+    open: Mutex<HashMap<String, Arc<Workspace>>>,
+}
+
+impl Workspaces {
+    pub fn new(dir: PathBuf, wsd_bin: PathBuf) -> Workspaces {
+        Workspaces {
+            dir,
+            wsd_bin,
+            open: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The open workspace `row`, opening its store on first use.
+    pub async fn open(&self, row: &WorkspaceRow) -> Result<Arc<Workspace>, KernelError> {
+        if let Some(w) = self.open.lock().unwrap().get(&row.id) {
+            return Ok(w.clone());
+        }
+        let dir = self.dir.join(&row.id);
+        let d = dir.clone();
+        let dofs = tokio::task::spawn_blocking(move || {
+            std::fs::create_dir_all(&d)
+                .map_err(|e| KernelError::internal(&format!("creating {}", d.display()), e))?;
+            Dofs::open(d.join("dofs.sqlite3")).map_err(|e| {
+                KernelError::internal(&format!("opening the store of {}", d.display()), e)
+            })
+        })
+        .await
+        .map_err(|e| KernelError::internal("opening a workspace", e))??;
+        let w = Arc::new(Workspace {
+            id: row.id.clone(),
+            dofs: Arc::new(Mutex::new(dofs)),
+            bracket: tokio::sync::Mutex::new(crate::syscalls::shell::BackendState::new(
+                &dir,
+                row.backend.clone(),
+            )),
+            dir,
+        });
+        // Two racing opens: the first one in wins, the other store closes.
+        Ok(self
+            .open
+            .lock()
+            .unwrap()
+            .entry(row.id.clone())
+            .or_insert(w)
+            .clone())
+    }
+
+    /// Drops an open workspace (archive), stopping its local wsd.
+    pub async fn close(&self, id: &str) {
+        let w = self.open.lock().unwrap().remove(id);
+        if let Some(w) = w {
+            w.bracket.lock().await.stop().await;
+        }
+    }
+
+    /// Stops every local wsd child.
+    pub async fn shutdown(&self) {
+        let all: Vec<_> = self.open.lock().unwrap().drain().map(|(_, w)| w).collect();
+        for w in all {
+            w.bracket.lock().await.stop().await;
+        }
+    }
+
+    /// Stops local children unused for `idle` whose workspace runs no
+    /// command; a later bracket starts them again. Busy workspaces are
+    /// skipped (their bracket lock is taken).
+    pub async fn stop_idle(&self, idle: std::time::Duration, busy: impl Fn(&str) -> bool) {
+        let all: Vec<_> = self.open.lock().unwrap().values().cloned().collect();
+        for w in all {
+            if busy(&w.id) {
+                continue;
+            }
+            let Ok(mut b) = w.bracket.try_lock() else {
+                continue;
+            };
+            if b.idle_child(idle) {
+                tracing::info!(workspace = %w.id, "stopping an idle local wsd");
+                b.stop().await;
+            }
+        }
+    }
+
+    /// The pid of an open workspace's local wsd child, if running.
+    pub async fn local_pid(&self, id: &str) -> Option<u32> {
+        let w = self.open.lock().unwrap().get(id).cloned()?;
+        w.bracket.lock().await.child_pid()
+    }
+
+    pub fn open_count(&self) -> usize {
+        self.open.lock().unwrap().len()
+    }
+}

@@ -1,0 +1,167 @@
+//! The `gsv` binary: `serve` plus the user CLI against it.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+use crate::harness::wsd_bin;
+
+/// `gsv serve` on a free port; killed when dropped.
+struct Served {
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        // SIGTERM: the kernel stops its wsd children on the way out (a
+        // SIGKILL would orphan them).
+        let _ = Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status();
+        for _ in 0..500 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve() -> Served {
+    serve_in(tempfile::tempdir().unwrap())
+}
+
+fn serve_in(dir: tempfile::TempDir) -> Served {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gsv"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(dir.path().join("data"))
+        .arg("--wsd-bin")
+        .arg(wsd_bin())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .expect(&line)
+        .to_owned();
+    Served {
+        child,
+        url: format!("ws://{addr}/ws"),
+        _dir: dir,
+    }
+}
+
+fn gsv(s: &Served, args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_gsv"))
+        .args(args)
+        .env("GSV_URL", &s.url)
+        .env("GSV_USER", "alice")
+        .env("GSV_PASSWORD", "alice-password")
+        .env_remove("GSV_TOKEN")
+        .output()
+        .unwrap();
+    (out.status.success(), String::from_utf8(out.stdout).unwrap())
+}
+
+#[test]
+fn the_cli_sets_up_creates_a_workspace_writes_runs_and_reads_back() {
+    let s = serve();
+    let (ok, out) = gsv(
+        &s,
+        &[
+            "call",
+            "sys.setup",
+            r#"{"username":"alice","password":"alice-password"}"#,
+        ],
+    );
+    assert!(ok, "{out}");
+    let (ok, ws) = gsv(&s, &["workspace", "create", "--label", "demo"]);
+    assert!(ok);
+    let ws = ws.trim().to_owned();
+    assert!(ws.starts_with("ws_"), "{ws}");
+    let (_, list) = gsv(&s, &["workspace", "list"]);
+    assert!(list.contains(&ws) && list.contains("demo"), "{list}");
+    let args = format!(r#"{{"path":"/workspaces/{ws}/hello.txt","content":"hi from the cli\n"}}"#);
+    assert!(gsv(&s, &["call", "fs.write", &args]).0);
+    let (ok, out) = gsv(
+        &s,
+        &[
+            "exec",
+            &ws,
+            "--",
+            "cat",
+            "hello.txt",
+            "&&",
+            "echo",
+            "ran",
+            ">",
+            "out.txt",
+        ],
+    );
+    assert!(ok, "{out}");
+    assert_eq!(out, "hi from the cli\n");
+    let args = format!(r#"{{"path":"/workspaces/{ws}/out.txt"}}"#);
+    let (ok, out) = gsv(&s, &["call", "fs.read", &args]);
+    assert!(ok);
+    assert!(out.contains("1\\tran"), "{out}");
+    let (ok, out) = gsv(&s, &["exec", &ws, "--", "exit", "7"]);
+    assert!(!ok, "a failing command fails the CLI: {out}");
+    let (ok, out) = gsv(&s, &["call", "no.such.call"]);
+    assert!(!ok && out.contains("403"), "{out}");
+}
+
+#[test]
+fn a_kernel_restarted_after_sigkill_stops_the_wsd_its_predecessor_left() {
+    let mut s = serve();
+    gsv(
+        &s,
+        &[
+            "call",
+            "sys.setup",
+            r#"{"username":"alice","password":"alice-password"}"#,
+        ],
+    );
+    let (_, ws) = gsv(&s, &["workspace", "create"]);
+    let ws = ws.trim().to_owned();
+    assert!(gsv(&s, &["exec", &ws, "--", "true"]).0);
+    let pid_file = s._dir.path().join(format!("data/workspaces/{ws}/wsd.pid"));
+    let old: u32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    s.child.kill().unwrap();
+    s.child.wait().unwrap();
+    assert!(
+        std::path::Path::new(&format!("/proc/{old}")).exists(),
+        "the orphan lives on"
+    );
+    // Take the data dir over to a new kernel (the old handle's Drop then
+    // has nothing left to stop).
+    let dir = std::mem::replace(&mut s._dir, tempfile::tempdir().unwrap());
+    let s2 = serve_in(dir);
+    assert!(gsv(&s2, &["exec", &ws, "--", "true"]).0);
+    let mut gone = false;
+    for _ in 0..500 {
+        let stat = std::fs::read_to_string(format!("/proc/{old}/stat")).unwrap_or_default();
+        // Gone, or a zombie waiting for init to reap it.
+        if stat.is_empty() || stat.contains(") Z ") {
+            gone = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(gone, "the leftover wsd {old} was not stopped");
+}

@@ -1,0 +1,146 @@
+//! Starts a kernel on loopback and hands out logged-in clients.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tempfile::TempDir;
+use tokio::sync::oneshot;
+use wsd_kernel::client::{Credentials, GsvClient, connect_args};
+use wsd_kernel::{Kernel, KernelConfig};
+
+pub const ALICE_PW: &str = "alice-password";
+pub const BOB_PW: &str = "bob-password";
+
+/// A running kernel; stopped when dropped.
+pub struct TestKernel {
+    pub url: String,
+    /// For tests that look inside (e.g. a workspace's wsd child).
+    #[allow(dead_code)]
+    pub kernel: Arc<Kernel>,
+    _dir: TempDir,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl Drop for TestKernel {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+impl TestKernel {
+    /// A fresh kernel in setup mode.
+    pub async fn start() -> TestKernel {
+        TestKernel::start_with(|_| {}).await
+    }
+
+    pub async fn start_with(tune: impl FnOnce(&mut KernelConfig)) -> TestKernel {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = KernelConfig::new(dir.path().join("data"));
+        config.wsd_bin = wsd_bin();
+        tune(&mut config);
+        let kernel = Kernel::open(config).await.unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("ws://{}/ws", listener.local_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let k = kernel.clone();
+        tokio::spawn(async move {
+            wsd_kernel::server::serve(listener, k.clone(), async move {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap();
+            k.shutdown().await;
+        });
+        TestKernel {
+            url,
+            kernel,
+            _dir: dir,
+            stop: Some(stop),
+        }
+    }
+
+    /// A kernel set up with `alice` (and `bob`, created by root).
+    pub async fn with_users() -> TestKernel {
+        let k = TestKernel::start().await;
+        k.setup().await;
+        let mut root = k.login("root", "root-password").await;
+        root.call(
+            "account.create",
+            json!({"kind": "human", "username": "bob", "password": BOB_PW}),
+        )
+        .await
+        .unwrap();
+        root.close().await;
+        k
+    }
+
+    pub async fn setup(&self) {
+        let mut c = self.raw().await;
+        let d = c
+            .call(
+                "sys.setup",
+                json!({"username": "alice", "password": ALICE_PW, "rootPassword": "root-password"}),
+            )
+            .await
+            .unwrap();
+        assert_eq!(d["user"]["username"], "alice");
+        c.close().await;
+    }
+
+    /// An unauthenticated client.
+    pub async fn raw(&self) -> GsvClient {
+        let mut c = GsvClient::connect(&self.url).await.unwrap();
+        c.timeout = Duration::from_secs(30);
+        c
+    }
+
+    pub async fn login(&self, user: &str, pw: &str) -> GsvClient {
+        let mut c = self.raw().await;
+        c.login(user, &Credentials::Password(pw.into()))
+            .await
+            .unwrap();
+        c
+    }
+
+    pub async fn alice(&self) -> GsvClient {
+        self.login("alice", ALICE_PW).await
+    }
+
+    pub async fn bob(&self) -> GsvClient {
+        self.login("bob", BOB_PW).await
+    }
+}
+
+/// The error object of a failed response frame, or a panic.
+pub fn err_of(frame: &Value) -> (i64, String) {
+    assert_eq!(frame["ok"], false, "expected a failure: {frame}");
+    (
+        frame["error"]["code"].as_i64().unwrap(),
+        frame["error"]["message"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// `sys.connect` args as a user with `auth`.
+pub fn user_connect(auth: Value) -> Value {
+    connect_args("test", "user", auth)
+}
+
+/// The `wsd` binary of this target directory (built by `cargo build`).
+pub fn wsd_bin() -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("WSD_BIN") {
+        return p.into();
+    }
+    // target/<profile>/deps/<test> → target/<profile>/wsd; `cargo test
+    // --workspace` builds it (the wsd package has integration tests).
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().and_then(|d| d.parent()).unwrap().join("wsd");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build -p wsd` (or set WSD_BIN)",
+        bin.display()
+    );
+    bin
+}
