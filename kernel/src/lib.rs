@@ -17,6 +17,7 @@ pub mod dispatch;
 pub mod error;
 pub mod frames;
 pub mod kernel;
+pub mod node;
 pub mod server;
 pub mod session;
 pub mod syscalls;
