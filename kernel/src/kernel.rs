@@ -15,6 +15,7 @@ use crate::accounts;
 use crate::db::Db;
 use crate::dispatch::{self, Dispatch};
 use crate::error::KernelError;
+use crate::routing::Router;
 use crate::session::ConnectionPool;
 use crate::workspace::Workspaces;
 
@@ -39,6 +40,8 @@ pub struct KernelConfig {
     pub wsd_bin: PathBuf,
     /// How long `shell.exec` waits for a command before answering `running`.
     pub exec_wait: Duration,
+    /// TTL of a routed call other than `shell.exec` (reference §3.5: 60 s).
+    pub routed_call_ttl: Duration,
 }
 
 impl KernelConfig {
@@ -52,6 +55,7 @@ impl KernelConfig {
             max_frame_bytes: 16 << 20,
             wsd_bin: default_wsd_bin(),
             exec_wait: Duration::from_secs(5),
+            routed_call_ttl: Duration::from_secs(60),
         }
     }
 }
@@ -74,6 +78,8 @@ pub struct Kernel {
     pub system: Arc<Mutex<Dofs>>,
     pub workspaces: Workspaces,
     pub pool: ConnectionPool,
+    /// Live device drivers and routed calls waiting for them.
+    pub router: Router,
     pub dispatch: Dispatch,
     /// Permits for sockets that have not authenticated yet.
     pub pending: Arc<Semaphore>,
@@ -107,6 +113,7 @@ impl Kernel {
             db,
             system,
             pool: ConnectionPool::default(),
+            router: Router::default(),
             dispatch: dispatch::table(),
             login_failures: Mutex::new(HashMap::new()),
         }))
