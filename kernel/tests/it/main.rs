@@ -5,4 +5,5 @@ mod devices;
 mod fs;
 mod handshake;
 mod harness;
+mod node;
 mod workspaces;
