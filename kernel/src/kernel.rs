@@ -42,6 +42,8 @@ pub struct KernelConfig {
     pub exec_wait: Duration,
     /// TTL of a routed call other than `shell.exec` (reference §3.5: 60 s).
     pub routed_call_ttl: Duration,
+    /// A local wsd unused this long (and running nothing) is stopped.
+    pub wsd_idle_stop: Duration,
 }
 
 impl KernelConfig {
@@ -56,6 +58,7 @@ impl KernelConfig {
             wsd_bin: default_wsd_bin(),
             exec_wait: Duration::from_secs(5),
             routed_call_ttl: Duration::from_secs(60),
+            wsd_idle_stop: Duration::from_secs(10 * 60),
         }
     }
 }
@@ -80,6 +83,8 @@ pub struct Kernel {
     pub pool: ConnectionPool,
     /// Live device drivers and routed calls waiting for them.
     pub router: Router,
+    /// Live `shell.exec` sessions.
+    pub sessions: crate::syscalls::shell::Sessions,
     pub dispatch: Dispatch,
     /// Permits for sockets that have not authenticated yet.
     pub pending: Arc<Semaphore>,
@@ -105,7 +110,7 @@ impl Kernel {
             .map_err(|e| KernelError::internal("opening system.dofs", e))?;
         let system = Arc::new(Mutex::new(system));
         crate::syscalls::fs::ensure_dir(&system, "root").await?;
-        Ok(Arc::new(Kernel {
+        let kernel = Arc::new(Kernel {
             workspaces: Workspaces::new(dir.join("workspaces"), config.wsd_bin.clone()),
             pending: Arc::new(Semaphore::new(config.max_pending)),
             connected: Arc::new(Semaphore::new(config.max_connections)),
@@ -114,13 +119,33 @@ impl Kernel {
             system,
             pool: ConnectionPool::default(),
             router: Router::default(),
+            sessions: Default::default(),
             dispatch: dispatch::table(),
             login_failures: Mutex::new(HashMap::new()),
-        }))
+        });
+        tokio::spawn(reap_idle_children(Arc::downgrade(&kernel)));
+        Ok(kernel)
     }
 
     /// Stops local `wsd` children (the kernel is going away).
     pub async fn shutdown(&self) {
         self.workspaces.shutdown().await;
+    }
+}
+
+/// Stops idle local wsd children now and then; ends with the kernel.
+async fn reap_idle_children(kernel: std::sync::Weak<Kernel>) {
+    loop {
+        let every = match kernel.upgrade() {
+            Some(k) => (k.config.wsd_idle_stop / 4)
+                .clamp(Duration::from_millis(50), Duration::from_secs(30)),
+            None => return,
+        };
+        tokio::time::sleep(every).await;
+        let Some(k) = kernel.upgrade() else { return };
+        let idle = k.config.wsd_idle_stop;
+        k.workspaces
+            .stop_idle(idle, |id| k.sessions.running_in(id))
+            .await;
     }
 }

@@ -3,7 +3,8 @@
 //! one SQLite database, serves `fs.*` natively from dofs stores (a system
 //! store for `/home`, `/etc`, … and one per workspace under
 //! `/workspaces/<id>`), and runs commands in workspaces through a `wsd`
-//! backend. The contract is `shared/design/kernel.md`.
+//! backend. [`node`] holds the device-side tools (what a driver answers
+//! `fs.*`/`shell.exec` with). The contract is `shared/design/kernel.md`.
 //!
 //! Calls with `target: <deviceId>` are routed to a device's driver
 //! connection ([`routing`]); `gsv node` is such a driver ([`driver`]).

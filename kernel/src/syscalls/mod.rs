@@ -38,4 +38,5 @@ pub fn register(d: &mut Dispatch) {
     d.add("fs.edit", "fs.edit", fs::edit);
     d.add("fs.delete", "fs.delete", fs::delete);
     d.add("fs.search", "fs.search", fs::search);
+    d.add("shell.exec", "shell.exec", shell::exec);
 }
