@@ -103,6 +103,7 @@ impl Kernel {
             .map_err(|e| KernelError::internal(&format!("creating {}", dir.display()), e))?;
         let db = Db::open(&dir.join("kernel.sqlite3"))?;
         db.call(accounts::bootstrap).await?;
+        db.call(crate::routing::reset_at_start).await?;
         let sys_path = dir.join("system.dofs");
         let system = tokio::task::spawn_blocking(move || Dofs::open(&sys_path))
             .await

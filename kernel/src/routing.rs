@@ -215,6 +215,19 @@ pub fn check_device_owner(c: &Connection, device_id: &str, uid: i64) -> Result<(
     }
 }
 
+/// At start no driver is connected and no caller is waiting: every device
+/// is offline and every route row is stale (its caller's socket died with
+/// the previous kernel).
+pub fn reset_at_start(c: &mut Connection) -> Result<(), KernelError> {
+    let now = now_ms();
+    c.execute(
+        "UPDATE devices SET online = 0, disconnected_at = ?1 WHERE online = 1",
+        [now],
+    )?;
+    c.execute("DELETE FROM routing_table", [])?;
+    Ok(())
+}
+
 /// What a driver's `sys.connect` says about its device.
 #[derive(Debug, Clone)]
 pub struct Registration {
@@ -555,8 +568,9 @@ pub async fn route_to_target(
     route(k, session, call, device, args).await
 }
 
-/// The TTL of a routed call (reference §3.5).
-pub fn ttl(k: &Kernel, call: &str, args: &Map<String, Value>) -> Duration {
+/// The TTL of a routed call (reference §3.5); `default` for every call but
+/// `shell.exec`.
+pub fn ttl(default: Duration, call: &str, args: &Map<String, Value>) -> Duration {
     if call == "shell.exec" {
         return match args.get("timeout").and_then(Value::as_f64) {
             Some(t) if t.is_finite() && t > 0.0 => {
@@ -566,7 +580,7 @@ pub fn ttl(k: &Kernel, call: &str, args: &Map<String, Value>) -> Duration {
             _ => SHELL_TTL_CAP,
         };
     }
-    k.config.routed_call_ttl
+    default
 }
 
 /// Ends a route that is dropped before its answer (caller cancelled or
@@ -633,7 +647,7 @@ async fn route(
             "No active connection for device: {dev}"
         )));
     };
-    let ttl = ttl(k, call, &args);
+    let ttl = ttl(k.config.routed_call_ttl, call, &args);
     let id = format!("rt_{}", accounts::random_hex(12));
     let now = now_ms();
     let row = (
@@ -755,4 +769,69 @@ async fn remember_session(
         Ok(())
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(v: Value) -> Map<String, Value> {
+        v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn a_routed_shell_exec_lives_its_timeout_plus_ten_seconds_capped_at_eleven_minutes() {
+        let d = Duration::from_secs(60);
+        let t = |v| ttl(d, "shell.exec", &args(v));
+        assert_eq!(t(json!({"timeout": 120_000})), Duration::from_secs(130));
+        assert_eq!(t(json!({})), SHELL_TTL_CAP);
+        assert_eq!(t(json!({"timeout": -5})), SHELL_TTL_CAP);
+        assert_eq!(t(json!({"timeout": 10_000_000})), SHELL_TTL_CAP);
+        assert_eq!(ttl(d, "fs.read", &args(json!({"timeout": 1}))), d);
+    }
+
+    fn ident(uid: i64, gids: &[i64]) -> ProcessIdentity {
+        ProcessIdentity {
+            uid,
+            gid: uid,
+            gids: gids.to_vec(),
+            username: format!("u{uid}"),
+            home: "/".into(),
+            cwd: "/".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_device_is_visible_to_root_its_owner_and_its_acl_groups_only() {
+        let db = crate::db::Db::open_in_memory().unwrap();
+        db.call(|c| {
+            c.execute_batch(
+                "INSERT INTO devices(device_id, owner_uid, online, first_seen_at, last_seen_at)
+                    VALUES ('d', 1000, 1, 0, 0);
+                 INSERT INTO device_access VALUES ('d', 500);
+                 INSERT INTO routing_table(id, call, origin_type, origin_id, device_id, created_at)
+                    VALUES ('stale', 'fs.read', 'connection', 'c', 'd', 0);",
+            )?;
+            for (who, ok) in [
+                (ident(0, &[0]), true),
+                (ident(1000, &[1000, 100]), true),
+                (ident(1001, &[1001, 500]), true),
+                (ident(1002, &[1002, 100]), false),
+            ] {
+                assert_eq!(visible_device(c, "d", &who).is_ok(), ok, "{who:?}");
+            }
+            assert!(matches!(
+                visible_device(c, "missing", &ident(0, &[0])),
+                Err(KernelError::AccessDenied { .. })
+            ));
+            reset_at_start(c)?;
+            assert!(!get_device(c, "d")?.unwrap().online);
+            let routes: i64 =
+                c.query_row("SELECT count(*) FROM routing_table", [], |r| r.get(0))?;
+            assert_eq!(routes, 0);
+            Ok(())
+        })
+        .await
+        .unwrap();
+    }
 }
