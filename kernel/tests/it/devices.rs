@@ -581,7 +581,7 @@ async fn expired_device_sessions_are_pruned_and_unknown() {
         .request("shell.exec", json!({"sessionId": "old"}))
         .await
         .unwrap();
-    assert_eq!(f["ok"], false, "an expired session is not continued: {f}");
+    assert_eq!(err_of(&f), (404, "Unknown shell session: old".into()));
     let left: i64 = k
         .kernel
         .db
