@@ -649,6 +649,15 @@ async fn route(
     };
     let ttl = ttl(k.config.routed_call_ttl, call, &args);
     let id = format!("rt_{}", accounts::random_hex(12));
+    // Armed before the row exists: a caller dropped at any await below
+    // leaves neither a row nor a waiting entry behind.
+    let mut guard = RouteGuard {
+        k: k.clone(),
+        id: id.clone(),
+        reason: "Request cancelled",
+        done: false,
+    };
+    let deadline = tokio::time::Instant::now() + ttl;
     let now = now_ms();
     let row = (
         id.clone(),
@@ -684,25 +693,27 @@ async fn route(
             answer: answer_tx,
         },
     );
-    let mut guard = RouteGuard {
-        k: k.clone(),
-        id: id.clone(),
-        reason: "Request cancelled",
-        done: false,
-    };
     let frame = json!({"type": "req", "id": id, "call": call, "args": args});
-    if driver
-        .tx
-        .send(Outgoing::Text(frame.to_string()))
-        .await
-        .is_err()
+    // The driver's queue is bounded; a driver that stops reading costs
+    // this caller its TTL, never more.
+    match tokio::time::timeout_at(deadline, driver.tx.send(Outgoing::Text(frame.to_string()))).await
     {
-        return Err(KernelError::Unavailable(format!(
-            "Device disconnected: {dev}"
-        )));
+        Ok(Ok(())) => {}
+        Ok(Err(_)) => {
+            return Err(KernelError::Unavailable(format!(
+                "Device disconnected: {dev}"
+            )));
+        }
+        Err(_) => {
+            guard.reason = "Request timed out";
+            return Err(KernelError::DeviceTimeout {
+                call: call.to_owned(),
+                device: dev,
+            });
+        }
     }
     tracing::debug!(route = %id, %call, device = %dev, ?ttl, "routed");
-    let answer = match tokio::time::timeout(ttl, answer_rx).await {
+    let answer = match tokio::time::timeout_at(deadline, answer_rx).await {
         Err(_) => {
             guard.reason = "Request timed out";
             return Err(KernelError::DeviceTimeout {
@@ -755,8 +766,8 @@ async fn remember_session(
     k.db.call(move |c| {
         let now = now_ms();
         let exp = now + SESSION_TTL.as_millis() as i64;
-        // A session id reused on another device or by another owner is a
-        // new session: the row is replaced, never shared.
+        // A session id already recorded for another device or owner is
+        // left as it is: an answer never hands someone else's session over.
         c.execute(
             "INSERT INTO device_shell_sessions(session_id, device_id, owner_uid, status,
                  exit_code, error, created_at, updated_at, expires_at)
