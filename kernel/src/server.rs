@@ -15,7 +15,7 @@ use axum::extract::{ConnectInfo, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response as HttpResponse};
 use axum::routing::get;
-use futures::{SinkExt, StreamExt};
+use futures::{FutureExt, SinkExt, StreamExt};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use tokio::net::TcpListener;
@@ -36,6 +36,8 @@ use crate::session::{Outgoing, Role, Session};
 /// Frames queued for one socket's writer; a full queue makes that
 /// connection's own requests wait, nobody else's.
 const OUTBOUND_QUEUE: usize = 64;
+/// (user, address) pairs whose failures are remembered at most.
+const MAX_TRACKED_LOGIN_FAILURES: usize = 10_000;
 /// Longest delay added to a failed login (it doubles per failure from 100 ms).
 const MAX_LOGIN_DELAY: Duration = Duration::from_secs(2);
 
@@ -277,7 +279,14 @@ impl Connection {
                 true
             } else {
                 let task = tokio::spawn(async move {
-                    let r = Dispatch::run(entry, k, session, &call, args).await;
+                    // A panicking handler still answers (500) and frees its id.
+                    let r =
+                        std::panic::AssertUnwindSafe(Dispatch::run(entry, k, session, &call, args))
+                            .catch_unwind()
+                            .await
+                            .unwrap_or_else(|_| {
+                                Err(KernelError::Internal(format!("{call} failed unexpectedly")))
+                            });
                     // Removed by a cancel already: the caller must not get
                     // a late answer.
                     if map.lock().unwrap().remove(&rid).is_none() {
@@ -493,6 +502,11 @@ impl Connection {
             Err(KernelError::AuthFailed(_)) => {
                 let n = {
                     let mut f = k.login_failures.lock().unwrap();
+                    // Bounded: a flood of distinct names forgets old counts
+                    // rather than growing without limit.
+                    if f.len() >= MAX_TRACKED_LOGIN_FAILURES {
+                        f.clear();
+                    }
                     let n = f.entry(throttle_key).or_insert(0);
                     *n = n.saturating_add(1);
                     *n

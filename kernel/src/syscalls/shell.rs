@@ -30,18 +30,15 @@ use crate::session::Session;
 use crate::vfs::{self, Place};
 use crate::workspace::{Backend, Workspace};
 
-/// Characters of output kept per command (the tail), as the seed.
-pub const MAX_OUTPUT_CHARS: usize = 200_000;
-/// Default command timeout when the caller gives none (the reference
-/// node's 5 minutes).
-const DEFAULT_TIMEOUT_MS: u64 = 5 * 60 * 1000;
-/// Bounds of the caller's `yieldMs` wait.
-const MIN_YIELD: Duration = Duration::from_millis(50);
-const MAX_YIELD: Duration = Duration::from_secs(30);
+// The seed's limits are defined once, with the node tools that answer the
+// same call on devices: the output cap, the default timeout and how long a
+// finished result waits for its poll.
+pub use crate::node::{
+    COMPLETED_SESSION_RETENTION as FINISHED_SESSION_KEEP, DEFAULT_TIMEOUT_MS, MAX_OUTPUT_CHARS,
+    MAX_YIELD_MS, MIN_YIELD_MS,
+};
 /// How long a finished session's row is kept.
 const SESSION_ROW_TTL_MS: i64 = 24 * 3600 * 1000;
-/// How long a finished session's result waits for its poll in memory.
-const FINISHED_SESSION_KEEP: Duration = Duration::from_secs(10 * 60);
 /// The name the kernel's watermarks are kept under in every wsd.
 const WSD_PEER: &str = "gsv-kernel";
 
@@ -461,7 +458,10 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<Value,
         .yield_ms
         .map(Duration::from_millis)
         .unwrap_or(k.config.exec_wait)
-        .clamp(MIN_YIELD, MAX_YIELD);
+        .clamp(
+            Duration::from_millis(MIN_YIELD_MS),
+            Duration::from_millis(MAX_YIELD_MS),
+        );
     if let Some(sid) = a
         .session_id
         .as_deref()
@@ -739,4 +739,66 @@ fn op_error(message: &str) -> Value {
 
 fn failed_before_run(error: &str) -> Value {
     json!({"status": "failed", "output": "", "error": error})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session() -> ShellSession {
+        ShellSession {
+            id: "sh_t".into(),
+            owner_uid: 1000,
+            workspace_id: "ws_t".into(),
+            state: Mutex::default(),
+            changed: Notify::new(),
+        }
+    }
+
+    #[test]
+    fn the_tail_keeps_the_last_characters_and_flags_truncation() {
+        let mut t = TailText::default();
+        t.push(&"a".repeat(MAX_OUTPUT_CHARS));
+        assert!(!t.truncated);
+        t.push("é end");
+        assert!(t.truncated);
+        assert_eq!(t.chars, MAX_OUTPUT_CHARS);
+        assert_eq!(t.text.chars().count(), MAX_OUTPUT_CHARS);
+        assert!(t.text.ends_with("é end"));
+    }
+
+    #[test]
+    fn a_character_split_across_events_is_joined_not_mangled() {
+        let s = session();
+        let bytes = "né".as_bytes();
+        s.append(&bytes[..2]);
+        s.append(&bytes[2..]);
+        let st = s.state.lock().unwrap();
+        assert_eq!(st.output.text, "né");
+        assert!(st.carry.is_empty());
+    }
+
+    #[tokio::test]
+    async fn waiting_answers_running_with_pending_output_then_the_final_result() {
+        let s = session();
+        s.append(b"first ");
+        let (v, over) = s.wait(Duration::from_millis(10)).await;
+        assert!(!over);
+        assert_eq!(
+            v,
+            json!({"status": "running", "sessionId": "sh_t", "output": "first "})
+        );
+        s.append(b"second");
+        s.finish(Outcome::Completed {
+            exit_code: 0,
+            changes: vec![],
+        });
+        let (v, over) = s.wait(Duration::from_secs(5)).await;
+        assert!(over);
+        assert_eq!(v["status"], "completed");
+        assert_eq!(
+            v["output"], "first second",
+            "the final result carries all output"
+        );
+    }
 }
