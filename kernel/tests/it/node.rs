@@ -291,3 +291,59 @@ fn write_private(path: &Path, text: &str) {
         .unwrap();
     std::io::Write::write_all(&mut f, text.as_bytes()).unwrap();
 }
+
+#[tokio::test]
+async fn a_caller_cancelling_a_routed_command_kills_it_on_the_node() {
+    let k = TestKernel::with_users().await;
+    let mut alice = k.alice().await;
+    let node = start_node(&k, &mut alice, "node1").await;
+    let pidfile = node.root.path().join("pid");
+    alice
+        .send_request(
+            "long",
+            "shell.exec",
+            json!({"target": "node1", "input": "echo $$ > pid; exec sleep 60", "yieldMs": 30000}),
+        )
+        .await
+        .unwrap();
+    let mut pid = String::new();
+    for _ in 0..500 {
+        pid = std::fs::read_to_string(&pidfile)
+            .unwrap_or_default()
+            .trim()
+            .to_owned();
+        if !pid.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!pid.is_empty(), "the command never started");
+    let proc_dir = std::path::PathBuf::from(format!("/proc/{pid}"));
+    assert!(proc_dir.exists());
+    alice
+        .send_text(
+            json!({"type": "sig", "signal": "request.cancel", "payload": {"id": "long"}})
+                .to_string(),
+        )
+        .await
+        .unwrap();
+    // The kill is asynchronous; wait (bounded) for the process to go.
+    let mut alive = true;
+    for _ in 0..500 {
+        let state = std::fs::read_to_string(proc_dir.join("stat")).unwrap_or_default();
+        // Gone, or a zombie waiting to be reaped.
+        if state.is_empty() || state.contains(") Z ") {
+            alive = false;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!alive, "the cancelled command is still running");
+    // And the caller never gets an answer for it.
+    alice
+        .send_request("after", "sys.device.list", json!({}))
+        .await
+        .unwrap();
+    let next = alice.recv().await.unwrap();
+    assert_eq!(next["id"], "after", "a cancelled call was answered: {next}");
+}
