@@ -332,6 +332,8 @@ struct SessionState {
 #[derive(Debug)]
 pub struct ShellSession {
     pub id: String,
+    /// The wsd connection the command runs on (for stdin writes).
+    handle: Option<WsdHandle>,
     pub owner_uid: i64,
     pub workspace_id: String,
     state: Mutex<SessionState>,
@@ -494,11 +496,10 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<Value,
         command: a.input.clone(),
         cwd: sub.map(|p| p.into_string()),
         id: Some(session_id.clone()),
-        timeout_ms: match a.timeout {
-            Some(0) => None,
-            Some(t) => Some(t),
-            None => Some(DEFAULT_TIMEOUT_MS),
-        },
+        // `Some(0)` disables the timeout, as the caller's `timeout: 0`.
+        timeout_ms: Some(a.timeout.unwrap_or(DEFAULT_TIMEOUT_MS)),
+        // Kept open so later calls with the sessionId can write to it.
+        stdin_open: true,
         ..ExecRequest::default()
     };
     // The bracket's first half, under the workspace lock.
@@ -518,6 +519,7 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<Value,
     };
     let session = Arc::new(ShellSession {
         id: session_id.clone(),
+        handle: Some(started.0.clone()),
         owner_uid: s.identity.uid,
         workspace_id: row.id.clone(),
         state: Mutex::default(),
@@ -580,9 +582,19 @@ async fn continue_session(
         return Err(KernelError::UnknownSession(sid.to_owned()));
     }
     if !input.is_empty() {
-        return Ok(op_error(
-            "writing stdin to a running command is not supported yet: the wsd client has no write_stdin",
-        ));
+        let finished = session.state.lock().unwrap().outcome.is_some();
+        let written = match (&session.handle, finished) {
+            (Some(h), false) => h
+                .write_stdin(&session.id, input.as_bytes().to_vec())
+                .await
+                .map_err(|e| e.to_string()),
+            _ => Err("the command already exited".to_owned()),
+        };
+        if let Err(e) = written {
+            return Ok(op_error(&format!(
+                "stdin is closed for shell session: {sid} ({e})"
+            )));
+        }
     }
     Ok(answer(k, &session, budget).await)
 }
@@ -748,6 +760,7 @@ mod tests {
     fn session() -> ShellSession {
         ShellSession {
             id: "sh_t".into(),
+            handle: None,
             owner_uid: 1000,
             workspace_id: "ws_t".into(),
             state: Mutex::default(),
