@@ -353,8 +353,10 @@ interface Shell {
   # Errors: ENOENT, ELOG_TRUNCATED, ELIMIT (subscribers per exec), EIO.
 
   killExec @2 (id :Text, signal :Signal) -> ();
-  # Signals the exec's whole process group (the default is `term`). A
-  # no-op once it exited. Unknown id: ENOENT.
+  # Signals the exec's whole process group (the default is `term`).
+  # Unknown id: ENOENT. An exec that is no longer running (exited, or lost
+  # with a previous daemon): ENOENT "... is not running", since nothing was
+  # signalled.
   # Errors: ENOENT, EINVAL (a signal this build does not know), EIO.
 
   disposeExec @3 (id :Text) -> ();

@@ -48,6 +48,7 @@ impl Daemon {
             token: None,
             store: wsd::store::StoreOptions::default(),
             exec_log_cap: None,
+            handshake_timeout: None,
         };
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();

@@ -209,6 +209,7 @@ impl Daemon {
             token: None,
             store: StoreOptions::default(),
             exec_log_cap: None,
+            handshake_timeout: None,
         };
         let (addr_tx, addr_rx) = mpsc::channel();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -78,27 +78,10 @@ fn sync_subject(e: &SyncError) -> Option<String> {
 
 impl From<SyncError> for WsdError {
     fn from(e: SyncError) -> WsdError {
-        let code = e.code();
-        let subject = sync_subject(&e);
-        if let SyncError::Remote { message, .. } = e {
-            return WsdError {
-                code,
-                message,
-                subject,
-            };
-        }
-        // `SyncError`'s messages start with their code (its `Display` is
-        // the contract's text); keep the code once, in the field.
-        let text = e.to_string();
-        let prefix = format!("{code}: ");
-        let message = text
-            .strip_prefix(&prefix)
-            .map(str::to_owned)
-            .unwrap_or(text);
         WsdError {
-            code,
-            message,
-            subject,
+            code: e.code(),
+            message: e.detail(),
+            subject: sync_subject(&e),
         }
     }
 }

@@ -144,7 +144,10 @@ impl Conn {
     }
 
     fn remote_name(&self) -> String {
-        self.endpoint.to_string()
+        match &self.opts.remote_name {
+            Some(name) => name.clone(),
+            None => self.endpoint.to_string(),
+        }
     }
 }
 
@@ -245,8 +248,8 @@ impl WsdHandle {
     /// Pushes every local change of `store` (compared with the daemon's
     /// watermarks once per connection first), holding `store`'s mutex for
     /// the whole run. The local store keeps the daemon's watermarks under
-    /// the endpoint's text. Rerun after a failure: it resumes after the
-    /// last acknowledged batch.
+    /// [`ClientOptions::remote_name`] (default: the endpoint's text). Rerun
+    /// after a failure: it resumes after the last acknowledged batch.
     pub async fn push<S: Store + Send + 'static>(
         &self,
         store: Arc<Mutex<S>>,
@@ -287,6 +290,17 @@ impl WsdHandle {
             Ok(PullReport { sync, applied })
         })
         .await
+    }
+
+    /// One round both ways: a pull, then a push (the order `wsd sync`
+    /// uses, so the daemon's changes land before ours are sent).
+    pub async fn sync<S: Store + Send + 'static>(
+        &self,
+        store: Arc<Mutex<S>>,
+    ) -> Result<(PullReport, PushReport), WsdError> {
+        let pulled = self.pull(store.clone()).await?;
+        let pushed = self.push(store).await?;
+        Ok((pulled, pushed))
     }
 
     /// The daemon's watermarks for our peer name.
@@ -361,7 +375,8 @@ impl WsdHandle {
         .await
     }
 
-    /// Sends `signal` to exec `id`'s process group (a no-op once it exited).
+    /// Sends `signal` to exec `id`'s process group; `ENOENT` once it is no
+    /// longer running (nothing was signalled).
     pub async fn kill(&self, id: &str, signal: Signal) -> Result<(), WsdError> {
         let id = id.to_owned();
         self.run(move |conn| async move {

@@ -81,6 +81,11 @@ pub struct ClientOptions {
     pub handshake_timeout: Duration,
     /// Default [`DEFAULT_CALL_TIMEOUT`] (60 s).
     pub call_timeout: Duration,
+    /// The name the *local* store keeps this daemon's watermarks under
+    /// when a [`crate::WsdHandle`] pushes or pulls. `None` (the default):
+    /// the endpoint's text. Set it when one workspace may be reached at
+    /// different addresses, so its watermarks follow the workspace.
+    pub remote_name: Option<String>,
 }
 
 impl Default for ClientOptions {
@@ -91,6 +96,7 @@ impl Default for ClientOptions {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             call_timeout: DEFAULT_CALL_TIMEOUT,
+            remote_name: None,
         }
     }
 }
@@ -104,6 +110,7 @@ impl std::fmt::Debug for ClientOptions {
             .field("connect_timeout", &self.connect_timeout)
             .field("handshake_timeout", &self.handshake_timeout)
             .field("call_timeout", &self.call_timeout)
+            .field("remote_name", &self.remote_name)
             .finish()
     }
 }

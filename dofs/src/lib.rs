@@ -73,6 +73,9 @@ impl Dofs {
 }
 
 #[cfg(test)]
+mod contract;
+
+#[cfg(test)]
 pub(crate) mod test_util {
     use wsd_sync::SyncPath;
 

@@ -67,48 +67,100 @@ impl std::fmt::Display for ErrorCode {
 
 /// Errors of the sync core and of the stores that implement it. Every variant
 /// maps to exactly one [`ErrorCode`]; the message names the path or hash at
-/// fault.
+/// fault. `Display` is `"{code}: {detail}"` ([`SyncError::detail`] is the
+/// part after the code), so a wire error is built from the parts, never by
+/// cutting a display string.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SyncError {
-    #[error("ENOENT: {path}: no such file or directory")]
-    NotFound { path: String },
-    #[error("EUNKNOWN_HASH: object {hash} is not held{}", .path.as_ref().map(|p| format!(" (needed by {p})")).unwrap_or_default())]
-    UnknownHash { hash: Hash, path: Option<String> },
-    #[error("EINVAL: {path:?}: {reason}")]
-    InvalidPath { path: String, reason: &'static str },
-    #[error("EINVAL: {0}")]
+    NotFound {
+        path: String,
+    },
+    UnknownHash {
+        hash: Hash,
+        path: Option<String>,
+    },
+    InvalidPath {
+        path: String,
+        reason: &'static str,
+    },
     Invalid(String),
-    #[error("ELIMIT: {limit} is {max}, got {got}")]
     Limit {
         limit: &'static str,
         max: u64,
         got: u64,
     },
-    #[error("EPROTOCOL: object {hash} does not match its bytes (sha256 is {actual})")]
-    HashMismatch { hash: Hash, actual: Hash },
-    #[error("EPROTOCOL: {0}")]
+    HashMismatch {
+        hash: Hash,
+        actual: Hash,
+    },
     Protocol(String),
-    #[error(
-        "EPROTOCOL: cross-side invariant violated: remote applied push cursor {applied} is behind our push cursor {pushed}"
-    )]
     InvariantViolated {
         applied: ChangeCursor,
         pushed: ChangeCursor,
     },
-    #[error("EIO: {context}: {source}")]
     Io {
         context: String,
         source: std::io::Error,
     },
-    #[error("EIO: {0}")]
     Storage(String),
     /// An error that arrived over the wire, with its code preserved.
-    #[error("{code}: {message}")]
-    Remote { code: ErrorCode, message: String },
+    Remote {
+        code: ErrorCode,
+        message: String,
+    },
+}
+
+impl std::fmt::Display for SyncError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: ", self.code())?;
+        self.fmt_detail(f)
+    }
+}
+
+/// [`SyncError::fmt_detail`] as a `Display`.
+struct Detail<'a>(&'a SyncError);
+
+impl std::fmt::Display for Detail<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt_detail(f)
+    }
 }
 
 impl SyncError {
+    /// The message without its code: what a wire error carries.
+    pub fn detail(&self) -> String {
+        Detail(self).to_string()
+    }
+
+    fn fmt_detail(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SyncError::NotFound { path } => write!(f, "{path}: no such file or directory"),
+            SyncError::UnknownHash { hash, path } => {
+                write!(f, "object {hash} is not held")?;
+                match path {
+                    Some(p) => write!(f, " (needed by {p})"),
+                    None => Ok(()),
+                }
+            }
+            SyncError::InvalidPath { path, reason } => write!(f, "{path:?}: {reason}"),
+            SyncError::Invalid(m) | SyncError::Protocol(m) | SyncError::Storage(m) => {
+                f.write_str(m)
+            }
+            SyncError::Limit { limit, max, got } => write!(f, "{limit} is {max}, got {got}"),
+            SyncError::HashMismatch { hash, actual } => write!(
+                f,
+                "object {hash} does not match its bytes (sha256 is {actual})"
+            ),
+            SyncError::InvariantViolated { applied, pushed } => write!(
+                f,
+                "cross-side invariant violated: remote applied push cursor {applied} is behind our push cursor {pushed}"
+            ),
+            SyncError::Io { context, source } => write!(f, "{context}: {source}"),
+            SyncError::Remote { message, .. } => f.write_str(message),
+        }
+    }
+
     pub fn code(&self) -> ErrorCode {
         match self {
             SyncError::NotFound { .. } => ErrorCode::NotFound,
@@ -140,5 +192,32 @@ impl SyncError {
             });
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_display_is_the_code_then_the_detail() {
+        let errors = [
+            SyncError::NotFound { path: "a/b".into() },
+            SyncError::Invalid("bad".into()),
+            SyncError::Limit {
+                limit: "entries per push",
+                max: 4,
+                got: 5,
+            },
+            SyncError::Remote {
+                code: ErrorCode::Auth,
+                message: "no".into(),
+            },
+        ];
+        for e in errors {
+            assert_eq!(e.to_string(), format!("{}: {}", e.code(), e.detail()));
+        }
+        let e = SyncError::NotFound { path: "a/b".into() };
+        assert_eq!(e.to_string(), "ENOENT: a/b: no such file or directory");
     }
 }

@@ -9,6 +9,10 @@
 //! It deliberately knows nothing of SQLite, sockets or Cap'n Proto: stores
 //! live in `wsd-dofs` and `wsd`, the wire lives in `wsd-schema` and `wsd`.
 //! CI checks that this crate never depends on `rusqlite` or `capnp`.
+//!
+//! The `testkit` feature (for dev-dependencies) adds [`testkit`]: the
+//! `Store` contract as a conformance suite and a reference-model property
+//! test that every store implementation runs, and the in-memory `MemStore`.
 
 pub mod chunk;
 mod cursor;
@@ -22,6 +26,8 @@ pub mod manifest;
 mod path;
 mod remote;
 mod store;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 
 pub use cursor::ChangeCursor;
 pub use entry::{ChangeEntry, ChunkRef, EntryState, Kind, MODE_MASK};

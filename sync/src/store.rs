@@ -89,6 +89,8 @@ pub struct ChangesQuery<'a> {
 }
 
 /// A sync peer's storage: everything the driver and the RPC server need.
+/// The rules every implementation keeps are stated once in ARCHITECTURE.md
+/// ("The Store contract") and checked by `testkit` (feature `testkit`).
 ///
 /// Implementations: `wsd_dofs::Dofs` (all in SQLite) and `wsd`'s workspace
 /// store (a real directory plus a SQLite index). Every method that mutates
@@ -161,10 +163,13 @@ pub trait Store {
     }
 
     /// Sets the push cursor for `remote` (forward after a push, or back to
-    /// zero for a re-baseline).
+    /// zero for a re-baseline). Beyond the current rev it is `EINVAL`;
+    /// moving it back clears `remote`'s echo markers in the same
+    /// transaction (it lost state, so nothing we hold is its echo).
     fn set_push_cursor(&mut self, remote: &str, cursor: &ChangeCursor) -> Result<(), SyncError>;
 
     /// Sets the fetch cursor for `remote` exactly (used to reset it to zero
-    /// when the remote's log turned out shorter than our cursor).
+    /// when the remote's log turned out shorter than our cursor); moving it
+    /// back clears `remote`'s echo markers as for the push cursor.
     fn set_fetch_cursor(&mut self, remote: &str, cursor: &ChangeCursor) -> Result<(), SyncError>;
 }

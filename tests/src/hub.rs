@@ -151,6 +151,7 @@ impl InProcessDaemon {
             listen: vec!["127.0.0.1:0".into()],
             token: None,
             exec_log_cap: None,
+            handshake_timeout: None,
             store: wsd::store::StoreOptions::default(),
         };
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();

@@ -409,3 +409,30 @@ pub fn find_named(root: &Path, prefix: &str) -> Vec<String> {
     go(root, root, prefix, &mut out);
     out
 }
+
+/// Runs `cmd` to completion with its output captured, failing the test if
+/// it is still running after `limit` (it is killed first), so a command
+/// that would hang turns into a failure instead of a stuck test.
+pub fn output_within(cmd: &mut Command, limit: Duration) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let deadline = Instant::now() + limit;
+    loop {
+        if child.try_wait().expect("wait").is_some() {
+            return child.wait_with_output().expect("collect output");
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("collect output");
+            panic!(
+                "{cmd:?} still running after {limit:?}; stderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -2,10 +2,12 @@
 //! real directories compared byte for byte (content, modes, symlinks).
 
 use std::os::unix::fs::{PermissionsExt, symlink};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
-use wsd_tests::{Daemon, bytes, make_tree, tree_digest, write};
+use wsd_tests::{Daemon, bytes, make_tree, output_within, tree_digest, write, wsd_bin};
 
 struct Env {
     tmp: TempDir,
@@ -269,4 +271,311 @@ fn a_restarted_daemon_keeps_its_state() {
     let pulled = e.daemon.transfer("pull", &e.local);
     assert_eq!(n(&pulled, "entries"), 1, "{pulled}");
     assert_eq!(tree_digest(&e.local), tree_digest(&e.served));
+}
+
+#[test]
+fn two_hundred_idle_connections_do_not_stop_a_push() {
+    let e = setup();
+    let idle: Vec<_> = (0..200)
+        .map(|_| std::net::TcpStream::connect(&e.daemon.addr).unwrap())
+        .collect();
+    make_tree(&e.local, 30, 11);
+    // Bounded: before the handshake deadline and the separate cap on
+    // unauthenticated peers, this push waited forever behind the idle ones.
+    let out = output_within(
+        Command::new(wsd_bin()).args([
+            "push",
+            e.local.to_str().unwrap(),
+            "--remote",
+            &e.daemon.addr,
+        ]),
+        LIMIT,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(tree_digest(&e.local), tree_digest(&e.served));
+    drop(idle);
+}
+
+/// Bounds each `wsd` run below: a daemon that should refuse to start but
+/// serves instead fails the test rather than hanging it.
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn serve_cmd(root: &Path, state: &Path, listen: &str) -> Command {
+    let mut cmd = Command::new(wsd_bin());
+    cmd.args(["serve", "--listen", listen])
+        .arg("--root")
+        .arg(root)
+        .arg("--state")
+        .arg(state)
+        .env_remove("WSD_TOKEN")
+        .env_remove("WSD_TOKEN_FILE");
+    cmd
+}
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn a_second_daemon_on_the_same_root_or_state_refuses_to_start_and_creates_no_database() {
+    let e = setup();
+    let other_state = e.tmp.path().join("other-state");
+    let out = output_within(
+        &mut serve_cmd(&e.served, &other_state, "127.0.0.1:0"),
+        LIMIT,
+    );
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("already running"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(e.served.to_str().unwrap()),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!other_state.join("exec.sqlite3").exists());
+    assert!(!other_state.join("index.sqlite3").exists());
+
+    let other_root = e.tmp.path().join("other-root");
+    std::fs::create_dir(&other_root).unwrap();
+    let out = output_within(
+        &mut serve_cmd(&other_root, &e.daemon.state, "127.0.0.1:0"),
+        LIMIT,
+    );
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("already running"), "{}", stderr(&out));
+    // The first daemon is unharmed.
+    make_tree(&e.local, 5, 4);
+    e.daemon.transfer("push", &e.local);
+    assert_eq!(tree_digest(&e.local), tree_digest(&e.served));
+}
+
+#[test]
+fn a_daemon_that_cannot_bind_creates_no_database() {
+    let tmp = tempfile::tempdir().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let state = tmp.path().join("state");
+    let out = output_within(
+        &mut serve_cmd(&tmp.path().join("root"), &state, &addr),
+        LIMIT,
+    );
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains(&addr), "{}", stderr(&out));
+    assert!(!state.join("exec.sqlite3").exists());
+    assert!(!state.join("index.sqlite3").exists());
+}
+
+/// A child process killed (SIGKILL) and reaped when dropped, so a failing
+/// assertion does not leak a daemon.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `wsd serve` on a unix socket and waits until the socket answers.
+fn serve_unix(root: &Path, state: &Path, sock: &Path) -> KillOnDrop {
+    let mut child = serve_cmd(root, state, &format!("unix:{}", sock.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + LIMIT;
+    while std::os::unix::net::UnixStream::connect(sock).is_err() {
+        if child.try_wait().unwrap().is_some() || Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("wsd serve did not listen on {sock:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    KillOnDrop(child)
+}
+
+fn exec_echo(sock: &Path) -> std::process::Output {
+    output_within(
+        Command::new(wsd_bin()).args([
+            "exec",
+            "--remote",
+            &format!("unix:{}", sock.display()),
+            "--",
+            "echo",
+            "alive",
+        ]),
+        LIMIT,
+    )
+}
+
+#[test]
+fn a_live_unix_socket_is_never_taken_over_and_a_stale_one_is_replaced() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sock = tmp.path().join("wsd.sock");
+    let first = serve_unix(&tmp.path().join("r1"), &tmp.path().join("s1"), &sock);
+
+    let out = output_within(
+        &mut serve_cmd(
+            &tmp.path().join("r2"),
+            &tmp.path().join("s2"),
+            &format!("unix:{}", sock.display()),
+        ),
+        LIMIT,
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("already listening"),
+        "{}",
+        stderr(&out)
+    );
+    let out = exec_echo(&sock);
+    assert!(
+        out.status.success(),
+        "the first daemon lost its socket: {}",
+        stderr(&out)
+    );
+    assert_eq!(out.stdout, b"alive\n");
+
+    // A crash leaves the socket file behind with nobody listening.
+    drop(first);
+    assert!(sock.exists());
+    let _second = serve_unix(&tmp.path().join("r2"), &tmp.path().join("s2"), &sock);
+    assert!(exec_echo(&sock).status.success());
+}
+
+#[test]
+fn a_clean_stop_leaves_no_wal_or_shm_files() {
+    let mut e = setup();
+    make_tree(&e.local, 10, 5);
+    e.daemon.transfer("push", &e.local);
+    let out = output_within(
+        Command::new(wsd_bin()).args(["exec", "--remote", &e.daemon.addr, "--", "echo", "hi"]),
+        LIMIT,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(e.daemon.stop().success());
+    let leftovers: Vec<_> = std::fs::read_dir(&e.daemon.state)
+        .unwrap()
+        .map(|d| d.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with("-wal") || n.ends_with("-shm"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+/// Overwrites the pages after the first with garbage: the header still says
+/// SQLite, the b-trees do not ("database disk image is malformed").
+fn damage_pages(path: &Path) {
+    use std::io::{Seek, SeekFrom, Write};
+    let mut f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.seek(SeekFrom::Start(4096)).unwrap();
+    f.write_all(&[0xA5; 8192]).unwrap();
+}
+
+fn set_aside_files(dir: &Path, name: &str) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|d| d.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&format!("{name}.corrupt-")))
+        .collect()
+}
+
+#[test]
+fn a_damaged_local_index_is_set_aside_named_and_rebuilt_and_the_push_converges() {
+    let e = setup();
+    make_tree(&e.local, 40, 21);
+    e.daemon.transfer("push", &e.local);
+    let index = e.local.join(".wsd/index.sqlite3");
+    damage_pages(&index);
+    write(&e.local, "after/damage.txt", b"new after the damage", 0o644);
+    std::fs::remove_file(e.local.join("d0/e0/f0.txt")).unwrap();
+    let out = output_within(
+        Command::new(wsd_bin()).args([
+            "push",
+            e.local.to_str().unwrap(),
+            "--remote",
+            &e.daemon.addr,
+        ]),
+        LIMIT,
+    );
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    let aside = set_aside_files(&e.local.join(".wsd"), "index.sqlite3");
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert!(err.contains(&aside[0]) && err.contains("damaged"), "{err}");
+    assert_eq!(tree_digest(&e.local), tree_digest(&e.served));
+    wsd_tests::sqlite_integrity(&index).unwrap();
+}
+
+#[test]
+fn a_daemon_with_a_damaged_index_and_exec_log_sets_both_aside_and_serves() {
+    let mut e = setup();
+    make_tree(&e.local, 40, 22);
+    e.daemon.transfer("push", &e.local);
+    let out = output_within(
+        Command::new(wsd_bin()).args(["exec", "--remote", &e.daemon.addr, "--", "echo", "before"]),
+        LIMIT,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(e.daemon.stop().success());
+    let state = e.daemon.state.clone();
+    damage_pages(&state.join("index.sqlite3"));
+    std::fs::write(state.join("exec.sqlite3"), b"this is not a database").unwrap();
+
+    e.daemon.restart();
+    write(&e.local, "after/damage.txt", b"new after the damage", 0o644);
+    e.daemon.transfer("push", &e.local);
+    assert_eq!(tree_digest(&e.local), tree_digest(&e.served));
+    let out = output_within(
+        Command::new(wsd_bin()).args(["exec", "--remote", &e.daemon.addr, "--", "echo", "after"]),
+        LIMIT,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(out.stdout, b"after\n");
+    assert_eq!(set_aside_files(&state, "index.sqlite3").len(), 1);
+    assert_eq!(set_aside_files(&state, "exec.sqlite3").len(), 1);
+    // Pulling into a fresh directory gives the same tree back: the rebuilt
+    // index knows every file.
+    let fresh = e.tmp.path().join("fresh");
+    std::fs::create_dir(&fresh).unwrap();
+    e.daemon.transfer("pull", &fresh);
+    assert_eq!(tree_digest(&fresh), tree_digest(&e.served));
+}
+
+#[test]
+fn a_silent_peer_is_disconnected_after_the_configured_handshake_timeout() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sock = tmp.path().join("wsd.sock");
+    let mut cmd = serve_cmd(
+        &tmp.path().join("root"),
+        &tmp.path().join("state"),
+        &format!("unix:{}", sock.display()),
+    );
+    cmd.args(["--handshake-timeout", "1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut child = cmd.spawn().unwrap();
+    let deadline = Instant::now() + LIMIT;
+    let mut silent = loop {
+        if let Ok(s) = std::os::unix::net::UnixStream::connect(&sock) {
+            break s;
+        }
+        if child.try_wait().unwrap().is_some() || Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("wsd serve did not listen on {sock:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let _daemon = KillOnDrop(child);
+    // Bounded by LIMIT; the daemon closes its end well before.
+    silent.set_read_timeout(Some(LIMIT)).unwrap();
+    use std::io::Read;
+    let n = silent
+        .read(&mut [0u8; 16])
+        .expect("the daemon closes a silent connection instead of leaving it open");
+    assert_eq!(n, 0);
 }

@@ -796,8 +796,11 @@ fn killing_an_exec_leaves_no_process_of_its_group_alive() {
         seen.extend(collect(&mut s).await);
         assert_eq!(exit_of(&seen), 143);
         assert_all_dead(&pids);
-        // Killing a finished exec is a no-op.
-        c.kill_exec(s.id(), ExecSignal::Kill).await.unwrap();
+        // Killing a finished exec signals nothing, and says so.
+        assert_eq!(
+            code_of(c.kill_exec(s.id(), ExecSignal::Kill).await),
+            ErrorCode::NotFound
+        );
     });
 }
 
@@ -1562,6 +1565,53 @@ fn dropped_connections_free_their_subscriber_slots() {
     });
 }
 
+#[test]
+fn a_daemon_killed_with_sigkill_has_its_commands_killed_when_it_restarts() {
+    let mut d = Served::start();
+    let out = d.cli(&["exec", "--detach", "--id", "fam", "--", FAMILY]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let mut attach = d.cli_spawn(&["attach", "fam"]);
+    assert_eq!(attach.next_line(), "ready");
+    let pids = d.pids("pids");
+    // Whatever this test asserts, nothing of the family outlives it.
+    let _orphan = KillGroupOnDrop(pids[0]);
+    d.crash_and_restart();
+    assert_eq!(attach.wait(), 255, "{}", attach.stderr());
+    assert_all_dead(&pids);
+
+    // Its log ends with the lost exit, and a signal finds nothing to stop.
+    let out = d.cli(&["attach", "fam"]);
+    assert_eq!(out.status.code(), Some(255), "{}", text(&out.stderr));
+    let out = d.cli(&["kill", "fam"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("ENOENT") && err.contains("not running"),
+        "{err}"
+    );
+}
+
+#[test]
+fn killing_a_finished_exec_is_enoent_and_the_cli_fails() {
+    let d = Served::start();
+    let out = d.cli(&["exec", "--id", "quick", "--", "true"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = d.cli(&["kill", "quick"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("ENOENT") && err.contains("not running"),
+        "{err}"
+    );
+    run(async {
+        let c = connect(&d.addr).await;
+        assert_eq!(
+            code_of(c.kill_exec("quick", ExecSignal::Term).await),
+            ErrorCode::NotFound
+        );
+    });
+}
+
 // ---------------------------------------------------------------------------
 // The `Send` handle (`wsd_client::WsdHandle`), from a multi-threaded runtime.
 
@@ -1579,9 +1629,13 @@ fn run_multi_threaded<F: Future>(f: F) -> F::Output {
     })
 }
 
+/// The name the local store keeps a handle's daemon watermarks under.
+const HANDLE_REMOTE: &str = "workspace-under-test";
+
 async fn handle_to(d: &Served) -> wsd_client::WsdHandle {
     let opts = wsd_client::ClientOptions {
         peer: "gateway".into(),
+        remote_name: Some(HANDLE_REMOTE.into()),
         ..Default::default()
     };
     wsd_client::WsdHandle::connect(d.addr.parse().unwrap(), opts)
@@ -1670,6 +1724,15 @@ fn a_send_handle_pushes_runs_a_command_and_pulls_what_it_changed_from_any_thread
             .read_file(&wsd_sync::SyncPath::new("out/twice.txt").unwrap())
             .unwrap();
         assert_eq!(got, b"inputinput");
+
+        // Converged: a round both ways moves nothing, and the local store
+        // keeps the watermarks under the configured name.
+        let (pulled, pushed) = handle.sync(store.clone()).await.unwrap();
+        assert!(pulled.applied.is_empty(), "{pulled:?}");
+        assert_eq!(pushed.sync.entries, 0, "{pushed:?}");
+        let wm = wsd_sync::Store::watermarks(&mut *store.lock().unwrap(), HANDLE_REMOTE).unwrap();
+        assert_ne!(wm.push_cursor, ChangeCursor::ZERO);
+        assert_ne!(wm.fetch_cursor, ChangeCursor::ZERO);
     });
 }
 
@@ -1795,4 +1858,84 @@ fn a_send_handle_redials_after_the_daemon_restarts_and_its_next_push_lands() {
     let mut events = rt.block_on(handle.exec(req("echo still here"))).unwrap();
     let seen = rt.block_on(collect_handle(&mut events));
     assert_eq!(stdout_of(&seen), b"still here\n");
+}
+
+#[test]
+fn a_send_handle_attaches_kills_with_a_typed_signal_and_disposes() {
+    let d = Served::start();
+    run_multi_threaded(async {
+        let handle = handle_to(&d).await;
+        let gate = "started";
+        d.mkfifo(gate);
+        let mut owner = handle
+            .exec(req_id(
+                &format!("echo up > {gate}; exec sleep 60"),
+                "sleeper",
+            ))
+            .await
+            .unwrap();
+        // Wait until the command runs, then read its start from a second
+        // reader on another task.
+        let mut f = tokio::fs::File::open(d.path(gate)).await.unwrap();
+        let mut line = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut f, &mut line)
+            .await
+            .unwrap();
+        assert_eq!(line, "up\n");
+        let h = handle.clone();
+        let watcher = tokio::spawn(async move {
+            let mut events = h.attach("sleeper", ResumeFrom::Start).await.unwrap();
+            collect_handle(&mut events).await
+        });
+
+        handle
+            .kill("sleeper", wsd_client::Signal::Kill)
+            .await
+            .unwrap();
+        let killed = 128 + wsd_client::Signal::Kill.number();
+        assert_eq!(exit_of(&collect_handle(&mut owner).await), killed);
+        assert_eq!(exit_of(&watcher.await.unwrap()), killed);
+
+        handle.dispose("sleeper").await.unwrap();
+        let err = handle
+            .attach("sleeper", ResumeFrom::Start)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::NotFound, "{err}");
+        assert_eq!(err.subject.as_deref(), Some("sleeper"));
+        let err = handle
+            .kill("sleeper", wsd_client::Signal::Term)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::NotFound, "{err}");
+    });
+}
+
+#[test]
+fn wsd_exec_with_stdin_passes_its_input_to_the_command_until_end_of_file() {
+    let d = Served::start();
+    let input = binary_payload().repeat(3);
+    let mut child = d
+        .cli_command(&["exec", "--stdin", "--", "cat"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn wsd");
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = {
+        let input = input.clone();
+        std::thread::spawn(move || stdin.write_all(&input))
+    };
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let out = rx
+        .recv_timeout(STEP)
+        .expect("wsd exec --stdin did not finish")
+        .unwrap();
+    writer.join().unwrap().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(out.stdout, input);
 }

@@ -24,6 +24,9 @@ pub struct DaemonConfig {
     /// Output bytes retained per exec log ([`ExecConfig::per_exec_cap`]);
     /// older events are evicted first. `None`: the default (16 MiB).
     pub exec_log_cap: Option<u64>,
+    /// How long a new connection has to complete `Bootstrap.connect`;
+    /// `None`: [`ServerConfig`]'s default (10 s).
+    pub handshake_timeout: Option<std::time::Duration>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -41,8 +44,41 @@ pub enum DaemonError {
         addr: String,
         source: std::io::Error,
     },
+    #[error(
+        "another wsd serve is already running on {path} (one daemon per workspace root and state directory)"
+    )]
+    AlreadyRunning { path: PathBuf },
+    #[error("locking {path}: {source}")]
+    Lock {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Serve(#[from] ServeError),
+}
+
+/// Advisory locks held for the daemon's lifetime: one daemon per root and
+/// per state directory. `flock` on the directories themselves, so nothing
+/// is written into the synced tree; the kernel drops them when the process
+/// dies, however it dies.
+#[derive(Debug)]
+struct WorkspaceLock(#[allow(dead_code)] std::fs::File);
+
+impl WorkspaceLock {
+    fn acquire(dir: &std::path::Path) -> Result<WorkspaceLock, DaemonError> {
+        let lock_err = |source| DaemonError::Lock {
+            path: dir.to_path_buf(),
+            source,
+        };
+        let f = std::fs::File::open(dir).map_err(lock_err)?;
+        match f.try_lock() {
+            Ok(()) => Ok(WorkspaceLock(f)),
+            Err(std::fs::TryLockError::WouldBlock) => Err(DaemonError::AlreadyRunning {
+                path: dir.to_path_buf(),
+            }),
+            Err(std::fs::TryLockError::Error(e)) => Err(lock_err(e)),
+        }
+    }
 }
 
 /// Name of the exec log database in the state directory.
@@ -57,6 +93,27 @@ pub async fn run(
     on_listening: impl FnOnce(&[String]),
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), DaemonError> {
+    // Order matters: lock, then bind, then open the databases, so a daemon
+    // that cannot start (already running, address taken) leaves nothing on
+    // disk beyond the state directory itself.
+    let _root_lock = WorkspaceLock::acquire(&config.root)?;
+    std::fs::create_dir_all(&config.state_dir).map_err(|source| DaemonError::Lock {
+        path: config.state_dir.clone(),
+        source,
+    })?;
+    let _state_lock = WorkspaceLock::acquire(&config.state_dir)?;
+    let mut listeners = Vec::new();
+    let mut bound = Vec::new();
+    for addr in &config.listen {
+        let l = Listener::bind(addr)
+            .await
+            .map_err(|source| DaemonError::Listen {
+                addr: addr.clone(),
+                source,
+            })?;
+        bound.push(l.local_addr().unwrap_or_else(|_| addr.clone()));
+        listeners.push(l);
+    }
     let store = WorkspaceStore::open(&config.root, &config.state_dir, config.store.clone())
         .map_err(|source| DaemonError::Store {
             root: config.root.clone(),
@@ -79,26 +136,17 @@ pub async fn run(
         source,
     })?;
     let backend = backend.with_exec(ExecAdapter(manager.clone()));
-    let mut listeners = Vec::new();
-    let mut bound = Vec::new();
-    for addr in &config.listen {
-        let l = Listener::bind(addr)
-            .await
-            .map_err(|source| DaemonError::Listen {
-                addr: addr.clone(),
-                source,
-            })?;
-        bound.push(l.local_addr().unwrap_or_else(|_| addr.clone()));
-        listeners.push(l);
-    }
     on_listening(&bound);
-    let server_config = ServerConfig {
+    let mut server_config = ServerConfig {
         token: config.token.clone(),
         ..ServerConfig::default()
     };
+    if let Some(t) = config.handshake_timeout {
+        server_config.handshake_timeout = t;
+    }
     tracing::info!(root = %config.root.display(), state = %config.state_dir.display(), "serving");
     let result = crate::rpc::serve(listeners, backend, server_config, shutdown).await;
-    manager.shutdown().await;
+    manager.close().await;
     result.map(|_| ()).map_err(DaemonError::from)
 }
 
@@ -109,15 +157,11 @@ struct ExecAdapter(ExecManager);
 struct EventsAdapter(exec::Subscription);
 
 fn wire(e: exec::ExecError) -> WireError {
-    let code = e.code();
-    // `ExecError`'s messages start with their code; keep it once, in the
-    // field (the wire reason and `WireError`'s display add it back).
-    let text = e.to_string();
-    let message = text
-        .strip_prefix(code.as_str())
-        .and_then(|m| m.strip_prefix(": "))
-        .map_or_else(|| text.clone(), str::to_owned);
-    WireError::new(code, message)
+    let error = WireError::new(e.code(), e.detail());
+    match e.subject() {
+        Some(subject) => error.with_subject(subject),
+        None => error,
+    }
 }
 
 impl ExecEvents for EventsAdapter {
@@ -174,5 +218,6 @@ mod tests {
         assert_eq!(e.code, wsd_sync::ErrorCode::NotFound);
         assert_eq!(e.message, "no exec with id \"x\"");
         assert_eq!(e.to_string(), "ENOENT: no exec with id \"x\"");
+        assert_eq!(e.subject.as_deref(), Some("x"));
     }
 }

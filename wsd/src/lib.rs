@@ -7,4 +7,5 @@
 pub mod daemon;
 pub mod exec;
 pub mod rpc;
+mod sqlite_state;
 pub mod store;

@@ -170,9 +170,10 @@ impl Dofs {
                 cursor.rev,
                 cursor.path.as_ref().map(|p| p.as_str())
             ])?;
-        if *cursor < old {
+        if *cursor < old || *cursor == ChangeCursor::ZERO {
             // Also the start of every baseline push; only worth a warning
-            // when it made us forget something.
+            // when it made us forget something. Zero is a reset even when
+            // the cursor was already there (we had only pulled from it).
             let cleared = forget_applied_markers(&tx, remote)?;
             if cleared > 0 {
                 tracing::warn!(remote, from = %old, to = %cursor, cleared,
@@ -193,7 +194,7 @@ impl Dofs {
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
         let (_, old) = cursors(&tx, remote)?.unwrap_or_default();
         write_fetch_cursor(&tx, remote, cursor)?;
-        if *cursor < old {
+        if *cursor < old || *cursor == ChangeCursor::ZERO {
             let cleared = forget_applied_markers(&tx, remote)?;
             tracing::warn!(remote, from = %old, to = %cursor, cleared,
                 "fetch cursor moved back: the remote lost state; its echo markers are cleared");

@@ -18,6 +18,14 @@
 //!   daemon's databases after a graceful stop, no `.wsd-apply-*` temp files;
 //! - the daemon's RSS and open fds flat (last quarter vs first quarter).
 //!
+//! Fault schedule: at a third of the run the daemon loses its state (it is
+//! stopped, its root and state directory wiped, and started again; the
+//! authority reconnects and pushes), and at two thirds the authority does
+//! (its store is replaced by an empty one that syncs under a new peer name
+//! and pulls). Each drill pauses the daemon-side writers, syncs first so no
+//! logged write is lost with the wiped side, and must end with both trees
+//! equal: a re-baseline may not silently leave anything out.
+//!
 //! Determinism: the operation sequence of each actor is a pure function of
 //! `--seed` (ops never look at the tree to decide what to do; an op that
 //! does not fit the tree fails and is counted). The main actor (authority
@@ -76,6 +84,17 @@ const REMOTE: &str = "wsd";
 /// Steps of the main actor whose op sequence is fingerprinted (printed).
 const FINGERPRINT_STEPS: u64 = 2000;
 const PEER: &str = "authority";
+
+/// A side losing its sync state, on the fault schedule.
+#[derive(Clone, Copy, Debug)]
+enum Drill {
+    /// The daemon's root and state directory are wiped; the authority
+    /// pushes.
+    RemoteStateLoss,
+    /// The authority's store is replaced by an empty one under a new peer
+    /// name; it pulls.
+    AuthorityStateLoss,
+}
 
 // --- logical time, events and the sync log -------------------------------
 
@@ -909,6 +928,34 @@ struct Stats {
     reconnects: u64,
     errors: BTreeMap<String, u64>,
     samples: u64,
+    drills: u64,
+}
+
+/// What a drill's syncs need.
+struct DrillCtx<'a> {
+    dofs: &'a mut Dofs,
+    link: &'a mut Link,
+    stats: &'a mut Stats,
+    syncs: &'a mut Vec<SyncRec>,
+}
+
+impl DrillCtx<'_> {
+    /// A push or pull that must succeed (a few tries: the daemon may still
+    /// be settling after its restart).
+    async fn retry(&mut self, push: bool, drill: Drill, violations: &mut Vec<String>) {
+        for _ in 0..5 {
+            if sync_step(push, self.dofs, self.link, self.stats, self.syncs)
+                .await
+                .is_ok()
+            {
+                return;
+            }
+        }
+        violations.push(format!(
+            "{drill:?}: the {} around the state loss kept failing",
+            if push { "push" } else { "pull" }
+        ));
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -1143,6 +1190,8 @@ fn check_no_write_lost(
 
 struct Link {
     addr: String,
+    /// The authority's peer name (new after it lost its state).
+    peer: String,
     client: Option<Client>,
 }
 
@@ -1157,7 +1206,7 @@ impl Link {
         if self.client.is_some() {
             stats.reconnects += 1;
         }
-        let mut c = client::connect(&self.addr, None, PEER).await?;
+        let mut c = client::connect(&self.addr, None, &self.peer).await?;
         driver::reconcile(dofs, &mut c, REMOTE).await?;
         self.client = Some(c.clone());
         Ok(c)
@@ -1249,6 +1298,7 @@ fn embedded_daemon(args: &[String]) -> Result<ExitCode> {
         token: None,
         store: wsd::store::StoreOptions::default(),
         exec_log_cap: None,
+        handshake_timeout: None,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -1318,7 +1368,7 @@ async fn run(args: Args, seed: u64) -> Result<Vec<String>> {
     let program = daemon_program();
     println!("soak: daemon {:?}, dir {}", program, tmp.path().display());
     let mut daemon = Daemon::start_with(program, &served, &state, None, Some(&log_path));
-    let pid = daemon.pid();
+    let mut pid = daemon.pid();
     let served = served.canonicalize()?;
     let mut dofs = Dofs::open(tmp.path().join("authority.dofs"))?;
     let journal = Arc::new(Journal::default());
@@ -1328,6 +1378,7 @@ async fn run(args: Args, seed: u64) -> Result<Vec<String>> {
     let mut syncs = Vec::new();
     let mut link = Link {
         addr: daemon.addr.clone(),
+        peer: PEER.to_owned(),
         client: None,
     };
     let mut sampler = Sampler {
@@ -1336,11 +1387,14 @@ async fn run(args: Args, seed: u64) -> Result<Vec<String>> {
         procs: Vec::new(),
     };
 
-    // Daemon-side workers, each in its own area.
+    // Daemon-side workers, each in its own area. A drill holds `gate` to
+    // pause them between two ops.
     let stop = Arc::new(AtomicBool::new(false));
+    let gate = Arc::new(tokio::sync::Mutex::new(()));
     let mut workers = Vec::new();
     for i in 1..=args.workers {
         let (stop, j, root) = (stop.clone(), journal.clone(), served.clone());
+        let gate = gate.clone();
         workers.push(std::thread::spawn(move || {
             let area = format!("w{i}");
             let mut g = Gen::new(seed, &area, i as u64);
@@ -1348,9 +1402,11 @@ async fn run(args: Args, seed: u64) -> Result<Vec<String>> {
             while !stop.load(Ordering::Relaxed) {
                 let op = g.fs_op(&[&area]);
                 ops += 1;
+                let paused = gate.blocking_lock();
                 if !disk_apply(&root, &op, &j, &mut tmp_n) {
                     failed += 1;
                 }
+                drop(paused);
                 let pause = g.rng.random_range(0..4);
                 std::thread::sleep(Duration::from_millis(pause));
             }
@@ -1374,7 +1430,81 @@ async fn run(args: Args, seed: u64) -> Result<Vec<String>> {
     let mut next_report = Duration::from_secs(60);
     // Equal for equal seeds: the op sequence does not depend on timing.
     let mut fingerprint = Sha256::new();
+    let mut drills = vec![
+        (
+            Duration::from_secs(args.seconds) / 3,
+            Drill::RemoteStateLoss,
+        ),
+        (
+            Duration::from_secs(args.seconds) * 2 / 3,
+            Drill::AuthorityStateLoss,
+        ),
+    ];
+    let mut authority_generation = 0u32;
     while Instant::now() < deadline {
+        if let Some(&(at, drill)) = drills.first()
+            && started.elapsed() >= at
+        {
+            drills.remove(0);
+            let paused = gate.lock().await;
+            let exec_deadline = Instant::now() + Duration::from_secs(60);
+            for h in execs.drain(..) {
+                let left = exec_deadline.saturating_duration_since(Instant::now());
+                if tokio::time::timeout(left, h).await.is_err() {
+                    violations.push(format!("{drill:?}: an exec did not finish within 60 s"));
+                }
+            }
+            let mut ctx = DrillCtx {
+                dofs: &mut dofs,
+                link: &mut link,
+                stats: &mut stats,
+                syncs: &mut syncs,
+            };
+            match drill {
+                Drill::RemoteStateLoss => {
+                    ctx.retry(false, drill, &mut violations).await;
+                    daemon.stop();
+                    for dir in [&served, &state] {
+                        std::fs::remove_dir_all(dir)?;
+                        std::fs::create_dir_all(dir)?;
+                    }
+                    daemon.restart();
+                    pid = daemon.pid();
+                    ctx.link.client = None;
+                    ctx.retry(true, drill, &mut violations).await;
+                }
+                Drill::AuthorityStateLoss => {
+                    ctx.retry(true, drill, &mut violations).await;
+                    authority_generation += 1;
+                    *ctx.dofs = Dofs::open(
+                        tmp.path()
+                            .join(format!("authority-{authority_generation}.dofs")),
+                    )?;
+                    ctx.link.peer = format!("{PEER}-{authority_generation}");
+                    ctx.link.client = None;
+                    ctx.retry(false, drill, &mut violations).await;
+                }
+            }
+            let (auth_tree, wsd_tree) = (dofs_digest(&dofs), tree_digest(&served));
+            if auth_tree != wsd_tree {
+                violations.push(format!(
+                    "{drill:?}: trees differ after the re-baseline ({} vs {} paths):\n    {}",
+                    auth_tree.len(),
+                    wsd_tree.len(),
+                    digest_diff(&auth_tree, &wsd_tree, 20).join("\n    ")
+                ));
+            }
+            println!(
+                "soak: t={:>4} s  drill {drill:?}: {} paths on both sides",
+                started.elapsed().as_secs(),
+                wsd_tree.len()
+            );
+            stats.drills += 1;
+            // Watermarks legitimately restart with the wiped side.
+            sampler.last_dofs = None;
+            sampler.last_wsd = None;
+            drop(paused);
+        }
         steps += 1;
         execs.retain(|h| !h.is_finished());
         let dice = g.rng.random_range(0..100);
@@ -1619,13 +1749,14 @@ async fn run(args: Args, seed: u64) -> Result<Vec<String>> {
     );
     println!(
         "soak: pushes {} ({} entries), pulls {} ({} entries, overwrote_local {}), reconnects {}, \
-         quiesced in {rounds} rounds, {} samples",
+         {} state-loss drills, quiesced in {rounds} rounds, {} samples",
         s.pushes,
         s.pushed_entries,
         s.pulls,
         s.pulled_entries,
         s.overwrote_local,
         s.reconnects,
+        s.drills,
         s.samples
     );
     println!(

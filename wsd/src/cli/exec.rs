@@ -35,6 +35,9 @@ pub struct ExecArgs {
     /// Print the id and return; the command keeps running (`wsd attach`).
     #[arg(long)]
     detach: bool,
+    /// Pass this program's stdin to the command, until end of file.
+    #[arg(long, conflicts_with = "detach")]
+    stdin: bool,
     /// The command; its words are joined with spaces and run by `/bin/sh -c`.
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<String>,
@@ -295,9 +298,12 @@ pub async fn exec(a: ExecArgs) -> Result<ExitCode> {
         env: a.env,
         stdin: None,
         timeout_ms: a.timeout,
-        stdin_open: false,
+        stdin_open: a.stdin,
     };
     let events = client.exec(&request).await.context("exec")?;
+    if a.stdin {
+        forward_stdin(client.clone(), events.id().to_owned());
+    }
     if a.detach {
         println!("{}", events.id());
         return Ok(ExitCode::SUCCESS);
@@ -311,6 +317,45 @@ pub async fn exec(a: ExecArgs) -> Result<ExitCode> {
         &mut interrupts,
     )
     .await
+}
+
+/// Copies this program's stdin to exec `id` with `writeStdin`, then
+/// closes it. A plain thread reads (a blocked read must not keep the
+/// runtime from shutting down when the command exits first); a local task
+/// sends. Stops quietly once the command no longer takes input; a
+/// reconnect of the event stream does not resume it.
+fn forward_stdin(client: Client, id: String) {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
+    std::thread::spawn(move || {
+        let mut input = std::io::stdin().lock();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match std::io::Read::read(&mut input, &mut buf) {
+                Ok(0) => return,
+                Ok(n) => {
+                    if tx.blocking_send(buf[..n].to_vec()).is_err() {
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    eprintln!("wsd: reading stdin: {e}");
+                    return;
+                }
+            }
+        }
+    });
+    tokio::task::spawn_local(async move {
+        while let Some(chunk) = rx.recv().await {
+            if let Err(e) = client.write_stdin(&id, &chunk).await {
+                tracing::debug!(error = %e, "the command takes no more input");
+                return;
+            }
+        }
+        if let Err(e) = client.close_stdin(&id).await {
+            tracing::debug!(error = %e, "closing the command's stdin");
+        }
+    });
 }
 
 pub async fn attach(a: AttachArgs) -> Result<ExitCode> {

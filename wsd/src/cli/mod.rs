@@ -83,6 +83,10 @@ struct ServeArgs {
     /// ELOG_TRUNCATED.
     #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
     exec_log_cap: Option<u64>,
+    /// Seconds a new connection has to complete its handshake (token and
+    /// version check) before it is dropped.
+    #[arg(long, value_name = "SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    handshake_timeout: u64,
 }
 
 /// How to reach a remote daemon.
@@ -174,6 +178,7 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
             ..Default::default()
         },
         exec_log_cap: a.exec_log_cap,
+        handshake_timeout: Some(std::time::Duration::from_secs(a.handshake_timeout)),
     };
     block_on_local(wsd::daemon::run(config, |_| {}, shutdown_signal()))??;
     Ok(ExitCode::SUCCESS)

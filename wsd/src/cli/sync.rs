@@ -62,6 +62,7 @@ impl Session {
         std::fs::create_dir_all(&a.local)
             .with_context(|| format!("creating {}", a.local.display()))?;
         let state = a.state.clone().unwrap_or_else(|| a.local.join(LOCAL_STATE));
+        let index_lost = !state.join(wsd::store::INDEX_FILE).exists();
         let mut store = WorkspaceStore::open(
             &a.local,
             &state,
@@ -77,7 +78,7 @@ impl Session {
         store
             .settle()
             .with_context(|| format!("indexing {}", a.local.display()))?;
-        let peer = peer_name(&state)?;
+        let peer = peer_name(&state, index_lost)?;
         let token = a.remote.token()?;
         let mut remote = client::connect(&a.remote.remote, token, &peer)
             .await
@@ -136,12 +137,23 @@ impl Session {
 
 /// This directory's stable name as a peer: created once, kept in the state
 /// directory, so the daemon keeps its watermarks across runs.
-fn peer_name(state: &Path) -> Result<String> {
+///
+/// The name stands for the sync state in the index: when the index is new
+/// (lost, or never made) the name is made afresh too. Under the old name
+/// the daemon would still take every path it received from us for our own
+/// echo and never send it, though we no longer know we hold it.
+fn peer_name(state: &Path, index_lost: bool) -> Result<String> {
     let file = state.join(PEER_FILE);
     match std::fs::read_to_string(&file) {
-        Ok(s) if !s.trim().is_empty() => Ok(s.trim().to_owned()),
-        _ => {
+        Ok(s) if !s.trim().is_empty() && !index_lost => Ok(s.trim().to_owned()),
+        old => {
             let name = format!("cli-{:016x}", rand::random::<u64>());
+            if let Ok(old) = old
+                && !old.trim().is_empty()
+            {
+                tracing::warn!(old = old.trim(), new = %name,
+                    "the local index is new: this directory syncs under a new peer name");
+            }
             std::fs::write(&file, &name).with_context(|| format!("writing {}", file.display()))?;
             Ok(name)
         }
@@ -281,7 +293,7 @@ pub struct WatermarksArgs {
 
 pub async fn watermarks(a: WatermarksArgs) -> Result<ExitCode> {
     let peer = match &a.local {
-        Some(dir) => peer_name(&dir.join(LOCAL_STATE))?,
+        Some(dir) => peer_name(&dir.join(LOCAL_STATE), false)?,
         None => a.peer.clone(),
     };
     let token = a.remote.token()?;

@@ -50,8 +50,10 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// pages are copied as before). The WAL file grows to ~64 MiB under heavy
 /// output.
 const WAL_AUTOCHECKPOINT_PAGES: i64 = 16 * 1024;
-/// `PRAGMA user_version` of the schema below.
-const SCHEMA_VERSION: i32 = 1;
+/// `PRAGMA user_version` of the schema below. Version 2 added
+/// `exec_meta.pgid` and `leader_start`; a version-1 log gains them (NULL for
+/// its execs) when opened.
+const SCHEMA_VERSION: i32 = 2;
 
 const KIND_STDOUT: i64 = 0;
 const KIND_STDERR: i64 = 1;
@@ -66,7 +68,9 @@ CREATE TABLE IF NOT EXISTS exec_meta (
     exit_code  INTEGER,
     first_seq  INTEGER NOT NULL,
     last_seq   INTEGER NOT NULL,
-    bytes      INTEGER NOT NULL
+    bytes      INTEGER NOT NULL,
+    pgid         INTEGER,
+    leader_start INTEGER
 );
 CREATE TABLE IF NOT EXISTS exec_event (
     exec_id TEXT NOT NULL,
@@ -177,6 +181,16 @@ enum Command {
         cutoff_ms: i64,
         reply: oneshot::Sender<Result<usize, ExecError>>,
     },
+    /// Record the process group of a spawned exec (no reply: it commits
+    /// with the exec's first events).
+    Spawned {
+        id: String,
+        generation: u64,
+        pgid: i32,
+        leader_start: Option<u64>,
+    },
+    /// Commit what is queued before it, close the database and stop.
+    Close { reply: oneshot::Sender<()> },
 }
 
 impl Command {
@@ -210,6 +224,8 @@ enum Reply {
         oneshot::Sender<Result<usize, ExecError>>,
         Result<usize, ExecError>,
     ),
+    /// A command nobody waits on.
+    None,
 }
 
 impl Reply {
@@ -234,6 +250,7 @@ impl Reply {
             Reply::Sweep(tx, r) => {
                 drop(tx.send(r.and_then(|v| failed.map_or(Ok(v), |m| Err(fail(m))))))
             }
+            Reply::None => {}
         }
     }
 }
@@ -251,6 +268,12 @@ struct ExecAccount {
     last_seq: u64,
     /// Payload bytes of the retained stdout/stderr rows.
     bytes: u64,
+    /// The command's process group, once spawned.
+    pgid: Option<i32>,
+    /// The group leader's start time (`/proc/<pgid>/stat` field 22, clock
+    /// ticks since boot): a pid that now names another process has another
+    /// start time.
+    leader_start: Option<u64>,
     dirty: bool,
 }
 
@@ -265,12 +288,24 @@ pub(crate) struct ExecLogWriter {
     groups: Arc<AtomicU64>,
 }
 
+/// The process group a lost exec ran in, as the previous daemon recorded
+/// it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LostGroup {
+    pub id: String,
+    pub pgid: i32,
+    pub leader_start: u64,
+}
+
 /// What `open` found and repaired.
 #[derive(Debug, Default)]
 pub(crate) struct OpenReport {
     /// Execs that were running when the previous daemon stopped; each got an
     /// `EXIT_LOST` exit event.
     pub lost: Vec<String>,
+    /// The recorded process groups of the lost execs (those spawned far
+    /// enough to record one): their commands may still be running.
+    pub groups: Vec<LostGroup>,
     /// Finished execs whose logs were kept.
     pub retained: usize,
 }
@@ -284,6 +319,22 @@ impl ExecLogWriter {
         path: &Path,
         caps: LogCaps,
     ) -> Result<(ExecLogWriter, OpenReport), ExecError> {
+        if let Some(reason) = crate::sqlite_state::damage(path) {
+            // Not derived from anything: the old output is lost to the
+            // daemon (kept aside for a person), which must be said loudly.
+            let aside = crate::sqlite_state::set_aside(path).map_err(|e| {
+                ExecError::io(
+                    format!("setting the damaged exec log {} aside", path.display()),
+                    e,
+                )
+            })?;
+            tracing::warn!(
+                exec_log = %path.display(),
+                moved_to = %aside.display(),
+                %reason,
+                "the exec log is damaged: moved aside and started empty; earlier execs' output and exit codes are gone"
+            );
+        }
         let conn = open_connection(path)?;
         conn.pragma_update(None, "wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES)?;
         let version: i32 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
@@ -294,6 +345,17 @@ impl ExecLogWriter {
             )));
         }
         conn.execute_batch(SCHEMA)?;
+        let has_pgid: bool = conn.query_row(
+            "SELECT count(*) FROM pragma_table_info('exec_meta') WHERE name = 'pgid'",
+            [],
+            |r| r.get::<_, i64>(0).map(|n| n > 0),
+        )?;
+        if !has_pgid {
+            conn.execute_batch(
+                "ALTER TABLE exec_meta ADD COLUMN pgid INTEGER;
+                 ALTER TABLE exec_meta ADD COLUMN leader_start INTEGER;",
+            )?;
+        }
         conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
 
         let mut state = WriterState {
@@ -363,6 +425,38 @@ impl ExecLogWriter {
         .await
     }
 
+    /// Commits everything queued so far, closes the database and stops
+    /// the writer thread; later calls fail with "writer stopped". Returns
+    /// once the database is closed.
+    pub(crate) async fn close(&self) {
+        let (reply, rx) = oneshot::channel();
+        if self.tx.send(Command::Close { reply }).await.is_ok() {
+            let _ = rx.await;
+        }
+    }
+
+    /// Records the process group of exec `id` (this `generation`) and its
+    /// leader's start time. Queued behind `begin`; it commits with the next
+    /// group, so a crash right after the spawn may lose it (the exec is then
+    /// logged as lost without its group being killed).
+    pub(crate) async fn spawned(
+        &self,
+        id: &str,
+        generation: u64,
+        pgid: i32,
+        leader_start: Option<u64>,
+    ) -> Result<(), ExecError> {
+        self.tx
+            .send(Command::Spawned {
+                id: id.to_owned(),
+                generation,
+                pgid,
+                leader_start,
+            })
+            .await
+            .map_err(|_| writer_gone())
+    }
+
     /// Transactions run so far.
     #[cfg(test)]
     pub(crate) fn groups_committed(&self) -> u64 {
@@ -419,7 +513,8 @@ struct WriterState {
 impl WriterState {
     fn load_accounts(&mut self) -> Result<(), ExecError> {
         let mut stmt = self.conn.prepare(
-            "SELECT exec_id, generation, started_at, exited_at, exit_code, first_seq, last_seq, bytes
+            "SELECT exec_id, generation, started_at, exited_at, exit_code, first_seq, last_seq, bytes,
+                    pgid, leader_start
              FROM exec_meta",
         )?;
         let rows = stmt.query_map([], |r| {
@@ -433,6 +528,8 @@ impl WriterState {
                     first_seq: r.get::<_, i64>(5)? as u64,
                     last_seq: r.get::<_, i64>(6)? as u64,
                     bytes: r.get::<_, i64>(7)? as u64,
+                    pgid: r.get(8)?,
+                    leader_start: r.get::<_, Option<i64>>(9)?.map(|t| t as u64),
                     dirty: false,
                 },
             ))
@@ -462,6 +559,17 @@ impl WriterState {
             .collect();
         lost.sort();
         report.retained = self.execs.len() - lost.len();
+        report.groups = lost
+            .iter()
+            .filter_map(|id| {
+                let a = &self.execs[id];
+                Some(LostGroup {
+                    id: id.clone(),
+                    pgid: a.pgid?,
+                    leader_start: a.leader_start?,
+                })
+            })
+            .collect();
         if lost.is_empty() {
             return Ok(report);
         }
@@ -491,11 +599,20 @@ impl WriterState {
         // while one group commits, new events queue up and form the next
         // group, so batching grows with load and an idle log commits a lone
         // event at once instead of waiting for company.
+        let mut closed = None;
         while let Some(first) = rx.blocking_recv() {
+            if let Command::Close { reply } = first {
+                closed = Some(reply);
+                break;
+            }
             let mut bytes = first.payload_len();
             let mut group = vec![first];
             while group.len() < GROUP_MAX_COMMANDS && bytes < GROUP_MAX_BYTES {
                 match rx.try_recv() {
+                    Ok(Command::Close { reply }) => {
+                        closed = Some(reply);
+                        break;
+                    }
                     Ok(cmd) => {
                         bytes += cmd.payload_len();
                         group.push(cmd);
@@ -504,11 +621,22 @@ impl WriterState {
                 }
             }
             self.apply_group(group);
+            if closed.is_some() {
+                break;
+            }
         }
         tracing::debug!(
             groups = self.groups.load(Ordering::Relaxed),
             "exec log writer stopped"
         );
+        // Closing the last connection checkpoints the WAL and removes the
+        // `-wal` and `-shm` files (the readers closed theirs first).
+        if let Err((_, e)) = self.conn.close() {
+            tracing::warn!(error = %e, "closing the exec log");
+        }
+        if let Some(reply) = closed {
+            let _ = reply.send(());
+        }
     }
 
     fn apply_group(&mut self, group: Vec<Command>) {
@@ -572,6 +700,27 @@ impl WriterState {
                 };
                 Reply::Delete(reply, r)
             }
+            // `run` takes it out of the queue before grouping; answering it
+            // here too keeps the caller from waiting forever.
+            Command::Close { reply } => {
+                let _ = reply.send(());
+                Reply::None
+            }
+            Command::Spawned {
+                id,
+                generation,
+                pgid,
+                leader_start,
+            } => {
+                if let Some(a) = self.execs.get_mut(&id)
+                    && a.generation == generation
+                {
+                    a.pgid = Some(pgid);
+                    a.leader_start = leader_start;
+                    a.dirty = true;
+                }
+                Reply::None
+            }
             Command::Sweep { cutoff_ms, reply } => {
                 let expired: Vec<String> = self
                     .execs
@@ -607,6 +756,8 @@ impl WriterState {
                 first_seq: 1,
                 last_seq: 0,
                 bytes: 0,
+                pgid: None,
+                leader_start: None,
                 dirty: true,
             },
         );
@@ -772,8 +923,9 @@ impl WriterState {
     fn flush_accounts(&mut self) -> Result<(), ExecError> {
         let mut stmt = self.conn.prepare_cached(
             "INSERT OR REPLACE INTO exec_meta
-             (exec_id, generation, started_at, exited_at, exit_code, first_seq, last_seq, bytes)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+             (exec_id, generation, started_at, exited_at, exit_code, first_seq, last_seq, bytes,
+              pgid, leader_start)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
         )?;
         for (id, a) in self.execs.iter_mut().filter(|(_, a)| a.dirty) {
             stmt.execute(params![
@@ -784,7 +936,9 @@ impl WriterState {
                 a.exit_code,
                 a.first_seq as i64,
                 a.last_seq as i64,
-                a.bytes as i64
+                a.bytes as i64,
+                a.pgid,
+                a.leader_start.map(|t| t as i64)
             ])?;
             a.dirty = false;
         }
@@ -800,6 +954,8 @@ fn fail_command(cmd: Command, msg: &str) {
         Command::Finish { reply, .. } => drop(reply.send(Err(err()))),
         Command::Delete { reply, .. } => drop(reply.send(Err(err()))),
         Command::Sweep { reply, .. } => drop(reply.send(Err(err()))),
+        Command::Close { reply } => drop(reply.send(())),
+        Command::Spawned { .. } => {}
     }
 }
 
@@ -808,6 +964,8 @@ fn fail_command(cmd: Command, msg: &str) {
 pub(crate) struct ExecLogReader {
     path: PathBuf,
     idle: Mutex<Vec<Connection>>,
+    /// Set by `close`: connections are no longer pooled.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl ExecLogReader {
@@ -815,7 +973,15 @@ impl ExecLogReader {
         ExecLogReader {
             path: path.to_owned(),
             idle: Mutex::new(Vec::new()),
+            closed: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Closes the pooled connections and stops pooling (before the writer
+    /// closes, so that its close is the last and removes the WAL).
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        self.idle.lock().expect("reader pool poisoned").clear();
     }
 
     fn with_conn<T>(
@@ -833,7 +999,7 @@ impl ExecLogReader {
         };
         let result = f(&mut conn);
         let mut idle = self.idle.lock().expect("reader pool poisoned");
-        if idle.len() < IDLE_READERS {
+        if idle.len() < IDLE_READERS && !self.closed.load(Ordering::SeqCst) {
             idle.push(conn);
         }
         result
@@ -1019,6 +1185,79 @@ mod tests {
         assert_eq!(page.len(), 1);
         assert!(matches!(page[0].kind, EventKind::Exit(0)));
         assert_eq!(r.meta("b").unwrap().unwrap().first_seq, 2);
+    }
+
+    #[tokio::test]
+    async fn reopening_reports_the_recorded_process_groups_of_lost_execs_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log.db");
+        let caps = LogCaps {
+            per_exec: u64::MAX,
+            global: u64::MAX,
+        };
+        {
+            let (w, _) = ExecLogWriter::open(&path, caps).unwrap();
+            let g = w.begin("done").await.unwrap();
+            w.spawned("done", g, 4242, Some(17)).await.unwrap();
+            w.finish("done", 1, 0).await.unwrap();
+            let g = w.begin("running").await.unwrap();
+            w.spawned("running", g, 4343, Some(99)).await.unwrap();
+            // A record for an older generation of the id is ignored.
+            w.spawned("running", g - 1, 1, Some(1)).await.unwrap();
+            append(&w, out("running", 1, 3)).await;
+            w.begin("unrecorded").await.unwrap();
+            append(&w, out("unrecorded", 1, 3)).await;
+            w.close().await;
+        }
+        let (_, report) = ExecLogWriter::open(&path, caps).unwrap();
+        assert_eq!(report.lost, ["running", "unrecorded"]);
+        assert_eq!(
+            report.groups,
+            [LostGroup {
+                id: "running".into(),
+                pgid: 4343,
+                leader_start: 99
+            }]
+        );
+        let (_, report) = ExecLogWriter::open(&path, caps).unwrap();
+        assert!(report.groups.is_empty(), "reported once, then finished");
+    }
+
+    #[tokio::test]
+    async fn a_version_1_log_gains_the_process_group_columns() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log.db");
+        {
+            let c = Connection::open(&path).unwrap();
+            c.execute_batch(
+                "CREATE TABLE exec_meta (exec_id TEXT PRIMARY KEY, generation INTEGER NOT NULL,
+                    started_at INTEGER NOT NULL, exited_at INTEGER, exit_code INTEGER,
+                    first_seq INTEGER NOT NULL, last_seq INTEGER NOT NULL, bytes INTEGER NOT NULL);
+                 CREATE TABLE exec_event (exec_id TEXT NOT NULL, seq INTEGER NOT NULL,
+                    kind INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY (exec_id, seq));
+                 INSERT INTO exec_meta VALUES ('old', 1, 0, NULL, NULL, 1, 0, 0);
+                 PRAGMA user_version = 1;",
+            )
+            .unwrap();
+        }
+        let caps = LogCaps {
+            per_exec: u64::MAX,
+            global: u64::MAX,
+        };
+        let (w, report) = ExecLogWriter::open(&path, caps).unwrap();
+        assert_eq!(report.lost, ["old"]);
+        assert!(report.groups.is_empty(), "no group was recorded for it");
+        let g = w.begin("new").await.unwrap();
+        w.spawned("new", g, 77, Some(5)).await.unwrap();
+        append(&w, out("new", 1, 3)).await;
+        w.close().await;
+        let (_, report) = ExecLogWriter::open(&path, caps).unwrap();
+        assert_eq!(report.groups.len(), 1);
+        let version: i32 = Connection::open(&path)
+            .unwrap()
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
     }
 
     #[tokio::test]

@@ -251,6 +251,16 @@ impl ExecManager {
         for id in &report.lost {
             tracing::warn!(exec = %id, code = EXIT_LOST, "exec was running when wsd stopped; logged as lost");
         }
+        for g in &report.groups {
+            match process::kill_orphaned_group(g.pgid, g.leader_start) {
+                Ok(outcome) => {
+                    tracing::warn!(exec = %g.id, pgid = g.pgid, ?outcome, "process group left by the previous daemon")
+                }
+                Err(e) => {
+                    tracing::error!(exec = %g.id, pgid = g.pgid, error = %e, "killing the process group left by the previous daemon")
+                }
+            }
+        }
         tracing::info!(
             db = %config.db_path.display(),
             retained = report.retained,
@@ -404,8 +414,9 @@ impl ExecManager {
 
     /// Sends `signal` (default `TERM`; names with or without `SIG`, or
     /// numbers) to the exec's whole process group; if the exec is still
-    /// running `kill_grace` later, its group gets SIGKILL. A no-op once the
-    /// exec has exited. Errors: `ENOENT` (unknown id), `EINVAL` (signal).
+    /// running `kill_grace` later, its group gets SIGKILL. Errors: `ENOENT`
+    /// (unknown id, or [`ExecError::NotRunning`] once the exec has exited:
+    /// a caller must not believe it stopped something), `EINVAL` (signal).
     pub async fn kill(&self, id: &str, signal: Option<&str>) -> Result<(), ExecError> {
         self.kill_with(id, process::parse_signal(signal.unwrap_or("TERM"))?)
             .await
@@ -425,13 +436,17 @@ impl ExecManager {
             .expect("live map poisoned")
             .get(id)
             .cloned();
+        let not_running = || ExecError::NotRunning { id: id.to_owned() };
         if let Some(live) = live {
-            // A closed channel means the runner is past its exit: no-op.
-            let _ = live.control.send(Control::Kill(sig)).await;
-            return Ok(());
+            // A closed channel means the runner is past its exit.
+            return live
+                .control
+                .send(Control::Kill(sig))
+                .await
+                .map_err(|_| not_running());
         }
         match read_meta(&self.shared.reader, id).await? {
-            Some(_) => Ok(()),
+            Some(_) => Err(not_running()),
             None => Err(ExecError::NotFound { id: id.to_owned() }),
         }
     }
@@ -528,6 +543,14 @@ impl ExecManager {
             }
             changed.await;
         }
+    }
+
+    /// [`ExecManager::shutdown`], then closes the log database (a clean
+    /// stop leaves no `-wal`/`-shm` files). Calls after it fail with `EIO`.
+    pub async fn close(&self) {
+        self.shutdown().await;
+        self.shared.reader.close();
+        self.shared.writer.close().await;
     }
 
     /// Deletes finished execs older than the TTL now (the periodic sweep

@@ -109,6 +109,77 @@ pub(crate) fn signal_group(pgid: i32, sig: i32) -> std::io::Result<()> {
     Err(err)
 }
 
+/// The start time of process `pid`: field 22 of `/proc/<pid>/stat`, in
+/// clock ticks since boot. With the pid it names one process for the life of
+/// the machine, so a recycled pid is told apart from the process it once
+/// named.
+pub(crate) fn process_start_time(pid: i32) -> std::io::Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    parse_start_time(&stat).ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("/proc/{pid}/stat has no start time field"),
+        )
+    })
+}
+
+/// Field 22 of a `/proc/<pid>/stat` line. The command name (field 2) is in
+/// parentheses and may itself hold spaces and `)`, so fields are counted
+/// from the last `)`: field 3 is the first after it.
+fn parse_start_time(stat: &str) -> Option<u64> {
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    after_comm.split_whitespace().nth(22 - 3)?.parse().ok()
+}
+
+/// What became of a process group a previous daemon left running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OrphanOutcome {
+    /// The leader (same pid, same start time) was still running: the group
+    /// got SIGKILL.
+    Killed,
+    /// The leader is gone but members of its group remain: they got SIGKILL.
+    /// Linux does not reuse a pid while a process group of that number
+    /// exists, so the group can only be the exec's.
+    KilledMembers,
+    /// The pid names another process now (another start time): left alone.
+    Recycled,
+    /// Nothing of the group is left.
+    Gone,
+}
+
+/// Kills the process group `pgid` of an exec a previous daemon ran, but only
+/// if it is provably still that exec's group (see [`OrphanOutcome`]).
+pub(crate) fn kill_orphaned_group(pgid: i32, leader_start: u64) -> std::io::Result<OrphanOutcome> {
+    match process_start_time(pgid) {
+        Ok(t) if t == leader_start => {
+            signal_group(pgid, libc::SIGKILL)?;
+            Ok(OrphanOutcome::Killed)
+        }
+        Ok(_) => Ok(OrphanOutcome::Recycled),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if group_exists(pgid) {
+                signal_group(pgid, libc::SIGKILL)?;
+                Ok(OrphanOutcome::KilledMembers)
+            } else {
+                Ok(OrphanOutcome::Gone)
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether any process is in group `pgid` (signal 0 checks without
+/// signalling; `EPERM` means it exists but is not ours to signal).
+#[allow(unsafe_code)]
+fn group_exists(pgid: i32) -> bool {
+    if pgid <= 1 {
+        return false;
+    }
+    // SAFETY: killpg has no memory-safety preconditions.
+    let rc = unsafe { libc::killpg(pgid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
 /// Resolves a request's `cwd` to a canonical directory inside `root`
 /// (`root` must already be canonical). `None`, `""` and `"."` mean the root.
 /// Rejected with `EINVAL`: absolute paths, `..`, a path that does not exist
@@ -209,6 +280,48 @@ fn replace_ignore_with_empty_handler(sig: libc::c_int) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_start_time_is_field_22_even_with_a_parenthesis_in_the_name() {
+        let line =
+            "4242 (a) b (c)) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+        assert_eq!(parse_start_time(line), Some(987654));
+        assert_eq!(parse_start_time("4242 (sh) S 1"), None);
+        let own = process_start_time(std::process::id() as i32).unwrap();
+        assert!(own > 0);
+        assert_eq!(process_start_time(std::process::id() as i32).unwrap(), own);
+    }
+
+    #[test]
+    fn an_orphaned_group_is_killed_only_while_its_leader_has_the_recorded_start_time() {
+        use std::os::unix::process::CommandExt;
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let start = process_start_time(pid).unwrap();
+        assert_eq!(
+            kill_orphaned_group(pid, start + 1).unwrap(),
+            OrphanOutcome::Recycled
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "a mismatch kills nothing"
+        );
+        assert_eq!(
+            kill_orphaned_group(pid, start).unwrap(),
+            OrphanOutcome::Killed
+        );
+        let status = child.wait().unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(libc::SIGKILL));
+        assert_eq!(
+            kill_orphaned_group(pid, start).unwrap(),
+            OrphanOutcome::Gone
+        );
+    }
 
     #[test]
     fn the_wire_signals_have_the_numbers_this_platform_gives_their_names() {

@@ -27,7 +27,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-use super::process::signal_group;
+use super::process::{process_start_time, signal_group};
 use super::{EXIT_LOST, EventKind, ExecError, ExecEvent, PIPELINE_DEPTH, READ_CHUNK_BYTES, Shared};
 
 /// Kill and dispose requests queued for a runner. Senders wait when it is
@@ -226,6 +226,19 @@ pub(crate) async fn run(
         .expect("a child that was not waited for has a pid") as i32;
     let mut guard = GroupGuard { pgid, armed: true };
     let _ = started.send(Ok(()));
+    // Recorded so that a daemon started after this one crashed can kill the
+    // group. The leader is not reaped yet (nobody waited), so its /proc
+    // entry exists even if it already exited.
+    let leader_start = process_start_time(pgid)
+        .inspect_err(|e| tracing::warn!(exec = %live.id, pgid, error = %e, "reading the leader's start time"))
+        .ok();
+    if let Err(e) = shared
+        .writer
+        .spawned(&live.id, generation, pgid, leader_start)
+        .await
+    {
+        tracing::warn!(exec = %live.id, error = %e, "recording the exec's process group");
+    }
     tracing::debug!(exec = %live.id, pgid, "exec started");
 
     let mut seq = 0u64;
@@ -239,10 +252,10 @@ pub(crate) async fn run(
         &mut seq,
     )
     .await;
-    // From here on a kill is a no-op (the group is gone or going) and a
-    // dispose is picked up through `disposing`; closing the channel makes
-    // their sends return at once instead of waiting on a settle or on a
-    // subscriber that is slow to take the exit.
+    // From here on a kill finds nothing to signal (`ENOENT`: the group is
+    // gone or going) and a dispose is picked up through `disposing`; closing
+    // the channel makes their sends return at once instead of waiting on a
+    // settle or on a subscriber that is slow to take the exit.
     drop(control_rx);
     match outcome {
         Outcome::Exited(code) => {

@@ -333,8 +333,11 @@ async fn a_live_id_is_busy_and_a_finished_id_can_be_reused() {
     );
     f.manager.kill("job", None).await.unwrap();
     assert_eq!(exit_of(&collect(&mut sub).await, 2), 143);
-    // Killing a finished exec is a no-op.
-    f.manager.kill("job", Some("KILL")).await.unwrap();
+    // Killing a finished exec is an error: nothing was signalled.
+    assert_code(
+        f.manager.kill("job", Some("KILL")).await,
+        ErrorCode::NotFound,
+    );
 
     let (id, mut sub) = f.manager.exec(req_id("echo again", "job")).await.unwrap();
     assert_eq!(id, "job");

@@ -37,7 +37,7 @@ pub trait ExecBackend: 'static {
     /// Re-attaches to a live or finished exec.
     async fn get(&self, id: &str, from: ResumeFrom) -> Result<Self::Events, WireError>;
 
-    /// Signals the process group; a no-op once the exec exited.
+    /// Signals the process group; `ENOENT` once the exec is not running.
     async fn kill(&self, id: &str, signal: ExecSignal) -> Result<(), WireError>;
 
     /// Drops the exec's log, killing it first if it is still live.

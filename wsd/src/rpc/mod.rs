@@ -15,6 +15,7 @@
 //! [`wsd_client::WsdError`]).
 
 mod auth;
+mod conn;
 mod exec_backend;
 #[doc(hidden)]
 pub mod fuzzing;
@@ -27,8 +28,6 @@ mod store_thread;
 // crate's: one conversion module for both sides.
 use wsd_client::{convert, stream, transport};
 
-#[cfg(test)]
-mod mem_store;
 #[cfg(test)]
 mod tests;
 
@@ -53,8 +52,15 @@ pub mod limits {
     /// (calls on iterators and sinks included). With
     /// [`MAX_MESSAGE_BYTES`] it bounds a connection's memory.
     pub const DEFAULT_MAX_IN_FLIGHT_CALLS: usize = 128;
-    /// Default bound on concurrent connections.
+    /// Default bound on concurrent authenticated connections (those that
+    /// completed `Bootstrap.connect`).
     pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
+    /// Default bound on connections that have not completed
+    /// `Bootstrap.connect`; a new one beyond it drops the oldest. Small:
+    /// a legitimate peer leaves this state within one round trip.
+    pub const DEFAULT_MAX_UNAUTHENTICATED: usize = 16;
+    /// Default time a new connection has to complete `Bootstrap.connect`.
+    pub const DEFAULT_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
     /// Capacity of the queue in front of the store thread. Calls beyond it
     /// wait on the event loop (they do not block it) until the store thread
     /// catches up; 64 keeps the thread busy while several connections

@@ -1,7 +1,8 @@
 //! Accepting connections and the bootstrap: listeners, admission, the token
 //! and version check, bounded connections, graceful shutdown.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -10,15 +11,19 @@ use std::time::Duration;
 
 use capnp_rpc::{RpcSystem, rpc_twoparty_capnp};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use wsd_schema::workspace_capnp as wire;
 use wsd_sync::{ErrorCode, Store};
 
 use super::auth::{PeerOrigin, Token, admit};
-use super::convert::{error_to, text};
+use super::conn::{Conn, run_call};
+use super::convert::text;
 use super::exec_backend::{DynExecBackend, ExecBackend};
-use super::limits::{DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_IN_FLIGHT_CALLS, MAX_PEER_NAME_BYTES};
+use super::limits::{
+    DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_IN_FLIGHT_CALLS,
+    DEFAULT_MAX_UNAUTHENTICATED, MAX_PEER_NAME_BYTES,
+};
 use super::server_shell::ShellServer;
 use super::server_sync::SyncServer;
 use super::store_thread::{StoreCaller, StoreHandle, StoreThread};
@@ -26,13 +31,24 @@ use super::transport::network;
 use super::{PROTOCOL_VERSION, WireError};
 
 /// How the server runs. `Default` is: no token (loopback peers only),
-/// [`DEFAULT_MAX_CONNECTIONS`], [`DEFAULT_MAX_IN_FLIGHT_CALLS`], 2 s grace.
+/// [`DEFAULT_MAX_CONNECTIONS`], [`DEFAULT_MAX_UNAUTHENTICATED`],
+/// [`DEFAULT_HANDSHAKE_TIMEOUT`], [`DEFAULT_MAX_IN_FLIGHT_CALLS`], 2 s grace.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
     /// The shared secret peers must present; `None` admits only loopback
     /// and unix-socket peers, and any token they present.
     pub token: Option<Token>,
+    /// Connections that completed `Bootstrap.connect`. A peer whose
+    /// handshake finds them all taken waits for one (within its handshake
+    /// deadline).
     pub max_connections: usize,
+    /// Connections that have not completed `Bootstrap.connect` yet. When a
+    /// new one would exceed it, the oldest is dropped: silent peers cost
+    /// only their own connections and never hold up the accept loop.
+    pub max_unauthenticated: usize,
+    /// How long a new connection has to complete `Bootstrap.connect`
+    /// before it is dropped.
+    pub handshake_timeout: Duration,
     pub max_in_flight_calls: usize,
     /// How long shutdown waits for connections to flush their last replies
     /// before closing them.
@@ -44,6 +60,8 @@ impl Default for ServerConfig {
         ServerConfig {
             token: None,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_unauthenticated: DEFAULT_MAX_UNAUTHENTICATED,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             max_in_flight_calls: DEFAULT_MAX_IN_FLIGHT_CALLS,
             shutdown_grace: Duration::from_secs(2),
         }
@@ -104,7 +122,9 @@ pub enum Listener {
 
 impl Listener {
     /// Binds `addr`: `"host:port"` for TCP or `"unix:/path"` for a unix
-    /// socket (a stale socket file at that path is replaced).
+    /// socket. A socket file already at that path is probed: if a server
+    /// answers on it the bind fails with `AddrInUse` (its socket is left
+    /// alone); if nothing does, the stale file is replaced.
     pub async fn bind(addr: &str) -> std::io::Result<Listener> {
         if let Some(path) = addr.strip_prefix("unix:") {
             let path = PathBuf::from(path);
@@ -112,7 +132,21 @@ impl Listener {
                 use std::os::unix::fs::FileTypeExt;
                 m.file_type().is_socket()
             }) {
-                std::fs::remove_file(&path)?;
+                match std::os::unix::net::UnixStream::connect(&path) {
+                    Ok(_) => {
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::AddrInUse,
+                            format!("a server is already listening on {}", path.display()),
+                        ));
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                        tracing::info!(path = %path.display(), "replacing a stale socket file");
+                        std::fs::remove_file(&path)?;
+                    }
+                    // A full backlog (EAGAIN) is a live server too; anything
+                    // else is reported rather than guessed at.
+                    Err(e) => return Err(e),
+                }
             }
             let listener = tokio::net::UnixListener::bind(&path)?;
             return Ok(Listener::Unix { listener, path });
@@ -145,50 +179,65 @@ pub(crate) struct Shared<S> {
     pub(crate) store: StoreHandle<S>,
     pub(crate) exec: Option<Rc<dyn DynExecBackend>>,
     token: Option<Token>,
+    /// Slots for authenticated connections ([`ServerConfig::max_connections`]).
+    connections: Arc<Semaphore>,
 }
 
-/// Per-connection state: the in-flight call budget.
-pub(crate) struct Conn {
-    in_flight: Cell<usize>,
-    max_in_flight: usize,
+/// Connections that have not completed their handshake, oldest first.
+struct Unauthenticated {
+    max: usize,
+    next_id: Cell<u64>,
+    queue: RefCell<VecDeque<(u64, CancellationToken)>>,
 }
 
-/// Holds one unit of the connection's in-flight budget while a call runs.
-pub(crate) struct CallGuard(Rc<Conn>);
+/// A connection's place among the unauthenticated ones; leaving (drop)
+/// frees it.
+struct UnauthSlot {
+    owner: Rc<Unauthenticated>,
+    id: u64,
+    /// Cancelled when a newer connection pushes this one out.
+    evicted: CancellationToken,
+}
 
-impl Drop for CallGuard {
+impl Unauthenticated {
+    /// Takes a slot for a new connection, evicting the oldest holder if all
+    /// are taken.
+    fn admit(self: &Rc<Self>) -> UnauthSlot {
+        let id = self.next_id.get();
+        self.next_id.set(id + 1);
+        let evicted = CancellationToken::new();
+        let mut queue = self.queue.borrow_mut();
+        while queue.len() >= self.max.max(1) {
+            if let Some((_, oldest)) = queue.pop_front() {
+                oldest.cancel();
+            }
+        }
+        queue.push_back((id, evicted.clone()));
+        UnauthSlot {
+            owner: self.clone(),
+            id,
+            evicted,
+        }
+    }
+}
+
+impl Drop for UnauthSlot {
     fn drop(&mut self) {
-        self.0.in_flight.set(self.0.in_flight.get() - 1);
+        self.owner
+            .queue
+            .borrow_mut()
+            .retain(|(id, _)| *id != self.id);
     }
 }
 
-impl Conn {
-    pub(crate) fn enter(self: &Rc<Self>) -> Result<CallGuard, WireError> {
-        let n = self.in_flight.get();
-        WireError::check_limit("in-flight calls per connection", self.max_in_flight, n + 1)?;
-        self.in_flight.set(n + 1);
-        Ok(CallGuard(self.clone()))
-    }
-}
-
-/// Runs one call body under the connection's in-flight budget and encodes
-/// its error as a coded exception.
-pub(crate) async fn run_call<F>(
-    conn: &Rc<Conn>,
-    method: &'static str,
-    body: F,
-) -> Result<(), capnp::Error>
-where
-    F: Future<Output = Result<(), WireError>>,
-{
-    let result = match conn.enter() {
-        Ok(_guard) => body.await,
-        Err(e) => Err(e),
-    };
-    result.map_err(|e| {
-        tracing::debug!(method, error = %e, "call failed");
-        error_to(&e)
-    })
+/// A connection's handshake state, shared between its task and its
+/// bootstrap capability.
+#[derive(Default)]
+struct Handshake {
+    /// Cancelled once `Bootstrap.connect` succeeded.
+    done: CancellationToken,
+    /// The authenticated-connection slot, held until the connection ends.
+    permit: RefCell<Option<OwnedSemaphorePermit>>,
 }
 
 /// Serves `backend` on `listeners` until `shutdown` resolves, then stops
@@ -215,12 +264,17 @@ pub async fn serve<S: Store + Send + 'static>(
         store,
         exec,
         token: config.token.clone(),
+        connections: Arc::new(Semaphore::new(config.max_connections)),
     });
     if config.token.is_none() {
         tracing::warn!("no token configured: only loopback and unix-socket peers are admitted");
     }
+    let unauthenticated = Rc::new(Unauthenticated {
+        max: config.max_unauthenticated,
+        next_id: Cell::new(0),
+        queue: RefCell::new(VecDeque::new()),
+    });
     let config = Rc::new(config);
-    let connections = Arc::new(Semaphore::new(config.max_connections));
     let stop_accepting = CancellationToken::new();
     let disconnect = CancellationToken::new();
     // Every accept loop and connection task holds a sender; `recv` returns
@@ -234,7 +288,7 @@ pub async fn serve<S: Store + Send + 'static>(
         let ctx = AcceptCtx {
             shared: shared.clone(),
             config: config.clone(),
-            connections: connections.clone(),
+            unauthenticated: unauthenticated.clone(),
             stop: stop_accepting.clone(),
             disconnect: disconnect.clone(),
             alive: alive_tx.clone(),
@@ -257,7 +311,7 @@ pub async fn serve<S: Store + Send + 'static>(
 struct AcceptCtx<S> {
     shared: Rc<Shared<S>>,
     config: Rc<ServerConfig>,
-    connections: Arc<Semaphore>,
+    unauthenticated: Rc<Unauthenticated>,
     stop: CancellationToken,
     disconnect: CancellationToken,
     alive: mpsc::Sender<()>,
@@ -266,15 +320,9 @@ struct AcceptCtx<S> {
 async fn accept_loop<S: Store + Send + 'static>(listener: Listener, ctx: AcceptCtx<S>) {
     let mut backoff = Duration::from_millis(50);
     loop {
-        // Wait for a connection slot before accepting, so a full server
-        // leaves new peers in the kernel's backlog rather than dropping them.
-        let permit = tokio::select! {
-            _ = ctx.stop.cancelled() => break,
-            p = ctx.connections.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-        };
+        // Never wait for a slot before accepting: a full server would leave
+        // every new peer, authenticated or not, in the kernel's backlog
+        // behind whoever holds the slots (idle peers, before this rule).
         let accepted = tokio::select! {
             _ = ctx.stop.cancelled() => break,
             a = accept(&listener) => a,
@@ -297,13 +345,13 @@ async fn accept_loop<S: Store + Send + 'static>(listener: Listener, ctx: AcceptC
             continue;
         }
         tracing::debug!(?origin, "connection accepted");
+        let slot = ctx.unauthenticated.admit();
         let shared = ctx.shared.clone();
         let config = ctx.config.clone();
         let disconnect = ctx.disconnect.clone();
         let alive = ctx.alive.clone();
         tokio::task::spawn_local(async move {
-            run_connection(stream, origin, shared, &config, disconnect).await;
-            drop(permit);
+            run_connection(stream, origin, shared, &config, slot, disconnect).await;
             drop(alive);
         });
     }
@@ -338,39 +386,65 @@ async fn run_connection<S: Store + Send + 'static>(
     origin: PeerOrigin,
     shared: Rc<Shared<S>>,
     config: &ServerConfig,
+    slot: UnauthSlot,
     disconnect: CancellationToken,
 ) {
-    let conn = Rc::new(Conn {
-        in_flight: Cell::new(0),
-        max_in_flight: config.max_in_flight_calls,
+    let conn = Rc::new(Conn::new(config.max_in_flight_calls));
+    let handshake = Rc::new(Handshake::default());
+    let bootstrap: wire::bootstrap::Client = capnp_rpc::new_client(BootstrapServer {
+        shared,
+        conn,
+        handshake: handshake.clone(),
     });
-    let bootstrap: wire::bootstrap::Client =
-        capnp_rpc::new_client(BootstrapServer { shared, conn });
     let rpc = RpcSystem::new(
         network(stream, rpc_twoparty_capnp::Side::Server),
         Some(bootstrap.client),
     );
     let disconnector = rpc.get_disconnector();
     let mut rpc = std::pin::pin!(rpc);
-    tokio::select! {
-        r = &mut rpc => match r {
-            Ok(()) => tracing::debug!(?origin, "connection closed"),
-            Err(e) => tracing::debug!(?origin, error = %e, "connection failed"),
-        },
-        _ = disconnect.cancelled() => {
-            // Keep driving the connection while it shuts down so replies
-            // already queued are flushed.
-            let flush = futures::future::join(rpc, disconnector);
-            if tokio::time::timeout(config.shutdown_grace, flush).await.is_err() {
-                tracing::debug!(?origin, "connection did not close within the grace period");
+    let evicted = slot.evicted.clone();
+    let mut slot = Some(slot);
+    let deadline = tokio::time::sleep(config.handshake_timeout);
+    let mut deadline = std::pin::pin!(deadline);
+    loop {
+        tokio::select! {
+            r = &mut rpc => {
+                match r {
+                    Ok(()) => tracing::debug!(?origin, "connection closed"),
+                    Err(e) => tracing::debug!(?origin, error = %e, "connection failed"),
+                }
+                break;
+            }
+            _ = disconnect.cancelled() => {
+                // Keep driving the connection while it shuts down so
+                // replies already queued are flushed.
+                let flush = futures::future::join(rpc, disconnector);
+                if tokio::time::timeout(config.shutdown_grace, flush).await.is_err() {
+                    tracing::debug!(?origin, "connection did not close within the grace period");
+                }
+                break;
+            }
+            _ = handshake.done.cancelled(), if slot.is_some() => {
+                slot = None;
+            }
+            _ = evicted.cancelled(), if slot.is_some() => {
+                tracing::debug!(?origin, "dropped before its handshake: too many unauthenticated connections");
+                break;
+            }
+            _ = &mut deadline, if slot.is_some() => {
+                tracing::debug!(?origin, timeout = ?config.handshake_timeout, "dropped: no handshake within the deadline");
+                break;
             }
         }
     }
+    // Dropping `rpc` (on return) closes the socket; the slot goes with it.
+    drop(handshake.permit.borrow_mut().take());
 }
 
 struct BootstrapServer<S> {
     shared: Rc<Shared<S>>,
     conn: Rc<Conn>,
+    handshake: Rc<Handshake>,
 }
 
 /// Checks a peer name: 1..=255 bytes, no control characters.
@@ -407,6 +481,15 @@ impl<S: Store + Send + 'static> wire::bootstrap::Server for BootstrapServer<S> {
             }
             let peer = text(p.get_peer(), "peer name")?;
             check_peer_name(&peer)?;
+            if !self.handshake.done.is_cancelled() {
+                // Waits while every authenticated slot is taken; the
+                // connection's handshake deadline bounds the wait.
+                let permit = self.shared.connections.clone().acquire_owned().await.map_err(
+                    |_| WireError::new(ErrorCode::Shutdown, "the server is shutting down"),
+                )?;
+                *self.handshake.permit.borrow_mut() = Some(permit);
+                self.handshake.done.cancel();
+            }
             tracing::info!(peer, "peer connected");
             let workspace = WorkspaceServer {
                 shared: self.shared.clone(),

@@ -9,12 +9,12 @@ use wsd_schema::workspace_capnp as wire;
 use wsd_sync::ErrorCode;
 
 use super::WireError;
+use super::conn::{Conn, run_call};
 use super::convert::{
     exec_event_to, exec_request_from, resume_from, signal_from, text, wire_error_to,
 };
 use super::exec_backend::{DynExecBackend, DynExecEvents};
 use super::limits::MAX_STDIN_WRITE_BYTES;
-use super::server::{Conn, run_call};
 use super::stream::{self, StreamWindow, message_bytes};
 
 pub(crate) struct ShellServer {

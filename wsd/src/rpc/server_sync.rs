@@ -10,12 +10,12 @@ use wsd_sync::limits::{MAX_HASHES_PER_CALL, MAX_IGNORE_PATTERNS, MAX_PUSH_ENTRIE
 use wsd_sync::{ApplyBatch, ChangeCursor, ChangesQuery, ErrorCode, Hash, IgnoreRules, Store};
 
 use super::WireError;
+use super::conn::{Conn, run_call};
 use super::convert::{
     baseline_from, cursor_to, entries_from, entries_to, hashes_from, hashes_to, maybe_entry_to,
     objects_from, objects_to, opt_cursor_from, path_from, text,
 };
 use super::limits::{MAX_CHANGES_PER_NEXT, OBJECT_WRITE_BYTES};
-use super::server::{Conn, run_call};
 use super::store_thread::StoreHandle;
 use super::stream::{self, StreamWindow, message_bytes};
 

@@ -170,7 +170,7 @@ fn shutting_down() -> WireError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rpc::mem_store::MemStore;
+    use wsd_sync::testkit::MemStore;
 
     #[test]
     fn after_close_new_calls_are_eshutdown_and_queued_calls_still_run() {

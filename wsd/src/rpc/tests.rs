@@ -16,10 +16,10 @@ use wsd_sync::{
     SyncPath, chunk,
 };
 
-use super::mem_store::MemStore;
 use super::transport::network;
 use super::*;
 use wsd_client::client::{self, Client, ReconnectingClient};
+use wsd_sync::testkit::MemStore;
 
 /// Runs a test body on a current-thread runtime inside a `LocalSet`, as
 /// `wsd serve` runs the server.
@@ -974,6 +974,41 @@ fn connections_beyond_the_bound_wait_until_one_closes() {
             .unwrap()
             .unwrap();
         second.watermarks().await.unwrap();
+        server.stop().await.unwrap();
+    });
+}
+
+#[test]
+fn a_silent_connection_is_dropped_at_the_handshake_deadline() {
+    use tokio::io::AsyncReadExt;
+    run(async {
+        let config = ServerConfig {
+            handshake_timeout: Duration::from_millis(200),
+            ..Default::default()
+        };
+        let server = start_on("127.0.0.1:0", MemStore::new(), config, None).await;
+        let mut silent = tokio::net::TcpStream::connect(&server.addr).await.unwrap();
+        let mut buf = [0u8; 16];
+        // The server closes its end: the read sees end-of-stream (or a
+        // reset), never data and never a hang (the test's own bound).
+        let n = silent.read(&mut buf).await.unwrap_or(0);
+        assert_eq!(n, 0, "the server sent bytes to a peer that said nothing");
+        server.stop().await.unwrap();
+    });
+}
+
+#[test]
+fn idle_unauthenticated_connections_do_not_keep_a_real_peer_out() {
+    run(async {
+        let server = start().await;
+        // More idle peers than either connection bound.
+        let mut idle = Vec::new();
+        for _ in 0..(limits::DEFAULT_MAX_CONNECTIONS + limits::DEFAULT_MAX_UNAUTHENTICATED + 20) {
+            idle.push(tokio::net::TcpStream::connect(&server.addr).await.unwrap());
+        }
+        let c = client::connect(&server.addr, None, "real").await.unwrap();
+        c.watermarks().await.unwrap();
+        drop(idle);
         server.stop().await.unwrap();
     });
 }

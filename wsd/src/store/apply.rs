@@ -23,7 +23,7 @@ use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
 use wsd_sync::{
     ApplyOutcome, Baseline, ChangeCursor, ChangeEntry, ChunkRef, EntryState, Hash, SyncError,
     SyncPath, manifest,
@@ -129,6 +129,10 @@ pub(crate) struct Apply<'a> {
     pub remote: &'a str,
     pub peer: bool,
     pub push_cursor: ChangeCursor,
+    /// The remote's push cursor is below our prune horizon: our next push
+    /// to it is a sweeping baseline that must list every live path, so
+    /// nothing written now may be hidden from it as its own echo.
+    baseline_due: bool,
     rev: Option<u64>,
     pub outcome: ApplyOutcome,
     /// True once the directory was modified: a failure after this point
@@ -158,6 +162,8 @@ impl<'a> Apply<'a> {
         peer: bool,
     ) -> Result<Apply<'a>, SyncError> {
         let push_cursor = index::remote_cursors(db, remote)?.push;
+        let horizon = index::meta_get(db, "prune_horizon")?;
+        let baseline_due = horizon > 0 && push_cursor.complete_rev() < horizon;
         Ok(Apply {
             db,
             root,
@@ -168,6 +174,7 @@ impl<'a> Apply<'a> {
             remote,
             peer,
             push_cursor,
+            baseline_due,
             rev: None,
             outcome: ApplyOutcome::default(),
             touched_disk: false,
@@ -178,8 +185,9 @@ impl<'a> Apply<'a> {
         })
     }
 
+    /// What written rows record as their origin (for echo exclusion).
     fn applied_from(&self) -> Option<&'a str> {
-        self.peer.then_some(self.remote)
+        (self.peer && !self.baseline_due).then_some(self.remote)
     }
 
     fn rev(&mut self) -> Result<u64, SyncError> {
@@ -771,7 +779,11 @@ impl<'a> Apply<'a> {
         if phase == Baseline::Off {
             return Ok(());
         }
+        self.restart_baseline_if_rewound(entries)?;
         {
+            // A live entry's ancestors exist on the sender even when their
+            // own entries were deferred out of the stream: sweeping them
+            // would take the listed entry with them.
             let mut ins = self
                 .db
                 .prepare_cached(
@@ -781,7 +793,24 @@ impl<'a> Apply<'a> {
             for e in entries {
                 ins.execute(params![self.remote, e.path.as_str()])
                     .ctx("marking a baseline")?;
+                if !matches!(e.state, EntryState::Delete) {
+                    for a in e.path.ancestors() {
+                        ins.execute(params![self.remote, a.as_str()])
+                            .ctx("marking a baseline")?;
+                    }
+                }
             }
+        }
+        if let Some(last) = entries.last() {
+            self.db
+                .prepare_cached(
+                    "INSERT INTO baseline_progress (remote, rev, path) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (remote) DO UPDATE SET rev = ?2, path = ?3",
+                )
+                .and_then(|mut s| {
+                    s.execute(params![self.remote, last.rev as i64, last.path.as_str()])
+                })
+                .ctx("recording baseline progress")?;
         }
         if phase != Baseline::Sweep {
             return Ok(());
@@ -824,12 +853,48 @@ impl<'a> Apply<'a> {
                 self.entry(&del)?;
             }
         }
-        self.db
-            .execute(
-                "DELETE FROM baseline_marks WHERE remote = ?1",
-                [self.remote],
-            )
-            .ctx("clearing baseline marks")?;
+        self.clear_baseline()
+    }
+
+    fn clear_baseline(&self) -> Result<(), SyncError> {
+        for sql in [
+            "DELETE FROM baseline_marks WHERE remote = ?1",
+            "DELETE FROM baseline_progress WHERE remote = ?1",
+        ] {
+            self.db
+                .prepare_cached(sql)
+                .and_then(|mut s| s.execute([self.remote]))
+                .ctx("clearing baseline marks")?;
+        }
+        Ok(())
+    }
+
+    /// A baseline that starts again (its first entry is not after the last
+    /// one marked) is a new attempt: the marks of the abandoned one would
+    /// spare paths the sender no longer has.
+    fn restart_baseline_if_rewound(&self, entries: &[ChangeEntry]) -> Result<(), SyncError> {
+        let Some(first) = entries.first() else {
+            return Ok(());
+        };
+        let progress: Option<(i64, String)> = self
+            .db
+            .prepare_cached("SELECT rev, path FROM baseline_progress WHERE remote = ?1")
+            .and_then(|mut s| {
+                s.query_row([self.remote], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()
+            })
+            .ctx("reading baseline progress")?;
+        if let Some((rev, path)) = progress {
+            let path = SyncPath::new(path)
+                .map_err(|e| SyncError::Storage(format!("index holds a bad path: {e}")))?;
+            if !ChangeCursor::within(rev as u64, path).is_before(first.rev, &first.path) {
+                tracing::info!(
+                    remote = self.remote,
+                    "baseline restarted; dropping the marks of the previous attempt"
+                );
+                self.clear_baseline()?;
+            }
+        }
         Ok(())
     }
 
@@ -839,12 +904,12 @@ impl<'a> Apply<'a> {
         let stored = index::remote_cursors(self.db, self.remote)?.fetch;
         let fetch = match sender {
             Some(c) if *c > stored => {
-                index::set_fetch_cursor(self.db, self.remote, c)?;
+                index::write_fetch_cursor(self.db, self.remote, c)?;
                 c.clone()
             }
             Some(_) => {
                 // Registers the remote even when nothing moves.
-                index::set_fetch_cursor(self.db, self.remote, &stored)?;
+                index::write_fetch_cursor(self.db, self.remote, &stored)?;
                 stored
             }
             None => stored,

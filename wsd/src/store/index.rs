@@ -56,14 +56,56 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (remote, path)
     ) STRICT, WITHOUT ROWID;
     "#,
+    // 2: where an ongoing baseline got to, so a restarted one (its first
+    // entry not after the last one marked) drops the stale marks.
+    r#"
+    CREATE TABLE baseline_progress (
+        remote TEXT PRIMARY KEY,
+        rev INTEGER NOT NULL,
+        path TEXT NOT NULL
+    ) STRICT;
+    "#,
 ];
 
 /// The schema version this build writes.
 pub(crate) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// Opens (creating if needed) the index at `path`, configures it and runs
-/// pending migrations, each in its own transaction.
+/// pending migrations, each in its own transaction. A damaged index (failing
+/// `PRAGMA quick_check`, or not a database) is set aside with a warning
+/// naming both files and a fresh one is created: the index is derived from
+/// the tree, so the store's startup walk rebuilds it, and with no cursors
+/// left every peer re-baselines.
 pub(crate) fn open(path: &Path) -> Result<Connection, StoreError> {
+    let Some(reason) = crate::sqlite_state::damage(path) else {
+        return open_sound(path);
+    };
+    {
+        let aside = crate::sqlite_state::set_aside(path).map_err(|source| StoreError::Io {
+            context: format!("setting the damaged index {} aside", path.display()),
+            source,
+        })?;
+        tracing::warn!(
+            index = %path.display(),
+            moved_to = %aside.display(),
+            %reason,
+            "the index is damaged: moved aside; rebuilding it from the tree (peers re-baseline)"
+        );
+    }
+    let db = open_sound(path)?;
+    // The rebuilt index knows nothing of what was deleted or pushed before:
+    // a horizon at the first rev makes every reader whose cursor predates
+    // the rebuild (a push cursor reset to zero, too) take a baseline, whose
+    // sweep removes on the peer what no longer exists here.
+    db.execute("UPDATE meta SET v = 1 WHERE k = 'prune_horizon'", [])
+        .map_err(|source| StoreError::Index {
+            context: format!("marking the rebuilt index ({})", path.display()),
+            source,
+        })?;
+    Ok(db)
+}
+
+fn open_sound(path: &Path) -> Result<Connection, StoreError> {
     let ix = |context: &str| {
         let context = format!("{context} ({})", path.display());
         move |source| StoreError::Index { context, source }
@@ -136,7 +178,7 @@ impl NodeKind {
 
 /// What the filesystem said about a path when it was indexed. Two stats
 /// with equal fields are taken to mean unchanged content (modulo the
-/// racy-clean rule, see `scan.rs`).
+/// racy-clean rule, see [`Stat::is_racy`]).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub(crate) struct Stat {
     pub mode: u32,
@@ -147,7 +189,21 @@ pub(crate) struct Stat {
     pub ctime_ns: i64,
 }
 
+/// How close to its hashing time a file's mtime must be to count as racily
+/// clean. Generous enough for coarse filesystem clocks (jiffies, 1-2 s
+/// granularity on FAT/SMB); the cost is one more hash of recently written
+/// files.
+pub(crate) const RACY_MARGIN_NS: i64 = 2_000_000_000;
+
 impl Stat {
+    /// The racy-clean rule (git's), the one place it is written: a file
+    /// whose mtime is within [`RACY_MARGIN_NS`] of `verified_ns` (when it was
+    /// last hashed) may have been rewritten in the same timestamp tick after
+    /// hashing, so a stat equal to this one does not prove its content.
+    pub(crate) fn is_racy(&self, verified_ns: i64) -> bool {
+        self.mtime_ns.saturating_add(RACY_MARGIN_NS) >= verified_ns
+    }
+
     pub fn of(m: &std::fs::Metadata) -> Stat {
         use std::os::unix::fs::MetadataExt;
         Stat {
@@ -493,12 +549,7 @@ impl ChunkLocation {
     /// True when `disk` (the open file's `fstat`) proves the indexed bytes
     /// unchanged, so they need not be hashed again.
     pub fn unchanged(&self, disk: &std::fs::Metadata) -> bool {
-        Stat::of(disk) == self.stat
-            && self
-                .stat
-                .mtime_ns
-                .saturating_add(super::scan::RACY_MARGIN_NS)
-                < self.verified_ns
+        Stat::of(disk) == self.stat && !self.stat.is_racy(self.verified_ns)
     }
 }
 
@@ -737,11 +788,22 @@ pub(crate) fn remote_cursors(db: &Connection, remote: &str) -> Result<RemoteCurs
     }
 }
 
+/// Sets `remote`'s push cursor. A cursor beyond our current rev is
+/// `EINVAL` (nothing of ours can have been acknowledged there). Moving it
+/// back, or to zero, means the remote lost state: its echo markers are
+/// cleared, so that what we applied from it is pushed back to it too.
 pub(crate) fn set_push_cursor(
     db: &Connection,
     remote: &str,
     c: &ChangeCursor,
 ) -> Result<(), SyncError> {
+    let current = meta_get(db, "rev")?;
+    if c.rev > current {
+        return Err(SyncError::Invalid(format!(
+            "push cursor {c} for remote {remote:?} is beyond this store's current rev {current}"
+        )));
+    }
+    let old = remote_cursors(db, remote)?.push;
     db.prepare_cached(
         "INSERT INTO remotes (name, push_rev, push_path) VALUES (?1, ?2, ?3)
          ON CONFLICT (name) DO UPDATE SET push_rev = ?2, push_path = ?3",
@@ -754,10 +816,46 @@ pub(crate) fn set_push_cursor(
         ])
     })
     .ctx("writing a push cursor")?;
+    // Zero is a reset even when the cursor was already there (we had only
+    // pulled from the remote).
+    if *c < old || *c == ChangeCursor::ZERO {
+        let cleared = forget_applied_markers(db, remote)?;
+        if cleared > 0 {
+            tracing::warn!(remote, from = %old, to = %c, cleared,
+                "push cursor moved back: the remote lost state; its echo markers are cleared");
+        }
+    }
     Ok(())
 }
 
+/// Forgets which paths hold `remote`'s state, so echo exclusion no longer
+/// keeps them from it. Returns how many rows were marked.
+pub(crate) fn forget_applied_markers(db: &Connection, remote: &str) -> Result<usize, SyncError> {
+    db.prepare_cached("UPDATE nodes SET applied_from = NULL WHERE applied_from = ?1")
+        .and_then(|mut s| s.execute([remote]))
+        .ctx("clearing echo markers")
+}
+
+/// Sets `remote`'s fetch cursor exactly; moving it back (or to zero) means
+/// the remote lost state, and its echo markers are cleared as for the push
+/// cursor.
 pub(crate) fn set_fetch_cursor(
+    db: &Connection,
+    remote: &str,
+    c: &ChangeCursor,
+) -> Result<(), SyncError> {
+    let old = remote_cursors(db, remote)?.fetch;
+    write_fetch_cursor(db, remote, c)?;
+    if *c < old || *c == ChangeCursor::ZERO {
+        let cleared = forget_applied_markers(db, remote)?;
+        tracing::warn!(remote, from = %old, to = %c, cleared,
+            "fetch cursor moved back: the remote lost state; its echo markers are cleared");
+    }
+    Ok(())
+}
+
+/// Writes `remote`'s fetch cursor (registering the remote), nothing else.
+pub(crate) fn write_fetch_cursor(
     db: &Connection,
     remote: &str,
     c: &ChangeCursor,

@@ -23,6 +23,8 @@ mod scan;
 mod watch;
 
 #[cfg(test)]
+mod contract;
+#[cfg(test)]
 mod tests;
 
 use std::collections::{BTreeSet, HashSet};
@@ -43,7 +45,7 @@ use objects::Staging;
 use watch::{LocalWatcher, Pending};
 
 /// Name of the index database inside the state directory.
-const INDEX_FILE: &str = "index.sqlite3";
+pub const INDEX_FILE: &str = "index.sqlite3";
 
 /// How a [`WorkspaceStore`] finds local changes.
 #[derive(Clone, Debug)]
@@ -584,10 +586,14 @@ impl Store for WorkspaceStore {
     }
 
     fn set_push_cursor(&mut self, remote: &str, cursor: &ChangeCursor) -> Result<(), SyncError> {
-        index::set_push_cursor(&self.db, remote, cursor)
+        let tx = self.db.transaction().ctx("starting a cursor update")?;
+        index::set_push_cursor(&tx, remote, cursor)?;
+        tx.commit().ctx("committing a cursor update")
     }
 
     fn set_fetch_cursor(&mut self, remote: &str, cursor: &ChangeCursor) -> Result<(), SyncError> {
-        index::set_fetch_cursor(&self.db, remote, cursor)
+        let tx = self.db.transaction().ctx("starting a cursor update")?;
+        index::set_fetch_cursor(&tx, remote, cursor)?;
+        tx.commit().ctx("committing a cursor update")
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! A path is clean when its `lstat` equals the indexed stat (mode, size,
 //! mtime, ctime, dev, inode) and it is not *racily clean*: a file whose
-//! mtime is within [`RACY_MARGIN_NS`] of the moment it was last hashed may
+//! mtime is within [`index::RACY_MARGIN_NS`] of the moment it was last hashed may
 //! have been rewritten in the same timestamp tick after hashing, so it is
 //! hashed again (git's racy-clean rule). Only changed content, mode, kind
 //! or symlink target stamps a rev; a stat-only difference (touch, a rename
@@ -23,15 +23,10 @@ use super::fsutil::{self, DiskKind};
 use super::index::{self, ChildRow, Node, NodeKind, Stat};
 use super::watch::{LocalWatcher, WatchFailure};
 
-/// How close to its hashing time a file's mtime must be to count as racily
-/// clean. Generous enough for coarse filesystem clocks (jiffies, 1-2 s
-/// granularity on FAT/SMB); the cost is one more hash of recently written
-/// files.
-pub(crate) const RACY_MARGIN_NS: i64 = 2_000_000_000;
-
-/// True when a row's stat matching the disk does not prove its content.
+/// True when a row's stat matching the disk does not prove its content
+/// ([`Stat::is_racy`]).
 pub(crate) fn is_racy(node: &Node) -> bool {
-    node.stat.mtime_ns.saturating_add(RACY_MARGIN_NS) >= node.verified_ns
+    node.stat.is_racy(node.verified_ns)
 }
 
 /// True when `stat` (from disk) shows no change against the row's kind and
@@ -269,8 +264,7 @@ impl Scan<'_> {
         if !matches || kind != DiskKind::File {
             return matches;
         }
-        let racy = row.stat.mtime_ns.saturating_add(RACY_MARGIN_NS) >= row.verified_ns;
-        if racy {
+        if row.stat.is_racy(row.verified_ns) {
             return false;
         }
         self.force.is_empty() || child().is_none_or(|c| !self.force.contains(&c))
@@ -635,6 +629,7 @@ pub(crate) fn hash_file(abs: &Path) -> Result<Option<(Vec<ChunkRef>, Stat)>, Syn
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::index::RACY_MARGIN_NS;
 
     fn file_node(mtime_ns: i64, verified_ns: i64) -> Node {
         Node {

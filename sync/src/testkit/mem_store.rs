@@ -1,13 +1,15 @@
-//! A small in-memory [`Store`] for the RPC tests, following the contract
-//! of `wsd_sync::Store` closely enough for the driver to converge two of
-//! them over the wire. It is shared (`Arc<Mutex<..>>`) so a test can look at
-//! the server's copy while the server's store thread owns the other handle.
+//! A small in-memory [`Store`] that passes the contract suite, for tests of
+//! what sits on top of a store (the RPC server, the driver). It is shared
+//! (`Arc<Mutex<..>>`) so a test can look at the server's copy while the
+//! server's store thread owns the other handle. It never prunes
+//! tombstones, so it never owes a peer a baseline.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use wsd_sync::{
+use super::{LocalOp, StoreUnderTest, apply_local};
+use crate::{
     ApplyBatch, ApplyOutcome, Baseline, ChangeCursor, ChangeEntry, ChangesQuery, ChangesWindow,
     EntryState, Hash, Object, Store, SyncError, SyncPath, Watermarks, chunk,
 };
@@ -28,24 +30,26 @@ struct Inner {
     push: HashMap<String, ChangeCursor>,
     fetch: HashMap<String, ChangeCursor>,
     marks: HashSet<SyncPath>,
+    /// The last entry an ongoing baseline marked, per remote.
+    progress: HashMap<String, ChangeCursor>,
     /// Every `apply` sleeps this long first (to hold a call in flight).
     apply_delay: Duration,
 }
 
 #[derive(Clone, Default, Debug)]
-pub(crate) struct MemStore(Arc<Mutex<Inner>>);
+pub struct MemStore(Arc<Mutex<Inner>>);
 
 impl MemStore {
-    pub(crate) fn new() -> MemStore {
+    pub fn new() -> MemStore {
         MemStore::default()
     }
 
-    pub(crate) fn set_apply_delay(&self, d: Duration) {
+    pub fn set_apply_delay(&self, d: Duration) {
         self.0.lock().unwrap().apply_delay = d;
     }
 
     /// A local write of a file (chunked like the real stores).
-    pub(crate) fn write_file(&self, path: &str, bytes: &[u8], mode: u32) {
+    pub fn write_file(&self, path: &str, bytes: &[u8], mode: u32) {
         let chunks: Vec<_> = chunk::chunk_slice(bytes)
             .into_iter()
             .map(|(_, c)| c)
@@ -65,14 +69,14 @@ impl MemStore {
             size: bytes.len() as u64,
             chunks,
         };
-        s.local(path, state);
+        s.local_write(path, state);
     }
 
-    pub(crate) fn delete(&self, path: &str) {
-        self.clone().local(path, EntryState::Delete);
+    pub fn delete(&self, path: &str) {
+        self.clone().local_write(path, EntryState::Delete);
     }
 
-    fn local(&mut self, path: &str, state: EntryState) {
+    fn local_write(&mut self, path: &str, state: EntryState) {
         let e = ChangeEntry {
             rev: 0,
             path: SyncPath::new(path).unwrap(),
@@ -89,7 +93,7 @@ impl MemStore {
 
     /// Live paths and their content-relevant state (kind, mode, chunks,
     /// target), for convergence checks.
-    pub(crate) fn live(&self) -> BTreeMap<String, EntryState> {
+    pub fn live(&self) -> BTreeMap<String, EntryState> {
         let inner = self.0.lock().unwrap();
         inner
             .nodes
@@ -121,12 +125,21 @@ impl MemStore {
             .collect()
     }
 
-    pub(crate) fn object_count(&self) -> usize {
+    pub fn object_count(&self) -> usize {
         self.0.lock().unwrap().objects.len()
     }
 }
 
 impl Inner {
+    /// The remote lost state: nothing here is its echo any more.
+    fn forget_applied(&mut self, remote: &str) {
+        for n in self.nodes.values_mut() {
+            if n.from.as_deref() == Some(remote) {
+                n.from = None;
+            }
+        }
+    }
+
     fn set(&mut self, path: SyncPath, state: EntryState, rev: u64, from: Option<&str>) {
         let was_dir = matches!(
             self.nodes.get(&path).map(|n| &n.state),
@@ -287,13 +300,25 @@ impl Store for MemStore {
         }
         let rev = s.rev + 1;
         let from = batch.sender.as_ref().map(|_| batch.remote);
+        if batch.baseline != Baseline::Off
+            && let Some(first) = batch.entries.first()
+            && let Some(last) = s.progress.get(batch.remote)
+            && !last.is_before(first.rev, &first.path)
+        {
+            // A baseline that starts again: the old marks would spare
+            // paths the sender no longer has.
+            s.marks.clear();
+            s.progress.remove(batch.remote);
+        }
         let (mut applied, mut skipped) = (0, 0);
         for e in batch.entries {
-            let same = s
+            let current = s
                 .nodes
                 .get(&e.path)
-                .is_some_and(|n| n.state.same_content(&e.state));
-            if batch.sender.is_some() && same {
+                .filter(|n| n.state != EntryState::Delete);
+            let same = current.is_some_and(|n| n.state.same_content(&e.state));
+            let gone = e.state == EntryState::Delete && current.is_none();
+            if gone || (batch.sender.is_some() && same) {
                 skipped += 1;
             } else {
                 s.set(e.path.clone(), e.state.clone(), rev, from);
@@ -301,10 +326,21 @@ impl Store for MemStore {
             }
             if batch.baseline != Baseline::Off {
                 s.marks.insert(e.path.clone());
+                if e.state != EntryState::Delete {
+                    // Its ancestors exist on the sender even if their own
+                    // entries were deferred out of the stream.
+                    let ancestors: Vec<SyncPath> = e.path.ancestors().collect();
+                    s.marks.extend(ancestors);
+                }
+                s.progress.insert(
+                    batch.remote.to_owned(),
+                    ChangeCursor::within(e.rev, e.path.clone()),
+                );
             }
         }
         if batch.baseline == Baseline::Sweep {
             let marks = std::mem::take(&mut s.marks);
+            s.progress.remove(batch.remote);
             let stale: Vec<SyncPath> = s
                 .nodes
                 .iter()
@@ -312,8 +348,13 @@ impl Store for MemStore {
                 .map(|(p, _)| p.clone())
                 .collect();
             for p in stale {
-                s.set(p, EntryState::Delete, rev, from);
-                applied += 1;
+                if s.nodes
+                    .get(&p)
+                    .is_some_and(|n| n.state != EntryState::Delete)
+                {
+                    s.set(p, EntryState::Delete, rev, from);
+                    applied += 1;
+                }
             }
         }
         if applied > 0 {
@@ -336,20 +377,32 @@ impl Store for MemStore {
     }
 
     fn set_push_cursor(&mut self, remote: &str, cursor: &ChangeCursor) -> Result<(), SyncError> {
-        self.0
-            .lock()
-            .unwrap()
-            .push
-            .insert(remote.to_owned(), cursor.clone());
+        let mut s = self.0.lock().unwrap();
+        if cursor.rev > s.rev {
+            return Err(SyncError::Invalid(format!(
+                "push cursor {cursor} for remote {remote:?} is beyond the current rev {}",
+                s.rev
+            )));
+        }
+        let old = s.push.insert(remote.to_owned(), cursor.clone());
+        if old.is_some_and(|old| *cursor < old) || *cursor == ChangeCursor::ZERO {
+            s.forget_applied(remote);
+        }
         Ok(())
     }
 
     fn set_fetch_cursor(&mut self, remote: &str, cursor: &ChangeCursor) -> Result<(), SyncError> {
-        self.0
-            .lock()
-            .unwrap()
-            .fetch
-            .insert(remote.to_owned(), cursor.clone());
+        let mut s = self.0.lock().unwrap();
+        let old = s.fetch.insert(remote.to_owned(), cursor.clone());
+        if old.is_some_and(|old| *cursor < old) || *cursor == ChangeCursor::ZERO {
+            s.forget_applied(remote);
+        }
         Ok(())
+    }
+}
+
+impl StoreUnderTest for MemStore {
+    fn local(&mut self, op: &LocalOp) -> Result<(), SyncError> {
+        apply_local(self, op)
     }
 }
