@@ -1,5 +1,6 @@
-//! The `gsv` command line: `serve` runs the kernel; `call`, `workspace` and
-//! `exec` drive one over its WebSocket like any other user client.
+//! The `gsv` command line: `serve` runs the kernel; `node` runs a device
+//! driver; `call`, `workspace` and `exec` drive a kernel over its WebSocket
+//! like any other user client.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -9,6 +10,8 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use serde_json::{Value, json};
 use wsd_kernel::client::{Credentials, GsvClient};
+use wsd_kernel::driver::{self, DriverConfig};
+use wsd_kernel::node::{NodeRoot, NodeTools};
 use wsd_kernel::{Kernel, KernelConfig};
 
 #[derive(Debug, Parser)]
@@ -26,6 +29,9 @@ struct Cli {
 enum Command {
     /// Run the kernel until SIGTERM or Ctrl-C.
     Serve(ServeArgs),
+    /// Run a device driver: answer `fs.*` and `shell.exec` routed to this
+    /// device, inside `--root`, until SIGTERM or Ctrl-C.
+    Node(NodeArgs),
     /// Send one syscall and print the response frame as JSON.
     Call {
         #[command(flatten)]
@@ -91,6 +97,26 @@ struct ServeArgs {
     wsd_idle_secs: u64,
 }
 
+#[derive(Debug, Args)]
+struct NodeArgs {
+    /// The kernel's WebSocket address, e.g. ws://127.0.0.1:8787/ws.
+    #[arg(long, value_name = "URL")]
+    kernel: String,
+    /// This device's id (the node token must be bound to it).
+    #[arg(long)]
+    device_id: String,
+    /// The account the node token belongs to.
+    #[arg(long, env = "GSV_USER")]
+    user: String,
+    /// A file holding the node token (`sys.token.create {kind:"node",
+    /// allowedRole:"driver", allowedDeviceId}`).
+    #[arg(long, value_name = "FILE")]
+    token_file: PathBuf,
+    /// Every path the node touches resolves inside this directory.
+    #[arg(long, value_name = "DIR")]
+    root: PathBuf,
+}
+
 /// Where the kernel is and who we are: flags, else env, else the config
 /// file (`~/.config/gsv/config.json`: `{url, username, token|password}`).
 #[derive(Debug, Args)]
@@ -136,6 +162,7 @@ pub fn main() -> ExitCode {
 async fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Serve(a) => serve(a).await,
+        Command::Node(a) => node(a).await,
         Command::Call { conn, call, args } => {
             let args: Value = match args {
                 Some(s) => serde_json::from_str(&s).context("ARGS must be a JSON object")?,
@@ -292,6 +319,28 @@ async fn serve(a: ServeArgs) -> Result<ExitCode> {
     println!("listening on {addr}");
     wsd_kernel::server::serve(listener, kernel.clone(), shutdown_signal()).await?;
     kernel.shutdown().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn node(a: NodeArgs) -> Result<ExitCode> {
+    let token = std::fs::read_to_string(&a.token_file)
+        .with_context(|| format!("reading the token file {}", a.token_file.display()))?
+        .trim()
+        .to_owned();
+    if token.is_empty() {
+        bail!("the token file {} is empty", a.token_file.display());
+    }
+    let root = NodeRoot::new(&a.root)
+        .with_context(|| format!("opening the node root {}", a.root.display()))?;
+    let tools = NodeTools::new(root);
+    let config = DriverConfig::new(a.kernel, a.device_id, a.user, token);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let s = stop.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        s.cancel();
+    });
+    driver::run(config, tools, stop).await?;
     Ok(ExitCode::SUCCESS)
 }
 

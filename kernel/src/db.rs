@@ -85,6 +85,49 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
             expires_at INTEGER NOT NULL);
          CREATE INDEX shell_sessions_expiry ON shell_sessions(expires_at);",
     ),
+    (
+        3,
+        "devices",
+        "CREATE TABLE devices(
+            device_id TEXT PRIMARY KEY,
+            owner_uid INTEGER NOT NULL,
+            label TEXT NOT NULL DEFAULT '',
+            description TEXT NOT NULL DEFAULT '',
+            implements TEXT NOT NULL DEFAULT '[]',
+            platform TEXT NOT NULL DEFAULT '',
+            version TEXT NOT NULL DEFAULT '',
+            online INTEGER NOT NULL DEFAULT 0,
+            first_seen_at INTEGER NOT NULL,
+            last_seen_at INTEGER NOT NULL,
+            connected_at INTEGER,
+            disconnected_at INTEGER);
+         CREATE TABLE device_access(
+            device_id TEXT NOT NULL,
+            gid INTEGER NOT NULL,
+            PRIMARY KEY(device_id, gid));
+         CREATE TABLE routing_table(
+            id TEXT PRIMARY KEY,
+            call TEXT NOT NULL,
+            origin_type TEXT NOT NULL,
+            origin_id TEXT NOT NULL,
+            device_id TEXT NOT NULL,
+            driver_connection_id TEXT,
+            created_at INTEGER NOT NULL,
+            expires_at INTEGER);
+         CREATE INDEX routing_table_driver ON routing_table(driver_connection_id);
+         CREATE TABLE device_shell_sessions(
+            session_id TEXT PRIMARY KEY,
+            device_id TEXT NOT NULL,
+            owner_uid INTEGER NOT NULL,
+            status TEXT NOT NULL,
+            exit_code INTEGER,
+            error TEXT,
+            created_at INTEGER NOT NULL,
+            updated_at INTEGER NOT NULL,
+            expires_at INTEGER NOT NULL);
+         CREATE INDEX device_shell_sessions_device ON device_shell_sessions(device_id);
+         CREATE INDEX device_shell_sessions_expiry ON device_shell_sessions(expires_at);",
+    ),
 ];
 
 /// The kernel database behind its one connection.

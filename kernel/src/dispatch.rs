@@ -5,9 +5,9 @@
 //!
 //! `args.target` is handled here and only here: absent, empty or `"gsv"`
 //! means native; any other value on a routable call (`fs.*`, `shell.*`,
-//! `net.*`) is a device route. Device routing is issue 13; until then every
-//! device is unknown, and an unknown device answers 403 exactly like one the
-//! caller may not see.
+//! `net.*`) is a device route ([`crate::routing`]), as is a `shell.exec`
+//! continuing a device's shell session. A routed call needs no native
+//! handler: only the caller's capability is checked before routing.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -102,22 +102,25 @@ impl Dispatch {
         Ok(entry)
     }
 
-    /// Runs an authorised call.
+    /// Runs an authorised call; `entry` is `None` for a routable call with
+    /// no native handler (it can only be routed).
     pub async fn run(
-        entry: Entry,
+        entry: Option<Entry>,
         kernel: Arc<Kernel>,
         session: Arc<Session>,
         call: &str,
         mut args: Map<String, Value>,
     ) -> Result<Value, KernelError> {
-        match args.remove("target") {
+        let target = args.remove("target");
+        if let Some(s) = crate::routing::device_session(&kernel, call, &args).await? {
+            let target = target.and_then(|t| t.as_str().map(str::to_owned));
+            return crate::routing::continue_session(&kernel, &session, s, target, args).await;
+        }
+        match target {
             None | Some(Value::Null) => {}
             Some(Value::String(t)) if t.is_empty() || t == "gsv" => {}
             Some(Value::String(t)) if is_routable(call) => {
-                return Err(KernelError::AccessDenied {
-                    kind: "device",
-                    id: t,
-                });
+                return crate::routing::route_to_target(&kernel, &session, call, t, args).await;
             }
             Some(Value::String(_)) => {}
             Some(_) => {
@@ -127,6 +130,9 @@ impl Dispatch {
                 });
             }
         }
+        let Some(entry) = entry else {
+            return Err(KernelError::UnknownSyscall(call.to_owned()));
+        };
         (entry.handler)(kernel, session, Value::Object(args)).await
     }
 
@@ -138,7 +144,8 @@ impl Dispatch {
     }
 }
 
-fn is_routable(call: &str) -> bool {
+/// Whether `call` may be routed to a device with `target`.
+pub fn is_routable(call: &str) -> bool {
     call.split_once('.')
         .is_some_and(|(domain, _)| ROUTABLE_DOMAINS.contains(&domain))
 }

@@ -51,6 +51,15 @@ pub enum KernelError {
     Unavailable(String),
     #[error("{0}")]
     Internal(String),
+    /// A routed call's device did not answer within the route's TTL.
+    #[error("Syscall {call} timed out (device: {device})")]
+    DeviceTimeout { call: String, device: String },
+    /// A device answered with a frame the kernel cannot relay.
+    #[error("Invalid response from device {device}: {reason}")]
+    BadDeviceResponse { device: String, reason: String },
+    /// A device's own frame-level failure, relayed with its code.
+    #[error("{message}")]
+    Device { code: i64, message: String },
 }
 
 impl KernelError {
@@ -69,6 +78,9 @@ impl KernelError {
             Cancelled(_) => 499,
             Internal(_) => 500,
             Overloaded(_) | Unavailable(_) => 503,
+            DeviceTimeout { .. } => 504,
+            BadDeviceResponse { .. } => 502,
+            Device { code, .. } => *code,
         }
     }
 

@@ -15,6 +15,7 @@ use crate::accounts;
 use crate::db::Db;
 use crate::dispatch::{self, Dispatch};
 use crate::error::KernelError;
+use crate::routing::Router;
 use crate::session::ConnectionPool;
 use crate::workspace::Workspaces;
 
@@ -39,6 +40,8 @@ pub struct KernelConfig {
     pub wsd_bin: PathBuf,
     /// How long `shell.exec` waits for a command before answering `running`.
     pub exec_wait: Duration,
+    /// TTL of a routed call other than `shell.exec` (reference §3.5: 60 s).
+    pub routed_call_ttl: Duration,
     /// A local wsd unused this long (and running nothing) is stopped.
     pub wsd_idle_stop: Duration,
 }
@@ -54,6 +57,7 @@ impl KernelConfig {
             max_frame_bytes: 16 << 20,
             wsd_bin: default_wsd_bin(),
             exec_wait: Duration::from_secs(5),
+            routed_call_ttl: Duration::from_secs(60),
             wsd_idle_stop: Duration::from_secs(10 * 60),
         }
     }
@@ -77,6 +81,8 @@ pub struct Kernel {
     pub system: Arc<Mutex<Dofs>>,
     pub workspaces: Workspaces,
     pub pool: ConnectionPool,
+    /// Live device drivers and routed calls waiting for them.
+    pub router: Router,
     /// Live `shell.exec` sessions.
     pub sessions: crate::syscalls::shell::Sessions,
     pub dispatch: Dispatch,
@@ -97,6 +103,7 @@ impl Kernel {
             .map_err(|e| KernelError::internal(&format!("creating {}", dir.display()), e))?;
         let db = Db::open(&dir.join("kernel.sqlite3"))?;
         db.call(accounts::bootstrap).await?;
+        db.call(crate::routing::reset_at_start).await?;
         let sys_path = dir.join("system.dofs");
         let system = tokio::task::spawn_blocking(move || Dofs::open(&sys_path))
             .await
@@ -112,6 +119,7 @@ impl Kernel {
             db,
             system,
             pool: ConnectionPool::default(),
+            router: Router::default(),
             sessions: Default::default(),
             dispatch: dispatch::table(),
             login_failures: Mutex::new(HashMap::new()),

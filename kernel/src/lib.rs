@@ -6,8 +6,10 @@
 //! backend. [`node`] holds the device-side tools (what a driver answers
 //! `fs.*`/`shell.exec` with). The contract is `shared/design/kernel.md`.
 //!
-//! It deliberately does not (yet): route calls to devices (issue 13; the
-//! `target` seam is in [`dispatch`]), run agent processes, accept binary
+//! Calls with `target: <deviceId>` are routed to a device's driver
+//! connection ([`routing`]); `gsv node` is such a driver ([`driver`]).
+//!
+//! It deliberately does not (yet): run agent processes, accept binary
 //! bodies, or talk capnp itself (the wsd side goes through `wsd-client`).
 
 pub mod accounts;
@@ -15,10 +17,12 @@ pub mod caps;
 pub mod client;
 pub mod db;
 pub mod dispatch;
+pub mod driver;
 pub mod error;
 pub mod frames;
 pub mod kernel;
 pub mod node;
+pub mod routing;
 pub mod server;
 pub mod session;
 pub mod syscalls;

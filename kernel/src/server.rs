@@ -26,10 +26,11 @@ use tokio_util::sync::CancellationToken;
 use crate::accounts::{self, ProcessIdentity};
 use crate::caps;
 use crate::db::now_ms;
-use crate::dispatch::Dispatch;
+use crate::dispatch::{self, Dispatch};
 use crate::error::KernelError;
 use crate::frames::{self, Inbound, Outbound, Response, UNKNOWN_ID};
 use crate::kernel::{Kernel, PROTOCOL};
+use crate::routing;
 use crate::session::{Outgoing, Role, Session};
 
 /// Frames queued for one socket's writer; a full queue makes that
@@ -179,6 +180,9 @@ impl Connection {
         for (_, h) in conn.inflight.lock().unwrap().drain() {
             h.abort();
         }
+        if let Some((device, _)) = conn.session.as_ref().and_then(|s| s.device.clone()) {
+            routing::Router::driver_disconnected(&conn.kernel, &conn.id, &device).await;
+        }
         conn.kernel.pool.remove(&conn.id);
         tracing::debug!(conn = %conn.id, "socket closed");
     }
@@ -217,13 +221,18 @@ impl Connection {
                     tracing::debug!(conn = %self.id, id = target, "request cancelled");
                 }
             }
-            Inbound::Sig { signal, .. } => {
-                tracing::debug!(conn = %self.id, %signal, "ignoring a signal");
-            }
-            Inbound::Res { id, .. } => {
-                // Device answers arrive here once routing exists (issue 13).
-                tracing::debug!(conn = %self.id, %id, "ignoring an unrouted response");
-            }
+            Inbound::Sig { signal, payload } => match &self.session {
+                Some(s) if s.role == Role::Driver => {
+                    routing::on_driver_signal(&self.kernel, s, &self.tx, &signal, payload).await;
+                }
+                _ => tracing::debug!(conn = %self.id, %signal, "ignoring a signal"),
+            },
+            Inbound::Res { id, ok, frame } => match &self.session {
+                Some(s) if s.role == Role::Driver => {
+                    self.kernel.router.on_response(s, &id, ok, frame);
+                }
+                _ => tracing::debug!(conn = %self.id, %id, "ignoring an unrouted response"),
+            },
         }
     }
 
@@ -250,7 +259,10 @@ impl Connection {
             return self.send_res(Response::err(id, &e)).await;
         };
         let entry = match self.kernel.dispatch.authorize(&session, &call) {
-            Ok(e) => e.clone(),
+            Ok(e) => Some(e.clone()),
+            // The capability passed; a routable call without a native
+            // handler may still go to a device.
+            Err(KernelError::UnknownSyscall(_)) if dispatch::is_routable(&call) => None,
             Err(e) => return self.send_res(Response::err(id, &e)).await,
         };
         let (k, tx, map, rid) = (
@@ -334,6 +346,9 @@ impl Connection {
                         "Invalid implements pattern: {bad}"
                     )));
                 }
+                let (dev, uid) = (a.client.id.clone(), identity.uid);
+                k.db.call(move |c| routing::check_device_owner(c, &dev, uid))
+                    .await?;
                 extras.insert("device".into(), json!(a.client.id));
                 extras.insert("implements".into(), json!(implements));
                 device = Some((a.client.id.clone(), implements));
@@ -373,6 +388,15 @@ impl Connection {
             peer: self.peer,
             device,
         });
+        if let Some((device_id, implements)) = &session.device {
+            let reg = routing::Registration {
+                device_id: device_id.clone(),
+                implements: implements.clone(),
+                platform: a.client.platform.clone(),
+                version: a.client.version.clone(),
+            };
+            routing::Router::register_driver(&k, &self.id, self.tx.clone(), &identity, reg).await?;
+        }
         k.pool
             .connected(&self.id, (identity.uid, role, a.client.id.clone()));
         self.session = Some(session);
@@ -527,7 +551,6 @@ struct ConnectArgs {
 }
 
 #[derive(Debug, Deserialize)]
-#[allow(dead_code)] // version/platform are accepted for the device registry (issue 13)
 struct ClientInfo {
     id: String,
     #[serde(default)]

@@ -1,6 +1,7 @@
 //! Syscall handlers by domain, and the one place they are registered.
 
 pub mod account;
+pub mod device;
 pub mod fs;
 pub mod shell;
 pub mod sys;
@@ -15,6 +16,9 @@ pub fn register(d: &mut Dispatch) {
     d.add("sys.token.revoke", "sys.token.revoke", sys::token_revoke);
     d.add("sys.config.get", "sys.config.get", sys::config_get);
     d.add("sys.config.set", "sys.config.set", sys::config_set);
+    d.add("sys.device.list", "sys.device.list", device::list);
+    d.add("sys.device.get", "sys.device.get", device::get);
+    d.add("sys.device.update", "sys.device.update", device::update);
     d.add("account.create", "account.create", account::create);
     d.add("account.list", "account.list", account::list);
     d.add(

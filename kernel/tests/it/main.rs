@@ -2,8 +2,10 @@
 //! WebSocket clients, real SQLite files in a temp dir per test.
 
 mod cli;
+mod devices;
 mod exec;
 mod fs;
 mod handshake;
 mod harness;
+mod node;
 mod workspaces;
