@@ -75,6 +75,8 @@ pub struct Kernel {
     pub workspaces: Workspaces,
     pub pool: ConnectionPool,
     pub dispatch: Dispatch,
+    /// Active agent runs (the rest of a process is rows).
+    pub procs: crate::proc::Procs,
     /// Permits for sockets that have not authenticated yet.
     pub pending: Arc<Semaphore>,
     /// Permits for authenticated sockets.
@@ -99,7 +101,7 @@ impl Kernel {
             .map_err(|e| KernelError::internal("opening system.dofs", e))?;
         let system = Arc::new(Mutex::new(system));
         crate::syscalls::fs::ensure_dir(&system, "root").await?;
-        Ok(Arc::new(Kernel {
+        let kernel = Arc::new(Kernel {
             workspaces: Workspaces::new(dir.join("workspaces"), config.wsd_bin.clone()),
             pending: Arc::new(Semaphore::new(config.max_pending)),
             connected: Arc::new(Semaphore::new(config.max_connections)),
@@ -108,8 +110,11 @@ impl Kernel {
             system,
             pool: ConnectionPool::default(),
             dispatch: dispatch::table(),
+            procs: crate::proc::Procs::default(),
             login_failures: Mutex::new(HashMap::new()),
-        }))
+        });
+        crate::proc::recover(&kernel).await?;
+        Ok(kernel)
     }
 
     /// Stops local `wsd` children (the kernel is going away).

@@ -6,7 +6,7 @@
 //! backend. The contract is `shared/design/kernel.md`.
 //!
 //! It deliberately does not (yet): route calls to devices (issue 13; the
-//! `target` seam is in [`dispatch`]), run agent processes, accept binary
+//! `target` seam is in [`dispatch`]), accept binary
 //! bodies, or talk capnp itself (the wsd side goes through `wsd-client`).
 
 pub mod accounts;
@@ -18,6 +18,7 @@ pub mod error;
 pub mod frames;
 pub mod kernel;
 pub mod node;
+pub mod proc;
 pub mod server;
 pub mod session;
 pub mod syscalls;
