@@ -37,7 +37,28 @@ pub fn shell_tags(cmd: &str, cwd: &str, home: &str) -> Vec<&'static str> {
     let mut tags = Vec::new();
     // Each simple command of a pipeline or list is judged on its own.
     for part in cmd.split(['|', ';', '&', '\n']) {
-        let words: Vec<&str> = part.split_whitespace().collect();
+        let mut words: Vec<&str> = part.split_whitespace().collect();
+        // Wrappers run the next word as the command: `sudo rm -rf x` is
+        // both privileged and destructive.
+        while let Some(&first) = words.first() {
+            let prog = first.rsplit('/').next().unwrap_or(first);
+            if matches!(prog, "sudo" | "su" | "doas" | "pkexec") && !tags.contains(&"privileged") {
+                tags.push("privileged");
+            }
+            if !matches!(
+                prog,
+                "sudo" | "doas" | "pkexec" | "env" | "nice" | "nohup" | "time" | "xargs" | "exec"
+            ) {
+                break;
+            }
+            words.remove(0);
+            while words
+                .first()
+                .is_some_and(|w| w.starts_with('-') || w.contains('='))
+            {
+                words.remove(0);
+            }
+        }
         let Some(&first) = words.first() else {
             continue;
         };
@@ -58,9 +79,6 @@ pub fn shell_tags(cmd: &str, cwd: &str, home: &str) -> Vec<&'static str> {
         };
         if destructive && !tags.contains(&"destructive") {
             tags.push("destructive");
-        }
-        if matches!(prog, "sudo" | "su" | "doas" | "pkexec") && !tags.contains(&"privileged") {
-            tags.push("privileged");
         }
     }
     // A redirection to an absolute path outside cwd and home writes where
@@ -116,6 +134,10 @@ mod tests {
             );
         }
         assert_eq!(shell_tags("sudo ls", "/w", "/home/a"), vec!["privileged"]);
+        assert_eq!(
+            shell_tags("sudo rm -rf /", "/w", "/home/a"),
+            vec!["privileged", "destructive"]
+        );
         assert_eq!(
             shell_tags("echo hi > /etc/passwd", "/w", "/home/a"),
             vec!["outside_cwd"]

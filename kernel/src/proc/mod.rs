@@ -116,6 +116,12 @@ pub async fn recover(k: &Arc<Kernel>) -> Result<(), KernelError> {
         let owner =
             k.db.call(move |c| {
                 store::finish_run(c, &r, "error", Some(&m))?;
+                store::append_message(
+                    c,
+                    &p,
+                    Some(&r),
+                    &json!({"role": "system", "content": format!("Run failed: {m}")}),
+                )?;
                 store::expire_hil(c, &p)?;
                 Ok(store::get(c, &p)?.map(|row| row.owner_uid))
             })

@@ -4,4 +4,5 @@
 mod fs;
 mod handshake;
 mod harness;
+mod proc;
 mod workspaces;
