@@ -86,6 +86,9 @@ struct ServeArgs {
     /// Milliseconds `shell.exec` waits before answering `running`.
     #[arg(long, default_value_t = 5000)]
     exec_wait_ms: u64,
+    /// Seconds after which an unused local wsd (running nothing) is stopped.
+    #[arg(long, default_value_t = 600)]
+    wsd_idle_secs: u64,
 }
 
 /// Where the kernel is and who we are: flags, else env, else the config
@@ -276,6 +279,7 @@ async fn serve(a: ServeArgs) -> Result<ExitCode> {
     config.handshake_timeout = std::time::Duration::from_secs(a.handshake_timeout);
     config.max_frame_bytes = a.max_frame_bytes;
     config.exec_wait = std::time::Duration::from_millis(a.exec_wait_ms);
+    config.wsd_idle_stop = std::time::Duration::from_secs(a.wsd_idle_secs);
     let kernel: Arc<Kernel> = Kernel::open(config)
         .await
         .with_context(|| format!("opening {}", data.display()))?;

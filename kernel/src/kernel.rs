@@ -39,6 +39,8 @@ pub struct KernelConfig {
     pub wsd_bin: PathBuf,
     /// How long `shell.exec` waits for a command before answering `running`.
     pub exec_wait: Duration,
+    /// A local wsd unused this long (and running nothing) is stopped.
+    pub wsd_idle_stop: Duration,
 }
 
 impl KernelConfig {
@@ -52,6 +54,7 @@ impl KernelConfig {
             max_frame_bytes: 16 << 20,
             wsd_bin: default_wsd_bin(),
             exec_wait: Duration::from_secs(5),
+            wsd_idle_stop: Duration::from_secs(10 * 60),
         }
     }
 }
@@ -74,6 +77,8 @@ pub struct Kernel {
     pub system: Arc<Mutex<Dofs>>,
     pub workspaces: Workspaces,
     pub pool: ConnectionPool,
+    /// Live `shell.exec` sessions.
+    pub sessions: crate::syscalls::shell::Sessions,
     pub dispatch: Dispatch,
     /// Active agent runs (the rest of a process is rows).
     pub procs: crate::proc::Procs,
@@ -109,10 +114,12 @@ impl Kernel {
             db,
             system,
             pool: ConnectionPool::default(),
+            sessions: Default::default(),
             dispatch: dispatch::table(),
             procs: crate::proc::Procs::default(),
             login_failures: Mutex::new(HashMap::new()),
         });
+        tokio::spawn(reap_idle_children(Arc::downgrade(&kernel)));
         crate::proc::recover(&kernel).await?;
         Ok(kernel)
     }
@@ -120,5 +127,22 @@ impl Kernel {
     /// Stops local `wsd` children (the kernel is going away).
     pub async fn shutdown(&self) {
         self.workspaces.shutdown().await;
+    }
+}
+
+/// Stops idle local wsd children now and then; ends with the kernel.
+async fn reap_idle_children(kernel: std::sync::Weak<Kernel>) {
+    loop {
+        let every = match kernel.upgrade() {
+            Some(k) => (k.config.wsd_idle_stop / 4)
+                .clamp(Duration::from_millis(50), Duration::from_secs(30)),
+            None => return,
+        };
+        tokio::time::sleep(every).await;
+        let Some(k) = kernel.upgrade() else { return };
+        let idle = k.config.wsd_idle_stop;
+        k.workspaces
+            .stop_idle(idle, |id| k.sessions.running_in(id))
+            .await;
     }
 }

@@ -3,7 +3,8 @@
 //! one SQLite database, serves `fs.*` natively from dofs stores (a system
 //! store for `/home`, `/etc`, … and one per workspace under
 //! `/workspaces/<id>`), and runs commands in workspaces through a `wsd`
-//! backend. The contract is `shared/design/kernel.md`.
+//! backend. [`node`] holds the device-side tools (what a driver answers
+//! `fs.*`/`shell.exec` with). The contract is `shared/design/kernel.md`.
 //!
 //! It deliberately does not (yet): route calls to devices (issue 13; the
 //! `target` seam is in [`dispatch`]), accept binary

@@ -35,6 +35,8 @@ use crate::session::{Outgoing, Role, Session};
 /// Frames queued for one socket's writer; a full queue makes that
 /// connection's own requests wait, nobody else's.
 const OUTBOUND_QUEUE: usize = 64;
+/// (user, address) pairs whose failures are remembered at most.
+const MAX_TRACKED_LOGIN_FAILURES: usize = 10_000;
 /// Longest delay added to a failed login (it doubles per failure from 100 ms).
 const MAX_LOGIN_DELAY: Duration = Duration::from_secs(2);
 
@@ -469,6 +471,11 @@ impl Connection {
             Err(KernelError::AuthFailed(_)) => {
                 let n = {
                     let mut f = k.login_failures.lock().unwrap();
+                    // Bounded: a flood of distinct names forgets old counts
+                    // rather than growing without limit.
+                    if f.len() >= MAX_TRACKED_LOGIN_FAILURES {
+                        f.clear();
+                    }
                     let n = f.entry(throttle_key).or_insert(0);
                     *n = n.saturating_add(1);
                     *n

@@ -241,6 +241,31 @@ impl Workspaces {
         }
     }
 
+    /// Stops local children unused for `idle` whose workspace runs no
+    /// command; a later bracket starts them again. Busy workspaces are
+    /// skipped (their bracket lock is taken).
+    pub async fn stop_idle(&self, idle: std::time::Duration, busy: impl Fn(&str) -> bool) {
+        let all: Vec<_> = self.open.lock().unwrap().values().cloned().collect();
+        for w in all {
+            if busy(&w.id) {
+                continue;
+            }
+            let Ok(mut b) = w.bracket.try_lock() else {
+                continue;
+            };
+            if b.idle_child(idle) {
+                tracing::info!(workspace = %w.id, "stopping an idle local wsd");
+                b.stop().await;
+            }
+        }
+    }
+
+    /// The pid of an open workspace's local wsd child, if running.
+    pub async fn local_pid(&self, id: &str) -> Option<u32> {
+        let w = self.open.lock().unwrap().get(id).cloned()?;
+        w.bracket.lock().await.child_pid()
+    }
+
     pub fn open_count(&self) -> usize {
         self.open.lock().unwrap().len()
     }

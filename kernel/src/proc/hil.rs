@@ -18,7 +18,12 @@ pub fn decide(call: &str, args: &Value, cwd: &str, home: &str) -> Decision {
     match call {
         "fs.delete" => Decision::Ask(vec!["delete"]),
         "shell.exec" => {
-            let cmd = args.get("command").and_then(Value::as_str).unwrap_or("");
+            // `input` is the syscall's name for the command line.
+            let cmd = args
+                .get("input")
+                .or_else(|| args.get("command"))
+                .and_then(Value::as_str)
+                .unwrap_or("");
             let tags = shell_tags(cmd, cwd, home);
             if tags.is_empty() {
                 Decision::Auto

@@ -621,7 +621,7 @@ async fn run_tool(
             }
         }
     };
-    let args = with_cwd(args, call, &row.cwd, row.workspace_id.as_deref());
+    let args = with_cwd(args, call, &row.cwd);
     let (p, c) = (row.pid.clone(), call.to_owned());
     let remembered =
         k.db.call(move |db| store::is_allowed(db, &p, &c))
@@ -700,13 +700,9 @@ async fn run_tool(
     }
 }
 
-/// Relative paths are the process's cwd's; `Shell` runs in its workspace.
-fn with_cwd(
-    mut args: Map<String, Value>,
-    call: &str,
-    cwd: &str,
-    workspace: Option<&str>,
-) -> Map<String, Value> {
+/// Relative paths are the process's cwd's; `Shell` runs in its cwd (its
+/// workspace) unless the model names another.
+fn with_cwd(mut args: Map<String, Value>, call: &str, cwd: &str) -> Map<String, Value> {
     for key in ["path"] {
         if let Some(Value::String(p)) = args.get(key)
             && !p.starts_with('/')
@@ -721,8 +717,9 @@ fn with_cwd(
         }
     }
     if call == "shell.exec" {
-        if let Some(ws) = workspace {
-            args.entry("workspaceId").or_insert_with(|| json!(ws));
+        // The model's `command` is the syscall's `input` (reference shape).
+        if let Some(c) = args.remove("command") {
+            args.entry("input").or_insert(c);
         }
         args.entry("cwd").or_insert_with(|| json!(cwd));
     }

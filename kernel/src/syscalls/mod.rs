@@ -43,4 +43,5 @@ pub fn register(d: &mut Dispatch) {
     d.add("proc.hil", "proc.hil", proc::hil);
     d.add("proc.reset", "proc.reset", proc::reset);
     d.add("proc.kill", "proc.kill", proc::kill);
+    d.add("shell.exec", "shell.exec", shell::exec);
 }

@@ -1,11 +1,49 @@
 //! `shell.exec` on a workspace, and the workspace's wsd backend.
+//!
+//! A new command runs as a bracket under the workspace's lock: push dofs →
+//! wsd (a failed push fails the call; nothing runs), then exec. A session
+//! task then owns the command's event stream: it keeps the output (tail
+//! capped at [`MAX_OUTPUT_CHARS`]), and when the command exits it pulls
+//! wsd → dofs under the lock again, so a command's changes land even if
+//! nobody polls. Callers wait for that outcome within a budget; a command
+//! still running answers `running` with a `sessionId` to poll. A lost wsd
+//! (stream broken and re-attach refused, e.g. the child restarted) is a
+//! `failed` outcome, never a silent success.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+use wsd_client::{ClientOptions, Endpoint, ExecEventKind, ExecRequest, ResumeFrom, WsdHandle};
+use wsd_sync::Kind;
+
+use crate::db::now_ms;
 use crate::error::KernelError;
-use crate::workspace::Backend;
+use crate::kernel::Kernel;
+use crate::session::Session;
+use crate::vfs::{self, Place};
+use crate::workspace::{Backend, Workspace};
+
+/// Characters of output kept per command (the tail), as the seed.
+pub const MAX_OUTPUT_CHARS: usize = 200_000;
+/// Default command timeout when the caller gives none (the reference
+/// node's 5 minutes).
+const DEFAULT_TIMEOUT_MS: u64 = 5 * 60 * 1000;
+/// Bounds of the caller's `yieldMs` wait.
+const MIN_YIELD: Duration = Duration::from_millis(50);
+const MAX_YIELD: Duration = Duration::from_secs(30);
+/// How long a finished session's row is kept.
+const SESSION_ROW_TTL_MS: i64 = 24 * 3600 * 1000;
+/// How long a finished session's result waits for its poll in memory.
+const FINISHED_SESSION_KEEP: Duration = Duration::from_secs(10 * 60);
+/// The name the kernel's watermarks are kept under in every wsd.
+const WSD_PEER: &str = "gsv-kernel";
 
 /// How long a starting local wsd gets to open its socket.
 const WSD_START_DEADLINE: Duration = Duration::from_secs(10);
@@ -18,6 +56,10 @@ pub struct BackendState {
     dir: PathBuf,
     backend: Backend,
     child: Option<tokio::process::Child>,
+    /// The connection to the wsd, made after the child (re)starts.
+    handle: Option<WsdHandle>,
+    /// Last time a bracket used the wsd (the idle reaper reads it).
+    last_used: Instant,
     /// Consecutive starts that did not stay up; drives the backoff.
     restarts: u32,
     last_start: Option<Instant>,
@@ -39,6 +81,8 @@ impl BackendState {
             dir: dir.to_owned(),
             backend,
             child: None,
+            handle: None,
+            last_used: Instant::now(),
             restarts: 0,
             last_start: None,
         }
@@ -162,8 +206,50 @@ impl BackendState {
         }
     }
 
+    /// A connected handle, (re)starting the local child and reconnecting
+    /// when it is not running.
+    pub async fn handle(&mut self, wsd_bin: &Path) -> Result<WsdHandle, KernelError> {
+        self.last_used = Instant::now();
+        let addr = self.ensure_running(wsd_bin).await?;
+        if addr.started {
+            self.handle = None;
+        }
+        if let Some(h) = &self.handle {
+            return Ok(h.clone());
+        }
+        let token = tokio::fs::read(&addr.token_file).await.map_err(|e| {
+            KernelError::Unavailable(format!(
+                "reading the wsd token {}: {e}",
+                addr.token_file.display()
+            ))
+        })?;
+        let endpoint = Endpoint::from_str(&addr.endpoint).map_err(|e| {
+            KernelError::Unavailable(format!("bad wsd address {}: {e}", addr.endpoint))
+        })?;
+        let opts = ClientOptions {
+            token: Some(token.trim_ascii().to_vec()),
+            peer: WSD_PEER.to_owned(),
+            ..ClientOptions::default()
+        };
+        let h = WsdHandle::connect(endpoint, opts).await.map_err(|e| {
+            KernelError::Unavailable(format!("connecting to wsd at {}: {e}", addr.endpoint))
+        })?;
+        self.handle = Some(h.clone());
+        Ok(h)
+    }
+
+    /// Whether a local child runs and has been unused for `idle`.
+    pub fn idle_child(&mut self, idle: Duration) -> bool {
+        let alive = self
+            .child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)));
+        alive && self.last_used.elapsed() >= idle
+    }
+
     /// Stops the local child, if any.
     pub async fn stop(&mut self) {
+        self.handle = None;
         if let Some(mut c) = self.child.take() {
             let _ = c.start_kill();
             let _ = tokio::time::timeout(Duration::from_secs(5), c.wait()).await;
@@ -188,4 +274,469 @@ fn write_token_file(dir: &Path, path: &Path) -> Result<(), KernelError> {
         .map_err(|e| KernelError::internal(&format!("creating {}", path.display()), e))?;
     f.write_all(crate::accounts::random_hex(32).as_bytes())
         .map_err(|e| KernelError::internal(&format!("writing {}", path.display()), e))
+}
+
+/// Output kept as text, at most [`MAX_OUTPUT_CHARS`] characters (the tail).
+#[derive(Debug, Default)]
+struct TailText {
+    text: String,
+    chars: usize,
+    truncated: bool,
+}
+
+impl TailText {
+    fn push(&mut self, s: &str) {
+        self.text.push_str(s);
+        self.chars += s.chars().count();
+        if self.chars > MAX_OUTPUT_CHARS {
+            let drop = self.chars - MAX_OUTPUT_CHARS;
+            let cut = self
+                .text
+                .char_indices()
+                .nth(drop)
+                .map_or(self.text.len(), |(i, _)| i);
+            self.text.drain(..cut);
+            self.chars = MAX_OUTPUT_CHARS;
+            self.truncated = true;
+        }
+    }
+
+    fn take(&mut self) -> (String, bool) {
+        let t = std::mem::take(self);
+        (t.text, t.truncated)
+    }
+}
+
+/// How a command ended.
+#[derive(Debug, Clone)]
+enum Outcome {
+    Completed {
+        exit_code: i32,
+        changes: Vec<Value>,
+    },
+    Failed {
+        error: String,
+        exit_code: Option<i32>,
+    },
+}
+
+#[derive(Debug, Default)]
+struct SessionState {
+    /// Everything (capped), returned with the final result.
+    output: TailText,
+    /// What no `running` answer has returned yet.
+    pending: TailText,
+    /// Bytes of a UTF-8 character split across events.
+    carry: Vec<u8>,
+    outcome: Option<Outcome>,
+}
+
+/// One running (or just finished) command.
+#[derive(Debug)]
+pub struct ShellSession {
+    pub id: String,
+    pub owner_uid: i64,
+    pub workspace_id: String,
+    state: Mutex<SessionState>,
+    changed: Notify,
+}
+
+impl ShellSession {
+    fn append(&self, bytes: &[u8]) {
+        let mut st = self.state.lock().unwrap();
+        let mut buf = std::mem::take(&mut st.carry);
+        buf.extend_from_slice(bytes);
+        let valid = match std::str::from_utf8(&buf) {
+            Ok(_) => buf.len(),
+            // An incomplete character at the end waits for the next event.
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            Err(_) => buf.len(),
+        };
+        let text = String::from_utf8_lossy(&buf[..valid]).into_owned();
+        st.carry = buf[valid..].to_vec();
+        st.output.push(&text);
+        st.pending.push(&text);
+        drop(st);
+        self.changed.notify_waiters();
+    }
+
+    fn finish(&self, outcome: Outcome) {
+        let mut st = self.state.lock().unwrap();
+        if !st.carry.is_empty() {
+            let rest = String::from_utf8_lossy(&std::mem::take(&mut st.carry)).into_owned();
+            st.output.push(&rest);
+        }
+        st.outcome = Some(outcome);
+        drop(st);
+        self.changed.notify_waiters();
+    }
+
+    /// Waits until the command ends or `budget` passes, then answers.
+    /// Returns the result and whether the session is over.
+    async fn wait(&self, budget: Duration) -> (Value, bool) {
+        let deadline = tokio::time::Instant::now() + budget;
+        loop {
+            let notified = self.changed.notified();
+            {
+                let mut st = self.state.lock().unwrap();
+                if let Some(outcome) = st.outcome.clone() {
+                    let (output, truncated) = st.output.take();
+                    return (self.final_result(outcome, output, truncated), true);
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    let (output, truncated) = st.pending.take();
+                    let mut v =
+                        json!({"status": "running", "sessionId": self.id, "output": output});
+                    if truncated {
+                        v["truncated"] = json!(true);
+                    }
+                    return (v, false);
+                }
+            }
+            let _ = tokio::time::timeout_at(deadline, notified).await;
+        }
+    }
+
+    fn final_result(&self, outcome: Outcome, output: String, truncated: bool) -> Value {
+        let mut v = match outcome {
+            Outcome::Completed { exit_code, changes } => json!({
+                "status": "completed",
+                "exitCode": exit_code,
+                "output": output,
+                "sessionId": self.id,
+                "changes": changes,
+            }),
+            Outcome::Failed { error, exit_code } => {
+                let mut v = json!({
+                    "status": "failed",
+                    "output": output,
+                    "error": error,
+                    "sessionId": self.id,
+                });
+                if let Some(c) = exit_code {
+                    v["exitCode"] = json!(c);
+                }
+                v
+            }
+        };
+        if truncated {
+            v["truncated"] = json!(true);
+        }
+        v
+    }
+}
+
+/// Live shell sessions by id (their rows are in `shell_sessions`).
+#[derive(Debug, Default)]
+pub struct Sessions {
+    live: Mutex<HashMap<String, Arc<ShellSession>>>,
+}
+
+impl Sessions {
+    /// Whether a command still runs in workspace `id`.
+    pub fn running_in(&self, id: &str) -> bool {
+        self.live
+            .lock()
+            .unwrap()
+            .values()
+            .any(|s| s.workspace_id == id && s.state.lock().unwrap().outcome.is_none())
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExecArgs {
+    cwd: Option<String>,
+    #[serde(default)]
+    input: String,
+    session_id: Option<String>,
+    /// Milliseconds; 0 disables the timeout.
+    timeout: Option<u64>,
+    /// How long to wait for the command before answering `running`.
+    yield_ms: Option<u64>,
+}
+
+pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<Value, KernelError> {
+    let budget = a
+        .yield_ms
+        .map(Duration::from_millis)
+        .unwrap_or(k.config.exec_wait)
+        .clamp(MIN_YIELD, MAX_YIELD);
+    if let Some(sid) = a
+        .session_id
+        .as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
+        return continue_session(&k, &s, sid, &a.input, budget).await;
+    }
+    if a.input.trim().is_empty() {
+        return Ok(op_error("input must not be empty"));
+    }
+    let cwd = a.cwd.clone().unwrap_or_else(|| s.identity.cwd.clone());
+    let r = match vfs::resolve(&cwd, &s.identity.home) {
+        Ok(r) => r,
+        Err(e) => return Ok(op_error(&e.to_string())),
+    };
+    let Place::Workspace { id, sub } = r.place else {
+        return Ok(op_error(&format!(
+            "shell.exec runs in a workspace: give a cwd under /workspaces/<id> (got {})",
+            r.display
+        )));
+    };
+    let row = crate::syscalls::workspace::visible_row(&k, &s, &id).await?;
+    if row.is_archived() {
+        return Ok(op_error(&format!("Workspace {id} is archived")));
+    }
+    let w = k.workspaces.open(&row).await?;
+    let session_id = format!("sh_{}", crate::accounts::random_hex(12));
+    let request = ExecRequest {
+        command: a.input.clone(),
+        cwd: sub.map(|p| p.into_string()),
+        id: Some(session_id.clone()),
+        timeout_ms: match a.timeout {
+            Some(0) => None,
+            Some(t) => Some(t),
+            None => Some(DEFAULT_TIMEOUT_MS),
+        },
+        ..ExecRequest::default()
+    };
+    // The bracket's first half, under the workspace lock.
+    let started = {
+        let mut backend = w.bracket.lock().await;
+        let handle = match backend.handle(&k.workspaces.wsd_bin).await {
+            Ok(h) => h,
+            Err(e) => return Ok(failed_before_run(&e.to_string())),
+        };
+        if let Err(e) = handle.push(w.dofs.clone()).await {
+            return Ok(failed_before_run(&format!("push to wsd failed: {e}")));
+        }
+        match handle.exec(request).await {
+            Ok(events) => (handle, events),
+            Err(e) => return Ok(failed_before_run(&format!("wsd refused the command: {e}"))),
+        }
+    };
+    let session = Arc::new(ShellSession {
+        id: session_id.clone(),
+        owner_uid: s.identity.uid,
+        workspace_id: row.id.clone(),
+        state: Mutex::default(),
+        changed: Notify::new(),
+    });
+    k.sessions
+        .live
+        .lock()
+        .unwrap()
+        .insert(session_id.clone(), session.clone());
+    remember_row(&k, &session, "running", None, None).await?;
+    tokio::spawn(drive_session(
+        k.clone(),
+        w,
+        session.clone(),
+        started.0,
+        started.1,
+    ));
+    Ok(answer(&k, &session, budget).await)
+}
+
+async fn continue_session(
+    k: &Arc<Kernel>,
+    s: &Session,
+    sid: &str,
+    input: &str,
+    budget: Duration,
+) -> Result<Value, KernelError> {
+    let live = k.sessions.live.lock().unwrap().get(sid).cloned();
+    let Some(session) = live else {
+        // Not in memory: finished and already answered, expired, or from
+        // before a kernel restart. The row says which, if it is ours.
+        let id = sid.to_owned();
+        let row: Option<(i64, String, Option<String>)> =
+            k.db.call(move |c| {
+                crate::db::opt(c.query_row(
+                    "SELECT owner_uid, status, error FROM shell_sessions
+                     WHERE session_id = ?1 AND expires_at > ?2",
+                    rusqlite::params![id, now_ms()],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                ))
+            })
+            .await?;
+        return match row {
+            Some((owner, status, error)) if owner == s.identity.uid => {
+                let error = match status.as_str() {
+                    "running" => {
+                        "the kernel restarted while this command ran; its result is lost".to_owned()
+                    }
+                    _ => error
+                        .unwrap_or_else(|| format!("session {sid} already {status} and answered")),
+                };
+                Ok(json!({"status": "failed", "output": "", "error": error, "sessionId": sid}))
+            }
+            _ => Err(KernelError::UnknownSession(sid.to_owned())),
+        };
+    };
+    if session.owner_uid != s.identity.uid {
+        // Someone else's session looks exactly like a missing one.
+        return Err(KernelError::UnknownSession(sid.to_owned()));
+    }
+    if !input.is_empty() {
+        return Ok(op_error(
+            "writing stdin to a running command is not supported yet: the wsd client has no write_stdin",
+        ));
+    }
+    Ok(answer(k, &session, budget).await)
+}
+
+/// Waits within `budget` and, when the session is over, forgets it.
+async fn answer(k: &Arc<Kernel>, session: &Arc<ShellSession>, budget: Duration) -> Value {
+    let (v, over) = session.wait(budget).await;
+    if over {
+        k.sessions.live.lock().unwrap().remove(&session.id);
+    }
+    v
+}
+
+/// Follows the command to its end, pulls, and records the outcome.
+async fn drive_session(
+    k: Arc<Kernel>,
+    w: Arc<Workspace>,
+    session: Arc<ShellSession>,
+    handle: WsdHandle,
+    mut events: wsd_client::ExecEvents,
+) {
+    let mut last_seq = 0u64;
+    let mut reattaches = 0u32;
+    let exit = loop {
+        match events.next().await {
+            Ok(Some(ev)) => {
+                last_seq = ev.seq;
+                reattaches = 0;
+                match ev.kind {
+                    ExecEventKind::Stdout(b) | ExecEventKind::Stderr(b) => session.append(&b),
+                    ExecEventKind::Exit(code) => break Ok(code),
+                }
+            }
+            Ok(None) => break Err("the wsd ended the command's events without an exit".to_owned()),
+            Err(e) => {
+                // The connection broke: the same wsd still has the log, a
+                // restarted one does not (and then refuses the attach).
+                reattaches += 1;
+                if reattaches > 3 {
+                    break Err(format!("lost the command: {e}"));
+                }
+                match handle
+                    .attach(&session.id, ResumeFrom::After(last_seq))
+                    .await
+                {
+                    Ok(ev) => events = ev,
+                    Err(e2) => {
+                        break Err(format!(
+                            "lost the command: the wsd went away ({e}) and does not know it any more ({e2})"
+                        ));
+                    }
+                }
+            }
+        }
+    };
+    let outcome = match exit {
+        Err(error) => Outcome::Failed {
+            error,
+            exit_code: None,
+        },
+        Ok(exit_code) => {
+            // The bracket's second half.
+            let _guard = w.bracket.lock().await;
+            match handle.pull(w.dofs.clone()).await {
+                Ok(report) => {
+                    let changes = report
+                        .applied
+                        .iter()
+                        .map(|e| {
+                            json!({
+                                "path": format!("/workspaces/{}/{}", w.id, e.path),
+                                "kind": match e.kind {
+                                    None => "deleted",
+                                    Some(Kind::File) => "file",
+                                    Some(Kind::Dir) => "dir",
+                                    Some(Kind::Symlink) => "symlink",
+                                },
+                                "size": e.size,
+                            })
+                        })
+                        .collect();
+                    Outcome::Completed { exit_code, changes }
+                }
+                Err(e) => Outcome::Failed {
+                    error: format!(
+                        "the command exited {exit_code} but pulling its changes failed: {e}"
+                    ),
+                    exit_code: Some(exit_code),
+                },
+            }
+        }
+    };
+    let _ = handle.dispose(&session.id).await;
+    let (status, code, error) = match &outcome {
+        Outcome::Completed { exit_code, .. } => ("completed", Some(*exit_code), None),
+        Outcome::Failed { error, exit_code } => ("failed", *exit_code, Some(error.clone())),
+    };
+    if let Err(e) = remember_row(&k, &session, status, code, error).await {
+        tracing::warn!(session = %session.id, error = %e, "could not record a session's end");
+    }
+    tracing::info!(session = %session.id, workspace = %session.workspace_id, status, "command finished");
+    session.finish(outcome);
+    // A result nobody polls for is dropped after a while (its row stays).
+    let weak = Arc::downgrade(&k);
+    drop(k);
+    tokio::time::sleep(FINISHED_SESSION_KEEP).await;
+    if let Some(k) = weak.upgrade() {
+        k.sessions.live.lock().unwrap().remove(&session.id);
+    }
+}
+
+/// Upserts the session's row and prunes expired rows.
+async fn remember_row(
+    k: &Arc<Kernel>,
+    session: &ShellSession,
+    status: &'static str,
+    exit_code: Option<i32>,
+    error: Option<String>,
+) -> Result<(), KernelError> {
+    let (id, ws, owner) = (
+        session.id.clone(),
+        session.workspace_id.clone(),
+        session.owner_uid,
+    );
+    k.db.call(move |c| {
+        let now = now_ms();
+        c.execute("DELETE FROM shell_sessions WHERE expires_at <= ?1", [now])?;
+        c.execute(
+            "INSERT INTO shell_sessions(session_id, workspace_id, owner_uid, exec_id, status,
+                exit_code, error, created_at, updated_at, expires_at)
+             VALUES (?1, ?2, ?3, ?1, ?4, ?5, ?6, ?7, ?7, ?8)
+             ON CONFLICT(session_id) DO UPDATE SET status = excluded.status,
+                exit_code = excluded.exit_code, error = excluded.error,
+                updated_at = excluded.updated_at, expires_at = excluded.expires_at",
+            rusqlite::params![
+                id,
+                ws,
+                owner,
+                status,
+                exit_code,
+                error,
+                now,
+                now + SESSION_ROW_TTL_MS
+            ],
+        )?;
+        Ok(())
+    })
+    .await
+}
+
+fn op_error(message: &str) -> Value {
+    json!({"ok": false, "error": message})
+}
+
+fn failed_before_run(error: &str) -> Value {
+    json!({"status": "failed", "output": "", "error": error})
 }

@@ -361,3 +361,21 @@ async fn unauthenticated_sockets_have_their_own_small_cap() {
     .unwrap();
     let _d = k.raw().await;
 }
+
+#[tokio::test]
+async fn a_newer_connection_of_the_same_client_replaces_the_older_one() {
+    let k = TestKernel::start().await;
+    k.setup().await;
+    let mut first = k.alice().await;
+    let mut second = k.alice().await;
+    match first.recv().await {
+        Err(wsd_kernel::client::ClientError::Closed(Some((code, reason)))) => {
+            assert_eq!(
+                (code, reason.as_str()),
+                (1000, "Replaced by newer connection")
+            );
+        }
+        other => panic!("expected the older socket to close, got {other:?}"),
+    }
+    second.call("fs.read", json!({"path": "~"})).await.unwrap();
+}

@@ -1,6 +1,8 @@
 //! Kernel integration tests: the real server on 127.0.0.1:0, real
 //! WebSocket clients, real SQLite files in a temp dir per test.
 
+mod cli;
+mod exec;
 mod fs;
 mod handshake;
 mod harness;

@@ -831,3 +831,57 @@ async fn proc_spawn_with_a_prompt_starts_a_run_and_bad_args_are_refused() {
         .await;
     assert_eq!(err_of(&f).0, 400);
 }
+
+#[tokio::test]
+async fn shell_runs_inside_the_process_workspace_and_its_files_come_back() {
+    let (_k, m, mut a) = setup(
+        vec![
+            Reply::Sse(vec![tool(
+                "c1",
+                "Shell",
+                json!({"command": "echo made-by-shell > out.txt && cat out.txt"}),
+            )]),
+            answer("done"),
+        ],
+        &[],
+    )
+    .await;
+    let p = a
+        .call("proc.spawn", json!({"workspace": {"mode": "new"}}))
+        .await;
+    let (pid, ws) = (
+        p["pid"].clone(),
+        p["workspaceId"].as_str().unwrap().to_owned(),
+    );
+    let s = a
+        .call("proc.send", json!({"pid": pid, "message": "run it"}))
+        .await;
+    let t = a
+        .signal("proc.run.tool.finished", |p| p["toolName"] == "Shell")
+        .await;
+    assert_eq!(t["isError"], false, "{t}");
+    assert_eq!(t["output"]["status"], "completed", "{t}");
+    assert_eq!(t["output"]["exitCode"], 0, "{t}");
+    assert!(
+        t["output"]["output"]
+            .as_str()
+            .unwrap()
+            .contains("made-by-shell"),
+        "{t}"
+    );
+    assert_eq!(a.finished(&s["runId"]).await["text"], "done");
+    let r = a
+        .call(
+            "fs.read",
+            json!({"path": format!("/workspaces/{ws}/out.txt")}),
+        )
+        .await;
+    assert_eq!(r["content"], "     1\tmade-by-shell");
+    let seen = m.requests()[1]["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert!(seen["content"].as_str().unwrap().contains("made-by-shell"));
+}

@@ -1,0 +1,168 @@
+//! The gateway's numbers (issue 12, item 9), against an in-process kernel
+//! on loopback with real `wsd` children (the release `wsd` beside this
+//! bench's target dir; build it first: `cargo build --release -p wsd`):
+//!
+//! * `fs.read` of a small file over the WebSocket: p50/p99 of 1000
+//!   sequential round trips (target p50 ≤ 1 ms);
+//! * `shell.exec "true"` on a workspace with no pending changes, including
+//!   the push → exec → pull bracket: p50/p99 of 200 (target p50 ≤ 10 ms);
+//! * 100 workspaces open at once: kernel RSS with 100 open stores, then
+//!   with 100 running local wsd children (their RSS summed separately).
+//!
+//! `cargo bench -p wsd-bench --bench kernel` prints them; results go in
+//! `bench/RESULTS.md` by hand.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use wsd_kernel::client::{Credentials, GsvClient};
+use wsd_kernel::{Kernel, KernelConfig};
+
+fn percentile(v: &mut [Duration], p: f64) -> Duration {
+    v.sort();
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|n| n.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; there is nothing to filter here.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(run());
+}
+
+async fn run() {
+    let exe = std::env::current_exe().unwrap();
+    let wsd = exe.parent().and_then(|d| d.parent()).unwrap().join("wsd");
+    assert!(
+        wsd.exists(),
+        "{} missing: cargo build --release -p wsd",
+        wsd.display()
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let mut config = KernelConfig::new(tmp.path().join("data"));
+    config.wsd_bin = wsd;
+    let kernel = Kernel::open(config).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("ws://{}/ws", listener.local_addr().unwrap());
+    let k = kernel.clone();
+    tokio::spawn(
+        async move { wsd_kernel::server::serve(listener, k, std::future::pending()).await },
+    );
+    let mut c = GsvClient::connect(&url).await.unwrap();
+    c.call(
+        "sys.setup",
+        json!({"username": "alice", "password": "alice-password"}),
+    )
+    .await
+    .unwrap();
+    let mut c = GsvClient::connect(&url).await.unwrap();
+    c.login("alice", &Credentials::Password("alice-password".into()))
+        .await
+        .unwrap();
+
+    let ten_lines: String = (1..=10).map(|i| format!("line {i}\n")).collect();
+    c.call(
+        "fs.write",
+        json!({"path": "small.txt", "content": ten_lines}),
+    )
+    .await
+    .unwrap();
+    for _ in 0..100 {
+        c.call("fs.read", json!({"path": "small.txt"}))
+            .await
+            .unwrap();
+    }
+    let mut reads = Vec::new();
+    for _ in 0..1000 {
+        let t = Instant::now();
+        let d = c
+            .call("fs.read", json!({"path": "small.txt"}))
+            .await
+            .unwrap();
+        reads.push(t.elapsed());
+        assert_eq!(d["lines"], 10);
+    }
+    println!(
+        "fs.read small file over WebSocket: p50 {:?}, p99 {:?} (n=1000)",
+        percentile(&mut reads, 0.5),
+        percentile(&mut reads, 0.99)
+    );
+
+    let d = c.call("sys.workspace.create", json!({})).await.unwrap();
+    let ws = d["workspace"]["workspaceId"].as_str().unwrap().to_owned();
+    let run = json!({"cwd": format!("/workspaces/{ws}"), "input": "true", "yieldMs": 10000});
+    for _ in 0..20 {
+        let d = c.call("shell.exec", run.clone()).await.unwrap();
+        assert_eq!(d["status"], "completed", "{d}");
+    }
+    let mut execs = Vec::new();
+    for _ in 0..200 {
+        let t = Instant::now();
+        let d = c.call("shell.exec", run.clone()).await.unwrap();
+        execs.push(t.elapsed());
+        assert_eq!(d["status"], "completed", "{d}");
+    }
+    println!(
+        "shell.exec \"true\", no pending changes, with push/pull: p50 {:?}, p99 {:?} (n=200)",
+        percentile(&mut execs, 0.5),
+        percentile(&mut execs, 0.99)
+    );
+
+    let me = std::process::id();
+    let before = rss_kib(me);
+    let mut ids = Vec::new();
+    for i in 0..100 {
+        let d = c.call("sys.workspace.create", json!({})).await.unwrap();
+        let id = d["workspace"]["workspaceId"].as_str().unwrap().to_owned();
+        c.call(
+            "fs.write",
+            json!({"path": format!("/workspaces/{id}/f{i}.txt"), "content": "x"}),
+        )
+        .await
+        .unwrap();
+        ids.push(id);
+    }
+    println!(
+        "100 workspaces open (stores only): kernel RSS {} MiB (was {} MiB)",
+        rss_kib(me) / 1024,
+        before / 1024
+    );
+    for id in &ids {
+        let d = c
+            .call(
+                "shell.exec",
+                json!({"cwd": format!("/workspaces/{id}"), "input": "true", "yieldMs": 10000}),
+            )
+            .await
+            .unwrap();
+        assert_eq!(d["status"], "completed", "{d}");
+    }
+    let mut children = 0u64;
+    let mut n = 0;
+    for id in &ids {
+        if let Some(pid) = kernel.workspaces.local_pid(id).await {
+            children += rss_kib(pid);
+            n += 1;
+        }
+    }
+    println!(
+        "100 workspaces with running wsd children ({n} alive): kernel RSS {} MiB, children RSS sum {} MiB",
+        rss_kib(me) / 1024,
+        children / 1024
+    );
+    kernel.shutdown().await;
+}

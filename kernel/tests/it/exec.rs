@@ -1,0 +1,297 @@
+//! `shell.exec` on workspaces backed by real `wsd` children.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use wsd_kernel::client::GsvClient;
+
+use crate::harness::{TestKernel, err_of, wsd_bin};
+
+async fn workspace(c: &mut GsvClient) -> String {
+    let d = c.call("sys.workspace.create", json!({})).await.unwrap();
+    d["workspace"]["workspaceId"].as_str().unwrap().to_owned()
+}
+
+/// Polls a session until it is over (bounded: 120 polls of ≤ 1 s).
+async fn until_done(c: &mut GsvClient, mut d: Value) -> Value {
+    for _ in 0..120 {
+        if d["status"] != "running" {
+            return d;
+        }
+        let sid = d["sessionId"].as_str().unwrap().to_owned();
+        d = c
+            .call(
+                "shell.exec",
+                json!({"sessionId": sid, "input": "", "yieldMs": 1000}),
+            )
+            .await
+            .unwrap();
+    }
+    panic!("the command never finished: {d}");
+}
+
+#[tokio::test]
+async fn the_exec_bracket_carries_files_both_ways() {
+    let k = TestKernel::with_users().await;
+    let mut a = k.alice().await;
+    let id = workspace(&mut a).await;
+    a.call(
+        "fs.write",
+        json!({"path": format!("/workspaces/{id}/in/hello.txt"), "content": "from dofs\n"}),
+    )
+    .await
+    .unwrap();
+    let d = a
+        .call(
+            "shell.exec",
+            json!({"cwd": format!("/workspaces/{id}/in"), "input": "cat hello.txt; echo made > ../made.txt", "yieldMs": 10000}),
+        )
+        .await
+        .unwrap();
+    let d = until_done(&mut a, d).await;
+    assert_eq!(d["status"], "completed", "{d}");
+    assert_eq!(d["exitCode"], 0);
+    assert_eq!(d["output"], "from dofs\n");
+    let changed: Vec<&str> = d["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["path"].as_str())
+        .collect();
+    assert!(
+        changed.contains(&format!("/workspaces/{id}/made.txt").as_str()),
+        "{d}"
+    );
+    let r = a
+        .call(
+            "fs.read",
+            json!({"path": format!("/workspaces/{id}/made.txt")}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r["content"], "     1\tmade");
+    let d = a
+        .call(
+            "shell.exec",
+            json!({"cwd": format!("/workspaces/{id}"), "input": "exit 3", "yieldMs": 10000}),
+        )
+        .await
+        .unwrap();
+    let d = until_done(&mut a, d).await;
+    assert_eq!(
+        (d["status"].clone(), d["exitCode"].clone()),
+        (json!("completed"), json!(3))
+    );
+}
+
+#[tokio::test]
+async fn a_long_command_answers_running_and_polls_to_completion_for_its_owner_only() {
+    let k = TestKernel::with_users().await;
+    let mut a = k.alice().await;
+    let id = workspace(&mut a).await;
+    let d = a
+        .call(
+            "shell.exec",
+            json!({"cwd": format!("/workspaces/{id}"), "input": "echo start; sleep 1; echo done", "yieldMs": 50}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(d["status"], "running", "{d}");
+    let sid = d["sessionId"].as_str().unwrap().to_owned();
+    let mut b = k.bob().await;
+    let f = b
+        .request("shell.exec", json!({"sessionId": sid, "input": ""}))
+        .await
+        .unwrap();
+    assert_eq!(err_of(&f), (404, format!("Unknown shell session: {sid}")));
+    let d = until_done(&mut a, d).await;
+    assert_eq!(d["status"], "completed", "{d}");
+    assert_eq!(d["output"], "start\ndone\n");
+    let f = b
+        .request(
+            "shell.exec",
+            json!({"cwd": format!("/workspaces/{id}"), "input": "true"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(err_of(&f).0, 403, "bob cannot run in alice's workspace");
+}
+
+#[tokio::test]
+async fn output_over_the_cap_keeps_the_tail_and_says_truncated() {
+    let k = TestKernel::with_users().await;
+    let mut a = k.alice().await;
+    let id = workspace(&mut a).await;
+    let d = a
+        .call(
+            "shell.exec",
+            json!({"cwd": format!("/workspaces/{id}"), "input": "seq 1 60000; echo END", "yieldMs": 10000}),
+        )
+        .await
+        .unwrap();
+    let d = until_done(&mut a, d).await;
+    assert_eq!(d["truncated"], true, "{}", d["status"]);
+    let out = d["output"].as_str().unwrap();
+    assert_eq!(out.chars().count(), 200_000);
+    assert!(out.ends_with("60000\nEND\n"));
+}
+
+#[tokio::test]
+async fn a_wsd_killed_mid_command_gives_failed_never_success() {
+    let k = TestKernel::with_users().await;
+    let mut a = k.alice().await;
+    let id = workspace(&mut a).await;
+    let d = a
+        .call(
+            "shell.exec",
+            json!({"cwd": format!("/workspaces/{id}"), "input": "sleep 30", "yieldMs": 50}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(d["status"], "running");
+    let pid = k
+        .kernel
+        .workspaces
+        .local_pid(&id)
+        .await
+        .expect("a local wsd");
+    std::process::Command::new("kill")
+        .arg("-9")
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    let d = until_done(&mut a, d).await;
+    assert_eq!(d["status"], "failed", "{d}");
+    // The next command restarts the child and works again.
+    let d = a
+        .call(
+            "shell.exec",
+            json!({"cwd": format!("/workspaces/{id}"), "input": "echo back", "yieldMs": 10000}),
+        )
+        .await
+        .unwrap();
+    let d = until_done(&mut a, d).await;
+    assert_eq!(
+        (d["status"].clone(), d["output"].clone()),
+        (json!("completed"), json!("back\n"))
+    );
+}
+
+#[tokio::test]
+async fn a_duplicate_in_flight_id_is_409_and_a_cancelled_request_never_answers() {
+    let k = TestKernel::with_users().await;
+    let mut a = k.alice().await;
+    let id = workspace(&mut a).await;
+    let args = json!({"cwd": format!("/workspaces/{id}"), "input": "sleep 20", "yieldMs": 20000});
+    a.send_request("dup", "shell.exec", args.clone())
+        .await
+        .unwrap();
+    a.send_request("dup", "shell.exec", args).await.unwrap();
+    let f = a.response_to("dup").await.unwrap();
+    assert_eq!(err_of(&f), (409, "Duplicate request: dup".into()));
+    a.send_text(
+        json!({"type": "sig", "signal": "request.cancel", "payload": {"id": "dup"}}).to_string(),
+    )
+    .await
+    .unwrap();
+    a.send_request("after", "fs.read", json!({"path": "~"}))
+        .await
+        .unwrap();
+    let f = a.recv().await.unwrap();
+    assert_eq!(
+        f["id"], "after",
+        "the cancelled request must not answer: {f}"
+    );
+    // The id is free again once cancelled.
+    a.send_request("dup", "fs.read", json!({"path": "~"}))
+        .await
+        .unwrap();
+    assert_eq!(a.response_to("dup").await.unwrap()["ok"], true);
+}
+
+#[tokio::test]
+async fn a_remote_backend_workspace_runs_on_an_existing_wsd() {
+    let k = TestKernel::with_users().await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "remote-secret-token").unwrap();
+    let sock = dir.path().join("wsd.sock");
+    let mut child = tokio::process::Command::new(wsd_bin())
+        .arg("serve")
+        .arg("--root")
+        .arg(dir.path().join("root"))
+        .arg("--state")
+        .arg(dir.path().join("state"))
+        .arg("--listen")
+        .arg(format!("unix:{}", sock.display()))
+        .arg("--token-file")
+        .arg(&token)
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    for _ in 0..500 {
+        if tokio::net::UnixStream::connect(&sock).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut root = k.login("root", "root-password").await;
+    let d = root
+        .call(
+            "sys.workspace.create",
+            json!({"backend": {"kind": "remote", "address": format!("unix:{}", sock.display()), "tokenFile": token}}),
+        )
+        .await
+        .unwrap();
+    let id = d["workspace"]["workspaceId"].as_str().unwrap().to_owned();
+    assert_eq!(d["workspace"]["backend"]["kind"], "remote");
+    let d = root
+        .call(
+            "shell.exec",
+            json!({"cwd": format!("/workspaces/{id}"), "input": "echo remote > r.txt", "yieldMs": 10000}),
+        )
+        .await
+        .unwrap();
+    let d = until_done(&mut root, d).await;
+    assert_eq!(d["status"], "completed", "{d}");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("root/r.txt")).unwrap(),
+        "remote\n"
+    );
+    let r = root
+        .call(
+            "fs.read",
+            json!({"path": format!("/workspaces/{id}/r.txt")}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r["content"], "     1\tremote");
+    child.kill().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_idle_local_wsd_is_stopped_and_started_again_on_next_use() {
+    let k = TestKernel::start_with(|c| c.wsd_idle_stop = Duration::from_millis(200)).await;
+    k.setup().await;
+    let mut a = k.alice().await;
+    let id = workspace(&mut a).await;
+    let run =
+        json!({"cwd": format!("/workspaces/{id}"), "input": "echo one > f", "yieldMs": 10000});
+    let first = a.call("shell.exec", run).await.unwrap();
+    let d = until_done(&mut a, first).await;
+    assert_eq!(d["status"], "completed", "{d}");
+    let mut stopped = false;
+    for _ in 0..200 {
+        if k.kernel.workspaces.local_pid(&id).await.is_none() {
+            stopped = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(stopped, "the idle child was never stopped");
+    let run = json!({"cwd": format!("/workspaces/{id}"), "input": "cat f", "yieldMs": 10000});
+    let again = a.call("shell.exec", run).await.unwrap();
+    let d = until_done(&mut a, again).await;
+    assert_eq!(d["output"], "one\n", "{d}");
+}
