@@ -554,6 +554,32 @@ struct SetupArgs {
     password: String,
     #[serde(default)]
     root_password: Option<String>,
+    /// The model endpoint for agent processes (`config/ai/*`).
+    #[serde(default)]
+    ai: Option<AiSetup>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AiSetup {
+    provider: Option<String>,
+    model: Option<String>,
+    api_key: Option<String>,
+    base_url: Option<String>,
+}
+
+impl AiSetup {
+    fn entries(&self) -> Vec<(&'static str, String)> {
+        [
+            ("config/ai/provider", &self.provider),
+            ("config/ai/model", &self.model),
+            ("config/ai/api_key", &self.api_key),
+            ("config/ai/base_url", &self.base_url),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| v.clone().map(|v| (k, v)))
+        .collect()
+    }
 }
 
 /// `sys.setup`: the first human (and optionally root's password). Allowed
@@ -582,6 +608,7 @@ async fn setup(k: &Arc<Kernel>, args: Map<String, Value>) -> Result<Value, Kerne
     .await
     .map_err(|e| KernelError::internal("hashing passwords", e))??;
     let username = a.username.clone();
+    let ai = a.ai.as_ref().map(AiSetup::entries).unwrap_or_default();
     let (user, root_locked) =
         k.db.call(move |c| {
             // Re-checked under the writer: two racing setups make one user.
@@ -591,6 +618,9 @@ async fn setup(k: &Arc<Kernel>, args: Map<String, Value>) -> Result<Value, Kerne
             let user = accounts::create_human(c, &username, &user_hash)?;
             if let Some(h) = root_hash {
                 accounts::set_password(c, "root", &h)?;
+            }
+            for (key, value) in &ai {
+                accounts::config_set(c, key, value)?;
             }
             Ok((user, accounts::root_locked(c)?))
         })

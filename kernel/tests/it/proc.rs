@@ -885,3 +885,45 @@ async fn shell_runs_inside_the_process_workspace_and_its_files_come_back() {
         .clone();
     assert!(seen["content"].as_str().unwrap().contains("made-by-shell"));
 }
+
+#[tokio::test]
+async fn sys_setup_with_ai_configures_the_model_endpoint() {
+    let m = ModelServer::start(vec![answer("configured at setup")]).await;
+    let k = TestKernel::start().await;
+    let mut raw = k.raw().await;
+    raw.call(
+        "sys.setup",
+        json!({"username": "alice", "password": crate::harness::ALICE_PW,
+               "ai": {"provider": "openai", "model": "tiny", "apiKey": "sk-x", "baseUrl": m.base_url}}),
+    )
+    .await
+    .unwrap();
+    let mut a = Watcher::new(k.alice().await);
+    let p = a.call("proc.spawn", json!({"prompt": "hi"})).await;
+    assert_eq!(a.finished(&p["runId"]).await["text"], "configured at setup");
+    assert_eq!(m.requests()[0]["model"], "tiny");
+}
+
+#[tokio::test]
+async fn the_users_home_context_and_a_per_user_model_override_are_used() {
+    let (_k, m, mut a) = setup(vec![answer("ok")], &[]).await;
+    a.call(
+        "fs.write",
+        json!({"path": "~/context.d/10-me.md", "content": "I like short answers."}),
+    )
+    .await;
+    a.call(
+        "sys.config.set",
+        json!({"key": "users/1000/ai/model", "value": "alices-model"}),
+    )
+    .await;
+    let p = a.call("proc.spawn", json!({"prompt": "hi"})).await;
+    a.finished(&p["runId"]).await;
+    let req = &m.requests()[0];
+    let sys = req["messages"][0]["content"].as_str().unwrap();
+    assert!(
+        sys.contains("[home.10-me.md]\nI like short answers."),
+        "{sys}"
+    );
+    assert_eq!(req["model"], "alices-model");
+}
