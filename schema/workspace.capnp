@@ -4,15 +4,22 @@
 # Semantics follow shared/design/sync-protocol.md and exec.md (method names
 # are the seed interface's). This file states what each method promises on
 # the wire; the Rust domain types it maps to live in `wsd_sync`, and the
-# one conversion edge is `wsd::rpc::convert`.
+# one conversion edge is `wsd_client::convert`.
 #
 # Conventions that hold for every method below:
 #
 # * Errors. Every failure is a Cap'n Proto exception (type `failed`) whose
 #   reason starts with a stable wire code, a colon and a space:
-#   "EUNKNOWN_HASH: object 3fa2... is not held". The codes are ENOENT,
+#   "EUNKNOWN_HASH: object 3fa2... is not held". When the error has one
+#   path, hash, exec id or limit at fault, the reason ends with a line
+#   "\nsubject: " followed by it ("ENOENT: no such file\nsubject: a/b"), so
+#   a client gets it without parsing the message. The codes are ENOENT,
 #   EUNKNOWN_HASH, EEXEC_BUSY, ELOG_TRUNCATED, ESHUTDOWN, EAUTH, EPROTOCOL,
-#   EINVAL, ELIMIT and EIO. A reason without a known code (a transport-level
+#   EINVAL, ELIMIT and EIO (ETIMEDOUT exists only on the client side: a
+#   deadline that passed there). Each method's "Errors:" line lists the
+#   codes it answers besides the ones every method may (EPROTOCOL for an
+#   undecodable message, ESHUTDOWN, ELIMIT "in-flight calls per
+#   connection"). A reason without a known code (a transport-level
 #   failure inside the RPC library) is read as EPROTOCOL by our client; an
 #   exception of type `disconnected` means the connection is gone. A
 #   message that cannot be decoded is EPROTOCOL; a path that is not
@@ -60,15 +67,18 @@ interface Bootstrap {
   # advances, the echo suppression of `fetchChanges`), so a caller must use
   # the same name on every connection. Idempotent; each call returns a
   # fresh workspace capability for the same workspace.
+  # Errors: EAUTH (token, origin), EPROTOCOL (version), EINVAL (peer).
 }
 
 interface Workspace {
   sync @0 () -> (sync :Sync);
   # The sync half, bound to the `peer` named in `connect`.
+  # Errors: none of its own.
 
   shell @1 () -> (shell :Shell);
   # The shell half. A daemon without an exec runner still returns it; every
   # call on it then fails with "EIO: exec not available".
+  # Errors: none of its own.
 }
 
 # ---------------------------------------------------------------------------
@@ -171,6 +181,8 @@ interface Sync {
   # Returns the receiver's current rev after the batch and its stored fetch
   # cursor for this peer (`appliedPushCursor`), which the sender checks
   # covers what it pushed.
+  # Errors: ELIMIT (entries, path length or depth, chunks per file),
+  # EINVAL (entry, cursor), EUNKNOWN_HASH (hash and path), EIO (storage).
 
   fetchChanges @1 (after :Cursor, ignore :List(Text))
       -> (currentCursor :Cursor, appliedPushCursor :Cursor, baseline :Bool,
@@ -190,6 +202,7 @@ interface Sync {
   # caller applies it as a baseline (mark every batch, sweep at the end).
   # `appliedPushCursor` is the receiver's fetch cursor for this peer.
   # Read-only; dropping the iterator closes the window.
+  # Errors: ELIMIT (patterns), EINVAL (cursor path, pattern), EIO.
 
   watermarks @2 () -> (currentRev :UInt64, pushCursor :Cursor,
                        fetchCursor :Cursor);
@@ -197,14 +210,17 @@ interface Sync {
   # how far its changes are acknowledged by this peer (pushRev is
   # pushCursor's last complete rev), and how far it has consumed this
   # peer's changes. On wsd this settles local changes first. Read-only.
+  # Errors: EIO (storage or the settle).
 
   readEntry @3 (path :Text) -> (entry :MaybeEntry);
   # One path's current state: the live entry, else its newest tombstone,
   # else none. Read-only.
+  # Errors: EINVAL (path), ELIMIT (path length or depth), EIO.
 
   hasObjects @4 (hashes :List(Data)) -> (held :List(Data));
   # The subset of `hashes` the receiver holds as complete objects, in input
   # order. At most 16384 hashes (ELIMIT "hashes per call"). Read-only.
+  # Errors: ELIMIT, EINVAL (a hash not of 32 bytes), EIO.
 
   fetchObjects @5 (hashes :List(Data), sink :ObjectSink) -> ();
   # Writes the objects named by `hashes` (at most 16384) into the caller's
@@ -215,6 +231,8 @@ interface Sync {
   # before it may already have been written). If a write fails (the caller
   # dropped the sink or rejected an object) the call fails with that
   # error. Read-only.
+  # Errors: ELIMIT, EINVAL (hash), EUNKNOWN_HASH (the hash), EIO, or
+  # the sink's own error.
 
   pushObjects @6 () -> (sink :ObjectSink);
   # Opens an upload: the caller streams objects into the returned sink with
@@ -224,6 +242,7 @@ interface Sync {
   # the caller at the receiver's storage speed. Staged objects are held
   # whether or not `done` is called; staging the same object twice is
   # harmless (idempotent).
+  # Errors: none when opening; see `ObjectSink` for the writes.
 }
 
 interface ChangeIterator {
@@ -235,6 +254,7 @@ interface ChangeIterator {
   # Up to `max` (1 ..= 4096, else ELIMIT "entries per next") next entries.
   # An empty list means the window is drained; further calls return empty
   # lists.
+  # Errors: ELIMIT (`max` 0 or over 4096), EIO (storage).
 }
 
 interface ObjectSink {
@@ -245,10 +265,14 @@ interface ObjectSink {
   # At most 4 MiB of object bytes per call (ELIMIT "object bytes per
   # write"; senders aim at 1 MiB), each object at most the maximum chunk
   # size (ELIMIT "object size (bytes)"), hashes of 32 bytes (EINVAL).
+  # Errors: ELIMIT, EINVAL, EPROTOCOL (bytes that do not match their
+  # hash), EIO (staging); on `fetchObjects`' sink: EPROTOCOL (more objects
+  # than requested).
 
   done @1 () -> ();
   # Returns once every earlier write has been processed; fails with the
   # first write error if there was one.
+  # Errors: the first write's.
 }
 
 # ---------------------------------------------------------------------------
@@ -266,6 +290,8 @@ struct ExecRequest {
   env @3 :List(EnvVar); # added to the daemon's allowlisted environment
   stdin @4 :Data;       # null = no stdin; else written, then the pipe closed
   timeoutMs @5 :UInt64; # 0 = no timeout
+  stdinOpen @6 :Bool;   # keep stdin open after `stdin` (null = nothing yet)
+                        # for `writeStdin` / `closeStdin`; false: as above
 }
 
 struct ExecEvent {
@@ -297,7 +323,8 @@ enum Signal {
 
 struct WireError {
   code @0 :Text;        # a wire code such as "ELOG_TRUNCATED"
-  message @1 :Text;
+  message @1 :Text;     # as an exception's text after "CODE: " (see the
+                        # top of this file), subject trailer included
 }
 
 interface Shell {
@@ -315,20 +342,42 @@ interface Shell {
   # is EINVAL; over the runner's command, env, stdin or concurrency limits
   # is ELIMIT. Delivery lasts while the caller holds `subscription` and the
   # sink accepts writes; afterwards `getExec` re-attaches.
+  # Errors: EINVAL (empty command, id, env name, cwd), ELIMIT,
+  # EEXEC_BUSY (the id), EIO (spawn, log, or no exec runner).
 
   getExec @1 (id :Text, after :ResumePoint, events :ExecEventSink)
       -> (id :Text, subscription :ExecSubscription);
   # Re-attaches to a live or finished exec and delivers its events from
   # `after` (null = start). Unknown or disposed id: ENOENT. A resume point
   # older than the retained log: ELOG_TRUNCATED.
+  # Errors: ENOENT, ELOG_TRUNCATED, ELIMIT (subscribers per exec), EIO.
 
   killExec @2 (id :Text, signal :Signal) -> ();
   # Signals the exec's whole process group (the default is `term`). A
   # no-op once it exited. Unknown id: ENOENT.
+  # Errors: ENOENT, EINVAL (a signal this build does not know), EIO.
 
   disposeExec @3 (id :Text) -> ();
   # Drops the log of an exec (killing it first if still live); a later
   # `getExec` gets ENOENT. Unknown id: ENOENT.
+  # Errors: ENOENT, EIO.
+
+  writeStdin @4 (id :Text, data :Data) -> ();
+  # Queues `data` (at most 1 MiB per call, else ELIMIT "stdin bytes per
+  # write") for the stdin of an exec started with `stdinOpen`. Writes reach
+  # the command in call order; the call returns once `data` is queued, and
+  # waits while 4 earlier writes are still queued (a command that does not
+  # read its stdin slows its writer, it does not buffer without bound).
+  # Unknown id: ENOENT. An exec started without `stdinOpen`, or whose stdin
+  # was closed, or that exited: EINVAL "stdin of exec ... is closed".
+  # Not idempotent: a retry may deliver `data` twice.
+  # Errors: ENOENT, EINVAL, ELIMIT, EIO.
+
+  closeStdin @5 (id :Text) -> ();
+  # Closes the stdin of a live exec after the queued writes (the command
+  # reads end of file). Idempotent: closing a closed stdin, or the stdin of
+  # an exited exec, succeeds. Unknown id: ENOENT.
+  # Errors: ENOENT, EIO.
 }
 
 interface ExecEventSink {

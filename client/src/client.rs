@@ -10,6 +10,7 @@ use std::future::Future;
 use std::rc::Rc;
 use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable};
 use capnp_rpc::{RpcSystem, rpc_twoparty_capnp};
 use tokio::sync::mpsc;
 use wsd_schema::workspace_capnp as wire;
@@ -25,7 +26,9 @@ use crate::convert::{
     signal_to, watermarks_from, wire_error_from,
 };
 use crate::exec::{ExecEvent, ExecRequest, ResumeFrom, Signal};
-use crate::limits::{CLIENT_EXEC_EVENT_BUFFER, MAX_CHANGES_PER_NEXT, OBJECT_WRITE_BYTES};
+use crate::limits::{
+    CLIENT_EXEC_EVENT_BUFFER, MAX_CHANGES_PER_NEXT, MAX_STDIN_WRITE_BYTES, OBJECT_WRITE_BYTES,
+};
 use crate::options::timed_out;
 use crate::stream::{self, StreamWindow, message_bytes};
 use crate::transport::network;
@@ -444,6 +447,28 @@ impl Client {
         Ok(())
     }
 
+    /// Queues `bytes` (at most [`MAX_STDIN_WRITE_BYTES`]) for the stdin
+    /// of exec `id`, started with `stdin_open`. Checked here too, so an
+    /// oversized write fails before it is sent.
+    pub async fn write_stdin(&self, id: &str, bytes: &[u8]) -> Result<(), WsdError> {
+        self.check_alive()?;
+        WsdError::check_limit("stdin bytes per write", MAX_STDIN_WRITE_BYTES, bytes.len())?;
+        let mut req = self.shell.write_stdin_request();
+        req.get().set_id(id);
+        req.get().set_data(bytes);
+        self.conn.deadline("writeStdin", req.send().promise).await?;
+        Ok(())
+    }
+
+    /// Closes the stdin of exec `id` after its queued writes.
+    pub async fn close_stdin(&self, id: &str) -> Result<(), WsdError> {
+        self.check_alive()?;
+        let mut req = self.shell.close_stdin_request();
+        req.get().set_id(id);
+        self.conn.deadline("closeStdin", req.send().promise).await?;
+        Ok(())
+    }
+
     pub async fn dispose_exec(&self, id: &str) -> Result<(), WsdError> {
         self.check_alive()?;
         let mut req = self.shell.dispose_exec_request();
@@ -727,39 +752,95 @@ impl ExecStream {
     }
 }
 
-/// A [`Remote`] that dials lazily and re-dials after a lost connection.
+/// Re-dial attempts after a lost connection before giving up, and the
+/// backoff between them (exponential with jitter, 100 ms up to 5 s: a
+/// restarting daemon is back within a few seconds).
+pub const REDIAL_ATTEMPTS: usize = 6;
+const REDIAL_MIN_DELAY: Duration = Duration::from_millis(100);
+const REDIAL_MAX_DELAY: Duration = Duration::from_secs(5);
+
+/// Dials with [`connect_with`], retrying with backoff while the failure is
+/// one a later dial may not have (`ESHUTDOWN`, `EIO`, `ETIMEDOUT`: the
+/// daemon restarting or not listening yet); a refused token or version is
+/// returned at once. `dials` counts every attempt.
+pub async fn dial_with_backoff(
+    endpoint: &Endpoint,
+    opts: &ClientOptions,
+    dials: &Cell<u64>,
+) -> Result<Client, WsdError> {
+    let backoff = ExponentialBuilder::default()
+        .with_min_delay(REDIAL_MIN_DELAY)
+        .with_max_delay(REDIAL_MAX_DELAY)
+        .with_max_times(REDIAL_ATTEMPTS)
+        .with_jitter();
+    (|| {
+        dials.set(dials.get() + 1);
+        connect_with(endpoint, opts)
+    })
+    .retry(backoff)
+    .when(|e| {
+        matches!(
+            e.code,
+            ErrorCode::Shutdown | ErrorCode::Io | ErrorCode::Timeout
+        )
+    })
+    .notify(|e, after| tracing::info!(%endpoint, error = %e, ?after, "re-dialling"))
+    .await
+}
+
+/// A [`Remote`] that dials lazily and re-dials (with backoff, see
+/// [`dial_with_backoff`]) after a lost connection, for code inside a
+/// `LocalSet`; [`crate::WsdHandle`] does the same for any thread and also
+/// reconciles after each dial.
 ///
 /// A call that fails with a retryable error (`ESHUTDOWN`: connection lost
-/// or daemon restarting) drops the connection; the call is retried once on
-/// a fresh one when it is idempotent: every read, `pushObjects` (staging is
-/// idempotent) and a peer `push` (senderRev > 0: already-applied entries
-/// are skipped and the fetch cursor never moves backwards). An external
-/// writer's push is not retried. A change stream cut mid-way fails; the
-/// driver's checkpoints make re-running the push or pull resume where it
-/// stopped.
+/// or daemon restarting; `ETIMEDOUT`) drops the connection; the call is
+/// retried once on a fresh one when it is idempotent: every read,
+/// `pushObjects` (staging is idempotent) and a peer `push` (senderRev > 0:
+/// already-applied entries are skipped and the fetch cursor never moves
+/// backwards). An external writer's push is not retried. The pipelined
+/// calls keep [`Remote`]'s sequential defaults here, since a call already
+/// on the wire when the connection broke could not be retried: a push
+/// through this type waits for each round trip (use [`Client`] for the
+/// pipelined speed). A change stream cut mid-way
+/// fails; the driver's checkpoints make re-running the push or pull resume
+/// where it stopped. After a re-dial the caller should run
+/// [`wsd_sync::driver::reconcile`] again ([`ReconnectingClient::dials`]
+/// tells it one happened).
 #[derive(Debug)]
 pub struct ReconnectingClient {
     addr: String,
-    token: Option<Vec<u8>>,
-    peer: String,
+    opts: ClientOptions,
     current: Option<Client>,
-    dials: u64,
+    dials: Cell<u64>,
 }
 
 impl ReconnectingClient {
+    /// `addr` is parsed at the first dial (a malformed one fails that
+    /// call with `EINVAL`).
     pub fn new(addr: impl Into<String>, token: Option<Vec<u8>>, peer: impl Into<String>) -> Self {
+        ReconnectingClient::with_options(
+            addr,
+            ClientOptions {
+                token,
+                peer: peer.into(),
+                ..ClientOptions::default()
+            },
+        )
+    }
+
+    pub fn with_options(addr: impl Into<String>, opts: ClientOptions) -> Self {
         ReconnectingClient {
             addr: addr.into(),
-            token,
-            peer: peer.into(),
+            opts,
             current: None,
-            dials: 0,
+            dials: Cell::new(0),
         }
     }
 
     /// How many times a connection was dialled so far.
     pub fn dials(&self) -> u64 {
-        self.dials
+        self.dials.get()
     }
 
     /// The live connection, dialling one if there is none.
@@ -770,11 +851,11 @@ impl ReconnectingClient {
             return Ok(c.clone());
         }
         self.current = None;
-        if self.dials > 0 {
+        if self.dials.get() > 0 {
             tracing::info!(addr = self.addr, "re-dialling after a lost connection");
         }
-        self.dials += 1;
-        let c = connect(&self.addr, self.token.clone(), &self.peer).await?;
+        let endpoint: Endpoint = self.addr.parse()?;
+        let c = dial_with_backoff(&endpoint, &self.opts, &self.dials).await?;
         self.current = Some(c.clone());
         Ok(c)
     }
@@ -786,7 +867,7 @@ impl ReconnectingClient {
     {
         let client = self.client().await?;
         match f(client).await {
-            Err(e) if e.is_retryable() => {
+            Err(e) if e.is_retryable() || e.code == ErrorCode::Timeout => {
                 self.current = None;
                 if !idempotent {
                     return Err(e);

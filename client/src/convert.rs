@@ -353,6 +353,7 @@ pub fn exec_request_to(mut b: wire::exec_request::Builder<'_>, r: &ExecRequest) 
         b.set_stdin(stdin);
     }
     b.set_timeout_ms(r.timeout_ms.unwrap_or(0));
+    b.set_stdin_open(r.stdin_open);
 }
 
 pub fn exec_request_from(r: wire::exec_request::Reader<'_>) -> Result<ExecRequest, WsdError> {
@@ -383,6 +384,7 @@ pub fn exec_request_from(r: wire::exec_request::Reader<'_>) -> Result<ExecReques
             0 => None,
             ms => Some(ms),
         },
+        stdin_open: r.get_stdin_open(),
     })
 }
 

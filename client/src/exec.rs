@@ -1,6 +1,10 @@
 //! The exec types of the `shell` half, one set shared by the daemon's
 //! server, this client and the CLI. Payloads are bytes, never re-encoded.
 
+use wsd_sync::ErrorCode;
+
+use crate::WsdError;
+
 /// A command to start (`Shell.exec`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ExecRequest {
@@ -13,9 +17,15 @@ pub struct ExecRequest {
     pub id: Option<String>,
     /// Added to the runner's allowlisted environment.
     pub env: Vec<(String, String)>,
-    /// Written to the command's stdin, then the pipe is closed.
+    /// Written to the command's stdin; the pipe is then closed unless
+    /// `stdin_open`. `None` without `stdin_open`: stdin is `/dev/null`.
     pub stdin: Option<Vec<u8>>,
+    /// SIGTERM to the group after this long, SIGKILL a grace period later.
+    /// `Some(0)` disables the timeout (on the wire `0` is "none", which the
+    /// daemon reads as its configured default); `None` uses the default.
     pub timeout_ms: Option<u64>,
+    /// Keep stdin open after `stdin` for `writeStdin` and `closeStdin`.
+    pub stdin_open: bool,
 }
 
 /// Where a re-attaching reader starts (`Shell.getExec`).
@@ -30,14 +40,66 @@ pub enum ResumeFrom {
     Tail,
 }
 
-/// The signal `killExec` sends to the exec's process group.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// The signal `killExec` sends to the exec's process group: the wire's
+/// closed set, typed from the CLI's flag to the runner's `kill(2)`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Signal {
     #[default]
     Term,
     Kill,
     Int,
     Hup,
+}
+
+impl Signal {
+    pub const ALL: [Signal; 4] = [Signal::Term, Signal::Kill, Signal::Int, Signal::Hup];
+
+    /// The name without `SIG`: `TERM`, `KILL`, `INT`, `HUP`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Signal::Term => "TERM",
+            Signal::Kill => "KILL",
+            Signal::Int => "INT",
+            Signal::Hup => "HUP",
+        }
+    }
+
+    /// The POSIX number (the same on every Unix wsd runs on).
+    pub fn number(self) -> i32 {
+        match self {
+            Signal::Term => 15,
+            Signal::Kill => 9,
+            Signal::Int => 2,
+            Signal::Hup => 1,
+        }
+    }
+}
+
+impl std::fmt::Display for Signal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Signal {
+    type Err = WsdError;
+
+    /// `TERM`, `SIGTERM`, `term` or `15` (and likewise for the others);
+    /// anything else is `EINVAL` naming it.
+    fn from_str(s: &str) -> Result<Signal, WsdError> {
+        let upper = s.to_ascii_uppercase();
+        let name = upper.strip_prefix("SIG").unwrap_or(&upper);
+        Signal::ALL
+            .into_iter()
+            .find(|sig| sig.name() == name || sig.number().to_string() == name)
+            .ok_or_else(|| {
+                WsdError::new(
+                    ErrorCode::Invalid,
+                    format!("unsupported signal {s:?} (TERM, KILL, INT or HUP)"),
+                )
+                .with_subject(s)
+            })
+    }
 }
 
 /// What one event carries. Payloads are bytes, never re-encoded.
@@ -56,4 +118,42 @@ pub struct ExecEvent {
     pub id: String,
     pub seq: u64,
     pub kind: ExecEventKind,
+}
+
+impl ExecEventKind {
+    /// Output bytes the event carries (0 for the exit).
+    pub fn payload_len(&self) -> usize {
+        match self {
+            ExecEventKind::Stdout(d) | ExecEventKind::Stderr(d) => d.len(),
+            ExecEventKind::Exit(_) => 0,
+        }
+    }
+}
+
+impl ExecEvent {
+    pub fn is_exit(&self) -> bool {
+        matches!(self.kind, ExecEventKind::Exit(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_signal_parses_from_its_name_prefixed_name_and_number() {
+        for sig in Signal::ALL {
+            for text in [
+                sig.name().to_owned(),
+                format!("SIG{}", sig.name()),
+                sig.name().to_lowercase(),
+                sig.number().to_string(),
+            ] {
+                assert_eq!(text.parse::<Signal>().unwrap(), sig, "{text}");
+            }
+        }
+        let e = "USR1".parse::<Signal>().unwrap_err();
+        assert_eq!(e.code, ErrorCode::Invalid);
+        assert_eq!(e.subject.as_deref(), Some("USR1"));
+    }
 }

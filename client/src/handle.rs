@@ -17,15 +17,13 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
 
-use backon::{ExponentialBuilder, Retryable};
 use futures::future::LocalBoxFuture;
 use tokio::sync::{mpsc, oneshot};
 use wsd_sync::driver::{self, SyncOptions, SyncReport};
 use wsd_sync::{ErrorCode, IgnoreRules, Kind, Store, SyncPath, Watermarks};
 
-use crate::client::{Client, connect_with};
+use crate::client::{Client, connect_with, dial_with_backoff};
 use crate::limits::CLIENT_EXEC_EVENT_BUFFER;
 use crate::{ClientOptions, Endpoint, ExecEvent, ExecRequest, ResumeFrom, Signal, WsdError};
 
@@ -33,13 +31,6 @@ use crate::{ClientOptions, Endpoint, ExecEvent, ExecRequest, ResumeFrom, Signal,
 /// concurrently on the thread (each is a local task), so this only bounds
 /// the calls accepted but not yet started.
 const JOB_QUEUE_CAPACITY: usize = 64;
-
-/// Re-dial attempts after a lost connection before a call gives up, and
-/// the backoff between them (exponential with jitter, 100 ms up to 5 s:
-/// a restarting daemon is back within a few seconds).
-const REDIAL_ATTEMPTS: usize = 6;
-const REDIAL_MIN_DELAY: Duration = Duration::from_millis(100);
-const REDIAL_MAX_DELAY: Duration = Duration::from_secs(5);
 
 type Job = Box<dyn FnOnce(Rc<Conn>) -> LocalBoxFuture<'static, ()> + Send>;
 
@@ -113,6 +104,8 @@ struct Conn {
     /// One push or pull at a time: two on one connection would interleave
     /// their watermark updates.
     sync_turn: tokio::sync::Mutex<()>,
+    /// Dials made, the first one included.
+    dials: Cell<u64>,
 }
 
 impl Conn {
@@ -125,18 +118,7 @@ impl Conn {
         }
         self.current.replace(None);
         self.reconciled.set(false);
-        let backoff = ExponentialBuilder::default()
-            .with_min_delay(REDIAL_MIN_DELAY)
-            .with_max_delay(REDIAL_MAX_DELAY)
-            .with_max_times(REDIAL_ATTEMPTS)
-            .with_jitter();
-        let c = (|| connect_with(&self.endpoint, &self.opts))
-            .retry(backoff)
-            .when(|e| redial_may_help(e.code))
-            .notify(|e, after| {
-                tracing::info!(endpoint = %self.endpoint, error = %e, ?after, "re-dialling");
-            })
-            .await?;
+        let c = dial_with_backoff(&self.endpoint, &self.opts, &self.dials).await?;
         self.current.replace(Some(c.clone()));
         Ok(c)
     }
@@ -164,15 +146,6 @@ impl Conn {
     fn remote_name(&self) -> String {
         self.endpoint.to_string()
     }
-}
-
-/// A dial that failed this way may succeed later (the daemon restarting,
-/// or not listening yet); a refused token or version will not.
-fn redial_may_help(code: ErrorCode) -> bool {
-    matches!(
-        code,
-        ErrorCode::Shutdown | ErrorCode::Io | ErrorCode::Timeout
-    )
 }
 
 fn thread_gone() -> WsdError {
@@ -219,6 +192,7 @@ impl WsdHandle {
                         current: RefCell::new(Some(client)),
                         reconciled: Cell::new(false),
                         sync_turn: tokio::sync::Mutex::new(()),
+                        dials: Cell::new(1),
                     });
                     let _ = ready_tx.send(Ok(()));
                     while let Some(job) = queue.recv().await {
@@ -352,6 +326,37 @@ impl WsdHandle {
                 })
                 .await?;
             Ok(ExecEvents::pump(stream, keep))
+        })
+        .await
+    }
+
+    /// Queues `bytes` for the stdin of exec `id`, started with
+    /// `stdin_open` (at most [`crate::limits::MAX_STDIN_WRITE_BYTES`] per
+    /// call; returns once queued, waiting while the daemon's small queue
+    /// is full). Not retried after a lost connection: the bytes may have
+    /// arrived.
+    pub async fn write_stdin(&self, id: &str, bytes: Vec<u8>) -> Result<(), WsdError> {
+        let id = id.to_owned();
+        self.run(move |conn| async move {
+            conn.call(false, |c| {
+                let (id, bytes) = (id.clone(), bytes.clone());
+                async move { c.write_stdin(&id, &bytes).await }
+            })
+            .await
+        })
+        .await
+    }
+
+    /// Closes the stdin of exec `id` (the command reads end of file after
+    /// the queued writes). Idempotent.
+    pub async fn close_stdin(&self, id: &str) -> Result<(), WsdError> {
+        let id = id.to_owned();
+        self.run(move |conn| async move {
+            conn.call(true, |c| {
+                let id = id.clone();
+                async move { c.close_stdin(&id).await }
+            })
+            .await
         })
         .await
     }

@@ -45,3 +45,6 @@ pub use options::{
 };
 pub use wsd_schema::workspace_capnp::PROTOCOL_VERSION;
 pub use wsd_sync::{ErrorCode, Watermarks};
+
+#[cfg(test)]
+mod tests;

@@ -31,3 +31,6 @@ pub const MAX_PEER_NAME_BYTES: usize = 255;
 /// Events a client buffers per exec stream before it stops
 /// acknowledging `ExecEventSink.event` (which in turn slows the runner).
 pub const CLIENT_EXEC_EVENT_BUFFER: usize = 16;
+/// Most bytes one `Shell.writeStdin` may carry (the daemon checks it
+/// before decoding further).
+pub const MAX_STDIN_WRITE_BYTES: usize = 1024 * 1024;

@@ -15,7 +15,7 @@ use axum::extract::{ConnectInfo, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response as HttpResponse};
 use axum::routing::get;
-use futures::{SinkExt, StreamExt};
+use futures::{FutureExt, SinkExt, StreamExt};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use tokio::net::TcpListener;
@@ -267,7 +267,14 @@ impl Connection {
                 true
             } else {
                 let task = tokio::spawn(async move {
-                    let r = Dispatch::run(entry, k, session, &call, args).await;
+                    // A panicking handler still answers (500) and frees its id.
+                    let r =
+                        std::panic::AssertUnwindSafe(Dispatch::run(entry, k, session, &call, args))
+                            .catch_unwind()
+                            .await
+                            .unwrap_or_else(|_| {
+                                Err(KernelError::Internal(format!("{call} failed unexpectedly")))
+                            });
                     // Removed by a cancel already: the caller must not get
                     // a late answer.
                     if map.lock().unwrap().remove(&rid).is_none() {

@@ -36,6 +36,3 @@ pub use remote::{
 pub use store::{
     ApplyBatch, ApplyOutcome, Baseline, ChangesQuery, ChangesWindow, Store, Watermarks,
 };
-
-/// Name of the remote a store tracks watermarks for when it has only one peer.
-pub const DEFAULT_REMOTE: &str = "default";

@@ -1672,3 +1672,127 @@ fn a_send_handle_pushes_runs_a_command_and_pulls_what_it_changed_from_any_thread
         assert_eq!(got, b"inputinput");
     });
 }
+
+#[test]
+fn bytes_written_to_a_running_commands_stdin_come_back_through_cat_until_it_is_closed() {
+    let d = Served::start();
+    run_multi_threaded(async {
+        let handle = handle_to(&d).await;
+        let mut events = handle
+            .exec(ExecRequest {
+                command: "cat".into(),
+                stdin: Some(b"first;".to_vec()),
+                stdin_open: true,
+                ..ExecRequest::default()
+            })
+            .await
+            .unwrap();
+        let id = events.id().to_owned();
+        let payload = binary_payload();
+        handle.write_stdin(&id, b"second;".to_vec()).await.unwrap();
+        handle.write_stdin(&id, payload.clone()).await.unwrap();
+
+        // Still running: cat is waiting for more until stdin closes.
+        let mut seen = Vec::new();
+        let want = [&b"first;second;"[..], &payload].concat();
+        while stdout_of(&seen).len() < want.len() {
+            let e = tokio::time::timeout(STEP, events.next())
+                .await
+                .expect("output within STEP")
+                .unwrap()
+                .expect("no exit before stdin closes");
+            assert!(!matches!(e.kind, ExecEventKind::Exit(_)), "{e:?}");
+            seen.push(e);
+        }
+        handle.close_stdin(&id).await.unwrap();
+        handle
+            .close_stdin(&id)
+            .await
+            .expect("closing twice is harmless");
+        seen.extend(collect_handle(&mut events).await);
+        assert_eq!(stdout_of(&seen), want);
+        assert_eq!(exit_of(&seen), 0);
+
+        // After the exit: closed for writes, still harmless to close.
+        let err = handle.write_stdin(&id, b"late".to_vec()).await.unwrap_err();
+        assert_eq!(err.code, ErrorCode::Invalid, "{err}");
+        handle.close_stdin(&id).await.unwrap();
+    });
+}
+
+#[test]
+fn stdin_writes_are_refused_with_typed_errors_naming_what_is_wrong() {
+    let d = Served::start();
+    run_multi_threaded(async {
+        let handle = handle_to(&d).await;
+        let err = handle.write_stdin("nope", b"x".to_vec()).await.unwrap_err();
+        assert_eq!(err.code, ErrorCode::NotFound, "{err}");
+        let err = handle.close_stdin("nope").await.unwrap_err();
+        assert_eq!(err.code, ErrorCode::NotFound, "{err}");
+
+        // A command started without `stdin_open` has no stdin to write to.
+        let gate = "gate";
+        d.mkfifo(gate);
+        let mut events = handle
+            .exec(req_id(&format!("read x < {gate}"), "closed-stdin"))
+            .await
+            .unwrap();
+        let err = handle
+            .write_stdin("closed-stdin", b"x".to_vec())
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::Invalid, "{err}");
+        assert!(err.message.contains("closed-stdin"), "{err}");
+
+        let too_big = vec![0u8; wsd_client::limits::MAX_STDIN_WRITE_BYTES + 1];
+        let err = handle
+            .write_stdin("closed-stdin", too_big)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::Limit, "{err}");
+        assert_eq!(err.subject.as_deref(), Some("stdin bytes per write"));
+
+        open_gate_async(&d.path(gate)).await;
+        assert_eq!(exit_of(&collect_handle(&mut events).await), 0);
+    });
+}
+
+#[test]
+fn a_send_handle_redials_after_the_daemon_restarts_and_its_next_push_lands() {
+    let mut d = Served::start();
+    let local = tempfile::tempdir().unwrap();
+    let dofs = wsd_dofs::Dofs::open(local.path().join("local.db")).unwrap();
+    let store = std::sync::Arc::new(std::sync::Mutex::new(dofs));
+    let put = |path: &str, bytes: &[u8]| {
+        store
+            .lock()
+            .unwrap()
+            .write_file_with(
+                &wsd_sync::SyncPath::new(path).unwrap(),
+                bytes,
+                wsd_dofs::WriteOptions::default(),
+            )
+            .unwrap();
+    };
+    put("before", b"1");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let handle = rt.block_on(handle_to(&d));
+    rt.block_on(handle.push(store.clone())).unwrap();
+
+    d.crash_and_restart();
+    put("after", b"2");
+    let pushed = rt
+        .block_on(async { tokio::time::timeout(STEP, handle.push(store.clone())).await })
+        .expect("push after a restart hung")
+        .unwrap();
+    assert_eq!(pushed.sync.entries, 1, "only the new file: {pushed:?}");
+    assert_eq!(std::fs::read(d.path("after")).unwrap(), b"2");
+    assert_eq!(std::fs::read(d.path("before")).unwrap(), b"1");
+    let mut events = rt.block_on(handle.exec(req("echo still here"))).unwrap();
+    let seen = rt.block_on(collect_handle(&mut events));
+    assert_eq!(stdout_of(&seen), b"still here\n");
+}

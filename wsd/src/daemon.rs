@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use crate::exec::{self, ExecConfig, ExecManager, SettleHook};
 use crate::rpc::{
-    Backend, ExecBackend, ExecEvent, ExecEventKind, ExecEvents, ExecRequest, ExecSignal, Listener,
-    ResumeFrom, ServeError, ServerConfig, Token, WireError,
+    Backend, ExecBackend, ExecEvent, ExecEvents, ExecRequest, ExecSignal, Listener, ResumeFrom,
+    ServeError, ServerConfig, Token, WireError,
 };
 use crate::store::{StoreError, StoreOptions, WorkspaceStore};
 
@@ -125,15 +125,7 @@ impl ExecEvents for EventsAdapter {
         match self.0.next().await {
             None => Ok(None),
             Some(Err(e)) => Err(wire(e)),
-            Some(Ok(e)) => Ok(Some(ExecEvent {
-                id: e.id,
-                seq: e.seq,
-                kind: match e.kind {
-                    exec::EventKind::Stdout(b) => ExecEventKind::Stdout(b),
-                    exec::EventKind::Stderr(b) => ExecEventKind::Stderr(b),
-                    exec::EventKind::Exit(c) => ExecEventKind::Exit(c),
-                },
-            })),
+            Some(Ok(e)) => Ok(Some(e)),
         }
     }
 }
@@ -142,15 +134,7 @@ impl ExecBackend for ExecAdapter {
     type Events = EventsAdapter;
 
     async fn exec(&self, r: ExecRequest) -> Result<(String, EventsAdapter), WireError> {
-        let req = exec::ExecRequest {
-            command: r.command,
-            cwd: r.cwd,
-            id: r.id,
-            env: r.env,
-            stdin: r.stdin,
-            timeout_ms: r.timeout_ms,
-        };
-        let (id, sub) = self.0.exec(req).await.map_err(wire)?;
+        let (id, sub) = self.0.exec(r).await.map_err(wire)?;
         Ok((id, EventsAdapter(sub)))
     }
 
@@ -164,17 +148,19 @@ impl ExecBackend for ExecAdapter {
     }
 
     async fn kill(&self, id: &str, signal: ExecSignal) -> Result<(), WireError> {
-        let name = match signal {
-            ExecSignal::Term => "TERM",
-            ExecSignal::Kill => "KILL",
-            ExecSignal::Int => "INT",
-            ExecSignal::Hup => "HUP",
-        };
-        self.0.kill(id, Some(name)).await.map_err(wire)
+        self.0.signal(id, signal).await.map_err(wire)
     }
 
     async fn dispose(&self, id: &str) -> Result<(), WireError> {
         self.0.dispose(id).await.map_err(wire)
+    }
+
+    async fn write_stdin(&self, id: &str, bytes: Vec<u8>) -> Result<(), WireError> {
+        self.0.write_stdin(id, bytes).await.map_err(wire)
+    }
+
+    async fn close_stdin(&self, id: &str) -> Result<(), WireError> {
+        self.0.close_stdin(id).await.map_err(wire)
     }
 }
 

@@ -74,6 +74,16 @@ impl ExecBackend for InstantExit {
     async fn dispose(&self, _: &str) -> Result<(), WireError> {
         Ok(())
     }
+    async fn write_stdin(&self, id: &str, _: Vec<u8>) -> Result<(), WireError> {
+        // Every exec here has already exited.
+        Err(WireError::new(
+            wsd_sync::ErrorCode::Invalid,
+            format!("stdin of exec {id} is closed"),
+        ))
+    }
+    async fn close_stdin(&self, _: &str) -> Result<(), WireError> {
+        Ok(())
+    }
 }
 
 async fn run_execs(c: &client::Client, n: usize) {

@@ -30,18 +30,15 @@ use crate::session::Session;
 use crate::vfs::{self, Place};
 use crate::workspace::{Backend, Workspace};
 
-/// Characters of output kept per command (the tail), as the seed.
-pub const MAX_OUTPUT_CHARS: usize = 200_000;
-/// Default command timeout when the caller gives none (the reference
-/// node's 5 minutes).
-const DEFAULT_TIMEOUT_MS: u64 = 5 * 60 * 1000;
-/// Bounds of the caller's `yieldMs` wait.
-const MIN_YIELD: Duration = Duration::from_millis(50);
-const MAX_YIELD: Duration = Duration::from_secs(30);
+// The seed's limits are defined once, with the node tools that answer the
+// same call on devices: the output cap, the default timeout and how long a
+// finished result waits for its poll.
+pub use crate::node::{
+    COMPLETED_SESSION_RETENTION as FINISHED_SESSION_KEEP, DEFAULT_TIMEOUT_MS, MAX_OUTPUT_CHARS,
+    MAX_YIELD_MS, MIN_YIELD_MS,
+};
 /// How long a finished session's row is kept.
 const SESSION_ROW_TTL_MS: i64 = 24 * 3600 * 1000;
-/// How long a finished session's result waits for its poll in memory.
-const FINISHED_SESSION_KEEP: Duration = Duration::from_secs(10 * 60);
 /// The name the kernel's watermarks are kept under in every wsd.
 const WSD_PEER: &str = "gsv-kernel";
 
@@ -335,6 +332,8 @@ struct SessionState {
 #[derive(Debug)]
 pub struct ShellSession {
     pub id: String,
+    /// The wsd connection the command runs on (for stdin writes).
+    handle: Option<WsdHandle>,
     pub owner_uid: i64,
     pub workspace_id: String,
     state: Mutex<SessionState>,
@@ -461,7 +460,10 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<Value,
         .yield_ms
         .map(Duration::from_millis)
         .unwrap_or(k.config.exec_wait)
-        .clamp(MIN_YIELD, MAX_YIELD);
+        .clamp(
+            Duration::from_millis(MIN_YIELD_MS),
+            Duration::from_millis(MAX_YIELD_MS),
+        );
     if let Some(sid) = a
         .session_id
         .as_deref()
@@ -494,11 +496,10 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<Value,
         command: a.input.clone(),
         cwd: sub.map(|p| p.into_string()),
         id: Some(session_id.clone()),
-        timeout_ms: match a.timeout {
-            Some(0) => None,
-            Some(t) => Some(t),
-            None => Some(DEFAULT_TIMEOUT_MS),
-        },
+        // `Some(0)` disables the timeout, as the caller's `timeout: 0`.
+        timeout_ms: Some(a.timeout.unwrap_or(DEFAULT_TIMEOUT_MS)),
+        // Kept open so later calls with the sessionId can write to it.
+        stdin_open: true,
         ..ExecRequest::default()
     };
     // The bracket's first half, under the workspace lock.
@@ -518,6 +519,7 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<Value,
     };
     let session = Arc::new(ShellSession {
         id: session_id.clone(),
+        handle: Some(started.0.clone()),
         owner_uid: s.identity.uid,
         workspace_id: row.id.clone(),
         state: Mutex::default(),
@@ -580,9 +582,19 @@ async fn continue_session(
         return Err(KernelError::UnknownSession(sid.to_owned()));
     }
     if !input.is_empty() {
-        return Ok(op_error(
-            "writing stdin to a running command is not supported yet: the wsd client has no write_stdin",
-        ));
+        let finished = session.state.lock().unwrap().outcome.is_some();
+        let written = match (&session.handle, finished) {
+            (Some(h), false) => h
+                .write_stdin(&session.id, input.as_bytes().to_vec())
+                .await
+                .map_err(|e| e.to_string()),
+            _ => Err("the command already exited".to_owned()),
+        };
+        if let Err(e) = written {
+            return Ok(op_error(&format!(
+                "stdin is closed for shell session: {sid} ({e})"
+            )));
+        }
     }
     Ok(answer(k, &session, budget).await)
 }
@@ -739,4 +751,67 @@ fn op_error(message: &str) -> Value {
 
 fn failed_before_run(error: &str) -> Value {
     json!({"status": "failed", "output": "", "error": error})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session() -> ShellSession {
+        ShellSession {
+            id: "sh_t".into(),
+            handle: None,
+            owner_uid: 1000,
+            workspace_id: "ws_t".into(),
+            state: Mutex::default(),
+            changed: Notify::new(),
+        }
+    }
+
+    #[test]
+    fn the_tail_keeps_the_last_characters_and_flags_truncation() {
+        let mut t = TailText::default();
+        t.push(&"a".repeat(MAX_OUTPUT_CHARS));
+        assert!(!t.truncated);
+        t.push("é end");
+        assert!(t.truncated);
+        assert_eq!(t.chars, MAX_OUTPUT_CHARS);
+        assert_eq!(t.text.chars().count(), MAX_OUTPUT_CHARS);
+        assert!(t.text.ends_with("é end"));
+    }
+
+    #[test]
+    fn a_character_split_across_events_is_joined_not_mangled() {
+        let s = session();
+        let bytes = "né".as_bytes();
+        s.append(&bytes[..2]);
+        s.append(&bytes[2..]);
+        let st = s.state.lock().unwrap();
+        assert_eq!(st.output.text, "né");
+        assert!(st.carry.is_empty());
+    }
+
+    #[tokio::test]
+    async fn waiting_answers_running_with_pending_output_then_the_final_result() {
+        let s = session();
+        s.append(b"first ");
+        let (v, over) = s.wait(Duration::from_millis(10)).await;
+        assert!(!over);
+        assert_eq!(
+            v,
+            json!({"status": "running", "sessionId": "sh_t", "output": "first "})
+        );
+        s.append(b"second");
+        s.finish(Outcome::Completed {
+            exit_code: 0,
+            changes: vec![],
+        });
+        let (v, over) = s.wait(Duration::from_secs(5)).await;
+        assert!(over);
+        assert_eq!(v["status"], "completed");
+        assert_eq!(
+            v["output"], "first second",
+            "the final result carries all output"
+        );
+    }
 }

@@ -295,3 +295,76 @@ async fn an_idle_local_wsd_is_stopped_and_started_again_on_next_use() {
     let d = until_done(&mut a, again).await;
     assert_eq!(d["output"], "one\n", "{d}");
 }
+
+#[tokio::test]
+async fn a_running_command_reads_what_later_calls_write_to_its_stdin() {
+    let k = TestKernel::with_users().await;
+    let mut a = k.alice().await;
+    let id = workspace(&mut a).await;
+    let d = a
+        .call(
+            "shell.exec",
+            json!({"cwd": format!("/workspaces/{id}"), "input": "read line; echo got:$line", "yieldMs": 250}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(d["status"], "running", "{d}");
+    let sid = d["sessionId"].as_str().unwrap().to_owned();
+    let mut b = k.bob().await;
+    let f = b
+        .request(
+            "shell.exec",
+            json!({"sessionId": sid, "input": "mallory\n"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(err_of(&f).0, 404, "nobody else writes to the session");
+    let d = a
+        .call(
+            "shell.exec",
+            json!({"sessionId": sid, "input": "hello\n", "yieldMs": 10000}),
+        )
+        .await
+        .unwrap();
+    let d = until_done(&mut a, d).await;
+    assert_eq!(
+        (d["status"].clone(), d["output"].clone()),
+        (json!("completed"), json!("got:hello\n"))
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_wsd_fails_the_call_before_anything_runs() {
+    let k = TestKernel::with_users().await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "t").unwrap();
+    let mut root = k.login("root", "root-password").await;
+    let d = root
+        .call(
+            "sys.workspace.create",
+            json!({"backend": {"kind": "remote", "address": format!("unix:{}", dir.path().join("none.sock").display()), "tokenFile": token}}),
+        )
+        .await
+        .unwrap();
+    let id = d["workspace"]["workspaceId"].as_str().unwrap().to_owned();
+    root.call(
+        "fs.write",
+        json!({"path": format!("/workspaces/{id}/f"), "content": "x"}),
+    )
+    .await
+    .unwrap();
+    let d = root
+        .call(
+            "shell.exec",
+            json!({"cwd": format!("/workspaces/{id}"), "input": "touch ran", "yieldMs": 10000}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(d["status"], "failed", "{d}");
+    assert!(
+        d["error"].as_str().unwrap().contains("none.sock"),
+        "names the address: {d}"
+    );
+    assert!(d.get("sessionId").is_none(), "nothing started: {d}");
+}

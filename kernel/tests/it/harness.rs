@@ -144,6 +144,14 @@ pub fn wsd_bin() -> std::path::PathBuf {
     if let Some(p) = std::env::var_os("WSD_BIN") {
         return p.into();
     }
+    // target/<profile>/deps/<test> → target/<profile>/wsd; `cargo test
+    // --workspace` builds it (the wsd package has integration tests).
     let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(|d| d.parent()).unwrap().join("wsd")
+    let bin = exe.parent().and_then(|d| d.parent()).unwrap().join("wsd");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build -p wsd` (or set WSD_BIN)",
+        bin.display()
+    );
+    bin
 }

@@ -73,13 +73,7 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
 }
 
 fn parse_signal(s: &str) -> Result<ExecSignal, String> {
-    match s.trim_start_matches("SIG").to_ascii_uppercase().as_str() {
-        "TERM" | "15" => Ok(ExecSignal::Term),
-        "KILL" | "9" => Ok(ExecSignal::Kill),
-        "INT" | "2" => Ok(ExecSignal::Int),
-        "HUP" | "1" => Ok(ExecSignal::Hup),
-        _ => Err(format!("unsupported signal {s:?} (TERM, KILL, INT or HUP)")),
-    }
+    s.parse::<ExecSignal>().map_err(|e| e.message)
 }
 
 async fn connect(r: &RemoteArgs) -> Result<Client> {
@@ -301,6 +295,7 @@ pub async fn exec(a: ExecArgs) -> Result<ExitCode> {
         env: a.env,
         stdin: None,
         timeout_ms: a.timeout,
+        stdin_open: false,
     };
     let events = client.exec(&request).await.context("exec")?;
     if a.detach {

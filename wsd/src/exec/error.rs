@@ -26,6 +26,10 @@ pub enum ExecError {
         after: u64,
         first_retained: u64,
     },
+    /// `write_stdin` on an exec whose stdin is not open (started without
+    /// `stdin_open`, closed, or exited).
+    #[error("EINVAL: stdin of exec {id:?} is closed")]
+    StdinClosed { id: String },
     /// A malformed argument (command, id, env name, signal, ...).
     #[error("EINVAL: {0}")]
     Invalid(String),
@@ -66,7 +70,9 @@ impl ExecError {
             ExecError::NotFound { .. } | ExecError::Disposed { .. } => ErrorCode::NotFound,
             ExecError::Busy { .. } => ErrorCode::ExecBusy,
             ExecError::Truncated { .. } => ErrorCode::LogTruncated,
-            ExecError::Invalid(_) | ExecError::InvalidCwd { .. } => ErrorCode::Invalid,
+            ExecError::Invalid(_)
+            | ExecError::InvalidCwd { .. }
+            | ExecError::StdinClosed { .. } => ErrorCode::Invalid,
             ExecError::Limit { .. } => ErrorCode::Limit,
             ExecError::ShuttingDown => ErrorCode::Shutdown,
             ExecError::Io { .. } | ExecError::Storage(_) | ExecError::RunnerStopped { .. } => {

@@ -63,6 +63,11 @@ pub const MAX_ENV_VARS: usize = 256;
 pub const MAX_ENV_BYTES: usize = 64 * 1024;
 /// Most `stdin` bytes one call may pass.
 pub const MAX_STDIN_BYTES: usize = 8 * 1024 * 1024;
+/// Most bytes one `write_stdin` call may pass (the wire's limit).
+pub const MAX_STDIN_WRITE_BYTES: usize = wsd_client::limits::MAX_STDIN_WRITE_BYTES;
+/// `write_stdin` calls queued ahead of the command's reading; one more
+/// waits, so a command that does not read its stdin bounds the memory.
+pub const STDIN_QUEUE_DEPTH: usize = 4;
 /// Most live subscribers attached to one exec at a time.
 pub const MAX_SUBSCRIBERS_PER_EXEC: usize = 16;
 /// Largest read from a child's pipe, so the largest output event payload.
@@ -138,57 +143,13 @@ impl ExecConfig {
     }
 }
 
-/// One `exec` call.
-#[derive(Debug, Clone, Default)]
-pub struct ExecRequest {
-    /// Run as `/bin/sh -c command`.
-    pub command: String,
-    /// Relative to the workspace root; `None` or `""` is the root.
-    pub cwd: Option<String>,
-    /// Caller-chosen id; `None` picks a fresh random one. Reusing the id of
-    /// a finished exec replaces its log.
-    pub id: Option<String>,
-    /// Added to the allowlisted daemon environment (and wins over it).
-    pub env: Vec<(String, String)>,
-    /// Written to the command's stdin, which is then closed. `None`: stdin
-    /// is `/dev/null`.
-    pub stdin: Option<Vec<u8>>,
-    /// SIGTERM to the group after this long, SIGKILL `kill_grace` later.
-    /// `Some(0)` disables the timeout; `None` uses the configured default.
-    pub timeout_ms: Option<u64>,
-}
+/// One `exec` call: the type the wire, the client and the CLI share.
+pub use wsd_client::ExecRequest;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EventKind {
-    Stdout(Vec<u8>),
-    Stderr(Vec<u8>),
-    /// The last event: the command's exit code, `128 + n` if it was killed
-    /// by signal `n`, or [`EXIT_LOST`].
-    Exit(i32),
-}
-
-impl EventKind {
-    pub(crate) fn payload_len(&self) -> usize {
-        match self {
-            EventKind::Stdout(d) | EventKind::Stderr(d) => d.len(),
-            EventKind::Exit(_) => 0,
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExecEvent {
-    pub id: String,
-    /// From 1, one per event of this exec, across stdout and stderr.
-    pub seq: u64,
-    pub kind: EventKind,
-}
-
-impl ExecEvent {
-    pub fn is_exit(&self) -> bool {
-        matches!(self.kind, EventKind::Exit(_))
-    }
-}
+/// The exec's events: the types the wire, the client and the CLI share.
+/// An exit code is the command's, `128 + n` if it was killed by signal `n`,
+/// or [`EXIT_LOST`].
+pub use wsd_client::{ExecEvent, ExecEventKind as EventKind};
 
 /// Where a [`ExecManager::get`] subscription starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -367,6 +328,7 @@ impl ExecManager {
             cwd,
             env: process::command_env(&shared.config.daemon_env, &req.env),
             stdin: req.stdin,
+            stdin_open: req.stdin_open,
             timeout,
         };
 
@@ -445,7 +407,17 @@ impl ExecManager {
     /// running `kill_grace` later, its group gets SIGKILL. A no-op once the
     /// exec has exited. Errors: `ENOENT` (unknown id), `EINVAL` (signal).
     pub async fn kill(&self, id: &str, signal: Option<&str>) -> Result<(), ExecError> {
-        let sig = process::parse_signal(signal.unwrap_or("TERM"))?;
+        self.kill_with(id, process::parse_signal(signal.unwrap_or("TERM"))?)
+            .await
+    }
+
+    /// [`ExecManager::kill`] with one of the wire's signals, as the RPC
+    /// server passes it (no name to parse on the way).
+    pub async fn signal(&self, id: &str, signal: wsd_client::Signal) -> Result<(), ExecError> {
+        self.kill_with(id, signal.number()).await
+    }
+
+    async fn kill_with(&self, id: &str, sig: i32) -> Result<(), ExecError> {
         let live = self
             .shared
             .live
@@ -462,6 +434,47 @@ impl ExecManager {
             Some(_) => Ok(()),
             None => Err(ExecError::NotFound { id: id.to_owned() }),
         }
+    }
+
+    /// Queues `bytes` for the stdin of a live exec started with
+    /// `stdin_open`, waiting while [`STDIN_QUEUE_DEPTH`] writes are queued.
+    /// Errors: `ELIMIT` ([`MAX_STDIN_WRITE_BYTES`]), `ENOENT` (unknown id),
+    /// `EINVAL` (stdin not open: never opened, closed, or the exec exited).
+    pub async fn write_stdin(&self, id: &str, bytes: Vec<u8>) -> Result<(), ExecError> {
+        ExecError::check_limit("stdin bytes per write", MAX_STDIN_WRITE_BYTES, bytes.len())?;
+        let closed = || ExecError::StdinClosed { id: id.to_owned() };
+        let Some(live) = self.live(id) else {
+            return match read_meta(&self.shared.reader, id).await? {
+                Some(_) => Err(closed()),
+                None => Err(ExecError::NotFound { id: id.to_owned() }),
+            };
+        };
+        let queue = live.stdin.lock().expect("stdin lock poisoned").clone();
+        let queue = queue.ok_or_else(closed)?;
+        queue.send(bytes).await.map_err(|_| closed())
+    }
+
+    /// Closes the stdin of a live exec once the queued writes reached it.
+    /// Idempotent; an exited exec's stdin is already closed. Unknown id:
+    /// `ENOENT`.
+    pub async fn close_stdin(&self, id: &str) -> Result<(), ExecError> {
+        if let Some(live) = self.live(id) {
+            live.stdin.lock().expect("stdin lock poisoned").take();
+            return Ok(());
+        }
+        match read_meta(&self.shared.reader, id).await? {
+            Some(_) => Ok(()),
+            None => Err(ExecError::NotFound { id: id.to_owned() }),
+        }
+    }
+
+    fn live(&self, id: &str) -> Option<Arc<LiveExec>> {
+        self.shared
+            .live
+            .lock()
+            .expect("live map poisoned")
+            .get(id)
+            .cloned()
     }
 
     /// Drops an exec's log; a later `get` is `ENOENT`. A live exec is killed

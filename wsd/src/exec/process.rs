@@ -211,6 +211,13 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_wire_signals_have_the_numbers_this_platform_gives_their_names() {
+        for sig in wsd_client::Signal::ALL {
+            assert_eq!(parse_signal(sig.name()).unwrap(), sig.number(), "{sig}");
+        }
+    }
+
+    #[test]
     fn signal_names_numbers_and_prefixes_parse() {
         assert_eq!(parse_signal("TERM").unwrap(), libc::SIGTERM);
         assert_eq!(parse_signal("SIGKILL").unwrap(), libc::SIGKILL);

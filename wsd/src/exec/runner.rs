@@ -41,6 +41,8 @@ pub(crate) struct ExecSpec {
     pub cwd: PathBuf,
     pub env: Vec<(OsString, OsString)>,
     pub stdin: Option<Vec<u8>>,
+    /// Keep the pipe open after `stdin` for `write_stdin`.
+    pub stdin_open: bool,
     pub timeout: Option<Duration>,
 }
 
@@ -79,6 +81,9 @@ pub(crate) struct LiveExec {
     pub control: mpsc::Sender<Control>,
     /// Set by `dispose` under the live-map lock.
     pub disposing: AtomicBool,
+    /// The queue to the stdin writer while stdin is open; taking it closes
+    /// stdin after the queued writes.
+    pub stdin: Mutex<Option<mpsc::Sender<Vec<u8>>>>,
     pub state: Mutex<LiveState>,
     done: watch::Receiver<bool>,
     /// Most events ever in the pipeline at once (for the tests'
@@ -97,6 +102,7 @@ impl LiveExec {
             generation: OnceLock::new(),
             control,
             disposing: AtomicBool::new(false),
+            stdin: Mutex::new(None),
             state: Mutex::new(LiveState {
                 delivered_through: 0,
                 subscribers: Vec::new(),
@@ -284,7 +290,7 @@ async fn start(
         .env_clear()
         .envs(spec.env)
         .process_group(0)
-        .stdin(if spec.stdin.is_some() {
+        .stdin(if spec.stdin.is_some() || spec.stdin_open {
             Stdio::piped()
         } else {
             Stdio::null()
@@ -299,14 +305,31 @@ async fn start(
             return Err(ExecError::io("spawning /bin/sh", e));
         }
     };
-    let stdin_task = match (child.stdin.take(), spec.stdin) {
-        (Some(mut pipe), Some(bytes)) => Some(tokio::spawn(async move {
-            // EPIPE just means the command exited without reading it all.
-            let _ = pipe.write_all(&bytes).await;
-            let _ = pipe.shutdown().await;
-        })),
-        _ => None,
+    let queue = if spec.stdin_open {
+        let (tx, rx) = mpsc::channel(super::STDIN_QUEUE_DEPTH);
+        *live.stdin.lock().expect("stdin lock poisoned") = Some(tx);
+        Some(rx)
+    } else {
+        None
     };
+    let stdin_task = child.stdin.take().map(|mut pipe| {
+        tokio::spawn(async move {
+            // EPIPE just means the command exited without reading it all.
+            if let Some(bytes) = spec.stdin
+                && pipe.write_all(&bytes).await.is_err()
+            {
+                return;
+            }
+            if let Some(mut queue) = queue {
+                while let Some(bytes) = queue.recv().await {
+                    if pipe.write_all(&bytes).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            let _ = pipe.shutdown().await;
+        })
+    });
     Ok((child, generation, AbortOnDrop(stdin_task)))
 }
 

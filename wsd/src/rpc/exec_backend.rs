@@ -42,6 +42,12 @@ pub trait ExecBackend: 'static {
 
     /// Drops the exec's log, killing it first if it is still live.
     async fn dispose(&self, id: &str) -> Result<(), WireError>;
+
+    /// Queues bytes for the stdin of an exec started with `stdin_open`.
+    async fn write_stdin(&self, id: &str, bytes: Vec<u8>) -> Result<(), WireError>;
+
+    /// Closes the stdin of an exec after its queued writes.
+    async fn close_stdin(&self, id: &str) -> Result<(), WireError>;
 }
 
 /// The object-safe face of [`ExecBackend`] the server stores, so the server
@@ -62,6 +68,12 @@ pub(crate) trait DynExecBackend {
         signal: ExecSignal,
     ) -> LocalBoxFuture<'a, Result<(), WireError>>;
     fn dispose<'a>(&'a self, id: &'a str) -> LocalBoxFuture<'a, Result<(), WireError>>;
+    fn write_stdin<'a>(
+        &'a self,
+        id: &'a str,
+        bytes: Vec<u8>,
+    ) -> LocalBoxFuture<'a, Result<(), WireError>>;
+    fn close_stdin<'a>(&'a self, id: &'a str) -> LocalBoxFuture<'a, Result<(), WireError>>;
 }
 
 pub(crate) trait DynExecEvents {
@@ -103,5 +115,17 @@ impl<T: ExecBackend> DynExecBackend for T {
 
     fn dispose<'a>(&'a self, id: &'a str) -> LocalBoxFuture<'a, Result<(), WireError>> {
         Box::pin(ExecBackend::dispose(self, id))
+    }
+
+    fn write_stdin<'a>(
+        &'a self,
+        id: &'a str,
+        bytes: Vec<u8>,
+    ) -> LocalBoxFuture<'a, Result<(), WireError>> {
+        Box::pin(ExecBackend::write_stdin(self, id, bytes))
+    }
+
+    fn close_stdin<'a>(&'a self, id: &'a str) -> LocalBoxFuture<'a, Result<(), WireError>> {
+        Box::pin(ExecBackend::close_stdin(self, id))
     }
 }

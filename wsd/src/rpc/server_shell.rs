@@ -13,6 +13,7 @@ use super::convert::{
     exec_event_to, exec_request_from, resume_from, signal_from, text, wire_error_to,
 };
 use super::exec_backend::{DynExecBackend, DynExecEvents};
+use super::limits::MAX_STDIN_WRITE_BYTES;
 use super::server::{Conn, run_call};
 use super::stream::{self, StreamWindow, message_bytes};
 
@@ -156,6 +157,35 @@ impl wire::shell::Server for ShellServer {
             let backend = self.backend()?;
             let id = text(params.get()?.get_id(), "exec id")?;
             backend.dispose(&id).await
+        })
+        .await
+    }
+
+    async fn write_stdin(
+        self: Rc<Self>,
+        params: wire::shell::WriteStdinParams,
+        _: wire::shell::WriteStdinResults,
+    ) -> Result<(), capnp::Error> {
+        run_call(&self.conn, "writeStdin", async {
+            let backend = self.backend()?;
+            let p = params.get()?;
+            let id = text(p.get_id(), "exec id")?;
+            let data = p.get_data()?;
+            WireError::check_limit("stdin bytes per write", MAX_STDIN_WRITE_BYTES, data.len())?;
+            backend.write_stdin(&id, data.to_vec()).await
+        })
+        .await
+    }
+
+    async fn close_stdin(
+        self: Rc<Self>,
+        params: wire::shell::CloseStdinParams,
+        _: wire::shell::CloseStdinResults,
+    ) -> Result<(), capnp::Error> {
+        run_call(&self.conn, "closeStdin", async {
+            let backend = self.backend()?;
+            let id = text(params.get()?.get_id(), "exec id")?;
+            backend.close_stdin(&id).await
         })
         .await
     }

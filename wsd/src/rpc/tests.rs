@@ -772,6 +772,17 @@ impl ExecBackend for FakeExec {
     async fn dispose(&self, _id: &str) -> Result<(), WireError> {
         Ok(())
     }
+
+    async fn write_stdin(&self, id: &str, _bytes: Vec<u8>) -> Result<(), WireError> {
+        Err(
+            WireError::new(ErrorCode::Invalid, format!("stdin of exec {id} is closed"))
+                .with_subject(id),
+        )
+    }
+
+    async fn close_stdin(&self, _id: &str) -> Result<(), WireError> {
+        Ok(())
+    }
 }
 
 async fn collect(stream: &mut client::ExecStream) -> Vec<ExecEvent> {
