@@ -412,10 +412,25 @@ pub fn tool_defs() -> Vec<Value> {
     ]
 }
 
-/// Stored messages in the OpenAI chat form.
+/// Stored messages in the OpenAI chat form. A tool call left without a
+/// result (the run was aborted or the kernel stopped mid-call) gets a
+/// synthetic error result: servers refuse a history with a dangling call,
+/// and the model should know the call did not complete.
 fn to_openai(system: &str, history: &[Value]) -> Vec<Value> {
     let mut out = vec![json!({"role": "system", "content": system})];
+    let mut open: Vec<Value> = Vec::new();
+    let close = |out: &mut Vec<Value>, open: &mut Vec<Value>| {
+        for id in open.drain(..) {
+            out.push(json!({"role": "tool", "tool_call_id": id,
+                "content": "Error: interrupted before this tool call finished"}));
+        }
+    };
     for m in history {
+        if m["role"] == "toolResult" {
+            open.retain(|id| *id != m["toolCallId"]);
+        } else {
+            close(&mut out, &mut open);
+        }
         match m["role"].as_str() {
             Some("user") | Some("system") => {
                 out.push(json!({"role": m["role"], "content": m["content"]}));
@@ -432,6 +447,7 @@ fn to_openai(system: &str, history: &[Value]) -> Vec<Value> {
                     .collect();
                 let mut a = json!({"role": "assistant", "content": m["content"]});
                 if !calls.is_empty() {
+                    open.extend(calls.iter().map(|c| c["id"].clone()));
                     a["tool_calls"] = json!(calls);
                 }
                 out.push(a);
@@ -442,6 +458,7 @@ fn to_openai(system: &str, history: &[Value]) -> Vec<Value> {
             _ => {}
         }
     }
+    close(&mut out, &mut open);
     out
 }
 

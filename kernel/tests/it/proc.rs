@@ -927,3 +927,39 @@ async fn the_users_home_context_and_a_per_user_model_override_are_used() {
     );
     assert_eq!(req["model"], "alices-model");
 }
+
+#[tokio::test]
+async fn abort_while_waiting_for_approval_leaves_a_history_the_model_accepts() {
+    let (_k, m, mut a) = setup(
+        vec![
+            Reply::Sse(vec![tool("c1", "Delete", json!({"path": "x"}))]),
+            answer("fresh start"),
+        ],
+        &[],
+    )
+    .await;
+    let pid = a.call("proc.spawn", json!({})).await["pid"].clone();
+    let s = a
+        .call("proc.send", json!({"pid": pid, "message": "del"}))
+        .await;
+    let req = a.signal("proc.run.hil.requested", |_| true).await;
+    a.call("proc.abort", json!({"pid": pid})).await;
+    assert_eq!(a.finished(&s["runId"]).await["aborted"], true);
+    // The request died with the run.
+    let late = a
+        .request(
+            "proc.hil",
+            json!({"requestId": req["requestId"], "decision": "approve"}),
+        )
+        .await;
+    assert_eq!(err_of(&late).0, 403);
+    let s2 = a
+        .call("proc.send", json!({"pid": pid, "message": "again"}))
+        .await;
+    assert_eq!(a.finished(&s2["runId"]).await["text"], "fresh start");
+    let msgs = m.requests()[1]["messages"].as_array().unwrap().clone();
+    let roles: Vec<&str> = msgs.iter().map(|m| m["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["system", "user", "assistant", "tool", "user"]);
+    assert_eq!(msgs[3]["tool_call_id"], "c1");
+    assert!(msgs[3]["content"].as_str().unwrap().contains("interrupted"));
+}
