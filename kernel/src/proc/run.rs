@@ -267,6 +267,19 @@ async fn provider_config(k: &Arc<Kernel>, uid: i64) -> Result<ProviderConfig, St
     })
 }
 
+/// A call made on a process's behalf: the same gate and dispatch as a
+/// client's request in `server.rs` (capability, then `target` routing),
+/// kept in this one place so the two cannot drift apart silently.
+pub async fn dispatch_call(
+    k: &Arc<Kernel>,
+    session: &Arc<Session>,
+    call: &str,
+    args: Map<String, Value>,
+) -> Result<Value, KernelError> {
+    let entry = k.dispatch.authorize(session, call)?.clone();
+    Dispatch::run(entry, k.clone(), session.clone(), call, args).await
+}
+
 /// A dispatched call's outcome as the model sees it: output or error text.
 async fn syscall(
     k: &Arc<Kernel>,
@@ -274,12 +287,7 @@ async fn syscall(
     call: &str,
     args: Map<String, Value>,
 ) -> Result<Value, String> {
-    let entry = k
-        .dispatch
-        .authorize(session, call)
-        .map_err(|e| e.to_string())?
-        .clone();
-    match Dispatch::run(entry, k.clone(), session.clone(), call, args).await {
+    match dispatch_call(k, session, call, args).await {
         Ok(v) if v.get("ok") == Some(&Value::Bool(false)) => Err(v
             .get("error")
             .map(|e| e.as_str().map_or_else(|| e.to_string(), str::to_owned))

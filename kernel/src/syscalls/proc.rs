@@ -65,19 +65,11 @@ pub async fn spawn(k: Arc<Kernel>, s: Arc<Session>, a: SpawnArgs) -> Result<Valu
         Some(w) => match w.mode.as_deref().unwrap_or("new") {
             "none" => None,
             "new" => {
-                let entry = k.dispatch.authorize(&s, "sys.workspace.create")?.clone();
                 let mut args = serde_json::Map::new();
                 if let Some(l) = w.label.or_else(|| a.label.clone()) {
                     args.insert("label".into(), json!(l));
                 }
-                let v = crate::dispatch::Dispatch::run(
-                    entry,
-                    k.clone(),
-                    s.clone(),
-                    "sys.workspace.create",
-                    args,
-                )
-                .await?;
+                let v = run::dispatch_call(&k, &s, "sys.workspace.create", args).await?;
                 v["workspace"]["workspaceId"]
                     .as_str()
                     .or_else(|| v["workspace"]["id"].as_str())
@@ -87,17 +79,9 @@ pub async fn spawn(k: Arc<Kernel>, s: Arc<Session>, a: SpawnArgs) -> Result<Valu
                 let id = w.workspace_id.ok_or_else(|| {
                     KernelError::BadRequest("workspace.mode attach needs workspaceId".into())
                 })?;
-                let entry = k.dispatch.authorize(&s, "sys.workspace.get")?.clone();
                 let mut args = serde_json::Map::new();
                 args.insert("workspaceId".into(), json!(id));
-                crate::dispatch::Dispatch::run(
-                    entry,
-                    k.clone(),
-                    s.clone(),
-                    "sys.workspace.get",
-                    args,
-                )
-                .await?;
+                run::dispatch_call(&k, &s, "sys.workspace.get", args).await?;
                 Some(id)
             }
             m => {
