@@ -1,6 +1,6 @@
 //! The `gsv` command line: `serve` runs the kernel; `node` runs a device
-//! driver; `call`, `workspace` and `exec` drive a kernel over its WebSocket
-//! like any other user client.
+//! driver; `call`, `workspace`, `exec` and `chat` drive a kernel over its
+//! WebSocket like any other user client.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -60,6 +60,21 @@ enum Command {
         /// The command, run by the workspace's shell.
         #[arg(last = true, required = true)]
         command: Vec<String>,
+    },
+    /// Talk to an agent process: send messages (from `-m` or stdin lines),
+    /// print its streamed answer, and ask on the terminal when it wants
+    /// approval. Without PID a new process is spawned.
+    Chat {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// The process (`proc:<uuid>`).
+        pid: Option<String>,
+        /// Send this one message and exit when its run finishes.
+        #[arg(short, long)]
+        message: Option<String>,
+        /// Spawn the new process in a new workspace.
+        #[arg(long)]
+        workspace: bool,
     },
 }
 
@@ -213,6 +228,143 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             cwd,
             command,
         } => exec(&conn, &workspace, cwd, command.join(" ")).await,
+        Command::Chat {
+            conn,
+            pid,
+            message,
+            workspace,
+        } => chat(&conn, pid, message, workspace).await,
+    }
+}
+
+type StdinLines = tokio::io::Lines<tokio::io::BufReader<tokio::io::Stdin>>;
+
+async fn chat(
+    conn: &ConnArgs,
+    pid: Option<String>,
+    message: Option<String>,
+    workspace: bool,
+) -> Result<ExitCode> {
+    use tokio::io::AsyncBufReadExt;
+    let mut c = connect(conn).await?;
+    // A model may think for minutes; each frame still has a deadline.
+    c.timeout = std::time::Duration::from_secs(600);
+    let pid = match pid {
+        Some(p) => p,
+        None => {
+            let args = if workspace {
+                json!({"workspace": {"mode": "new"}})
+            } else {
+                json!({})
+            };
+            let d = c.call("proc.spawn", args).await?;
+            let pid = d["pid"].as_str().unwrap_or_default().to_owned();
+            eprintln!("pid {pid} (cwd {})", d["cwd"].as_str().unwrap_or(""));
+            pid
+        }
+    };
+    let mut stdin = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+    let mut ok = true;
+    if let Some(m) = message {
+        ok = chat_turn(&mut c, &pid, &m, &mut stdin).await?;
+    } else {
+        while let Some(line) = stdin.next_line().await? {
+            if !line.trim().is_empty() {
+                ok = chat_turn(&mut c, &pid, &line, &mut stdin).await?;
+            }
+        }
+    }
+    c.close().await;
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// One message and its run; false when the run ended with an error.
+async fn chat_turn(
+    c: &mut GsvClient,
+    pid: &str,
+    message: &str,
+    stdin: &mut StdinLines,
+) -> Result<bool> {
+    use std::io::Write as _;
+    let id = c.fresh_id();
+    c.send_request(&id, "proc.send", json!({"pid": pid, "message": message}))
+        .await?;
+    let mut run_id: Option<String> = None;
+    loop {
+        let f = c.recv().await?;
+        if f["type"] == "res" && f["id"] == id {
+            if f["ok"] != true {
+                bail!(
+                    "proc.send: {}",
+                    f["error"]["message"].as_str().unwrap_or("failed")
+                );
+            }
+            run_id = f["data"]["runId"].as_str().map(str::to_owned);
+            if f["data"]["queued"] == true {
+                eprintln!("(queued behind the running turn)");
+            }
+            continue;
+        }
+        if f["type"] != "sig" || f["payload"]["pid"] != pid {
+            continue;
+        }
+        let p = &f["payload"];
+        match f["signal"].as_str().unwrap_or("") {
+            "proc.run.stream" if p["event"]["type"] == "text_delta" => {
+                print!("{}", p["event"]["delta"].as_str().unwrap_or(""));
+                std::io::stdout().flush()?;
+            }
+            "proc.run.tool.started" => {
+                eprintln!("\n[{} {}]", p["toolName"].as_str().unwrap_or(""), p["args"]);
+            }
+            "proc.run.tool.finished" if p["isError"] == true => {
+                eprintln!(
+                    "[{} failed: {}]",
+                    p["toolName"].as_str().unwrap_or(""),
+                    p["error"]
+                );
+            }
+            "proc.run.retrying" => {
+                eprintln!("[retrying: {}]", p["error"].as_str().unwrap_or(""));
+            }
+            "proc.run.hil.requested" => {
+                eprint!(
+                    "\nallow {} {}? [y/N/a(lways)] ",
+                    p["syscall"].as_str().unwrap_or(""),
+                    p["args"]
+                );
+                let answer = stdin.next_line().await?.unwrap_or_default();
+                let a = answer.trim().to_ascii_lowercase();
+                let decision = if a == "y" || a == "a" {
+                    "approve"
+                } else {
+                    "deny"
+                };
+                let hid = c.fresh_id();
+                c.send_request(
+                    &hid,
+                    "proc.hil",
+                    json!({"requestId": p["requestId"], "decision": decision, "remember": a == "a"}),
+                )
+                .await?;
+            }
+            "proc.run.finished" if run_id.is_none() || p["runId"].as_str() == run_id.as_deref() => {
+                println!();
+                if let Some(e) = p["error"].as_str() {
+                    eprintln!("error: {e}");
+                    return Ok(false);
+                }
+                if p["aborted"] == true {
+                    eprintln!("(aborted)");
+                }
+                return Ok(true);
+            }
+            _ => {}
+        }
     }
 }
 

@@ -128,6 +128,58 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
          CREATE INDEX device_shell_sessions_device ON device_shell_sessions(device_id);
          CREATE INDEX device_shell_sessions_expiry ON device_shell_sessions(expires_at);",
     ),
+    (
+        4,
+        "processes",
+        "CREATE TABLE processes(
+            pid TEXT PRIMARY KEY,
+            owner_uid INTEGER NOT NULL,
+            uid INTEGER NOT NULL,
+            username TEXT NOT NULL,
+            interactive INTEGER NOT NULL DEFAULT 1,
+            parent_pid TEXT,
+            label TEXT,
+            cwd TEXT NOT NULL,
+            workspace_id TEXT,
+            state TEXT NOT NULL DEFAULT 'idle',
+            active_run_id TEXT,
+            queued_count INTEGER NOT NULL DEFAULT 0,
+            last_active_at INTEGER,
+            created_at INTEGER NOT NULL);
+         CREATE INDEX processes_owner ON processes(owner_uid);
+         CREATE TABLE proc_messages(
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            pid TEXT NOT NULL REFERENCES processes(pid) ON DELETE CASCADE,
+            run_id TEXT,
+            body TEXT NOT NULL,
+            created_at INTEGER NOT NULL);
+         CREATE INDEX proc_messages_pid ON proc_messages(pid, id);
+         CREATE TABLE proc_runs(
+            run_id TEXT PRIMARY KEY,
+            pid TEXT NOT NULL REFERENCES processes(pid) ON DELETE CASCADE,
+            status TEXT NOT NULL,
+            error TEXT,
+            started_at INTEGER NOT NULL,
+            finished_at INTEGER);
+         CREATE INDEX proc_runs_status ON proc_runs(status);
+         CREATE TABLE proc_queue(
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            pid TEXT NOT NULL REFERENCES processes(pid) ON DELETE CASCADE,
+            body TEXT NOT NULL,
+            created_at INTEGER NOT NULL);
+         CREATE TABLE proc_hil(
+            request_id TEXT PRIMARY KEY,
+            pid TEXT NOT NULL REFERENCES processes(pid) ON DELETE CASCADE,
+            run_id TEXT NOT NULL,
+            call TEXT NOT NULL,
+            args TEXT NOT NULL,
+            status TEXT NOT NULL DEFAULT 'pending',
+            created_at INTEGER NOT NULL);
+         CREATE TABLE proc_allow(
+            pid TEXT NOT NULL REFERENCES processes(pid) ON DELETE CASCADE,
+            call TEXT NOT NULL,
+            PRIMARY KEY(pid, call));",
+    ),
 ];
 
 /// The kernel database behind its one connection.

@@ -102,6 +102,17 @@ impl Dispatch {
         Ok(entry)
     }
 
+    /// [`Dispatch::authorize`] for every caller (a client's request or a
+    /// process's tool call): a routable call with no native handler passes
+    /// as `None`, since it can still go to a device.
+    pub fn gate(&self, session: &Session, call: &str) -> Result<Option<Entry>, KernelError> {
+        match self.authorize(session, call) {
+            Ok(e) => Ok(Some(e.clone())),
+            Err(KernelError::UnknownSyscall(_)) if is_routable(call) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Runs an authorised call; `entry` is `None` for a routable call with
     /// no native handler (it can only be routed).
     pub async fn run(

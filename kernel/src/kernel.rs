@@ -86,6 +86,8 @@ pub struct Kernel {
     /// Live `shell.exec` sessions.
     pub sessions: crate::syscalls::shell::Sessions,
     pub dispatch: Dispatch,
+    /// Active agent runs (the rest of a process is rows).
+    pub procs: crate::proc::Procs,
     /// Permits for sockets that have not authenticated yet.
     pub pending: Arc<Semaphore>,
     /// Permits for authenticated sockets.
@@ -122,9 +124,11 @@ impl Kernel {
             router: Router::default(),
             sessions: Default::default(),
             dispatch: dispatch::table(),
+            procs: crate::proc::Procs::default(),
             login_failures: Mutex::new(HashMap::new()),
         });
         tokio::spawn(reap_idle_children(Arc::downgrade(&kernel)));
+        crate::proc::recover(&kernel).await?;
         Ok(kernel)
     }
 

@@ -9,7 +9,10 @@
 //! Calls with `target: <deviceId>` are routed to a device's driver
 //! connection ([`routing`]); `gsv node` is such a driver ([`driver`]).
 //!
-//! It deliberately does not (yet): run agent processes, accept binary
+//! Agent processes ([`proc`]) turn model tool calls into the same
+//! syscalls, dispatched through the same capability and routing path.
+//!
+//! It deliberately does not (yet): accept binary
 //! bodies, or talk capnp itself (the wsd side goes through `wsd-client`).
 
 pub mod accounts;
@@ -22,6 +25,7 @@ pub mod error;
 pub mod frames;
 pub mod kernel;
 pub mod node;
+pub mod proc;
 pub mod routing;
 pub mod server;
 pub mod session;

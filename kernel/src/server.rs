@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use crate::accounts::{self, ProcessIdentity};
 use crate::caps;
 use crate::db::now_ms;
-use crate::dispatch::{self, Dispatch};
+use crate::dispatch::Dispatch;
 use crate::error::KernelError;
 use crate::frames::{self, Inbound, Outbound, Response, UNKNOWN_ID};
 use crate::kernel::{Kernel, PROTOCOL};
@@ -258,11 +258,8 @@ impl Connection {
             };
             return self.send_res(Response::err(id, &e)).await;
         };
-        let entry = match self.kernel.dispatch.authorize(&session, &call) {
-            Ok(e) => Some(e.clone()),
-            // The capability passed; a routable call without a native
-            // handler may still go to a device.
-            Err(KernelError::UnknownSyscall(_)) if dispatch::is_routable(&call) => None,
+        let entry = match self.kernel.dispatch.gate(&session, &call) {
+            Ok(e) => e,
             Err(e) => return self.send_res(Response::err(id, &e)).await,
         };
         let (k, tx, map, rid) = (
@@ -584,6 +581,32 @@ struct SetupArgs {
     password: String,
     #[serde(default)]
     root_password: Option<String>,
+    /// The model endpoint for agent processes (`config/ai/*`).
+    #[serde(default)]
+    ai: Option<AiSetup>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AiSetup {
+    provider: Option<String>,
+    model: Option<String>,
+    api_key: Option<String>,
+    base_url: Option<String>,
+}
+
+impl AiSetup {
+    fn entries(&self) -> Vec<(&'static str, String)> {
+        [
+            ("config/ai/provider", &self.provider),
+            ("config/ai/model", &self.model),
+            ("config/ai/api_key", &self.api_key),
+            ("config/ai/base_url", &self.base_url),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| v.clone().map(|v| (k, v)))
+        .collect()
+    }
 }
 
 /// `sys.setup`: the first human (and optionally root's password). Allowed
@@ -612,6 +635,7 @@ async fn setup(k: &Arc<Kernel>, args: Map<String, Value>) -> Result<Value, Kerne
     .await
     .map_err(|e| KernelError::internal("hashing passwords", e))??;
     let username = a.username.clone();
+    let ai = a.ai.as_ref().map(AiSetup::entries).unwrap_or_default();
     let (user, root_locked) =
         k.db.call(move |c| {
             // Re-checked under the writer: two racing setups make one user.
@@ -621,6 +645,9 @@ async fn setup(k: &Arc<Kernel>, args: Map<String, Value>) -> Result<Value, Kerne
             let user = accounts::create_human(c, &username, &user_hash)?;
             if let Some(h) = root_hash {
                 accounts::set_password(c, "root", &h)?;
+            }
+            for (key, value) in &ai {
+                accounts::config_set(c, key, value)?;
             }
             Ok((user, accounts::root_locked(c)?))
         })

@@ -107,6 +107,23 @@ impl ConnectionPool {
         }
     }
 
+    /// Sends a signal to every live `role` socket of `uid`. A socket whose
+    /// queue is full misses it rather than stalling the sender.
+    pub fn signal_user(&self, uid: i64, role: Role, signal: &str, payload: serde_json::Value) {
+        let text = crate::frames::Outbound::Sig {
+            signal: signal.to_owned(),
+            payload,
+            seq: None,
+        }
+        .to_text();
+        let live = self.live.lock().unwrap();
+        for l in live.values() {
+            if matches!(&l.key, Some((u, r, _)) if *u == uid && *r == role) {
+                let _ = l.tx.try_send(Outgoing::Text(text.clone()));
+            }
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.live.lock().unwrap().len()
     }

@@ -3,6 +3,7 @@
 pub mod account;
 pub mod device;
 pub mod fs;
+pub mod proc;
 pub mod shell;
 pub mod sys;
 pub mod workspace;
@@ -38,5 +39,13 @@ pub fn register(d: &mut Dispatch) {
     d.add("fs.edit", "fs.edit", fs::edit);
     d.add("fs.delete", "fs.delete", fs::delete);
     d.add("fs.search", "fs.search", fs::search);
+    d.add("proc.spawn", "proc.spawn", proc::spawn);
+    d.add("proc.list", "proc.list", proc::list);
+    d.add("proc.send", "proc.send", proc::send);
+    d.add("proc.history", "proc.history", proc::history);
+    d.add("proc.abort", "proc.abort", proc::abort);
+    d.add("proc.hil", "proc.hil", proc::hil);
+    d.add("proc.reset", "proc.reset", proc::reset);
+    d.add("proc.kill", "proc.kill", proc::kill);
     d.add("shell.exec", "shell.exec", shell::exec);
 }

@@ -18,7 +18,7 @@ pub struct TestKernel {
     /// For tests that look inside (e.g. a workspace's wsd child).
     #[allow(dead_code)]
     pub kernel: Arc<Kernel>,
-    _dir: TempDir,
+    _dir: Option<TempDir>,
     stop: Option<oneshot::Sender<()>>,
 }
 
@@ -38,7 +38,18 @@ impl TestKernel {
 
     pub async fn start_with(tune: impl FnOnce(&mut KernelConfig)) -> TestKernel {
         let dir = tempfile::tempdir().unwrap();
-        let mut config = KernelConfig::new(dir.path().join("data"));
+        let mut k = TestKernel::start_in(dir.path().join("data"), tune).await;
+        k._dir = Some(dir);
+        k
+    }
+
+    /// A kernel on an existing (or new) data directory the caller owns,
+    /// for restarts.
+    pub async fn start_in(
+        data: std::path::PathBuf,
+        tune: impl FnOnce(&mut KernelConfig),
+    ) -> TestKernel {
+        let mut config = KernelConfig::new(data);
         config.wsd_bin = wsd_bin();
         tune(&mut config);
         let kernel = Kernel::open(config).await.unwrap();
@@ -57,7 +68,7 @@ impl TestKernel {
         TestKernel {
             url,
             kernel,
-            _dir: dir,
+            _dir: None,
             stop: Some(stop),
         }
     }

@@ -8,4 +8,5 @@ mod fs;
 mod handshake;
 mod harness;
 mod node;
+mod proc;
 mod workspaces;

@@ -1,0 +1,752 @@
+//! The agent loop: one tokio task per active run. Model call → assistant
+//! message → each tool call through the kernel's own dispatch (the same
+//! capability and `target` routing path as a client call) → tool results
+//! → queued messages injected → model again, until an answer without
+//! tool calls. Every step is a row first, then a signal.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use futures::future::BoxFuture;
+use serde_json::{Map, Value, json};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+
+use super::hil::{self, Decision};
+use super::provider::{self, Completion, Delta, ProviderConfig, ProviderError};
+use super::store::{self, ProcRow};
+use super::{Active, emit};
+use crate::accounts;
+use crate::dispatch::Dispatch;
+use crate::error::KernelError;
+use crate::kernel::Kernel;
+use crate::session::{Role, Session};
+
+/// Model calls per run at most; a model that never stops calling tools
+/// ends with an error instead of looping forever.
+const MAX_STEPS: usize = 64;
+const DEFAULT_MAX_CONTEXT_BYTES: usize = 64 * 1024;
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The tool names the model sees and the syscall each one is.
+pub const TOOLS: &[(&str, &str)] = &[
+    ("Read", "fs.read"),
+    ("Write", "fs.write"),
+    ("Edit", "fs.edit"),
+    ("Delete", "fs.delete"),
+    ("Search", "fs.search"),
+    ("Shell", "shell.exec"),
+];
+
+/// How a run ended when it did not answer.
+#[derive(Debug)]
+enum End {
+    Aborted,
+    Failed(String),
+}
+
+fn reserve(k: &Kernel, pid: &str) -> Option<(String, CancellationToken)> {
+    let mut live = k.procs.active.lock().unwrap();
+    if live.contains_key(pid) {
+        return None;
+    }
+    let run_id = format!("run_{}", uuid::Uuid::new_v4());
+    let cancel = CancellationToken::new();
+    live.insert(
+        pid.to_owned(),
+        Active {
+            run_id: run_id.clone(),
+            cancel: cancel.clone(),
+            hil: Default::default(),
+        },
+    );
+    Some((run_id, cancel))
+}
+
+fn release(k: &Kernel, pid: &str, run_id: &str) {
+    let mut live = k.procs.active.lock().unwrap();
+    if live.get(pid).is_some_and(|a| a.run_id == run_id) {
+        live.remove(pid);
+    }
+}
+
+/// `proc.send`: starts a run with `message`, or queues it behind the
+/// active one.
+pub async fn send(k: Arc<Kernel>, row: ProcRow, message: Value) -> Result<Value, KernelError> {
+    let pid = row.pid.clone();
+    if let Some((run_id, cancel)) = reserve(&k, &pid) {
+        let (p, r) = (pid.clone(), run_id.clone());
+        let stored =
+            k.db.call(move |c| {
+                store::start_run(c, &p, &r)?;
+                store::append_message(c, &p, Some(&r), &message)
+            })
+            .await;
+        if let Err(e) = stored {
+            release(&k, &pid, &run_id);
+            return Err(e);
+        }
+        tokio::spawn(run_task(k, row, run_id.clone(), cancel));
+        return Ok(json!({"ok": true, "status": "started", "runId": run_id}));
+    }
+    let p = pid.clone();
+    let queued = k.db.call(move |c| store::enqueue(c, &p, &message)).await?;
+    let active = k.procs.active_run(&pid);
+    if active.is_none() {
+        // The run ended between the check and the insert: nobody else
+        // will look at the queue, so promote it here.
+        promote_queued(k.clone(), pid.clone()).await;
+    }
+    emit(
+        &k,
+        row.owner_uid,
+        &pid,
+        "proc.changed",
+        json!({"changes": ["queue"]}),
+    )
+    .await;
+    Ok(json!({
+        "ok": true,
+        "status": "started",
+        "runId": active.or_else(|| k.procs.active_run(&pid)),
+        "queued": true,
+        "queuedCount": queued,
+    }))
+}
+
+/// Starts a run with the oldest queued message when `pid` is idle.
+/// Boxed: a run's task promotes the next one, and the two futures would
+/// otherwise contain each other.
+pub fn promote_queued(k: Arc<Kernel>, pid: String) -> BoxFuture<'static, ()> {
+    Box::pin(async move {
+        let p = pid.clone();
+        let Ok(Some(row)) = k.db.call(move |c| store::get(c, &p)).await else {
+            return;
+        };
+        let Some((run_id, cancel)) = reserve(&k, &pid) else {
+            return;
+        };
+        let (p, r) = (pid.clone(), run_id.clone());
+        let next =
+            k.db.call(move |c| {
+                let mut got = store::dequeue(c, &p, 1)?;
+                let Some(m) = got.pop() else {
+                    return Ok(false);
+                };
+                store::start_run(c, &p, &r)?;
+                store::append_message(c, &p, Some(&r), &m)?;
+                Ok(true)
+            })
+            .await;
+        match next {
+            Ok(true) => {
+                tokio::spawn(run_task(k, row, run_id, cancel));
+            }
+            Ok(false) => release(&k, &pid, &run_id),
+            Err(e) => {
+                tracing::error!(%pid, error = %e, "promoting a queued message");
+                release(&k, &pid, &run_id);
+            }
+        }
+    })
+}
+
+async fn run_task(k: Arc<Kernel>, row: ProcRow, run_id: String, cancel: CancellationToken) {
+    let (pid, owner) = (row.pid.clone(), row.owner_uid);
+    emit(
+        &k,
+        owner,
+        &pid,
+        "proc.run.started",
+        json!({"runId": run_id}),
+    )
+    .await;
+    let result = run_loop(&k, &row, &run_id, &cancel).await;
+    let (status, text, usage, error) = match &result {
+        Ok(c) => ("completed", c.text.clone(), c.usage.clone(), None),
+        Err(End::Aborted) => ("aborted", String::new(), json!({}), None),
+        Err(End::Failed(e)) => ("error", String::new(), json!({}), Some(e.clone())),
+    };
+    let (p, r, err) = (pid.clone(), run_id.clone(), error.clone());
+    let db_status = if status == "completed" { "ok" } else { status };
+    if let Err(e) =
+        k.db.call(move |c| {
+            store::expire_hil(c, &p)?;
+            if let Some(err) = &err {
+                store::append_message(
+                    c,
+                    &p,
+                    Some(&r),
+                    &json!({"role": "system", "content": format!("Run failed: {err}")}),
+                )?;
+            }
+            store::finish_run(c, &r, db_status, err.as_deref())
+        })
+        .await
+    {
+        tracing::error!(%pid, run = %run_id, error = %e, "recording a finished run");
+    }
+    release(&k, &pid, &run_id);
+    let mut payload = json!({"runId": run_id, "status": status, "text": text, "usage": usage});
+    if let Some(e) = error {
+        payload["error"] = json!(e);
+    }
+    if status == "aborted" {
+        payload["aborted"] = json!(true);
+    }
+    emit(&k, owner, &pid, "proc.run.finished", payload).await;
+    promote_queued(k, pid).await;
+}
+
+/// The session a process's tool calls run as: its run-as account and
+/// that account's capabilities, cwd set to the process's.
+async fn process_session(k: &Arc<Kernel>, row: &ProcRow) -> Result<Session, KernelError> {
+    let uid = row.run_as_uid;
+    let (identity, caps) =
+        k.db.call(move |c| {
+            let id = accounts::identity_by_uid(c, uid)?
+                .ok_or_else(|| KernelError::Internal(format!("account uid {uid} is gone")))?;
+            let caps = accounts::capabilities(c, &id.gids)?;
+            Ok((id, caps))
+        })
+        .await?;
+    Ok(Session {
+        connection_id: format!("process:{}", row.pid),
+        role: Role::User,
+        identity: accounts::ProcessIdentity {
+            cwd: row.cwd.clone(),
+            ..identity
+        },
+        capabilities: caps,
+        client_id: row.pid.clone(),
+        peer: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        device: None,
+    })
+}
+
+/// Provider settings for `uid`, or a message naming the missing key.
+async fn provider_config(k: &Arc<Kernel>, uid: i64) -> Result<ProviderConfig, String> {
+    let get = |name: &'static str| async move {
+        k.db.call(move |c| store::ai_config(c, uid, name))
+            .await
+            .map_err(|e| e.to_string())
+    };
+    let provider = get("provider").await?.unwrap_or_else(|| "openai".into());
+    if !matches!(provider.as_str(), "openai" | "openai-compatible") {
+        return Err(format!(
+            "config/ai/provider is '{provider}': only \"openai\" (any OpenAI-compatible server) is supported"
+        ));
+    }
+    let model = get("model").await?.ok_or(
+        "No model configured: set config/ai/model (and config/ai/base_url) with sys.config.set",
+    )?;
+    let base_url = get("base_url")
+        .await?
+        .unwrap_or_else(|| "https://api.openai.com/v1".into());
+    let num = |v: Option<String>, key: &str| -> Result<Option<u64>, String> {
+        v.map(|s| {
+            s.trim()
+                .parse::<u64>()
+                .map_err(|_| format!("config/ai/{key} must be a whole number, not '{s}'"))
+        })
+        .transpose()
+    };
+    Ok(ProviderConfig {
+        provider,
+        model,
+        api_key: get("api_key").await?,
+        base_url,
+        timeout: num(get("timeout_ms").await?, "timeout_ms")?
+            .map_or(DEFAULT_TIMEOUT, Duration::from_millis),
+        max_retries: num(get("max_retries").await?, "max_retries")?.unwrap_or(3) as usize,
+        retry_base: Duration::from_millis(
+            num(get("retry_base_ms").await?, "retry_base_ms")?.unwrap_or(500),
+        ),
+    })
+}
+
+/// A call made on a process's behalf: the same gate and dispatch as a
+/// client's request in `server.rs` (capability, then `target` routing),
+/// kept in this one place so the two cannot drift apart silently.
+pub async fn dispatch_call(
+    k: &Arc<Kernel>,
+    session: &Arc<Session>,
+    call: &str,
+    args: Map<String, Value>,
+) -> Result<Value, KernelError> {
+    let entry = k.dispatch.gate(session, call)?;
+    Dispatch::run(entry, k.clone(), session.clone(), call, args).await
+}
+
+/// A dispatched call's outcome as the model sees it: output or error text.
+async fn syscall(
+    k: &Arc<Kernel>,
+    session: &Arc<Session>,
+    call: &str,
+    args: Map<String, Value>,
+) -> Result<Value, String> {
+    match dispatch_call(k, session, call, args).await {
+        Ok(v) if v.get("ok") == Some(&Value::Bool(false)) => Err(v
+            .get("error")
+            .map(|e| e.as_str().map_or_else(|| e.to_string(), str::to_owned))
+            .unwrap_or_else(|| "failed".into())),
+        Ok(v) => Ok(v),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// `[section]` blocks joined by `---`, cut at `max` bytes.
+async fn system_prompt(k: &Arc<Kernel>, row: &ProcRow, session: &Arc<Session>) -> String {
+    let uid = row.owner_uid;
+    let (sys, max) =
+        k.db.call(move |c| {
+            Ok((
+                store::system_context(c)?,
+                store::ai_config(c, uid, "max_context_bytes")?,
+            ))
+        })
+        .await
+        .unwrap_or_default();
+    let max = max
+        .and_then(|m| m.trim().parse::<usize>().ok())
+        .unwrap_or(DEFAULT_MAX_CONTEXT_BYTES);
+    let mut sections = Vec::new();
+    for (key, text) in sys {
+        let name = key.trim_start_matches("config/ai/context.d/");
+        sections.push(format!("[system.{name}]\n{text}"));
+    }
+    // The home's context.d is read through fs.* like any file the account
+    // may read; a missing directory is simply no section.
+    let dir = format!("{}/context.d", session.identity.home);
+    if let Ok(listing) = syscall(k, session, "fs.read", obj(json!({"path": dir}))).await {
+        let mut files: Vec<String> = listing["files"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .filter(|f| f.ends_with(".md"))
+            .map(str::to_owned)
+            .collect();
+        files.sort();
+        for f in files {
+            let path = format!("{dir}/{f}");
+            if let Ok(v) = syscall(k, session, "fs.read", obj(json!({"path": path}))).await {
+                let text = strip_line_numbers(v["content"].as_str().unwrap_or(""));
+                sections.push(format!("[home.{f}]\n{text}"));
+            }
+        }
+    }
+    sections.push(format!(
+        "[process]\npid: {}\nuser: {}\ncwd: {}\nTools take paths relative to cwd. \
+         Shell runs in the process's workspace.",
+        row.pid, row.username, row.cwd
+    ));
+    let mut out = sections.join("\n---\n");
+    if out.len() > max {
+        let mut cut = max;
+        while !out.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        out.truncate(cut);
+    }
+    out
+}
+
+/// `fs.read` numbers lines as `{:>6}\t`; the prompt wants the text.
+fn strip_line_numbers(s: &str) -> String {
+    s.lines()
+        .map(|l| l.split_once('\t').map_or(l, |(_, t)| t))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn obj(v: Value) -> Map<String, Value> {
+    match v {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    }
+}
+
+/// The tool definitions in OpenAI `tools` form.
+pub fn tool_defs() -> Vec<Value> {
+    let target = json!({"type": "string", "description": "\"gsv\" (default) or a device id"});
+    let s = |d: &str| json!({"type": "string", "description": d});
+    let def = |name: &str, desc: &str, props: Value, req: &[&str]| {
+        let mut props = props;
+        props["target"] = target.clone();
+        json!({"type": "function", "function": {
+            "name": name, "description": desc,
+            "parameters": {"type": "object", "properties": props, "required": req}}})
+    };
+    vec![
+        def(
+            "Read",
+            "Read a file (numbered lines) or list a directory.",
+            json!({"path": s("file or directory"), "offset": {"type": "integer"}, "limit": {"type": "integer"}}),
+            &["path"],
+        ),
+        def(
+            "Write",
+            "Create or replace a file.",
+            json!({"path": s("file"), "content": s("the whole new content")}),
+            &["path", "content"],
+        ),
+        def(
+            "Edit",
+            "Replace an exact string in a file.",
+            json!({"path": s("file"), "oldString": s("text to find"), "newString": s("replacement"), "replaceAll": {"type": "boolean"}}),
+            &["path", "oldString", "newString"],
+        ),
+        def(
+            "Delete",
+            "Delete a file or directory (asks the user first).",
+            json!({"path": s("file or directory")}),
+            &["path"],
+        ),
+        def(
+            "Search",
+            "Search file contents for a literal string.",
+            json!({"query": s("literal text"), "path": s("directory"), "include": s("glob filter")}),
+            &["query"],
+        ),
+        def(
+            "Shell",
+            "Run a shell command in the workspace.",
+            json!({"command": s("command line"), "timeout": {"type": "integer"}, "sessionId": s("continue a running command")}),
+            &[],
+        ),
+    ]
+}
+
+/// Stored messages in the OpenAI chat form. A tool call left without a
+/// result (the run was aborted or the kernel stopped mid-call) gets a
+/// synthetic error result: servers refuse a history with a dangling call,
+/// and the model should know the call did not complete.
+fn to_openai(system: &str, history: &[Value]) -> Vec<Value> {
+    let mut out = vec![json!({"role": "system", "content": system})];
+    let mut open: Vec<Value> = Vec::new();
+    let close = |out: &mut Vec<Value>, open: &mut Vec<Value>| {
+        for id in open.drain(..) {
+            out.push(json!({"role": "tool", "tool_call_id": id,
+                "content": "Error: interrupted before this tool call finished"}));
+        }
+    };
+    for m in history {
+        if m["role"] == "toolResult" {
+            open.retain(|id| *id != m["toolCallId"]);
+        } else {
+            close(&mut out, &mut open);
+        }
+        match m["role"].as_str() {
+            Some("user") | Some("system") => {
+                out.push(json!({"role": m["role"], "content": m["content"]}));
+            }
+            Some("assistant") => {
+                let calls: Vec<Value> = m["toolCalls"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|c| {
+                        json!({"id": c["id"], "type": "function",
+                               "function": {"name": c["name"], "arguments": c["arguments"]}})
+                    })
+                    .collect();
+                let mut a = json!({"role": "assistant", "content": m["content"]});
+                if !calls.is_empty() {
+                    open.extend(calls.iter().map(|c| c["id"].clone()));
+                    a["tool_calls"] = json!(calls);
+                }
+                out.push(a);
+            }
+            Some("toolResult") => out.push(json!({
+                "role": "tool", "tool_call_id": m["toolCallId"], "content": m["content"],
+            })),
+            _ => {}
+        }
+    }
+    close(&mut out, &mut open);
+    out
+}
+
+async fn run_loop(
+    k: &Arc<Kernel>,
+    row: &ProcRow,
+    run_id: &str,
+    cancel: &CancellationToken,
+) -> Result<Completion, End> {
+    let cfg = provider_config(k, row.owner_uid)
+        .await
+        .map_err(End::Failed)?;
+    let session = Arc::new(
+        process_session(k, row)
+            .await
+            .map_err(|e| End::Failed(e.to_string()))?,
+    );
+    let system = system_prompt(k, row, &session).await;
+    let tools = tool_defs();
+    let pid = row.pid.clone();
+    for _ in 0..MAX_STEPS {
+        let p = pid.clone();
+        let history =
+            k.db.call(move |c| store::messages(c, &p))
+                .await
+                .map_err(|e| End::Failed(e.to_string()))?;
+        let messages = to_openai(&system, &history);
+        let completion = tokio::select! {
+            _ = cancel.cancelled() => return Err(End::Aborted),
+            r = call_with_retries(k, row, run_id, &cfg, &messages, &tools) => r,
+        }
+        .map_err(|e| End::Failed(e.to_string()))?;
+        let calls: Vec<Value> = completion
+            .tool_calls
+            .iter()
+            .map(|c| json!({"id": c.id, "name": c.name, "arguments": c.arguments}))
+            .collect();
+        let mut msg = json!({"role": "assistant", "content": completion.text});
+        if !calls.is_empty() {
+            msg["toolCalls"] = json!(calls);
+        }
+        let (p, r) = (pid.clone(), run_id.to_owned());
+        k.db.call(move |c| store::append_message(c, &p, Some(&r), &msg))
+            .await
+            .map_err(|e| End::Failed(e.to_string()))?;
+        if completion.tool_calls.is_empty() {
+            return Ok(completion);
+        }
+        for tc in &completion.tool_calls {
+            let (output, is_error) = tokio::select! {
+                _ = cancel.cancelled() => return Err(End::Aborted),
+                r = run_tool(k, row, run_id, &session, tc) => r,
+            };
+            let content = match &output {
+                Value::String(s) => s.clone(),
+                v => v.to_string(),
+            };
+            let result = json!({"role": "toolResult", "toolCallId": tc.id,
+                "toolName": tc.name, "content": content, "isError": is_error});
+            let (p, r) = (pid.clone(), run_id.to_owned());
+            k.db.call(move |c| store::append_message(c, &p, Some(&r), &result))
+                .await
+                .map_err(|e| End::Failed(e.to_string()))?;
+            let mut payload = json!({"runId": run_id, "toolCallId": tc.id,
+                "toolName": tc.name, "isError": is_error});
+            payload[if is_error { "error" } else { "output" }] = output;
+            emit(k, row.owner_uid, &pid, "proc.run.tool.finished", payload).await;
+        }
+        // The tool-result boundary: follow-ups sent during this run join
+        // it before the next model call.
+        let (p, r) = (pid.clone(), run_id.to_owned());
+        let injected =
+            k.db.call(move |c| {
+                let msgs = store::dequeue(c, &p, i64::MAX)?;
+                for m in &msgs {
+                    store::append_message(c, &p, Some(&r), m)?;
+                }
+                Ok(msgs.len())
+            })
+            .await
+            .map_err(|e| End::Failed(e.to_string()))?;
+        if injected > 0 {
+            emit(
+                k,
+                row.owner_uid,
+                &pid,
+                "proc.changed",
+                json!({"runId": run_id, "changes": ["messages"]}),
+            )
+            .await;
+        }
+    }
+    Err(End::Failed(format!(
+        "the model called tools {MAX_STEPS} times without answering"
+    )))
+}
+
+async fn call_with_retries(
+    k: &Arc<Kernel>,
+    row: &ProcRow,
+    run_id: &str,
+    cfg: &ProviderConfig,
+    messages: &[Value],
+    tools: &[Value],
+) -> Result<Completion, ProviderError> {
+    let mut delays = ExponentialBuilder::default()
+        .with_min_delay(cfg.retry_base)
+        .with_max_delay(Duration::from_secs(30))
+        .with_max_times(cfg.max_retries)
+        .build();
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let on_delta = |d: Delta| {
+            let event = match d {
+                Delta::Text(t) => json!({"type": "text_delta", "delta": t}),
+                Delta::ToolCall {
+                    index,
+                    id,
+                    name,
+                    arguments,
+                } => json!({"type": "toolcall_delta", "contentIndex": index,
+                    "id": id, "name": name, "delta": arguments}),
+            };
+            k.pool.signal_user(
+                row.owner_uid,
+                Role::User,
+                "proc.run.stream",
+                json!({"pid": row.pid, "runId": run_id, "timestamp": crate::db::now_ms(),
+                       "event": event}),
+            );
+        };
+        match provider::complete(&k.procs.http, cfg, messages, tools, on_delta).await {
+            Ok(c) => return Ok(c),
+            Err(e) if e.retryable() => match delays.next() {
+                Some(delay) => {
+                    tracing::warn!(pid = %row.pid, attempt, error = %e, "model call failed; retrying");
+                    emit(
+                        k,
+                        row.owner_uid,
+                        &row.pid,
+                        "proc.run.retrying",
+                        json!({"runId": run_id, "attempt": attempt,
+                               "delayMs": delay.as_millis() as u64, "error": e.to_string()}),
+                    )
+                    .await;
+                    tokio::time::sleep(delay).await;
+                }
+                None => return Err(e),
+            },
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Runs one tool call: map, approve, dispatch. `(output or error, is_error)`.
+async fn run_tool(
+    k: &Arc<Kernel>,
+    row: &ProcRow,
+    run_id: &str,
+    session: &Arc<Session>,
+    tc: &provider::ToolCall,
+) -> (Value, bool) {
+    let Some(&(_, call)) = TOOLS.iter().find(|(n, _)| *n == tc.name) else {
+        return (json!(format!("Unknown tool: {}", tc.name)), true);
+    };
+    let args = if tc.arguments.trim().is_empty() {
+        Map::new()
+    } else {
+        match serde_json::from_str::<Value>(&tc.arguments) {
+            Ok(Value::Object(m)) => m,
+            _ => {
+                return (
+                    json!(format!("{}: arguments are not a JSON object", tc.name)),
+                    true,
+                );
+            }
+        }
+    };
+    let args = with_cwd(args, call, &row.cwd);
+    let (p, c) = (row.pid.clone(), call.to_owned());
+    let remembered =
+        k.db.call(move |db| store::is_allowed(db, &p, &c))
+            .await
+            .unwrap_or(false);
+    let decision = if remembered {
+        Decision::Auto
+    } else {
+        hil::decide(
+            call,
+            &Value::Object(args.clone()),
+            &row.cwd,
+            &session.identity.home,
+        )
+    };
+    if let Decision::Ask(tags) = decision {
+        if !row.interactive {
+            return (
+                json!(format!(
+                    "{call} needs approval ({}) and this process is not interactive",
+                    tags.join(", ")
+                )),
+                true,
+            );
+        }
+        let request_id = format!("hil_{}", accounts::random_hex(12));
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut live = k.procs.active.lock().unwrap();
+            match live.get_mut(&row.pid) {
+                Some(a) if a.run_id == run_id => {
+                    a.hil.insert(request_id.clone(), tx);
+                }
+                _ => return (json!("the run ended before approval"), true),
+            }
+        }
+        let (p, r, q, c, a) = (
+            row.pid.clone(),
+            run_id.to_owned(),
+            request_id.clone(),
+            call.to_owned(),
+            Value::Object(args.clone()),
+        );
+        if let Err(e) =
+            k.db.call(move |db| store::insert_hil(db, &q, &p, &r, &c, &a))
+                .await
+        {
+            return (json!(e.to_string()), true);
+        }
+        emit(
+            k,
+            row.owner_uid,
+            &row.pid,
+            "proc.run.hil.requested",
+            json!({"runId": run_id, "requestId": request_id, "toolCallId": tc.id,
+                   "toolName": tc.name, "syscall": call, "args": args, "tags": tags}),
+        )
+        .await;
+        // An aborted run drops the sender; that reads as a denial.
+        if !rx.await.unwrap_or(false) {
+            return (json!(format!("{call} was denied by the user")), true);
+        }
+    }
+    emit(
+        k,
+        row.owner_uid,
+        &row.pid,
+        "proc.run.tool.started",
+        json!({"runId": run_id, "toolCallId": tc.id, "toolName": tc.name,
+               "syscall": call, "args": args}),
+    )
+    .await;
+    match syscall(k, session, call, args).await {
+        Ok(v) => (v, false),
+        Err(e) => (json!(e), true),
+    }
+}
+
+/// Relative paths are the process's cwd's; `Shell` runs in its cwd (its
+/// workspace) unless the model names another.
+fn with_cwd(mut args: Map<String, Value>, call: &str, cwd: &str) -> Map<String, Value> {
+    for key in ["path"] {
+        if let Some(Value::String(p)) = args.get(key)
+            && !p.starts_with('/')
+            && !p.starts_with('~')
+        {
+            let joined = if p.is_empty() || p == "." {
+                cwd.to_owned()
+            } else {
+                format!("{}/{}", cwd.trim_end_matches('/'), p)
+            };
+            args.insert(key.to_owned(), json!(joined));
+        }
+    }
+    if call == "shell.exec" {
+        // The model's `command` is the syscall's `input` (reference shape).
+        if let Some(c) = args.remove("command") {
+            args.entry("input").or_insert(c);
+        }
+        args.entry("cwd").or_insert_with(|| json!(cwd));
+    }
+    args
+}

@@ -1,0 +1,317 @@
+//! The process rows (migration 4): registry, messages, runs, the queue,
+//! HIL requests and remembered allow rules. Plain functions on a
+//! connection, called through [`crate::db::Db::call`].
+
+use rusqlite::{Connection, params};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::db::{now_ms, opt};
+use crate::error::KernelError;
+
+/// One registry row.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcRow {
+    pub pid: String,
+    /// The owning human (visibility and signal routing key on it).
+    #[serde(rename = "uid")]
+    pub owner_uid: i64,
+    #[serde(skip)]
+    pub run_as_uid: i64,
+    pub username: String,
+    pub interactive: bool,
+    pub parent_pid: Option<String>,
+    pub label: Option<String>,
+    pub cwd: String,
+    pub workspace_id: Option<String>,
+    pub state: String,
+    pub active_run_id: Option<String>,
+    pub queued_count: i64,
+    pub last_active_at: Option<i64>,
+    pub created_at: i64,
+}
+
+const COLS: &str = "pid, owner_uid, uid, username, interactive, parent_pid, label, cwd, \
+                    workspace_id, state, active_run_id, queued_count, last_active_at, created_at";
+
+fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ProcRow> {
+    Ok(ProcRow {
+        pid: r.get(0)?,
+        owner_uid: r.get(1)?,
+        run_as_uid: r.get(2)?,
+        username: r.get(3)?,
+        interactive: r.get(4)?,
+        parent_pid: r.get(5)?,
+        label: r.get(6)?,
+        cwd: r.get(7)?,
+        workspace_id: r.get(8)?,
+        state: r.get(9)?,
+        active_run_id: r.get(10)?,
+        queued_count: r.get(11)?,
+        last_active_at: r.get(12)?,
+        created_at: r.get(13)?,
+    })
+}
+
+pub fn insert(c: &Connection, p: &ProcRow) -> Result<(), KernelError> {
+    c.execute(
+        &format!(
+            "INSERT INTO processes({COLS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14)"
+        ),
+        params![
+            p.pid,
+            p.owner_uid,
+            p.run_as_uid,
+            p.username,
+            p.interactive,
+            p.parent_pid,
+            p.label,
+            p.cwd,
+            p.workspace_id,
+            p.state,
+            p.active_run_id,
+            p.queued_count,
+            p.last_active_at,
+            p.created_at
+        ],
+    )?;
+    Ok(())
+}
+
+pub fn get(c: &Connection, pid: &str) -> Result<Option<ProcRow>, KernelError> {
+    opt(c.query_row(
+        &format!("SELECT {COLS} FROM processes WHERE pid = ?1"),
+        [pid],
+        row,
+    ))
+}
+
+/// Processes of `owner` (every process when `None`), newest first.
+pub fn list(c: &Connection, owner: Option<i64>) -> Result<Vec<ProcRow>, KernelError> {
+    let mut stmt = c.prepare(&format!(
+        "SELECT {COLS} FROM processes WHERE ?1 IS NULL OR owner_uid = ?1
+         ORDER BY created_at DESC, pid"
+    ))?;
+    let rows = stmt.query_map([owner], row)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+pub fn delete(c: &Connection, pid: &str) -> Result<(), KernelError> {
+    c.execute("DELETE FROM processes WHERE pid = ?1", [pid])?;
+    Ok(())
+}
+
+/// The runtime projection of a signal (reference §6.1).
+pub fn project(
+    c: &Connection,
+    pid: &str,
+    state: &str,
+    active_run: Option<&str>,
+    queued: i64,
+) -> Result<(), KernelError> {
+    c.execute(
+        "UPDATE processes SET state = ?2, active_run_id = ?3, queued_count = ?4,
+         last_active_at = ?5 WHERE pid = ?1",
+        params![pid, state, active_run, queued, now_ms()],
+    )?;
+    Ok(())
+}
+
+pub fn append_message(
+    c: &Connection,
+    pid: &str,
+    run_id: Option<&str>,
+    body: &Value,
+) -> Result<(), KernelError> {
+    c.execute(
+        "INSERT INTO proc_messages(pid, run_id, body, created_at) VALUES (?1, ?2, ?3, ?4)",
+        params![pid, run_id, body.to_string(), now_ms()],
+    )?;
+    Ok(())
+}
+
+/// Every message of `pid`, oldest first.
+pub fn messages(c: &Connection, pid: &str) -> Result<Vec<Value>, KernelError> {
+    let mut stmt =
+        c.prepare_cached("SELECT body, created_at FROM proc_messages WHERE pid = ?1 ORDER BY id")?;
+    let rows = stmt.query_map([pid], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+    let mut out = Vec::new();
+    for r in rows {
+        let (body, at) = r?;
+        let mut v: Value = serde_json::from_str(&body)
+            .map_err(|e| KernelError::internal("stored process message", e))?;
+        v["timestamp"] = Value::from(at);
+        out.push(v);
+    }
+    Ok(out)
+}
+
+pub fn clear_messages(c: &Connection, pid: &str) -> Result<(), KernelError> {
+    c.execute("DELETE FROM proc_messages WHERE pid = ?1", [pid])?;
+    Ok(())
+}
+
+pub fn start_run(c: &Connection, pid: &str, run_id: &str) -> Result<(), KernelError> {
+    c.execute(
+        "INSERT INTO proc_runs(run_id, pid, status, started_at) VALUES (?1, ?2, 'running', ?3)",
+        params![run_id, pid, now_ms()],
+    )?;
+    Ok(())
+}
+
+pub fn finish_run(
+    c: &Connection,
+    run_id: &str,
+    status: &str,
+    error: Option<&str>,
+) -> Result<(), KernelError> {
+    c.execute(
+        "UPDATE proc_runs SET status = ?2, error = ?3, finished_at = ?4 WHERE run_id = ?1",
+        params![run_id, status, error, now_ms()],
+    )?;
+    Ok(())
+}
+
+/// Runs left `running` by a kernel that stopped: `(pid, run_id)`.
+pub fn interrupted_runs(c: &Connection) -> Result<Vec<(String, String)>, KernelError> {
+    let mut stmt = c.prepare("SELECT pid, run_id FROM proc_runs WHERE status = 'running'")?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// Processes with queued messages.
+pub fn pids_with_queue(c: &Connection) -> Result<Vec<String>, KernelError> {
+    let mut stmt = c.prepare("SELECT DISTINCT pid FROM proc_queue")?;
+    let rows = stmt.query_map([], |r| r.get(0))?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+pub fn enqueue(c: &Connection, pid: &str, body: &Value) -> Result<i64, KernelError> {
+    c.execute(
+        "INSERT INTO proc_queue(pid, body, created_at) VALUES (?1, ?2, ?3)",
+        params![pid, body.to_string(), now_ms()],
+    )?;
+    queued_count(c, pid)
+}
+
+pub fn queued_count(c: &Connection, pid: &str) -> Result<i64, KernelError> {
+    Ok(c.query_row(
+        "SELECT count(*) FROM proc_queue WHERE pid = ?1",
+        [pid],
+        |r| r.get(0),
+    )?)
+}
+
+/// Removes and returns up to `n` queued messages, oldest first.
+pub fn dequeue(c: &mut Connection, pid: &str, n: i64) -> Result<Vec<Value>, KernelError> {
+    let tx = c.transaction()?;
+    let got: Vec<(i64, String)> = {
+        let mut stmt =
+            tx.prepare("SELECT id, body FROM proc_queue WHERE pid = ?1 ORDER BY id LIMIT ?2")?;
+        stmt.query_map(params![pid, n], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<Result<_, _>>()?
+    };
+    for (id, _) in &got {
+        tx.execute("DELETE FROM proc_queue WHERE id = ?1", [id])?;
+    }
+    tx.commit()?;
+    got.into_iter()
+        .map(|(_, b)| {
+            serde_json::from_str(&b).map_err(|e| KernelError::internal("stored queued message", e))
+        })
+        .collect()
+}
+
+pub fn clear_queue(c: &Connection, pid: &str) -> Result<(), KernelError> {
+    c.execute("DELETE FROM proc_queue WHERE pid = ?1", [pid])?;
+    Ok(())
+}
+
+pub fn insert_hil(
+    c: &Connection,
+    request_id: &str,
+    pid: &str,
+    run_id: &str,
+    call: &str,
+    args: &Value,
+) -> Result<(), KernelError> {
+    c.execute(
+        "INSERT INTO proc_hil(request_id, pid, run_id, call, args, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![request_id, pid, run_id, call, args.to_string(), now_ms()],
+    )?;
+    Ok(())
+}
+
+/// `(pid, call)` of a pending HIL request.
+pub fn pending_hil(
+    c: &Connection,
+    request_id: &str,
+) -> Result<Option<(String, String)>, KernelError> {
+    opt(c.query_row(
+        "SELECT pid, call FROM proc_hil WHERE request_id = ?1 AND status = 'pending'",
+        [request_id],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    ))
+}
+
+pub fn settle_hil(c: &Connection, request_id: &str, status: &str) -> Result<(), KernelError> {
+    c.execute(
+        "UPDATE proc_hil SET status = ?2 WHERE request_id = ?1",
+        params![request_id, status],
+    )?;
+    Ok(())
+}
+
+/// Pending requests of a run that will never be answered become `expired`.
+pub fn expire_hil(c: &Connection, pid: &str) -> Result<(), KernelError> {
+    c.execute(
+        "UPDATE proc_hil SET status = 'expired' WHERE pid = ?1 AND status = 'pending'",
+        [pid],
+    )?;
+    Ok(())
+}
+
+pub fn allow(c: &Connection, pid: &str, call: &str) -> Result<(), KernelError> {
+    c.execute(
+        "INSERT OR IGNORE INTO proc_allow(pid, call) VALUES (?1, ?2)",
+        params![pid, call],
+    )?;
+    Ok(())
+}
+
+pub fn is_allowed(c: &Connection, pid: &str, call: &str) -> Result<bool, KernelError> {
+    Ok(c.query_row(
+        "SELECT count(*) FROM proc_allow WHERE pid = ?1 AND call = ?2",
+        params![pid, call],
+        |r| r.get::<_, i64>(0),
+    )? > 0)
+}
+
+/// A config value for `uid`: `users/<uid>/ai/<name>` over `config/ai/<name>`.
+pub fn ai_config(c: &Connection, uid: i64, name: &str) -> Result<Option<String>, KernelError> {
+    for key in [
+        format!("users/{uid}/ai/{name}"),
+        format!("config/ai/{name}"),
+    ] {
+        let v: Option<String> = opt(c.query_row(
+            "SELECT value FROM config_kv WHERE key = ?1",
+            [&key],
+            |r| r.get(0),
+        ))?;
+        if let Some(v) = v.filter(|v| !v.is_empty()) {
+            return Ok(Some(v));
+        }
+    }
+    Ok(None)
+}
+
+/// `config/ai/context.d/*.md` entries, by key.
+pub fn system_context(c: &Connection) -> Result<Vec<(String, String)>, KernelError> {
+    let mut stmt = c.prepare(
+        "SELECT key, value FROM config_kv WHERE key LIKE 'config/ai/context.d/%.md' ORDER BY key",
+    )?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
