@@ -149,7 +149,7 @@ impl BackendState {
             .await
             .map_err(|e| KernelError::internal("writing a wsd token", e))??;
         let sock = self.socket_path();
-        stop_stale_child(&self.dir.join("wsd.pid"), &sock);
+        stop_stale_child(&self.dir.join("wsd.pid"), &sock).await;
         let _ = std::fs::remove_file(&sock);
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -264,7 +264,7 @@ impl BackendState {
 /// without stopping it (SIGKILL, crash): the pid recorded at its start,
 /// only if that process still serves this workspace's socket (a recycled
 /// pid belongs to someone else and is left alone).
-fn stop_stale_child(pid_file: &Path, sock: &Path) {
+async fn stop_stale_child(pid_file: &Path, sock: &Path) {
     let Some(pid) = std::fs::read_to_string(pid_file)
         .ok()
         .and_then(|t| t.trim().parse::<i32>().ok())
@@ -274,10 +274,39 @@ fn stop_stale_child(pid_file: &Path, sock: &Path) {
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
     let want = format!("unix:{}", sock.display());
     let ours = cmdline.split(|b| *b == 0).any(|arg| arg == want.as_bytes());
-    if let (true, Some(p)) = (ours, rustix::process::Pid::from_raw(pid)) {
-        tracing::warn!(pid, socket = %sock.display(), "stopping a wsd left over from an earlier kernel");
-        let _ = rustix::process::kill_process(p, rustix::process::Signal::TERM);
+    let (true, Some(p)) = (ours, rustix::process::Pid::from_raw(pid)) else {
+        return;
+    };
+    tracing::warn!(pid, socket = %sock.display(), "stopping a wsd left over from an earlier kernel");
+    // It holds the workspace's lock until it has exited, and a new child
+    // refuses to start beside it: wait for the exit (SIGKILL after a grace).
+    let _ = rustix::process::kill_process(p, rustix::process::Signal::TERM);
+    let start = Instant::now();
+    let mut killed = false;
+    while process_alive(pid) {
+        if !killed && start.elapsed() > STALE_WSD_GRACE {
+            tracing::warn!(pid, "the leftover wsd ignored SIGTERM; sending SIGKILL");
+            let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+            killed = true;
+        }
+        if start.elapsed() > 2 * STALE_WSD_GRACE {
+            tracing::warn!(pid, "the leftover wsd is still there; starting anyway");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// How long a leftover wsd gets to exit after SIGTERM before SIGKILL.
+const STALE_WSD_GRACE: Duration = Duration::from_secs(5);
+
+/// Whether `pid` names a process that has not exited (a zombie has).
+fn process_alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+    })
 }
 
 /// Creates the token file (mode 0600) once; an existing one is kept so a
