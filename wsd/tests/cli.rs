@@ -2,7 +2,10 @@
 //! (Its presence also makes `cargo test` build the binary that the
 //! cross-crate scenarios in `tests/` drive.)
 
-use std::process::Command;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 fn wsd() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_wsd"));
@@ -58,4 +61,207 @@ fn an_unreachable_remote_fails_with_exit_code_1_naming_the_address() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&addr), "{err}");
+}
+
+/// A `wsd serve` child on a free loopback port over a temp workspace;
+/// SIGKILLed and waited for when dropped.
+struct Served {
+    tmp: tempfile::TempDir,
+    addr: String,
+    child: std::process::Child,
+}
+
+impl Served {
+    fn start() -> Served {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("ws");
+        std::fs::create_dir_all(&root).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let mut child = wsd()
+            .args(["serve", "--listen", &addr, "--root"])
+            .arg(&root)
+            .arg("--state")
+            .arg(tmp.path().join("state"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + STEP;
+        while std::net::TcpStream::connect(&addr).is_err() {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "wsd serve exited early"
+            );
+            assert!(
+                Instant::now() < deadline,
+                "wsd serve did not listen on {addr}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Served { tmp, addr, child }
+    }
+
+    fn root(&self) -> PathBuf {
+        self.tmp.path().join("ws")
+    }
+
+    /// `wsd ARGS --remote ADDR` with `stdin` as its input (none: closed).
+    fn cli_with_input(&self, args: &[&str], stdin: Option<&[u8]>) -> Output {
+        let mut cmd = wsd();
+        let sub = args[0];
+        cmd.arg(sub).args(["--remote", &self.addr]).args(&args[1..]);
+        run_bounded(cmd, stdin)
+    }
+
+    fn cli(&self, args: &[&str]) -> Output {
+        self.cli_with_input(args, None)
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Longest wait for one CLI run or for the daemon to listen.
+const STEP: Duration = Duration::from_secs(30);
+
+/// Runs `cmd` with `stdin` written to it (then closed), killing it if it
+/// outlives `STEP` so a hang fails the test instead of wedging it.
+fn run_bounded(mut cmd: Command, stdin: Option<&[u8]>) -> Output {
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut input = child.stdin.take().unwrap();
+    let data = stdin.map(<[u8]>::to_vec);
+    let writer = std::thread::spawn(move || {
+        if let Some(d) = data {
+            // The command may exit without reading all of it.
+            let _ = input.write_all(&d);
+        }
+    });
+    let pid = child.id();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if done_rx.recv_timeout(STEP).is_err() {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+    });
+    let out = child.wait_with_output().unwrap();
+    let _ = done_tx.send(());
+    watchdog.join().unwrap();
+    writer.join().unwrap();
+    out
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn exec_with_several_words_runs_exactly_that_argv() {
+    let d = Served::start();
+    let out = d.cli(&["exec", "--", "sh", "-c", "echo \"a b\" | wc -w"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // Joined with spaces (ssh-style), `sh -c echo` would print an empty line.
+    assert_eq!(text(&out.stdout).trim(), "2");
+    let out = d.cli(&["exec", "--", "sh", "-c", "echo \"a   b\""]);
+    assert_eq!(text(&out.stdout), "a   b\n");
+    // Words with spaces, quotes and `$` reach the program untouched.
+    let out = d.cli(&["exec", "--", "printf", "[%s]", "a b", "$HOME", "it's", ""]);
+    assert_eq!(text(&out.stdout), "[a b][$HOME][it's][]");
+}
+
+#[test]
+fn exec_with_one_word_runs_a_shell_command_line() {
+    let d = Served::start();
+    let out = d.cli(&["exec", "--", "echo one && echo two | tr a-z A-Z"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "one\nTWO\n");
+}
+
+#[test]
+fn exec_dash_i_streams_stdin_and_without_it_stdin_is_closed() {
+    let d = Served::start();
+    let out = d.cli_with_input(&["exec", "-i", "--", "wc", "-c"], Some(b"hello world"));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "11");
+    // `--stdin` stays an alias of `-i`.
+    let out = d.cli_with_input(&["exec", "--stdin", "--", "cat"], Some(b"via alias"));
+    assert_eq!(text(&out.stdout), "via alias");
+    // Without -i the command reads end of file at once, whatever we hold.
+    let out = d.cli_with_input(&["exec", "--", "cat"], Some(b"not forwarded"));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "");
+}
+
+#[test]
+fn exec_honours_cwd_and_env_and_refuses_a_cwd_outside_the_workspace() {
+    let d = Served::start();
+    std::fs::create_dir_all(d.root().join("sub/dir")).unwrap();
+    let out = d.cli(&[
+        "exec",
+        "--cwd",
+        "sub/dir",
+        "--env",
+        "GREETING=hi there",
+        "-e",
+        "N=2",
+        "--",
+        "sh",
+        "-c",
+        "basename \"$PWD\"; echo \"$GREETING/$N\"",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "dir\nhi there/2\n");
+    let out = d.cli(&["exec", "--cwd", "../..", "--", "pwd"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(text(&out.stdout), "");
+    assert!(text(&out.stderr).contains("../.."), "{}", text(&out.stderr));
+}
+
+#[test]
+fn exec_exits_with_the_commands_code_128_plus_a_signal_and_143_after_a_timeout() {
+    let d = Served::start();
+    let out = d.cli(&["exec", "--", "sh", "-c", "exit 7"]);
+    assert_eq!(out.status.code(), Some(7));
+    let out = d.cli(&["exec", "--", "sh", "-c", "kill -KILL $$"]);
+    assert_eq!(out.status.code(), Some(128 + 9));
+    let out = d.cli(&[
+        "exec",
+        "--timeout",
+        "300ms",
+        "--",
+        "sh",
+        "-c",
+        "echo slow; sleep 60",
+    ]);
+    assert_eq!(out.status.code(), Some(128 + 15), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "slow\n");
+}
+
+#[test]
+fn exec_rejects_a_timeout_that_is_not_a_duration() {
+    let out = wsd()
+        .args([
+            "exec",
+            "--remote",
+            "127.0.0.1:1",
+            "--timeout",
+            "soon",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("soon"), "{}", text(&out.stderr));
 }

@@ -20,27 +20,60 @@ const EXEC_PEER: &str = "wsd-cli";
 pub struct ExecArgs {
     #[command(flatten)]
     remote: RemoteArgs,
-    /// Working directory, relative to the workspace root.
+    /// Working directory, relative to the workspace root (it may not leave
+    /// the workspace).
     #[arg(long, value_name = "PATH")]
     cwd: Option<String>,
     /// Extra environment for the command (repeatable).
-    #[arg(long = "env", value_name = "K=V", value_parser = parse_env)]
+    #[arg(short = 'e', long = "env", value_name = "K=V", value_parser = parse_env)]
     env: Vec<(String, String)>,
     /// The exec id (default: a fresh one). A live id is refused.
     #[arg(long)]
     id: Option<String>,
-    /// Kill the command after this many milliseconds.
-    #[arg(long, value_name = "MS")]
-    timeout: Option<u64>,
+    /// Stop the command after this long: TERM to its process group, KILL
+    /// after the daemon's grace; we then exit 143 (128+15, as for any
+    /// command TERM killed). A bare number is milliseconds;
+    /// `500ms`, `30s`, `5m`, `1h 30m` are accepted too.
+    #[arg(long, value_name = "DURATION", value_parser = parse_timeout)]
+    timeout: Option<Duration>,
     /// Print the id and return; the command keeps running (`wsd attach`).
     #[arg(long)]
     detach: bool,
-    /// Pass this program's stdin to the command, until end of file.
-    #[arg(long, conflicts_with = "detach")]
-    stdin: bool,
-    /// The command; its words are joined with spaces and run by `/bin/sh -c`.
+    /// Stream this program's stdin to the command until end of file.
+    /// Without it the command's stdin is closed (it reads end of file).
+    #[arg(
+        short = 'i',
+        long = "interactive",
+        visible_alias = "stdin",
+        conflicts_with = "detach"
+    )]
+    interactive: bool,
+    /// The command. Two or more words are run as that exact argv (each word
+    /// shell-quoted); a single word is a shell command line run by
+    /// `/bin/sh -c` (so `'make && ./run'` works).
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<String>,
+}
+
+/// The protocol's command line (a `/bin/sh -c` string) for the words after
+/// `--`: one word is already a command line; several are an argv, quoted
+/// word by word so the shell hands the program exactly those words.
+pub(crate) fn command_line(words: &[String]) -> Result<String> {
+    match words {
+        [one] => Ok(one.clone()),
+        many => shlex::try_join(many.iter().map(String::as_str))
+            .map_err(|e| anyhow::anyhow!("the command cannot be quoted for the shell: {e}")),
+    }
+}
+
+/// A timeout: a bare number is milliseconds (the flag's original unit);
+/// otherwise a `humantime` duration such as `30s`.
+fn parse_timeout(s: &str) -> Result<Duration, String> {
+    if let Ok(ms) = s.parse::<u64>() {
+        return Ok(Duration::from_millis(ms));
+    }
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{s:?} is not a duration (e.g. 500, 30s, 5m): {e}"))
 }
 
 #[derive(Debug, Args)]
@@ -85,10 +118,16 @@ async fn connect(r: &RemoteArgs) -> Result<Client> {
         .with_context(|| format!("connecting to {}", r.remote))
 }
 
-/// The process exit code for a command's exit status: 0–255 as is, anything
-/// else (a lost exec, a negative status) as 255.
+/// Our exit code when the daemon lost the command (it stopped or crashed
+/// while the command ran, so no exit status exists), or for any status
+/// outside 0–255.
+pub(crate) const EXIT_LOST: u8 = 255;
+
+/// The process exit code for a command's exit status: 0–255 as is (the
+/// daemon already reports a signal N as 128+N), anything else (a lost exec,
+/// a negative status) as [`EXIT_LOST`].
 fn exit_code(code: i32) -> ExitCode {
-    ExitCode::from(u8::try_from(code).unwrap_or(255))
+    ExitCode::from(u8::try_from(code).unwrap_or(EXIT_LOST))
 }
 
 /// How long a stream keeps trying to re-attach after losing the daemon (a
@@ -292,16 +331,19 @@ pub async fn exec(a: ExecArgs) -> Result<ExitCode> {
     let mut interrupts = interrupts()?;
     let client = connect(&a.remote).await?;
     let request = ExecRequest {
-        command: a.command.join(" "),
+        command: command_line(&a.command)?,
         cwd: a.cwd,
         id: a.id,
         env: a.env,
         stdin: None,
-        timeout_ms: a.timeout,
-        stdin_open: a.stdin,
+        // At least 1 ms: 0 means "no timeout" on the wire.
+        timeout_ms: a
+            .timeout
+            .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX).max(1)),
+        stdin_open: a.interactive,
     };
     let events = client.exec(&request).await.context("exec")?;
-    if a.stdin {
+    if a.interactive {
         forward_stdin(client.clone(), events.id().to_owned());
     }
     if a.detach {

@@ -45,7 +45,9 @@ enum Command {
     Watermarks(sync::WatermarksArgs),
     /// Run a command in the remote workspace and stream its output.
     ///
-    /// Its stdout and stderr go to ours; we exit with its exit code (128+N
+    /// `wsd exec -- CMD ARG...` runs exactly that argv; `wsd exec -- 'a && b'`
+    /// (one word) runs a shell command line. With -i our stdin is streamed to
+    /// it; without, its stdin is closed. Its stdout and stderr go to ours; we exit with its exit code (128+N
     /// if signal N killed it, 255 if the daemon died while it ran). Ctrl-C
     /// sends it TERM (the daemon KILLs it 5 s later if needed); a second
     /// Ctrl-C detaches (exit 130). If our stdout closes it gets TERM (exit
