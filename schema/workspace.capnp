@@ -79,6 +79,27 @@ interface Workspace {
   # The shell half. A daemon without an exec runner still returns it; every
   # call on it then fails with "EIO: exec not available".
   # Errors: none of its own.
+
+  status @2 () -> (status :Status);
+  # A health snapshot for humans and container probes (`wsd status`). It
+  # reads the store, so a wedged store fails it (EIO) instead of answering.
+  # Errors: EIO (the store cannot be read).
+}
+
+struct Status {
+  version @0 :Text;           # the daemon's package version, e.g. "0.1.0"
+  root @1 :Text;              # the workspace root, absolute
+  currentRev @2 :UInt64;      # the store's latest rev
+  uptimeMs @3 :UInt64;        # since the server started serving
+  liveExecs @4 :List(Text);   # ids of commands still running, sorted
+  peers @5 :List(PeerStatus); # peers that connected since the daemon
+                              # started, by name
+}
+
+struct PeerStatus {
+  peer @0 :Text;
+  pushCursor @1 :Cursor;      # how far that peer acknowledged our changes
+  fetchCursor @2 :Cursor;     # how far we consumed that peer's changes
 }
 
 # ---------------------------------------------------------------------------

@@ -23,13 +23,14 @@ use wsd_sync::{
 use crate::convert::{
     baseline_to, cursor_from, cursor_to, entries_from, entries_to, exec_event_from,
     exec_request_to, hashes_from, hashes_to, maybe_entry_from, objects_from, objects_to, resume_to,
-    signal_to, watermarks_from, wire_error_from,
+    signal_to, status_from, watermarks_from, wire_error_from,
 };
 use crate::exec::{ExecEvent, ExecRequest, ResumeFrom, Signal};
 use crate::limits::{
     CLIENT_EXEC_EVENT_BUFFER, MAX_CHANGES_PER_NEXT, MAX_STDIN_WRITE_BYTES, OBJECT_WRITE_BYTES,
 };
 use crate::options::timed_out;
+use crate::status::DaemonStatus;
 use crate::stream::{self, StreamWindow, message_bytes};
 use crate::transport::network;
 use crate::{ClientOptions, Endpoint, PROTOCOL_VERSION, WsdError};
@@ -39,6 +40,7 @@ use crate::{ClientOptions, Endpoint, PROTOCOL_VERSION, WsdError};
 /// last clone is dropped.
 #[derive(Clone)]
 pub struct Client {
+    workspace: wire::workspace::Client,
     sync: wire::sync::Client,
     shell: wire::shell::Client,
     conn: Rc<Connection>,
@@ -169,7 +171,12 @@ pub async fn connect_with(endpoint: &Endpoint, opts: &ClientOptions) -> Result<C
     // Pipelined: both halves resolve in the same round trip.
     let sync = workspace.sync_request().send().pipeline.get_sync();
     let shell = workspace.shell_request().send().pipeline.get_shell();
-    Ok(Client { sync, shell, conn })
+    Ok(Client {
+        workspace,
+        sync,
+        shell,
+        conn,
+    })
 }
 
 impl Client {
@@ -185,6 +192,16 @@ impl Client {
         } else {
             Err(WsdError::connection_lost("closed"))
         }
+    }
+
+    /// The daemon's health snapshot.
+    pub async fn status(&self) -> Result<DaemonStatus, WsdError> {
+        self.check_alive()?;
+        let response = self
+            .conn
+            .deadline("status", self.workspace.status_request().send().promise)
+            .await?;
+        status_from(response.get()?.get_status()?)
     }
 
     pub async fn watermarks(&self) -> Result<Watermarks, WsdError> {

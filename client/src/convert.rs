@@ -14,6 +14,7 @@ use wsd_sync::{
 use crate::WsdError;
 use crate::exec::{ExecEvent, ExecEventKind, ExecRequest, ResumeFrom, Signal};
 use crate::limits::MAX_OBJECT_WRITE_BYTES;
+use crate::status::{DaemonStatus, PeerStatus};
 
 // ---------------------------------------------------------------------------
 // Errors
@@ -328,6 +329,51 @@ pub fn watermarks_from(
         push_cursor: cursor_from(push)?,
         fetch_cursor: cursor_from(fetch)?,
     })
+}
+
+/// `Workspace.status`' results. The lists are bounded by the message size
+/// limit of the transport, so they are not length-checked here.
+pub fn status_from(r: wire::status::Reader<'_>) -> Result<DaemonStatus, WsdError> {
+    let live = r.get_live_execs()?;
+    let mut live_execs = Vec::with_capacity(live.len() as usize);
+    for id in live.iter() {
+        live_execs.push(text(id, "exec id")?);
+    }
+    let list = r.get_peers()?;
+    let mut peers = Vec::with_capacity(list.len() as usize);
+    for p in list.iter() {
+        peers.push(PeerStatus {
+            peer: text(p.get_peer(), "peer name")?,
+            push_cursor: cursor_from(p.get_push_cursor()?)?,
+            fetch_cursor: cursor_from(p.get_fetch_cursor()?)?,
+        });
+    }
+    Ok(DaemonStatus {
+        version: text(r.get_version(), "version")?,
+        root: text(r.get_root(), "root")?,
+        current_rev: r.get_current_rev(),
+        uptime_ms: r.get_uptime_ms(),
+        live_execs,
+        peers,
+    })
+}
+
+pub fn status_to(mut b: wire::status::Builder<'_>, s: &DaemonStatus) {
+    b.set_version(s.version.as_str());
+    b.set_root(s.root.as_str());
+    b.set_current_rev(s.current_rev);
+    b.set_uptime_ms(s.uptime_ms);
+    let mut live = b.reborrow().init_live_execs(s.live_execs.len() as u32);
+    for (i, id) in s.live_execs.iter().enumerate() {
+        live.set(i as u32, id.as_str());
+    }
+    let mut peers = b.init_peers(s.peers.len() as u32);
+    for (i, p) in s.peers.iter().enumerate() {
+        let mut pb = peers.reborrow().get(i as u32);
+        pb.set_peer(p.peer.as_str());
+        cursor_to(pb.reborrow().init_push_cursor(), &p.push_cursor);
+        cursor_to(pb.init_fetch_cursor(), &p.fetch_cursor);
+    }
 }
 
 // ---------------------------------------------------------------------------

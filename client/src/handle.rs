@@ -303,6 +303,12 @@ impl WsdHandle {
         Ok((pulled, pushed))
     }
 
+    /// The daemon's health snapshot (version, root, rev, peers, live execs).
+    pub async fn status(&self) -> Result<crate::DaemonStatus, WsdError> {
+        self.run(|conn| async move { conn.call(true, |c| async move { c.status().await }).await })
+            .await
+    }
+
     /// The daemon's watermarks for our peer name.
     pub async fn watermarks(&self) -> Result<Watermarks, WsdError> {
         self.run(|conn| async move {

@@ -31,6 +31,7 @@ mod exec;
 mod handle;
 pub mod limits;
 mod options;
+mod status;
 #[doc(hidden)]
 pub mod stream;
 #[doc(hidden)]
@@ -43,6 +44,7 @@ pub use options::{
     ClientOptions, DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HANDSHAKE_TIMEOUT,
     Endpoint,
 };
+pub use status::{DaemonStatus, PeerStatus};
 pub use wsd_schema::workspace_capnp::PROTOCOL_VERSION;
 pub use wsd_sync::{ErrorCode, Watermarks};
 

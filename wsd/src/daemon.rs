@@ -119,7 +119,8 @@ pub async fn run(
             root: config.root.clone(),
             source,
         })?;
-    let backend = Backend::new(store)?;
+    let root = store.root().to_owned();
+    let backend = Backend::new(store)?.with_root(root);
     let caller = backend.store_caller();
     let settle: SettleHook = Arc::new(move || {
         caller
@@ -205,6 +206,10 @@ impl ExecBackend for ExecAdapter {
 
     async fn close_stdin(&self, id: &str) -> Result<(), WireError> {
         self.0.close_stdin(id).await.map_err(wire)
+    }
+
+    async fn live(&self) -> Vec<String> {
+        self.0.live_ids()
     }
 }
 

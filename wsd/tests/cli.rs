@@ -265,3 +265,76 @@ fn exec_rejects_a_timeout_that_is_not_a_duration() {
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("soon"), "{}", text(&out.stderr));
 }
+
+#[test]
+fn status_reports_version_root_rev_live_execs_and_syncing_peers() {
+    let d = Served::start();
+    let local = tempfile::tempdir().unwrap();
+    std::fs::write(local.path().join("a.txt"), b"hello").unwrap();
+    let out = d.cli(&["push", local.path().to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = d.cli(&["exec", "--detach", "--id", "sleeper", "--", "sleep 60"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    let out = d.cli(&["status", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+    let root = d.root().canonicalize().unwrap();
+    assert_eq!(v["root"], root.to_str().unwrap());
+    assert!(v["currentRev"].as_u64().unwrap() >= 1, "{v}");
+    assert!(v["uptimeMs"].is_u64(), "{v}");
+    assert_eq!(v["liveExecs"], serde_json::json!(["sleeper"]));
+    // The pushing directory's peer, and not the exec client or the probe.
+    let peers = v["peers"].as_array().unwrap();
+    assert_eq!(peers.len(), 1, "{v}");
+    assert!(peers[0]["fetchCursor"]["rev"].as_u64().unwrap() >= 1, "{v}");
+
+    let out = d.cli(&["status"]);
+    assert_eq!(out.status.code(), Some(0));
+    let human = text(&out.stdout);
+    assert!(human.contains(root.to_str().unwrap()), "{human}");
+    assert!(human.contains("live execs:  1 (sleeper)"), "{human}");
+
+    let out = d.cli(&["kill", "sleeper", "--signal", "KILL"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+#[test]
+fn status_of_an_unreachable_daemon_exits_1_naming_the_address() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let out = run_bounded(
+        {
+            let mut c = wsd();
+            c.args(["status", "--remote", &addr, "--json"]);
+            c
+        },
+        None,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(text(&out.stdout), "");
+    assert!(text(&out.stderr).contains(&addr), "{}", text(&out.stderr));
+}
+
+#[test]
+fn status_gives_up_on_a_daemon_that_accepts_but_never_answers() {
+    // A listener that accepts and then says nothing: a hung daemon.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap().to_string();
+    let out = run_bounded(
+        {
+            let mut c = wsd();
+            c.args(["status", "--remote", &addr, "--timeout", "300ms"]);
+            c
+        },
+        None,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains(&addr), "{}", text(&out.stderr));
+    drop(silent);
+}

@@ -84,6 +84,10 @@ impl ExecBackend for InstantExit {
     async fn close_stdin(&self, _: &str) -> Result<(), WireError> {
         Ok(())
     }
+
+    async fn live(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 async fn run_execs(c: &client::Client, n: usize) {

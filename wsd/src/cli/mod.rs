@@ -1,6 +1,7 @@
 //! Argument parsing and dispatch of the `wsd` subcommands.
 
 mod exec;
+mod status;
 mod sync;
 
 use std::path::{Path, PathBuf};
@@ -43,6 +44,11 @@ enum Command {
     /// Print the remote's watermarks as JSON (currentRev, pushRev,
     /// fetchCursor), as kept for one peer.
     Watermarks(sync::WatermarksArgs),
+    /// Print a daemon's version, root, current rev, uptime, live execs and
+    /// syncing peers' cursors; exit 1 if it is unreachable or unhealthy.
+    ///
+    /// Made for container health probes: it gives up after --timeout.
+    Status(status::StatusArgs),
     /// Run a command in the remote workspace and stream its output.
     ///
     /// `wsd exec -- CMD ARG...` runs exactly that argv; `wsd exec -- 'a && b'`
@@ -150,6 +156,7 @@ pub fn run(args: Cli) -> Result<ExitCode> {
         Command::Pull(a) => block_on_local(sync::pull(a))?,
         Command::Sync(a) => block_on_local(sync::sync(a))?,
         Command::Watermarks(a) => block_on_local(sync::watermarks(a))?,
+        Command::Status(a) => block_on_local(status::status(a))?,
         Command::Exec(a) => block_on_local(exec::exec(a))?,
         Command::Attach(a) => block_on_local(exec::attach(a))?,
         Command::Kill(a) => block_on_local(exec::kill(a))?,

@@ -495,6 +495,12 @@ impl ExecManager {
     /// Drops an exec's log; a later `get` is `ENOENT`. A live exec is killed
     /// first (SIGKILL to its group) and its subscribers end with `ENOENT`.
     /// Returns once the log is gone. Unknown id: `ENOENT`.
+    /// The ids of the commands whose runner has not finished.
+    pub fn live_ids(&self) -> Vec<String> {
+        let live = self.shared.live.lock().expect("live map poisoned");
+        live.keys().cloned().collect()
+    }
+
     pub async fn dispose(&self, id: &str) -> Result<(), ExecError> {
         let shared = &self.shared;
         for _ in 0..2 {

@@ -48,6 +48,9 @@ pub trait ExecBackend: 'static {
 
     /// Closes the stdin of an exec after its queued writes.
     async fn close_stdin(&self, id: &str) -> Result<(), WireError>;
+
+    /// The ids of the commands still running, in any order (for `status`).
+    async fn live(&self) -> Vec<String>;
 }
 
 /// The object-safe face of [`ExecBackend`] the server stores, so the server
@@ -74,6 +77,7 @@ pub(crate) trait DynExecBackend {
         bytes: Vec<u8>,
     ) -> LocalBoxFuture<'a, Result<(), WireError>>;
     fn close_stdin<'a>(&'a self, id: &'a str) -> LocalBoxFuture<'a, Result<(), WireError>>;
+    fn live(&self) -> LocalBoxFuture<'_, Vec<String>>;
 }
 
 pub(crate) trait DynExecEvents {
@@ -127,5 +131,9 @@ impl<T: ExecBackend> DynExecBackend for T {
 
     fn close_stdin<'a>(&'a self, id: &'a str) -> LocalBoxFuture<'a, Result<(), WireError>> {
         Box::pin(ExecBackend::close_stdin(self, id))
+    }
+
+    fn live(&self) -> LocalBoxFuture<'_, Vec<String>> {
+        Box::pin(ExecBackend::live(self))
     }
 }

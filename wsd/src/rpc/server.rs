@@ -7,25 +7,26 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use capnp_rpc::{RpcSystem, rpc_twoparty_capnp};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
+use wsd_client::{DaemonStatus, PeerStatus};
 use wsd_schema::workspace_capnp as wire;
 use wsd_sync::{ErrorCode, Store};
 
 use super::auth::{PeerOrigin, Token, admit};
 use super::conn::{Conn, run_call};
-use super::convert::text;
+use super::convert::{status_to, text};
 use super::exec_backend::{DynExecBackend, ExecBackend};
 use super::limits::{
     DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_IN_FLIGHT_CALLS,
     DEFAULT_MAX_UNAUTHENTICATED, MAX_PEER_NAME_BYTES,
 };
 use super::server_shell::ShellServer;
-use super::server_sync::SyncServer;
+use super::server_sync::{PeersSeen, SyncServer};
 use super::store_thread::{StoreCaller, StoreHandle, StoreThread};
 use super::transport::network;
 use super::{PROTOCOL_VERSION, WireError};
@@ -73,6 +74,8 @@ pub struct Backend<S> {
     store: StoreHandle<S>,
     store_thread: StoreThread<S>,
     exec: Option<Rc<dyn DynExecBackend>>,
+    /// The workspace root `status` reports (empty when not set).
+    root: Option<PathBuf>,
 }
 
 impl<S> std::fmt::Debug for Backend<S> {
@@ -94,6 +97,7 @@ impl<S: Store + Send + 'static> Backend<S> {
             store,
             store_thread,
             exec: None,
+            root: None,
         })
     }
 
@@ -105,6 +109,12 @@ impl<S: Store + Send + 'static> Backend<S> {
 
     pub fn with_exec(mut self, exec: impl ExecBackend) -> Backend<S> {
         self.exec = Some(Rc::new(exec));
+        self
+    }
+
+    /// The workspace root `Workspace.status` reports.
+    pub fn with_root(mut self, root: impl Into<PathBuf>) -> Backend<S> {
+        self.root = Some(root.into());
         self
     }
 }
@@ -178,6 +188,11 @@ pub enum ServeError {
 pub(crate) struct Shared<S> {
     pub(crate) store: StoreHandle<S>,
     pub(crate) exec: Option<Rc<dyn DynExecBackend>>,
+    /// What `status` reports besides the store's and the runner's state.
+    root: Option<PathBuf>,
+    started: Instant,
+    /// The peers whose watermarks `status` lists.
+    peers_seen: PeersSeen,
     token: Option<Token>,
     /// Slots for authenticated connections ([`ServerConfig::max_connections`]).
     connections: Arc<Semaphore>,
@@ -259,10 +274,14 @@ pub async fn serve<S: Store + Send + 'static>(
         store,
         store_thread,
         exec,
+        root,
     } = backend;
     let shared = Rc::new(Shared {
         store,
         exec,
+        root,
+        started: Instant::now(),
+        peers_seen: PeersSeen::default(),
         token: config.token.clone(),
         connections: Arc::new(Semaphore::new(config.max_connections)),
     });
@@ -519,6 +538,7 @@ impl<S: Store + Send + 'static> wire::workspace::Server for WorkspaceServer<S> {
             self.shared.store.clone(),
             self.conn.clone(),
             self.peer.clone(),
+            self.shared.peers_seen.clone(),
         );
         results.get().set_sync(capnp_rpc::new_client(sync));
         Ok(())
@@ -532,6 +552,57 @@ impl<S: Store + Send + 'static> wire::workspace::Server for WorkspaceServer<S> {
         let shell = ShellServer::new(self.shared.exec.clone(), self.conn.clone());
         results.get().set_shell(capnp_rpc::new_client(shell));
         Ok(())
+    }
+
+    async fn status(
+        self: Rc<Self>,
+        _: wire::workspace::StatusParams,
+        mut results: wire::workspace::StatusResults,
+    ) -> Result<(), capnp::Error> {
+        run_call(&self.conn, "status", async {
+            let names: Vec<Arc<str>> = self.shared.peers_seen.borrow().iter().cloned().collect();
+            // One store call for the rev and every peer: a consistent view,
+            // and a wedged store fails the probe instead of half-answering.
+            let (current_rev, peers) = self
+                .shared
+                .store
+                .call(move |s| {
+                    let rev = s.current_rev()?;
+                    let mut peers = Vec::with_capacity(names.len());
+                    for name in names {
+                        let wm = s.watermarks(&name)?;
+                        peers.push(PeerStatus {
+                            peer: name.to_string(),
+                            push_cursor: wm.push_cursor,
+                            fetch_cursor: wm.fetch_cursor,
+                        });
+                    }
+                    Ok((rev, peers))
+                })
+                .await?;
+            let mut live_execs = match &self.shared.exec {
+                Some(exec) => exec.live().await,
+                None => Vec::new(),
+            };
+            live_execs.sort();
+            let status = DaemonStatus {
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+                root: self
+                    .shared
+                    .root
+                    .as_deref()
+                    .map(|r| r.display().to_string())
+                    .unwrap_or_default(),
+                current_rev,
+                uptime_ms: u64::try_from(self.shared.started.elapsed().as_millis())
+                    .unwrap_or(u64::MAX),
+                live_execs,
+                peers,
+            };
+            status_to(results.get().init_status(), &status);
+            Ok(())
+        })
+        .await
     }
 }
 

@@ -35,15 +35,34 @@ pub(crate) struct SyncServer<S> {
     peer: Arc<str>,
     /// Bumped by every push; an idle task runs only if none came after it.
     pushes: Rc<std::cell::Cell<u64>>,
+    /// The server's set of peers that synced, for `status`.
+    syncing: PeersSeen,
 }
 
+/// The names of the peers that pushed or fetched changes since the server
+/// started (a probe or an exec client connects as a peer too, but only a
+/// syncing peer has watermarks worth reporting).
+pub(crate) type PeersSeen = Rc<RefCell<std::collections::BTreeSet<Arc<str>>>>;
+
 impl<S: Store + Send + 'static> SyncServer<S> {
-    pub(crate) fn new(store: StoreHandle<S>, conn: Rc<Conn>, peer: Arc<str>) -> Self {
+    pub(crate) fn new(
+        store: StoreHandle<S>,
+        conn: Rc<Conn>,
+        peer: Arc<str>,
+        syncing: PeersSeen,
+    ) -> Self {
         SyncServer {
             store,
             conn,
             peer,
             pushes: Rc::default(),
+            syncing,
+        }
+    }
+
+    fn note_syncing(&self) {
+        if !self.syncing.borrow().contains(&self.peer) {
+            self.syncing.borrow_mut().insert(self.peer.clone());
         }
     }
 
@@ -72,6 +91,7 @@ impl<S: Store + Send + 'static> wire::sync::Server for SyncServer<S> {
         mut results: wire::sync::PushResults,
     ) -> Result<(), capnp::Error> {
         run_call(&self.conn, "push", async {
+            self.note_syncing();
             let p = params.get()?;
             let sender = opt_cursor_from(p.has_sender(), p.get_sender())?;
             // senderRev 0: an external writer, whose entries are local writes.
@@ -121,6 +141,7 @@ impl<S: Store + Send + 'static> wire::sync::Server for SyncServer<S> {
         mut results: wire::sync::FetchChangesResults,
     ) -> Result<(), capnp::Error> {
         run_call(&self.conn, "fetchChanges", async {
+            self.note_syncing();
             let p = params.get()?;
             let after = opt_cursor_from(p.has_after(), p.get_after())?;
             let mut patterns = Vec::new();

@@ -783,6 +783,11 @@ impl ExecBackend for FakeExec {
     async fn close_stdin(&self, _id: &str) -> Result<(), WireError> {
         Ok(())
     }
+
+    async fn live(&self) -> Vec<String> {
+        // The fake keeps no commands running between calls.
+        Vec::new()
+    }
 }
 
 async fn collect(stream: &mut client::ExecStream) -> Vec<ExecEvent> {
