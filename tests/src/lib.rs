@@ -176,7 +176,7 @@ impl Daemon {
 
     /// `wsd push|pull LOCAL --json`, asserting success; returns the summary.
     pub fn transfer(&self, verb: &str, local: &Path) -> serde_json::Value {
-        let out = self.cli(&[verb, local.to_str().unwrap(), "--json"]);
+        let out = self.cli(&[verb, local.to_str().unwrap(), "--json", "--create"]);
         assert!(
             out.status.success(),
             "wsd {verb} failed: {}",

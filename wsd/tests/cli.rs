@@ -338,3 +338,81 @@ fn status_gives_up_on_a_daemon_that_accepts_but_never_answers() {
     assert!(text(&out.stderr).contains(&addr), "{}", text(&out.stderr));
     drop(silent);
 }
+
+#[test]
+fn excluded_paths_from_flags_and_wsdignore_are_neither_pushed_nor_pulled() {
+    let d = Served::start();
+    let local = tempfile::tempdir().unwrap();
+    let l = local.path();
+    std::fs::write(l.join(".wsdignore"), b"# build output\nbuild/\n\n").unwrap();
+    std::fs::create_dir_all(l.join("build")).unwrap();
+    std::fs::write(l.join("build/out.o"), b"object").unwrap();
+    std::fs::write(l.join("secret.env"), b"KEY=1").unwrap();
+    std::fs::write(l.join("main.rs"), b"fn main() {}").unwrap();
+    let out = d.cli(&["push", l.to_str().unwrap(), "--exclude", "*.env", "-q"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(d.root().join("main.rs").exists());
+    assert!(d.root().join(".wsdignore").exists());
+    assert!(!d.root().join("build").exists());
+    assert!(!d.root().join("secret.env").exists());
+
+    // Written on the daemon's side: an excluded pattern keeps it out of a pull.
+    std::fs::write(d.root().join("trace.log"), b"noise").unwrap();
+    std::fs::write(d.root().join("notes.txt"), b"keep").unwrap();
+    let other = tempfile::tempdir().unwrap();
+    let o = other.path();
+    let out = d.cli(&[
+        "pull",
+        o.to_str().unwrap(),
+        "--exclude",
+        "*.log",
+        "--exclude",
+        "*.env",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(std::fs::read(o.join("notes.txt")).unwrap(), b"keep");
+    assert!(o.join("main.rs").exists());
+    assert!(!o.join("trace.log").exists());
+}
+
+#[test]
+fn a_malformed_exclude_pattern_is_an_error_naming_it() {
+    let d = Served::start();
+    let local = tempfile::tempdir().unwrap();
+    let out = d.cli(&["push", local.path().to_str().unwrap(), "--exclude", "[z-a]"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("[z-a]"), "{}", text(&out.stderr));
+    assert!(std::fs::read_dir(d.root()).unwrap().next().is_none());
+}
+
+#[test]
+fn a_missing_local_dir_is_an_error_unless_create_is_given() {
+    let d = Served::start();
+    let parent = tempfile::tempdir().unwrap();
+    let missing = parent.path().join("not-here");
+    let out = d.cli(&["pull", missing.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("not-here"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!missing.exists());
+    let out = d.cli(&["pull", missing.to_str().unwrap(), "--create"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(missing.is_dir());
+}
+
+#[test]
+fn quiet_transfers_print_no_summary() {
+    let d = Served::start();
+    let local = tempfile::tempdir().unwrap();
+    std::fs::write(local.path().join("f"), b"x").unwrap();
+    let out = d.cli(&["push", local.path().to_str().unwrap()]);
+    assert!(text(&out.stderr).contains("push:"), "{}", text(&out.stderr));
+    std::fs::write(local.path().join("g"), b"y").unwrap();
+    let out = d.cli(&["push", local.path().to_str().unwrap(), "-q"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(text(&out.stderr), "");
+    assert!(d.root().join("g").exists());
+}

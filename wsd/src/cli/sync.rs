@@ -20,12 +20,24 @@ use super::RemoteArgs;
 const LOCAL_STATE: &str = ".wsd";
 /// The file in it holding this directory's stable peer name.
 const PEER_FILE: &str = "peer";
+/// Gitignore-syntax exclusions at the top of LOCAL_DIR.
+const IGNORE_FILE: &str = ".wsdignore";
 
 #[derive(Debug, Args)]
 pub struct TransferArgs {
-    /// The local directory (created if missing).
+    /// The local directory; it must exist unless --create is given.
     #[arg(value_name = "LOCAL_DIR")]
     local: PathBuf,
+    /// Create LOCAL_DIR if it is missing.
+    #[arg(long)]
+    create: bool,
+    /// Leave out paths matching PATTERN (gitignore syntax; repeatable), on
+    /// top of LOCAL_DIR/.wsdignore: they are neither sent nor fetched.
+    #[arg(long, value_name = "PATTERN")]
+    exclude: Vec<String>,
+    /// Print no summary (errors still go to stderr).
+    #[arg(short, long)]
+    quiet: bool,
     #[command(flatten)]
     remote: RemoteArgs,
     /// Print the summary as one JSON object on stdout.
@@ -53,14 +65,25 @@ struct Session {
     store: WorkspaceStore,
     remote: Client,
     remote_name: String,
+    /// `--exclude` and `.wsdignore`: left out of pushes, and sent with every
+    /// fetch so the daemon leaves them out too.
+    ignore: IgnoreRules,
     /// True right after a settle: the next push or pull needs none.
     settled: bool,
 }
 
 impl Session {
     async fn open(a: &TransferArgs) -> Result<Session> {
-        std::fs::create_dir_all(&a.local)
-            .with_context(|| format!("creating {}", a.local.display()))?;
+        if a.create {
+            std::fs::create_dir_all(&a.local)
+                .with_context(|| format!("creating {}", a.local.display()))?;
+        } else if !a.local.is_dir() {
+            anyhow::bail!(
+                "{} is not a directory (give --create to make it)",
+                a.local.display()
+            );
+        }
+        let ignore = ignore_rules(&a.local, &a.exclude)?;
         let state = a.state.clone().unwrap_or_else(|| a.local.join(LOCAL_STATE));
         let index_lost = !state.join(wsd::store::INDEX_FILE).exists();
         let mut store = WorkspaceStore::open(
@@ -91,6 +114,7 @@ impl Session {
             store,
             remote,
             remote_name,
+            ignore,
             settled: true,
         })
     }
@@ -108,10 +132,9 @@ impl Session {
 
     async fn push(&mut self, progress: &Progress) -> Result<SyncReport> {
         self.settle()?;
-        let ignore = IgnoreRules::none();
         let opts = SyncOptions {
             remote_name: &self.remote_name,
-            ignore: &ignore,
+            ignore: &self.ignore,
         };
         driver::push(&mut self.store, &mut self.remote, &opts, |r| {
             progress.update("push", r)
@@ -122,10 +145,9 @@ impl Session {
 
     async fn pull(&mut self, progress: &Progress) -> Result<SyncReport> {
         self.settle()?;
-        let ignore = IgnoreRules::none();
         let opts = SyncOptions {
             remote_name: &self.remote_name,
-            ignore: &ignore,
+            ignore: &self.ignore,
         };
         driver::pull(&mut self.store, &mut self.remote, &opts, |r| {
             progress.update("pull", r)
@@ -133,6 +155,29 @@ impl Session {
         .await
         .context("pull failed")
     }
+}
+
+/// The exclusions of a transfer: LOCAL_DIR/.wsdignore's lines (blank lines
+/// and `#` comments dropped, as git does), then each `--exclude`.
+fn ignore_rules(local: &Path, exclude: &[String]) -> Result<IgnoreRules> {
+    let file = local.join(IGNORE_FILE);
+    let mut patterns: Vec<String> = match std::fs::read_to_string(&file) {
+        Ok(text) => text
+            .lines()
+            .map(str::trim_end)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(str::to_owned)
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", file.display())),
+    };
+    patterns.extend(exclude.iter().cloned());
+    IgnoreRules::new(&patterns).with_context(|| {
+        format!(
+            "the exclusions (--exclude and {}) are not valid",
+            file.display()
+        )
+    })
 }
 
 /// This directory's stable name as a peer: created once, kept in the state
@@ -199,7 +244,7 @@ impl Progress {
     }
 }
 
-fn summarize(verb: &str, r: &SyncReport, elapsed: Duration, json: bool) {
+fn summarize(verb: &str, r: &SyncReport, elapsed: Duration, json: bool, quiet: bool) {
     if json {
         let v = serde_json::json!({
             "op": verb,
@@ -214,6 +259,9 @@ fn summarize(verb: &str, r: &SyncReport, elapsed: Duration, json: bool) {
             "elapsed_ms": elapsed.as_secs_f64() * 1e3,
         });
         println!("{v}");
+    }
+    if quiet {
+        return;
     }
     eprintln!(
         "{verb}: {} entries, {} in {} objects moved, {} deduplicated, {:.2} s{}",
@@ -238,7 +286,7 @@ pub async fn push(a: TransferArgs) -> Result<ExitCode> {
     let progress = Progress::new();
     let report = s.push(&progress).await;
     progress.finish();
-    summarize("push", &report?, started.elapsed(), a.json);
+    summarize("push", &report?, started.elapsed(), a.json, a.quiet);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -248,7 +296,7 @@ pub async fn pull(a: TransferArgs) -> Result<ExitCode> {
     let progress = Progress::new();
     let report = s.pull(&progress).await;
     progress.finish();
-    summarize("pull", &report?, started.elapsed(), a.json);
+    summarize("pull", &report?, started.elapsed(), a.json, a.quiet);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -266,8 +314,20 @@ pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
         progress.finish();
         let (pulled, pushed) = round?;
         if !a.watch || pulled.entries + pushed.entries > 0 {
-            summarize("pull", &pulled, started.elapsed(), a.transfer.json);
-            summarize("push", &pushed, started.elapsed(), a.transfer.json);
+            summarize(
+                "pull",
+                &pulled,
+                started.elapsed(),
+                a.transfer.json,
+                a.transfer.quiet,
+            );
+            summarize(
+                "push",
+                &pushed,
+                started.elapsed(),
+                a.transfer.json,
+                a.transfer.quiet,
+            );
         }
         if !a.watch {
             return Ok(ExitCode::SUCCESS);
