@@ -416,3 +416,37 @@ fn quiet_transfers_print_no_summary() {
     assert_eq!(text(&out.stderr), "");
     assert!(d.root().join("g").exists());
 }
+
+#[test]
+fn dry_run_lists_what_would_change_and_changes_neither_side() {
+    let d = Served::start();
+    let local = tempfile::tempdir().unwrap();
+    let l = local.path().to_str().unwrap();
+    std::fs::write(local.path().join("new.txt"), b"new").unwrap();
+    std::fs::write(local.path().join("skip.log"), b"log").unwrap();
+    let out = d.cli(&["push", l, "--dry-run", "--exclude", "*.log"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "push: write new.txt\n");
+    assert!(!d.root().join("new.txt").exists());
+
+    // The real push still sends it: the dry run moved no watermark.
+    let out = d.cli(&["push", l, "-q", "--exclude", "*.log"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(d.root().join("new.txt").exists());
+
+    std::fs::write(d.root().join("remote.txt"), b"r").unwrap();
+    std::fs::remove_file(d.root().join("new.txt")).unwrap();
+    let out = d.cli(&["pull", l, "-n", "--json", "--exclude", "*.log"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut changes: Vec<String> = v["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap().to_owned())
+        .collect();
+    changes.sort();
+    assert_eq!(changes, ["delete new.txt", "write remote.txt"], "{v}");
+    assert!(local.path().join("new.txt").exists());
+    assert!(!local.path().join("remote.txt").exists());
+}

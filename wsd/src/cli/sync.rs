@@ -11,8 +11,10 @@ use clap::Args;
 use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
 use wsd::store::{StoreOptions, WorkspaceStore};
 use wsd_client::client::{self, Client};
-use wsd_sync::IgnoreRules;
 use wsd_sync::driver::{self, SyncOptions, SyncReport};
+use wsd_sync::{
+    ChangeCursor, ChangeEntry, ChangeStream, ChangesQuery, EntryState, IgnoreRules, Store,
+};
 
 use super::RemoteArgs;
 
@@ -22,6 +24,8 @@ const LOCAL_STATE: &str = ".wsd";
 const PEER_FILE: &str = "peer";
 /// Gitignore-syntax exclusions at the top of LOCAL_DIR.
 const IGNORE_FILE: &str = ".wsdignore";
+/// Entries a dry run reads per page.
+const DRY_RUN_PAGE: usize = 1000;
 
 #[derive(Debug, Args)]
 pub struct TransferArgs {
@@ -35,6 +39,11 @@ pub struct TransferArgs {
     /// top of LOCAL_DIR/.wsdignore: they are neither sent nor fetched.
     #[arg(long, value_name = "PATTERN")]
     exclude: Vec<String>,
+    /// Print the paths a push or pull would send or fetch ("write PATH",
+    /// "delete PATH") and change neither tree. Only LOCAL_DIR's index
+    /// (under .wsd) is refreshed.
+    #[arg(short = 'n', long)]
+    dry_run: bool,
     /// Print no summary (errors still go to stderr).
     #[arg(short, long)]
     quiet: bool,
@@ -53,7 +62,7 @@ pub struct SyncArgs {
     #[command(flatten)]
     transfer: TransferArgs,
     /// Keep syncing until interrupted.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "dry_run")]
     watch: bool,
     /// Time between rounds with --watch, in milliseconds.
     #[arg(long, default_value_t = 500, value_name = "MS")]
@@ -143,6 +152,61 @@ impl Session {
         .context("push failed")
     }
 
+    /// What a push would send now: our changes after the remote's
+    /// acknowledged cursor, minus excluded paths and the remote's own echo.
+    fn planned_push(&mut self) -> Result<Vec<ChangeEntry>> {
+        self.settle()?;
+        let wm = self.store.watermarks(&self.remote_name)?;
+        let window = self.store.open_changes(&wm.push_cursor)?;
+        let mut after = if window.baseline {
+            ChangeCursor::ZERO
+        } else {
+            wm.push_cursor
+        };
+        let mut out = Vec::new();
+        loop {
+            let page = self.store.changes(ChangesQuery {
+                after: &after,
+                through: &window.through,
+                ignore: &self.ignore,
+                exclude_applied_from: Some(&self.remote_name),
+                limit: DRY_RUN_PAGE,
+            })?;
+            let done = page.len() < DRY_RUN_PAGE;
+            if let Some(e) = page.last() {
+                after = ChangeCursor::within(e.rev, e.path.clone());
+            }
+            out.extend(page);
+            if done {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// What a pull would fetch now: the remote's changes after our fetch
+    /// cursor, minus excluded paths. Read-only on both sides; entries whose
+    /// local state already matches are listed too (a pull skips them).
+    async fn planned_pull(&mut self) -> Result<Vec<ChangeEntry>> {
+        self.settle()?;
+        let wm = self.store.watermarks(&self.remote_name)?;
+        let (_, mut stream) = self
+            .remote
+            .fetch_changes(&wm.fetch_cursor, self.ignore.patterns())
+            .await
+            .context("listing the remote's changes")?;
+        let mut out = Vec::new();
+        loop {
+            let batch = stream
+                .next_batch(DRY_RUN_PAGE)
+                .await
+                .context("listing the remote's changes")?;
+            if batch.is_empty() {
+                return Ok(out);
+            }
+            out.extend(batch);
+        }
+    }
+
     async fn pull(&mut self, progress: &Progress) -> Result<SyncReport> {
         self.settle()?;
         let opts = SyncOptions {
@@ -178,6 +242,17 @@ fn ignore_rules(local: &Path, exclude: &[String]) -> Result<IgnoreRules> {
             file.display()
         )
     })
+}
+
+/// How a dry run shows one entry.
+fn describe(e: &ChangeEntry) -> String {
+    let what = match &e.state {
+        EntryState::Delete => "delete",
+        EntryState::Dir { .. } => "mkdir",
+        EntryState::Symlink { .. } => "link",
+        EntryState::File { .. } => "write",
+    };
+    format!("{what} {}", e.path.as_str())
 }
 
 /// This directory's stable name as a peer: created once, kept in the state
@@ -280,9 +355,37 @@ fn summarize(verb: &str, r: &SyncReport, elapsed: Duration, json: bool, quiet: b
     }
 }
 
+/// Prints a dry run's plan: one line per entry on stdout (or one JSON
+/// object), and a count on stderr unless quiet.
+fn print_plan(verb: &str, plan: &[ChangeEntry], a: &TransferArgs) {
+    if a.json {
+        let v = serde_json::json!({
+            "op": verb,
+            "dryRun": true,
+            "changes": plan.iter().map(describe).collect::<Vec<_>>(),
+        });
+        println!("{v}");
+    } else {
+        for e in plan {
+            println!("{verb}: {}", describe(e));
+        }
+    }
+    if !a.quiet {
+        eprintln!(
+            "{verb}: dry run, {} entries would change; nothing was changed",
+            plan.len()
+        );
+    }
+}
+
 pub async fn push(a: TransferArgs) -> Result<ExitCode> {
     let started = Instant::now();
     let mut s = Session::open(&a).await?;
+    if a.dry_run {
+        let plan = s.planned_push()?;
+        print_plan("push", &plan, &a);
+        return Ok(ExitCode::SUCCESS);
+    }
     let progress = Progress::new();
     let report = s.push(&progress).await;
     progress.finish();
@@ -293,6 +396,11 @@ pub async fn push(a: TransferArgs) -> Result<ExitCode> {
 pub async fn pull(a: TransferArgs) -> Result<ExitCode> {
     let started = Instant::now();
     let mut s = Session::open(&a).await?;
+    if a.dry_run {
+        let plan = s.planned_pull().await?;
+        print_plan("pull", &plan, &a);
+        return Ok(ExitCode::SUCCESS);
+    }
     let progress = Progress::new();
     let report = s.pull(&progress).await;
     progress.finish();
@@ -302,6 +410,13 @@ pub async fn pull(a: TransferArgs) -> Result<ExitCode> {
 
 pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
     let mut s = Session::open(&a.transfer).await?;
+    if a.transfer.dry_run {
+        let pulled = s.planned_pull().await?;
+        let pushed = s.planned_push()?;
+        print_plan("pull", &pulled, &a.transfer);
+        print_plan("push", &pushed, &a.transfer);
+        return Ok(ExitCode::SUCCESS);
+    }
     loop {
         let started = Instant::now();
         let progress = Progress::new();
