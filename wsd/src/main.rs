@@ -13,7 +13,7 @@ fn main() -> ExitCode {
     match cli::run(args) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("wsd: {e:#}");
+            eprintln!("wsd: {}", cli::render_error(&e));
             ExitCode::FAILURE
         }
     }

@@ -26,9 +26,12 @@ fn help_lists_every_subcommand() {
         "pull",
         "sync",
         "watermarks",
+        "status",
         "exec",
         "attach",
         "kill",
+        "completions",
+        "man",
     ] {
         assert!(text.contains(sub), "--help does not mention {sub}:\n{text}");
     }
@@ -449,4 +452,98 @@ fn dry_run_lists_what_would_change_and_changes_neither_side() {
     assert_eq!(changes, ["delete new.txt", "write remote.txt"], "{v}");
     assert!(local.path().join("new.txt").exists());
     assert!(!local.path().join("remote.txt").exists());
+}
+
+#[test]
+fn an_error_names_its_cause_once() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let root = tempfile::tempdir().unwrap();
+    let out = run_bounded(
+        {
+            let mut c = wsd();
+            c.args(["serve", "--listen", &addr, "--root"])
+                .arg(root.path());
+            c
+        },
+        None,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains(&addr), "{err}");
+    assert_eq!(err.matches("in use").count(), 1, "{err}");
+    drop(taken);
+}
+
+/// The stderr of a `wsd serve` that ran until it logged that it listens,
+/// then was killed.
+fn serve_log(extra: &[&str]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("stderr");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut child = wsd()
+        .args(["serve", "--listen", &addr, "--root"])
+        .arg(dir.path().join("ws"))
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    // "serving" is logged once the listeners are bound and the store open.
+    let deadline = Instant::now() + STEP;
+    while !std::fs::read_to_string(&log).unwrap().contains("serving") {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "wsd serve exited early"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "wsd serve logged no serving line"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    std::fs::read_to_string(&log).unwrap()
+}
+
+#[test]
+fn logs_have_no_ansi_escapes_when_stderr_is_not_a_terminal_and_json_on_request() {
+    let err = serve_log(&[]);
+    assert!(err.contains("serving"), "{err}");
+    assert!(!err.contains('\u{1b}'), "{err:?}");
+    let err = serve_log(&["--log-format", "json"]);
+    assert!(err.contains("serving"), "{err}");
+    for line in err.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(v["level"].is_string(), "{line}");
+    }
+}
+
+#[test]
+fn completions_and_the_man_page_are_generated_from_the_cli() {
+    let out = wsd().args(["completions", "bash"]).output().unwrap();
+    assert!(out.status.success());
+    let script = text(&out.stdout);
+    assert!(script.contains("complete"), "{script}");
+    assert!(
+        script.contains("status") && script.contains("--exclude"),
+        "{script}"
+    );
+    let out = wsd().args(["completions", "zsh"]).output().unwrap();
+    assert!(out.status.success());
+    assert!(text(&out.stdout).starts_with("#compdef wsd"));
+    let out = wsd().arg("man").output().unwrap();
+    assert!(out.status.success());
+    let page = text(&out.stdout);
+    assert!(page.contains(".TH wsd 1"), "{page}");
+    assert!(page.contains("status"), "{page}");
+    let out = wsd().args(["completions", "cmd.exe"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use wsd::rpc::{DEFAULT_PORT, Token};
 
 /// wsd: a content-addressed sync and workspace daemon.
@@ -24,6 +24,16 @@ pub struct Cli {
     /// More log output (repeat for more); `RUST_LOG` overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
+    /// How log lines on stderr look: `text` (colored only on a terminal,
+    /// never with `NO_COLOR` set) or `json` (one object per line).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true, env = "WSD_LOG_FORMAT")]
+    log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -66,6 +76,17 @@ enum Command {
     Attach(exec::AttachArgs),
     /// Signal a running command's process group.
     Kill(exec::KillArgs),
+    /// Print a shell completion script for SHELL on stdout.
+    ///
+    /// For example: `wsd completions bash > /etc/bash_completion.d/wsd`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the wsd(1) man page (roff) on stdout.
+    ///
+    /// For example: `wsd man > /usr/local/share/man/man1/wsd.1`.
+    Man,
 }
 
 #[derive(Debug, Args)]
@@ -103,14 +124,19 @@ pub struct RemoteArgs {
     /// The daemon's address: `host:port` or `unix:/path`.
     #[arg(long, value_name = "ADDR", env = "WSD_REMOTE")]
     remote: String,
-    /// A file holding the daemon's token.
+    /// A file holding the daemon's token (else the token in `WSD_TOKEN`).
     #[arg(long, value_name = "FILE", env = "WSD_TOKEN_FILE")]
     token_file: Option<PathBuf>,
 }
 
 impl RemoteArgs {
+    /// The token to present: `--token-file`/`WSD_TOKEN_FILE`, else
+    /// `WSD_TOKEN`, as `wsd serve` reads them.
     fn token(&self) -> Result<Option<Vec<u8>>> {
-        self.token_file.as_deref().map(read_token).transpose()
+        match self.token_file.as_deref() {
+            Some(f) => read_token(f).map(Some),
+            None => Ok(Token::from_env().map(|t| t.as_bytes().to_vec())),
+        }
     }
 }
 
@@ -133,10 +159,38 @@ pub fn init_tracing(args: &Cli) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match args.log_format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.with_ansi(use_color()).init(),
+    }
+}
+
+/// Color only for a person at a terminal: not when stderr is a pipe or
+/// file (logs, CI), and never when `NO_COLOR` is set (no-color.org).
+fn use_color() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+/// An error and its causes on one line, each cause once. Many I/O-level
+/// errors already include their source in their own message; `{:#}` would
+/// then repeat it ("Address already in use: Address already in use").
+pub fn render_error(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }
 
 /// Runs `fut` on a current-thread runtime inside a `LocalSet` (capnp-rpc is
@@ -160,6 +214,17 @@ pub fn run(args: Cli) -> Result<ExitCode> {
         Command::Exec(a) => block_on_local(exec::exec(a))?,
         Command::Attach(a) => block_on_local(exec::attach(a))?,
         Command::Kill(a) => block_on_local(exec::kill(a))?,
+        Command::Completions { shell } => {
+            let mut cmd = Cli::command();
+            clap_complete::generate(shell, &mut cmd, "wsd", &mut std::io::stdout());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Man => {
+            clap_mangen::Man::new(Cli::command())
+                .render(&mut std::io::stdout())
+                .context("writing the man page")?;
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 
