@@ -3,7 +3,7 @@
 //! cross-crate scenarios in `tests/` drive.)
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -546,4 +546,96 @@ fn completions_and_the_man_page_are_generated_from_the_cli() {
     assert!(page.contains("status"), "{page}");
     let out = wsd().args(["completions", "cmd.exe"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// Runs `docker/entrypoint.sh ARGS` with `WSD_BIN` set to the real `wsd`
+/// (or to `bin`), and the given environment.
+fn entrypoint(args: &[&str], env: &[(&str, &str)], bin: Option<&std::path::Path>) -> Output {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docker/entrypoint.sh");
+    let mut c = Command::new("sh");
+    c.arg(script)
+        .args(args)
+        .env_remove("WSD_TOKEN")
+        .env_remove("WSD_TOKEN_FILE")
+        .env_remove("WSD_ROOT")
+        .env_remove("WSD_LISTEN")
+        .env(
+            "WSD_BIN",
+            bin.map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_wsd")), Path::to_owned),
+        )
+        .envs(env.iter().copied());
+    run_bounded(c, None)
+}
+
+#[test]
+fn the_container_entrypoint_maps_its_arguments_onto_wsd() {
+    // A stand-in wsd that prints the argv it was given, one word a line.
+    let dir = tempfile::tempdir().unwrap();
+    let fake = dir.path().join("wsd");
+    std::fs::write(&fake, "#!/bin/sh\nprintf '%s\\n' \"$@\"\n").unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let argv = |args: &[&str], env: &[(&str, &str)]| {
+        let out = entrypoint(args, env, Some(&fake));
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let token = [("WSD_TOKEN", "t0ken")];
+    assert_eq!(
+        argv(&[], &token),
+        "serve\n--root\n/workspace\n--listen\n0.0.0.0:45678\n"
+    );
+    assert_eq!(
+        argv(
+            &["--exec-log-cap", "1024"],
+            &[("WSD_TOKEN_FILE", "/run/t"), ("WSD_ROOT", "/data")]
+        ),
+        "serve\n--root\n/data\n--listen\n0.0.0.0:45678\n--exec-log-cap\n1024\n"
+    );
+    assert_eq!(
+        argv(&["health"], &[]),
+        "status\n--remote\n127.0.0.1:45678\n"
+    );
+    assert_eq!(
+        argv(
+            &["health", "--json"],
+            &[("WSD_LISTEN", "unix:/run/wsd.sock")]
+        ),
+        "status\n--remote\nunix:/run/wsd.sock\n--json\n"
+    );
+    assert_eq!(argv(&["push", "a b"], &[]), "push\na b\n");
+    // Anything else is a program of its own.
+    let out = entrypoint(&["echo", "plain"], &[], Some(&fake));
+    assert_eq!(text(&out.stdout), "plain\n");
+    // Loopback needs no token.
+    assert_eq!(
+        argv(&[], &[("WSD_LISTEN", "127.0.0.1:9")]),
+        "serve\n--root\n/workspace\n--listen\n127.0.0.1:9\n"
+    );
+}
+
+#[test]
+fn the_container_entrypoint_refuses_a_public_listener_without_a_token() {
+    let out = entrypoint(&[], &[], None);
+    assert_eq!(out.status.code(), Some(64));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("0.0.0.0:45678") && err.contains("WSD_TOKEN"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_container_health_probe_passes_on_a_live_daemon_and_fails_without_one() {
+    let d = Served::start();
+    let out = entrypoint(&["health"], &[("WSD_LISTEN", &d.addr)], None);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("current rev"));
+    let addr = d.addr.clone();
+    drop(d);
+    let out = entrypoint(
+        &["health", "--timeout", "2s"],
+        &[("WSD_LISTEN", &addr)],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(1));
 }
