@@ -895,6 +895,9 @@ fn inline_read_body(mut data: Value, body: Body, offset: u64) -> Value {
             return json!({"ok": false, "error": format!("Binary file - not a text file: {path}")});
         }
     };
+    // The reference splits on every `\n`, so a final newline shows as an
+    // extra empty line; other targets count lines, not separators.
+    let text = text.strip_suffix('\n').unwrap_or(&text);
     let mut content = String::with_capacity(text.len() + text.len() / 8);
     let mut lines = 0u64;
     if !text.is_empty() {
@@ -976,5 +979,22 @@ mod tests {
         })
         .await
         .unwrap();
+    }
+
+    #[test]
+    fn a_read_body_is_numbered_from_the_offset_without_a_phantom_last_line() {
+        let body = |b: &[u8]| crate::body::Body {
+            bytes: b.to_vec(),
+            total: b.len() as u64,
+        };
+        let d = inline_read_body(json!({"ok": true, "kind": "text"}), body(b"a\nb\n"), 4);
+        assert_eq!(
+            (&d["content"], &d["lines"]),
+            (&json!("5\ta\n6\tb"), &json!(2))
+        );
+        let d = inline_read_body(json!({"ok": true}), body(b""), 0);
+        assert_eq!((&d["content"], &d["lines"]), (&json!(""), &json!(0)));
+        let d = inline_read_body(json!({"ok": true, "path": "/x"}), body(&[0xff, 0xfe]), 0);
+        assert_eq!(d["ok"], false, "{d}");
     }
 }
