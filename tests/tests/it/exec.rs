@@ -1184,11 +1184,17 @@ fn wsd_exec_streams_stdout_and_stderr_to_their_own_fds_and_exits_with_the_code()
     assert_eq!(out.status.code(), Some(7));
     assert_eq!(text(&out.stdout), "out\nmore\n");
     assert_eq!(text(&out.stderr), "err\n");
-    // The words after `--` are joined into one shell command; --cwd and
-    // --env reach it.
+    // One word after `--` is a shell command line; --cwd and --env reach
+    // it. (Several words are an argv: see wsd/tests/cli.rs.)
     std::fs::create_dir_all(d.path("sub/dir")).unwrap();
     let out = d.cli(&[
-        "exec", "--cwd", "sub/dir", "--env", "X=1", "--", "echo", "$X", "$(pwd)",
+        "exec",
+        "--cwd",
+        "sub/dir",
+        "--env",
+        "X=1",
+        "--",
+        "echo $X $(pwd)",
     ]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_eq!(
