@@ -9,5 +9,6 @@ mod fs;
 mod handshake;
 mod harness;
 mod node;
+mod node_tools;
 mod proc;
 mod workspaces;
