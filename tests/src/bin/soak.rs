@@ -816,8 +816,11 @@ fn gen_exec(g: &mut Gen) -> (String, Vec<(String, St, bool)>) {
             }
             evs.push((p.clone(), St::Absent, true));
             evs.push((p.clone(), St::Symlink(t.clone()), false));
+            // `-T`: if a concurrent command made the path a directory again
+            // after the `rm`, fail instead of linking inside it (a path this
+            // command never names, which the checker cannot explain).
             format!(
-                "mkdir -p {} && rm -rf {} && ln -s {} {}",
+                "mkdir -p {} && rm -rf {} && ln -sT {} {}",
                 q(parent(&p)),
                 q(&p),
                 q(&t),
