@@ -78,6 +78,14 @@ impl GsvClient {
             .map_err(|e| ClientError::Socket(e.to_string()))
     }
 
+    /// Sends a binary message (a body chunk, reference §1.4).
+    pub async fn send_binary(&mut self, bytes: Vec<u8>) -> Result<(), ClientError> {
+        self.ws
+            .send(Message::Binary(bytes.into()))
+            .await
+            .map_err(|e| ClientError::Socket(e.to_string()))
+    }
+
     /// The next JSON frame.
     pub async fn recv(&mut self) -> Result<Value, ClientError> {
         loop {

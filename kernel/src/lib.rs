@@ -16,6 +16,7 @@
 //! bodies, or talk capnp itself (the wsd side goes through `wsd-client`).
 
 pub mod accounts;
+pub mod body;
 pub mod caps;
 pub mod client;
 pub mod db;

@@ -17,17 +17,21 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use base64::Engine as _;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::{Map, Value, json};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::accounts::{self, ProcessIdentity};
+use crate::body::{Body, BodyError, BodyInbox, Descriptor};
 use crate::caps;
 use crate::db::now_ms;
 use crate::error::KernelError;
 use crate::frames::Outbound;
 use crate::kernel::Kernel;
+use crate::node::MAX_IMAGE_BYTES;
 use crate::session::{Outgoing, Session};
+use crate::syscalls::fs::MAX_READ_BYTES;
 
 /// TTL of a routed `shell.exec` without a timeout: above the node's
 /// 10-minute process watchdog.
@@ -40,6 +44,10 @@ pub const SESSION_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 const MAX_LABEL_CHARS: usize = 120;
 const MAX_DESCRIPTION_CHARS: usize = 500;
 
+/// How long a routed answer's binary body may take to arrive in full
+/// (the reference gateway's stream timeout).
+const BODY_WAIT: Duration = Duration::from_secs(120);
+
 /// How a route ended, as seen by the waiting caller.
 type Answer = Result<Value, KernelError>;
 
@@ -48,6 +56,9 @@ type Answer = Result<Value, KernelError>;
 struct Pending {
     device_id: String,
     driver_connection_id: String,
+    call: String,
+    /// `args.offset` of a routed `fs.read`: numbers the lines of a body.
+    read_offset: u64,
     answer: oneshot::Sender<Answer>,
 }
 
@@ -349,8 +360,17 @@ impl Router {
     }
 
     /// A `res` frame from a driver connection. Only the connection the
-    /// route was sent on may answer it; anything else is dropped.
-    pub fn on_response(&self, session: &Session, id: &str, ok: bool, frame: Value) {
+    /// route was sent on may answer it; anything else is dropped. An answer
+    /// with a binary body (the reference node's `fs.read`) is completed
+    /// once the body has arrived on that connection's `inbox`.
+    pub fn on_response(
+        &self,
+        session: &Session,
+        inbox: &Arc<BodyInbox>,
+        id: &str,
+        ok: bool,
+        frame: Value,
+    ) {
         let pending = {
             let mut p = self.pending.lock().unwrap();
             match p.get(id) {
@@ -362,12 +382,65 @@ impl Router {
             tracing::debug!(conn = %session.connection_id, %id, "dropping a response with no route");
             return;
         };
-        let answer = if frame.get("body").is_some_and(|b| !b.is_null()) {
-            Err(KernelError::BadDeviceResponse {
-                device: p.device_id.clone(),
-                reason: "binary bodies are not relayed yet".into(),
-            })
-        } else if ok {
+        let bad = |reason: String| KernelError::BadDeviceResponse {
+            device: p.device_id.clone(),
+            reason,
+        };
+        if let Some(desc) = frame.get("body").filter(|b| !b.is_null()) {
+            let answer = match (ok, Descriptor::parse(desc)) {
+                (false, _) => Err(bad("an error response cannot carry a body".into())),
+                (true, Err(e)) => Err(bad(e.to_string())),
+                (true, Ok(_)) if p.call != "fs.read" => Err(bad(format!(
+                    "binary bodies are relayed only for fs.read, not {}",
+                    p.call
+                ))),
+                (true, Ok(d)) => {
+                    let data = frame.get("data").cloned().unwrap_or(Value::Null);
+                    let keep = if data["kind"] == "image" {
+                        MAX_IMAGE_BYTES as usize + 1
+                    } else {
+                        MAX_READ_BYTES
+                    };
+                    match inbox.expect(d, keep) {
+                        Err(e) => Err(bad(e.to_string())),
+                        Ok(rx) => {
+                            let inbox = inbox.clone();
+                            tokio::spawn(async move {
+                                let got = match tokio::time::timeout(BODY_WAIT, rx).await {
+                                    Ok(Ok(r)) => r,
+                                    Ok(Err(_)) => Err(BodyError::Closed(d.stream_id)),
+                                    Err(_) => {
+                                        inbox.forget(d.stream_id);
+                                        Err(BodyError::Sender {
+                                            stream: d.stream_id,
+                                            reason: format!(
+                                                "no end within {}s",
+                                                BODY_WAIT.as_secs()
+                                            ),
+                                        })
+                                    }
+                                };
+                                let answer = match got {
+                                    Ok(body) => Ok(inline_read_body(data, body, p.read_offset)),
+                                    Err(BodyError::Closed(_)) => Err(KernelError::Unavailable(
+                                        format!("Device disconnected: {}", p.device_id),
+                                    )),
+                                    Err(e) => Err(KernelError::BadDeviceResponse {
+                                        device: p.device_id.clone(),
+                                        reason: e.to_string(),
+                                    }),
+                                };
+                                let _ = p.answer.send(answer);
+                            });
+                            return;
+                        }
+                    }
+                }
+            };
+            let _ = p.answer.send(answer);
+            return;
+        }
+        let answer = if ok {
             Ok(frame.get("data").cloned().unwrap_or(Value::Null))
         } else {
             let e = &frame["error"];
@@ -376,10 +449,7 @@ impl Router {
                     code,
                     message: message.to_owned(),
                 }),
-                _ => Err(KernelError::BadDeviceResponse {
-                    device: p.device_id.clone(),
-                    reason: "ok:false without error.code and error.message".into(),
-                }),
+                _ => Err(bad("ok:false without error.code and error.message".into())),
             }
         };
         let _ = p.answer.send(answer);
@@ -690,6 +760,8 @@ async fn route(
         Pending {
             device_id: dev.clone(),
             driver_connection_id: driver.connection_id.clone(),
+            call: call.to_owned(),
+            read_offset: args.get("offset").and_then(Value::as_u64).unwrap_or(0),
             answer: answer_tx,
         },
     );
@@ -782,6 +854,69 @@ async fn remember_session(
     .await
 }
 
+/// Puts a routed `fs.read`'s body where every other `fs.read` has it, so a
+/// caller sees one shape whichever target answered: text as numbered lines
+/// in `data.content` (the reference node sends the selected lines bare),
+/// an image as `content:[{type:"image", data, mimeType}]`.
+fn inline_read_body(mut data: Value, body: Body, offset: u64) -> Value {
+    if !data.is_object() {
+        data = json!({"ok": true});
+    }
+    if data["kind"] == "image" {
+        if body.total > MAX_IMAGE_BYTES {
+            return json!({
+                "ok": false,
+                "error": format!(
+                    "Image too large: {} bytes (limit {MAX_IMAGE_BYTES})",
+                    body.total
+                ),
+            });
+        }
+        let mime = data["contentType"]
+            .as_str()
+            .unwrap_or("image/png")
+            .to_owned();
+        let b64 = base64::engine::general_purpose::STANDARD.encode(&body.bytes);
+        data["content"] = json!([{"type": "image", "data": b64, "mimeType": mime}]);
+        return data;
+    }
+    let truncated = body.truncated();
+    let text = match String::from_utf8(body.bytes) {
+        Ok(t) => t,
+        // A cut at the limit may split a character; drop the partial one.
+        Err(e) if truncated && e.utf8_error().error_len().is_none() => {
+            let valid = e.utf8_error().valid_up_to();
+            let mut b = e.into_bytes();
+            b.truncate(valid);
+            String::from_utf8(b).unwrap_or_default()
+        }
+        Err(_) => {
+            let path = data["path"].as_str().unwrap_or("?").to_owned();
+            return json!({"ok": false, "error": format!("Binary file - not a text file: {path}")});
+        }
+    };
+    // The reference splits on every `\n`, so a final newline shows as an
+    // extra empty line; other targets count lines, not separators.
+    let text = text.strip_suffix('\n').unwrap_or(&text);
+    let mut content = String::with_capacity(text.len() + text.len() / 8);
+    let mut lines = 0u64;
+    if !text.is_empty() {
+        for (i, line) in text.split('\n').enumerate() {
+            if i > 0 {
+                content.push('\n');
+            }
+            content.push_str(&format!("{}\t{line}", offset + i as u64 + 1));
+            lines += 1;
+        }
+    }
+    data["content"] = Value::String(content);
+    data["lines"] = json!(lines);
+    if truncated {
+        data["truncated"] = json!(true);
+    }
+    data
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -844,5 +979,22 @@ mod tests {
         })
         .await
         .unwrap();
+    }
+
+    #[test]
+    fn a_read_body_is_numbered_from_the_offset_without_a_phantom_last_line() {
+        let body = |b: &[u8]| crate::body::Body {
+            bytes: b.to_vec(),
+            total: b.len() as u64,
+        };
+        let d = inline_read_body(json!({"ok": true, "kind": "text"}), body(b"a\nb\n"), 4);
+        assert_eq!(
+            (&d["content"], &d["lines"]),
+            (&json!("5\ta\n6\tb"), &json!(2))
+        );
+        let d = inline_read_body(json!({"ok": true}), body(b""), 0);
+        assert_eq!((&d["content"], &d["lines"]), (&json!(""), &json!(0)));
+        let d = inline_read_body(json!({"ok": true, "path": "/x"}), body(&[0xff, 0xfe]), 0);
+        assert_eq!(d["ok"], false, "{d}");
     }
 }

@@ -24,6 +24,7 @@ use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::accounts::{self, ProcessIdentity};
+use crate::body::BodyInbox;
 use crate::caps;
 use crate::db::now_ms;
 use crate::dispatch::Dispatch;
@@ -100,6 +101,8 @@ struct Connection {
     connected_permit: Option<OwnedSemaphorePermit>,
     /// In-flight requests of this connection by id.
     inflight: Arc<Mutex<HashMap<String, AbortHandle>>>,
+    /// Binary bodies arriving on this connection (drivers' answers).
+    bodies: Arc<BodyInbox>,
 }
 
 impl Connection {
@@ -140,6 +143,7 @@ impl Connection {
             pending_permit: Some(permit),
             connected_permit: None,
             inflight: Arc::default(),
+            bodies: Arc::default(),
         };
         tracing::debug!(conn = %conn.id, %peer, "socket open");
         loop {
@@ -167,16 +171,12 @@ impl Connection {
                     break;
                 }
                 Some(Ok(Message::Text(t))) => conn.on_text(t.as_str()).await,
-                Some(Ok(Message::Binary(_))) => {
-                    conn.send_res(Response::err(
-                        UNKNOWN_ID,
-                        &KernelError::InvalidFrame("binary bodies are not accepted yet"),
-                    ))
-                    .await;
-                }
+                Some(Ok(Message::Binary(b))) => conn.bodies.on_binary(&b),
                 Some(Ok(_)) => {}
             }
         }
+        // Waiters on this connection's bodies may hold the inbox too.
+        conn.bodies.close_all();
         for (_, h) in conn.inflight.lock().unwrap().drain() {
             h.abort();
         }
@@ -229,7 +229,9 @@ impl Connection {
             },
             Inbound::Res { id, ok, frame } => match &self.session {
                 Some(s) if s.role == Role::Driver => {
-                    self.kernel.router.on_response(s, &id, ok, frame);
+                    self.kernel
+                        .router
+                        .on_response(s, &self.bodies, &id, ok, frame);
                 }
                 _ => tracing::debug!(conn = %self.id, %id, "ignoring an unrouted response"),
             },

@@ -726,8 +726,21 @@ async fn run_tool(
 }
 
 /// Relative paths are the process's cwd's; `Shell` runs in its cwd (its
-/// workspace) unless the model names another.
+/// workspace) unless the model names another. A call for a device keeps
+/// its paths and cwd as given: the kernel's cwd means nothing there, and
+/// the device resolves relative paths against its own root.
 fn with_cwd(mut args: Map<String, Value>, call: &str, cwd: &str) -> Map<String, Value> {
+    let on_device =
+        matches!(args.get("target"), Some(Value::String(t)) if !t.is_empty() && t != "gsv");
+    if call == "shell.exec"
+        && let Some(c) = args.remove("command")
+    {
+        // The model's `command` is the syscall's `input` (reference shape).
+        args.entry("input").or_insert(c);
+    }
+    if on_device {
+        return args;
+    }
     for key in ["path"] {
         if let Some(Value::String(p)) = args.get(key)
             && !p.starts_with('/')
@@ -742,11 +755,36 @@ fn with_cwd(mut args: Map<String, Value>, call: &str, cwd: &str) -> Map<String, 
         }
     }
     if call == "shell.exec" {
-        // The model's `command` is the syscall's `input` (reference shape).
-        if let Some(c) = args.remove("command") {
-            args.entry("input").or_insert(c);
-        }
         args.entry("cwd").or_insert_with(|| json!(cwd));
     }
     args
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_paths_join_the_process_cwd_natively_but_stay_as_given_for_a_device() {
+        let native = with_cwd(obj(json!({"path": "a.txt"})), "fs.read", "/home/alice");
+        assert_eq!(native["path"], "/home/alice/a.txt");
+        let device = with_cwd(
+            obj(json!({"path": "a.txt", "target": "laptop"})),
+            "fs.read",
+            "/home/alice",
+        );
+        assert_eq!(device["path"], "a.txt");
+        let shell = with_cwd(
+            obj(json!({"command": "ls", "target": "laptop"})),
+            "shell.exec",
+            "/home/alice",
+        );
+        assert_eq!(shell, obj(json!({"input": "ls", "target": "laptop"})));
+        let gsv = with_cwd(
+            obj(json!({"command": "ls", "target": "gsv"})),
+            "shell.exec",
+            "/workspaces/w1",
+        );
+        assert_eq!(gsv["cwd"], "/workspaces/w1");
+    }
 }

@@ -259,7 +259,7 @@ pub struct KillArgs {
 pub async fn reset(k: Arc<Kernel>, s: Arc<Session>, a: PidArgs) -> Result<Value, KernelError> {
     let row = owned(&k, &s, &a.pid).await?;
     k.procs.abort(&row.pid);
-    let archive = archive_history(&k, &row).await?;
+    let (archive, archived) = archive_history(&k, &row).await?;
     let p = row.pid.clone();
     k.db.call(move |c| {
         store::clear_messages(c, &p)?;
@@ -274,14 +274,17 @@ pub async fn reset(k: Arc<Kernel>, s: Arc<Session>, a: PidArgs) -> Result<Value,
         json!({"changes": ["messages", "reset"]}),
     )
     .await;
-    Ok(json!({"ok": true, "pid": row.pid, "archivePath": archive}))
+    // `archivedMessages`/`archivedTo` are the reference's names (its CLI
+    // prints them); `archivePath` is kept for our own callers.
+    Ok(json!({"ok": true, "pid": row.pid, "archivePath": archive,
+        "archivedMessages": archived, "archivedTo": archive}))
 }
 
 pub async fn kill(k: Arc<Kernel>, s: Arc<Session>, a: KillArgs) -> Result<Value, KernelError> {
     let row = owned(&k, &s, &a.pid).await?;
     k.procs.abort(&row.pid);
     let archive = if a.archive.unwrap_or(true) {
-        archive_history(&k, &row).await?
+        archive_history(&k, &row).await?.0
     } else {
         None
     };
@@ -292,12 +295,16 @@ pub async fn kill(k: Arc<Kernel>, s: Arc<Session>, a: KillArgs) -> Result<Value,
 }
 
 /// Writes the history as gzip JSONL to
-/// `/var/sessions/<user>/<pid>/<archiveId>.jsonl.gz`; `None` when empty.
-async fn archive_history(k: &Arc<Kernel>, row: &ProcRow) -> Result<Option<String>, KernelError> {
+/// `/var/sessions/<user>/<pid>/<archiveId>.jsonl.gz`, with how many
+/// messages it holds; `None` when empty.
+async fn archive_history(
+    k: &Arc<Kernel>,
+    row: &ProcRow,
+) -> Result<(Option<String>, usize), KernelError> {
     let p = row.pid.clone();
     let messages = k.db.call(move |c| store::messages(c, &p)).await?;
     if messages.is_empty() {
-        return Ok(None);
+        return Ok((None, 0));
     }
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     for m in &messages {
@@ -319,5 +326,5 @@ async fn archive_history(k: &Arc<Kernel>, row: &ProcRow) -> Result<Option<String
     with_store(&k.system, move |d| d.write_file(&path, &bytes[..]))
         .await?
         .map_err(|e| KernelError::internal(&format!("writing /{file}"), e))?;
-    Ok(Some(format!("/{file}")))
+    Ok((Some(format!("/{file}")), messages.len()))
 }

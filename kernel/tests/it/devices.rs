@@ -93,7 +93,7 @@ impl ScriptedDriver {
 
 /// A kernel with alice and bob, alice's token for `dev1`, and a scripted
 /// driver for it implementing `implements`.
-async fn with_driver(implements: &[&str]) -> (TestKernel, GsvClient, ScriptedDriver) {
+pub async fn with_driver(implements: &[&str]) -> (TestKernel, GsvClient, ScriptedDriver) {
     with_driver_tuned(implements, |_| {}).await
 }
 

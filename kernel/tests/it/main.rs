@@ -1,6 +1,7 @@
 //! Kernel integration tests: the real server on 127.0.0.1:0, real
 //! WebSocket clients, real SQLite files in a temp dir per test.
 
+mod bodies;
 mod cli;
 mod devices;
 mod exec;
@@ -8,5 +9,6 @@ mod fs;
 mod handshake;
 mod harness;
 mod node;
+mod node_tools;
 mod proc;
 mod workspaces;

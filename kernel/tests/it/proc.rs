@@ -655,6 +655,11 @@ async fn reset_archives_the_history_as_gzip_jsonl_and_clears_it() {
     a.finished(&s["runId"]).await;
     let r = a.call("proc.reset", json!({"pid": pid})).await;
     let path = r["archivePath"].as_str().unwrap().to_owned();
+    // The reference CLI prints these two.
+    assert_eq!(
+        (&r["archivedMessages"], &r["archivedTo"]),
+        (&json!(2), &json!(path))
+    );
     let uuid = pid.as_str().unwrap().trim_start_matches("proc:");
     assert!(
         path.starts_with(&format!("/var/sessions/alice/{uuid}/")),
