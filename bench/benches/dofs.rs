@@ -1,7 +1,7 @@
 //! dofs, the authority-side store (all in one SQLite database):
 //! - write and read throughput of one 64 MiB file and of 1,000 4 KiB files,
 //!   against writing and reading the same bytes as plain files in the same
-//!   run (the baseline);
+//!   run (the baseline), and the 1,000 files as one `write_files` batch;
 //! - coalesce: paging through the change stream of a 10,000-file store in
 //!   pages of 256 (`Store::changes`, as a push or a fetch does);
 //! - apply: 10,000 file entries (objects staged beforehand) in batches of
@@ -99,6 +99,28 @@ fn throughput(c: &mut Criterion) {
                     d.write_file_with(&p(&format!("s{round}/f{i:04}")), &s[..], parents())
                         .unwrap();
                 }
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    // The same files through `Dofs::write_files`: one transaction, one rev.
+    g.bench_function("write_1000x4KiB_one_batch", |b| {
+        b.iter_batched(
+            || {
+                round += 1;
+                let paths: Vec<SyncPath> = (0..files)
+                    .map(|i| p(&format!("s{round}/f{i:04}")))
+                    .collect();
+                (paths, small(round))
+            },
+            |(paths, small)| {
+                d.write_files(
+                    paths
+                        .iter()
+                        .zip(&small)
+                        .map(|(path, s)| (path, &s[..], parents())),
+                )
+                .unwrap()
             },
             BatchSize::PerIteration,
         )

@@ -214,6 +214,41 @@ fn chunk_into_store(
     })?)
 }
 
+/// One file write inside mutation `m` (see [`Dofs::write_file_with`]).
+fn write_in(
+    m: &mut Mutation<'_>,
+    path: &SyncPath,
+    content: impl Read,
+    opts: WriteOptions,
+) -> Result<Stat, DofsError> {
+    let mtime = opts.mtime.unwrap_or_else(now_ms);
+    let mode = match live(m, path.as_str())?.map(|r| r.node) {
+        Some(Node::Dir { .. }) => {
+            return Err(DofsError::IsADirectory {
+                path: path.to_string(),
+            });
+        }
+        Some(Node::Symlink { .. }) => {
+            return Err(DofsError::invalid(
+                path,
+                "is a symlink (dofs never follows symlinks)",
+            ));
+        }
+        Some(Node::File { mode, .. }) => opts.mode.unwrap_or(mode),
+        _ => opts.mode.unwrap_or(DEFAULT_FILE_MODE),
+    } & MODE_MASK;
+    if opts.create_parents {
+        create_parents(m, path, mtime)?;
+    } else {
+        require_parent_dir(m, path)?;
+    }
+    let chunks = chunk_into_store(m, content)?;
+    let node = file_node(m, &chunks, mode, mtime)?;
+    let rev = m.rev()?;
+    put_node(m, path, rev, &node, None)?;
+    Ok(Stat::from_node(rev, node).expect("live"))
+}
+
 fn chunk_bytes(conn: &rusqlite::Connection, hash: &Hash) -> Result<Vec<u8>, DofsError> {
     let mut stmt = conn.prepare_cached("SELECT data FROM chunks WHERE hash = ?1")?;
     match stmt.query_row([hash.as_bytes()], |r| r.get(0)) {
@@ -240,34 +275,29 @@ impl Dofs {
         content: impl Read,
         opts: WriteOptions,
     ) -> Result<Stat, DofsError> {
-        let mtime = opts.mtime.unwrap_or_else(now_ms);
         let mut m = Mutation::begin(&mut self.conn)?;
-        let mode = match live(&m, path.as_str())?.map(|r| r.node) {
-            Some(Node::Dir { .. }) => {
-                return Err(DofsError::IsADirectory {
-                    path: path.to_string(),
-                });
-            }
-            Some(Node::Symlink { .. }) => {
-                return Err(DofsError::invalid(
-                    path,
-                    "is a symlink (dofs never follows symlinks)",
-                ));
-            }
-            Some(Node::File { mode, .. }) => opts.mode.unwrap_or(mode),
-            _ => opts.mode.unwrap_or(DEFAULT_FILE_MODE),
-        } & MODE_MASK;
-        if opts.create_parents {
-            create_parents(&mut m, path, mtime)?;
-        } else {
-            require_parent_dir(&m, path)?;
-        }
-        let chunks = chunk_into_store(&m, content)?;
-        let node = file_node(&m, &chunks, mode, mtime)?;
-        let rev = m.rev()?;
-        put_node(&m, path, rev, &node, None)?;
+        let stat = write_in(&mut m, path, content, opts)?;
         m.commit()?;
-        Ok(Stat::from_node(rev, node).expect("live"))
+        Ok(stat)
+    }
+
+    /// Writes several files in ONE transaction stamping one rev: all of them
+    /// or, on the first error (which names its path), none. A commit writes
+    /// every B-tree page it touched to the WAL (about ten 4 KiB pages for a
+    /// small file), so many small files written one transaction each cost
+    /// ~200 µs apiece; sharing the commit is what makes bulk writes cheap
+    /// (bench `dofs_small_files`).
+    pub fn write_files<'a, R: Read>(
+        &mut self,
+        files: impl IntoIterator<Item = (&'a SyncPath, R, WriteOptions)>,
+    ) -> Result<Vec<Stat>, DofsError> {
+        let mut m = Mutation::begin(&mut self.conn)?;
+        let mut stats = Vec::new();
+        for (path, content, opts) in files {
+            stats.push(write_in(&mut m, path, content, opts)?);
+        }
+        m.commit()?;
+        Ok(stats)
     }
 
     /// Appends `content` to a file (creating it when missing). Only the last
@@ -728,6 +758,45 @@ mod tests {
             (Kind::File, DEFAULT_FILE_MODE, 5, 1)
         );
         assert_eq!(d.read_file(&p("a.txt")).unwrap(), b"hello");
+        d.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn a_batch_of_writes_stamps_one_rev_and_every_file_reads_back() {
+        let mut d = store();
+        let paths: Vec<SyncPath> = (0..50).map(|i| p(&format!("d/f{i}"))).collect();
+        let bodies: Vec<Vec<u8>> = (0..50).map(|i| format!("body {i}").into_bytes()).collect();
+        let opts = WriteOptions {
+            create_parents: true,
+            ..WriteOptions::default()
+        };
+        let stats = d
+            .write_files(paths.iter().zip(&bodies).map(|(p, b)| (p, &b[..], opts)))
+            .unwrap();
+        assert_eq!(d.current_rev().unwrap(), 1);
+        assert!(stats.iter().all(|s| s.rev == 1 && s.kind == Kind::File));
+        for (path, body) in paths.iter().zip(&bodies) {
+            assert_eq!(&d.read_file(path).unwrap(), body);
+        }
+        d.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn a_batch_with_one_bad_path_fails_naming_it_and_changes_nothing() {
+        let mut d = store();
+        d.mkdir(&p("taken"), false).unwrap();
+        let before = d.current_rev().unwrap();
+        let (good, bad) = (p("good.txt"), p("taken"));
+        let opts = WriteOptions::default();
+        let err = d
+            .write_files([(&good, &b"x"[..], opts), (&bad, &b"y"[..], opts)])
+            .unwrap_err();
+        assert!(
+            matches!(&err, DofsError::IsADirectory { path } if path == "taken"),
+            "{err:?}"
+        );
+        assert_eq!(d.current_rev().unwrap(), before);
+        assert!(d.stat(&good).is_err(), "the good file was rolled back");
         d.check_integrity().unwrap();
     }
 

@@ -422,11 +422,12 @@ impl<'c> Mutation<'c> {
         if let Some(rev) = self.rev {
             return Ok(rev);
         }
-        let rev: u64 = self.tx.query_row(
-            "UPDATE meta SET value = value + 1 WHERE key = 'rev' RETURNING value",
-            [],
-            |r| r.get(0),
-        )?;
+        // Cached: every mutation runs it, and re-preparing it each time was
+        // a visible slice of a small write.
+        let rev: u64 = self
+            .tx
+            .prepare_cached("UPDATE meta SET value = value + 1 WHERE key = 'rev' RETURNING value")?
+            .query_row([], |r| r.get(0))?;
         self.rev = Some(rev);
         Ok(rev)
     }

@@ -28,6 +28,10 @@ pub(crate) fn configure(conn: &Connection) -> Result<(), DofsError> {
     // the cost of a small file write.
     conn.pragma_update(None, "wal_autocheckpoint", 16384)?;
     conn.pragma_update(None, "foreign_keys", true)?;
+    // 8 MiB of page cache instead of SQLite's 2 MiB: with the default, the
+    // entries/chunks index pages a small write walks were evicted between
+    // writes and read back (`readDbPage` in the write profile, bench/RESULTS.md).
+    conn.pragma_update(None, "cache_size", -8192)?;
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
     // Plans never depend on bound values: the bundled SQLite (STAT4) would
     // otherwise re-prepare a cached statement whenever a plan-relevant
