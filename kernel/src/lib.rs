@@ -26,6 +26,7 @@ pub mod error;
 pub mod frames;
 pub mod kernel;
 pub mod node;
+mod output;
 pub mod proc;
 pub mod routing;
 pub mod server;

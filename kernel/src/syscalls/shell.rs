@@ -26,6 +26,7 @@ use wsd_sync::Kind;
 use crate::db::now_ms;
 use crate::error::KernelError;
 use crate::kernel::Kernel;
+use crate::output::{CappedText, Utf8Stream};
 use crate::session::Session;
 use crate::vfs::{self, Place};
 use crate::workspace::{Backend, Workspace};
@@ -328,37 +329,6 @@ fn write_token_file(dir: &Path, path: &Path) -> Result<(), KernelError> {
         .map_err(|e| KernelError::internal(&format!("writing {}", path.display()), e))
 }
 
-/// Output kept as text, at most [`MAX_OUTPUT_CHARS`] characters (the tail).
-#[derive(Debug, Default)]
-struct TailText {
-    text: String,
-    chars: usize,
-    truncated: bool,
-}
-
-impl TailText {
-    fn push(&mut self, s: &str) {
-        self.text.push_str(s);
-        self.chars += s.chars().count();
-        if self.chars > MAX_OUTPUT_CHARS {
-            let drop = self.chars - MAX_OUTPUT_CHARS;
-            let cut = self
-                .text
-                .char_indices()
-                .nth(drop)
-                .map_or(self.text.len(), |(i, _)| i);
-            self.text.drain(..cut);
-            self.chars = MAX_OUTPUT_CHARS;
-            self.truncated = true;
-        }
-    }
-
-    fn take(&mut self) -> (String, bool) {
-        let t = std::mem::take(self);
-        (t.text, t.truncated)
-    }
-}
-
 /// How a command ended.
 #[derive(Debug, Clone)]
 enum Outcome {
@@ -372,15 +342,26 @@ enum Outcome {
     },
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct SessionState {
-    /// Everything (capped), returned with the final result.
-    output: TailText,
+    /// Everything (its last [`MAX_OUTPUT_CHARS`]), returned with the final
+    /// result.
+    output: CappedText,
     /// What no `running` answer has returned yet.
-    pending: TailText,
-    /// Bytes of a UTF-8 character split across events.
-    carry: Vec<u8>,
+    pending: CappedText,
+    utf8: Utf8Stream,
     outcome: Option<Outcome>,
+}
+
+impl Default for SessionState {
+    fn default() -> Self {
+        SessionState {
+            output: CappedText::new(MAX_OUTPUT_CHARS),
+            pending: CappedText::new(MAX_OUTPUT_CHARS),
+            utf8: Utf8Stream::default(),
+            outcome: None,
+        }
+    }
 }
 
 /// One running (or just finished) command.
@@ -398,16 +379,7 @@ pub struct ShellSession {
 impl ShellSession {
     fn append(&self, bytes: &[u8]) {
         let mut st = self.state.lock().unwrap();
-        let mut buf = std::mem::take(&mut st.carry);
-        buf.extend_from_slice(bytes);
-        let valid = match std::str::from_utf8(&buf) {
-            Ok(_) => buf.len(),
-            // An incomplete character at the end waits for the next event.
-            Err(e) if e.error_len().is_none() => e.valid_up_to(),
-            Err(_) => buf.len(),
-        };
-        let text = String::from_utf8_lossy(&buf[..valid]).into_owned();
-        st.carry = buf[valid..].to_vec();
+        let text = st.utf8.decode(bytes);
         st.output.push(&text);
         st.pending.push(&text);
         drop(st);
@@ -416,10 +388,8 @@ impl ShellSession {
 
     fn finish(&self, outcome: Outcome) {
         let mut st = self.state.lock().unwrap();
-        if !st.carry.is_empty() {
-            let rest = String::from_utf8_lossy(&std::mem::take(&mut st.carry)).into_owned();
-            st.output.push(&rest);
-        }
+        let rest = st.utf8.finish();
+        st.output.push(&rest);
         st.outcome = Some(outcome);
         drop(st);
         self.changed.notify_waiters();
@@ -434,11 +404,11 @@ impl ShellSession {
             {
                 let mut st = self.state.lock().unwrap();
                 if let Some(outcome) = st.outcome.clone() {
-                    let (output, truncated) = st.output.take();
+                    let (output, truncated) = st.output.take_flagged();
                     return (self.final_result(outcome, output, truncated), true);
                 }
                 if tokio::time::Instant::now() >= deadline {
-                    let (output, truncated) = st.pending.take();
+                    let (output, truncated) = st.pending.take_flagged();
                     let mut v =
                         json!({"status": "running", "sessionId": self.id, "output": output});
                     if truncated {
@@ -824,26 +794,13 @@ mod tests {
     }
 
     #[test]
-    fn the_tail_keeps_the_last_characters_and_flags_truncation() {
-        let mut t = TailText::default();
-        t.push(&"a".repeat(MAX_OUTPUT_CHARS));
-        assert!(!t.truncated);
-        t.push("é end");
-        assert!(t.truncated);
-        assert_eq!(t.chars, MAX_OUTPUT_CHARS);
-        assert_eq!(t.text.chars().count(), MAX_OUTPUT_CHARS);
-        assert!(t.text.ends_with("é end"));
-    }
-
-    #[test]
     fn a_character_split_across_events_is_joined_not_mangled() {
         let s = session();
         let bytes = "né".as_bytes();
         s.append(&bytes[..2]);
         s.append(&bytes[2..]);
         let st = s.state.lock().unwrap();
-        assert_eq!(st.output.text, "né");
-        assert!(st.carry.is_empty());
+        assert_eq!(st.output.text(), "né");
     }
 
     #[tokio::test]
