@@ -17,6 +17,7 @@
 
 pub mod accounts;
 pub mod body;
+pub mod boot;
 pub mod caps;
 pub mod client;
 pub mod db;

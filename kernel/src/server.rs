@@ -27,7 +27,6 @@ use crate::accounts::{self, ProcessIdentity};
 use crate::body::BodyInbox;
 use crate::caps;
 use crate::db::now_ms;
-use crate::dispatch::Dispatch;
 use crate::error::KernelError;
 use crate::frames::{self, Inbound, Outbound, Response, UNKNOWN_ID};
 use crate::kernel::{Kernel, PROTOCOL};
@@ -181,7 +180,7 @@ impl Connection {
             h.abort();
         }
         if let Some((device, _)) = conn.session.as_ref().and_then(|s| s.device.clone()) {
-            routing::Router::driver_disconnected(&conn.kernel, &conn.id, &device).await;
+            routing::driver_disconnected(&conn.kernel, &conn.id, &device).await;
         }
         conn.kernel.pool.remove(&conn.id);
         tracing::debug!(conn = %conn.id, "socket closed");
@@ -279,13 +278,14 @@ impl Connection {
             } else {
                 let task = tokio::spawn(async move {
                     // A panicking handler still answers (500) and frees its id.
-                    let r =
-                        std::panic::AssertUnwindSafe(Dispatch::run(entry, k, session, &call, args))
-                            .catch_unwind()
-                            .await
-                            .unwrap_or_else(|_| {
-                                Err(KernelError::Internal(format!("{call} failed unexpectedly")))
-                            });
+                    let r = std::panic::AssertUnwindSafe(routing::run_call(
+                        entry, k, session, &call, args,
+                    ))
+                    .catch_unwind()
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(KernelError::Internal(format!("{call} failed unexpectedly")))
+                    });
                     // Removed by a cancel already: the caller must not get
                     // a late answer.
                     if map.lock().unwrap().remove(&rid).is_none() {
@@ -394,7 +394,7 @@ impl Connection {
                 platform: a.client.platform.clone(),
                 version: a.client.version.clone(),
             };
-            routing::Router::register_driver(&k, &self.id, self.tx.clone(), &identity, reg).await?;
+            routing::register_driver(&k, &self.id, self.tx.clone(), &identity, reg).await?;
         }
         k.pool
             .connected(&self.id, (identity.uid, role, a.client.id.clone()));

@@ -14,12 +14,12 @@ use serde_json::{Map, Value, json};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
+use super::active::Active;
 use super::hil::{self, Decision};
 use super::provider::{self, Completion, Delta, ProviderConfig, ProviderError};
+use super::signal::emit;
 use super::store::{self, ProcRow};
-use super::{Active, emit};
 use crate::accounts;
-use crate::dispatch::Dispatch;
 use crate::error::KernelError;
 use crate::kernel::Kernel;
 use crate::session::{Role, Session};
@@ -277,7 +277,7 @@ pub async fn dispatch_call(
     args: Map<String, Value>,
 ) -> Result<Value, KernelError> {
     let entry = k.dispatch.gate(session, call)?;
-    Dispatch::run(entry, k.clone(), session.clone(), call, args).await
+    crate::routing::run_call(entry, k.clone(), session.clone(), call, args).await
 }
 
 /// A dispatched call's outcome as the model sees it: output or error text.
@@ -758,6 +758,43 @@ fn with_cwd(mut args: Map<String, Value>, call: &str, cwd: &str) -> Map<String, 
         args.entry("cwd").or_insert_with(|| json!(cwd));
     }
     args
+}
+
+/// Ends runs a stopped kernel left `running` and restarts queued work.
+pub async fn recover(k: &Arc<Kernel>) -> Result<(), KernelError> {
+    let stale = k.db.call(|c| store::interrupted_runs(c)).await?;
+    for (pid, run_id) in stale {
+        let msg = "the kernel stopped during this run".to_owned();
+        let (p, r, m) = (pid.clone(), run_id.clone(), msg.clone());
+        let owner =
+            k.db.call(move |c| {
+                store::finish_run(c, &r, "error", Some(&m))?;
+                store::append_message(
+                    c,
+                    &p,
+                    Some(&r),
+                    &json!({"role": "system", "content": format!("Run failed: {m}")}),
+                )?;
+                store::expire_hil(c, &p)?;
+                Ok(store::get(c, &p)?.map(|row| row.owner_uid))
+            })
+            .await?;
+        tracing::warn!(%pid, run = %run_id, "run interrupted by a kernel stop");
+        if let Some(owner) = owner {
+            emit(
+                k,
+                owner,
+                &pid,
+                "proc.run.finished",
+                json!({"runId": run_id, "status": "error", "text": "", "usage": {}, "error": msg}),
+            )
+            .await;
+        }
+    }
+    for pid in k.db.call(|c| store::pids_with_queue(c)).await? {
+        promote_queued(k.clone(), pid).await;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -14,8 +14,9 @@ use crate::accounts;
 use crate::db::now_ms;
 use crate::error::KernelError;
 use crate::kernel::Kernel;
+use crate::proc::run;
+use crate::proc::signal::emit;
 use crate::proc::store::{self, ProcRow};
-use crate::proc::{emit, run};
 use crate::session::Session;
 use crate::syscalls::fs::{ensure_dir, with_store};
 

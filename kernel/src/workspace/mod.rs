@@ -19,17 +19,10 @@ use wsd_dofs::Dofs;
 use crate::db::{now_ms, opt};
 use crate::error::KernelError;
 
-/// How a workspace reaches its wsd.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Backend {
-    /// The kernel runs `wsd serve` on a unix socket under the workspace dir.
-    Local,
-    /// A wsd already running elsewhere (e.g. in a container).
-    Remote {
-        address: String,
-        token_file: PathBuf,
-    },
-}
+pub mod backend;
+pub mod shell;
+
+pub use backend::{Backend, BackendState};
 
 /// A `workspaces` row.
 #[derive(Debug, Clone)]
@@ -170,7 +163,7 @@ pub struct Workspace {
     /// `Arc<Mutex<_>>`); everyone else locks it briefly on a blocking task.
     pub dofs: Arc<Mutex<Dofs>>,
     /// Held for every mutation and every bracket (see the module docs).
-    pub bracket: tokio::sync::Mutex<crate::syscalls::shell::BackendState>,
+    pub bracket: tokio::sync::Mutex<BackendState>,
 }
 
 /// Open workspaces by id.
@@ -209,10 +202,7 @@ impl Workspaces {
         let w = Arc::new(Workspace {
             id: row.id.clone(),
             dofs: Arc::new(Mutex::new(dofs)),
-            bracket: tokio::sync::Mutex::new(crate::syscalls::shell::BackendState::new(
-                &dir,
-                row.backend.clone(),
-            )),
+            bracket: tokio::sync::Mutex::new(BackendState::new(&dir, row.backend.clone())),
             dir,
         });
         // Two racing opens: the first one in wins, the other store closes.

@@ -1,0 +1,51 @@
+//! Process signals (`proc.run.*`): each one is first projected onto the
+//! registry row (state, active run, queued count), then sent to the
+//! owner's user sockets, so a client that reads the row after a signal
+//! never sees an older state.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use super::store;
+use crate::db::now_ms;
+use crate::kernel::Kernel;
+use crate::session::Role;
+
+/// Sends a process signal to every user socket of `owner_uid` after
+/// projecting it onto the registry row.
+pub async fn emit(k: &Arc<Kernel>, owner_uid: i64, pid: &str, signal: &str, mut payload: Value) {
+    let (pid_s, sig) = (pid.to_owned(), signal.to_owned());
+    let run_id = payload
+        .get("runId")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let queued =
+        k.db.call(move |c| {
+            let q = store::queued_count(c, &pid_s)?;
+            let state = match sig.as_str() {
+                "proc.run.tool.started" => Some("waiting_tool"),
+                "proc.run.hil.requested" => Some("waiting_hil"),
+                "proc.run.finished" => Some(if q > 0 { "queued" } else { "idle" }),
+                "proc.run.started" | "proc.run.retrying" | "proc.run.tool.finished" => {
+                    Some("running")
+                }
+                _ => None,
+            };
+            if let Some(state) = state {
+                let active = if sig == "proc.run.finished" {
+                    None
+                } else {
+                    run_id.as_deref()
+                };
+                store::project(c, &pid_s, state, active, q)?;
+            }
+            Ok(q)
+        })
+        .await
+        .unwrap_or(0);
+    payload["pid"] = json!(pid);
+    payload["timestamp"] = json!(now_ms());
+    payload["queuedCount"] = json!(queued);
+    k.pool.signal_user(owner_uid, Role::User, signal, payload);
+}
