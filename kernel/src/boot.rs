@@ -15,7 +15,7 @@ use crate::accounts;
 use crate::db::Db;
 use crate::error::KernelError;
 use crate::kernel::{Kernel, KernelConfig};
-use crate::proc::{self, Procs};
+use crate::proc::Procs;
 use crate::routing::{self, Router};
 use crate::session::ConnectionPool;
 use crate::syscalls;
@@ -38,6 +38,7 @@ impl Kernel {
             .map_err(|e| KernelError::internal("opening system.dofs", e))?;
         let system = Arc::new(Mutex::new(system));
         syscalls::fs::ensure_dir(&system, "root").await?;
+        let router = Arc::new(Router::new(db.clone(), config.routed_call_ttl));
         let kernel = Arc::new(Kernel {
             workspaces: Workspaces::new(dir.join("workspaces"), config.wsd_bin.clone()),
             pending: Arc::new(Semaphore::new(config.max_pending)),
@@ -46,14 +47,14 @@ impl Kernel {
             db,
             system,
             pool: ConnectionPool::default(),
-            router: Router::default(),
+            router,
             sessions: Default::default(),
             dispatch: syscalls::table(),
             procs: Procs::default(),
             login_failures: Mutex::new(HashMap::new()),
         });
         tokio::spawn(reap_idle_children(Arc::downgrade(&kernel)));
-        proc::run::recover(&kernel).await?;
+        syscalls::proc::run::recover(&kernel).await?;
         Ok(kernel)
     }
 }

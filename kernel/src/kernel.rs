@@ -86,7 +86,7 @@ pub struct Kernel {
     pub workspaces: Workspaces,
     pub pool: ConnectionPool,
     /// Live device drivers and routed calls waiting for them.
-    pub router: Router,
+    pub router: Arc<Router>,
     /// Live `shell.exec` sessions.
     pub sessions: Sessions,
     pub dispatch: Dispatch<Kernel>,

@@ -180,7 +180,7 @@ impl Connection {
             h.abort();
         }
         if let Some((device, _)) = conn.session.as_ref().and_then(|s| s.device.clone()) {
-            routing::driver_disconnected(&conn.kernel, &conn.id, &device).await;
+            routing::driver_disconnected(&conn.kernel.router, &conn.id, &device).await;
         }
         conn.kernel.pool.remove(&conn.id);
         tracing::debug!(conn = %conn.id, "socket closed");
@@ -222,7 +222,8 @@ impl Connection {
             }
             Inbound::Sig { signal, payload } => match &self.session {
                 Some(s) if s.role == Role::Driver => {
-                    routing::on_driver_signal(&self.kernel, s, &self.tx, &signal, payload).await;
+                    routing::on_driver_signal(&self.kernel.router, s, &self.tx, &signal, payload)
+                        .await;
                 }
                 _ => tracing::debug!(conn = %self.id, %signal, "ignoring a signal"),
             },
@@ -278,8 +279,9 @@ impl Connection {
             } else {
                 let task = tokio::spawn(async move {
                     // A panicking handler still answers (500) and frees its id.
+                    let router = k.router.clone();
                     let r = std::panic::AssertUnwindSafe(routing::run_call(
-                        entry, k, session, &call, args,
+                        &router, entry, k, session, &call, args,
                     ))
                     .catch_unwind()
                     .await
@@ -394,7 +396,7 @@ impl Connection {
                 platform: a.client.platform.clone(),
                 version: a.client.version.clone(),
             };
-            routing::register_driver(&k, &self.id, self.tx.clone(), &identity, reg).await?;
+            routing::register_driver(&k.router, &self.id, self.tx.clone(), &identity, reg).await?;
         }
         k.pool
             .connected(&self.id, (identity.uid, role, a.client.id.clone()));

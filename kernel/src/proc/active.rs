@@ -21,11 +21,63 @@ pub struct Active {
 /// so `proc.send` either sees the run (and queues) or starts one.
 #[derive(Debug, Default)]
 pub struct Procs {
-    pub(super) active: Mutex<HashMap<String, Active>>,
-    pub(super) http: reqwest::Client,
+    active: Mutex<HashMap<String, Active>>,
+    http: reqwest::Client,
 }
 
 impl Procs {
+    /// Makes a new run of `pid` active, unless one already is: its run id
+    /// and the token that aborts it.
+    pub fn reserve(&self, pid: &str) -> Option<(String, CancellationToken)> {
+        let mut live = self.active.lock().unwrap();
+        if live.contains_key(pid) {
+            return None;
+        }
+        let run_id = format!("run_{}", uuid::Uuid::new_v4());
+        let cancel = CancellationToken::new();
+        live.insert(
+            pid.to_owned(),
+            Active {
+                run_id: run_id.clone(),
+                cancel: cancel.clone(),
+                hil: Default::default(),
+            },
+        );
+        Some((run_id, cancel))
+    }
+
+    /// Ends run `run_id` of `pid`; a newer run of it is left alone.
+    pub fn release(&self, pid: &str, run_id: &str) {
+        let mut live = self.active.lock().unwrap();
+        if live.get(pid).is_some_and(|a| a.run_id == run_id) {
+            live.remove(pid);
+        }
+    }
+
+    /// Parks `answer` for approval `request_id` of run `run_id`; false
+    /// when that run is no longer the active one.
+    pub fn await_hil(
+        &self,
+        pid: &str,
+        run_id: &str,
+        request_id: String,
+        answer: oneshot::Sender<bool>,
+    ) -> bool {
+        let mut live = self.active.lock().unwrap();
+        match live.get_mut(pid) {
+            Some(a) if a.run_id == run_id => {
+                a.hil.insert(request_id, answer);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The HTTP client model calls share (one connection pool).
+    pub fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
     pub fn active_run(&self, pid: &str) -> Option<String> {
         self.active
             .lock()

@@ -26,7 +26,6 @@ use crate::db::now_ms;
 use crate::dispatch::{Entry, is_routable};
 use crate::error::KernelError;
 use crate::frames::Outbound;
-use crate::kernel::Kernel;
 use crate::session::{Outgoing, Session};
 
 pub mod devices;
@@ -55,23 +54,24 @@ pub const SESSION_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// `net.*`) is a device route, as is a `shell.exec` continuing a device's
 /// shell session. A routed call needs no native handler: only the
 /// caller's capability is checked before routing.
-pub async fn run_call(
-    entry: Option<Entry<Kernel>>,
-    kernel: Arc<Kernel>,
+pub async fn run_call<K: Send + Sync + 'static>(
+    router: &Arc<Router>,
+    entry: Option<Entry<K>>,
+    state: Arc<K>,
     session: Arc<Session>,
     call: &str,
     mut args: Map<String, Value>,
 ) -> Result<Value, KernelError> {
     let target = args.remove("target");
-    if let Some(s) = device_session(&kernel, call, &args).await? {
+    if let Some(s) = device_session(router, call, &args).await? {
         let target = target.and_then(|t| t.as_str().map(str::to_owned));
-        return continue_session(&kernel, &session, s, target, args).await;
+        return continue_session(router, &session, s, target, args).await;
     }
     match target {
         None | Some(Value::Null) => {}
         Some(Value::String(t)) if t.is_empty() || t == "gsv" => {}
         Some(Value::String(t)) if is_routable(call) => {
-            return route_to_target(&kernel, &session, call, t, args).await;
+            return route_to_target(router, &session, call, t, args).await;
         }
         Some(Value::String(_)) => {}
         Some(_) => {
@@ -84,7 +84,7 @@ pub async fn run_call(
     let Some(entry) = entry else {
         return Err(KernelError::UnknownSyscall(call.to_owned()));
     };
-    entry.call(kernel, session, Value::Object(args)).await
+    entry.call(state, session, Value::Object(args)).await
 }
 
 /// Registers a driver connection that has just completed `sys.connect`:
@@ -94,19 +94,19 @@ pub async fn run_call(
 /// connection is superseded: its routes fail with 503 now rather than
 /// at their TTL.
 pub async fn register_driver(
-    k: &Arc<Kernel>,
+    r: &Arc<Router>,
     connection_id: &str,
     tx: mpsc::Sender<Outgoing>,
     who: &ProcessIdentity,
     reg: Registration,
 ) -> Result<(), KernelError> {
     let (uid, gid) = (who.uid, who.gid);
-    let r = reg.clone();
-    k.db.call(move |c| {
+    let row = reg.clone();
+    r.db.call(move |c| {
         let tx = c.transaction()?;
-        check_device_owner(&tx, &r.device_id, uid)?;
+        check_device_owner(&tx, &row.device_id, uid)?;
         let now = now_ms();
-        let implements = serde_json::to_string(&r.implements)
+        let implements = serde_json::to_string(&row.implements)
             .map_err(|e| KernelError::internal("encoding implements", e))?;
         tx.execute(
             "INSERT INTO devices(device_id, owner_uid, label, implements, platform, version,
@@ -114,17 +114,24 @@ pub async fn register_driver(
              VALUES (?1, ?2, ?1, ?3, ?4, ?5, 1, ?6, ?6, ?6)
              ON CONFLICT(device_id) DO UPDATE SET implements = ?3, platform = ?4,
                  version = ?5, online = 1, last_seen_at = ?6, connected_at = ?6",
-            params![r.device_id, uid, implements, r.platform, r.version, now],
+            params![
+                row.device_id,
+                uid,
+                implements,
+                row.platform,
+                row.version,
+                now
+            ],
         )?;
         tx.execute(
             "INSERT OR IGNORE INTO device_access(device_id, gid) VALUES (?1, ?2)",
-            params![r.device_id, gid],
+            params![row.device_id, gid],
         )?;
         tx.commit()?;
         Ok(())
     })
     .await?;
-    k.router.install_driver(
+    r.install_driver(
         &reg.device_id,
         Driver {
             connection_id: connection_id.to_owned(),
@@ -139,11 +146,11 @@ pub async fn register_driver(
 /// goes offline unless a newer connection already took over. Running
 /// shell sessions are left alone: the device reports their end itself
 /// (`exec.status`), and a reconnect is not an exit.
-pub async fn driver_disconnected(k: &Arc<Kernel>, connection_id: &str, device_id: &str) {
-    let was_current = k.router.remove_driver(connection_id, device_id);
+pub async fn driver_disconnected(r: &Arc<Router>, connection_id: &str, device_id: &str) {
+    let was_current = r.remove_driver(connection_id, device_id);
     let (dev, conn) = (device_id.to_owned(), connection_id.to_owned());
     let r =
-        k.db.call(move |c| {
+        r.db.call(move |c| {
             c.execute(
                 "DELETE FROM routing_table WHERE driver_connection_id = ?1",
                 [&conn],
@@ -167,7 +174,7 @@ pub async fn driver_disconnected(k: &Arc<Kernel>, connection_id: &str, device_id
 /// A signal from a driver connection: `exec.status` updates the device's
 /// shell session; `device.ping` is answered with `device.pong`.
 pub async fn on_driver_signal(
-    k: &Arc<Kernel>,
+    r: &Arc<Router>,
     session: &Session,
     tx: &mpsc::Sender<Outgoing>,
     signal: &str,
@@ -187,8 +194,7 @@ pub async fn on_driver_signal(
         }
         "exec.status" => {
             // Only the device's current driver speaks for its sessions.
-            let current = k
-                .router
+            let current = r
                 .driver(&device_id)
                 .is_some_and(|d| d.connection_id == session.connection_id);
             let Some(sid) = payload["sessionId"].as_str().filter(|s| !s.is_empty()) else {
@@ -206,7 +212,7 @@ pub async fn on_driver_signal(
             let error = payload["signal"].as_str().map(str::to_owned);
             let sid = sid.to_owned();
             let r =
-                k.db.call(move |c| {
+                r.db.call(move |c| {
                     c.execute(
                         "UPDATE device_shell_sessions SET status = ?3, exit_code = ?4, error = ?5,
                              updated_at = ?6, expires_at = ?7
@@ -236,7 +242,7 @@ pub async fn on_driver_signal(
 /// kernel routed. `None` means the call is not a device continuation (a
 /// workspace session, or no session at all).
 pub async fn device_session(
-    k: &Arc<Kernel>,
+    r: &Arc<Router>,
     call: &str,
     args: &Map<String, Value>,
 ) -> Result<Option<DeviceSession>, KernelError> {
@@ -252,7 +258,7 @@ pub async fn device_session(
         return Ok(None);
     };
     let sid = sid.to_owned();
-    k.db.call(move |c| {
+    r.db.call(move |c| {
         let now = now_ms();
         // Pruned here, on the path that reads them, so rows never pile up.
         c.execute(
@@ -294,7 +300,7 @@ pub struct DeviceSession {
 /// reference), the same device if a target is named (400), a failed
 /// session answered from its row, else routed to its device.
 pub async fn continue_session(
-    k: &Arc<Kernel>,
+    r: &Arc<Router>,
     session: &Session,
     s: DeviceSession,
     target: Option<String>,
@@ -313,7 +319,7 @@ pub async fn continue_session(
         ));
     }
     let dev = s.device_id.clone();
-    let device = k.db.call(move |c| visible_device(c, &dev, &who)).await?;
+    let device = r.db.call(move |c| visible_device(c, &dev, &who)).await?;
     if s.status == "failed" && s.error.is_some() {
         let mut out = json!({
             "status": "failed",
@@ -326,20 +332,20 @@ pub async fn continue_session(
         }
         return Ok(out);
     }
-    route(k, session, "shell.exec", device, args).await
+    route(r, session, "shell.exec", device, args).await
 }
 
 /// Routes `call` to the device `target` (already removed from `args`).
 pub async fn route_to_target(
-    k: &Arc<Kernel>,
+    r: &Arc<Router>,
     session: &Session,
     call: &str,
     target: String,
     args: Map<String, Value>,
 ) -> Result<Value, KernelError> {
     let who = session.identity.clone();
-    let device = k.db.call(move |c| visible_device(c, &target, &who)).await?;
-    route(k, session, call, device, args).await
+    let device = r.db.call(move |c| visible_device(c, &target, &who)).await?;
+    route(r, session, call, device, args).await
 }
 
 /// The TTL of a routed call (reference §3.5); `default` for every call but
@@ -361,7 +367,7 @@ pub fn ttl(default: Duration, call: &str, args: &Map<String, Value>) -> Duration
 /// gone, or the TTL passed): the row is deleted and the device is told to
 /// stop, so it sends nothing more.
 struct RouteGuard {
-    k: Arc<Kernel>,
+    r: Arc<Router>,
     id: String,
     reason: &'static str,
     done: bool,
@@ -372,9 +378,9 @@ impl Drop for RouteGuard {
         if self.done {
             return;
         }
-        let p = self.k.router.forget(&self.id);
+        let p = self.r.forget(&self.id);
         if let Some(p) = p
-            && let Some(d) = self.k.router.driver(&p.device_id)
+            && let Some(d) = self.r.driver(&p.device_id)
             && d.connection_id == p.driver_connection_id
         {
             let out = Outbound::Sig {
@@ -386,7 +392,7 @@ impl Drop for RouteGuard {
             // gone either way and its late answer will be dropped.
             let _ = d.tx.try_send(Outgoing::Text(out.to_text()));
         }
-        let (db, id) = (self.k.db.clone(), self.id.clone());
+        let (db, id) = (self.r.db.clone(), self.id.clone());
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
                 let _ = db
@@ -401,7 +407,7 @@ impl Drop for RouteGuard {
 }
 
 async fn route(
-    k: &Arc<Kernel>,
+    r: &Arc<Router>,
     session: &Session,
     call: &str,
     device: Device,
@@ -416,17 +422,17 @@ async fn route(
             "Device {dev} does not implement {call}"
         )));
     }
-    let Some(driver) = k.router.driver(&dev) else {
+    let Some(driver) = r.driver(&dev) else {
         return Err(KernelError::Unavailable(format!(
             "No active connection for device: {dev}"
         )));
     };
-    let ttl = ttl(k.config.routed_call_ttl, call, &args);
+    let ttl = ttl(r.routed_call_ttl, call, &args);
     let id = format!("rt_{}", accounts::random_hex(12));
     // Armed before the row exists: a caller dropped at any await below
     // leaves neither a row nor a waiting entry behind.
     let mut guard = RouteGuard {
-        k: k.clone(),
+        r: r.clone(),
         id: id.clone(),
         reason: "Request cancelled",
         done: false,
@@ -440,7 +446,7 @@ async fn route(
         dev.clone(),
         driver.connection_id.clone(),
     );
-    k.db.call(move |c| {
+    r.db.call(move |c| {
         c.execute(
             "INSERT OR REPLACE INTO routing_table(id, call, origin_type, origin_id, device_id,
                  driver_connection_id, created_at, expires_at)
@@ -459,7 +465,7 @@ async fn route(
     })
     .await?;
     let (answer_tx, answer_rx) = oneshot::channel();
-    k.router.expect(
+    r.expect(
         id.clone(),
         Pending {
             device_id: dev.clone(),
@@ -505,7 +511,7 @@ async fn route(
         Ok(Ok(a)) => a,
     };
     guard.done = true;
-    let db = k.db.clone();
+    let db = r.db.clone();
     let rid = id.clone();
     let _ = db
         .call(move |c| {
@@ -515,7 +521,7 @@ async fn route(
         .await;
     let data = answer?;
     if call == "shell.exec" {
-        remember_session(k, &session.identity, &dev, &data).await?;
+        remember_session(r, &session.identity, &dev, &data).await?;
     }
     Ok(data)
 }
@@ -523,7 +529,7 @@ async fn route(
 /// Records `sessionId → device` with its owner when a routed `shell.exec`
 /// answers with a session (reference §3.6 step 5).
 async fn remember_session(
-    k: &Arc<Kernel>,
+    r: &Arc<Router>,
     who: &ProcessIdentity,
     device_id: &str,
     data: &Value,
@@ -539,7 +545,7 @@ async fn remember_session(
     let (sid, dev, uid) = (sid.to_owned(), device_id.to_owned(), who.uid);
     let exit = data["exitCode"].as_i64();
     let error = data["error"].as_str().map(str::to_owned);
-    k.db.call(move |c| {
+    r.db.call(move |c| {
         let now = now_ms();
         let exp = now + SESSION_TTL.as_millis() as i64;
         // A session id already recorded for another device or owner is

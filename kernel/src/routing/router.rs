@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::body::{Body, BodyError, BodyInbox, Descriptor};
+use crate::db::Db;
 use crate::error::KernelError;
 use crate::node::MAX_IMAGE_BYTES;
 use crate::session::{Outgoing, Session};
@@ -44,15 +45,28 @@ pub struct Driver {
     pub tx: mpsc::Sender<Outgoing>,
 }
 
-/// In-memory half of routing: live drivers and waiting callers. The
-/// durable half is the `routing_table` and `devices` rows.
-#[derive(Debug, Default)]
+/// What routing works with: the database its rows live in, the TTL of a
+/// routed call, and in memory the live drivers and waiting callers. The
+/// kernel holds one; the routes in `routing` need nothing else of it.
+#[derive(Debug)]
 pub struct Router {
+    pub db: Db,
+    /// TTL of a routed call other than `shell.exec` (reference §3.5).
+    pub routed_call_ttl: Duration,
     drivers: Mutex<HashMap<String, Driver>>,
     pending: Mutex<HashMap<String, Pending>>,
 }
 
 impl Router {
+    pub fn new(db: Db, routed_call_ttl: Duration) -> Router {
+        Router {
+            db,
+            routed_call_ttl,
+            drivers: Mutex::default(),
+            pending: Mutex::default(),
+        }
+    }
+
     /// Makes `driver` the live connection of `device_id`, answering the
     /// routes of a superseded connection with 503 now rather than at
     /// their TTL.

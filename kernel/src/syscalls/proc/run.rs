@@ -14,14 +14,13 @@ use serde_json::{Map, Value, json};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::active::Active;
-use super::hil::{self, Decision};
-use super::provider::{self, Completion, Delta, ProviderConfig, ProviderError};
 use super::signal::emit;
-use super::store::{self, ProcRow};
 use crate::accounts;
 use crate::error::KernelError;
 use crate::kernel::Kernel;
+use crate::proc::hil::{self, Decision};
+use crate::proc::provider::{self, Completion, Delta, ProviderConfig, ProviderError};
+use crate::proc::store::{self, ProcRow};
 use crate::session::{Role, Session};
 
 /// Model calls per run at most; a model that never stops calling tools
@@ -47,36 +46,11 @@ enum End {
     Failed(String),
 }
 
-fn reserve(k: &Kernel, pid: &str) -> Option<(String, CancellationToken)> {
-    let mut live = k.procs.active.lock().unwrap();
-    if live.contains_key(pid) {
-        return None;
-    }
-    let run_id = format!("run_{}", uuid::Uuid::new_v4());
-    let cancel = CancellationToken::new();
-    live.insert(
-        pid.to_owned(),
-        Active {
-            run_id: run_id.clone(),
-            cancel: cancel.clone(),
-            hil: Default::default(),
-        },
-    );
-    Some((run_id, cancel))
-}
-
-fn release(k: &Kernel, pid: &str, run_id: &str) {
-    let mut live = k.procs.active.lock().unwrap();
-    if live.get(pid).is_some_and(|a| a.run_id == run_id) {
-        live.remove(pid);
-    }
-}
-
 /// `proc.send`: starts a run with `message`, or queues it behind the
 /// active one.
 pub async fn send(k: Arc<Kernel>, row: ProcRow, message: Value) -> Result<Value, KernelError> {
     let pid = row.pid.clone();
-    if let Some((run_id, cancel)) = reserve(&k, &pid) {
+    if let Some((run_id, cancel)) = k.procs.reserve(&pid) {
         let (p, r) = (pid.clone(), run_id.clone());
         let stored =
             k.db.call(move |c| {
@@ -85,7 +59,7 @@ pub async fn send(k: Arc<Kernel>, row: ProcRow, message: Value) -> Result<Value,
             })
             .await;
         if let Err(e) = stored {
-            release(&k, &pid, &run_id);
+            k.procs.release(&pid, &run_id);
             return Err(e);
         }
         tokio::spawn(run_task(k, row, run_id.clone(), cancel));
@@ -125,7 +99,7 @@ pub fn promote_queued(k: Arc<Kernel>, pid: String) -> BoxFuture<'static, ()> {
         let Ok(Some(row)) = k.db.call(move |c| store::get(c, &p)).await else {
             return;
         };
-        let Some((run_id, cancel)) = reserve(&k, &pid) else {
+        let Some((run_id, cancel)) = k.procs.reserve(&pid) else {
             return;
         };
         let (p, r) = (pid.clone(), run_id.clone());
@@ -144,10 +118,10 @@ pub fn promote_queued(k: Arc<Kernel>, pid: String) -> BoxFuture<'static, ()> {
             Ok(true) => {
                 tokio::spawn(run_task(k, row, run_id, cancel));
             }
-            Ok(false) => release(&k, &pid, &run_id),
+            Ok(false) => k.procs.release(&pid, &run_id),
             Err(e) => {
                 tracing::error!(%pid, error = %e, "promoting a queued message");
-                release(&k, &pid, &run_id);
+                k.procs.release(&pid, &run_id);
             }
         }
     })
@@ -188,7 +162,7 @@ async fn run_task(k: Arc<Kernel>, row: ProcRow, run_id: String, cancel: Cancella
     {
         tracing::error!(%pid, run = %run_id, error = %e, "recording a finished run");
     }
-    release(&k, &pid, &run_id);
+    k.procs.release(&pid, &run_id);
     let mut payload = json!({"runId": run_id, "status": status, "text": text, "usage": usage});
     if let Some(e) = error {
         payload["error"] = json!(e);
@@ -277,7 +251,7 @@ pub async fn dispatch_call(
     args: Map<String, Value>,
 ) -> Result<Value, KernelError> {
     let entry = k.dispatch.gate(session, call)?;
-    crate::routing::run_call(entry, k.clone(), session.clone(), call, args).await
+    crate::routing::run_call(&k.router, entry, k.clone(), session.clone(), call, args).await
 }
 
 /// A dispatched call's outcome as the model sees it: output or error text.
@@ -599,7 +573,7 @@ async fn call_with_retries(
                        "event": event}),
             );
         };
-        match provider::complete(&k.procs.http, cfg, messages, tools, on_delta).await {
+        match provider::complete(k.procs.http(), cfg, messages, tools, on_delta).await {
             Ok(c) => return Ok(c),
             Err(e) if e.retryable() => match delays.next() {
                 Some(delay) => {
@@ -674,14 +648,8 @@ async fn run_tool(
         }
         let request_id = format!("hil_{}", accounts::random_hex(12));
         let (tx, rx) = oneshot::channel();
-        {
-            let mut live = k.procs.active.lock().unwrap();
-            match live.get_mut(&row.pid) {
-                Some(a) if a.run_id == run_id => {
-                    a.hil.insert(request_id.clone(), tx);
-                }
-                _ => return (json!("the run ended before approval"), true),
-            }
+        if !k.procs.await_hil(&row.pid, run_id, request_id.clone(), tx) {
+            return (json!("the run ended before approval"), true);
         }
         let (p, r, q, c, a) = (
             row.pid.clone(),

@@ -1,7 +1,12 @@
 //! `proc.*`: the process registry and the calls forwarded to a process's
-//! loop. Every call that names a pid checks that the caller owns it (root
+//! loop, which runs here too: [`run`] is the agent loop a `proc.send`
+//! starts (as `shell.exec` starts a session's driver), [`signal`] what it
+//! tells the owner. Every call that names a pid checks that the caller owns it (root
 //! owns everything); a pid that does not exist and one the caller may not
 //! see answer the same 403, so existence does not leak.
+
+pub mod run;
+pub mod signal;
 
 use std::io::Write as _;
 use std::sync::Arc;
@@ -14,11 +19,10 @@ use crate::accounts;
 use crate::db::now_ms;
 use crate::error::KernelError;
 use crate::kernel::Kernel;
-use crate::proc::run;
-use crate::proc::signal::emit;
 use crate::proc::store::{self, ProcRow};
 use crate::session::Session;
 use crate::syscalls::fs::{ensure_dir, with_store};
+use signal::emit;
 
 /// The caller's row for `pid`, or 403.
 async fn owned(k: &Arc<Kernel>, s: &Session, pid: &str) -> Result<ProcRow, KernelError> {

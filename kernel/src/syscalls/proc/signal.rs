@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::store;
 use crate::db::now_ms;
 use crate::kernel::Kernel;
+use crate::proc::store;
 use crate::session::Role;
 
 /// Sends a process signal to every user socket of `owner_uid` after
