@@ -434,13 +434,14 @@ impl Connection {
             .auth
             .as_ref()
             .ok_or_else(|| KernelError::AuthFailed("Authentication required".into()))?;
-        let username = auth
-            .username
-            .clone()
-            .filter(|u| !u.is_empty())
-            .ok_or_else(|| KernelError::AuthFailed("Username required".into()))?;
+        // A token names its account, so with a token the username is only
+        // a cross-check; a password needs it.
+        let username = auth.username.clone().filter(|u| !u.is_empty());
+        if username.is_none() && auth.token.is_none() {
+            return Err(KernelError::AuthFailed("Username required".into()));
+        }
         let k = self.kernel.clone();
-        let throttle_key = (username.clone(), self.peer.ip());
+        let throttle_key = (username.clone().unwrap_or_default(), self.peer.ip());
         let result = match (&auth.password, &auth.token) {
             (Some(_), Some(_)) => Err(KernelError::AuthFailed(
                 "Provide either password or token".into(),
@@ -450,6 +451,7 @@ impl Connection {
             )),
             (None, None) => Err(KernelError::AuthFailed("Authentication required".into())),
             (Some(pw), None) => {
+                let username = username.clone().unwrap_or_default();
                 let (u, pw) = (username.clone(), pw.clone());
                 let stored = k.db.call(move |c| accounts::password_hash(c, &u)).await?;
                 let ok = match stored {
@@ -488,7 +490,7 @@ impl Connection {
                         return Err(fail());
                     }
                     let id = accounts::identity_by_uid(c, t.uid)?.ok_or_else(fail)?;
-                    if id.username != u {
+                    if u.as_ref().is_some_and(|u| *u != id.username) {
                         return Err(fail());
                     }
                     Ok(id)
@@ -517,7 +519,7 @@ impl Connection {
                 // failure.
                 let delay = Duration::from_millis(100u64 << n.min(5).saturating_sub(1))
                     .min(MAX_LOGIN_DELAY);
-                tracing::warn!(user = %username, peer = %self.peer, failures = n, "failed login");
+                tracing::warn!(user = ?username, peer = %self.peer, failures = n, "failed login");
                 tokio::time::sleep(delay).await;
             }
             Err(_) => {}
