@@ -1,6 +1,8 @@
 //! What of a process lives only in memory: its active run, how to abort
-//! it and the approvals it waits for. A restart loses it on purpose; the
-//! rows say the rest (see `run::recover`).
+//! it, the approvals it waits for, its last known queue length, and which
+//! socket asked for each run (its run route). A restart loses it on
+//! purpose; the rows say the rest (see `syscalls::proc::run::recover`),
+//! and a run without a route is told to every socket of its owner.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -15,6 +17,8 @@ pub struct Active {
     pub cancel: CancellationToken,
     /// Waiting approvals of this run by request id.
     pub hil: HashMap<String, oneshot::Sender<bool>>,
+    /// Messages queued behind this run, as of the last signal.
+    pub queued: i64,
 }
 
 /// Active runs by pid. A run is started and ended only under this lock,
@@ -22,6 +26,9 @@ pub struct Active {
 #[derive(Debug, Default)]
 pub struct Procs {
     active: Mutex<HashMap<String, Active>>,
+    /// Run id → the user connection whose `proc.send` started it. Lives
+    /// from the start of the run to its `proc.run.finished`.
+    routes: Mutex<HashMap<String, String>>,
     http: reqwest::Client,
 }
 
@@ -41,6 +48,7 @@ impl Procs {
                 run_id: run_id.clone(),
                 cancel: cancel.clone(),
                 hil: Default::default(),
+                queued: 0,
             },
         );
         Some((run_id, cancel))
@@ -71,6 +79,36 @@ impl Procs {
             }
             _ => false,
         }
+    }
+
+    /// Records the queue length of `pid`'s active run (signals carry it).
+    pub fn set_queued(&self, pid: &str, n: i64) {
+        if let Some(a) = self.active.lock().unwrap().get_mut(pid) {
+            a.queued = n;
+        }
+    }
+
+    /// The queue length of `pid` as of its last signal; 0 when idle.
+    pub fn queued(&self, pid: &str) -> i64 {
+        self.active.lock().unwrap().get(pid).map_or(0, |a| a.queued)
+    }
+
+    /// Sends the signals of run `run_id` to `connection_id` only.
+    pub fn route(&self, run_id: &str, connection_id: &str) {
+        self.routes
+            .lock()
+            .unwrap()
+            .insert(run_id.to_owned(), connection_id.to_owned());
+    }
+
+    /// The connection run `run_id`'s signals go to, if it has a route.
+    pub fn route_of(&self, run_id: &str) -> Option<String> {
+        self.routes.lock().unwrap().get(run_id).cloned()
+    }
+
+    /// Forgets the route of a finished run.
+    pub fn end_route(&self, run_id: &str) {
+        self.routes.lock().unwrap().remove(run_id);
     }
 
     /// The HTTP client model calls share (one connection pool).

@@ -17,7 +17,9 @@ use serde_json::{Value, json};
 use tokio::sync::Notify;
 use wsd_kernel::client::GsvClient;
 
-use crate::harness::{TestKernel, err_of};
+use wsd_kernel::client::connect_args;
+
+use crate::harness::{ALICE_PW, TestKernel, err_of};
 
 /// One scripted answer of the model server.
 enum Reply {
@@ -25,6 +27,8 @@ enum Reply {
     Sse(Vec<Value>),
     /// These chunks, then wait for the gate before `[DONE]`.
     Gated(Vec<Value>, Arc<Notify>),
+    /// These chunks, wait for the gate, then those chunks and `[DONE]`.
+    GatedThen(Vec<Value>, Arc<Notify>, Vec<Value>),
     /// These chunks, then never another byte.
     StreamThenHang(Vec<Value>),
     Status(u16),
@@ -101,6 +105,15 @@ async fn completions(State(s): State<Arc<Script>>, body: String) -> Response {
                 Ok::<_, Infallible>(Bytes::new())
             });
             stream_response(Body::from_stream(sse(chunks).chain(wait).chain(done())))
+        }
+        Some(Reply::GatedThen(first, gate, then)) => {
+            let wait = futures::stream::once(async move {
+                gate.notified().await;
+                Ok::<_, Infallible>(Bytes::new())
+            });
+            stream_response(Body::from_stream(
+                sse(first).chain(wait).chain(sse(then)).chain(done()),
+            ))
         }
         Some(Reply::StreamThenHang(chunks)) => stream_response(Body::from_stream(
             sse(chunks).chain(futures::stream::pending()),
@@ -305,6 +318,38 @@ async fn streamed_text_arrives_as_text_delta_signals() {
 }
 
 #[tokio::test]
+async fn a_runs_signals_go_only_to_the_socket_that_sent_its_message() {
+    let (k, _m, mut a) = setup(vec![answer("just for you")], &[]).await;
+    let mut second = k.raw().await;
+    second
+        .call(
+            "sys.connect",
+            connect_args(
+                "second-screen",
+                "user",
+                json!({"username": "alice", "password": ALICE_PW}),
+            ),
+        )
+        .await
+        .unwrap();
+    let mut second = Watcher::new(second);
+    let pid = a.call("proc.spawn", json!({})).await["pid"].clone();
+    let s = a
+        .call("proc.send", json!({"pid": pid, "message": "hi"}))
+        .await;
+    assert_eq!(a.finished(&s["runId"]).await["text"], "just for you");
+    // One writer per socket: anything sent to the second socket before the
+    // run finished arrives ahead of this answer.
+    second.call("proc.list", json!({})).await;
+    let run_signals: Vec<_> = second
+        .seen
+        .iter()
+        .filter(|f| f["signal"].as_str().unwrap().starts_with("proc.run."))
+        .collect();
+    assert!(run_signals.is_empty(), "{run_signals:?}");
+}
+
+#[tokio::test]
 async fn the_system_prompt_holds_system_context_and_is_bounded() {
     let (_k, m, mut a) = setup(
         vec![answer("ok")],
@@ -449,11 +494,11 @@ async fn unknown_tools_and_failed_syscalls_are_tool_result_errors() {
 }
 
 #[tokio::test]
-async fn a_message_sent_during_a_run_is_queued_and_runs_next() {
+async fn a_message_sent_during_a_run_is_queued_counted_and_runs_next() {
     let gate = Arc::new(Notify::new());
     let (_k, m, mut a) = setup(
         vec![
-            Reply::Gated(vec![text("first")], gate.clone()),
+            Reply::GatedThen(vec![text("fir")], gate.clone(), vec![text("st")]),
             answer("second"),
         ],
         &[],
@@ -463,13 +508,20 @@ async fn a_message_sent_during_a_run_is_queued_and_runs_next() {
     let s1 = a
         .call("proc.send", json!({"pid": pid, "message": "one"}))
         .await;
-    a.signal("proc.run.stream", |_| true).await;
+    let d1 = a.signal("proc.run.stream", |_| true).await;
+    assert_eq!(d1["queuedCount"], 0, "{d1}");
     let s2 = a
         .call("proc.send", json!({"pid": pid, "message": "two"}))
         .await;
     assert_eq!(s2["queued"], true, "{s2}");
     assert_eq!(s2["runId"], s1["runId"]);
     gate.notify_one();
+    let d2 = a.signal("proc.run.stream", |_| true).await;
+    assert_eq!(
+        (d2["event"]["delta"].clone(), d2["queuedCount"].clone()),
+        (json!("st"), json!(1)),
+        "a delta after the send counts the queued message: {d2}"
+    );
     let f1 = a.finished(&s1["runId"]).await;
     assert_eq!(
         (f1["text"].clone(), f1["queuedCount"].clone()),

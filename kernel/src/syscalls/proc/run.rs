@@ -14,7 +14,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::signal::emit;
+use super::signal::{deliver, emit};
 use crate::accounts;
 use crate::error::KernelError;
 use crate::kernel::Kernel;
@@ -47,10 +47,19 @@ enum End {
 }
 
 /// `proc.send`: starts a run with `message`, or queues it behind the
-/// active one.
-pub async fn send(k: Arc<Kernel>, row: ProcRow, message: Value) -> Result<Value, KernelError> {
+/// active one. A run started for `origin` (a user connection) sends its
+/// signals there only.
+pub async fn send(
+    k: Arc<Kernel>,
+    row: ProcRow,
+    message: Value,
+    origin: Option<&str>,
+) -> Result<Value, KernelError> {
     let pid = row.pid.clone();
     if let Some((run_id, cancel)) = k.procs.reserve(&pid) {
+        if let Some(conn) = origin {
+            k.procs.route(&run_id, conn);
+        }
         let (p, r) = (pid.clone(), run_id.clone());
         let stored =
             k.db.call(move |c| {
@@ -60,6 +69,7 @@ pub async fn send(k: Arc<Kernel>, row: ProcRow, message: Value) -> Result<Value,
             .await;
         if let Err(e) = stored {
             k.procs.release(&pid, &run_id);
+            k.procs.end_route(&run_id);
             return Err(e);
         }
         tokio::spawn(run_task(k, row, run_id.clone(), cancel));
@@ -565,12 +575,14 @@ async fn call_with_retries(
                 } => json!({"type": "toolcall_delta", "contentIndex": index,
                     "id": id, "name": name, "delta": arguments}),
             };
-            k.pool.signal_user(
+            // Too frequent to project onto the row: the queue length is
+            // the one the last projected signal saw.
+            deliver(
+                k,
                 row.owner_uid,
-                Role::User,
                 "proc.run.stream",
                 json!({"pid": row.pid, "runId": run_id, "timestamp": crate::db::now_ms(),
-                       "event": event}),
+                       "event": event, "queuedCount": k.procs.queued(&row.pid)}),
             );
         };
         match provider::complete(k.procs.http(), cfg, messages, tools, on_delta).await {
