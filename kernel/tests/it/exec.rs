@@ -5,12 +5,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use wsd_kernel::client::GsvClient;
 
-use crate::harness::{TestKernel, err_of, wsd_bin};
-
-async fn workspace(c: &mut GsvClient) -> String {
-    let d = c.call("sys.workspace.create", json!({})).await.unwrap();
-    d["workspace"]["workspaceId"].as_str().unwrap().to_owned()
-}
+use crate::harness::{TestKernel, err_of, new_workspace, wsd_bin};
 
 /// Polls a session until it is over (bounded: 120 polls of ≤ 1 s).
 async fn until_done(c: &mut GsvClient, mut d: Value) -> Value {
@@ -34,7 +29,7 @@ async fn until_done(c: &mut GsvClient, mut d: Value) -> Value {
 async fn the_exec_bracket_carries_files_both_ways() {
     let k = TestKernel::with_users().await;
     let mut a = k.alice().await;
-    let id = workspace(&mut a).await;
+    let id = new_workspace(&mut a).await;
     a.call(
         "fs.write",
         json!({"path": format!("/workspaces/{id}/in/hello.txt"), "content": "from dofs\n"}),
@@ -88,7 +83,7 @@ async fn the_exec_bracket_carries_files_both_ways() {
 async fn a_long_command_answers_running_and_polls_to_completion_for_its_owner_only() {
     let k = TestKernel::with_users().await;
     let mut a = k.alice().await;
-    let id = workspace(&mut a).await;
+    let id = new_workspace(&mut a).await;
     let d = a
         .call(
             "shell.exec",
@@ -121,7 +116,7 @@ async fn a_long_command_answers_running_and_polls_to_completion_for_its_owner_on
 async fn output_over_the_cap_keeps_the_tail_and_says_truncated() {
     let k = TestKernel::with_users().await;
     let mut a = k.alice().await;
-    let id = workspace(&mut a).await;
+    let id = new_workspace(&mut a).await;
     let d = a
         .call(
             "shell.exec",
@@ -140,7 +135,7 @@ async fn output_over_the_cap_keeps_the_tail_and_says_truncated() {
 async fn a_wsd_killed_mid_command_gives_failed_never_success() {
     let k = TestKernel::with_users().await;
     let mut a = k.alice().await;
-    let id = workspace(&mut a).await;
+    let id = new_workspace(&mut a).await;
     let d = a
         .call(
             "shell.exec",
@@ -181,7 +176,7 @@ async fn a_wsd_killed_mid_command_gives_failed_never_success() {
 async fn a_duplicate_in_flight_id_is_409_and_a_cancelled_request_never_answers() {
     let k = TestKernel::with_users().await;
     let mut a = k.alice().await;
-    let id = workspace(&mut a).await;
+    let id = new_workspace(&mut a).await;
     let args = json!({"cwd": format!("/workspaces/{id}"), "input": "sleep 20", "yieldMs": 20000});
     a.send_request("dup", "shell.exec", args.clone())
         .await
@@ -275,7 +270,7 @@ async fn an_idle_local_wsd_is_stopped_and_started_again_on_next_use() {
     let k = TestKernel::start_with(|c| c.wsd_idle_stop = Duration::from_millis(200)).await;
     k.setup().await;
     let mut a = k.alice().await;
-    let id = workspace(&mut a).await;
+    let id = new_workspace(&mut a).await;
     let run =
         json!({"cwd": format!("/workspaces/{id}"), "input": "echo one > f", "yieldMs": 10000});
     let first = a.call("shell.exec", run).await.unwrap();
@@ -300,7 +295,7 @@ async fn an_idle_local_wsd_is_stopped_and_started_again_on_next_use() {
 async fn a_running_command_reads_what_later_calls_write_to_its_stdin() {
     let k = TestKernel::with_users().await;
     let mut a = k.alice().await;
-    let id = workspace(&mut a).await;
+    let id = new_workspace(&mut a).await;
     let d = a
         .call(
             "shell.exec",

@@ -13,8 +13,7 @@ use wsd_kernel::client::GsvClient;
 use wsd_kernel::driver::{self, DriverConfig};
 use wsd_kernel::node::{NodeRoot, NodeTools, ShellConfig};
 
-use crate::devices::{ScriptedDriver, node_token};
-use crate::harness::TestKernel;
+use crate::harness::{ScriptedDriver, TestKernel, node_token};
 
 /// A `gsv node` running in this process; stopped when dropped.
 struct Node {

@@ -17,8 +17,6 @@ use serde_json::{Value, json};
 use tokio::sync::Notify;
 use wsd_kernel::client::GsvClient;
 
-use wsd_kernel::client::connect_args;
-
 use crate::harness::{ALICE_PW, TestKernel, err_of};
 
 /// One scripted answer of the model server.
@@ -320,19 +318,7 @@ async fn streamed_text_arrives_as_text_delta_signals() {
 #[tokio::test]
 async fn a_runs_signals_go_only_to_the_socket_that_sent_its_message() {
     let (k, _m, mut a) = setup(vec![answer("just for you")], &[]).await;
-    let mut second = k.raw().await;
-    second
-        .call(
-            "sys.connect",
-            connect_args(
-                "second-screen",
-                "user",
-                json!({"username": "alice", "password": ALICE_PW}),
-            ),
-        )
-        .await
-        .unwrap();
-    let mut second = Watcher::new(second);
+    let mut second = Watcher::new(k.login_from("second-screen", "alice", ALICE_PW).await);
     let pid = a.call("proc.spawn", json!({})).await["pid"].clone();
     let s = a
         .call("proc.send", json!({"pid": pid, "message": "hi"}))
