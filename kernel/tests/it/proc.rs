@@ -192,6 +192,15 @@ impl Watcher {
         }
     }
 
+    /// A new process of this user and the answer to its first `proc.send`.
+    async fn spawn_and_send(&mut self, message: &str) -> (Value, Value) {
+        let pid = self.call("proc.spawn", json!({})).await["pid"].clone();
+        let sent = self
+            .call("proc.send", json!({"pid": pid, "message": message}))
+            .await;
+        (pid, sent)
+    }
+
     async fn finished(&mut self, run_id: &Value) -> Value {
         let r = run_id.clone();
         self.signal("proc.run.finished", move |p| p["runId"] == r)
@@ -304,10 +313,7 @@ async fn streamed_text_arrives_as_text_delta_signals() {
         &[("config/ai/context.d/00-rules.md", "Be brief.")],
     )
     .await;
-    let pid = a.call("proc.spawn", json!({})).await["pid"].clone();
-    let s = a
-        .call("proc.send", json!({"pid": pid, "message": "hi"}))
-        .await;
+    let (_, s) = a.spawn_and_send("hi").await;
     let d1 = a.signal("proc.run.stream", |_| true).await;
     assert_eq!(d1["event"], json!({"type": "text_delta", "delta": "Hel"}));
     let d2 = a.signal("proc.run.stream", |_| true).await;
@@ -319,10 +325,7 @@ async fn streamed_text_arrives_as_text_delta_signals() {
 async fn a_runs_signals_go_only_to_the_socket_that_sent_its_message() {
     let (k, _m, mut a) = setup(vec![answer("just for you")], &[]).await;
     let mut second = Watcher::new(k.login_from("second-screen", "alice", ALICE_PW).await);
-    let pid = a.call("proc.spawn", json!({})).await["pid"].clone();
-    let s = a
-        .call("proc.send", json!({"pid": pid, "message": "hi"}))
-        .await;
+    let (_, s) = a.spawn_and_send("hi").await;
     assert_eq!(a.finished(&s["runId"]).await["text"], "just for you");
     // One writer per socket: anything sent to the second socket before the
     // run finished arrives ahead of this answer.
@@ -345,10 +348,7 @@ async fn the_system_prompt_holds_system_context_and_is_bounded() {
         ],
     )
     .await;
-    let pid = a.call("proc.spawn", json!({})).await["pid"].clone();
-    let s = a
-        .call("proc.send", json!({"pid": pid, "message": "hi"}))
-        .await;
+    let (_, s) = a.spawn_and_send("hi").await;
     a.finished(&s["runId"]).await;
     let sys = m.requests()[0]["messages"][0].clone();
     assert_eq!(sys["role"], "system");
@@ -425,10 +425,7 @@ async fn a_denied_delete_becomes_a_tool_error_the_model_sees() {
         &[],
     )
     .await;
-    let pid = a.call("proc.spawn", json!({})).await["pid"].clone();
-    let s = a
-        .call("proc.send", json!({"pid": pid, "message": "go"}))
-        .await;
+    let (_, s) = a.spawn_and_send("go").await;
     let req = a.signal("proc.run.hil.requested", |_| true).await;
     a.call(
         "proc.hil",
@@ -463,10 +460,7 @@ async fn unknown_tools_and_failed_syscalls_are_tool_result_errors() {
         &[],
     )
     .await;
-    let pid = a.call("proc.spawn", json!({})).await["pid"].clone();
-    let s = a
-        .call("proc.send", json!({"pid": pid, "message": "go"}))
-        .await;
+    let (_, s) = a.spawn_and_send("go").await;
     let t1 = a
         .signal("proc.run.tool.finished", |p| p["toolName"] == "Teleport")
         .await;
@@ -490,10 +484,7 @@ async fn a_message_sent_during_a_run_is_queued_counted_and_runs_next() {
         &[],
     )
     .await;
-    let pid = a.call("proc.spawn", json!({})).await["pid"].clone();
-    let s1 = a
-        .call("proc.send", json!({"pid": pid, "message": "one"}))
-        .await;
+    let (pid, s1) = a.spawn_and_send("one").await;
     let d1 = a.signal("proc.run.stream", |_| true).await;
     assert_eq!(d1["queuedCount"], 0, "{d1}");
     let s2 = a
@@ -540,10 +531,7 @@ async fn a_queued_message_joins_the_run_at_the_tool_result_boundary() {
         &[],
     )
     .await;
-    let pid = a.call("proc.spawn", json!({})).await["pid"].clone();
-    let s = a
-        .call("proc.send", json!({"pid": pid, "message": "one"}))
-        .await;
+    let (pid, s) = a.spawn_and_send("one").await;
     a.signal("proc.run.stream", |_| true).await;
     let q = a
         .call("proc.send", json!({"pid": pid, "message": "also this"}))
@@ -570,10 +558,7 @@ async fn abort_mid_stream_finishes_the_run_as_aborted() {
         &[],
     )
     .await;
-    let pid = a.call("proc.spawn", json!({})).await["pid"].clone();
-    let s = a
-        .call("proc.send", json!({"pid": pid, "message": "go"}))
-        .await;
+    let (pid, s) = a.spawn_and_send("go").await;
     a.signal("proc.run.stream", |_| true).await;
     let ab = a.call("proc.abort", json!({"pid": pid})).await;
     assert_eq!(ab["aborted"], true);
@@ -592,10 +577,7 @@ async fn abort_mid_stream_finishes_the_run_as_aborted() {
 #[tokio::test]
 async fn a_provider_500_is_retried_and_the_run_completes() {
     let (_k, m, mut a) = setup(vec![Reply::Status(500), answer("recovered")], &[]).await;
-    let pid = a.call("proc.spawn", json!({})).await["pid"].clone();
-    let s = a
-        .call("proc.send", json!({"pid": pid, "message": "go"}))
-        .await;
+    let (_, s) = a.spawn_and_send("go").await;
     let r = a.signal("proc.run.retrying", |_| true).await;
     assert_eq!(r["attempt"], 1);
     assert!(r["error"].as_str().unwrap().contains("500"), "{r}");
@@ -613,10 +595,7 @@ async fn a_provider_that_never_answers_times_out_with_a_clear_error() {
         ],
     )
     .await;
-    let pid = a.call("proc.spawn", json!({})).await["pid"].clone();
-    let s = a
-        .call("proc.send", json!({"pid": pid, "message": "go"}))
-        .await;
+    let (_, s) = a.spawn_and_send("go").await;
     let fin = a.finished(&s["runId"]).await;
     assert_eq!(fin["status"], "error");
     let e = fin["error"].as_str().unwrap();
@@ -627,10 +606,7 @@ async fn a_provider_that_never_answers_times_out_with_a_clear_error() {
 async fn an_unreachable_or_unconfigured_provider_ends_the_run_with_an_error() {
     let k = TestKernel::with_users().await;
     let mut a = Watcher::new(k.alice().await);
-    let pid = a.call("proc.spawn", json!({})).await["pid"].clone();
-    let s = a
-        .call("proc.send", json!({"pid": pid, "message": "go"}))
-        .await;
+    let (pid, s) = a.spawn_and_send("go").await;
     let fin = a.finished(&s["runId"]).await;
     assert!(
         fin["error"]
@@ -686,10 +662,7 @@ async fn another_user_can_neither_see_nor_drive_the_process() {
 #[tokio::test]
 async fn reset_archives_the_history_as_gzip_jsonl_and_clears_it() {
     let (k, _m, mut a) = setup(vec![answer("hello there")], &[]).await;
-    let pid = a.call("proc.spawn", json!({})).await["pid"].clone();
-    let s = a
-        .call("proc.send", json!({"pid": pid, "message": "hi"}))
-        .await;
+    let (pid, s) = a.spawn_and_send("hi").await;
     a.finished(&s["runId"]).await;
     let r = a.call("proc.reset", json!({"pid": pid})).await;
     let path = r["archivePath"].as_str().unwrap().to_owned();
@@ -770,10 +743,7 @@ async fn remember_allows_later_deletes_of_the_same_process_without_asking() {
         &[],
     )
     .await;
-    let pid = a.call("proc.spawn", json!({})).await["pid"].clone();
-    let s = a
-        .call("proc.send", json!({"pid": pid, "message": "a"}))
-        .await;
+    let (pid, s) = a.spawn_and_send("a").await;
     let req = a.signal("proc.run.hil.requested", |_| true).await;
     a.call(
         "proc.hil",
@@ -981,10 +951,7 @@ async fn abort_while_waiting_for_approval_leaves_a_history_the_model_accepts() {
         &[],
     )
     .await;
-    let pid = a.call("proc.spawn", json!({})).await["pid"].clone();
-    let s = a
-        .call("proc.send", json!({"pid": pid, "message": "del"}))
-        .await;
+    let (pid, s) = a.spawn_and_send("del").await;
     let req = a.signal("proc.run.hil.requested", |_| true).await;
     a.call("proc.abort", json!({"pid": pid})).await;
     assert_eq!(a.finished(&s["runId"]).await["aborted"], true);
