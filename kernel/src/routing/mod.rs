@@ -12,6 +12,10 @@
 //! gone or cancelled (`request.cancel` to the device, no answer). The
 //! caller's wait is a future; dropping it (cancel, origin disconnect) is
 //! what cancels the route, through [`RouteGuard`].
+//!
+//! Everything here takes the [`Router`] (database, TTL, live drivers and
+//! waiting routes), never the kernel, so routing sits below `Kernel`; the
+//! state is [`router`], the device rows [`devices`].
 
 use std::sync::Arc;
 use std::time::Duration;

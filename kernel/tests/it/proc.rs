@@ -339,6 +339,34 @@ async fn a_runs_signals_go_only_to_the_socket_that_sent_its_message() {
 }
 
 #[tokio::test]
+async fn a_runs_signals_reach_the_owners_other_sockets_once_its_socket_is_gone() {
+    let gate = Arc::new(Notify::new());
+    let (k, _m, mut a) = setup(
+        vec![Reply::Gated(vec![text("still here")], gate.clone())],
+        &[],
+    )
+    .await;
+    let mut second = Watcher::new(k.login_from("second-screen", "alice", ALICE_PW).await);
+    let (_, s) = second.spawn_and_send("hi").await;
+    second.signal("proc.run.stream", |_| true).await;
+    let before = k.kernel.pool.len();
+    second.c.close().await;
+    // The kernel notices the close on its own time; bounded wait for it.
+    for _ in 0..500 {
+        if k.kernel.pool.len() < before {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(
+        k.kernel.pool.len() < before,
+        "the closed socket left the pool"
+    );
+    gate.notify_one();
+    assert_eq!(a.finished(&s["runId"]).await["text"], "still here");
+}
+
+#[tokio::test]
 async fn the_system_prompt_holds_system_context_and_is_bounded() {
     let (_k, m, mut a) = setup(
         vec![answer("ok")],
