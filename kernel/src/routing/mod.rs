@@ -17,6 +17,9 @@
 //! waiting routes), never the kernel, so routing sits below `Kernel`; the
 //! state is [`router`], the device rows [`devices`].
 
+pub mod devices;
+pub mod router;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,9 +34,6 @@ use crate::dispatch::{Entry, is_routable};
 use crate::error::KernelError;
 use crate::frames::Outbound;
 use crate::session::{Outgoing, Session};
-
-pub mod devices;
-pub mod router;
 
 pub use devices::{
     Device, Registration, can_access, check_device_owner, get_device, list_devices, reset_at_start,

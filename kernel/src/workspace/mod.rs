@@ -7,6 +7,10 @@
 //! on one workspace never interleave their syncs, while reads go to the
 //! store directly. That lock plays the role of the workspace actor of the
 //! design: one owner at a time, in arrival order (tokio's mutex is fair).
+//!
+//! The backend the lock owns is [`backend`]; the commands running in a
+//! workspace between `shell.exec` calls are [`shell`]. None of this takes
+//! the kernel: `syscalls` drives it.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -16,11 +20,11 @@ use rusqlite::{Connection, params};
 use serde_json::{Value, json};
 use wsd_dofs::Dofs;
 
-use crate::db::{now_ms, opt};
-use crate::error::KernelError;
-
 pub mod backend;
 pub mod shell;
+
+use crate::db::{now_ms, opt};
+use crate::error::KernelError;
 
 pub use backend::{Backend, BackendState};
 
