@@ -474,6 +474,30 @@ async fn a_denied_delete_becomes_a_tool_error_the_model_sees() {
 }
 
 #[tokio::test]
+async fn an_approval_request_reaches_every_socket_of_the_owner_and_any_may_answer() {
+    let (k, _m, mut a) = setup(
+        vec![
+            Reply::Sse(vec![tool("c1", "Delete", json!({"path": "gone.txt"}))]),
+            answer("as you wish"),
+        ],
+        &[],
+    )
+    .await;
+    let mut second = Watcher::new(k.login_from("second-screen", "alice", ALICE_PW).await);
+    let (_, s) = a.spawn_and_send("go").await;
+    let req = second.signal("proc.run.hil.requested", |_| true).await;
+    assert_eq!(req["runId"], s["runId"]);
+    a.signal("proc.run.hil.requested", |_| true).await;
+    second
+        .call(
+            "proc.hil",
+            json!({"requestId": req["requestId"], "decision": "deny"}),
+        )
+        .await;
+    assert_eq!(a.finished(&s["runId"]).await["text"], "as you wish");
+}
+
+#[tokio::test]
 async fn unknown_tools_and_failed_syscalls_are_tool_result_errors() {
     let (_k, m, mut a) = setup(
         vec![
