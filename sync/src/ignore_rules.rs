@@ -4,6 +4,14 @@ use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use crate::limits::MAX_IGNORE_PATTERNS;
 use crate::{SyncError, SyncPath};
 
+/// What a conflict copy's name carries after the original name:
+/// `NAME.wsd-conflict-<UTC time>` keeps a local version a pull replaced.
+pub const CONFLICT_COPY_MARKER: &str = ".wsd-conflict-";
+
+/// The exclusion that keeps conflict copies out of every transfer: they
+/// are one machine's leftovers for a person to resolve, not workspace state.
+pub const CONFLICT_COPY_PATTERN: &str = "*.wsd-conflict-*";
+
 /// Gitignore-syntax patterns (via the `ignore` crate, as git reads them)
 /// matched against workspace-relative paths. A path is ignored when it or
 /// any of its ancestors matches, so ignoring a directory hides its subtree.
@@ -20,6 +28,13 @@ impl IgnoreRules {
             patterns: Vec::new(),
             matcher: Gitignore::empty(),
         }
+    }
+
+    /// A shared [`IgnoreRules::none`], for a batch built where no
+    /// temporary could outlive it.
+    pub fn none_static() -> &'static IgnoreRules {
+        static NONE: std::sync::LazyLock<IgnoreRules> = std::sync::LazyLock::new(IgnoreRules::none);
+        &NONE
     }
 
     /// Compiles `patterns`; a malformed glob is `EINVAL` naming it.
@@ -98,6 +113,15 @@ mod tests {
         assert!(!r.is_ignored(&p("keep.log"), false));
         assert!(r.is_ignored(&p("build/out.o"), false));
         assert!(!r.is_ignored(&p("src/build/out.o"), false));
+    }
+
+    #[test]
+    fn the_conflict_copy_pattern_matches_conflict_copies_only() {
+        let r = IgnoreRules::new(&[CONFLICT_COPY_PATTERN]).unwrap();
+        let copy = format!("src/main.rs{CONFLICT_COPY_MARKER}20261125T033500Z");
+        assert!(r.is_ignored(&p(&copy), false));
+        assert!(!r.is_ignored(&p("src/main.rs"), false));
+        assert!(!r.is_ignored(&p("wsd-conflict.txt"), false));
     }
 
     #[test]

@@ -118,6 +118,9 @@ impl Dofs {
             }
         }
         if batch.baseline == Baseline::Sweep {
+            if !batch.ignore.is_empty() {
+                mark_ignored(&m, batch.remote, batch.ignore)?;
+            }
             outcome.overwrote_local += sweep(&mut m, &src)?;
         }
         if let Some(sender) = &batch.sender {
@@ -308,6 +311,32 @@ fn mark(conn: &Connection, remote: &str, e: &ChangeEntry) -> Result<(), DofsErro
     Ok(())
 }
 
+/// Marks every live path the sender's exclusions match, and its ancestors,
+/// so the sweep spares them: the sender never lists what it excludes.
+fn mark_ignored(
+    conn: &Connection,
+    remote: &str,
+    ignore: &wsd_sync::IgnoreRules,
+) -> Result<(), DofsError> {
+    let live: Vec<(String, bool)> = conn
+        .prepare_cached("SELECT path, kind = 'dir' FROM entries WHERE kind <> 'delete'")?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    let mut ins = conn.prepare_cached(
+        "INSERT INTO baseline_marks (remote, path) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+    )?;
+    for (p, is_dir) in live {
+        let path = SyncPath::new(p)?;
+        if ignore.is_ignored(&path, is_dir) {
+            ins.execute(params![remote, path.as_str()])?;
+            for anc in path.ancestors() {
+                ins.execute(params![remote, anc.as_str()])?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The end of a baseline: every live path it did not list is deleted (with
 /// tombstones marked as the remote's), then the marks are forgotten.
 /// Returns how many of the deleted paths were unpushed local changes.
@@ -435,6 +464,7 @@ mod tests {
             sender,
             entries,
             baseline,
+            ignore: &wsd_sync::IgnoreRules::none(),
         })
     }
 

@@ -87,6 +87,7 @@ impl MemStore {
             sender: None,
             entries: &[e],
             baseline: Baseline::Off,
+            ignore: &crate::IgnoreRules::none(),
         })
         .unwrap();
     }
@@ -339,7 +340,16 @@ impl Store for MemStore {
             }
         }
         if batch.baseline == Baseline::Sweep {
-            let marks = std::mem::take(&mut s.marks);
+            let mut marks = std::mem::take(&mut s.marks);
+            if !batch.ignore.is_empty() {
+                for (p, n) in &s.nodes {
+                    let is_dir = matches!(n.state, EntryState::Dir { .. });
+                    if n.state != EntryState::Delete && batch.ignore.is_ignored(p, is_dir) {
+                        marks.insert(p.clone());
+                        marks.extend(p.ancestors());
+                    }
+                }
+            }
             s.progress.remove(batch.remote);
             let stale: Vec<SyncPath> = s
                 .nodes

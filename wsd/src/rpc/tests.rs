@@ -383,7 +383,7 @@ fn over_a_limit_is_elimit_and_the_connection_stays_usable() {
             .map(|i| dir_entry(&format!("d{i}")))
             .collect();
         let err = c
-            .push(Some(&ChangeCursor::at(1)), &many, Baseline::Off)
+            .push(Some(&ChangeCursor::at(1)), &many, Baseline::Off, &[])
             .await
             .unwrap_err();
         assert_eq!(err.code, ErrorCode::Limit);
@@ -428,6 +428,7 @@ fn over_a_limit_is_elimit_and_the_connection_stays_usable() {
             Some(&ChangeCursor::at(1)),
             &[dir_entry("ok")],
             Baseline::Off,
+            &[],
         )
         .await
         .unwrap();
@@ -450,8 +451,13 @@ fn calls_beyond_the_in_flight_limit_are_elimit() {
         let slow = {
             let c = c.clone();
             tokio::task::spawn_local(async move {
-                c.push(Some(&ChangeCursor::at(1)), &[dir_entry("d")], Baseline::Off)
-                    .await
+                c.push(
+                    Some(&ChangeCursor::at(1)),
+                    &[dir_entry("d")],
+                    Baseline::Off,
+                    &[],
+                )
+                .await
             })
         };
         // Leave the push ample time to reach the (slow) store.
@@ -543,6 +549,7 @@ fn unknown_hashes_are_eunknown_hash() {
                 Some(&ChangeCursor::at(1)),
                 &[dir_entry("d"), file],
                 Baseline::Off,
+                &[],
             )
             .await
             .unwrap_err();
@@ -637,8 +644,13 @@ fn graceful_shutdown_finishes_the_in_flight_transaction_and_closes_listeners() {
         let push = {
             let c = c.clone();
             tokio::task::spawn_local(async move {
-                c.push(Some(&ChangeCursor::at(1)), &[dir_entry("d")], Baseline::Off)
-                    .await
+                c.push(
+                    Some(&ChangeCursor::at(1)),
+                    &[dir_entry("d")],
+                    Baseline::Off,
+                    &[],
+                )
+                .await
             })
         };
         tokio::time::sleep(Duration::from_millis(150)).await;

@@ -145,6 +145,7 @@ fn peer_batch<'a>(entries: &'a [ChangeEntry], rev: u64) -> ApplyBatch<'a> {
         sender: Some(ChangeCursor::at(rev)),
         entries,
         baseline: Baseline::Off,
+        ignore: wsd_sync::IgnoreRules::none_static(),
     }
 }
 
@@ -700,6 +701,7 @@ fn a_state_directory_below_a_swept_directory_survives_the_sweep() {
             sender: Some(ChangeCursor::at(1)),
             entries: &[],
             baseline: Baseline::Sweep,
+            ignore: &wsd_sync::IgnoreRules::none(),
         })
         .unwrap();
     assert_eq!(out.applied, 1, "var/junk swept, var kept");
@@ -719,11 +721,13 @@ fn a_baseline_sweep_deletes_what_was_not_listed() {
     let listed = [dir_entry("keep", 0o755), a];
     let mark = ApplyBatch {
         baseline: Baseline::Mark,
+        ignore: &wsd_sync::IgnoreRules::none(),
         ..peer_batch(&listed, 5)
     };
     w.store.apply(mark).unwrap();
     let sweep = ApplyBatch {
         baseline: Baseline::Sweep,
+        ignore: &wsd_sync::IgnoreRules::none(),
         ..peer_batch(&[], 5)
     };
     let out = w.store.apply(sweep).unwrap();
@@ -846,6 +850,7 @@ fn an_external_writer_gets_fresh_revs_and_moves_no_watermark() {
         sender: None,
         entries: &entries,
         baseline: Baseline::Off,
+        ignore: &wsd_sync::IgnoreRules::none(),
     };
     let out = w.store.apply(ext.clone()).unwrap();
     assert_eq!(
