@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
-use wsd::store::{StoreOptions, WorkspaceStore};
+use wsd::store::{ConflictCopy, StoreOptions, WorkspaceStore};
 use wsd_client::client::{self, Client};
 use wsd_sync::driver::{self, SyncOptions, SyncReport};
 use wsd_sync::{
@@ -103,6 +103,8 @@ impl Session {
                 // Every settle walks the whole tree here: settle once per
                 // direction explicitly instead of on every store call.
                 auto_settle: false,
+                // A pull never silently replaces a local edit.
+                conflict_copies: true,
                 ..Default::default()
             },
         )
@@ -221,11 +223,13 @@ impl Session {
     }
 }
 
-/// The exclusions of a transfer: LOCAL_DIR/.wsdignore's lines (blank lines
-/// and `#` comments dropped, as git does), then each `--exclude`.
+/// The exclusions of a transfer: conflict copies (one machine's leftovers,
+/// never pushed), LOCAL_DIR/.wsdignore's lines (blank lines and `#`
+/// comments dropped, as git does), then each `--exclude`.
 fn ignore_rules(local: &Path, exclude: &[String]) -> Result<IgnoreRules> {
     let file = local.join(IGNORE_FILE);
-    let mut patterns: Vec<String> = match std::fs::read_to_string(&file) {
+    let mut patterns: Vec<String> = vec![wsd_sync::CONFLICT_COPY_PATTERN.to_owned()];
+    patterns.extend(match std::fs::read_to_string(&file) {
         Ok(text) => text
             .lines()
             .map(str::trim_end)
@@ -234,7 +238,7 @@ fn ignore_rules(local: &Path, exclude: &[String]) -> Result<IgnoreRules> {
             .collect(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(e).with_context(|| format!("reading {}", file.display())),
-    };
+    });
     patterns.extend(exclude.iter().cloned());
     IgnoreRules::new(&patterns).with_context(|| {
         format!(
@@ -319,7 +323,23 @@ impl Progress {
     }
 }
 
-fn summarize(verb: &str, r: &SyncReport, elapsed: Duration, json: bool, quiet: bool) {
+/// Prints a transfer's summary; `conflicts` are the local versions a pull
+/// kept as conflict copies, listed even when quiet.
+fn summarize(
+    verb: &str,
+    r: &SyncReport,
+    conflicts: &[ConflictCopy],
+    elapsed: Duration,
+    json: bool,
+    quiet: bool,
+) {
+    for c in conflicts {
+        eprintln!(
+            "{verb}: conflict: {} changed on both sides; the remote's version is in place, \
+             the local one kept as {}",
+            c.path, c.copy
+        );
+    }
     if json {
         let v = serde_json::json!({
             "op": verb,
@@ -331,6 +351,10 @@ fn summarize(verb: &str, r: &SyncReport, elapsed: Duration, json: bool, quiet: b
             "batches": r.batches,
             "rebaselined": r.rebaselined,
             "overwrote_local": r.overwrote_local,
+            "conflicts": conflicts
+                .iter()
+                .map(|c| serde_json::json!({"path": c.path.as_str(), "copy": c.copy.as_str()}))
+                .collect::<Vec<_>>(),
             "elapsed_ms": elapsed.as_secs_f64() * 1e3,
         });
         println!("{v}");
@@ -347,11 +371,10 @@ fn summarize(verb: &str, r: &SyncReport, elapsed: Duration, json: bool, quiet: b
         elapsed.as_secs_f64(),
         if r.rebaselined { " (re-baselined)" } else { "" }
     );
-    if r.overwrote_local > 0 {
-        eprintln!(
-            "{verb}: {} local changes were overwritten by the remote's",
-            r.overwrote_local
-        );
+    // Replacements that left no copy: a local delete or mode change undone.
+    let uncopied = (r.overwrote_local as usize).saturating_sub(conflicts.len());
+    if uncopied > 0 {
+        eprintln!("{verb}: {uncopied} local changes were overwritten by the remote's");
     }
 }
 
@@ -389,7 +412,7 @@ pub async fn push(a: TransferArgs) -> Result<ExitCode> {
     let progress = Progress::new();
     let report = s.push(&progress).await;
     progress.finish();
-    summarize("push", &report?, started.elapsed(), a.json, a.quiet);
+    summarize("push", &report?, &[], started.elapsed(), a.json, a.quiet);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -404,7 +427,15 @@ pub async fn pull(a: TransferArgs) -> Result<ExitCode> {
     let progress = Progress::new();
     let report = s.pull(&progress).await;
     progress.finish();
-    summarize("pull", &report?, started.elapsed(), a.json, a.quiet);
+    let conflicts = s.store.take_conflict_copies();
+    summarize(
+        "pull",
+        &report?,
+        &conflicts,
+        started.elapsed(),
+        a.json,
+        a.quiet,
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -428,10 +459,12 @@ pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
         .await;
         progress.finish();
         let (pulled, pushed) = round?;
-        if !a.watch || pulled.entries + pushed.entries > 0 {
+        let conflicts = s.store.take_conflict_copies();
+        if !a.watch || pulled.entries + pushed.entries > 0 || !conflicts.is_empty() {
             summarize(
                 "pull",
                 &pulled,
+                &conflicts,
                 started.elapsed(),
                 a.transfer.json,
                 a.transfer.quiet,
@@ -439,6 +472,7 @@ pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
             summarize(
                 "push",
                 &pushed,
+                &[],
                 started.elapsed(),
                 a.transfer.json,
                 a.transfer.quiet,
