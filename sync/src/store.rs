@@ -54,7 +54,7 @@ pub struct ApplyBatch<'a> {
     pub sender: Option<ChangeCursor>,
     pub entries: &'a [ChangeEntry],
     pub baseline: Baseline,
-    /// The sender's exclusions (rule 6): a `Sweep` leaves alone every live
+    /// The sender's exclusions (rule 10): a `Sweep` leaves alone every live
     /// path they match, and that path's ancestors, since the sender never
     /// lists what it excludes. Other phases do not look at them.
     pub ignore: &'a IgnoreRules,
