@@ -415,6 +415,30 @@ fn over_a_limit_is_elimit_and_the_connection_stays_usable() {
             .await
             .unwrap_err();
         assert_eq!(err.code, ErrorCode::Limit, "{err}");
+        // The same bound, and the same check of each pattern, for a push's
+        // exclusions: a refused push applies nothing.
+        let err = c
+            .push(
+                Some(&ChangeCursor::at(1)),
+                &[dir_entry("refused")],
+                Baseline::Sweep,
+                &patterns,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::Limit, "{err}");
+        let err = c
+            .push(
+                Some(&ChangeCursor::at(1)),
+                &[dir_entry("refused")],
+                Baseline::Sweep,
+                &["a{b".to_owned()],
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::Invalid, "{err}");
+        assert!(err.message.contains("a{b"), "{err}");
+        assert_eq!(c.watermarks().await.unwrap().current_rev, 0);
 
         let long = "x/".repeat(wsd_sync::limits::MAX_PATH_DEPTH) + "y";
         let mut req = raw_sync(&server.addr).await.read_entry_request();
