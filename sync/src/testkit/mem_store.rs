@@ -319,8 +319,26 @@ impl Store for MemStore {
                 .filter(|n| n.state != EntryState::Delete);
             let same = current.is_some_and(|n| n.state.same_content(&e.state));
             let gone = e.state == EntryState::Delete && current.is_none();
+            let is_dir = current.is_some_and(|n| matches!(n.state, EntryState::Dir { .. }));
+            let sparing = if e.state == EntryState::Delete && is_dir {
+                let below: Vec<(SyncPath, bool)> = s
+                    .nodes
+                    .iter()
+                    .filter(|(p, n)| p.starts_with(&e.path) && n.state != EntryState::Delete)
+                    .map(|(p, n)| (p.clone(), matches!(n.state, EntryState::Dir { .. })))
+                    .filter(|(p, _)| *p != e.path)
+                    .collect();
+                batch.ignore.delete_sparing(&e.path, &below)
+            } else {
+                None
+            };
             if gone || (batch.sender.is_some() && same) {
                 skipped += 1;
+            } else if let Some(tops) = sparing {
+                for t in tops {
+                    s.set(t, EntryState::Delete, rev, from);
+                }
+                applied += 1;
             } else {
                 s.set(e.path.clone(), e.state.clone(), rev, from);
                 applied += 1;

@@ -320,6 +320,50 @@ pub fn a_sweep_spares_paths_the_senders_exclusions_match<S: StoreUnderTest>(
     );
 }
 
+pub fn a_delete_of_a_directory_spares_what_the_senders_exclusions_match<S: StoreUnderTest>(
+    mut f: impl FnMut() -> S,
+) {
+    let mut s = f();
+    for path in [
+        "d/app.log",
+        "d/src/main.rs",
+        "d/cache/x.log",
+        "d/mixed/y.txt",
+        "d/mixed/z.log",
+        "other/w.log",
+    ] {
+        write(&mut s, path, path.as_bytes());
+    }
+    let ignore = IgnoreRules::new(&["*.log"]).unwrap();
+    let del = |path: &str| ChangeEntry {
+        rev: 2,
+        path: p(path),
+        state: EntryState::Delete,
+    };
+    s.apply(ApplyBatch {
+        remote: R,
+        sender: Some(ChangeCursor::at(2)),
+        entries: &[del("d"), del("other")],
+        baseline: Baseline::Off,
+        ignore: &ignore,
+    })
+    .unwrap();
+    let tree = live(&mut s);
+    assert_eq!(
+        tree.keys().collect::<Vec<_>>(),
+        [
+            "d",
+            "d/app.log",
+            "d/cache",
+            "d/cache/x.log",
+            "d/mixed",
+            "d/mixed/z.log",
+            "other",
+            "other/w.log"
+        ]
+    );
+}
+
 pub fn a_rewound_baseline_restarts_its_marks<S: StoreUnderTest>(mut f: impl FnMut() -> S) {
     let mut s = f();
     write(&mut s, "a", b"a");

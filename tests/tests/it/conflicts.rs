@@ -97,6 +97,23 @@ fn a_baseline_push_leaves_the_daemons_excluded_paths_alone() {
 }
 
 #[test]
+fn deleting_a_directory_leaves_the_excluded_paths_the_other_side_holds_below_it() {
+    let e = setup();
+    write(&e.local, "sub/a.txt", b"a", 0o644);
+    write(&e.local, "sub/deep/b.txt", b"b", 0o644);
+    transfer(&e, "push", &EXCLUDES);
+    write(&e.served, "sub/run.log", b"daemon log", 0o644);
+    write(&e.served, "sub/deep/build/out.o", b"object", 0o644);
+
+    std::fs::remove_dir_all(e.local.join("sub")).unwrap();
+    transfer(&e, "push", &EXCLUDES);
+    assert!(!e.served.join("sub/a.txt").exists());
+    assert!(!e.served.join("sub/deep/b.txt").exists());
+    assert_eq!(read(&e.served.join("sub/run.log")), "daemon log");
+    assert_eq!(read(&e.served.join("sub/deep/build/out.o")), "object");
+}
+
+#[test]
 fn a_baseline_pull_leaves_local_excluded_paths_alone() {
     let mut e = setup();
     write(&e.served, "a.txt", b"a", 0o644);

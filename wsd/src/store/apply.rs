@@ -153,6 +153,8 @@ pub(crate) struct Apply<'a> {
     pub conflicts: Option<&'a mut Vec<ConflictCopy>>,
     /// The UTC time conflict copies of this batch are named after.
     conflict_stamp: Option<String>,
+    /// The sender's exclusions: no entry deletes what they match.
+    pub ignore: &'a IgnoreRules,
 }
 
 /// A local version a pull kept rather than overwrite or delete it.
@@ -200,6 +202,7 @@ impl<'a> Apply<'a> {
             clear_chunks: true,
             conflicts: None,
             conflict_stamp: None,
+            ignore: IgnoreRules::none_static(),
         })
     }
 
@@ -384,6 +387,30 @@ impl<'a> Apply<'a> {
             .ctx("checking for local changes")
     }
 
+    /// The live rows strictly below `path`, in path order, with whether
+    /// each is a directory.
+    fn live_below(&self, path: &SyncPath) -> Result<Vec<(SyncPath, bool)>, SyncError> {
+        let (lo, hi) = index::descendant_range(path);
+        let rows: Vec<(String, i64)> = self
+            .db
+            .prepare_cached(
+                "SELECT path, kind FROM nodes WHERE path >= ?1 AND path < ?2 AND kind != 3
+                 ORDER BY path",
+            )
+            .and_then(|mut s| {
+                s.query_map(params![lo, hi], |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect::<Result<_, _>>()
+            })
+            .ctx("listing a directory's subtree")?;
+        rows.into_iter()
+            .map(|(p, kind)| {
+                let p = SyncPath::new(p)
+                    .map_err(|e| SyncError::Storage(format!("index holds a bad path: {e}")))?;
+                Ok((p, kind == NodeKind::Dir as i64))
+            })
+            .collect()
+    }
+
     fn note_overwrite(&mut self, path: &SyncPath, what: &str) {
         self.outcome.overwrote_local += 1;
         tracing::warn!(%path, remote = self.remote, what,
@@ -531,6 +558,25 @@ impl<'a> Apply<'a> {
         };
         if matches!(e.state, EntryState::Delete) && row.is_none() && disk.is_none() {
             self.outcome.skipped += 1;
+            return Ok(());
+        }
+        if matches!(e.state, EntryState::Delete)
+            && disk_kind == Some(DiskKind::Dir)
+            && row.as_ref().is_some_and(|r| r.kind == NodeKind::Dir)
+            && !self.ignore.is_empty()
+            && let Some(tops) = self
+                .ignore
+                .delete_sparing(&e.path, &self.live_below(&e.path)?)
+        {
+            // The sender excludes something we hold below: delete the rest,
+            // one subtree at a time, and keep the directory.
+            for top in tops {
+                self.entry(&ChangeEntry {
+                    rev: e.rev,
+                    path: top,
+                    state: EntryState::Delete,
+                })?;
+            }
             return Ok(());
         }
         if self.peer && !unsettled && row.as_ref().is_some_and(|r| row_matches(r, &e.state)) {

@@ -557,6 +557,7 @@ impl Store for WorkspaceStore {
         if self.keep_conflicts {
             a.conflicts = Some(&mut self.conflict_copies);
         }
+        a.ignore = batch.ignore;
         // Nothing below `check` has touched the directory when it fails:
         // dropping the transaction rolls the index back too.
         a.check(batch.entries)?;
