@@ -201,10 +201,11 @@ interface Sync {
   # re-applied, not skipped).
   #
   # `ignore` is the sender's exclusions (gitignore syntax, as for
-  # `fetchChanges`; at most 1024, EINVAL for a malformed one): the sender
-  # never lists what they match, so a `sweep` leaves every receiver path
-  # they match alone, and that path's ancestors. Null or empty: none.
-  # Other phases do not look at it.
+  # `fetchChanges`; at most 1024, EINVAL for a malformed one). The sender
+  # never lists what they match, so nothing they match is deleted here: a
+  # `sweep` leaves every such path alone, and its ancestors, and the delete
+  # of a directory removes only what below it holds nothing excluded (the
+  # directory stays). Null or empty: none.
   #
   # Returns the receiver's current rev after the batch and its stored fetch
   # cursor for this peer (`appliedPushCursor`), which the sender checks
