@@ -36,7 +36,8 @@ pub struct TransferArgs {
     #[arg(long)]
     create: bool,
     /// Leave out paths matching PATTERN (gitignore syntax; repeatable), on
-    /// top of LOCAL_DIR/.wsdignore: they are neither sent nor fetched.
+    /// top of LOCAL_DIR/.wsdignore: they are neither sent nor fetched, nor
+    /// deleted on either side.
     #[arg(long, value_name = "PATTERN")]
     exclude: Vec<String>,
     /// Print the paths a push or pull would send or fetch ("write PATH",
