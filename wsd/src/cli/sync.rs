@@ -324,6 +324,18 @@ impl Progress {
     }
 }
 
+/// One line per conflict copy, on stderr whatever `-q` says: a local
+/// version was replaced and now lives under another name.
+fn print_conflicts(verb: &str, conflicts: &[ConflictCopy]) {
+    for c in conflicts {
+        eprintln!(
+            "{verb}: conflict: {} changed on both sides; the remote's version is in place, \
+             the local one kept as {}",
+            c.path, c.copy
+        );
+    }
+}
+
 /// Prints a transfer's summary; `conflicts` are the local versions a pull
 /// kept as conflict copies, listed even when quiet.
 fn summarize(
@@ -334,13 +346,7 @@ fn summarize(
     json: bool,
     quiet: bool,
 ) {
-    for c in conflicts {
-        eprintln!(
-            "{verb}: conflict: {} changed on both sides; the remote's version is in place, \
-             the local one kept as {}",
-            c.path, c.copy
-        );
-    }
+    print_conflicts(verb, conflicts);
     if json {
         let v = serde_json::json!({
             "op": verb,
@@ -429,6 +435,10 @@ pub async fn pull(a: TransferArgs) -> Result<ExitCode> {
     let report = s.pull(&progress).await;
     progress.finish();
     let conflicts = s.store.take_conflict_copies();
+    if report.is_err() {
+        // Copies made before the failure exist all the same.
+        print_conflicts("pull", &conflicts);
+    }
     summarize(
         "pull",
         &report?,
@@ -459,8 +469,11 @@ pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
         }
         .await;
         progress.finish();
-        let (pulled, pushed) = round?;
         let conflicts = s.store.take_conflict_copies();
+        if round.is_err() {
+            print_conflicts("pull", &conflicts);
+        }
+        let (pulled, pushed) = round?;
         if !a.watch || pulled.entries + pushed.entries > 0 || !conflicts.is_empty() {
             summarize(
                 "pull",
