@@ -168,7 +168,7 @@ pub async fn push<S: Store, R: Remote>(
         .await;
         if let Some(p) = previous.take() {
             // Recorded even if this batch's upload failed.
-            let acked = conclude(local, remote, &mut report, p).await?;
+            let acked = conclude(local, remote, opts, &mut report, p).await?;
             acknowledge(local, opts, &mut report, &mut on_batch, acked)?;
         }
         staged?;
@@ -185,7 +185,12 @@ pub async fn push<S: Store, R: Remote>(
         let entries = current.entries.clone();
         let mut pending = Some(InFlight {
             pending: remote
-                .push_pipelined(Some(sender.clone()), current.entries, current.phase)
+                .push_pipelined(
+                    Some(sender.clone()),
+                    current.entries,
+                    current.phase,
+                    opts.ignore.patterns(),
+                )
                 .await?,
             sender,
             entries,
@@ -204,7 +209,7 @@ pub async fn push<S: Store, R: Remote>(
             if current_bytes + next.missing_bytes() > 2 * BATCH_OBJECT_BYTES
                 && let Some(p) = pending.take()
             {
-                let acked = conclude(local, remote, &mut report, p).await?;
+                let acked = conclude(local, remote, opts, &mut report, p).await?;
                 acknowledge(local, opts, &mut report, &mut on_batch, acked)?;
             }
             let next_uploads = send_objects(local, remote, &next.missing, &mut report).await?;
@@ -229,7 +234,7 @@ pub async fn push<S: Store, R: Remote>(
             }
             Ok(None) => {
                 if let Some(p) = pending {
-                    let acked = conclude(local, remote, &mut report, p).await?;
+                    let acked = conclude(local, remote, opts, &mut report, p).await?;
                     acknowledge(local, opts, &mut report, &mut on_batch, acked)?;
                 }
                 return Ok(report);
@@ -272,6 +277,7 @@ struct Acked {
 async fn conclude<S: Store, R: Remote>(
     local: &mut S,
     remote: &mut R,
+    opts: &SyncOptions<'_>,
     report: &mut SyncReport,
     push: InFlight,
 ) -> Result<Acked, SyncError> {
@@ -299,7 +305,12 @@ async fn conclude<S: Store, R: Remote>(
                     upload.await?;
                 }
                 result = remote
-                    .push(Some(sender.clone()), entries.clone(), phase)
+                    .push(
+                        Some(sender.clone()),
+                        entries.clone(),
+                        phase,
+                        opts.ignore.patterns(),
+                    )
                     .await;
             }
             other => {
@@ -602,6 +613,7 @@ pub async fn pull_with<S: Store, R: Remote>(
             sender: Some(sender),
             entries: &batch,
             baseline: mark,
+            ignore: opts.ignore,
         })?;
         report.entries += batch.len() as u64;
         report.applied += outcome.applied as u64;
@@ -620,6 +632,8 @@ pub async fn pull_with<S: Store, R: Remote>(
         } else {
             Baseline::Off
         },
+        // The sweep spares what we exclude: the remote never listed it.
+        ignore: opts.ignore,
     })?;
     report.cursor = outcome.fetch_cursor;
     Ok(report)
@@ -750,6 +764,7 @@ impl<S: Store> Remote for StoreRemote<S> {
         sender: Option<ChangeCursor>,
         entries: Vec<ChangeEntry>,
         baseline: Baseline,
+        ignore: &[String],
     ) -> Result<PushOutcome, SyncError> {
         SyncError::check_limit(
             "entries per push",
@@ -759,11 +774,13 @@ impl<S: Store> Remote for StoreRemote<S> {
         for e in &entries {
             e.validate()?;
         }
+        let ignore = IgnoreRules::new(ignore)?;
         let outcome = self.store.borrow_mut().apply(ApplyBatch {
             remote: &self.peer,
             sender,
             entries: &entries,
             baseline,
+            ignore: &ignore,
         })?;
         Ok(PushOutcome {
             rev: outcome.rev,

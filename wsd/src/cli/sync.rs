@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
-use wsd::store::{StoreOptions, WorkspaceStore};
+use wsd::store::{ConflictCopy, StoreOptions, WorkspaceStore};
 use wsd_client::client::{self, Client};
 use wsd_sync::driver::{self, SyncOptions, SyncReport};
 use wsd_sync::{
@@ -36,7 +36,8 @@ pub struct TransferArgs {
     #[arg(long)]
     create: bool,
     /// Leave out paths matching PATTERN (gitignore syntax; repeatable), on
-    /// top of LOCAL_DIR/.wsdignore: they are neither sent nor fetched.
+    /// top of LOCAL_DIR/.wsdignore: they are neither sent nor fetched, nor
+    /// deleted on either side.
     #[arg(long, value_name = "PATTERN")]
     exclude: Vec<String>,
     /// Print the paths a push or pull would send or fetch ("write PATH",
@@ -104,6 +105,8 @@ impl Session {
                 // Every settle walks the whole tree here: settle once per
                 // direction explicitly instead of on every store call.
                 auto_settle: false,
+                // A pull never silently replaces a local edit.
+                conflict_copies: true,
                 ..Default::default()
             },
         )
@@ -234,11 +237,13 @@ impl Session {
     }
 }
 
-/// The exclusions of a transfer: LOCAL_DIR/.wsdignore's lines (blank lines
-/// and `#` comments dropped, as git does), then each `--exclude`.
+/// The exclusions of a transfer: conflict copies (one machine's leftovers,
+/// never pushed), LOCAL_DIR/.wsdignore's lines (blank lines and `#`
+/// comments dropped, as git does), then each `--exclude`.
 fn ignore_rules(local: &Path, exclude: &[String]) -> Result<IgnoreRules> {
     let file = local.join(IGNORE_FILE);
-    let mut patterns: Vec<String> = match std::fs::read_to_string(&file) {
+    let mut patterns: Vec<String> = vec![wsd_sync::CONFLICT_COPY_PATTERN.to_owned()];
+    patterns.extend(match std::fs::read_to_string(&file) {
         Ok(text) => text
             .lines()
             .map(str::trim_end)
@@ -247,7 +252,7 @@ fn ignore_rules(local: &Path, exclude: &[String]) -> Result<IgnoreRules> {
             .collect(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(e).with_context(|| format!("reading {}", file.display())),
-    };
+    });
     patterns.extend(exclude.iter().cloned());
     IgnoreRules::new(&patterns).with_context(|| {
         format!(
@@ -332,7 +337,29 @@ impl Progress {
     }
 }
 
-fn summarize(verb: &str, r: &SyncReport, elapsed: Duration, json: bool, quiet: bool) {
+/// One line per conflict copy, on stderr whatever `-q` says: a local
+/// version was replaced and now lives under another name.
+fn print_conflicts(verb: &str, conflicts: &[ConflictCopy]) {
+    for c in conflicts {
+        eprintln!(
+            "{verb}: conflict: {} changed on both sides; the remote's version is in place, \
+             the local one kept as {}",
+            c.path, c.copy
+        );
+    }
+}
+
+/// Prints a transfer's summary; `conflicts` are the local versions a pull
+/// kept as conflict copies, listed even when quiet.
+fn summarize(
+    verb: &str,
+    r: &SyncReport,
+    conflicts: &[ConflictCopy],
+    elapsed: Duration,
+    json: bool,
+    quiet: bool,
+) {
+    print_conflicts(verb, conflicts);
     if json {
         let v = serde_json::json!({
             "op": verb,
@@ -344,6 +371,10 @@ fn summarize(verb: &str, r: &SyncReport, elapsed: Duration, json: bool, quiet: b
             "batches": r.batches,
             "rebaselined": r.rebaselined,
             "overwrote_local": r.overwrote_local,
+            "conflicts": conflicts
+                .iter()
+                .map(|c| serde_json::json!({"path": c.path.as_str(), "copy": c.copy.as_str()}))
+                .collect::<Vec<_>>(),
             "elapsed_ms": elapsed.as_secs_f64() * 1e3,
         });
         println!("{v}");
@@ -360,11 +391,10 @@ fn summarize(verb: &str, r: &SyncReport, elapsed: Duration, json: bool, quiet: b
         elapsed.as_secs_f64(),
         if r.rebaselined { " (re-baselined)" } else { "" }
     );
-    if r.overwrote_local > 0 {
-        eprintln!(
-            "{verb}: {} local changes were overwritten by the remote's",
-            r.overwrote_local
-        );
+    // Replacements that left no copy: a local delete or mode change undone.
+    let uncopied = (r.overwrote_local as usize).saturating_sub(conflicts.len());
+    if uncopied > 0 {
+        eprintln!("{verb}: {uncopied} local changes were overwritten by the remote's");
     }
 }
 
@@ -408,7 +438,7 @@ pub async fn push(a: TransferArgs) -> Result<ExitCode> {
         push_ms = (started.elapsed() - opened).as_secs_f64() * 1e3,
         "push done"
     );
-    summarize("push", &report?, started.elapsed(), a.json, a.quiet);
+    summarize("push", &report?, &[], started.elapsed(), a.json, a.quiet);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -423,7 +453,19 @@ pub async fn pull(a: TransferArgs) -> Result<ExitCode> {
     let progress = Progress::new();
     let report = s.pull(&progress).await;
     progress.finish();
-    summarize("pull", &report?, started.elapsed(), a.json, a.quiet);
+    let conflicts = s.store.take_conflict_copies();
+    if report.is_err() {
+        // Copies made before the failure exist all the same.
+        print_conflicts("pull", &conflicts);
+    }
+    summarize(
+        "pull",
+        &report?,
+        &conflicts,
+        started.elapsed(),
+        a.json,
+        a.quiet,
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -446,11 +488,16 @@ pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
         }
         .await;
         progress.finish();
+        let conflicts = s.store.take_conflict_copies();
+        if round.is_err() {
+            print_conflicts("pull", &conflicts);
+        }
         let (pulled, pushed) = round?;
-        if !a.watch || pulled.entries + pushed.entries > 0 {
+        if !a.watch || pulled.entries + pushed.entries > 0 || !conflicts.is_empty() {
             summarize(
                 "pull",
                 &pulled,
+                &conflicts,
                 started.elapsed(),
                 a.transfer.json,
                 a.transfer.quiet,
@@ -458,6 +505,7 @@ pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
             summarize(
                 "push",
                 &pushed,
+                &[],
                 started.elapsed(),
                 a.transfer.json,
                 a.transfer.quiet,

@@ -200,6 +200,7 @@ mod tests {
                                 sender: None,
                                 entries: &[e],
                                 baseline: wsd_sync::Baseline::Off,
+                                ignore: &wsd_sync::IgnoreRules::none(),
                             })
                         })
                         .await
