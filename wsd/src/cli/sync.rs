@@ -92,6 +92,7 @@ impl Session {
                 a.local.display()
             );
         }
+        let t0 = Instant::now();
         let ignore = ignore_rules(&a.local, &a.exclude)?;
         let state = a.state.clone().unwrap_or_else(|| a.local.join(LOCAL_STATE));
         let index_lost = !state.join(wsd::store::INDEX_FILE).exists();
@@ -107,9 +108,11 @@ impl Session {
             },
         )
         .with_context(|| format!("opening the index of {}", a.local.display()))?;
-        store
+        let t_open = t0.elapsed();
+        let settled = store
             .settle()
             .with_context(|| format!("indexing {}", a.local.display()))?;
+        let t_settle = t0.elapsed();
         let peer = peer_name(&state, index_lost)?;
         let token = a.remote.token()?;
         let mut remote = client::connect(&a.remote.remote, token, &peer)
@@ -119,6 +122,16 @@ impl Session {
         driver::reconcile(&mut store, &mut remote, &remote_name)
             .await
             .with_context(|| format!("comparing watermarks with {}", a.remote.remote))?;
+        // Where a transfer's fixed cost goes (issue 16 asks for the split).
+        tracing::debug!(
+            target: "wsd::timing",
+            open_ms = t_open.as_secs_f64() * 1e3,
+            settle_ms = (t_settle - t_open).as_secs_f64() * 1e3,
+            connect_ms = (t0.elapsed() - t_settle).as_secs_f64() * 1e3,
+            hashed = settled.hashed,
+            changed = settled.changed,
+            "session open"
+        );
         Ok(Session {
             store,
             remote,
@@ -387,8 +400,14 @@ pub async fn push(a: TransferArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let progress = Progress::new();
+    let opened = started.elapsed();
     let report = s.push(&progress).await;
     progress.finish();
+    tracing::debug!(
+        target: "wsd::timing",
+        push_ms = (started.elapsed() - opened).as_secs_f64() * 1e3,
+        "push done"
+    );
     summarize("push", &report?, started.elapsed(), a.json, a.quiet);
     Ok(ExitCode::SUCCESS)
 }

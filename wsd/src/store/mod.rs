@@ -114,6 +114,18 @@ pub struct WorkspaceStore {
     auto_settle: bool,
 }
 
+impl Drop for WorkspaceStore {
+    fn drop(&mut self) {
+        // Closed explicitly so the clean-close stamp describes the file
+        // after SQLite's final checkpoint.
+        let Ok(placeholder) = Connection::open_in_memory() else {
+            return;
+        };
+        let db = std::mem::replace(&mut self.db, placeholder);
+        index::close(db, &self.state_dir.join(INDEX_FILE));
+    }
+}
+
 impl WorkspaceStore {
     /// Opens the workspace at `root` with its index in `state_dir` (created
     /// if missing). An existing index is resumed: revs, watermarks and
