@@ -409,7 +409,8 @@ fn sweep(m: &mut Mutation<'_>, src: &Source<'_>) -> Result<usize, DofsError> {
         let swept = m.execute(
             &format!(
                 "UPDATE entries SET kind = 'delete', rev = ?2, mode = NULL, mtime = NULL,
-                        size = NULL, target = NULL, manifest = NULL, applied_from = ?3
+                        size = NULL, target = NULL, manifest = NULL, chunk = NULL,
+                        applied_from = ?3
                  WHERE {UNMARKED}"
             ),
             params![src.remote, rev, src.marker],
