@@ -54,7 +54,10 @@ pub(crate) trait IndexContext<T> {
 
 impl<T> IndexContext<T> for Result<T, rusqlite::Error> {
     fn ctx(self, what: &str) -> Result<T, SyncError> {
-        self.map_err(|e| SyncError::Storage(format!("index: {what}: {e}")))
+        self.map_err(|e| {
+            super::index::note_error(&e);
+            SyncError::Storage(format!("index: {what}: {e}"))
+        })
     }
 }
 

@@ -1,6 +1,7 @@
 //! The SQLite index: schema, migrations and row helpers. See `DESIGN.md`.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OptionalExtension, params};
@@ -161,12 +162,46 @@ fn take_clean_stamp(path: &Path) -> bool {
     file_state(path).is_some_and(|now| now == recorded)
 }
 
-/// Closes the index (SQLite checkpoints the log into the file) and stamps
-/// the file's state so the next [`open`] can trust it without reading every
-/// page. Best effort: without a stamp the next open only checks again.
-pub(crate) fn close(db: Connection, path: &Path) {
+/// SQLite errors saying "corrupt" or "not a database" that store code in
+/// this process has met (see [`note_error`]). Process-wide rather than per
+/// store because the error paths only hold the `rusqlite::Error`; a store
+/// that sees it move during its session does not stamp at close, so at
+/// worst a sound index sharing the process is checked once more.
+static CORRUPTION_SEEN: AtomicU64 = AtomicU64::new(0);
+
+/// Counts `e` when it says the index is damaged: a page that went bad
+/// without moving the file's metadata would otherwise be stamped clean at
+/// close and never checked again, failing every push and pull forever.
+pub(crate) fn note_error(e: &rusqlite::Error) {
+    if crate::sqlite_state::is_corruption(e) {
+        CORRUPTION_SEEN.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// How many corruption errors store code has met so far (see
+/// [`note_error`]); a store compares it at close with its value at open.
+pub(crate) fn corruption_seen() -> u64 {
+    CORRUPTION_SEEN.load(Ordering::SeqCst)
+}
+
+/// Closes the index (SQLite checkpoints the log into the file) and, when
+/// `trusted` (the session met no corruption error), stamps the file's state
+/// so the next [`open`] can trust it without reading every page. Otherwise
+/// any stamp is removed so the next open checks the file. Best effort:
+/// without a stamp the next open only checks again.
+pub(crate) fn close(db: Connection, path: &Path, trusted: bool) {
+    if !trusted {
+        let _ = std::fs::remove_file(stamp_path(path));
+        tracing::warn!(
+            index = %path.display(),
+            "the index reported corruption this session: the next open checks it"
+        );
+    }
     if let Err((_, e)) = db.close() {
         tracing::warn!(index = %path.display(), error = %e, "closing the index");
+        return;
+    }
+    if !trusted {
         return;
     }
     if let Some(state) = file_state(path)
@@ -975,7 +1010,7 @@ mod tests {
     fn a_cleanly_closed_index_skips_the_check_once_and_any_later_write_revokes_that() {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("index.sqlite3");
-        close(open(&path).unwrap(), &path);
+        close(open(&path).unwrap(), &path, true);
         assert!(stamp_path(&path).exists(), "a clean close leaves a stamp");
         assert!(take_clean_stamp(&path), "the untouched file matches it");
         assert!(!stamp_path(&path).exists(), "taking the stamp removes it");
@@ -984,7 +1019,7 @@ mod tests {
             "without a stamp the file is checked"
         );
 
-        close(open(&path).unwrap(), &path);
+        close(open(&path).unwrap(), &path, true);
         let db = Connection::open(&path).unwrap();
         db.execute("UPDATE meta SET v = v + 1 WHERE k = 'rev'", [])
             .unwrap();
@@ -1008,7 +1043,7 @@ mod tests {
             )
             .unwrap();
         }
-        close(db, &path);
+        close(db, &path, true);
         assert!(stamp_path(&path).exists());
         let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         f.seek(SeekFrom::Start(4096)).unwrap();

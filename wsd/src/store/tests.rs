@@ -1347,3 +1347,30 @@ fn a_peer_delete_of_a_directory_holding_local_edits_moves_it_aside_whole() {
             .is_some_and(|e| e.state == EntryState::Delete)
     );
 }
+
+#[test]
+fn a_session_that_met_a_corrupt_index_leaves_no_clean_close_stamp() {
+    use super::error::IndexContext;
+    let w = ws(false);
+    let (tmp, root, state) = (w._tmp, w.root, w.state);
+    let stamp = state.join(format!("{INDEX_FILE}.clean"));
+    drop(w.store);
+    assert!(stamp.exists(), "a clean session stamps the index");
+
+    let mut store = WorkspaceStore::open(&root, &state, opts(false)).unwrap();
+    store.settle().unwrap();
+    // Every index query reports its error through `ctx`; a page that went
+    // bad in place surfaces there as SQLITE_CORRUPT.
+    let corrupt = rusqlite::Error::SqliteFailure(
+        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CORRUPT),
+        None,
+    );
+    let e = Err::<(), _>(corrupt).ctx("reading a page").unwrap_err();
+    assert!(e.to_string().contains("reading a page"), "{e}");
+    drop(store);
+    assert!(
+        !stamp.exists(),
+        "a session that met corruption must leave the next open to check"
+    );
+    drop(tmp);
+}
