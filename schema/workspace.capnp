@@ -205,7 +205,8 @@ interface Sync {
   # never lists what they match, so nothing they match is deleted here: a
   # `sweep` leaves every such path alone, and its ancestors, and the delete
   # of a directory removes only what below it holds nothing excluded (the
-  # directory stays). Null or empty: none.
+  # directory stays). A file or symlink replacing a directory that holds
+  # anything excluded fails with EINVAL naming both. Null or empty: none.
   #
   # Returns the receiver's current rev after the batch and its stored fetch
   # cursor for this peer (`appliedPushCursor`), which the sender checks

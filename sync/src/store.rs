@@ -59,7 +59,9 @@ pub struct ApplyBatch<'a> {
     /// since the sender never lists what it excludes; a delete of a
     /// directory removes only what holds nothing they match
     /// ([`IgnoreRules::delete_sparing`]), and the directory stays if
-    /// anything below it was spared.
+    /// anything below it was spared. A file or symlink replacing a
+    /// directory that holds anything they match is refused (`EINVAL`), or
+    /// by a receiver keeping conflict copies, the directory is moved aside.
     pub ignore: &'a IgnoreRules,
 }
 

@@ -37,7 +37,9 @@ pub struct TransferArgs {
     create: bool,
     /// Leave out paths matching PATTERN (gitignore syntax; repeatable), on
     /// top of LOCAL_DIR/.wsdignore: they are neither sent nor fetched, nor
-    /// deleted on either side.
+    /// deleted on either side (a directory holding them that the other
+    /// side replaced by a file is kept as a conflict copy by a pull and
+    /// refused by a push).
     #[arg(long, value_name = "PATTERN")]
     exclude: Vec<String>,
     /// Print the paths a push or pull would send or fetch ("write PATH",

@@ -155,6 +155,9 @@ pub(crate) struct Apply<'a> {
     conflict_stamp: Option<String>,
     /// The sender's exclusions: no entry deletes what they match.
     pub ignore: &'a IgnoreRules,
+    /// The directory the current entry replaces is to be moved aside as a
+    /// conflict copy (by `remove_dir_for`) rather than removed.
+    dir_aside: bool,
 }
 
 /// A local version a pull kept rather than overwrite or delete it.
@@ -203,6 +206,7 @@ impl<'a> Apply<'a> {
             conflicts: None,
             conflict_stamp: None,
             ignore: IgnoreRules::none_static(),
+            dir_aside: false,
         })
     }
 
@@ -411,6 +415,15 @@ impl<'a> Apply<'a> {
             .collect()
     }
 
+    /// The first live path below `path` the sender's exclusions match.
+    fn excluded_below(&self, path: &SyncPath) -> Result<Option<SyncPath>, SyncError> {
+        Ok(self
+            .live_below(path)?
+            .into_iter()
+            .find(|(p, is_dir)| self.ignore.is_ignored(p, *is_dir))
+            .map(|(p, _)| p))
+    }
+
     fn note_overwrite(&mut self, path: &SyncPath, what: &str) {
         self.outcome.overwrote_local += 1;
         tracing::warn!(%path, remote = self.remote, what,
@@ -594,17 +607,42 @@ impl<'a> Apply<'a> {
         let local_below = (replaces_dir || matches!(e.state, EntryState::Delete))
             && disk_kind == Some(DiskKind::Dir)
             && self.unpushed_local_below(&e.path)?;
+        // A file or link replacing a directory must not take the sender's
+        // exclusions below it with it (a delete spares them above).
+        let is_delete = matches!(e.state, EntryState::Delete);
+        let excluded = match replaces_dir && !is_delete && !self.ignore.is_empty() {
+            true => self.excluded_below(&e.path)?,
+            false => None,
+        };
+        if let Some(x) = &excluded
+            && self.conflicts.is_none()
+        {
+            return Err(SyncError::Invalid(format!(
+                "{} replaces directory {} which holds {x}, excluded by the sender: \
+                 remove or rename {} on one side",
+                kind_word(&e.state),
+                e.path,
+                e.path
+            )));
+        }
+        let dir_aside = self.conflicts.is_some()
+            && disk_kind == Some(DiskKind::Dir)
+            && (local_below || excluded.is_some());
         if unsettled || self.unpushed_local(any_row.as_ref()) || local_below {
             self.note_overwrite(&e.path, "entry");
             if self.conflicts.is_some()
-                && matches!(
-                    disk_kind,
-                    Some(DiskKind::File | DiskKind::Symlink | DiskKind::Dir)
-                )
-                && (disk_kind != Some(DiskKind::Dir) || local_below)
+                && matches!(disk_kind, Some(DiskKind::File | DiskKind::Symlink))
             {
-                self.keep_conflict_copy(&e.path, disk_kind == Some(DiskKind::Dir))?;
+                self.keep_conflict_copy(&e.path, false)?;
             }
+        }
+        // A replaced directory is moved aside only once the replacement is
+        // ready (`remove_dir_for`): moved earlier, a failed assemble would
+        // leave the index saying its subtree is live while it is gone, and
+        // the next push would delete it on the remote.
+        self.dir_aside = dir_aside && !is_delete;
+        if dir_aside && is_delete {
+            self.keep_conflict_copy(&e.path, true)?;
         }
         // A delete never creates parents; its path resolved inside the root
         // already (or does not exist there).
@@ -712,12 +750,16 @@ impl<'a> Apply<'a> {
     }
 
     /// Removes a directory that an entry of another kind replaces, with
-    /// tombstones for its indexed subtree. It may be gone already: moved
-    /// aside as a conflict copy.
+    /// tombstones for its indexed subtree; or, when the entry decided so
+    /// (`dir_aside`), moves it aside as a conflict copy instead.
     fn remove_dir_for(&mut self, path: &SyncPath, abs: &Path) -> Result<(), SyncError> {
-        std::fs::remove_dir_all(abs)
-            .or_else(|e| if fsutil::is_gone(&e) { Ok(()) } else { Err(e) })
-            .io_ctx(|| format!("removing directory {path}"))?;
+        if std::mem::take(&mut self.dir_aside) {
+            self.keep_conflict_copy(path, true)?;
+        } else {
+            std::fs::remove_dir_all(abs)
+                .or_else(|e| if fsutil::is_gone(&e) { Ok(()) } else { Err(e) })
+                .io_ctx(|| format!("removing directory {path}"))?;
+        }
         let rev = self.rev()?;
         index::tombstone_descendants(self.db, path, rev, self.applied_from())?;
         Ok(())
@@ -1171,5 +1213,15 @@ fn row_matches(row: &Node, state: &EntryState) -> bool {
             row.target.as_deref() == Some(target.as_str()) && row.stat.mode == *mode
         }
         _ => false,
+    }
+}
+
+/// How an error names the kind of entry at fault.
+fn kind_word(state: &EntryState) -> &'static str {
+    match state {
+        EntryState::File { .. } => "a file",
+        EntryState::Dir { .. } => "a directory",
+        EntryState::Symlink { .. } => "a symlink",
+        EntryState::Delete => "a delete",
     }
 }

@@ -1374,3 +1374,71 @@ fn a_session_that_met_a_corrupt_index_leaves_no_clean_close_stamp() {
     );
     drop(tmp);
 }
+
+#[test]
+fn a_file_replacing_an_edited_directory_that_fails_to_assemble_leaves_the_directory_in_place() {
+    let mut w = ws_keeping_conflicts();
+    w.write("d/new.txt", b"written here");
+    w.store.settle().unwrap();
+    // The chunks were never staged: assembling the file fails.
+    let (f, _objects) = file_entry("d", b"the peer's file", 0o644, 1_000);
+    w.store.apply(peer_batch(&[f], 1)).unwrap_err();
+    assert_eq!(fs::read(w.root.join("d/new.txt")).unwrap(), b"written here");
+    assert!(conflict_copies_in(&w.root).is_empty());
+    assert!(w.store.take_conflict_copies().is_empty());
+    assert!(
+        w.entry("d/new.txt")
+            .is_some_and(|e| matches!(e.state, EntryState::File { .. }))
+    );
+}
+
+fn excluding_batch<'a>(entries: &'a [ChangeEntry], ignore: &'a IgnoreRules) -> ApplyBatch<'a> {
+    ApplyBatch {
+        ignore,
+        ..peer_batch(entries, 1)
+    }
+}
+
+#[test]
+fn a_daemon_refuses_a_file_replacing_a_directory_that_holds_excluded_paths() {
+    let mut w = ws(false);
+    w.write("d/node_modules/x.js", b"excluded by the sender");
+    w.write("d/a.txt", b"synced");
+    w.store.settle().unwrap();
+    let ignore = IgnoreRules::new(&["node_modules/"]).unwrap();
+    let (f, objects) = file_entry("d", b"the peer's file", 0o644, 1_000);
+    w.store.stage_objects(&objects).unwrap();
+    let err = w
+        .store
+        .apply(excluding_batch(std::slice::from_ref(&f), &ignore))
+        .unwrap_err();
+    assert_eq!(err.code(), wsd_sync::ErrorCode::Invalid, "{err}");
+    assert!(err.to_string().contains("d/node_modules"), "{err}");
+    assert_eq!(
+        fs::read(w.root.join("d/node_modules/x.js")).unwrap(),
+        b"excluded by the sender"
+    );
+    assert_eq!(fs::read(w.root.join("d/a.txt")).unwrap(), b"synced");
+}
+
+#[test]
+fn a_pull_replacing_a_directory_that_holds_excluded_paths_keeps_it_as_a_conflict_copy() {
+    let mut w = ws_keeping_conflicts();
+    w.write("d/node_modules/x.js", b"excluded here");
+    w.store.settle().unwrap();
+    let ignore = IgnoreRules::new(&["node_modules/"]).unwrap();
+    let (f, objects) = file_entry("d", b"the peer's file", 0o644, 1_000);
+    w.store.stage_objects(&objects).unwrap();
+    let out = w
+        .store
+        .apply(excluding_batch(std::slice::from_ref(&f), &ignore))
+        .unwrap();
+    assert_eq!(out.applied, 1);
+    assert_eq!(fs::read(w.root.join("d")).unwrap(), b"the peer's file");
+    let copies = conflict_copies_in(&w.root);
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    assert_eq!(
+        fs::read(w.root.join(&copies[0]).join("node_modules/x.js")).unwrap(),
+        b"excluded here"
+    );
+}
