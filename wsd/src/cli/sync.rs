@@ -239,13 +239,15 @@ impl Session {
     }
 }
 
-/// The exclusions of a transfer: conflict copies (one machine's leftovers,
-/// never pushed), LOCAL_DIR/.wsdignore's lines (blank lines and `#`
-/// comments dropped, as git does), then each `--exclude`.
+/// The exclusions of a transfer: LOCAL_DIR/.wsdignore's lines (blank
+/// lines and `#` comments dropped, as git does), each `--exclude`, then
+/// conflict copies (one machine's leftovers, never pushed). That one goes
+/// last because the last matching pattern wins: a user's negation such as
+/// `!*.log` must not re-include `x.log.wsd-conflict-...`. It takes one of
+/// the wire's pattern slots, so the user gets one fewer.
 fn ignore_rules(local: &Path, exclude: &[String]) -> Result<IgnoreRules> {
     let file = local.join(IGNORE_FILE);
-    let mut patterns: Vec<String> = vec![wsd_sync::CONFLICT_COPY_PATTERN.to_owned()];
-    patterns.extend(match std::fs::read_to_string(&file) {
+    let mut patterns: Vec<String> = match std::fs::read_to_string(&file) {
         Ok(text) => text
             .lines()
             .map(str::trim_end)
@@ -254,8 +256,20 @@ fn ignore_rules(local: &Path, exclude: &[String]) -> Result<IgnoreRules> {
             .collect(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(e).with_context(|| format!("reading {}", file.display())),
-    });
+    };
     patterns.extend(exclude.iter().cloned());
+    let room = wsd_sync::limits::MAX_IGNORE_PATTERNS - 1;
+    if patterns.len() > room {
+        anyhow::bail!(
+            "ELIMIT: {} exclusions (--exclude and {}); at most {room}: one of the \
+             {} patterns a transfer carries is always {:?}",
+            patterns.len(),
+            file.display(),
+            wsd_sync::limits::MAX_IGNORE_PATTERNS,
+            wsd_sync::CONFLICT_COPY_PATTERN
+        );
+    }
+    patterns.push(wsd_sync::CONFLICT_COPY_PATTERN.to_owned());
     IgnoreRules::new(&patterns).with_context(|| {
         format!(
             "the exclusions (--exclude and {}) are not valid",
@@ -555,4 +569,37 @@ pub async fn watermarks(a: WatermarksArgs) -> Result<ExitCode> {
     });
     println!("{v}");
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wsdignore_negation_cannot_re_include_conflict_copies() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join(IGNORE_FILE), "*.log\n!*\n").unwrap();
+        let rules = ignore_rules(tmp.path(), &["!*.rs".to_owned()]).unwrap();
+        let copy = wsd_sync::SyncPath::new("src/main.rs.wsd-conflict-20261125T033500Z").unwrap();
+        assert!(rules.is_ignored(&copy, false));
+        let plain = wsd_sync::SyncPath::new("src/main.rs").unwrap();
+        assert!(!rules.is_ignored(&plain, false));
+    }
+
+    #[test]
+    fn too_many_exclusions_fail_naming_the_room_left_beside_the_built_in_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let room = wsd_sync::limits::MAX_IGNORE_PATTERNS - 1;
+        let fits: Vec<String> = (0..room).map(|i| format!("p{i}")).collect();
+        assert_eq!(
+            ignore_rules(tmp.path(), &fits).unwrap().patterns().len(),
+            room + 1
+        );
+        let over: Vec<String> = (0..=room).map(|i| format!("p{i}")).collect();
+        let e = format!("{:#}", ignore_rules(tmp.path(), &over).unwrap_err());
+        assert!(
+            e.contains("ELIMIT") && e.contains(&format!("at most {room}")),
+            "{e}"
+        );
+    }
 }
