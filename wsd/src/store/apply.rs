@@ -707,23 +707,12 @@ impl<'a> Apply<'a> {
             } else {
                 format!("-{n}")
             };
-            let copy = SyncPath::new(format!(
-                "{path}{}{stamp}{suffix}",
-                wsd_sync::CONFLICT_COPY_MARKER
-            ))?;
+            let copy = conflict_copy_path(path, &format!("{stamp}{suffix}"))?;
             let copy_abs = fsutil::abs(self.root, &copy);
             let kept = if is_dir {
-                // rename(2) would replace an empty directory: check first
-                // (one writer per workspace apply, so the check holds).
-                match std::fs::symlink_metadata(&copy_abs) {
-                    Ok(_) => continue,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                        std::fs::rename(&abs, &copy_abs)
-                    }
-                    Err(e) => Err(e),
-                }
+                rename_noreplace(&abs, &copy_abs)
             } else {
-                std::fs::hard_link(&abs, &copy_abs)
+                link_or_copy(&abs, &copy_abs)
             };
             match kept {
                 Ok(()) => {
@@ -1223,5 +1212,119 @@ fn kind_word(state: &EntryState) -> &'static str {
         EntryState::Dir { .. } => "a directory",
         EntryState::Symlink { .. } => "a symlink",
         EntryState::Delete => "a delete",
+    }
+}
+
+/// `PATH.wsd-conflict-<tail>`; when that last segment would exceed
+/// [`wsd_sync::limits::MAX_SEGMENT_BYTES`] (every pull would fail on it),
+/// the original name is cut at a character boundary and a short hash of it
+/// added (`NAME~hash.wsd-conflict-<tail>`), so distinct long names stay
+/// distinct.
+fn conflict_copy_path(path: &SyncPath, tail: &str) -> Result<SyncPath, SyncError> {
+    use wsd_sync::limits::MAX_SEGMENT_BYTES;
+    let marker = wsd_sync::CONFLICT_COPY_MARKER;
+    let s = path.as_str();
+    let (dir, name) = match s.rsplit_once('/') {
+        Some((d, n)) => (Some(d), n),
+        None => (None, s),
+    };
+    let name = if name.len() + marker.len() + tail.len() <= MAX_SEGMENT_BYTES {
+        name.to_owned()
+    } else {
+        let hash = wsd_sync::Hash::of(name.as_bytes()).to_string();
+        let hash = &hash[..8];
+        let mut keep = MAX_SEGMENT_BYTES - marker.len() - tail.len() - hash.len() - 1;
+        while !name.is_char_boundary(keep) {
+            keep -= 1;
+        }
+        format!("{}~{hash}", &name[..keep])
+    };
+    let copy = match dir {
+        Some(d) => format!("{d}/{name}{marker}{tail}"),
+        None => format!("{name}{marker}{tail}"),
+    };
+    SyncPath::new(copy)
+}
+
+/// Moves the directory `from` to `to` unless `to` exists (`AlreadyExists`);
+/// a plain rename(2) would replace an empty directory there. Filesystems
+/// without `RENAME_NOREPLACE` get a check first (one writer per workspace
+/// apply, so the check holds).
+fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
+    use rustix::fs::{CWD, RenameFlags, renameat_with};
+    match renameat_with(CWD, from, CWD, to, RenameFlags::NOREPLACE) {
+        Ok(()) => Ok(()),
+        Err(e) if e == rustix::io::Errno::INVAL || e == rustix::io::Errno::NOSYS => {
+            match std::fs::symlink_metadata(to) {
+                Ok(_) => Err(std::io::ErrorKind::AlreadyExists.into()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::rename(from, to),
+                Err(e) => Err(e),
+            }
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Gives the file or symlink `from` a second name `to` (never replacing
+/// one): a hard link, or, where the filesystem refuses one (EPERM, ENOTSUP,
+/// EMLINK, ...), a copy, so a pull does not stay stuck on it.
+fn link_or_copy(from: &Path, to: &Path) -> std::io::Result<()> {
+    let linked =
+        super::failpoint::hit("conflict-hard-link").and_then(|()| std::fs::hard_link(from, to));
+    let err = match linked {
+        Ok(()) => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Err(e),
+        Err(e) => e,
+    };
+    tracing::debug!(from = %from.display(), error = %err, "no hard link for a conflict copy; copying");
+    let meta = std::fs::symlink_metadata(from)?;
+    if meta.file_type().is_symlink() {
+        return std::os::unix::fs::symlink(std::fs::read_link(from)?, to);
+    }
+    let mut src = std::fs::File::open(from)?;
+    let mut dst = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(meta.permissions().mode() & 0o7777)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(to)?;
+    // fchmod, not the open mode: the umask must not narrow the copy's.
+    let copied = std::io::copy(&mut src, &mut dst).and_then(|_| {
+        dst.set_permissions(meta.permissions())?;
+        dst.set_times(std::fs::FileTimes::new().set_modified(meta.modified()?))
+    });
+    if copied.is_err() {
+        let _ = std::fs::remove_file(to);
+    }
+    copied
+}
+
+#[cfg(test)]
+mod conflict_name_tests {
+    use super::*;
+
+    #[test]
+    fn a_directory_is_never_renamed_over_an_existing_empty_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+        std::fs::create_dir(&a).unwrap();
+        std::fs::create_dir(&b).unwrap();
+        let e = rename_noreplace(&a, &b).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists);
+        assert!(a.is_dir() && b.is_dir());
+        rename_noreplace(&a, &tmp.path().join("c")).unwrap();
+        assert!(!a.exists() && tmp.path().join("c").is_dir());
+    }
+
+    #[test]
+    fn distinct_long_names_get_distinct_conflict_copies_within_the_segment_limit() {
+        let stem = "x".repeat(250);
+        let a = conflict_copy_path(&SyncPath::new(format!("d/{stem}a")).unwrap(), "T-1");
+        let b = conflict_copy_path(&SyncPath::new(format!("d/{stem}b")).unwrap(), "T-1");
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert_ne!(a, b);
+        assert!(a.as_str().starts_with("d/xxx") && a.as_str().ends_with(".wsd-conflict-T-1"));
+        let short = conflict_copy_path(&SyncPath::new("d/f.txt").unwrap(), "T").unwrap();
+        assert_eq!(short.as_str(), "d/f.txt.wsd-conflict-T");
     }
 }

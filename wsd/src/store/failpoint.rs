@@ -7,7 +7,8 @@
 //!
 //! Points: `apply-before-rename` (an entry's temp file is written, the
 //! rename into place fails), `apply-before-commit` (every entry is on disk,
-//! the index commit fails).
+//! the index commit fails), `conflict-hard-link` (the hard link that keeps
+//! a conflict copy is refused, as on a filesystem without links).
 
 /// Fails with `errno` when `name` is armed.
 #[inline]

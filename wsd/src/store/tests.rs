@@ -1442,3 +1442,48 @@ fn a_pull_replacing_a_directory_that_holds_excluded_paths_keeps_it_as_a_conflict
         b"excluded here"
     );
 }
+
+#[test]
+fn a_conflict_copy_of_a_name_near_the_segment_limit_is_shortened_and_kept() {
+    let mut w = ws_keeping_conflicts();
+    let long = format!("{}.txt", "é".repeat(123));
+    assert!(long.len() > 240);
+    w.write(&long, b"local edit");
+    w.store.settle().unwrap();
+    let (f, objects) = file_entry(&long, b"the peer's version", 0o644, 1_000);
+    w.store.stage_objects(&objects).unwrap();
+    w.store.apply(peer_batch(&[f], 1)).unwrap();
+    assert_eq!(fs::read(w.root.join(&long)).unwrap(), b"the peer's version");
+    let copies = conflict_copies_in(&w.root);
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    assert!(copies[0].len() <= wsd_sync::limits::MAX_SEGMENT_BYTES);
+    assert!(copies[0].starts_with(&long[..100]), "{copies:?}");
+    assert_eq!(fs::read(w.root.join(&copies[0])).unwrap(), b"local edit");
+    assert!(
+        IgnoreRules::new(&[wsd_sync::CONFLICT_COPY_PATTERN])
+            .unwrap()
+            .is_ignored(&p(&copies[0]), false)
+    );
+}
+
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_conflict_copy_is_a_copy_where_the_filesystem_refuses_a_hard_link() {
+    use std::os::unix::fs::MetadataExt;
+    let mut w = ws_keeping_conflicts();
+    w.write("f.txt", b"local edit");
+    w.store.settle().unwrap();
+    let (f, objects) = file_entry("f.txt", b"the peer's version", 0o644, 1_000);
+    w.store.stage_objects(&objects).unwrap();
+    let before = fs::metadata(w.root.join("f.txt")).unwrap();
+    failpoint::set("conflict-hard-link", Some(libc::EPERM));
+    let out = w.store.apply(peer_batch(&[f], 1));
+    failpoint::set("conflict-hard-link", None);
+    out.unwrap();
+    let copies = conflict_copies_in(&w.root);
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    let copy = fs::metadata(w.root.join(&copies[0])).unwrap();
+    assert_ne!(copy.ino(), before.ino(), "a copy, not a link");
+    assert_eq!(copy.mode() & 0o7777, before.mode() & 0o7777);
+    assert_eq!(fs::read(w.root.join(&copies[0])).unwrap(), b"local edit");
+}
