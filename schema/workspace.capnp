@@ -201,7 +201,8 @@ interface Sync {
   # re-applied, not skipped).
   #
   # `ignore` is the sender's exclusions (gitignore syntax, as for
-  # `fetchChanges`; at most 1024, EINVAL for a malformed one). The sender
+  # `fetchChanges`; at most 1024, each at most 4096 bytes and 64 KiB in
+  # all, else ELIMIT; EINVAL for a malformed one). The sender
   # never lists what they match, so nothing they match is deleted here: a
   # `sweep` leaves every such path alone, and its ancestors, and the delete
   # of a directory removes only what below it holds nothing excluded (the
@@ -225,7 +226,8 @@ interface Sync {
   # later fetch (its rev is past `currentCursor`). Paths whose current
   # state this peer pushed and that did not change locally since are left
   # out (no echo). `ignore` holds gitignore-style patterns (at most 1024,
-  # ELIMIT; a malformed one is EINVAL); ignored paths are left out.
+  # each at most 4096 bytes and 64 KiB in all, ELIMIT; a malformed one is
+  # EINVAL); ignored paths are left out.
   #
   # `baseline` is true when `after` is older than the receiver's tombstone
   # prune horizon: the iterator then starts from zero instead, and the

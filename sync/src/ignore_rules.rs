@@ -1,7 +1,7 @@
 use ignore::Match;
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 
-use crate::limits::MAX_IGNORE_PATTERNS;
+use crate::limits::{MAX_IGNORE_PATTERN_BYTES, MAX_IGNORE_PATTERNS, MAX_IGNORE_TOTAL_BYTES};
 use crate::{SyncError, SyncPath};
 
 /// What a conflict copy's name carries after the original name:
@@ -37,9 +37,19 @@ impl IgnoreRules {
         &NONE
     }
 
-    /// Compiles `patterns`; a malformed glob is `EINVAL` naming it.
+    /// Compiles `patterns`; a malformed glob is `EINVAL` naming it. The
+    /// one place the pattern limits are checked (`ELIMIT` naming the
+    /// limit), so every entry point shares them: count, bytes of one
+    /// pattern, bytes of all.
     pub fn new<S: AsRef<str>>(patterns: &[S]) -> Result<IgnoreRules, SyncError> {
         SyncError::check_limit("ignore patterns", MAX_IGNORE_PATTERNS, patterns.len())?;
+        let mut total = 0usize;
+        for p in patterns {
+            let len = p.as_ref().len();
+            SyncError::check_limit("ignore pattern bytes", MAX_IGNORE_PATTERN_BYTES, len)?;
+            total += len;
+        }
+        SyncError::check_limit("ignore patterns total bytes", MAX_IGNORE_TOTAL_BYTES, total)?;
         let mut builder = GitignoreBuilder::new("");
         for p in patterns {
             let p = p.as_ref();
@@ -189,6 +199,24 @@ mod tests {
             None
         );
         assert_eq!(IgnoreRules::none().delete_sparing(&p("d"), &below), None);
+    }
+
+    #[test]
+    fn patterns_over_the_byte_limits_are_elimit_naming_the_limit() {
+        use crate::limits::{MAX_IGNORE_PATTERN_BYTES, MAX_IGNORE_TOTAL_BYTES};
+        let one = "a".repeat(MAX_IGNORE_PATTERN_BYTES);
+        IgnoreRules::new(&[one.as_str()]).unwrap();
+        let err = IgnoreRules::new(&[format!("{one}a")]).unwrap_err();
+        assert_eq!(err.code(), crate::ErrorCode::Limit);
+        assert!(err.to_string().contains("ignore pattern bytes"), "{err}");
+        let n = MAX_IGNORE_TOTAL_BYTES / MAX_IGNORE_PATTERN_BYTES;
+        let fits = vec![one.clone(); n];
+        IgnoreRules::new(&fits).unwrap();
+        let mut over = fits;
+        over.push("b".to_owned());
+        let err = IgnoreRules::new(&over).unwrap_err();
+        assert_eq!(err.code(), crate::ErrorCode::Limit);
+        assert!(err.to_string().contains("total bytes"), "{err}");
     }
 
     #[test]

@@ -21,3 +21,8 @@ pub const MAX_HASHES_PER_CALL: usize = 16_384;
 pub const MAX_CHUNKS_PER_FILE: usize = 4 * 1024 * 1024;
 /// Most ignore patterns one `fetchChanges` call may carry.
 pub const MAX_IGNORE_PATTERNS: usize = 1024;
+/// Longest single ignore pattern, in bytes (a pattern is a path glob).
+pub const MAX_IGNORE_PATTERN_BYTES: usize = MAX_PATH_BYTES;
+/// Most bytes all ignore patterns of one set may take together: every
+/// entry point compiles them (once per push batch on the daemon).
+pub const MAX_IGNORE_TOTAL_BYTES: usize = 64 * 1024;
