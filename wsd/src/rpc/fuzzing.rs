@@ -6,12 +6,12 @@
 
 use wsd_schema::workspace_capnp as wire;
 use wsd_sync::IgnoreRules;
-use wsd_sync::limits::{MAX_HASHES_PER_CALL, MAX_IGNORE_PATTERNS, MAX_PUSH_ENTRIES};
+use wsd_sync::limits::{MAX_HASHES_PER_CALL, MAX_PUSH_ENTRIES};
 
 use super::WireError;
 use super::convert::{
-    baseline_from, entries_from, exec_request_from, hashes_from, objects_from, opt_cursor_from,
-    path_from, resume_from, signal_from, text,
+    baseline_from, entries_from, exec_request_from, hashes_from, ignore_from, objects_from,
+    opt_cursor_from, path_from, resume_from, signal_from, text,
 };
 use super::transport::reader_options;
 
@@ -30,20 +30,13 @@ pub fn decode_call_arguments(bytes: &[u8]) -> usize {
         opt_cursor_from(p.has_sender(), p.get_sender())?;
         baseline_from(p.get_baseline())?;
         entries_from(p.get_entries()?, "entries per push", MAX_PUSH_ENTRIES)?;
+        IgnoreRules::new(&ignore_from(p.has_ignore(), p.get_ignore())?)?;
         Ok(())
     })());
     n += ok((|| {
         let p = msg.get_root::<wire::sync::fetch_changes_params::Reader<'_>>()?;
         opt_cursor_from(p.has_after(), p.get_after())?;
-        if p.has_ignore() {
-            let list = p.get_ignore()?;
-            WireError::check_limit("ignore patterns", MAX_IGNORE_PATTERNS, list.len() as usize)?;
-            let patterns = list
-                .iter()
-                .map(|pat| text(pat, "ignore pattern"))
-                .collect::<Result<Vec<_>, _>>()?;
-            IgnoreRules::new(&patterns)?;
-        }
+        IgnoreRules::new(&ignore_from(p.has_ignore(), p.get_ignore())?)?;
         Ok(())
     })());
     n += ok((|| {
