@@ -557,22 +557,42 @@ fn walk_threads() -> usize {
 /// What [`hash_file`] returns for one file.
 type Hashed = Result<Option<(Vec<ChunkRef>, Stat)>, SyncError>;
 
-/// Hashes `files` with [`hash_file`], on rayon's pool (one thread per core)
-/// when there is enough work to share. Results are in input order.
+/// The pool [`hash_files`] runs on: one thread per core, at most 8, since
+/// each keeps a [`HASH_BUF`] of several MiB for the life of the process
+/// (rayon's global pool has no such cap). `None` if it could not start:
+/// hashing then runs on the caller's thread.
+static HASH_POOL: std::sync::LazyLock<Option<rayon::ThreadPool>> = std::sync::LazyLock::new(|| {
+    let n = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(8);
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .thread_name(|i| format!("wsd-hash-{i}"))
+        .build()
+        .inspect_err(|e| tracing::warn!(error = %e, "no hashing pool; hashing on one thread"))
+        .ok()
+});
+
+/// Hashes `files` with [`hash_file`], on [`HASH_POOL`] when there is
+/// enough work to share. Results are in input order.
 fn hash_files(files: &[PendingHash]) -> Vec<Hashed> {
     use rayon::prelude::*;
     let bytes: u64 = files.iter().map(|f| f.size).sum();
     // Below a few MiB handing files to the pool costs more than it saves.
-    if files.len() <= 1 || bytes < 4 * 1024 * 1024 {
+    let pool = HASH_POOL.as_ref();
+    let Some(pool) = pool.filter(|_| files.len() > 1 && bytes >= 4 * 1024 * 1024) else {
         return files.iter().map(|f| hash_file(&f.abs)).collect();
-    }
+    };
     // One file per task: sizes vary from bytes to many MiB, and work
     // stealing balances them across cores.
-    files
-        .par_iter()
-        .with_max_len(1)
-        .map(|f| hash_file(&f.abs))
-        .collect()
+    pool.install(|| {
+        files
+            .par_iter()
+            .with_max_len(1)
+            .map(|f| hash_file(&f.abs))
+            .collect()
+    })
 }
 
 thread_local! {
@@ -610,6 +630,36 @@ pub(crate) fn hash_file(abs: &Path) -> Result<Option<(Vec<ChunkRef>, Stat)>, Syn
 mod tests {
     use super::*;
     use crate::store::index::RACY_MARGIN_NS;
+
+    #[test]
+    fn hashing_many_mebibytes_on_the_pool_gives_each_file_its_own_chunks_in_order() {
+        let tmp = tempfile::tempdir().unwrap();
+        let files: Vec<PendingHash> = (0..6u8)
+            .map(|i| {
+                let abs = tmp.path().join(format!("f{i}"));
+                let bytes: Vec<u8> = (0..1_000_000u32)
+                    .map(|j| (j.wrapping_mul(2_654_435_761) >> 13) as u8 ^ i)
+                    .collect();
+                std::fs::write(&abs, &bytes).unwrap();
+                PendingHash {
+                    rel: SyncPath::new(format!("f{i}")).unwrap(),
+                    abs,
+                    live: None,
+                    size: bytes.len() as u64,
+                }
+            })
+            .collect();
+        let pooled = hash_files(&files);
+        assert!(
+            HASH_POOL
+                .as_ref()
+                .is_some_and(|p| p.current_num_threads() <= 8)
+        );
+        for (f, got) in files.iter().zip(pooled) {
+            let want = hash_file(&f.abs).unwrap().unwrap().0;
+            assert_eq!(got.unwrap().unwrap().0, want, "{}", f.rel);
+        }
+    }
 
     fn file_node(mtime_ns: i64, verified_ns: i64) -> Node {
         Node {
