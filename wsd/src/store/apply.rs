@@ -1058,16 +1058,23 @@ impl<'a> Apply<'a> {
             .db
             .prepare_cached("INSERT OR IGNORE INTO baseline_marks (remote, path) VALUES (?1, ?2)")
             .ctx("marking excluded paths")?;
-        for (p, kind) in live {
-            let path = SyncPath::new(p)
+        let mut marked: HashSet<&str> = HashSet::new();
+        for (p, kind) in &live {
+            let path = SyncPath::new(p.as_str())
                 .map_err(|e| SyncError::Storage(format!("index holds a bad path: {e}")))?;
-            if !ignore.is_ignored(&path, kind == NodeKind::Dir as i64) {
+            if !ignore.is_ignored(&path, *kind == NodeKind::Dir as i64) {
                 continue;
             }
             ins.execute(params![self.remote, path.as_str()])
                 .ctx("marking excluded paths")?;
-            for a in path.ancestors() {
-                ins.execute(params![self.remote, a.as_str()])
+            // Innermost ancestor first: once one is marked, so are all
+            // above it (one INSERT per directory, not per excluded path).
+            let s = p.as_str();
+            for (i, _) in s.rmatch_indices('/') {
+                if !marked.insert(&s[..i]) {
+                    break;
+                }
+                ins.execute(params![self.remote, &s[..i]])
                     .ctx("marking excluded paths")?;
             }
         }
