@@ -1487,3 +1487,30 @@ fn a_conflict_copy_is_a_copy_where_the_filesystem_refuses_a_hard_link() {
     assert_eq!(copy.mode() & 0o7777, before.mode() & 0o7777);
     assert_eq!(fs::read(w.root.join(&copies[0])).unwrap(), b"local edit");
 }
+
+#[test]
+fn a_baseline_sweep_spares_excluded_paths_and_every_ancestor_of_them() {
+    let mut w = ws(false);
+    w.write("a/b/node_modules/x.js", b"x");
+    w.write("a/b/node_modules/y.js", b"y");
+    w.write("a/c/node_modules/z.js", b"z");
+    w.write("a/b/stale.txt", b"s");
+    w.write("other.txt", b"o");
+    w.store.settle().unwrap();
+    let ignore = IgnoreRules::new(&["node_modules/"]).unwrap();
+    let sweep = ApplyBatch {
+        baseline: Baseline::Sweep,
+        ignore: &ignore,
+        ..peer_batch(&[], 5)
+    };
+    w.store.apply(sweep).unwrap();
+    for kept in [
+        "a/b/node_modules/x.js",
+        "a/b/node_modules/y.js",
+        "a/c/node_modules/z.js",
+    ] {
+        assert!(w.root.join(kept).exists(), "{kept}");
+    }
+    assert!(!w.root.join("a/b/stale.txt").exists());
+    assert!(!w.root.join("other.txt").exists());
+}
