@@ -61,13 +61,26 @@ pub struct TransferArgs {
 pub struct SyncArgs {
     #[command(flatten)]
     transfer: TransferArgs,
-    /// Keep syncing until interrupted.
+    /// Keep syncing until interrupted: a round runs when LOCAL_DIR's
+    /// watcher or the daemon reports a change, not on a timer.
     #[arg(long, conflicts_with = "dry_run")]
     watch: bool,
-    /// Time between rounds with --watch, in milliseconds.
-    #[arg(long, default_value_t = 500, value_name = "MS")]
+    /// With --watch, the longest time between rounds when no change was
+    /// reported (a safety net for changes no watcher sees, such as on
+    /// network filesystems), in milliseconds. Rounds no longer run every
+    /// interval: changes start one as they happen.
+    #[arg(long, default_value_t = 300_000, value_name = "MS")]
     interval: u64,
 }
+
+/// How long `sync --watch` lets a burst of changes go on before its round:
+/// one round per burst (an editor's save, a build) instead of one per file.
+const WATCH_DEBOUNCE: Duration = Duration::from_millis(100);
+/// How long one `waitChanges` long poll may be held by the daemon.
+const WATCH_LONG_POLL: Duration = Duration::from_secs(50);
+/// Without a local watcher (it could not start), how often `sync --watch`
+/// looks at LOCAL_DIR anyway.
+const WATCH_FALLBACK_POLL: Duration = Duration::from_secs(2);
 
 /// A local directory opened for a transfer, connected to its remote.
 struct Session {
@@ -417,6 +430,15 @@ pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
         print_plan("push", &pushed, &a.transfer);
         return Ok(ExitCode::SUCCESS);
     }
+    let mut wake = if a.watch {
+        let wake = Wake::start(&s, &a.transfer)?;
+        // A change made after the settle of `open` and before the watcher
+        // started would otherwise wait for the safety interval.
+        s.settled = false;
+        Some(wake)
+    } else {
+        None
+    };
     loop {
         let started = Instant::now();
         let progress = Progress::new();
@@ -444,13 +466,138 @@ pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
                 a.transfer.quiet,
             );
         }
-        if !a.watch {
+        let Some(wake) = wake.as_mut() else {
             return Ok(ExitCode::SUCCESS);
-        }
+        };
+        // The rev our own round left the daemon at: only a larger one is
+        // someone else's change.
+        let synced = s
+            .remote
+            .watermarks()
+            .await
+            .context("reading the remote's rev")?
+            .current_rev;
         tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(a.interval)) => {}
+            woke = wake.next(synced, Duration::from_millis(a.interval)) => woke?,
             _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
         }
+    }
+}
+
+/// What wakes `sync --watch`: a local change (an inotify watcher on
+/// LOCAL_DIR), a remote one (a `waitChanges` long poll on the daemon), or
+/// the safety interval. Waiting costs no CPU: nothing runs until one fires.
+struct Wake {
+    /// Kept alive for its events; `None` when it could not start.
+    watcher: Option<notify::RecommendedWatcher>,
+    local: tokio::sync::mpsc::Receiver<()>,
+    remote: Client,
+    /// The long poll in flight, kept across rounds: dropping it would leave
+    /// the daemon holding an orphaned call.
+    poll: Option<futures::future::LocalBoxFuture<'static, Result<u64, wsd_client::WsdError>>>,
+}
+
+impl Wake {
+    fn start(s: &Session, a: &TransferArgs) -> Result<Wake> {
+        // One slot: a burst of events while a round runs collapses to one.
+        let (tx, local) = tokio::sync::mpsc::channel(1);
+        let root = std::fs::canonicalize(&a.local)
+            .with_context(|| format!("resolving {}", a.local.display()))?;
+        let state = a.state.clone().unwrap_or_else(|| a.local.join(LOCAL_STATE));
+        let state = std::fs::canonicalize(&state).unwrap_or(state);
+        let ignore = s.ignore.clone();
+        let handler = {
+            let root = root.clone();
+            move |res: notify::Result<notify::Event>| {
+                let relevant = match res {
+                    // A lost event (queue overflow) may hide anything.
+                    Err(_) => true,
+                    Ok(ev) => {
+                        ev.need_rescan()
+                            || (!matches!(ev.kind, notify::EventKind::Access(_))
+                                && ev.paths.iter().any(|p| counts(p, &root, &state, &ignore)))
+                    }
+                };
+                if relevant {
+                    let _ = tx.try_send(());
+                }
+            }
+        };
+        let watcher = notify::recommended_watcher(handler).and_then(|mut w| {
+            notify::Watcher::watch(&mut w, &root, notify::RecursiveMode::Recursive)?;
+            Ok(w)
+        });
+        let watcher = match watcher {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::warn!(dir = %root.display(), error = %e,
+                    "cannot watch the local directory; looking at it every {:?} instead",
+                    WATCH_FALLBACK_POLL);
+                None
+            }
+        };
+        Ok(Wake {
+            watcher,
+            local,
+            remote: s.remote.clone(),
+            poll: None,
+        })
+    }
+
+    /// Waits until something changed on either side since the daemon was
+    /// at rev `synced`, or `interval` passed; then lets the burst settle.
+    async fn next(&mut self, synced: u64, interval: Duration) -> Result<()> {
+        let interval = if self.watcher.is_none() {
+            interval.min(WATCH_FALLBACK_POLL)
+        } else {
+            interval
+        };
+        let safety = tokio::time::sleep(interval);
+        tokio::pin!(safety);
+        loop {
+            let poll = self.poll.get_or_insert_with(|| {
+                let remote = self.remote.clone();
+                Box::pin(async move { remote.wait_changes(synced, WATCH_LONG_POLL).await })
+            });
+            tokio::select! {
+                rev = poll => {
+                    self.poll = None;
+                    let rev = rev.context("waiting for the remote's changes")?;
+                    // A poll started before our own round may answer with
+                    // the rev that round made: not a change to fetch.
+                    if rev > synced {
+                        tracing::debug!(rev, synced, "the remote changed");
+                        break;
+                    }
+                }
+                Some(()) = self.local.recv() => {
+                    tracing::debug!("the local directory changed");
+                    break;
+                }
+                _ = &mut safety => break,
+            }
+        }
+        tokio::time::sleep(WATCH_DEBOUNCE).await;
+        // Events of the burst that arrived meanwhile are covered by the
+        // round about to run.
+        while self.local.try_recv().is_ok() {}
+        Ok(())
+    }
+}
+
+/// Whether an event at `path` can change what a sync sends: under the
+/// root, outside the state directory, not excluded.
+fn counts(path: &Path, root: &Path, state: &Path, ignore: &IgnoreRules) -> bool {
+    if path.starts_with(state) {
+        return false;
+    }
+    let Ok(rel) = path.strip_prefix(root) else {
+        return false;
+    };
+    match rel.to_str().and_then(|r| wsd_sync::SyncPath::new(r).ok()) {
+        Some(p) => !ignore.is_ignored_any_kind(&p),
+        // The root itself, or a name sync cannot carry: look anyway.
+        None => true,
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use capnp_rpc::{RpcSystem, rpc_twoparty_capnp};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use wsd_client::{DaemonStatus, PeerStatus};
 use wsd_schema::workspace_capnp as wire;
@@ -76,6 +76,9 @@ pub struct Backend<S> {
     exec: Option<Rc<dyn DynExecBackend>>,
     /// The workspace root `status` reports (empty when not set).
     root: Option<PathBuf>,
+    /// Signalled when the store's tree changed behind it (its watcher saw
+    /// a write): the server then settles, so `waitChanges` sees it.
+    change_hint: Option<Arc<Notify>>,
 }
 
 impl<S> std::fmt::Debug for Backend<S> {
@@ -98,6 +101,7 @@ impl<S: Store + Send + 'static> Backend<S> {
             store_thread,
             exec: None,
             root: None,
+            change_hint: None,
         })
     }
 
@@ -109,6 +113,15 @@ impl<S: Store + Send + 'static> Backend<S> {
 
     pub fn with_exec(mut self, exec: impl ExecBackend) -> Backend<S> {
         self.exec = Some(Rc::new(exec));
+        self
+    }
+
+    /// Settles the store (through [`Store::idle`], which looks only at what
+    /// the watcher reported) shortly after each `notify_one` of `hint`, so
+    /// that changes made behind the store reach `Sync.waitChanges` without
+    /// any peer asking. Bursts within [`CHANGE_DEBOUNCE`] settle once.
+    pub fn with_change_hint(mut self, hint: Arc<Notify>) -> Backend<S> {
+        self.change_hint = Some(hint);
         self
     }
 
@@ -275,6 +288,7 @@ pub async fn serve<S: Store + Send + 'static>(
         store_thread,
         exec,
         root,
+        change_hint,
     } = backend;
     let shared = Rc::new(Shared {
         store,
@@ -314,6 +328,13 @@ pub async fn serve<S: Store + Send + 'static>(
         };
         tokio::task::spawn_local(accept_loop(listener, ctx));
     }
+    if let Some(hint) = change_hint {
+        tokio::task::spawn_local(settle_on_hint(
+            shared.store.clone(),
+            hint,
+            stop_accepting.clone(),
+        ));
+    }
     shutdown.await;
     tracing::info!("shutting down: no new connections or calls");
     stop_accepting.cancel();
@@ -325,6 +346,31 @@ pub async fn serve<S: Store + Send + 'static>(
     let _ = alive_rx.recv().await;
     tracing::info!("server stopped");
     store.ok_or(ServeError::StoreDied)
+}
+
+/// How long the server lets a burst of local writes go on before it
+/// settles them: one settle per burst instead of one per event.
+pub const CHANGE_DEBOUNCE: Duration = Duration::from_millis(50);
+
+/// Settles the store after each change hint until `stop`.
+async fn settle_on_hint<S: Store + Send + 'static>(
+    store: StoreHandle<S>,
+    hint: Arc<Notify>,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = hint.notified() => {}
+        }
+        tokio::time::sleep(CHANGE_DEBOUNCE).await;
+        if let Err(e) = store.call(|s| s.idle()).await {
+            if e.code == ErrorCode::Shutdown {
+                return;
+            }
+            tracing::debug!(error = %e, "settling after a local change failed");
+        }
+    }
 }
 
 struct AcceptCtx<S> {

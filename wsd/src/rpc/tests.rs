@@ -1040,3 +1040,47 @@ fn next_with_max_zero_is_elimit_as_the_schema_promises() {
         server.stop().await.unwrap();
     });
 }
+
+#[test]
+fn wait_changes_answers_when_another_peer_pushes_and_otherwise_at_its_timeout() {
+    run(async {
+        let server = start().await;
+        let waiter = client::connect(&server.addr, None, "waiter").await.unwrap();
+        let writer = client::connect(&server.addr, None, "writer").await.unwrap();
+
+        // Nothing changes: the poll ends at its (short) timeout with rev 0.
+        assert_eq!(
+            waiter
+                .wait_changes(0, Duration::from_millis(50))
+                .await
+                .unwrap(),
+            0
+        );
+
+        // The test's own 60 s bound is what fails a poll that never wakes.
+        let poll = {
+            let waiter = waiter.clone();
+            tokio::task::spawn_local(async move {
+                waiter.wait_changes(0, Duration::from_secs(3600)).await
+            })
+        };
+        tokio::task::yield_now().await;
+        // Another call on the waiting connection goes on meanwhile.
+        assert_eq!(waiter.watermarks().await.unwrap().current_rev, 0);
+        writer
+            .push(None, &[dir_entry("d")], Baseline::Off)
+            .await
+            .unwrap();
+        assert_eq!(poll.await.unwrap().unwrap(), 1);
+
+        // Already past `after`: answers at once.
+        assert_eq!(
+            waiter
+                .wait_changes(0, Duration::from_secs(3600))
+                .await
+                .unwrap(),
+            1
+        );
+        server.stop().await.unwrap();
+    });
+}

@@ -193,6 +193,16 @@ impl WorkspaceStore {
         })
     }
 
+    /// Calls `hook` (from the watcher's thread; it must not block) when the
+    /// watcher notices a change under the root, so that an owner waiting
+    /// for changes can settle instead of polling. Without a watcher it is
+    /// never called: changes then show only at the next settle.
+    pub fn set_change_hook(&self, hook: impl Fn() + Send + Sync + 'static) {
+        if let Some(w) = &self.watch {
+            w.set_change_hook(std::sync::Arc::new(hook));
+        }
+    }
+
     /// The workspace directory (canonical).
     pub fn root(&self) -> &Path {
         &self.root

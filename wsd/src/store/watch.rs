@@ -27,12 +27,27 @@ use notify::{Event, RecommendedWatcher, RecursiveMode, Watcher};
 /// whole tree instead: memory stays bounded under an event storm.
 const MAX_DIRTY_PATHS: usize = 200_000;
 
-#[derive(Debug, Default)]
+/// Called (on the watcher's thread, so it must not block) whenever a path
+/// under the root turned dirty or a rescan became due.
+pub type ChangeHook = Arc<dyn Fn() + Send + Sync>;
+
+#[derive(Default)]
 struct Shared {
     dirty: HashSet<PathBuf>,
     /// Set when events may have been lost: settle must walk everything.
     rescan: Option<String>,
     cookie_seen: u64,
+    on_change: Option<ChangeHook>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("dirty", &self.dirty.len())
+            .field("rescan", &self.rescan)
+            .field("cookie_seen", &self.cookie_seen)
+            .finish_non_exhaustive()
+    }
 }
 
 /// What settle has to look at.
@@ -96,6 +111,7 @@ impl LocalWatcher {
                     s.rescan.get_or_insert(reason);
                 }
                 Ok(ev) => {
+                    let before = (s.dirty.len(), s.rescan.is_some());
                     if ev.need_rescan() {
                         s.rescan
                             .get_or_insert_with(|| "inotify event queue overflowed".into());
@@ -119,6 +135,13 @@ impl LocalWatcher {
                             s.dirty.clear();
                             s.rescan = Some(format!("more than {MAX_DIRTY_PATHS} dirty paths"));
                         }
+                    }
+                    // Cookies and the state directory never count: settle
+                    // writes those, and a hook that settles would loop.
+                    if (s.dirty.len(), s.rescan.is_some()) != before
+                        && let Some(hook) = &s.on_change
+                    {
+                        hook();
                     }
                 }
             }
@@ -145,6 +168,13 @@ impl LocalWatcher {
             #[cfg(test)]
             watch_budget: None,
         })
+    }
+
+    /// Calls `hook` whenever a change under the root is noticed, so an idle
+    /// owner can settle without polling.
+    pub fn set_change_hook(&self, hook: ChangeHook) {
+        let (lock, _) = &*self.shared;
+        lock.lock().unwrap_or_else(|p| p.into_inner()).on_change = Some(hook);
     }
 
     /// Watches one directory (its direct children). Adding an existing
