@@ -293,15 +293,20 @@ fn peer_name(state: &Path, index_lost: bool) -> Result<String> {
     }
 }
 
-/// A progress line on a terminal (files, bytes, rate); nothing otherwise.
+/// A progress bar on a terminal: a spinner until the driver knows its plan,
+/// then the bytes to move (or, when nothing needs moving, the entries to
+/// apply) against their total, with rate and ETA. Hidden when stderr is not
+/// a terminal, and with `-q` or `--json`.
 struct Progress {
     bar: Option<ProgressBar>,
-    started: Instant,
+    /// What the bar shows now: the verb and whether it counts bytes.
+    mode: std::cell::Cell<Option<(&'static str, bool)>>,
 }
 
 impl Progress {
-    fn new() -> Progress {
-        let bar = std::io::stderr().is_terminal().then(|| {
+    fn new(a: &TransferArgs) -> Progress {
+        let shown = std::io::stderr().is_terminal() && !a.quiet && !a.json;
+        let bar = shown.then(|| {
             let bar = ProgressBar::new_spinner();
             bar.set_style(ProgressStyle::with_template("{spinner} {msg}").expect("valid template"));
             bar.enable_steady_tick(Duration::from_millis(120));
@@ -309,19 +314,44 @@ impl Progress {
         });
         Progress {
             bar,
-            started: Instant::now(),
+            mode: std::cell::Cell::new(None),
         }
     }
 
-    fn update(&self, verb: &str, r: &SyncReport) {
-        if let Some(bar) = &self.bar {
-            let secs = self.started.elapsed().as_secs_f64().max(1e-3);
-            bar.set_message(format!(
-                "{verb}: {} entries, {} moved ({}/s)",
-                r.entries,
-                HumanBytes(r.object_bytes),
-                HumanBytes((r.object_bytes as f64 / secs) as u64)
-            ));
+    fn update(&self, verb: &'static str, r: &SyncReport) {
+        let Some(bar) = &self.bar else { return };
+        if r.planned_entries == 0 {
+            return;
+        }
+        let bytes = r.planned_bytes > 0;
+        if self.mode.get() != Some((verb, bytes)) {
+            self.mode.set(Some((verb, bytes)));
+            let template = if bytes {
+                "{msg} [{wide_bar}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}"
+            } else {
+                "{msg} [{wide_bar}] {pos}/{len} entries {per_sec} ETA {eta}"
+            };
+            bar.set_style(
+                ProgressStyle::with_template(template)
+                    .expect("valid template")
+                    .progress_chars("=> "),
+            );
+            // Rate and ETA start over with each verb and unit.
+            bar.reset();
+        }
+        // The plan grows as the changes are paged in: "+" until it is whole.
+        bar.set_message(format!(
+            "{verb}: {}/{}{} entries",
+            r.entries,
+            r.planned_entries,
+            if r.plan_complete { "" } else { "+" }
+        ));
+        if bytes {
+            bar.set_length(r.planned_bytes);
+            bar.set_position(r.object_bytes.min(r.planned_bytes));
+        } else {
+            bar.set_length(r.planned_entries);
+            bar.set_position(r.entries.min(r.planned_entries));
         }
     }
 
@@ -399,7 +429,7 @@ pub async fn push(a: TransferArgs) -> Result<ExitCode> {
         print_plan("push", &plan, &a);
         return Ok(ExitCode::SUCCESS);
     }
-    let progress = Progress::new();
+    let progress = Progress::new(&a);
     let report = s.push(&progress).await;
     progress.finish();
     summarize("push", &report?, started.elapsed(), a.json, a.quiet);
@@ -414,7 +444,7 @@ pub async fn pull(a: TransferArgs) -> Result<ExitCode> {
         print_plan("pull", &plan, &a);
         return Ok(ExitCode::SUCCESS);
     }
-    let progress = Progress::new();
+    let progress = Progress::new(&a);
     let report = s.pull(&progress).await;
     progress.finish();
     summarize("pull", &report?, started.elapsed(), a.json, a.quiet);
@@ -441,7 +471,7 @@ pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
     };
     loop {
         let started = Instant::now();
-        let progress = Progress::new();
+        let progress = Progress::new(&a.transfer);
         let round = async {
             let pulled = s.pull(&progress).await?;
             let pushed = s.push(&progress).await?;
