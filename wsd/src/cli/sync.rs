@@ -280,7 +280,7 @@ fn peer_name(state: &Path, index_lost: bool) -> Result<String> {
     match std::fs::read_to_string(&file) {
         Ok(s) if !s.trim().is_empty() && !index_lost => Ok(s.trim().to_owned()),
         old => {
-            let name = format!("cli-{:016x}", rand::random::<u64>());
+            let name = format!("cli-{}", uuid::Uuid::new_v4().simple());
             if let Ok(old) = old
                 && !old.trim().is_empty()
             {

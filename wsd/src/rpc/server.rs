@@ -9,6 +9,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use backon::{ExponentialBuilder, Retryable};
 use capnp_rpc::{RpcSystem, rpc_twoparty_capnp};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
@@ -383,27 +384,29 @@ struct AcceptCtx<S> {
 }
 
 async fn accept_loop<S: Store + Send + 'static>(listener: Listener, ctx: AcceptCtx<S>) {
-    let mut backoff = Duration::from_millis(50);
     loop {
         // Never wait for a slot before accepting: a full server would leave
         // every new peer, authenticated or not, in the kernel's backlog
         // behind whoever holds the slots (idle peers, before this rule).
-        let accepted = tokio::select! {
+        // EMFILE and friends: back off (50 ms doubling to 1 s, afresh after
+        // each success) instead of spinning, and never give up.
+        let backoff = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(50))
+            .with_max_delay(Duration::from_secs(1))
+            .without_max_times();
+        let accepted = (|| accept(&listener))
+            .retry(backoff)
+            .notify(|e, after| tracing::warn!(error = %e, ?after, "accept failed"));
+        let (stream, origin) = tokio::select! {
             _ = ctx.stop.cancelled() => break,
-            a = accept(&listener) => a,
-        };
-        let (stream, origin) = match accepted {
-            Ok(a) => {
-                backoff = Duration::from_millis(50);
-                a
-            }
-            Err(e) => {
-                // EMFILE and friends: back off instead of spinning.
-                tracing::warn!(error = %e, ?backoff, "accept failed");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
-                continue;
-            }
+            a = accepted => match a {
+                Ok(a) => a,
+                // Unreachable without a retry limit; stop rather than spin.
+                Err(e) => {
+                    tracing::error!(error = %e, "accepting failed for good");
+                    break;
+                }
+            },
         };
         if let Err(e) = admit(origin, ctx.shared.token.is_some()) {
             tracing::warn!(?origin, error = %e, "connection refused");
