@@ -525,6 +525,10 @@ struct Wake {
     /// The long poll in flight, kept across rounds: dropping it would leave
     /// the daemon holding an orphaned call.
     poll: Option<futures::future::LocalBoxFuture<'static, Result<u64, wsd_client::WsdError>>>,
+    /// False once the daemon turned out not to know `waitChanges` (an
+    /// older one): its changes are then looked for every
+    /// [`WATCH_FALLBACK_POLL`].
+    long_poll: bool,
 }
 
 impl Wake {
@@ -571,13 +575,14 @@ impl Wake {
             local,
             remote: s.remote.clone(),
             poll: None,
+            long_poll: true,
         })
     }
 
     /// Waits until something changed on either side since the daemon was
     /// at rev `synced`, or `interval` passed; then lets the burst settle.
     async fn next(&mut self, synced: u64, interval: Duration) -> Result<()> {
-        let interval = if self.watcher.is_none() {
+        let interval = if self.watcher.is_none() || !self.long_poll {
             interval.min(WATCH_FALLBACK_POLL)
         } else {
             interval
@@ -585,14 +590,30 @@ impl Wake {
         let safety = tokio::time::sleep(interval);
         tokio::pin!(safety);
         loop {
+            let long_poll = self.long_poll;
             let poll = self.poll.get_or_insert_with(|| {
                 let remote = self.remote.clone();
-                Box::pin(async move { remote.wait_changes(synced, WATCH_LONG_POLL).await })
+                Box::pin(async move {
+                    if !long_poll {
+                        return std::future::pending().await;
+                    }
+                    remote.wait_changes(synced, WATCH_LONG_POLL).await
+                })
             });
             tokio::select! {
                 rev = poll => {
                     self.poll = None;
-                    let rev = rev.context("waiting for the remote's changes")?;
+                    let rev = match rev {
+                        Ok(rev) => rev,
+                        Err(e) if e.code == wsd_sync::ErrorCode::Protocol => {
+                            tracing::warn!(error = %e,
+                                "the daemon cannot report changes (an older wsd?); \
+                                 looking for them every {WATCH_FALLBACK_POLL:?}");
+                            self.long_poll = false;
+                            break;
+                        }
+                        Err(e) => return Err(e).context("waiting for the remote's changes"),
+                    };
                     // A poll started before our own round may answer with
                     // the rev that round made: not a change to fetch.
                     if rev > synced {
