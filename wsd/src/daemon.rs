@@ -123,7 +123,7 @@ pub async fn run(
     let hint = Arc::new(tokio::sync::Notify::new());
     store.set_change_hook({
         let hint = hint.clone();
-        move || hint.notify_one()
+        move |_: Option<&std::path::Path>| hint.notify_one()
     });
     let backend = Backend::new(store)?.with_root(root).with_change_hint(hint);
     let caller = backend.store_caller();

@@ -95,7 +95,10 @@ struct Session {
 }
 
 impl Session {
-    async fn open(a: &TransferArgs) -> Result<Session> {
+    /// `watch`: keep an inotify watcher on LOCAL_DIR (for `sync --watch`),
+    /// so that settles look only at what it reported and [`Wake`] hears of
+    /// changes as they happen.
+    async fn open(a: &TransferArgs, watch: bool) -> Result<Session> {
         if a.create {
             std::fs::create_dir_all(&a.local)
                 .with_context(|| format!("creating {}", a.local.display()))?;
@@ -112,9 +115,10 @@ impl Session {
             &a.local,
             &state,
             StoreOptions {
-                watch: false,
-                // Every settle walks the whole tree here: settle once per
-                // direction explicitly instead of on every store call.
+                watch,
+                // Without a watcher every settle walks the whole tree:
+                // settle once per direction explicitly instead of on every
+                // store call.
                 auto_settle: false,
                 ..Default::default()
             },
@@ -423,7 +427,7 @@ fn print_plan(verb: &str, plan: &[ChangeEntry], a: &TransferArgs) {
 
 pub async fn push(a: TransferArgs) -> Result<ExitCode> {
     let started = Instant::now();
-    let mut s = Session::open(&a).await?;
+    let mut s = Session::open(&a, false).await?;
     if a.dry_run {
         let plan = s.planned_push()?;
         print_plan("push", &plan, &a);
@@ -438,7 +442,7 @@ pub async fn push(a: TransferArgs) -> Result<ExitCode> {
 
 pub async fn pull(a: TransferArgs) -> Result<ExitCode> {
     let started = Instant::now();
-    let mut s = Session::open(&a).await?;
+    let mut s = Session::open(&a, false).await?;
     if a.dry_run {
         let plan = s.planned_pull().await?;
         print_plan("pull", &plan, &a);
@@ -452,7 +456,7 @@ pub async fn pull(a: TransferArgs) -> Result<ExitCode> {
 }
 
 pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
-    let mut s = Session::open(&a.transfer).await?;
+    let mut s = Session::open(&a.transfer, a.watch).await?;
     if a.transfer.dry_run {
         let pulled = s.planned_pull().await?;
         let pushed = s.planned_push()?;
@@ -461,7 +465,7 @@ pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let mut wake = if a.watch {
-        let wake = Wake::start(&s, &a.transfer)?;
+        let wake = Wake::start(&s);
         // A change made after the settle of `open` and before the watcher
         // started would otherwise wait for the safety interval.
         s.settled = false;
@@ -508,18 +512,18 @@ pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
             .context("reading the remote's rev")?
             .current_rev;
         tokio::select! {
-            woke = wake.next(synced, Duration::from_millis(a.interval)) => woke?,
+            woke = wake.next(synced, Duration::from_millis(a.interval), s.store.watching()) => woke?,
             _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
         }
     }
 }
 
-/// What wakes `sync --watch`: a local change (an inotify watcher on
-/// LOCAL_DIR), a remote one (a `waitChanges` long poll on the daemon), or
-/// the safety interval. Waiting costs no CPU: nothing runs until one fires.
+/// What wakes `sync --watch`: a local change (the local store's inotify
+/// watcher, through its change hook), a remote one (a `waitChanges` long
+/// poll on the daemon), or the safety interval. Waiting costs no CPU:
+/// nothing runs until one fires. Our own pulls' writes wake it too; the
+/// round that follows settles only those paths, which match the index.
 struct Wake {
-    /// Kept alive for its events; `None` when it could not start.
-    watcher: Option<notify::RecommendedWatcher>,
     local: tokio::sync::mpsc::Receiver<()>,
     remote: Client,
     /// The long poll in flight, kept across rounds: dropping it would leave
@@ -532,57 +536,35 @@ struct Wake {
 }
 
 impl Wake {
-    fn start(s: &Session, a: &TransferArgs) -> Result<Wake> {
+    fn start(s: &Session) -> Wake {
         // One slot: a burst of events while a round runs collapses to one.
         let (tx, local) = tokio::sync::mpsc::channel(1);
-        let root = std::fs::canonicalize(&a.local)
-            .with_context(|| format!("resolving {}", a.local.display()))?;
-        let state = a.state.clone().unwrap_or_else(|| a.local.join(LOCAL_STATE));
-        let state = std::fs::canonicalize(&state).unwrap_or(state);
+        let root = s.store.root().to_owned();
         let ignore = s.ignore.clone();
-        let handler = {
-            let root = root.clone();
-            move |res: notify::Result<notify::Event>| {
-                let relevant = match res {
-                    // A lost event (queue overflow) may hide anything.
-                    Err(_) => true,
-                    Ok(ev) => {
-                        ev.need_rescan()
-                            || (!matches!(ev.kind, notify::EventKind::Access(_))
-                                && ev.paths.iter().any(|p| counts(p, &root, &state, &ignore)))
-                    }
-                };
-                if relevant {
-                    let _ = tx.try_send(());
-                }
+        if !s.store.watching() {
+            tracing::warn!(dir = %root.display(),
+                "cannot watch the local directory; looking at it every {:?} instead",
+                WATCH_FALLBACK_POLL);
+        }
+        s.store.set_change_hook(move |path: Option<&Path>| {
+            // A lost event (`None`) may hide anything.
+            if path.is_none_or(|p| counts(p, &root, &ignore)) {
+                let _ = tx.try_send(());
             }
-        };
-        let watcher = notify::recommended_watcher(handler).and_then(|mut w| {
-            notify::Watcher::watch(&mut w, &root, notify::RecursiveMode::Recursive)?;
-            Ok(w)
         });
-        let watcher = match watcher {
-            Ok(w) => Some(w),
-            Err(e) => {
-                tracing::warn!(dir = %root.display(), error = %e,
-                    "cannot watch the local directory; looking at it every {:?} instead",
-                    WATCH_FALLBACK_POLL);
-                None
-            }
-        };
-        Ok(Wake {
-            watcher,
+        Wake {
             local,
             remote: s.remote.clone(),
             poll: None,
             long_poll: true,
-        })
+        }
     }
 
     /// Waits until something changed on either side since the daemon was
     /// at rev `synced`, or `interval` passed; then lets the burst settle.
-    async fn next(&mut self, synced: u64, interval: Duration) -> Result<()> {
-        let interval = if self.watcher.is_none() || !self.long_poll {
+    /// `watching`: whether the local watcher still runs.
+    async fn next(&mut self, synced: u64, interval: Duration, watching: bool) -> Result<()> {
+        let interval = if !watching || !self.long_poll {
             interval.min(WATCH_FALLBACK_POLL)
         } else {
             interval
@@ -636,12 +618,10 @@ impl Wake {
     }
 }
 
-/// Whether an event at `path` can change what a sync sends: under the
-/// root, outside the state directory, not excluded.
-fn counts(path: &Path, root: &Path, state: &Path, ignore: &IgnoreRules) -> bool {
-    if path.starts_with(state) {
-        return false;
-    }
+/// Whether a change at `path` can change what a sync sends: under the
+/// root and not excluded (the store's watcher already leaves out its state
+/// directory).
+fn counts(path: &Path, root: &Path, ignore: &IgnoreRules) -> bool {
     let Ok(rel) = path.strip_prefix(root) else {
         return false;
     };

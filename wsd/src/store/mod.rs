@@ -193,14 +193,21 @@ impl WorkspaceStore {
         })
     }
 
-    /// Calls `hook` (from the watcher's thread; it must not block) when the
-    /// watcher notices a change under the root, so that an owner waiting
-    /// for changes can settle instead of polling. Without a watcher it is
+    /// Calls `hook` (from the watcher's thread; it must not block) with
+    /// each path under the root the watcher reports changed, or `None` when
+    /// events were lost, so that an owner waiting for changes can settle
+    /// instead of polling. Without a watcher (see [`Self::watching`]) it is
     /// never called: changes then show only at the next settle.
-    pub fn set_change_hook(&self, hook: impl Fn() + Send + Sync + 'static) {
+    pub fn set_change_hook(&self, hook: impl Fn(Option<&Path>) + Send + Sync + 'static) {
         if let Some(w) = &self.watch {
             w.set_change_hook(std::sync::Arc::new(hook));
         }
+    }
+
+    /// Whether the watcher runs (it stops for good when it fails, e.g. at
+    /// the inotify watch limit; every settle then walks the tree).
+    pub fn watching(&self) -> bool {
+        self.watch.is_some()
     }
 
     /// The workspace directory (canonical).

@@ -27,9 +27,10 @@ use notify::{Event, RecommendedWatcher, RecursiveMode, Watcher};
 /// whole tree instead: memory stays bounded under an event storm.
 const MAX_DIRTY_PATHS: usize = 200_000;
 
-/// Called (on the watcher's thread, so it must not block) whenever a path
-/// under the root turned dirty or a rescan became due.
-pub type ChangeHook = Arc<dyn Fn() + Send + Sync>;
+/// Called (on the watcher's thread, so it must not block) with each path
+/// under the root that turned dirty, or with `None` when a rescan became
+/// due (anything may have changed).
+pub type ChangeHook = Arc<dyn Fn(Option<&Path>) + Send + Sync>;
 
 #[derive(Default)]
 struct Shared {
@@ -111,7 +112,7 @@ impl LocalWatcher {
                     s.rescan.get_or_insert(reason);
                 }
                 Ok(ev) => {
-                    let before = (s.dirty.len(), s.rescan.is_some());
+                    let rescan_before = s.rescan.is_some();
                     if ev.need_rescan() {
                         s.rescan
                             .get_or_insert_with(|| "inotify event queue overflowed".into());
@@ -130,18 +131,25 @@ impl LocalWatcher {
                         } else if p.starts_with(&exclude) || !p.starts_with(&root) {
                             continue;
                         } else if s.dirty.len() < MAX_DIRTY_PATHS {
+                            // Cookies and the state directory never get
+                            // here: settle writes those, and a hook that
+                            // settles would loop.
+                            if let Some(hook) = &s.on_change
+                                && !s.dirty.contains(&p)
+                            {
+                                hook(Some(&p));
+                            }
                             s.dirty.insert(p);
                         } else if s.rescan.is_none() {
                             s.dirty.clear();
                             s.rescan = Some(format!("more than {MAX_DIRTY_PATHS} dirty paths"));
                         }
                     }
-                    // Cookies and the state directory never count: settle
-                    // writes those, and a hook that settles would loop.
-                    if (s.dirty.len(), s.rescan.is_some()) != before
+                    if !rescan_before
+                        && s.rescan.is_some()
                         && let Some(hook) = &s.on_change
                     {
-                        hook();
+                        hook(None);
                     }
                 }
             }
