@@ -120,9 +120,10 @@ struct NodeArgs {
     /// This device's id (the node token must be bound to it).
     #[arg(long)]
     device_id: String,
-    /// The account the node token belongs to.
+    /// The account the node token belongs to (default: the token's own
+    /// account, as the kernel knows it).
     #[arg(long, env = "GSV_USER")]
-    user: String,
+    user: Option<String>,
     /// A file holding the node token (`sys.token.create {kind:"node",
     /// allowedRole:"driver", allowedDeviceId}`).
     #[arg(long, value_name = "FILE")]
@@ -490,7 +491,7 @@ async fn node(a: NodeArgs) -> Result<ExitCode> {
     let root = NodeRoot::new(&a.root)
         .with_context(|| format!("opening the node root {}", a.root.display()))?;
     let tools = NodeTools::new(root);
-    let config = DriverConfig::new(a.kernel, a.device_id, a.user, token);
+    let config = DriverConfig::new(a.kernel, a.device_id, a.user.unwrap_or_default(), token);
     let stop = tokio_util::sync::CancellationToken::new();
     let s = stop.clone();
     tokio::spawn(async move {

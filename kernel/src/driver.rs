@@ -43,7 +43,8 @@ pub struct DriverConfig {
     /// `ws://HOST:PORT/ws`.
     pub kernel_url: String,
     pub device_id: String,
-    /// The account the node token belongs to.
+    /// The account the node token belongs to; empty leaves it to the
+    /// kernel, which takes the token's own account.
     pub username: String,
     /// The raw node token.
     pub token: String,
@@ -150,7 +151,7 @@ async fn run_once(
     .map_err(|_| lost("connect timed out".into()))?
     .map_err(|e| lost(e.to_string()))?;
     let (mut sink, mut stream) = ws.split();
-    let hello = json!({
+    let mut hello = json!({
         "type": "req",
         "id": "connect",
         "call": "sys.connect",
@@ -163,9 +164,12 @@ async fn run_once(
                 "role": "driver",
             },
             "driver": {"implements": config.implements},
-            "auth": {"username": config.username, "token": config.token},
+            "auth": {"token": config.token},
         },
     });
+    if !config.username.is_empty() {
+        hello["args"]["auth"]["username"] = json!(config.username);
+    }
     sink.send(Message::Text(hello.to_string().into()))
         .await
         .map_err(|e| lost(e.to_string()))?;

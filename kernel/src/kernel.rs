@@ -1,6 +1,10 @@
 //! The kernel value every connection and handler shares: configuration,
-//! the database, the system store, the workspaces, the connection pool and
-//! the syscall table.
+//! the database, the system store, the workspaces, the connection pool,
+//! the live routes, shell sessions and process runs, and the syscall table.
+//!
+//! This is state only: every field's type comes from a module below this
+//! one, and the operations that take a `Kernel` (routing, syscalls,
+//! processes, the server) sit above it. Building one is `boot`.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -11,13 +15,13 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use wsd_dofs::Dofs;
 
-use crate::accounts;
 use crate::db::Db;
-use crate::dispatch::{self, Dispatch};
-use crate::error::KernelError;
-use crate::routing::Router;
+use crate::dispatch::Dispatch;
+use crate::proc::active::Procs;
+use crate::routing::router::Router;
 use crate::session::ConnectionPool;
 use crate::workspace::Workspaces;
+use crate::workspace::shell::Sessions;
 
 /// The protocol version this kernel speaks (`sys.connect` `protocol`).
 pub const PROTOCOL: i64 = 2;
@@ -82,12 +86,12 @@ pub struct Kernel {
     pub workspaces: Workspaces,
     pub pool: ConnectionPool,
     /// Live device drivers and routed calls waiting for them.
-    pub router: Router,
+    pub router: Arc<Router>,
     /// Live `shell.exec` sessions.
-    pub sessions: crate::syscalls::shell::Sessions,
-    pub dispatch: Dispatch,
+    pub sessions: Sessions,
+    pub dispatch: Dispatch<Kernel>,
     /// Active agent runs (the rest of a process is rows).
-    pub procs: crate::proc::Procs,
+    pub procs: Procs,
     /// Permits for sockets that have not authenticated yet.
     pub pending: Arc<Semaphore>,
     /// Permits for authenticated sockets.
@@ -97,60 +101,8 @@ pub struct Kernel {
 }
 
 impl Kernel {
-    /// Opens (creating) the data directory: database, system store, root's
-    /// accounts.
-    pub async fn open(config: KernelConfig) -> Result<Arc<Kernel>, KernelError> {
-        let dir = config.data_dir.clone();
-        std::fs::create_dir_all(dir.join("workspaces"))
-            .map_err(|e| KernelError::internal(&format!("creating {}", dir.display()), e))?;
-        let db = Db::open(&dir.join("kernel.sqlite3"))?;
-        db.call(accounts::bootstrap).await?;
-        db.call(crate::routing::reset_at_start).await?;
-        let sys_path = dir.join("system.dofs");
-        let system = tokio::task::spawn_blocking(move || Dofs::open(&sys_path))
-            .await
-            .map_err(|e| KernelError::internal("opening system.dofs", e))?
-            .map_err(|e| KernelError::internal("opening system.dofs", e))?;
-        let system = Arc::new(Mutex::new(system));
-        crate::syscalls::fs::ensure_dir(&system, "root").await?;
-        let kernel = Arc::new(Kernel {
-            workspaces: Workspaces::new(dir.join("workspaces"), config.wsd_bin.clone()),
-            pending: Arc::new(Semaphore::new(config.max_pending)),
-            connected: Arc::new(Semaphore::new(config.max_connections)),
-            config,
-            db,
-            system,
-            pool: ConnectionPool::default(),
-            router: Router::default(),
-            sessions: Default::default(),
-            dispatch: dispatch::table(),
-            procs: crate::proc::Procs::default(),
-            login_failures: Mutex::new(HashMap::new()),
-        });
-        tokio::spawn(reap_idle_children(Arc::downgrade(&kernel)));
-        crate::proc::recover(&kernel).await?;
-        Ok(kernel)
-    }
-
     /// Stops local `wsd` children (the kernel is going away).
     pub async fn shutdown(&self) {
         self.workspaces.shutdown().await;
-    }
-}
-
-/// Stops idle local wsd children now and then; ends with the kernel.
-async fn reap_idle_children(kernel: std::sync::Weak<Kernel>) {
-    loop {
-        let every = match kernel.upgrade() {
-            Some(k) => (k.config.wsd_idle_stop / 4)
-                .clamp(Duration::from_millis(50), Duration::from_secs(30)),
-            None => return,
-        };
-        tokio::time::sleep(every).await;
-        let Some(k) = kernel.upgrade() else { return };
-        let idle = k.config.wsd_idle_stop;
-        k.workspaces
-            .stop_idle(idle, |id| k.sessions.running_in(id))
-            .await;
     }
 }

@@ -9,14 +9,20 @@
 //! Calls with `target: <deviceId>` are routed to a device's driver
 //! connection ([`routing`]); `gsv node` is such a driver ([`driver`]).
 //!
-//! Agent processes ([`proc`]) turn model tool calls into the same
-//! syscalls, dispatched through the same capability and routing path.
+//! Agent processes ([`proc`], driven by [`syscalls::proc`]) turn model
+//! tool calls into the same syscalls, dispatched through the same
+//! capability and routing path.
+//!
+//! State ([`kernel::Kernel`] and everything it holds) sits below the
+//! operations that take it; [`boot`] wires the two (ARCHITECTURE.md,
+//! "kernel", lists the layers).
 //!
 //! It deliberately does not (yet): accept binary
 //! bodies, or talk capnp itself (the wsd side goes through `wsd-client`).
 
 pub mod accounts;
 pub mod body;
+pub mod boot;
 pub mod caps;
 pub mod client;
 pub mod db;

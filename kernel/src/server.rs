@@ -27,7 +27,6 @@ use crate::accounts::{self, ProcessIdentity};
 use crate::body::BodyInbox;
 use crate::caps;
 use crate::db::now_ms;
-use crate::dispatch::Dispatch;
 use crate::error::KernelError;
 use crate::frames::{self, Inbound, Outbound, Response, UNKNOWN_ID};
 use crate::kernel::{Kernel, PROTOCOL};
@@ -181,7 +180,7 @@ impl Connection {
             h.abort();
         }
         if let Some((device, _)) = conn.session.as_ref().and_then(|s| s.device.clone()) {
-            routing::Router::driver_disconnected(&conn.kernel, &conn.id, &device).await;
+            routing::driver_disconnected(&conn.kernel.router, &conn.id, &device).await;
         }
         conn.kernel.pool.remove(&conn.id);
         tracing::debug!(conn = %conn.id, "socket closed");
@@ -223,7 +222,8 @@ impl Connection {
             }
             Inbound::Sig { signal, payload } => match &self.session {
                 Some(s) if s.role == Role::Driver => {
-                    routing::on_driver_signal(&self.kernel, s, &self.tx, &signal, payload).await;
+                    routing::on_driver_signal(&self.kernel.router, s, &self.tx, &signal, payload)
+                        .await;
                 }
                 _ => tracing::debug!(conn = %self.id, %signal, "ignoring a signal"),
             },
@@ -279,13 +279,15 @@ impl Connection {
             } else {
                 let task = tokio::spawn(async move {
                     // A panicking handler still answers (500) and frees its id.
-                    let r =
-                        std::panic::AssertUnwindSafe(Dispatch::run(entry, k, session, &call, args))
-                            .catch_unwind()
-                            .await
-                            .unwrap_or_else(|_| {
-                                Err(KernelError::Internal(format!("{call} failed unexpectedly")))
-                            });
+                    let router = k.router.clone();
+                    let r = std::panic::AssertUnwindSafe(routing::run_call(
+                        &router, entry, k, session, &call, args,
+                    ))
+                    .catch_unwind()
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(KernelError::Internal(format!("{call} failed unexpectedly")))
+                    });
                     // Removed by a cancel already: the caller must not get
                     // a late answer.
                     if map.lock().unwrap().remove(&rid).is_none() {
@@ -394,7 +396,7 @@ impl Connection {
                 platform: a.client.platform.clone(),
                 version: a.client.version.clone(),
             };
-            routing::Router::register_driver(&k, &self.id, self.tx.clone(), &identity, reg).await?;
+            routing::register_driver(&k.router, &self.id, self.tx.clone(), &identity, reg).await?;
         }
         k.pool
             .connected(&self.id, (identity.uid, role, a.client.id.clone()));
@@ -432,13 +434,14 @@ impl Connection {
             .auth
             .as_ref()
             .ok_or_else(|| KernelError::AuthFailed("Authentication required".into()))?;
-        let username = auth
-            .username
-            .clone()
-            .filter(|u| !u.is_empty())
-            .ok_or_else(|| KernelError::AuthFailed("Username required".into()))?;
+        // A token names its account, so with a token the username is only
+        // a cross-check; a password needs it.
+        let username = auth.username.clone().filter(|u| !u.is_empty());
+        if username.is_none() && auth.token.is_none() {
+            return Err(KernelError::AuthFailed("Username required".into()));
+        }
         let k = self.kernel.clone();
-        let throttle_key = (username.clone(), self.peer.ip());
+        let throttle_key = (username.clone().unwrap_or_default(), self.peer.ip());
         let result = match (&auth.password, &auth.token) {
             (Some(_), Some(_)) => Err(KernelError::AuthFailed(
                 "Provide either password or token".into(),
@@ -448,6 +451,7 @@ impl Connection {
             )),
             (None, None) => Err(KernelError::AuthFailed("Authentication required".into())),
             (Some(pw), None) => {
+                let username = username.clone().unwrap_or_default();
                 let (u, pw) = (username.clone(), pw.clone());
                 let stored = k.db.call(move |c| accounts::password_hash(c, &u)).await?;
                 let ok = match stored {
@@ -486,7 +490,7 @@ impl Connection {
                         return Err(fail());
                     }
                     let id = accounts::identity_by_uid(c, t.uid)?.ok_or_else(fail)?;
-                    if id.username != u {
+                    if u.as_ref().is_some_and(|u| *u != id.username) {
                         return Err(fail());
                     }
                     Ok(id)
@@ -515,7 +519,7 @@ impl Connection {
                 // failure.
                 let delay = Duration::from_millis(100u64 << n.min(5).saturating_sub(1))
                     .min(MAX_LOGIN_DELAY);
-                tracing::warn!(user = %username, peer = %self.peer, failures = n, "failed login");
+                tracing::warn!(user = ?username, peer = %self.peer, failures = n, "failed login");
                 tokio::time::sleep(delay).await;
             }
             Err(_) => {}

@@ -124,6 +124,27 @@ impl ConnectionPool {
         }
     }
 
+    /// Sends a signal to connection `id` alone; hands the payload back
+    /// when that connection is gone or its queue is full.
+    pub fn signal_connection(
+        &self,
+        id: &str,
+        signal: &str,
+        payload: serde_json::Value,
+    ) -> Result<(), serde_json::Value> {
+        let live = self.live.lock().unwrap();
+        let Some(l) = live.get(id) else {
+            return Err(payload);
+        };
+        let text = crate::frames::Outbound::Sig {
+            signal: signal.to_owned(),
+            payload: payload.clone(),
+            seq: None,
+        }
+        .to_text();
+        l.tx.try_send(Outgoing::Text(text)).map_err(|_| payload)
+    }
+
     pub fn len(&self) -> usize {
         self.live.lock().unwrap().len()
     }

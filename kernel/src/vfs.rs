@@ -13,6 +13,10 @@ use wsd_sync::SyncPath;
 
 use crate::accounts::ProcessIdentity;
 
+/// Most line bytes one `fs.read` returns; the rest is `truncated` (a
+/// routed read's body is cut at the same size).
+pub const MAX_READ_BYTES: usize = 1 << 20;
+
 /// An operation failure, reported as `ok:true, data:{ok:false, error}`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -9,9 +9,17 @@ pub mod sys;
 pub mod workspace;
 
 use crate::dispatch::Dispatch;
+use crate::kernel::Kernel;
+
+/// The whole table.
+pub fn table() -> Dispatch<Kernel> {
+    let mut d = Dispatch::default();
+    register(&mut d);
+    d
+}
 
 /// Registers every syscall with the capability it needs.
-pub fn register(d: &mut Dispatch) {
+pub fn register(d: &mut Dispatch<Kernel>) {
     d.add("sys.token.create", "sys.token.create", sys::token_create);
     d.add("sys.token.list", "sys.token.list", sys::token_list);
     d.add("sys.token.revoke", "sys.token.revoke", sys::token_revoke);

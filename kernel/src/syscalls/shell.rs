@@ -1,4 +1,6 @@
-//! `shell.exec` on a workspace, and the workspace's wsd backend.
+//! `shell.exec` on a workspace: starts a command through the workspace's
+//! wsd backend ([`crate::workspace::backend`]) and keeps it as a live
+//! session ([`crate::workspace::shell`]) between calls.
 //!
 //! A new command runs as a bracket under the workspace's lock: push dofs →
 //! wsd (a failed push fails the call; nothing runs), then exec. A session
@@ -10,26 +12,21 @@
 //! (stream broken and re-attach refused, e.g. the child restarted) is a
 //! `failed` outcome, never a silent success.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::str::FromStr;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tokio::sync::Notify;
-use wsd_client::{ClientOptions, Endpoint, ExecEventKind, ExecRequest, ResumeFrom, WsdHandle};
+use wsd_client::{ExecEventKind, ExecRequest, ResumeFrom, WsdHandle};
 use wsd_sync::Kind;
 
 use crate::db::now_ms;
 use crate::error::KernelError;
 use crate::kernel::Kernel;
-use crate::output::{CappedText, Utf8Stream};
 use crate::session::Session;
 use crate::vfs::{self, Place};
-use crate::workspace::{Backend, Workspace};
+use crate::workspace::Workspace;
+use crate::workspace::shell::{Outcome, ShellSession};
 
 // The seed's limits are defined once, with the node tools that answer the
 // same call on devices: the output cap, the default timeout and how long a
@@ -40,432 +37,6 @@ pub use crate::node::{
 };
 /// How long a finished session's row is kept.
 const SESSION_ROW_TTL_MS: i64 = 24 * 3600 * 1000;
-/// The name the kernel's watermarks are kept under in every wsd.
-const WSD_PEER: &str = "gsv-kernel";
-
-/// How long a starting local wsd gets to open its socket.
-const WSD_START_DEADLINE: Duration = Duration::from_secs(10);
-/// Longest wait between restarts of a local wsd that keeps dying.
-const MAX_RESTART_BACKOFF: Duration = Duration::from_secs(5);
-
-/// A workspace's wsd backend, owned under the workspace's bracket lock.
-#[derive(Debug)]
-pub struct BackendState {
-    dir: PathBuf,
-    backend: Backend,
-    child: Option<tokio::process::Child>,
-    /// The connection to the wsd, made after the child (re)starts.
-    handle: Option<WsdHandle>,
-    /// Last time a bracket used the wsd (the idle reaper reads it).
-    last_used: Instant,
-    /// Consecutive starts that did not stay up; drives the backoff.
-    restarts: u32,
-    last_start: Option<Instant>,
-}
-
-/// Where to reach a running wsd.
-#[derive(Debug, Clone)]
-pub struct WsdAddress {
-    /// `unix:/path` or `host:port`.
-    pub endpoint: String,
-    pub token_file: PathBuf,
-    /// True when the local child was (re)started by this call.
-    pub started: bool,
-}
-
-impl BackendState {
-    pub fn new(dir: &Path, backend: Backend) -> BackendState {
-        BackendState {
-            dir: dir.to_owned(),
-            backend,
-            child: None,
-            handle: None,
-            last_used: Instant::now(),
-            restarts: 0,
-            last_start: None,
-        }
-    }
-
-    /// The local child's socket path.
-    pub fn socket_path(&self) -> PathBuf {
-        self.dir.join("wsd.sock")
-    }
-
-    /// The process id of the local child, if running.
-    pub fn child_pid(&self) -> Option<u32> {
-        self.child.as_ref().and_then(|c| c.id())
-    }
-
-    /// The address of the wsd, starting (or restarting) the local child if
-    /// it is not running.
-    pub async fn ensure_running(&mut self, wsd_bin: &Path) -> Result<WsdAddress, KernelError> {
-        match &self.backend {
-            Backend::Remote {
-                address,
-                token_file,
-            } => Ok(WsdAddress {
-                endpoint: address.clone(),
-                token_file: token_file.clone(),
-                started: false,
-            }),
-            Backend::Local => {
-                let alive = match self.child.as_mut() {
-                    Some(c) => matches!(c.try_wait(), Ok(None)),
-                    None => false,
-                };
-                let token_file = self.dir.join("wsd.token");
-                let endpoint = format!("unix:{}", self.socket_path().display());
-                if alive {
-                    return Ok(WsdAddress {
-                        endpoint,
-                        token_file,
-                        started: false,
-                    });
-                }
-                self.start(wsd_bin, &token_file).await?;
-                Ok(WsdAddress {
-                    endpoint,
-                    token_file,
-                    started: true,
-                })
-            }
-        }
-    }
-
-    async fn start(&mut self, wsd_bin: &Path, token_file: &Path) -> Result<(), KernelError> {
-        if let Some(prev) = self.last_start
-            && prev.elapsed() < Duration::from_secs(30)
-        {
-            self.restarts += 1;
-            let backoff =
-                Duration::from_millis(100u64 << self.restarts.min(6)).min(MAX_RESTART_BACKOFF);
-            tracing::warn!(dir = %self.dir.display(), restarts = self.restarts, ?backoff, "local wsd died; restarting");
-            tokio::time::sleep(backoff).await;
-        } else {
-            self.restarts = 0;
-        }
-        let dir = self.dir.clone();
-        let tf = token_file.to_owned();
-        tokio::task::spawn_blocking(move || write_token_file(&dir, &tf))
-            .await
-            .map_err(|e| KernelError::internal("writing a wsd token", e))??;
-        let sock = self.socket_path();
-        stop_stale_child(&self.dir.join("wsd.pid"), &sock).await;
-        let _ = std::fs::remove_file(&sock);
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join("wsd.log"))
-            .map_err(|e| KernelError::internal("opening wsd.log", e))?;
-        let child = tokio::process::Command::new(wsd_bin)
-            .arg("serve")
-            .arg("--root")
-            .arg(self.dir.join("root"))
-            .arg("--state")
-            .arg(self.dir.join("state"))
-            .arg("--listen")
-            .arg(format!("unix:{}", sock.display()))
-            .arg("--token-file")
-            .arg(token_file)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| {
-                KernelError::Unavailable(format!("cannot start {}: {e}", wsd_bin.display()))
-            })?;
-        if let Some(pid) = child.id()
-            && let Err(e) = std::fs::write(self.dir.join("wsd.pid"), pid.to_string())
-        {
-            tracing::warn!(dir = %self.dir.display(), error = %e, "cannot record the wsd pid");
-        }
-        self.child = Some(child);
-        self.last_start = Some(Instant::now());
-        let deadline = Instant::now() + WSD_START_DEADLINE;
-        loop {
-            if tokio::net::UnixStream::connect(&sock).await.is_ok() {
-                tracing::info!(dir = %self.dir.display(), "local wsd started");
-                return Ok(());
-            }
-            if let Some(c) = self.child.as_mut()
-                && let Ok(Some(status)) = c.try_wait()
-            {
-                self.child = None;
-                return Err(KernelError::Unavailable(format!(
-                    "wsd for {} exited at start ({status}); see {}",
-                    self.dir.display(),
-                    self.dir.join("wsd.log").display()
-                )));
-            }
-            if Instant::now() > deadline {
-                self.stop().await;
-                return Err(KernelError::Unavailable(format!(
-                    "wsd for {} did not open {} within {WSD_START_DEADLINE:?}",
-                    self.dir.display(),
-                    sock.display()
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// A connected handle, (re)starting the local child and reconnecting
-    /// when it is not running.
-    pub async fn handle(&mut self, wsd_bin: &Path) -> Result<WsdHandle, KernelError> {
-        self.last_used = Instant::now();
-        let addr = self.ensure_running(wsd_bin).await?;
-        if addr.started {
-            self.handle = None;
-        }
-        if let Some(h) = &self.handle {
-            return Ok(h.clone());
-        }
-        let token = tokio::fs::read(&addr.token_file).await.map_err(|e| {
-            KernelError::Unavailable(format!(
-                "reading the wsd token {}: {e}",
-                addr.token_file.display()
-            ))
-        })?;
-        let endpoint = Endpoint::from_str(&addr.endpoint).map_err(|e| {
-            KernelError::Unavailable(format!("bad wsd address {}: {e}", addr.endpoint))
-        })?;
-        let opts = ClientOptions {
-            token: Some(token.trim_ascii().to_vec()),
-            peer: WSD_PEER.to_owned(),
-            ..ClientOptions::default()
-        };
-        let h = WsdHandle::connect(endpoint, opts).await.map_err(|e| {
-            KernelError::Unavailable(format!("connecting to wsd at {}: {e}", addr.endpoint))
-        })?;
-        self.handle = Some(h.clone());
-        Ok(h)
-    }
-
-    /// Whether a local child runs and has been unused for `idle`.
-    pub fn idle_child(&mut self, idle: Duration) -> bool {
-        let alive = self
-            .child
-            .as_mut()
-            .is_some_and(|c| matches!(c.try_wait(), Ok(None)));
-        alive && self.last_used.elapsed() >= idle
-    }
-
-    /// Stops the local child, if any.
-    pub async fn stop(&mut self) {
-        self.handle = None;
-        if let Some(mut c) = self.child.take() {
-            let _ = c.start_kill();
-            let _ = tokio::time::timeout(Duration::from_secs(5), c.wait()).await;
-        }
-    }
-}
-
-/// Stops a wsd left running for this workspace by a kernel that died
-/// without stopping it (SIGKILL, crash): the pid recorded at its start,
-/// only if that process still serves this workspace's socket (a recycled
-/// pid belongs to someone else and is left alone).
-async fn stop_stale_child(pid_file: &Path, sock: &Path) {
-    let Some(pid) = std::fs::read_to_string(pid_file)
-        .ok()
-        .and_then(|t| t.trim().parse::<i32>().ok())
-    else {
-        return;
-    };
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    let want = format!("unix:{}", sock.display());
-    let ours = cmdline.split(|b| *b == 0).any(|arg| arg == want.as_bytes());
-    let (true, Some(p)) = (ours, rustix::process::Pid::from_raw(pid)) else {
-        return;
-    };
-    tracing::warn!(pid, socket = %sock.display(), "stopping a wsd left over from an earlier kernel");
-    // It holds the workspace's lock until it has exited, and a new child
-    // refuses to start beside it: wait for the exit (SIGKILL after a grace).
-    let _ = rustix::process::kill_process(p, rustix::process::Signal::TERM);
-    let start = Instant::now();
-    let mut killed = false;
-    while process_alive(pid) {
-        if !killed && start.elapsed() > STALE_WSD_GRACE {
-            tracing::warn!(pid, "the leftover wsd ignored SIGTERM; sending SIGKILL");
-            let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
-            killed = true;
-        }
-        if start.elapsed() > 2 * STALE_WSD_GRACE {
-            tracing::warn!(pid, "the leftover wsd is still there; starting anyway");
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// How long a leftover wsd gets to exit after SIGTERM before SIGKILL.
-const STALE_WSD_GRACE: Duration = Duration::from_secs(5);
-
-/// Whether `pid` names a process that has not exited (a zombie has).
-fn process_alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        !stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
-    })
-}
-
-/// Creates the token file (mode 0600) once; an existing one is kept so a
-/// restarted child accepts the same token.
-fn write_token_file(dir: &Path, path: &Path) -> Result<(), KernelError> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    std::fs::create_dir_all(dir).map_err(|e| KernelError::internal("workspace dir", e))?;
-    if path.exists() {
-        return Ok(());
-    }
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(|e| KernelError::internal(&format!("creating {}", path.display()), e))?;
-    f.write_all(crate::accounts::random_hex(32).as_bytes())
-        .map_err(|e| KernelError::internal(&format!("writing {}", path.display()), e))
-}
-
-/// How a command ended.
-#[derive(Debug, Clone)]
-enum Outcome {
-    Completed {
-        exit_code: i32,
-        changes: Vec<Value>,
-    },
-    Failed {
-        error: String,
-        exit_code: Option<i32>,
-    },
-}
-
-#[derive(Debug)]
-struct SessionState {
-    /// Everything (its last [`MAX_OUTPUT_CHARS`]), returned with the final
-    /// result.
-    output: CappedText,
-    /// What no `running` answer has returned yet.
-    pending: CappedText,
-    utf8: Utf8Stream,
-    outcome: Option<Outcome>,
-}
-
-impl Default for SessionState {
-    fn default() -> Self {
-        SessionState {
-            output: CappedText::new(MAX_OUTPUT_CHARS),
-            pending: CappedText::new(MAX_OUTPUT_CHARS),
-            utf8: Utf8Stream::default(),
-            outcome: None,
-        }
-    }
-}
-
-/// One running (or just finished) command.
-#[derive(Debug)]
-pub struct ShellSession {
-    pub id: String,
-    /// The wsd connection the command runs on (for stdin writes).
-    handle: Option<WsdHandle>,
-    pub owner_uid: i64,
-    pub workspace_id: String,
-    state: Mutex<SessionState>,
-    changed: Notify,
-}
-
-impl ShellSession {
-    fn append(&self, bytes: &[u8]) {
-        let mut st = self.state.lock().unwrap();
-        let text = st.utf8.decode(bytes);
-        st.output.push(&text);
-        st.pending.push(&text);
-        drop(st);
-        self.changed.notify_waiters();
-    }
-
-    fn finish(&self, outcome: Outcome) {
-        let mut st = self.state.lock().unwrap();
-        let rest = st.utf8.finish();
-        st.output.push(&rest);
-        st.outcome = Some(outcome);
-        drop(st);
-        self.changed.notify_waiters();
-    }
-
-    /// Waits until the command ends or `budget` passes, then answers.
-    /// Returns the result and whether the session is over.
-    async fn wait(&self, budget: Duration) -> (Value, bool) {
-        let deadline = tokio::time::Instant::now() + budget;
-        loop {
-            let notified = self.changed.notified();
-            {
-                let mut st = self.state.lock().unwrap();
-                if let Some(outcome) = st.outcome.clone() {
-                    let (output, truncated) = st.output.take_flagged();
-                    return (self.final_result(outcome, output, truncated), true);
-                }
-                if tokio::time::Instant::now() >= deadline {
-                    let (output, truncated) = st.pending.take_flagged();
-                    let mut v =
-                        json!({"status": "running", "sessionId": self.id, "output": output});
-                    if truncated {
-                        v["truncated"] = json!(true);
-                    }
-                    return (v, false);
-                }
-            }
-            let _ = tokio::time::timeout_at(deadline, notified).await;
-        }
-    }
-
-    fn final_result(&self, outcome: Outcome, output: String, truncated: bool) -> Value {
-        let mut v = match outcome {
-            Outcome::Completed { exit_code, changes } => json!({
-                "status": "completed",
-                "exitCode": exit_code,
-                "output": output,
-                "sessionId": self.id,
-                "changes": changes,
-            }),
-            Outcome::Failed { error, exit_code } => {
-                let mut v = json!({
-                    "status": "failed",
-                    "output": output,
-                    "error": error,
-                    "sessionId": self.id,
-                });
-                if let Some(c) = exit_code {
-                    v["exitCode"] = json!(c);
-                }
-                v
-            }
-        };
-        if truncated {
-            v["truncated"] = json!(true);
-        }
-        v
-    }
-}
-
-/// Live shell sessions by id (their rows are in `shell_sessions`).
-#[derive(Debug, Default)]
-pub struct Sessions {
-    live: Mutex<HashMap<String, Arc<ShellSession>>>,
-}
-
-impl Sessions {
-    /// Whether a command still runs in workspace `id`.
-    pub fn running_in(&self, id: &str) -> bool {
-        self.live
-            .lock()
-            .unwrap()
-            .values()
-            .any(|s| s.workspace_id == id && s.state.lock().unwrap().outcome.is_none())
-    }
-}
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -542,19 +113,13 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<Value,
             Err(e) => return Ok(failed_before_run(&format!("wsd refused the command: {e}"))),
         }
     };
-    let session = Arc::new(ShellSession {
-        id: session_id.clone(),
-        handle: Some(started.0.clone()),
-        owner_uid: s.identity.uid,
-        workspace_id: row.id.clone(),
-        state: Mutex::default(),
-        changed: Notify::new(),
-    });
-    k.sessions
-        .live
-        .lock()
-        .unwrap()
-        .insert(session_id.clone(), session.clone());
+    let session = Arc::new(ShellSession::new(
+        session_id.clone(),
+        Some(started.0.clone()),
+        s.identity.uid,
+        row.id.clone(),
+    ));
+    k.sessions.insert(session.clone());
     remember_row(&k, &session, "running", None, None).await?;
     tokio::spawn(drive_session(
         k.clone(),
@@ -573,7 +138,7 @@ async fn continue_session(
     input: &str,
     budget: Duration,
 ) -> Result<Value, KernelError> {
-    let live = k.sessions.live.lock().unwrap().get(sid).cloned();
+    let live = k.sessions.get(sid);
     let Some(session) = live else {
         // Not in memory: finished and already answered, expired, or from
         // before a kernel restart. The row says which, if it is ours.
@@ -607,7 +172,7 @@ async fn continue_session(
         return Err(KernelError::UnknownSession(sid.to_owned()));
     }
     if !input.is_empty() {
-        let finished = session.state.lock().unwrap().outcome.is_some();
+        let finished = session.is_over();
         let written = match (&session.handle, finished) {
             (Some(h), false) => h
                 .write_stdin(&session.id, input.as_bytes().to_vec())
@@ -628,7 +193,7 @@ async fn continue_session(
 async fn answer(k: &Arc<Kernel>, session: &Arc<ShellSession>, budget: Duration) -> Value {
     let (v, over) = session.wait(budget).await;
     if over {
-        k.sessions.live.lock().unwrap().remove(&session.id);
+        k.sessions.remove(&session.id);
     }
     v
 }
@@ -727,7 +292,7 @@ async fn drive_session(
     drop(k);
     tokio::time::sleep(FINISHED_SESSION_KEEP).await;
     if let Some(k) = weak.upgrade() {
-        k.sessions.live.lock().unwrap().remove(&session.id);
+        k.sessions.remove(&session.id);
     }
 }
 
@@ -776,54 +341,4 @@ fn op_error(message: &str) -> Value {
 
 fn failed_before_run(error: &str) -> Value {
     json!({"status": "failed", "output": "", "error": error})
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn session() -> ShellSession {
-        ShellSession {
-            id: "sh_t".into(),
-            handle: None,
-            owner_uid: 1000,
-            workspace_id: "ws_t".into(),
-            state: Mutex::default(),
-            changed: Notify::new(),
-        }
-    }
-
-    #[test]
-    fn a_character_split_across_events_is_joined_not_mangled() {
-        let s = session();
-        let bytes = "né".as_bytes();
-        s.append(&bytes[..2]);
-        s.append(&bytes[2..]);
-        let st = s.state.lock().unwrap();
-        assert_eq!(st.output.text(), "né");
-    }
-
-    #[tokio::test]
-    async fn waiting_answers_running_with_pending_output_then_the_final_result() {
-        let s = session();
-        s.append(b"first ");
-        let (v, over) = s.wait(Duration::from_millis(10)).await;
-        assert!(!over);
-        assert_eq!(
-            v,
-            json!({"status": "running", "sessionId": "sh_t", "output": "first "})
-        );
-        s.append(b"second");
-        s.finish(Outcome::Completed {
-            exit_code: 0,
-            changes: vec![],
-        });
-        let (v, over) = s.wait(Duration::from_secs(5)).await;
-        assert!(over);
-        assert_eq!(v["status"], "completed");
-        assert_eq!(
-            v["output"], "first second",
-            "the final result carries all output"
-        );
-    }
 }

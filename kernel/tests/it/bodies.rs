@@ -8,8 +8,7 @@
 use base64::Engine as _;
 use serde_json::{Value, json};
 
-use crate::devices::{ScriptedDriver, with_driver};
-use crate::harness::err_of;
+use crate::harness::{ScriptedDriver, err_of, with_driver};
 
 fn chunk(stream: u32, flags: u8, payload: &[u8]) -> Vec<u8> {
     let mut out = stream.to_le_bytes().to_vec();

@@ -5,11 +5,16 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use wsd_kernel::client::GsvClient;
 
-use crate::harness::{TestKernel, err_of, wsd_bin};
+use crate::harness::{TestKernel, err_of, new_workspace, wsd_bin};
 
-async fn workspace(c: &mut GsvClient) -> String {
-    let d = c.call("sys.workspace.create", json!({})).await.unwrap();
-    d["workspace"]["workspaceId"].as_str().unwrap().to_owned()
+/// Starts `input` at the root of workspace `id`, waiting up to `yield_ms`.
+async fn exec_in(c: &mut GsvClient, id: &str, input: &str, yield_ms: u64) -> Value {
+    c.call(
+        "shell.exec",
+        json!({"cwd": format!("/workspaces/{id}"), "input": input, "yieldMs": yield_ms}),
+    )
+    .await
+    .unwrap()
 }
 
 /// Polls a session until it is over (bounded: 120 polls of ≤ 1 s).
@@ -34,7 +39,7 @@ async fn until_done(c: &mut GsvClient, mut d: Value) -> Value {
 async fn the_exec_bracket_carries_files_both_ways() {
     let k = TestKernel::with_users().await;
     let mut a = k.alice().await;
-    let id = workspace(&mut a).await;
+    let id = new_workspace(&mut a).await;
     a.call(
         "fs.write",
         json!({"path": format!("/workspaces/{id}/in/hello.txt"), "content": "from dofs\n"}),
@@ -70,13 +75,7 @@ async fn the_exec_bracket_carries_files_both_ways() {
         .await
         .unwrap();
     assert_eq!(r["content"], "     1\tmade");
-    let d = a
-        .call(
-            "shell.exec",
-            json!({"cwd": format!("/workspaces/{id}"), "input": "exit 3", "yieldMs": 10000}),
-        )
-        .await
-        .unwrap();
+    let d = exec_in(&mut a, &id, "exit 3", 10000).await;
     let d = until_done(&mut a, d).await;
     assert_eq!(
         (d["status"].clone(), d["exitCode"].clone()),
@@ -88,14 +87,8 @@ async fn the_exec_bracket_carries_files_both_ways() {
 async fn a_long_command_answers_running_and_polls_to_completion_for_its_owner_only() {
     let k = TestKernel::with_users().await;
     let mut a = k.alice().await;
-    let id = workspace(&mut a).await;
-    let d = a
-        .call(
-            "shell.exec",
-            json!({"cwd": format!("/workspaces/{id}"), "input": "echo start; sleep 1; echo done", "yieldMs": 50}),
-        )
-        .await
-        .unwrap();
+    let id = new_workspace(&mut a).await;
+    let d = exec_in(&mut a, &id, "echo start; sleep 1; echo done", 50).await;
     assert_eq!(d["status"], "running", "{d}");
     let sid = d["sessionId"].as_str().unwrap().to_owned();
     let mut b = k.bob().await;
@@ -121,14 +114,8 @@ async fn a_long_command_answers_running_and_polls_to_completion_for_its_owner_on
 async fn output_over_the_cap_keeps_the_tail_and_says_truncated() {
     let k = TestKernel::with_users().await;
     let mut a = k.alice().await;
-    let id = workspace(&mut a).await;
-    let d = a
-        .call(
-            "shell.exec",
-            json!({"cwd": format!("/workspaces/{id}"), "input": "seq 1 60000; echo END", "yieldMs": 10000}),
-        )
-        .await
-        .unwrap();
+    let id = new_workspace(&mut a).await;
+    let d = exec_in(&mut a, &id, "seq 1 60000; echo END", 10000).await;
     let d = until_done(&mut a, d).await;
     assert_eq!(d["truncated"], true, "{}", d["status"]);
     let out = d["output"].as_str().unwrap();
@@ -140,14 +127,8 @@ async fn output_over_the_cap_keeps_the_tail_and_says_truncated() {
 async fn a_wsd_killed_mid_command_gives_failed_never_success() {
     let k = TestKernel::with_users().await;
     let mut a = k.alice().await;
-    let id = workspace(&mut a).await;
-    let d = a
-        .call(
-            "shell.exec",
-            json!({"cwd": format!("/workspaces/{id}"), "input": "sleep 30", "yieldMs": 50}),
-        )
-        .await
-        .unwrap();
+    let id = new_workspace(&mut a).await;
+    let d = exec_in(&mut a, &id, "sleep 30", 50).await;
     assert_eq!(d["status"], "running");
     let pid = k
         .kernel
@@ -163,13 +144,7 @@ async fn a_wsd_killed_mid_command_gives_failed_never_success() {
     let d = until_done(&mut a, d).await;
     assert_eq!(d["status"], "failed", "{d}");
     // The next command restarts the child and works again.
-    let d = a
-        .call(
-            "shell.exec",
-            json!({"cwd": format!("/workspaces/{id}"), "input": "echo back", "yieldMs": 10000}),
-        )
-        .await
-        .unwrap();
+    let d = exec_in(&mut a, &id, "echo back", 10000).await;
     let d = until_done(&mut a, d).await;
     assert_eq!(
         (d["status"].clone(), d["output"].clone()),
@@ -181,7 +156,7 @@ async fn a_wsd_killed_mid_command_gives_failed_never_success() {
 async fn a_duplicate_in_flight_id_is_409_and_a_cancelled_request_never_answers() {
     let k = TestKernel::with_users().await;
     let mut a = k.alice().await;
-    let id = workspace(&mut a).await;
+    let id = new_workspace(&mut a).await;
     let args = json!({"cwd": format!("/workspaces/{id}"), "input": "sleep 20", "yieldMs": 20000});
     a.send_request("dup", "shell.exec", args.clone())
         .await
@@ -246,13 +221,7 @@ async fn a_remote_backend_workspace_runs_on_an_existing_wsd() {
         .unwrap();
     let id = d["workspace"]["workspaceId"].as_str().unwrap().to_owned();
     assert_eq!(d["workspace"]["backend"]["kind"], "remote");
-    let d = root
-        .call(
-            "shell.exec",
-            json!({"cwd": format!("/workspaces/{id}"), "input": "echo remote > r.txt", "yieldMs": 10000}),
-        )
-        .await
-        .unwrap();
+    let d = exec_in(&mut root, &id, "echo remote > r.txt", 10000).await;
     let d = until_done(&mut root, d).await;
     assert_eq!(d["status"], "completed", "{d}");
     assert_eq!(
@@ -275,7 +244,7 @@ async fn an_idle_local_wsd_is_stopped_and_started_again_on_next_use() {
     let k = TestKernel::start_with(|c| c.wsd_idle_stop = Duration::from_millis(200)).await;
     k.setup().await;
     let mut a = k.alice().await;
-    let id = workspace(&mut a).await;
+    let id = new_workspace(&mut a).await;
     let run =
         json!({"cwd": format!("/workspaces/{id}"), "input": "echo one > f", "yieldMs": 10000});
     let first = a.call("shell.exec", run).await.unwrap();
@@ -300,14 +269,8 @@ async fn an_idle_local_wsd_is_stopped_and_started_again_on_next_use() {
 async fn a_running_command_reads_what_later_calls_write_to_its_stdin() {
     let k = TestKernel::with_users().await;
     let mut a = k.alice().await;
-    let id = workspace(&mut a).await;
-    let d = a
-        .call(
-            "shell.exec",
-            json!({"cwd": format!("/workspaces/{id}"), "input": "read line; echo got:$line", "yieldMs": 250}),
-        )
-        .await
-        .unwrap();
+    let id = new_workspace(&mut a).await;
+    let d = exec_in(&mut a, &id, "read line; echo got:$line", 250).await;
     assert_eq!(d["status"], "running", "{d}");
     let sid = d["sessionId"].as_str().unwrap().to_owned();
     let mut b = k.bob().await;
@@ -354,13 +317,7 @@ async fn an_unreachable_wsd_fails_the_call_before_anything_runs() {
     )
     .await
     .unwrap();
-    let d = root
-        .call(
-            "shell.exec",
-            json!({"cwd": format!("/workspaces/{id}"), "input": "touch ran", "yieldMs": 10000}),
-        )
-        .await
-        .unwrap();
+    let d = exec_in(&mut root, &id, "touch ran", 10000).await;
     assert_eq!(d["status"], "failed", "{d}");
     assert!(
         d["error"].as_str().unwrap().contains("none.sock"),

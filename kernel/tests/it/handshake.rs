@@ -168,6 +168,32 @@ async fn tokens_are_shown_once_log_in_with_their_role_and_stop_working_when_revo
     let tok = user_connect(json!({"username": "alice", "token": raw}));
     c.call("sys.connect", tok.clone()).await.unwrap();
 
+    // The token names its account: without a username it logs in as that
+    // account; with another account's name it does not log in at all.
+    let mut by_token = k.raw().await;
+    let d = by_token
+        .call("sys.connect", user_connect(json!({"token": raw})))
+        .await
+        .unwrap();
+    assert_eq!(d["identity"]["process"]["username"], "alice");
+    let f = k
+        .raw()
+        .await
+        .request(
+            "sys.connect",
+            user_connect(json!({"username": "root", "token": raw})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(err_of(&f).0, 401);
+    let f = k
+        .raw()
+        .await
+        .request("sys.connect", user_connect(json!({"password": ALICE_PW})))
+        .await
+        .unwrap();
+    assert_eq!(err_of(&f), (401, "Username required".to_owned()));
+
     // A node token cannot log in as a user, nor as another device.
     let mut c2 = k.raw().await;
     let f = c2

@@ -1,4 +1,6 @@
-//! Starts a kernel on loopback and hands out logged-in clients.
+//! The one place test setup lives: a kernel on loopback, logged-in
+//! clients (a second socket of a user included), workspaces, node tokens
+//! and a scripted driver speaking raw JSON frames.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -75,7 +77,12 @@ impl TestKernel {
 
     /// A kernel set up with `alice` (and `bob`, created by root).
     pub async fn with_users() -> TestKernel {
-        let k = TestKernel::start().await;
+        TestKernel::with_users_tuned(|_| {}).await
+    }
+
+    /// [`TestKernel::with_users`] with `tune` applied to the config.
+    pub async fn with_users_tuned(tune: impl FnOnce(&mut KernelConfig)) -> TestKernel {
+        let k = TestKernel::start_with(tune).await;
         k.setup().await;
         let mut root = k.login("root", "root-password").await;
         root.call(
@@ -111,6 +118,17 @@ impl TestKernel {
     pub async fn login(&self, user: &str, pw: &str) -> GsvClient {
         let mut c = self.raw().await;
         c.login(user, &Credentials::Password(pw.into()))
+            .await
+            .unwrap();
+        c
+    }
+
+    /// A second (third, …) socket of `user`: a client id of its own, so
+    /// it does not replace the user's other connections.
+    pub async fn login_from(&self, client_id: &str, user: &str, pw: &str) -> GsvClient {
+        let mut c = self.raw().await;
+        let auth = json!({"username": user, "password": pw});
+        c.call("sys.connect", connect_args(client_id, "user", auth))
             .await
             .unwrap();
         c
@@ -154,4 +172,108 @@ pub fn wsd_bin() -> std::path::PathBuf {
         bin.display()
     );
     bin
+}
+
+/// A new workspace of `c`'s user; its id.
+pub async fn new_workspace(c: &mut GsvClient) -> String {
+    let d = c.call("sys.workspace.create", json!({})).await.unwrap();
+    d["workspace"]["workspaceId"].as_str().unwrap().to_owned()
+}
+
+/// A node token for `device`, created by `owner`.
+pub async fn node_token(owner: &mut GsvClient, device: &str) -> String {
+    let d = owner
+        .call(
+            "sys.token.create",
+            json!({"kind": "node", "allowedRole": "driver", "allowedDeviceId": device}),
+        )
+        .await
+        .unwrap();
+    d["token"]["token"].as_str().unwrap().to_owned()
+}
+
+/// A driver written with nothing but JSON text frames.
+pub struct ScriptedDriver {
+    pub ws: GsvClient,
+}
+
+impl ScriptedDriver {
+    /// Connects as `device` of `user` with `token`; returns the
+    /// `sys.connect` response frame.
+    pub async fn try_connect(
+        k: &TestKernel,
+        user: &str,
+        token: &str,
+        device: &str,
+        implements: &[&str],
+    ) -> (ScriptedDriver, Value) {
+        let mut ws = GsvClient::connect(&k.url).await.unwrap();
+        ws.timeout = Duration::from_secs(30);
+        let hello = json!({
+            "type": "req", "id": "hello", "call": "sys.connect",
+            "args": {
+                "protocol": 2,
+                "client": {"id": device, "version": "0.0.1", "platform": "scripted", "role": "driver"},
+                "driver": {"implements": implements},
+                "auth": {"username": user, "token": token},
+            }
+        });
+        ws.send_text(hello.to_string()).await.unwrap();
+        let res = ws.response_to("hello").await.unwrap();
+        (ScriptedDriver { ws }, res)
+    }
+
+    pub async fn connect(
+        k: &TestKernel,
+        user: &str,
+        token: &str,
+        device: &str,
+        implements: &[&str],
+    ) -> ScriptedDriver {
+        let (d, res) = ScriptedDriver::try_connect(k, user, token, device, implements).await;
+        assert_eq!(res["ok"], true, "driver connect failed: {res}");
+        d
+    }
+
+    /// The next routed request (signals before it are skipped).
+    pub async fn next_req(&mut self) -> Value {
+        loop {
+            let f = self.ws.recv().await.unwrap();
+            if f["type"] == "req" {
+                return f;
+            }
+        }
+    }
+
+    /// The next signal named `name`.
+    pub async fn next_sig(&mut self, name: &str) -> Value {
+        loop {
+            let f = self.ws.recv().await.unwrap();
+            if f["type"] == "sig" && f["signal"] == name {
+                return f;
+            }
+        }
+    }
+
+    pub async fn reply(&mut self, id: &Value, data: Value) {
+        let res = json!({"type": "res", "id": id, "ok": true, "data": data});
+        self.ws.send_text(res.to_string()).await.unwrap();
+    }
+}
+
+/// A kernel with alice and bob, alice's token for `dev1`, and a scripted
+/// driver for it implementing `implements`.
+pub async fn with_driver(implements: &[&str]) -> (TestKernel, GsvClient, ScriptedDriver) {
+    with_driver_tuned(implements, |_| {}).await
+}
+
+pub async fn with_driver_tuned(
+    implements: &[&str],
+    tune: impl FnOnce(&mut KernelConfig),
+) -> (TestKernel, GsvClient, ScriptedDriver) {
+    let k = TestKernel::with_users_tuned(tune).await;
+    let mut alice = k.alice().await;
+    let token = node_token(&mut alice, "dev1").await;
+    let drv = ScriptedDriver::connect(&k, "alice", &token, "dev1", implements).await;
+    (k, alice, drv)
 }

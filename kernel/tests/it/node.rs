@@ -13,8 +13,7 @@ use wsd_kernel::client::GsvClient;
 use wsd_kernel::driver::{self, DriverConfig};
 use wsd_kernel::node::{NodeRoot, NodeTools, ShellConfig};
 
-use crate::devices::{ScriptedDriver, node_token};
-use crate::harness::TestKernel;
+use crate::harness::{ScriptedDriver, TestKernel, node_token};
 
 /// A `gsv node` running in this process; stopped when dropped.
 struct Node {
@@ -241,7 +240,7 @@ async fn a_node_whose_connection_is_taken_over_reconnects_and_serves_again() {
 }
 
 #[tokio::test]
-async fn the_gsv_node_binary_serves_routed_calls() {
+async fn the_gsv_node_binary_serves_routed_calls_as_the_tokens_account_by_default() {
     let k = TestKernel::with_users().await;
     let mut alice = k.alice().await;
     let token = node_token(&mut alice, "node1").await;
@@ -252,15 +251,8 @@ async fn the_gsv_node_binary_serves_routed_calls() {
     let token_file = dir.path().join("token");
     write_private(&token_file, &token);
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_gsv"))
-        .args([
-            "node",
-            "--kernel",
-            &k.url,
-            "--device-id",
-            "node1",
-            "--user",
-            "alice",
-        ])
+        .args(["node", "--kernel", &k.url, "--device-id", "node1"])
+        .env_remove("GSV_USER")
         .arg("--token-file")
         .arg(&token_file)
         .arg("--root")
@@ -270,6 +262,11 @@ async fn the_gsv_node_binary_serves_routed_calls() {
         .spawn()
         .unwrap();
     wait_online(&mut alice, "node1").await;
+    let d = alice
+        .call("sys.device.get", json!({"deviceId": "node1"}))
+        .await
+        .unwrap();
+    assert_eq!(d["device"]["ownerUid"], 1000, "{d}");
     let r = routed(&mut alice, "fs.read", json!({"path": "hello.txt"})).await;
     assert!(
         r["content"]

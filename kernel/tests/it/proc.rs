@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use tokio::sync::Notify;
 use wsd_kernel::client::GsvClient;
 
-use crate::harness::{TestKernel, err_of};
+use crate::harness::{ALICE_PW, TestKernel, err_of};
 
 /// One scripted answer of the model server.
 enum Reply {
@@ -25,6 +25,8 @@ enum Reply {
     Sse(Vec<Value>),
     /// These chunks, then wait for the gate before `[DONE]`.
     Gated(Vec<Value>, Arc<Notify>),
+    /// These chunks, wait for the gate, then those chunks and `[DONE]`.
+    GatedThen(Vec<Value>, Arc<Notify>, Vec<Value>),
     /// These chunks, then never another byte.
     StreamThenHang(Vec<Value>),
     Status(u16),
@@ -101,6 +103,15 @@ async fn completions(State(s): State<Arc<Script>>, body: String) -> Response {
                 Ok::<_, Infallible>(Bytes::new())
             });
             stream_response(Body::from_stream(sse(chunks).chain(wait).chain(done())))
+        }
+        Some(Reply::GatedThen(first, gate, then)) => {
+            let wait = futures::stream::once(async move {
+                gate.notified().await;
+                Ok::<_, Infallible>(Bytes::new())
+            });
+            stream_response(Body::from_stream(
+                sse(first).chain(wait).chain(sse(then)).chain(done()),
+            ))
         }
         Some(Reply::StreamThenHang(chunks)) => stream_response(Body::from_stream(
             sse(chunks).chain(futures::stream::pending()),
@@ -179,6 +190,15 @@ impl Watcher {
                 self.seen.push_back(f);
             }
         }
+    }
+
+    /// A new process of this user and the answer to its first `proc.send`.
+    async fn spawn_and_send(&mut self, message: &str) -> (Value, Value) {
+        let pid = self.call("proc.spawn", json!({})).await["pid"].clone();
+        let sent = self
+            .call("proc.send", json!({"pid": pid, "message": message}))
+            .await;
+        (pid, sent)
     }
 
     async fn finished(&mut self, run_id: &Value) -> Value {
@@ -293,15 +313,57 @@ async fn streamed_text_arrives_as_text_delta_signals() {
         &[("config/ai/context.d/00-rules.md", "Be brief.")],
     )
     .await;
-    let pid = a.call("proc.spawn", json!({})).await["pid"].clone();
-    let s = a
-        .call("proc.send", json!({"pid": pid, "message": "hi"}))
-        .await;
+    let (_, s) = a.spawn_and_send("hi").await;
     let d1 = a.signal("proc.run.stream", |_| true).await;
     assert_eq!(d1["event"], json!({"type": "text_delta", "delta": "Hel"}));
     let d2 = a.signal("proc.run.stream", |_| true).await;
     assert_eq!(d2["event"]["delta"], "lo");
     assert_eq!(a.finished(&s["runId"]).await["text"], "Hello");
+}
+
+#[tokio::test]
+async fn a_runs_signals_go_only_to_the_socket_that_sent_its_message() {
+    let (k, _m, mut a) = setup(vec![answer("just for you")], &[]).await;
+    let mut second = Watcher::new(k.login_from("second-screen", "alice", ALICE_PW).await);
+    let (_, s) = a.spawn_and_send("hi").await;
+    assert_eq!(a.finished(&s["runId"]).await["text"], "just for you");
+    // One writer per socket: anything sent to the second socket before the
+    // run finished arrives ahead of this answer.
+    second.call("proc.list", json!({})).await;
+    let run_signals: Vec<_> = second
+        .seen
+        .iter()
+        .filter(|f| f["signal"].as_str().unwrap().starts_with("proc.run."))
+        .collect();
+    assert!(run_signals.is_empty(), "{run_signals:?}");
+}
+
+#[tokio::test]
+async fn a_runs_signals_reach_the_owners_other_sockets_once_its_socket_is_gone() {
+    let gate = Arc::new(Notify::new());
+    let (k, _m, mut a) = setup(
+        vec![Reply::Gated(vec![text("still here")], gate.clone())],
+        &[],
+    )
+    .await;
+    let mut second = Watcher::new(k.login_from("second-screen", "alice", ALICE_PW).await);
+    let (_, s) = second.spawn_and_send("hi").await;
+    second.signal("proc.run.stream", |_| true).await;
+    let before = k.kernel.pool.len();
+    second.c.close().await;
+    // The kernel notices the close on its own time; bounded wait for it.
+    for _ in 0..500 {
+        if k.kernel.pool.len() < before {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(
+        k.kernel.pool.len() < before,
+        "the closed socket left the pool"
+    );
+    gate.notify_one();
+    assert_eq!(a.finished(&s["runId"]).await["text"], "still here");
 }
 
 #[tokio::test]
@@ -314,10 +376,7 @@ async fn the_system_prompt_holds_system_context_and_is_bounded() {
         ],
     )
     .await;
-    let pid = a.call("proc.spawn", json!({})).await["pid"].clone();
-    let s = a
-        .call("proc.send", json!({"pid": pid, "message": "hi"}))
-        .await;
+    let (_, s) = a.spawn_and_send("hi").await;
     a.finished(&s["runId"]).await;
     let sys = m.requests()[0]["messages"][0].clone();
     assert_eq!(sys["role"], "system");
@@ -394,10 +453,7 @@ async fn a_denied_delete_becomes_a_tool_error_the_model_sees() {
         &[],
     )
     .await;
-    let pid = a.call("proc.spawn", json!({})).await["pid"].clone();
-    let s = a
-        .call("proc.send", json!({"pid": pid, "message": "go"}))
-        .await;
+    let (_, s) = a.spawn_and_send("go").await;
     let req = a.signal("proc.run.hil.requested", |_| true).await;
     a.call(
         "proc.hil",
@@ -418,6 +474,30 @@ async fn a_denied_delete_becomes_a_tool_error_the_model_sees() {
 }
 
 #[tokio::test]
+async fn an_approval_request_reaches_every_socket_of_the_owner_and_any_may_answer() {
+    let (k, _m, mut a) = setup(
+        vec![
+            Reply::Sse(vec![tool("c1", "Delete", json!({"path": "gone.txt"}))]),
+            answer("as you wish"),
+        ],
+        &[],
+    )
+    .await;
+    let mut second = Watcher::new(k.login_from("second-screen", "alice", ALICE_PW).await);
+    let (_, s) = a.spawn_and_send("go").await;
+    let req = second.signal("proc.run.hil.requested", |_| true).await;
+    assert_eq!(req["runId"], s["runId"]);
+    a.signal("proc.run.hil.requested", |_| true).await;
+    second
+        .call(
+            "proc.hil",
+            json!({"requestId": req["requestId"], "decision": "deny"}),
+        )
+        .await;
+    assert_eq!(a.finished(&s["runId"]).await["text"], "as you wish");
+}
+
+#[tokio::test]
 async fn unknown_tools_and_failed_syscalls_are_tool_result_errors() {
     let (_k, m, mut a) = setup(
         vec![
@@ -432,10 +512,7 @@ async fn unknown_tools_and_failed_syscalls_are_tool_result_errors() {
         &[],
     )
     .await;
-    let pid = a.call("proc.spawn", json!({})).await["pid"].clone();
-    let s = a
-        .call("proc.send", json!({"pid": pid, "message": "go"}))
-        .await;
+    let (_, s) = a.spawn_and_send("go").await;
     let t1 = a
         .signal("proc.run.tool.finished", |p| p["toolName"] == "Teleport")
         .await;
@@ -449,27 +526,31 @@ async fn unknown_tools_and_failed_syscalls_are_tool_result_errors() {
 }
 
 #[tokio::test]
-async fn a_message_sent_during_a_run_is_queued_and_runs_next() {
+async fn a_message_sent_during_a_run_is_queued_counted_and_runs_next() {
     let gate = Arc::new(Notify::new());
     let (_k, m, mut a) = setup(
         vec![
-            Reply::Gated(vec![text("first")], gate.clone()),
+            Reply::GatedThen(vec![text("fir")], gate.clone(), vec![text("st")]),
             answer("second"),
         ],
         &[],
     )
     .await;
-    let pid = a.call("proc.spawn", json!({})).await["pid"].clone();
-    let s1 = a
-        .call("proc.send", json!({"pid": pid, "message": "one"}))
-        .await;
-    a.signal("proc.run.stream", |_| true).await;
+    let (pid, s1) = a.spawn_and_send("one").await;
+    let d1 = a.signal("proc.run.stream", |_| true).await;
+    assert_eq!(d1["queuedCount"], 0, "{d1}");
     let s2 = a
         .call("proc.send", json!({"pid": pid, "message": "two"}))
         .await;
     assert_eq!(s2["queued"], true, "{s2}");
     assert_eq!(s2["runId"], s1["runId"]);
     gate.notify_one();
+    let d2 = a.signal("proc.run.stream", |_| true).await;
+    assert_eq!(
+        (d2["event"]["delta"].clone(), d2["queuedCount"].clone()),
+        (json!("st"), json!(1)),
+        "a delta after the send counts the queued message: {d2}"
+    );
     let f1 = a.finished(&s1["runId"]).await;
     assert_eq!(
         (f1["text"].clone(), f1["queuedCount"].clone()),
@@ -502,10 +583,7 @@ async fn a_queued_message_joins_the_run_at_the_tool_result_boundary() {
         &[],
     )
     .await;
-    let pid = a.call("proc.spawn", json!({})).await["pid"].clone();
-    let s = a
-        .call("proc.send", json!({"pid": pid, "message": "one"}))
-        .await;
+    let (pid, s) = a.spawn_and_send("one").await;
     a.signal("proc.run.stream", |_| true).await;
     let q = a
         .call("proc.send", json!({"pid": pid, "message": "also this"}))
@@ -532,10 +610,7 @@ async fn abort_mid_stream_finishes_the_run_as_aborted() {
         &[],
     )
     .await;
-    let pid = a.call("proc.spawn", json!({})).await["pid"].clone();
-    let s = a
-        .call("proc.send", json!({"pid": pid, "message": "go"}))
-        .await;
+    let (pid, s) = a.spawn_and_send("go").await;
     a.signal("proc.run.stream", |_| true).await;
     let ab = a.call("proc.abort", json!({"pid": pid})).await;
     assert_eq!(ab["aborted"], true);
@@ -554,10 +629,7 @@ async fn abort_mid_stream_finishes_the_run_as_aborted() {
 #[tokio::test]
 async fn a_provider_500_is_retried_and_the_run_completes() {
     let (_k, m, mut a) = setup(vec![Reply::Status(500), answer("recovered")], &[]).await;
-    let pid = a.call("proc.spawn", json!({})).await["pid"].clone();
-    let s = a
-        .call("proc.send", json!({"pid": pid, "message": "go"}))
-        .await;
+    let (_, s) = a.spawn_and_send("go").await;
     let r = a.signal("proc.run.retrying", |_| true).await;
     assert_eq!(r["attempt"], 1);
     assert!(r["error"].as_str().unwrap().contains("500"), "{r}");
@@ -575,10 +647,7 @@ async fn a_provider_that_never_answers_times_out_with_a_clear_error() {
         ],
     )
     .await;
-    let pid = a.call("proc.spawn", json!({})).await["pid"].clone();
-    let s = a
-        .call("proc.send", json!({"pid": pid, "message": "go"}))
-        .await;
+    let (_, s) = a.spawn_and_send("go").await;
     let fin = a.finished(&s["runId"]).await;
     assert_eq!(fin["status"], "error");
     let e = fin["error"].as_str().unwrap();
@@ -589,10 +658,7 @@ async fn a_provider_that_never_answers_times_out_with_a_clear_error() {
 async fn an_unreachable_or_unconfigured_provider_ends_the_run_with_an_error() {
     let k = TestKernel::with_users().await;
     let mut a = Watcher::new(k.alice().await);
-    let pid = a.call("proc.spawn", json!({})).await["pid"].clone();
-    let s = a
-        .call("proc.send", json!({"pid": pid, "message": "go"}))
-        .await;
+    let (pid, s) = a.spawn_and_send("go").await;
     let fin = a.finished(&s["runId"]).await;
     assert!(
         fin["error"]
@@ -648,10 +714,7 @@ async fn another_user_can_neither_see_nor_drive_the_process() {
 #[tokio::test]
 async fn reset_archives_the_history_as_gzip_jsonl_and_clears_it() {
     let (k, _m, mut a) = setup(vec![answer("hello there")], &[]).await;
-    let pid = a.call("proc.spawn", json!({})).await["pid"].clone();
-    let s = a
-        .call("proc.send", json!({"pid": pid, "message": "hi"}))
-        .await;
+    let (pid, s) = a.spawn_and_send("hi").await;
     a.finished(&s["runId"]).await;
     let r = a.call("proc.reset", json!({"pid": pid})).await;
     let path = r["archivePath"].as_str().unwrap().to_owned();
@@ -732,10 +795,7 @@ async fn remember_allows_later_deletes_of_the_same_process_without_asking() {
         &[],
     )
     .await;
-    let pid = a.call("proc.spawn", json!({})).await["pid"].clone();
-    let s = a
-        .call("proc.send", json!({"pid": pid, "message": "a"}))
-        .await;
+    let (pid, s) = a.spawn_and_send("a").await;
     let req = a.signal("proc.run.hil.requested", |_| true).await;
     a.call(
         "proc.hil",
@@ -943,10 +1003,7 @@ async fn abort_while_waiting_for_approval_leaves_a_history_the_model_accepts() {
         &[],
     )
     .await;
-    let pid = a.call("proc.spawn", json!({})).await["pid"].clone();
-    let s = a
-        .call("proc.send", json!({"pid": pid, "message": "del"}))
-        .await;
+    let (pid, s) = a.spawn_and_send("del").await;
     let req = a.signal("proc.run.hil.requested", |_| true).await;
     a.call("proc.abort", json!({"pid": pid})).await;
     assert_eq!(a.finished(&s["runId"]).await["aborted"], true);

@@ -1,7 +1,12 @@
 //! `proc.*`: the process registry and the calls forwarded to a process's
-//! loop. Every call that names a pid checks that the caller owns it (root
+//! loop, which runs here too: [`run`] is the agent loop a `proc.send`
+//! starts (as `shell.exec` starts a session's driver), [`signal`] what it
+//! tells the owner. Every call that names a pid checks that the caller owns it (root
 //! owns everything); a pid that does not exist and one the caller may not
 //! see answer the same 403, so existence does not leak.
+
+pub mod run;
+pub mod signal;
 
 use std::io::Write as _;
 use std::sync::Arc;
@@ -15,9 +20,9 @@ use crate::db::now_ms;
 use crate::error::KernelError;
 use crate::kernel::Kernel;
 use crate::proc::store::{self, ProcRow};
-use crate::proc::{emit, run};
-use crate::session::Session;
+use crate::session::{Role, Session};
 use crate::syscalls::fs::{ensure_dir, with_store};
+use signal::emit;
 
 /// The caller's row for `pid`, or 403.
 async fn owned(k: &Arc<Kernel>, s: &Session, pid: &str) -> Result<ProcRow, KernelError> {
@@ -123,7 +128,7 @@ pub async fn spawn(k: Arc<Kernel>, s: Arc<Session>, a: SpawnArgs) -> Result<Valu
     let mut out = json!({"ok": true, "pid": row.pid, "cwd": cwd, "label": label,
                          "workspaceId": workspace_id});
     if let Some(p) = a.prompt.filter(|p| !p.is_empty()) {
-        let sent = run::send(k, row, json!({"role": "user", "content": p})).await?;
+        let sent = run::send(k, row, json!({"role": "user", "content": p}), origin(&s)).await?;
         out["runId"] = sent["runId"].clone();
     }
     Ok(out)
@@ -164,7 +169,19 @@ pub async fn send(k: Arc<Kernel>, s: Arc<Session>, a: SendArgs) -> Result<Value,
     if a.message.is_empty() {
         return Err(KernelError::BadRequest("proc.send needs a message".into()));
     }
-    run::send(k, row, json!({"role": "user", "content": a.message})).await
+    run::send(
+        k.clone(),
+        row,
+        json!({"role": "user", "content": a.message}),
+        origin(&s),
+    )
+    .await
+}
+
+/// The connection a run started by `s` reports to: a user's socket; a
+/// process or service caller has no socket of its own to watch.
+fn origin(s: &Session) -> Option<&str> {
+    (s.role == Role::User).then_some(s.connection_id.as_str())
 }
 
 #[derive(Debug, Deserialize)]

@@ -7,6 +7,10 @@
 //! on one workspace never interleave their syncs, while reads go to the
 //! store directly. That lock plays the role of the workspace actor of the
 //! design: one owner at a time, in arrival order (tokio's mutex is fair).
+//!
+//! The backend the lock owns is [`backend`]; the commands running in a
+//! workspace between `shell.exec` calls are [`shell`]. None of this takes
+//! the kernel: `syscalls` drives it.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -16,20 +20,13 @@ use rusqlite::{Connection, params};
 use serde_json::{Value, json};
 use wsd_dofs::Dofs;
 
+pub mod backend;
+pub mod shell;
+
 use crate::db::{now_ms, opt};
 use crate::error::KernelError;
 
-/// How a workspace reaches its wsd.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Backend {
-    /// The kernel runs `wsd serve` on a unix socket under the workspace dir.
-    Local,
-    /// A wsd already running elsewhere (e.g. in a container).
-    Remote {
-        address: String,
-        token_file: PathBuf,
-    },
-}
+pub use backend::{Backend, BackendState};
 
 /// A `workspaces` row.
 #[derive(Debug, Clone)]
@@ -170,7 +167,7 @@ pub struct Workspace {
     /// `Arc<Mutex<_>>`); everyone else locks it briefly on a blocking task.
     pub dofs: Arc<Mutex<Dofs>>,
     /// Held for every mutation and every bracket (see the module docs).
-    pub bracket: tokio::sync::Mutex<crate::syscalls::shell::BackendState>,
+    pub bracket: tokio::sync::Mutex<BackendState>,
 }
 
 /// Open workspaces by id.
@@ -209,10 +206,7 @@ impl Workspaces {
         let w = Arc::new(Workspace {
             id: row.id.clone(),
             dofs: Arc::new(Mutex::new(dofs)),
-            bracket: tokio::sync::Mutex::new(crate::syscalls::shell::BackendState::new(
-                &dir,
-                row.backend.clone(),
-            )),
+            bracket: tokio::sync::Mutex::new(BackendState::new(&dir, row.backend.clone())),
             dir,
         });
         // Two racing opens: the first one in wins, the other store closes.

@@ -14,14 +14,13 @@ use serde_json::{Map, Value, json};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::hil::{self, Decision};
-use super::provider::{self, Completion, Delta, ProviderConfig, ProviderError};
-use super::store::{self, ProcRow};
-use super::{Active, emit};
+use super::signal::{deliver, emit};
 use crate::accounts;
-use crate::dispatch::Dispatch;
 use crate::error::KernelError;
 use crate::kernel::Kernel;
+use crate::proc::hil::{self, Decision};
+use crate::proc::provider::{self, Completion, Delta, ProviderConfig, ProviderError};
+use crate::proc::store::{self, ProcRow};
 use crate::session::{Role, Session};
 
 /// Model calls per run at most; a model that never stops calling tools
@@ -47,36 +46,20 @@ enum End {
     Failed(String),
 }
 
-fn reserve(k: &Kernel, pid: &str) -> Option<(String, CancellationToken)> {
-    let mut live = k.procs.active.lock().unwrap();
-    if live.contains_key(pid) {
-        return None;
-    }
-    let run_id = format!("run_{}", uuid::Uuid::new_v4());
-    let cancel = CancellationToken::new();
-    live.insert(
-        pid.to_owned(),
-        Active {
-            run_id: run_id.clone(),
-            cancel: cancel.clone(),
-            hil: Default::default(),
-        },
-    );
-    Some((run_id, cancel))
-}
-
-fn release(k: &Kernel, pid: &str, run_id: &str) {
-    let mut live = k.procs.active.lock().unwrap();
-    if live.get(pid).is_some_and(|a| a.run_id == run_id) {
-        live.remove(pid);
-    }
-}
-
 /// `proc.send`: starts a run with `message`, or queues it behind the
-/// active one.
-pub async fn send(k: Arc<Kernel>, row: ProcRow, message: Value) -> Result<Value, KernelError> {
+/// active one. A run started for `origin` (a user connection) sends its
+/// signals there only.
+pub async fn send(
+    k: Arc<Kernel>,
+    row: ProcRow,
+    message: Value,
+    origin: Option<&str>,
+) -> Result<Value, KernelError> {
     let pid = row.pid.clone();
-    if let Some((run_id, cancel)) = reserve(&k, &pid) {
+    if let Some((run_id, cancel)) = k.procs.reserve(&pid) {
+        if let Some(conn) = origin {
+            k.procs.route(&run_id, conn);
+        }
         let (p, r) = (pid.clone(), run_id.clone());
         let stored =
             k.db.call(move |c| {
@@ -85,7 +68,8 @@ pub async fn send(k: Arc<Kernel>, row: ProcRow, message: Value) -> Result<Value,
             })
             .await;
         if let Err(e) = stored {
-            release(&k, &pid, &run_id);
+            k.procs.release(&pid, &run_id);
+            k.procs.end_route(&run_id);
             return Err(e);
         }
         tokio::spawn(run_task(k, row, run_id.clone(), cancel));
@@ -125,7 +109,7 @@ pub fn promote_queued(k: Arc<Kernel>, pid: String) -> BoxFuture<'static, ()> {
         let Ok(Some(row)) = k.db.call(move |c| store::get(c, &p)).await else {
             return;
         };
-        let Some((run_id, cancel)) = reserve(&k, &pid) else {
+        let Some((run_id, cancel)) = k.procs.reserve(&pid) else {
             return;
         };
         let (p, r) = (pid.clone(), run_id.clone());
@@ -144,10 +128,10 @@ pub fn promote_queued(k: Arc<Kernel>, pid: String) -> BoxFuture<'static, ()> {
             Ok(true) => {
                 tokio::spawn(run_task(k, row, run_id, cancel));
             }
-            Ok(false) => release(&k, &pid, &run_id),
+            Ok(false) => k.procs.release(&pid, &run_id),
             Err(e) => {
                 tracing::error!(%pid, error = %e, "promoting a queued message");
-                release(&k, &pid, &run_id);
+                k.procs.release(&pid, &run_id);
             }
         }
     })
@@ -188,7 +172,7 @@ async fn run_task(k: Arc<Kernel>, row: ProcRow, run_id: String, cancel: Cancella
     {
         tracing::error!(%pid, run = %run_id, error = %e, "recording a finished run");
     }
-    release(&k, &pid, &run_id);
+    k.procs.release(&pid, &run_id);
     let mut payload = json!({"runId": run_id, "status": status, "text": text, "usage": usage});
     if let Some(e) = error {
         payload["error"] = json!(e);
@@ -277,7 +261,7 @@ pub async fn dispatch_call(
     args: Map<String, Value>,
 ) -> Result<Value, KernelError> {
     let entry = k.dispatch.gate(session, call)?;
-    Dispatch::run(entry, k.clone(), session.clone(), call, args).await
+    crate::routing::run_call(&k.router, entry, k.clone(), session.clone(), call, args).await
 }
 
 /// A dispatched call's outcome as the model sees it: output or error text.
@@ -591,15 +575,17 @@ async fn call_with_retries(
                 } => json!({"type": "toolcall_delta", "contentIndex": index,
                     "id": id, "name": name, "delta": arguments}),
             };
-            k.pool.signal_user(
+            // Too frequent to project onto the row: the queue length is
+            // the one the last projected signal saw.
+            deliver(
+                k,
                 row.owner_uid,
-                Role::User,
                 "proc.run.stream",
                 json!({"pid": row.pid, "runId": run_id, "timestamp": crate::db::now_ms(),
-                       "event": event}),
+                       "event": event, "queuedCount": k.procs.queued(&row.pid)}),
             );
         };
-        match provider::complete(&k.procs.http, cfg, messages, tools, on_delta).await {
+        match provider::complete(k.procs.http(), cfg, messages, tools, on_delta).await {
             Ok(c) => return Ok(c),
             Err(e) if e.retryable() => match delays.next() {
                 Some(delay) => {
@@ -674,14 +660,8 @@ async fn run_tool(
         }
         let request_id = format!("hil_{}", accounts::random_hex(12));
         let (tx, rx) = oneshot::channel();
-        {
-            let mut live = k.procs.active.lock().unwrap();
-            match live.get_mut(&row.pid) {
-                Some(a) if a.run_id == run_id => {
-                    a.hil.insert(request_id.clone(), tx);
-                }
-                _ => return (json!("the run ended before approval"), true),
-            }
+        if !k.procs.await_hil(&row.pid, run_id, request_id.clone(), tx) {
+            return (json!("the run ended before approval"), true);
         }
         let (p, r, q, c, a) = (
             row.pid.clone(),
@@ -758,6 +738,43 @@ fn with_cwd(mut args: Map<String, Value>, call: &str, cwd: &str) -> Map<String, 
         args.entry("cwd").or_insert_with(|| json!(cwd));
     }
     args
+}
+
+/// Ends runs a stopped kernel left `running` and restarts queued work.
+pub async fn recover(k: &Arc<Kernel>) -> Result<(), KernelError> {
+    let stale = k.db.call(|c| store::interrupted_runs(c)).await?;
+    for (pid, run_id) in stale {
+        let msg = "the kernel stopped during this run".to_owned();
+        let (p, r, m) = (pid.clone(), run_id.clone(), msg.clone());
+        let owner =
+            k.db.call(move |c| {
+                store::finish_run(c, &r, "error", Some(&m))?;
+                store::append_message(
+                    c,
+                    &p,
+                    Some(&r),
+                    &json!({"role": "system", "content": format!("Run failed: {m}")}),
+                )?;
+                store::expire_hil(c, &p)?;
+                Ok(store::get(c, &p)?.map(|row| row.owner_uid))
+            })
+            .await?;
+        tracing::warn!(%pid, run = %run_id, "run interrupted by a kernel stop");
+        if let Some(owner) = owner {
+            emit(
+                k,
+                owner,
+                &pid,
+                "proc.run.finished",
+                json!({"runId": run_id, "status": "error", "text": "", "usage": {}, "error": msg}),
+            )
+            .await;
+        }
+    }
+    for pid in k.db.call(|c| store::pids_with_queue(c)).await? {
+        promote_queued(k.clone(), pid).await;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

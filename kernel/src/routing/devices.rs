@@ -1,0 +1,234 @@
+//! Devices as rows: the `devices` table (who owns a device, what it
+//! implements, whether it is online) and its `device_access` ACL, read
+//! and written on the database connection.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::accounts::ProcessIdentity;
+use crate::db::now_ms;
+use crate::error::KernelError;
+
+/// Longest device label and description (reference §2.1).
+const MAX_LABEL_CHARS: usize = 120;
+const MAX_DESCRIPTION_CHARS: usize = 500;
+
+/// A device row as `sys.device.*` shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Device {
+    pub device_id: String,
+    pub owner_uid: i64,
+    pub label: String,
+    pub description: String,
+    pub implements: Vec<String>,
+    pub platform: String,
+    pub version: String,
+    pub online: bool,
+    pub first_seen_at: i64,
+    pub last_seen_at: i64,
+    pub connected_at: Option<i64>,
+    pub disconnected_at: Option<i64>,
+}
+
+const DEVICE_COLUMNS: &str = "device_id, owner_uid, label, description, implements, platform, \
+     version, online, first_seen_at, last_seen_at, connected_at, disconnected_at";
+
+fn device_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Device> {
+    let implements: String = r.get(4)?;
+    Ok(Device {
+        device_id: r.get(0)?,
+        owner_uid: r.get(1)?,
+        label: r.get(2)?,
+        description: r.get(3)?,
+        implements: serde_json::from_str(&implements).unwrap_or_default(),
+        platform: r.get(5)?,
+        version: r.get(6)?,
+        online: r.get::<_, i64>(7)? != 0,
+        first_seen_at: r.get(8)?,
+        last_seen_at: r.get(9)?,
+        connected_at: r.get(10)?,
+        disconnected_at: r.get(11)?,
+    })
+}
+
+/// The device row, if any.
+pub fn get_device(c: &Connection, id: &str) -> Result<Option<Device>, KernelError> {
+    Ok(c.query_row(
+        &format!("SELECT {DEVICE_COLUMNS} FROM devices WHERE device_id = ?1"),
+        [id],
+        device_from_row,
+    )
+    .optional()?)
+}
+
+/// Whether `who` may see and use `device` (reference `canAccess`).
+pub fn can_access(
+    c: &Connection,
+    device: &Device,
+    who: &ProcessIdentity,
+) -> Result<bool, KernelError> {
+    if who.is_root() || device.owner_uid == who.uid {
+        return Ok(true);
+    }
+    let mut stmt = c.prepare_cached("SELECT gid FROM device_access WHERE device_id = ?1")?;
+    let gids: Vec<i64> = stmt
+        .query_map([&device.device_id], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    Ok(gids.iter().any(|g| who.gids.contains(g) || *g == who.gid))
+}
+
+/// The device `id` if `who` may see it; an unknown device is 403 exactly
+/// like a hidden one, so ids cannot be probed.
+pub fn visible_device(
+    c: &Connection,
+    id: &str,
+    who: &ProcessIdentity,
+) -> Result<Device, KernelError> {
+    let denied = || KernelError::AccessDenied {
+        kind: "device",
+        id: id.to_owned(),
+    };
+    let d = get_device(c, id)?.ok_or_else(denied)?;
+    if can_access(c, &d, who)? {
+        Ok(d)
+    } else {
+        Err(denied())
+    }
+}
+
+/// Devices `who` can see, by id.
+pub fn list_devices(c: &Connection, who: &ProcessIdentity) -> Result<Vec<Device>, KernelError> {
+    let mut stmt = c.prepare(&format!(
+        "SELECT {DEVICE_COLUMNS} FROM devices ORDER BY device_id"
+    ))?;
+    let all: Vec<Device> = stmt
+        .query_map([], device_from_row)?
+        .collect::<Result<_, _>>()?;
+    let mut out = Vec::new();
+    for d in all {
+        if can_access(c, &d, who)? {
+            out.push(d);
+        }
+    }
+    Ok(out)
+}
+
+/// Owner-set metadata of a device (`sys.device.update`).
+pub fn update_device(
+    c: &Connection,
+    id: &str,
+    label: Option<&str>,
+    description: Option<&str>,
+) -> Result<(), KernelError> {
+    if let Some(l) = label {
+        let l = clean_label(l, id);
+        c.execute(
+            "UPDATE devices SET label = ?2 WHERE device_id = ?1",
+            params![id, l],
+        )?;
+    }
+    if let Some(d) = description {
+        let d: String = d.trim().chars().take(MAX_DESCRIPTION_CHARS).collect();
+        c.execute(
+            "UPDATE devices SET description = ?2 WHERE device_id = ?1",
+            params![id, d],
+        )?;
+    }
+    Ok(())
+}
+
+fn clean_label(label: &str, id: &str) -> String {
+    let l = label.trim();
+    let l = if l.is_empty() { id } else { l };
+    l.chars().take(MAX_LABEL_CHARS).collect()
+}
+
+/// Refuses a driver whose device id already belongs to another user
+/// (103, reference §1.6).
+pub fn check_device_owner(c: &Connection, device_id: &str, uid: i64) -> Result<(), KernelError> {
+    let owner: Option<i64> = c
+        .query_row(
+            "SELECT owner_uid FROM devices WHERE device_id = ?1",
+            [device_id],
+            |r| r.get(0),
+        )
+        .optional()?;
+    match owner {
+        Some(o) if o != uid => Err(KernelError::InvalidClient(format!(
+            "Device id already belongs to another user: {device_id}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// At start no driver is connected and no caller is waiting: every device
+/// is offline and every route row is stale (its caller's socket died with
+/// the previous kernel).
+pub fn reset_at_start(c: &mut Connection) -> Result<(), KernelError> {
+    let now = now_ms();
+    c.execute(
+        "UPDATE devices SET online = 0, disconnected_at = ?1 WHERE online = 1",
+        [now],
+    )?;
+    c.execute("DELETE FROM routing_table", [])?;
+    Ok(())
+}
+
+/// What a driver's `sys.connect` says about its device.
+#[derive(Debug, Clone)]
+pub struct Registration {
+    pub device_id: String,
+    pub implements: Vec<String>,
+    pub platform: String,
+    pub version: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ident(uid: i64, gids: &[i64]) -> ProcessIdentity {
+        ProcessIdentity {
+            uid,
+            gid: uid,
+            gids: gids.to_vec(),
+            username: format!("u{uid}"),
+            home: "/".into(),
+            cwd: "/".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_device_is_visible_to_root_its_owner_and_its_acl_groups_only() {
+        let db = crate::db::Db::open_in_memory().unwrap();
+        db.call(|c| {
+            c.execute_batch(
+                "INSERT INTO devices(device_id, owner_uid, online, first_seen_at, last_seen_at)
+                    VALUES ('d', 1000, 1, 0, 0);
+                 INSERT INTO device_access VALUES ('d', 500);
+                 INSERT INTO routing_table(id, call, origin_type, origin_id, device_id, created_at)
+                    VALUES ('stale', 'fs.read', 'connection', 'c', 'd', 0);",
+            )?;
+            for (who, ok) in [
+                (ident(0, &[0]), true),
+                (ident(1000, &[1000, 100]), true),
+                (ident(1001, &[1001, 500]), true),
+                (ident(1002, &[1002, 100]), false),
+            ] {
+                assert_eq!(visible_device(c, "d", &who).is_ok(), ok, "{who:?}");
+            }
+            assert!(matches!(
+                visible_device(c, "missing", &ident(0, &[0])),
+                Err(KernelError::AccessDenied { .. })
+            ));
+            reset_at_start(c)?;
+            assert!(!get_device(c, "d")?.unwrap().online);
+            let routes: i64 =
+                c.query_row("SELECT count(*) FROM routing_table", [], |r| r.get(0))?;
+            assert_eq!(routes, 0);
+            Ok(())
+        })
+        .await
+        .unwrap();
+    }
+}

@@ -1,0 +1,589 @@
+//! Device routing (reference §3.3–§3.7): `fs.*`/`shell.exec` calls with
+//! `target: <deviceId>`, and shell-session continuations, go to the
+//! device's live driver connection and the answer comes back to the
+//! caller.
+//!
+//! Checks run in the reference's order: visibility (403, an unknown device
+//! included), online (503), implements (400), live driver connection
+//! (503). The route row is written before the frame is sent and carries
+//! the kernel's own request id, so two callers' ids never collide on the
+//! driver connection. A route ends exactly once: answered, expired (504,
+//! `request.cancel` to the device), its driver gone (503), or its caller
+//! gone or cancelled (`request.cancel` to the device, no answer). The
+//! caller's wait is a future; dropping it (cancel, origin disconnect) is
+//! what cancels the route, through [`RouteGuard`].
+//!
+//! Everything here takes the [`Router`] (database, TTL, live drivers and
+//! waiting routes), never the kernel, so routing sits below `Kernel`; the
+//! state is [`router`], the device rows [`devices`].
+
+pub mod devices;
+pub mod router;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rusqlite::{OptionalExtension, params};
+use serde_json::{Map, Value, json};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::accounts::{self, ProcessIdentity};
+use crate::caps;
+use crate::db::now_ms;
+use crate::dispatch::{Entry, is_routable};
+use crate::error::KernelError;
+use crate::frames::Outbound;
+use crate::session::{Outgoing, Session};
+
+pub use devices::{
+    Device, Registration, can_access, check_device_owner, get_device, list_devices, reset_at_start,
+    update_device, visible_device,
+};
+pub use router::Router;
+use router::{Driver, Pending};
+
+/// TTL of a routed `shell.exec` without a timeout: above the node's
+/// 10-minute process watchdog.
+pub const SHELL_TTL_CAP: Duration = Duration::from_secs(11 * 60);
+/// Added to a routed `shell.exec`'s own timeout for its TTL.
+const SHELL_TTL_SLACK: Duration = Duration::from_secs(10);
+/// How long a device shell session row lives after its last update.
+pub const SESSION_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Runs an authorised call, native or routed; `entry` is `None` for a
+/// routable call with no native handler (it can only be routed).
+///
+/// `args.target` is handled here and only here: absent, empty or `"gsv"`
+/// means native; any other value on a routable call (`fs.*`, `shell.*`,
+/// `net.*`) is a device route, as is a `shell.exec` continuing a device's
+/// shell session. A routed call needs no native handler: only the
+/// caller's capability is checked before routing.
+pub async fn run_call<K: Send + Sync + 'static>(
+    router: &Arc<Router>,
+    entry: Option<Entry<K>>,
+    state: Arc<K>,
+    session: Arc<Session>,
+    call: &str,
+    mut args: Map<String, Value>,
+) -> Result<Value, KernelError> {
+    let target = args.remove("target");
+    if let Some(s) = device_session(router, call, &args).await? {
+        let target = target.and_then(|t| t.as_str().map(str::to_owned));
+        return continue_session(router, &session, s, target, args).await;
+    }
+    match target {
+        None | Some(Value::Null) => {}
+        Some(Value::String(t)) if t.is_empty() || t == "gsv" => {}
+        Some(Value::String(t)) if is_routable(call) => {
+            return route_to_target(router, &session, call, t, args).await;
+        }
+        Some(Value::String(_)) => {}
+        Some(_) => {
+            return Err(KernelError::InvalidArgs {
+                call: call.to_owned(),
+                reason: "target must be a string".into(),
+            });
+        }
+    }
+    let Some(entry) = entry else {
+        return Err(KernelError::UnknownSyscall(call.to_owned()));
+    };
+    entry.call(state, session, Value::Object(args)).await
+}
+
+/// Registers a driver connection that has just completed `sys.connect`:
+/// the device row (owner metadata kept, `implements`/`platform`/
+/// `version` replaced), the owner's primary group in its ACL, and this
+/// connection as the device's one live driver. An older driver
+/// connection is superseded: its routes fail with 503 now rather than
+/// at their TTL.
+pub async fn register_driver(
+    r: &Arc<Router>,
+    connection_id: &str,
+    tx: mpsc::Sender<Outgoing>,
+    who: &ProcessIdentity,
+    reg: Registration,
+) -> Result<(), KernelError> {
+    let (uid, gid) = (who.uid, who.gid);
+    let row = reg.clone();
+    r.db.call(move |c| {
+        let tx = c.transaction()?;
+        check_device_owner(&tx, &row.device_id, uid)?;
+        let now = now_ms();
+        let implements = serde_json::to_string(&row.implements)
+            .map_err(|e| KernelError::internal("encoding implements", e))?;
+        tx.execute(
+            "INSERT INTO devices(device_id, owner_uid, label, implements, platform, version,
+                 online, first_seen_at, last_seen_at, connected_at)
+             VALUES (?1, ?2, ?1, ?3, ?4, ?5, 1, ?6, ?6, ?6)
+             ON CONFLICT(device_id) DO UPDATE SET implements = ?3, platform = ?4,
+                 version = ?5, online = 1, last_seen_at = ?6, connected_at = ?6",
+            params![
+                row.device_id,
+                uid,
+                implements,
+                row.platform,
+                row.version,
+                now
+            ],
+        )?;
+        tx.execute(
+            "INSERT OR IGNORE INTO device_access(device_id, gid) VALUES (?1, ?2)",
+            params![row.device_id, gid],
+        )?;
+        tx.commit()?;
+        Ok(())
+    })
+    .await?;
+    r.install_driver(
+        &reg.device_id,
+        Driver {
+            connection_id: connection_id.to_owned(),
+            tx,
+        },
+    );
+    tracing::info!(device = %reg.device_id, conn = %connection_id, "driver registered");
+    Ok(())
+}
+
+/// A driver connection closed: its routes fail with 503, and the device
+/// goes offline unless a newer connection already took over. Running
+/// shell sessions are left alone: the device reports their end itself
+/// (`exec.status`), and a reconnect is not an exit.
+pub async fn driver_disconnected(r: &Arc<Router>, connection_id: &str, device_id: &str) {
+    let was_current = r.remove_driver(connection_id, device_id);
+    let (dev, conn) = (device_id.to_owned(), connection_id.to_owned());
+    let r =
+        r.db.call(move |c| {
+            c.execute(
+                "DELETE FROM routing_table WHERE driver_connection_id = ?1",
+                [&conn],
+            )?;
+            if was_current {
+                c.execute(
+                    "UPDATE devices SET online = 0, disconnected_at = ?2, last_seen_at = ?2
+                     WHERE device_id = ?1",
+                    params![dev, now_ms()],
+                )?;
+            }
+            Ok(())
+        })
+        .await;
+    if let Err(e) = r {
+        tracing::warn!(device = %device_id, error = %e, "recording a driver disconnect");
+    }
+    tracing::info!(device = %device_id, conn = %connection_id, "driver disconnected");
+}
+
+/// A signal from a driver connection: `exec.status` updates the device's
+/// shell session; `device.ping` is answered with `device.pong`.
+pub async fn on_driver_signal(
+    r: &Arc<Router>,
+    session: &Session,
+    tx: &mpsc::Sender<Outgoing>,
+    signal: &str,
+    payload: Value,
+) {
+    let Some((device_id, _)) = session.device.clone() else {
+        return;
+    };
+    match signal {
+        "device.ping" => {
+            let out = Outbound::Sig {
+                signal: "device.pong".into(),
+                payload,
+                seq: None,
+            };
+            let _ = tx.send(Outgoing::Text(out.to_text())).await;
+        }
+        "exec.status" => {
+            // Only the device's current driver speaks for its sessions.
+            let current = r
+                .driver(&device_id)
+                .is_some_and(|d| d.connection_id == session.connection_id);
+            let Some(sid) = payload["sessionId"].as_str().filter(|s| !s.is_empty()) else {
+                return;
+            };
+            if !current {
+                return;
+            }
+            let status = match payload["event"].as_str() {
+                Some("finished") => "completed",
+                Some("failed" | "timed_out") => "failed",
+                _ => "running",
+            };
+            let exit = payload["exitCode"].as_i64();
+            let error = payload["signal"].as_str().map(str::to_owned);
+            let sid = sid.to_owned();
+            let r =
+                r.db.call(move |c| {
+                    c.execute(
+                        "UPDATE device_shell_sessions SET status = ?3, exit_code = ?4, error = ?5,
+                             updated_at = ?6, expires_at = ?7
+                         WHERE session_id = ?1 AND device_id = ?2",
+                        params![
+                            sid,
+                            device_id,
+                            status,
+                            exit,
+                            error,
+                            now_ms(),
+                            now_ms() + SESSION_TTL.as_millis() as i64
+                        ],
+                    )?;
+                    Ok(())
+                })
+                .await;
+            if let Err(e) = r {
+                tracing::warn!(error = %e, "recording exec.status");
+            }
+        }
+        other => tracing::debug!(signal = other, "ignoring a driver signal"),
+    }
+}
+
+/// The device shell session a `shell.exec` continues, if it names one this
+/// kernel routed. `None` means the call is not a device continuation (a
+/// workspace session, or no session at all).
+pub async fn device_session(
+    r: &Arc<Router>,
+    call: &str,
+    args: &Map<String, Value>,
+) -> Result<Option<DeviceSession>, KernelError> {
+    if call != "shell.exec" {
+        return Ok(None);
+    }
+    let Some(sid) = args
+        .get("sessionId")
+        .and_then(Value::as_str)
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    else {
+        return Ok(None);
+    };
+    let sid = sid.to_owned();
+    r.db.call(move |c| {
+        let now = now_ms();
+        // Pruned here, on the path that reads them, so rows never pile up.
+        c.execute(
+            "DELETE FROM device_shell_sessions WHERE expires_at <= ?1",
+            [now],
+        )?;
+        Ok(c.query_row(
+            "SELECT session_id, device_id, owner_uid, status, exit_code, error
+             FROM device_shell_sessions WHERE session_id = ?1",
+            [&sid],
+            |r| {
+                Ok(DeviceSession {
+                    session_id: r.get(0)?,
+                    device_id: r.get(1)?,
+                    owner_uid: r.get(2)?,
+                    status: r.get(3)?,
+                    exit_code: r.get(4)?,
+                    error: r.get(5)?,
+                })
+            },
+        )
+        .optional()?)
+    })
+    .await
+}
+
+/// A row of `device_shell_sessions`.
+#[derive(Debug, Clone)]
+pub struct DeviceSession {
+    pub session_id: String,
+    pub device_id: String,
+    pub owner_uid: i64,
+    pub status: String,
+    pub exit_code: Option<i64>,
+    pub error: Option<String>,
+}
+
+/// Continues a device shell session: owner only (others 403, unlike the
+/// reference), the same device if a target is named (400), a failed
+/// session answered from its row, else routed to its device.
+pub async fn continue_session(
+    r: &Arc<Router>,
+    session: &Session,
+    s: DeviceSession,
+    target: Option<String>,
+    args: Map<String, Value>,
+) -> Result<Value, KernelError> {
+    let who = session.identity.clone();
+    if !who.is_root() && who.uid != s.owner_uid {
+        return Err(KernelError::AccessDenied {
+            kind: "shell session",
+            id: s.session_id,
+        });
+    }
+    if target.as_deref().is_some_and(|t| t != s.device_id) {
+        return Err(KernelError::BadRequest(
+            "Shell session target does not match the requested target".into(),
+        ));
+    }
+    let dev = s.device_id.clone();
+    let device = r.db.call(move |c| visible_device(c, &dev, &who)).await?;
+    if s.status == "failed" && s.error.is_some() {
+        let mut out = json!({
+            "status": "failed",
+            "output": "",
+            "error": s.error,
+            "sessionId": s.session_id,
+        });
+        if let Some(code) = s.exit_code {
+            out["exitCode"] = json!(code);
+        }
+        return Ok(out);
+    }
+    route(r, session, "shell.exec", device, args).await
+}
+
+/// Routes `call` to the device `target` (already removed from `args`).
+pub async fn route_to_target(
+    r: &Arc<Router>,
+    session: &Session,
+    call: &str,
+    target: String,
+    args: Map<String, Value>,
+) -> Result<Value, KernelError> {
+    let who = session.identity.clone();
+    let device = r.db.call(move |c| visible_device(c, &target, &who)).await?;
+    route(r, session, call, device, args).await
+}
+
+/// The TTL of a routed call (reference §3.5); `default` for every call but
+/// `shell.exec`.
+pub fn ttl(default: Duration, call: &str, args: &Map<String, Value>) -> Duration {
+    if call == "shell.exec" {
+        return match args.get("timeout").and_then(Value::as_f64) {
+            Some(t) if t.is_finite() && t > 0.0 => {
+                let t = Duration::from_millis(t as u64) + SHELL_TTL_SLACK;
+                t.clamp(Duration::from_secs(1), SHELL_TTL_CAP)
+            }
+            _ => SHELL_TTL_CAP,
+        };
+    }
+    default
+}
+
+/// Ends a route that is dropped before its answer (caller cancelled or
+/// gone, or the TTL passed): the row is deleted and the device is told to
+/// stop, so it sends nothing more.
+struct RouteGuard {
+    r: Arc<Router>,
+    id: String,
+    reason: &'static str,
+    done: bool,
+}
+
+impl Drop for RouteGuard {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let p = self.r.forget(&self.id);
+        if let Some(p) = p
+            && let Some(d) = self.r.driver(&p.device_id)
+            && d.connection_id == p.driver_connection_id
+        {
+            let out = Outbound::Sig {
+                signal: "request.cancel".into(),
+                payload: json!({"id": self.id, "reason": self.reason}),
+                seq: None,
+            };
+            // A full queue means the driver is not reading; the route is
+            // gone either way and its late answer will be dropped.
+            let _ = d.tx.try_send(Outgoing::Text(out.to_text()));
+        }
+        let (db, id) = (self.r.db.clone(), self.id.clone());
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let _ = db
+                    .call(move |c| {
+                        c.execute("DELETE FROM routing_table WHERE id = ?1", [&id])?;
+                        Ok(())
+                    })
+                    .await;
+            });
+        }
+    }
+}
+
+async fn route(
+    r: &Arc<Router>,
+    session: &Session,
+    call: &str,
+    device: Device,
+    args: Map<String, Value>,
+) -> Result<Value, KernelError> {
+    let dev = device.device_id.clone();
+    if !device.online {
+        return Err(KernelError::Unavailable(format!("Device offline: {dev}")));
+    }
+    if !device.implements.iter().any(|p| caps::matches(p, call)) {
+        return Err(KernelError::BadRequest(format!(
+            "Device {dev} does not implement {call}"
+        )));
+    }
+    let Some(driver) = r.driver(&dev) else {
+        return Err(KernelError::Unavailable(format!(
+            "No active connection for device: {dev}"
+        )));
+    };
+    let ttl = ttl(r.routed_call_ttl, call, &args);
+    let id = format!("rt_{}", accounts::random_hex(12));
+    // Armed before the row exists: a caller dropped at any await below
+    // leaves neither a row nor a waiting entry behind.
+    let mut guard = RouteGuard {
+        r: r.clone(),
+        id: id.clone(),
+        reason: "Request cancelled",
+        done: false,
+    };
+    let deadline = tokio::time::Instant::now() + ttl;
+    let now = now_ms();
+    let row = (
+        id.clone(),
+        call.to_owned(),
+        session.connection_id.clone(),
+        dev.clone(),
+        driver.connection_id.clone(),
+    );
+    r.db.call(move |c| {
+        c.execute(
+            "INSERT OR REPLACE INTO routing_table(id, call, origin_type, origin_id, device_id,
+                 driver_connection_id, created_at, expires_at)
+             VALUES (?1, ?2, 'connection', ?3, ?4, ?5, ?6, ?7)",
+            params![
+                row.0,
+                row.1,
+                row.2,
+                row.3,
+                row.4,
+                now,
+                now + ttl.as_millis() as i64
+            ],
+        )?;
+        Ok(())
+    })
+    .await?;
+    let (answer_tx, answer_rx) = oneshot::channel();
+    r.expect(
+        id.clone(),
+        Pending {
+            device_id: dev.clone(),
+            driver_connection_id: driver.connection_id.clone(),
+            call: call.to_owned(),
+            read_offset: args.get("offset").and_then(Value::as_u64).unwrap_or(0),
+            answer: answer_tx,
+        },
+    );
+    let frame = json!({"type": "req", "id": id, "call": call, "args": args});
+    // The driver's queue is bounded; a driver that stops reading costs
+    // this caller its TTL, never more.
+    match tokio::time::timeout_at(deadline, driver.tx.send(Outgoing::Text(frame.to_string()))).await
+    {
+        Ok(Ok(())) => {}
+        Ok(Err(_)) => {
+            return Err(KernelError::Unavailable(format!(
+                "Device disconnected: {dev}"
+            )));
+        }
+        Err(_) => {
+            guard.reason = "Request timed out";
+            return Err(KernelError::DeviceTimeout {
+                call: call.to_owned(),
+                device: dev,
+            });
+        }
+    }
+    tracing::debug!(route = %id, %call, device = %dev, ?ttl, "routed");
+    let answer = match tokio::time::timeout_at(deadline, answer_rx).await {
+        Err(_) => {
+            guard.reason = "Request timed out";
+            return Err(KernelError::DeviceTimeout {
+                call: call.to_owned(),
+                device: dev,
+            });
+        }
+        // The sender is dropped only with the pending entry, which every
+        // ending answers first; treat it as the driver going away.
+        Ok(Err(_)) => Err(KernelError::Unavailable(format!(
+            "Device disconnected: {dev}"
+        ))),
+        Ok(Ok(a)) => a,
+    };
+    guard.done = true;
+    let db = r.db.clone();
+    let rid = id.clone();
+    let _ = db
+        .call(move |c| {
+            c.execute("DELETE FROM routing_table WHERE id = ?1", [&rid])?;
+            Ok(())
+        })
+        .await;
+    let data = answer?;
+    if call == "shell.exec" {
+        remember_session(r, &session.identity, &dev, &data).await?;
+    }
+    Ok(data)
+}
+
+/// Records `sessionId → device` with its owner when a routed `shell.exec`
+/// answers with a session (reference §3.6 step 5).
+async fn remember_session(
+    r: &Arc<Router>,
+    who: &ProcessIdentity,
+    device_id: &str,
+    data: &Value,
+) -> Result<(), KernelError> {
+    let Some(sid) = data["sessionId"].as_str().filter(|s| !s.is_empty()) else {
+        return Ok(());
+    };
+    let status = match data["status"].as_str() {
+        Some("completed") => "completed",
+        Some("failed") => "failed",
+        _ => "running",
+    };
+    let (sid, dev, uid) = (sid.to_owned(), device_id.to_owned(), who.uid);
+    let exit = data["exitCode"].as_i64();
+    let error = data["error"].as_str().map(str::to_owned);
+    r.db.call(move |c| {
+        let now = now_ms();
+        let exp = now + SESSION_TTL.as_millis() as i64;
+        // A session id already recorded for another device or owner is
+        // left as it is: an answer never hands someone else's session over.
+        c.execute(
+            "INSERT INTO device_shell_sessions(session_id, device_id, owner_uid, status,
+                 exit_code, error, created_at, updated_at, expires_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?8)
+             ON CONFLICT(session_id) DO UPDATE SET status = ?4, exit_code = ?5, error = ?6,
+                 updated_at = ?7, expires_at = ?8
+             WHERE device_id = ?2 AND owner_uid = ?3",
+            params![sid, dev, uid, status, exit, error, now, exp],
+        )?;
+        Ok(())
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(v: Value) -> Map<String, Value> {
+        v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn a_routed_shell_exec_lives_its_timeout_plus_ten_seconds_capped_at_eleven_minutes() {
+        let d = Duration::from_secs(60);
+        let t = |v| ttl(d, "shell.exec", &args(v));
+        assert_eq!(t(json!({"timeout": 120_000})), Duration::from_secs(130));
+        assert_eq!(t(json!({})), SHELL_TTL_CAP);
+        assert_eq!(t(json!({"timeout": -5})), SHELL_TTL_CAP);
+        assert_eq!(t(json!({"timeout": 10_000_000})), SHELL_TTL_CAP);
+        assert_eq!(ttl(d, "fs.read", &args(json!({"timeout": 1}))), d);
+    }
+}

@@ -1,0 +1,313 @@
+//! The in-memory half of routing: each device's one live driver
+//! connection, and the callers waiting for a routed answer. A waiting
+//! route ends exactly once, by whoever takes its entry out first: its
+//! answer ([`Router::on_response`]), its driver going away
+//! ([`Router::fail_connection`]) or its caller (`routing::route`'s guard).
+//! The durable half is the `routing_table` and `devices` rows.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::body::{Body, BodyError, BodyInbox, Descriptor};
+use crate::db::Db;
+use crate::error::KernelError;
+use crate::node::MAX_IMAGE_BYTES;
+use crate::session::{Outgoing, Session};
+use crate::vfs::MAX_READ_BYTES;
+
+/// How long a routed answer's binary body may take to arrive in full
+/// (the reference gateway's stream timeout).
+const BODY_WAIT: Duration = Duration::from_secs(120);
+
+/// How a route ended, as seen by the waiting caller.
+pub type Answer = Result<Value, KernelError>;
+
+/// One route waiting for its device.
+#[derive(Debug)]
+pub struct Pending {
+    pub device_id: String,
+    pub driver_connection_id: String,
+    pub call: String,
+    /// `args.offset` of a routed `fs.read`: numbers the lines of a body.
+    pub read_offset: u64,
+    pub answer: oneshot::Sender<Answer>,
+}
+
+/// The live driver connection of a device.
+#[derive(Debug, Clone)]
+pub struct Driver {
+    pub connection_id: String,
+    pub tx: mpsc::Sender<Outgoing>,
+}
+
+/// What routing works with: the database its rows live in, the TTL of a
+/// routed call, and in memory the live drivers and waiting callers. The
+/// kernel holds one; the routes in `routing` need nothing else of it.
+#[derive(Debug)]
+pub struct Router {
+    pub db: Db,
+    /// TTL of a routed call other than `shell.exec` (reference §3.5).
+    pub routed_call_ttl: Duration,
+    drivers: Mutex<HashMap<String, Driver>>,
+    pending: Mutex<HashMap<String, Pending>>,
+}
+
+impl Router {
+    pub fn new(db: Db, routed_call_ttl: Duration) -> Router {
+        Router {
+            db,
+            routed_call_ttl,
+            drivers: Mutex::default(),
+            pending: Mutex::default(),
+        }
+    }
+
+    /// Makes `driver` the live connection of `device_id`, answering the
+    /// routes of a superseded connection with 503 now rather than at
+    /// their TTL.
+    pub fn install_driver(&self, device_id: &str, driver: Driver) {
+        let connection_id = driver.connection_id.clone();
+        let old = self
+            .drivers
+            .lock()
+            .unwrap()
+            .insert(device_id.to_owned(), driver);
+        if let Some(old) = old.filter(|o| o.connection_id != connection_id) {
+            self.fail_connection(&old.connection_id, device_id);
+        }
+    }
+
+    /// Forgets `connection_id` as the driver of `device_id` after failing
+    /// its routes; false when a newer connection had already taken over.
+    pub fn remove_driver(&self, connection_id: &str, device_id: &str) -> bool {
+        self.fail_connection(connection_id, device_id);
+        let mut drivers = self.drivers.lock().unwrap();
+        if drivers
+            .get(device_id)
+            .is_some_and(|d| d.connection_id == connection_id)
+        {
+            drivers.remove(device_id);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Waits for the answer to route `id` from now on.
+    pub fn expect(&self, id: String, pending: Pending) {
+        self.pending.lock().unwrap().insert(id, pending);
+    }
+
+    /// Stops waiting for route `id`; its entry if it still waited.
+    pub fn forget(&self, id: &str) -> Option<Pending> {
+        self.pending.lock().unwrap().remove(id)
+    }
+
+    /// Fails every route bound to `connection_id` with 503.
+    pub fn fail_connection(&self, connection_id: &str, device_id: &str) {
+        let gone: Vec<Pending> = {
+            let mut p = self.pending.lock().unwrap();
+            let ids: Vec<String> = p
+                .iter()
+                .filter(|(_, v)| v.driver_connection_id == connection_id)
+                .map(|(k, _)| k.clone())
+                .collect();
+            ids.into_iter().filter_map(|id| p.remove(&id)).collect()
+        };
+        for p in gone {
+            let _ = p.answer.send(Err(KernelError::Unavailable(format!(
+                "Device disconnected: {device_id}"
+            ))));
+        }
+    }
+
+    /// A `res` frame from a driver connection. Only the connection the
+    /// route was sent on may answer it; anything else is dropped. An answer
+    /// with a binary body (the reference node's `fs.read`) is completed
+    /// once the body has arrived on that connection's `inbox`.
+    pub fn on_response(
+        &self,
+        session: &Session,
+        inbox: &Arc<BodyInbox>,
+        id: &str,
+        ok: bool,
+        frame: Value,
+    ) {
+        let pending = {
+            let mut p = self.pending.lock().unwrap();
+            match p.get(id) {
+                Some(v) if v.driver_connection_id == session.connection_id => p.remove(id),
+                _ => None,
+            }
+        };
+        let Some(p) = pending else {
+            tracing::debug!(conn = %session.connection_id, %id, "dropping a response with no route");
+            return;
+        };
+        let bad = |reason: String| KernelError::BadDeviceResponse {
+            device: p.device_id.clone(),
+            reason,
+        };
+        if let Some(desc) = frame.get("body").filter(|b| !b.is_null()) {
+            let answer = match (ok, Descriptor::parse(desc)) {
+                (false, _) => Err(bad("an error response cannot carry a body".into())),
+                (true, Err(e)) => Err(bad(e.to_string())),
+                (true, Ok(_)) if p.call != "fs.read" => Err(bad(format!(
+                    "binary bodies are relayed only for fs.read, not {}",
+                    p.call
+                ))),
+                (true, Ok(d)) => {
+                    let data = frame.get("data").cloned().unwrap_or(Value::Null);
+                    let keep = if data["kind"] == "image" {
+                        MAX_IMAGE_BYTES as usize + 1
+                    } else {
+                        MAX_READ_BYTES
+                    };
+                    match inbox.expect(d, keep) {
+                        Err(e) => Err(bad(e.to_string())),
+                        Ok(rx) => {
+                            let inbox = inbox.clone();
+                            tokio::spawn(async move {
+                                let got = match tokio::time::timeout(BODY_WAIT, rx).await {
+                                    Ok(Ok(r)) => r,
+                                    Ok(Err(_)) => Err(BodyError::Closed(d.stream_id)),
+                                    Err(_) => {
+                                        inbox.forget(d.stream_id);
+                                        Err(BodyError::Sender {
+                                            stream: d.stream_id,
+                                            reason: format!(
+                                                "no end within {}s",
+                                                BODY_WAIT.as_secs()
+                                            ),
+                                        })
+                                    }
+                                };
+                                let answer = match got {
+                                    Ok(body) => Ok(inline_read_body(data, body, p.read_offset)),
+                                    Err(BodyError::Closed(_)) => Err(KernelError::Unavailable(
+                                        format!("Device disconnected: {}", p.device_id),
+                                    )),
+                                    Err(e) => Err(KernelError::BadDeviceResponse {
+                                        device: p.device_id.clone(),
+                                        reason: e.to_string(),
+                                    }),
+                                };
+                                let _ = p.answer.send(answer);
+                            });
+                            return;
+                        }
+                    }
+                }
+            };
+            let _ = p.answer.send(answer);
+            return;
+        }
+        let answer = if ok {
+            Ok(frame.get("data").cloned().unwrap_or(Value::Null))
+        } else {
+            let e = &frame["error"];
+            match (e["code"].as_i64(), e["message"].as_str()) {
+                (Some(code), Some(message)) => Err(KernelError::Device {
+                    code,
+                    message: message.to_owned(),
+                }),
+                _ => Err(bad("ok:false without error.code and error.message".into())),
+            }
+        };
+        let _ = p.answer.send(answer);
+    }
+
+    pub fn driver(&self, device_id: &str) -> Option<Driver> {
+        self.drivers.lock().unwrap().get(device_id).cloned()
+    }
+}
+
+/// Puts a routed `fs.read`'s body where every other `fs.read` has it, so a
+/// caller sees one shape whichever target answered: text as numbered lines
+/// in `data.content` (the reference node sends the selected lines bare),
+/// an image as `content:[{type:"image", data, mimeType}]`.
+fn inline_read_body(mut data: Value, body: Body, offset: u64) -> Value {
+    if !data.is_object() {
+        data = json!({"ok": true});
+    }
+    if data["kind"] == "image" {
+        if body.total > MAX_IMAGE_BYTES {
+            return json!({
+                "ok": false,
+                "error": format!(
+                    "Image too large: {} bytes (limit {MAX_IMAGE_BYTES})",
+                    body.total
+                ),
+            });
+        }
+        let mime = data["contentType"]
+            .as_str()
+            .unwrap_or("image/png")
+            .to_owned();
+        let b64 = base64::engine::general_purpose::STANDARD.encode(&body.bytes);
+        data["content"] = json!([{"type": "image", "data": b64, "mimeType": mime}]);
+        return data;
+    }
+    let truncated = body.truncated();
+    let text = match String::from_utf8(body.bytes) {
+        Ok(t) => t,
+        // A cut at the limit may split a character; drop the partial one.
+        Err(e) if truncated && e.utf8_error().error_len().is_none() => {
+            let valid = e.utf8_error().valid_up_to();
+            let mut b = e.into_bytes();
+            b.truncate(valid);
+            String::from_utf8(b).unwrap_or_default()
+        }
+        Err(_) => {
+            let path = data["path"].as_str().unwrap_or("?").to_owned();
+            return json!({"ok": false, "error": format!("Binary file - not a text file: {path}")});
+        }
+    };
+    // The reference splits on every `\n`, so a final newline shows as an
+    // extra empty line; other targets count lines, not separators.
+    let text = text.strip_suffix('\n').unwrap_or(&text);
+    let mut content = String::with_capacity(text.len() + text.len() / 8);
+    let mut lines = 0u64;
+    if !text.is_empty() {
+        for (i, line) in text.split('\n').enumerate() {
+            if i > 0 {
+                content.push('\n');
+            }
+            content.push_str(&format!("{}\t{line}", offset + i as u64 + 1));
+            lines += 1;
+        }
+    }
+    data["content"] = Value::String(content);
+    data["lines"] = json!(lines);
+    if truncated {
+        data["truncated"] = json!(true);
+    }
+    data
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_body_is_numbered_from_the_offset_without_a_phantom_last_line() {
+        let body = |b: &[u8]| crate::body::Body {
+            bytes: b.to_vec(),
+            total: b.len() as u64,
+        };
+        let d = inline_read_body(json!({"ok": true, "kind": "text"}), body(b"a\nb\n"), 4);
+        assert_eq!(
+            (&d["content"], &d["lines"]),
+            (&json!("5\ta\n6\tb"), &json!(2))
+        );
+        let d = inline_read_body(json!({"ok": true}), body(b""), 0);
+        assert_eq!((&d["content"], &d["lines"]), (&json!(""), &json!(0)));
+        let d = inline_read_body(json!({"ok": true, "path": "/x"}), body(&[0xff, 0xfe]), 0);
+        assert_eq!(d["ok"], false, "{d}");
+    }
+}

@@ -1,0 +1,314 @@
+//! A workspace's wsd backend: where it is ([`Backend`]) and, for a local
+//! one, the child process the kernel starts, restarts with backoff and
+//! stops when idle ([`BackendState`]). Owned under the workspace's bracket
+//! lock, so one caller at a time starts or talks to it.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use wsd_client::{ClientOptions, Endpoint, WsdHandle};
+
+use crate::error::KernelError;
+
+/// How a workspace reaches its wsd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    /// The kernel runs `wsd serve` on a unix socket under the workspace dir.
+    Local,
+    /// A wsd already running elsewhere (e.g. in a container).
+    Remote {
+        address: String,
+        token_file: PathBuf,
+    },
+}
+
+/// The name the kernel's watermarks are kept under in every wsd.
+const WSD_PEER: &str = "gsv-kernel";
+
+/// How long a starting local wsd gets to open its socket.
+const WSD_START_DEADLINE: Duration = Duration::from_secs(10);
+/// Longest wait between restarts of a local wsd that keeps dying.
+const MAX_RESTART_BACKOFF: Duration = Duration::from_secs(5);
+
+/// A workspace's wsd backend, owned under the workspace's bracket lock.
+#[derive(Debug)]
+pub struct BackendState {
+    dir: PathBuf,
+    backend: Backend,
+    child: Option<tokio::process::Child>,
+    /// The connection to the wsd, made after the child (re)starts.
+    handle: Option<WsdHandle>,
+    /// Last time a bracket used the wsd (the idle reaper reads it).
+    last_used: Instant,
+    /// Consecutive starts that did not stay up; drives the backoff.
+    restarts: u32,
+    last_start: Option<Instant>,
+}
+
+/// Where to reach a running wsd.
+#[derive(Debug, Clone)]
+pub struct WsdAddress {
+    /// `unix:/path` or `host:port`.
+    pub endpoint: String,
+    pub token_file: PathBuf,
+    /// True when the local child was (re)started by this call.
+    pub started: bool,
+}
+
+impl BackendState {
+    pub fn new(dir: &Path, backend: Backend) -> BackendState {
+        BackendState {
+            dir: dir.to_owned(),
+            backend,
+            child: None,
+            handle: None,
+            last_used: Instant::now(),
+            restarts: 0,
+            last_start: None,
+        }
+    }
+
+    /// The local child's socket path.
+    pub fn socket_path(&self) -> PathBuf {
+        self.dir.join("wsd.sock")
+    }
+
+    /// The process id of the local child, if running.
+    pub fn child_pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(|c| c.id())
+    }
+
+    /// The address of the wsd, starting (or restarting) the local child if
+    /// it is not running.
+    pub async fn ensure_running(&mut self, wsd_bin: &Path) -> Result<WsdAddress, KernelError> {
+        match &self.backend {
+            Backend::Remote {
+                address,
+                token_file,
+            } => Ok(WsdAddress {
+                endpoint: address.clone(),
+                token_file: token_file.clone(),
+                started: false,
+            }),
+            Backend::Local => {
+                let alive = match self.child.as_mut() {
+                    Some(c) => matches!(c.try_wait(), Ok(None)),
+                    None => false,
+                };
+                let token_file = self.dir.join("wsd.token");
+                let endpoint = format!("unix:{}", self.socket_path().display());
+                if alive {
+                    return Ok(WsdAddress {
+                        endpoint,
+                        token_file,
+                        started: false,
+                    });
+                }
+                self.start(wsd_bin, &token_file).await?;
+                Ok(WsdAddress {
+                    endpoint,
+                    token_file,
+                    started: true,
+                })
+            }
+        }
+    }
+
+    async fn start(&mut self, wsd_bin: &Path, token_file: &Path) -> Result<(), KernelError> {
+        if let Some(prev) = self.last_start
+            && prev.elapsed() < Duration::from_secs(30)
+        {
+            self.restarts += 1;
+            let backoff =
+                Duration::from_millis(100u64 << self.restarts.min(6)).min(MAX_RESTART_BACKOFF);
+            tracing::warn!(dir = %self.dir.display(), restarts = self.restarts, ?backoff, "local wsd died; restarting");
+            tokio::time::sleep(backoff).await;
+        } else {
+            self.restarts = 0;
+        }
+        let dir = self.dir.clone();
+        let tf = token_file.to_owned();
+        tokio::task::spawn_blocking(move || write_token_file(&dir, &tf))
+            .await
+            .map_err(|e| KernelError::internal("writing a wsd token", e))??;
+        let sock = self.socket_path();
+        stop_stale_child(&self.dir.join("wsd.pid"), &sock).await;
+        let _ = std::fs::remove_file(&sock);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("wsd.log"))
+            .map_err(|e| KernelError::internal("opening wsd.log", e))?;
+        let child = tokio::process::Command::new(wsd_bin)
+            .arg("serve")
+            .arg("--root")
+            .arg(self.dir.join("root"))
+            .arg("--state")
+            .arg(self.dir.join("state"))
+            .arg("--listen")
+            .arg(format!("unix:{}", sock.display()))
+            .arg("--token-file")
+            .arg(token_file)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| {
+                KernelError::Unavailable(format!("cannot start {}: {e}", wsd_bin.display()))
+            })?;
+        if let Some(pid) = child.id()
+            && let Err(e) = std::fs::write(self.dir.join("wsd.pid"), pid.to_string())
+        {
+            tracing::warn!(dir = %self.dir.display(), error = %e, "cannot record the wsd pid");
+        }
+        self.child = Some(child);
+        self.last_start = Some(Instant::now());
+        let deadline = Instant::now() + WSD_START_DEADLINE;
+        loop {
+            if tokio::net::UnixStream::connect(&sock).await.is_ok() {
+                tracing::info!(dir = %self.dir.display(), "local wsd started");
+                return Ok(());
+            }
+            if let Some(c) = self.child.as_mut()
+                && let Ok(Some(status)) = c.try_wait()
+            {
+                self.child = None;
+                return Err(KernelError::Unavailable(format!(
+                    "wsd for {} exited at start ({status}); see {}",
+                    self.dir.display(),
+                    self.dir.join("wsd.log").display()
+                )));
+            }
+            if Instant::now() > deadline {
+                self.stop().await;
+                return Err(KernelError::Unavailable(format!(
+                    "wsd for {} did not open {} within {WSD_START_DEADLINE:?}",
+                    self.dir.display(),
+                    sock.display()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// A connected handle, (re)starting the local child and reconnecting
+    /// when it is not running.
+    pub async fn handle(&mut self, wsd_bin: &Path) -> Result<WsdHandle, KernelError> {
+        self.last_used = Instant::now();
+        let addr = self.ensure_running(wsd_bin).await?;
+        if addr.started {
+            self.handle = None;
+        }
+        if let Some(h) = &self.handle {
+            return Ok(h.clone());
+        }
+        let token = tokio::fs::read(&addr.token_file).await.map_err(|e| {
+            KernelError::Unavailable(format!(
+                "reading the wsd token {}: {e}",
+                addr.token_file.display()
+            ))
+        })?;
+        let endpoint = Endpoint::from_str(&addr.endpoint).map_err(|e| {
+            KernelError::Unavailable(format!("bad wsd address {}: {e}", addr.endpoint))
+        })?;
+        let opts = ClientOptions {
+            token: Some(token.trim_ascii().to_vec()),
+            peer: WSD_PEER.to_owned(),
+            ..ClientOptions::default()
+        };
+        let h = WsdHandle::connect(endpoint, opts).await.map_err(|e| {
+            KernelError::Unavailable(format!("connecting to wsd at {}: {e}", addr.endpoint))
+        })?;
+        self.handle = Some(h.clone());
+        Ok(h)
+    }
+
+    /// Whether a local child runs and has been unused for `idle`.
+    pub fn idle_child(&mut self, idle: Duration) -> bool {
+        let alive = self
+            .child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)));
+        alive && self.last_used.elapsed() >= idle
+    }
+
+    /// Stops the local child, if any.
+    pub async fn stop(&mut self) {
+        self.handle = None;
+        if let Some(mut c) = self.child.take() {
+            let _ = c.start_kill();
+            let _ = tokio::time::timeout(Duration::from_secs(5), c.wait()).await;
+        }
+    }
+}
+
+/// Stops a wsd left running for this workspace by a kernel that died
+/// without stopping it (SIGKILL, crash): the pid recorded at its start,
+/// only if that process still serves this workspace's socket (a recycled
+/// pid belongs to someone else and is left alone).
+async fn stop_stale_child(pid_file: &Path, sock: &Path) {
+    let Some(pid) = std::fs::read_to_string(pid_file)
+        .ok()
+        .and_then(|t| t.trim().parse::<i32>().ok())
+    else {
+        return;
+    };
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let want = format!("unix:{}", sock.display());
+    let ours = cmdline.split(|b| *b == 0).any(|arg| arg == want.as_bytes());
+    let (true, Some(p)) = (ours, rustix::process::Pid::from_raw(pid)) else {
+        return;
+    };
+    tracing::warn!(pid, socket = %sock.display(), "stopping a wsd left over from an earlier kernel");
+    // It holds the workspace's lock until it has exited, and a new child
+    // refuses to start beside it: wait for the exit (SIGKILL after a grace).
+    let _ = rustix::process::kill_process(p, rustix::process::Signal::TERM);
+    let start = Instant::now();
+    let mut killed = false;
+    while process_alive(pid) {
+        if !killed && start.elapsed() > STALE_WSD_GRACE {
+            tracing::warn!(pid, "the leftover wsd ignored SIGTERM; sending SIGKILL");
+            let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+            killed = true;
+        }
+        if start.elapsed() > 2 * STALE_WSD_GRACE {
+            tracing::warn!(pid, "the leftover wsd is still there; starting anyway");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// How long a leftover wsd gets to exit after SIGTERM before SIGKILL.
+const STALE_WSD_GRACE: Duration = Duration::from_secs(5);
+
+/// Whether `pid` names a process that has not exited (a zombie has).
+fn process_alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+    })
+}
+
+/// Creates the token file (mode 0600) once; an existing one is kept so a
+/// restarted child accepts the same token.
+fn write_token_file(dir: &Path, path: &Path) -> Result<(), KernelError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::create_dir_all(dir).map_err(|e| KernelError::internal("workspace dir", e))?;
+    if path.exists() {
+        return Ok(());
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| KernelError::internal(&format!("creating {}", path.display()), e))?;
+    f.write_all(crate::accounts::random_hex(32).as_bytes())
+        .map_err(|e| KernelError::internal(&format!("writing {}", path.display()), e))
+}

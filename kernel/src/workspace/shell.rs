@@ -1,0 +1,234 @@
+//! A command running in a workspace, as the kernel keeps it between
+//! `shell.exec` calls: its output (tail capped at [`MAX_OUTPUT_CHARS`]),
+//! what no `running` answer has returned yet, its outcome, and a wake-up
+//! for callers waiting on it. The syscall that starts and drives it is
+//! `syscalls::shell`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+use wsd_client::WsdHandle;
+
+use crate::node::MAX_OUTPUT_CHARS;
+use crate::output::{CappedText, Utf8Stream};
+
+/// How a command ended.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    Completed {
+        exit_code: i32,
+        changes: Vec<Value>,
+    },
+    Failed {
+        error: String,
+        exit_code: Option<i32>,
+    },
+}
+
+#[derive(Debug)]
+struct SessionState {
+    /// Everything (its last [`MAX_OUTPUT_CHARS`]), returned with the final
+    /// result.
+    output: CappedText,
+    /// What no `running` answer has returned yet.
+    pending: CappedText,
+    utf8: Utf8Stream,
+    outcome: Option<Outcome>,
+}
+
+impl Default for SessionState {
+    fn default() -> Self {
+        SessionState {
+            output: CappedText::new(MAX_OUTPUT_CHARS),
+            pending: CappedText::new(MAX_OUTPUT_CHARS),
+            utf8: Utf8Stream::default(),
+            outcome: None,
+        }
+    }
+}
+
+/// One running (or just finished) command.
+#[derive(Debug)]
+pub struct ShellSession {
+    pub id: String,
+    /// The wsd connection the command runs on (for stdin writes).
+    pub handle: Option<WsdHandle>,
+    pub owner_uid: i64,
+    pub workspace_id: String,
+    state: Mutex<SessionState>,
+    changed: Notify,
+}
+
+impl ShellSession {
+    /// A session with no output yet, for the command `id` just started.
+    pub fn new(
+        id: String,
+        handle: Option<WsdHandle>,
+        owner_uid: i64,
+        workspace_id: String,
+    ) -> Self {
+        ShellSession {
+            id,
+            handle,
+            owner_uid,
+            workspace_id,
+            state: Mutex::default(),
+            changed: Notify::new(),
+        }
+    }
+
+    /// Whether the command has ended (an outcome is recorded).
+    pub fn is_over(&self) -> bool {
+        self.state.lock().unwrap().outcome.is_some()
+    }
+
+    pub fn append(&self, bytes: &[u8]) {
+        let mut st = self.state.lock().unwrap();
+        let text = st.utf8.decode(bytes);
+        st.output.push(&text);
+        st.pending.push(&text);
+        drop(st);
+        self.changed.notify_waiters();
+    }
+
+    pub fn finish(&self, outcome: Outcome) {
+        let mut st = self.state.lock().unwrap();
+        let rest = st.utf8.finish();
+        st.output.push(&rest);
+        st.outcome = Some(outcome);
+        drop(st);
+        self.changed.notify_waiters();
+    }
+
+    /// Waits until the command ends or `budget` passes, then answers.
+    /// Returns the result and whether the session is over.
+    pub async fn wait(&self, budget: Duration) -> (Value, bool) {
+        let deadline = tokio::time::Instant::now() + budget;
+        loop {
+            let notified = self.changed.notified();
+            {
+                let mut st = self.state.lock().unwrap();
+                if let Some(outcome) = st.outcome.clone() {
+                    let (output, truncated) = st.output.take_flagged();
+                    return (self.final_result(outcome, output, truncated), true);
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    let (output, truncated) = st.pending.take_flagged();
+                    let mut v =
+                        json!({"status": "running", "sessionId": self.id, "output": output});
+                    if truncated {
+                        v["truncated"] = json!(true);
+                    }
+                    return (v, false);
+                }
+            }
+            let _ = tokio::time::timeout_at(deadline, notified).await;
+        }
+    }
+
+    fn final_result(&self, outcome: Outcome, output: String, truncated: bool) -> Value {
+        let mut v = match outcome {
+            Outcome::Completed { exit_code, changes } => json!({
+                "status": "completed",
+                "exitCode": exit_code,
+                "output": output,
+                "sessionId": self.id,
+                "changes": changes,
+            }),
+            Outcome::Failed { error, exit_code } => {
+                let mut v = json!({
+                    "status": "failed",
+                    "output": output,
+                    "error": error,
+                    "sessionId": self.id,
+                });
+                if let Some(c) = exit_code {
+                    v["exitCode"] = json!(c);
+                }
+                v
+            }
+        };
+        if truncated {
+            v["truncated"] = json!(true);
+        }
+        v
+    }
+}
+
+/// Live shell sessions by id (their rows are in `shell_sessions`).
+#[derive(Debug, Default)]
+pub struct Sessions {
+    live: Mutex<HashMap<String, Arc<ShellSession>>>,
+}
+
+impl Sessions {
+    /// Whether a command still runs in workspace `id`.
+    pub fn running_in(&self, id: &str) -> bool {
+        self.live
+            .lock()
+            .unwrap()
+            .values()
+            .any(|s| s.workspace_id == id && !s.is_over())
+    }
+
+    pub fn insert(&self, session: Arc<ShellSession>) {
+        self.live
+            .lock()
+            .unwrap()
+            .insert(session.id.clone(), session);
+    }
+
+    pub fn get(&self, id: &str) -> Option<Arc<ShellSession>> {
+        self.live.lock().unwrap().get(id).cloned()
+    }
+
+    pub fn remove(&self, id: &str) {
+        self.live.lock().unwrap().remove(id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session() -> ShellSession {
+        ShellSession::new("sh_t".into(), None, 1000, "ws_t".into())
+    }
+
+    #[test]
+    fn a_character_split_across_events_is_joined_not_mangled() {
+        let s = session();
+        let bytes = "né".as_bytes();
+        s.append(&bytes[..2]);
+        s.append(&bytes[2..]);
+        let st = s.state.lock().unwrap();
+        assert_eq!(st.output.text(), "né");
+    }
+
+    #[tokio::test]
+    async fn waiting_answers_running_with_pending_output_then_the_final_result() {
+        let s = session();
+        s.append(b"first ");
+        let (v, over) = s.wait(Duration::from_millis(10)).await;
+        assert!(!over);
+        assert_eq!(
+            v,
+            json!({"status": "running", "sessionId": "sh_t", "output": "first "})
+        );
+        s.append(b"second");
+        s.finish(Outcome::Completed {
+            exit_code: 0,
+            changes: vec![],
+        });
+        let (v, over) = s.wait(Duration::from_secs(5)).await;
+        assert!(over);
+        assert_eq!(v["status"], "completed");
+        assert_eq!(
+            v["output"], "first second",
+            "the final result carries all output"
+        );
+    }
+}
