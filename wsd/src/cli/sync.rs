@@ -512,7 +512,7 @@ pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
             .context("reading the remote's rev")?
             .current_rev;
         tokio::select! {
-            woke = wake.next(synced, Duration::from_millis(a.interval), s.store.watching()) => woke?,
+            woke = wake.next(synced, Duration::from_millis(a.interval), s.store.is_watching()) => woke?,
             _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
         }
     }
@@ -541,7 +541,7 @@ impl Wake {
         let (tx, local) = tokio::sync::mpsc::channel(1);
         let root = s.store.root().to_owned();
         let ignore = s.ignore.clone();
-        if !s.store.watching() {
+        if !s.store.is_watching() {
             tracing::warn!(dir = %root.display(),
                 "cannot watch the local directory; looking at it every {:?} instead",
                 WATCH_FALLBACK_POLL);
