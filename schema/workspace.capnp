@@ -180,7 +180,8 @@ interface Sync {
   # Mutating calls (`push`, `ObjectSink.write` of `pushObjects`) are applied
   # in arrival order on one writer; reads see only committed state.
 
-  push @0 (sender :Cursor, baseline :Baseline, entries :List(ChangeEntry))
+  push @0 (sender :Cursor, baseline :Baseline, entries :List(ChangeEntry),
+           ignore :List(Text))
       -> (rev :UInt64, appliedPushCursor :Cursor);
   # Applies one batch atomically: all entries or none. At most 4096 entries
   # (ELIMIT "entries per push"); every entry is checked first (EINVAL for a
@@ -198,6 +199,13 @@ interface Sync {
   # senderRev == 0: an external writer; entries become ordinary local
   # writes with fresh local revs and no watermark moves (so a retry is
   # re-applied, not skipped).
+  #
+  # `ignore` is the sender's exclusions (gitignore syntax, as for
+  # `fetchChanges`; at most 1024, EINVAL for a malformed one). The sender
+  # never lists what they match, so nothing they match is deleted here: a
+  # `sweep` leaves every such path alone, and its ancestors, and the delete
+  # of a directory removes only what below it holds nothing excluded (the
+  # directory stays). Null or empty: none.
   #
   # Returns the receiver's current rev after the batch and its stored fetch
   # cursor for this peer (`appliedPushCursor`), which the sender checks

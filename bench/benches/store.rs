@@ -74,6 +74,7 @@ fn apply_all<S: Store>(store: &mut S, entries: &[ChangeEntry]) {
                 sender: Some(sender),
                 entries: batch,
                 baseline: Baseline::Off,
+                ignore: &wsd_sync::IgnoreRules::none(),
             })
             .unwrap();
         assert_eq!(out.applied, batch.len());

@@ -22,8 +22,8 @@ use wsd_sync::{
 
 use crate::convert::{
     baseline_to, cursor_from, cursor_to, entries_from, entries_to, exec_event_from,
-    exec_request_to, hashes_from, hashes_to, maybe_entry_from, objects_from, objects_to, resume_to,
-    signal_to, status_from, watermarks_from, wire_error_from,
+    exec_request_to, hashes_from, hashes_to, ignore_to, maybe_entry_from, objects_from, objects_to,
+    resume_to, signal_to, status_from, watermarks_from, wire_error_from,
 };
 use crate::exec::{ExecEvent, ExecRequest, ResumeFrom, Signal};
 use crate::limits::{
@@ -267,10 +267,7 @@ impl Client {
         {
             let mut p = req.get();
             cursor_to(p.reborrow().init_after(), after);
-            let mut list = p.init_ignore(ignore.len() as u32);
-            for (i, pat) in ignore.iter().enumerate() {
-                list.set(i as u32, pat.as_str());
-            }
+            ignore_to(p.init_ignore(ignore.len() as u32), ignore);
         }
         let response = self
             .conn
@@ -403,14 +400,16 @@ impl Client {
     /// `sender: None` is an external writer (wire `senderRev = 0`). A
     /// sender cursor at rev 0 is indistinguishable on the wire and is
     /// applied as an external writer too; it only arises for an empty
-    /// sender, whose entries list is then empty anyway.
+    /// sender, whose entries list is then empty anyway. `ignore` is the
+    /// sender's exclusions, which a sweep spares on the daemon.
     pub async fn push(
         &self,
         sender: Option<&ChangeCursor>,
         entries: &[ChangeEntry],
         baseline: Baseline,
+        ignore: &[String],
     ) -> Result<PushOutcome, WsdError> {
-        self.push_send(sender, entries, baseline)?.await
+        self.push_send(sender, entries, baseline, ignore)?.await
     }
 
     /// Sends a `push` and returns its outcome as a future that borrows
@@ -420,6 +419,7 @@ impl Client {
         sender: Option<&ChangeCursor>,
         entries: &[ChangeEntry],
         baseline: Baseline,
+        ignore: &[String],
     ) -> Result<impl Future<Output = Result<PushOutcome, WsdError>> + 'static, WsdError> {
         self.check_alive()?;
         let mut req = self.sync.push_request();
@@ -430,7 +430,10 @@ impl Client {
                 sender.unwrap_or(&ChangeCursor::ZERO),
             );
             p.set_baseline(baseline_to(baseline));
-            entries_to(p.init_entries(entries.len() as u32), entries);
+            entries_to(p.reborrow().init_entries(entries.len() as u32), entries);
+            if !ignore.is_empty() {
+                ignore_to(p.init_ignore(ignore.len() as u32), ignore);
+            }
         }
         let promise = req.send().promise;
         let conn = self.conn.clone();
@@ -619,8 +622,9 @@ impl Remote for Client {
         sender: Option<ChangeCursor>,
         entries: Vec<ChangeEntry>,
         baseline: Baseline,
+        ignore: &[String],
     ) -> Result<PushOutcome, SyncError> {
-        Ok(Client::push(self, sender.as_ref(), &entries, baseline).await?)
+        Ok(Client::push(self, sender.as_ref(), &entries, baseline, ignore).await?)
     }
 
     async fn push_pipelined(
@@ -628,8 +632,9 @@ impl Remote for Client {
         sender: Option<ChangeCursor>,
         entries: Vec<ChangeEntry>,
         baseline: Baseline,
+        ignore: &[String],
     ) -> Result<PendingPush, SyncError> {
-        let pending = self.push_send(sender.as_ref(), &entries, baseline)?;
+        let pending = self.push_send(sender.as_ref(), &entries, baseline, ignore)?;
         Ok(Box::pin(async move { Ok(pending.await?) }))
     }
 
@@ -974,12 +979,13 @@ impl Remote for ReconnectingClient {
         sender: Option<ChangeCursor>,
         entries: Vec<ChangeEntry>,
         baseline: Baseline,
+        ignore: &[String],
     ) -> Result<PushOutcome, SyncError> {
         let (sender, entries) = (sender.as_ref(), &entries);
         let idempotent = sender.is_some();
         Ok(self
             .call(idempotent, |c| async move {
-                c.push(sender, entries, baseline).await
+                c.push(sender, entries, baseline, ignore).await
             })
             .await?)
     }

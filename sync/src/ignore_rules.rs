@@ -4,6 +4,14 @@ use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use crate::limits::MAX_IGNORE_PATTERNS;
 use crate::{SyncError, SyncPath};
 
+/// What a conflict copy's name carries after the original name:
+/// `NAME.wsd-conflict-<UTC time>` keeps a local version a pull replaced.
+pub const CONFLICT_COPY_MARKER: &str = ".wsd-conflict-";
+
+/// The exclusion that keeps conflict copies out of every transfer: they
+/// are one machine's leftovers for a person to resolve, not workspace state.
+pub const CONFLICT_COPY_PATTERN: &str = "*.wsd-conflict-*";
+
 /// Gitignore-syntax patterns (via the `ignore` crate, as git reads them)
 /// matched against workspace-relative paths. A path is ignored when it or
 /// any of its ancestors matches, so ignoring a directory hides its subtree.
@@ -20,6 +28,13 @@ impl IgnoreRules {
             patterns: Vec::new(),
             matcher: Gitignore::empty(),
         }
+    }
+
+    /// A shared [`IgnoreRules::none`], for a batch built where no
+    /// temporary could outlive it.
+    pub fn none_static() -> &'static IgnoreRules {
+        static NONE: std::sync::LazyLock<IgnoreRules> = std::sync::LazyLock::new(IgnoreRules::none);
+        &NONE
     }
 
     /// Compiles `patterns`; a malformed glob is `EINVAL` naming it.
@@ -61,6 +76,45 @@ impl IgnoreRules {
         )
     }
 
+    /// How a receiver deletes the directory `dir` without deleting what
+    /// these rules (the sender's exclusions) match below it: `None` when
+    /// nothing in `live_below` (its live descendants in path order, with
+    /// whether each is a directory) is excluded, so the whole subtree goes
+    /// as usual; otherwise the descendants to delete instead, each the top
+    /// of a subtree holding nothing excluded. `dir` and the ancestors of
+    /// excluded paths stay.
+    pub fn delete_sparing(
+        &self,
+        dir: &SyncPath,
+        live_below: &[(SyncPath, bool)],
+    ) -> Option<Vec<SyncPath>> {
+        if self.patterns.is_empty() {
+            return None;
+        }
+        let mut spared: std::collections::HashSet<&str> = std::collections::HashSet::new();
+        for (p, is_dir) in live_below {
+            if self.is_ignored(p, *is_dir) {
+                spared.insert(p.as_str());
+                for (i, _) in p.as_str().match_indices('/').skip(dir.depth()) {
+                    spared.insert(&p.as_str()[..i]);
+                }
+            }
+        }
+        if spared.is_empty() {
+            return None;
+        }
+        let tops = live_below
+            .iter()
+            .filter(|(p, _)| !spared.contains(p.as_str()))
+            .filter(|(p, _)| {
+                let parent = p.as_str().rsplit_once('/').map_or("", |(head, _)| head);
+                parent == dir.as_str() || spared.contains(parent)
+            })
+            .map(|(p, _)| p.clone())
+            .collect();
+        Some(tops)
+    }
+
     /// For a tombstone the kind is unknown: ignored if it would be ignored
     /// as either a file or a directory.
     pub fn is_ignored_any_kind(&self, path: &SyncPath) -> bool {
@@ -98,6 +152,43 @@ mod tests {
         assert!(!r.is_ignored(&p("keep.log"), false));
         assert!(r.is_ignored(&p("build/out.o"), false));
         assert!(!r.is_ignored(&p("src/build/out.o"), false));
+    }
+
+    #[test]
+    fn the_conflict_copy_pattern_matches_conflict_copies_only() {
+        let r = IgnoreRules::new(&[CONFLICT_COPY_PATTERN]).unwrap();
+        let copy = format!("src/main.rs{CONFLICT_COPY_MARKER}20261125T033500Z");
+        assert!(r.is_ignored(&p(&copy), false));
+        assert!(!r.is_ignored(&p("src/main.rs"), false));
+        assert!(!r.is_ignored(&p("wsd-conflict.txt"), false));
+    }
+
+    #[test]
+    fn deleting_a_directory_spares_excluded_descendants_and_their_ancestors() {
+        let r = IgnoreRules::new(&["*.log"]).unwrap();
+        let below: Vec<(SyncPath, bool)> = [
+            ("d/a/b", true),
+            ("d/a/b/x.log", false),
+            ("d/a/b/y.txt", false),
+            ("d/a/c", true),
+            ("d/a/c/z.txt", false),
+            ("d/a", true),
+            ("d/top.txt", false),
+        ]
+        .into_iter()
+        .map(|(s, d)| (p(s), d))
+        .collect::<std::collections::BTreeMap<_, _>>()
+        .into_iter()
+        .collect();
+        let tops = r.delete_sparing(&p("d"), &below).unwrap();
+        assert_eq!(tops, [p("d/a/b/y.txt"), p("d/a/c"), p("d/top.txt")]);
+        assert_eq!(
+            IgnoreRules::new(&["*.bin"])
+                .unwrap()
+                .delete_sparing(&p("d"), &below),
+            None
+        );
+        assert_eq!(IgnoreRules::none().delete_sparing(&p("d"), &below), None);
     }
 
     #[test]

@@ -33,7 +33,7 @@ pub use cursor::ChangeCursor;
 pub use entry::{ChangeEntry, ChunkRef, EntryState, Kind, MODE_MASK};
 pub use error::{ErrorCode, SyncError};
 pub use hash::Hash;
-pub use ignore_rules::IgnoreRules;
+pub use ignore_rules::{CONFLICT_COPY_MARKER, CONFLICT_COPY_PATTERN, IgnoreRules};
 pub use path::SyncPath;
 pub use remote::{
     ChangeStream, FetchOpened, Object, PendingProbe, PendingPush, PendingUpload, PushOutcome,

@@ -107,11 +107,14 @@ pub trait Remote {
     }
 
     /// `sender` is `None` for an external writer (wire `senderRev = 0`).
+    /// `ignore` is the sender's exclusions (gitignore patterns): a sweeping
+    /// baseline spares the receiver's paths they match.
     async fn push(
         &mut self,
         sender: Option<ChangeCursor>,
         entries: Vec<ChangeEntry>,
         baseline: Baseline,
+        ignore: &[String],
     ) -> Result<PushOutcome, SyncError>;
 
     /// [`Remote::push`], returning once the push is *sent*: the outcome
@@ -124,8 +127,9 @@ pub trait Remote {
         sender: Option<ChangeCursor>,
         entries: Vec<ChangeEntry>,
         baseline: Baseline,
+        ignore: &[String],
     ) -> Result<PendingPush, SyncError> {
-        let outcome = self.push(sender, entries, baseline).await;
+        let outcome = self.push(sender, entries, baseline, ignore).await;
         Ok(Box::pin(std::future::ready(outcome)))
     }
 }

@@ -54,6 +54,13 @@ pub struct ApplyBatch<'a> {
     pub sender: Option<ChangeCursor>,
     pub entries: &'a [ChangeEntry],
     pub baseline: Baseline,
+    /// The sender's exclusions, which no apply deletes: a `Sweep` (rule 10)
+    /// leaves alone every live path they match, and that path's ancestors,
+    /// since the sender never lists what it excludes; a delete of a
+    /// directory removes only what holds nothing they match
+    /// ([`IgnoreRules::delete_sparing`]), and the directory stays if
+    /// anything below it was spared.
+    pub ignore: &'a IgnoreRules,
 }
 
 /// What one [`Store::apply`] did.

@@ -33,12 +33,10 @@ impl Dofs {
         limit: Option<u64>,
         max_bytes: usize,
     ) -> Result<LineWindow, DofsError> {
-        let manifest = self.file_manifest(path)?;
-        let mut stmt = self.conn.prepare_cached(
-            "SELECT c.data FROM manifest_chunks mc JOIN chunks c ON c.hash = mc.chunk
-             WHERE mc.manifest = ?1 ORDER BY mc.idx",
-        )?;
-        let mut rows = stmt.query([manifest.as_bytes()])?;
+        let (manifest, chunk) = self.file_content(path)?;
+        let (sql, key) = crate::rows::content_query(&manifest, chunk.as_ref());
+        let mut stmt = self.conn.prepare_cached(sql)?;
+        let mut rows = stmt.query([key])?;
         let mut out = LineWindow {
             first: skip,
             ..LineWindow::default()

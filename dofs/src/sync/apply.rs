@@ -17,6 +17,8 @@ use crate::{Dofs, DofsError};
 /// Who a batch comes from, as the rows it writes will remember it.
 struct Source<'a> {
     remote: &'a str,
+    /// The sender's exclusions: a delete spares what they match.
+    ignore: &'a wsd_sync::IgnoreRules,
     /// `Some(remote)` for a peer (rules 4 and 6 apply), `None` for an
     /// external writer.
     peer: Option<&'a str>,
@@ -93,6 +95,7 @@ impl Dofs {
         let due_baseline = horizon > 0 && pushed.complete_rev() < horizon;
         let src = Source {
             remote: batch.remote,
+            ignore: batch.ignore,
             peer,
             marker: if due_baseline { None } else { peer },
             pushed,
@@ -118,6 +121,9 @@ impl Dofs {
             }
         }
         if batch.baseline == Baseline::Sweep {
+            if !batch.ignore.is_empty() {
+                mark_ignored(&m, batch.remote, batch.ignore)?;
+            }
             outcome.overwrote_local += sweep(&mut m, &src)?;
         }
         if let Some(sender) = &batch.sender {
@@ -147,6 +153,23 @@ impl Dofs {
     }
 }
 
+/// The live entries strictly below `path`, in path order, with whether
+/// each is a directory.
+fn live_below(conn: &Connection, path: &str) -> Result<Vec<(SyncPath, bool)>, DofsError> {
+    let rows: Vec<(String, bool)> = conn
+        .prepare_cached(
+            "SELECT path, kind = 'dir' FROM entries
+             WHERE path >= ?1 AND path < ?2 AND kind <> 'delete' ORDER BY path",
+        )?
+        .query_map(params![format!("{path}/"), format!("{path}0")], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })?
+        .collect::<Result<_, _>>()?;
+    rows.into_iter()
+        .map(|(p, d)| Ok((SyncPath::new(p)?, d)))
+        .collect()
+}
+
 fn apply_entry(
     m: &mut Mutation<'_>,
     src: &Source<'_>,
@@ -159,6 +182,25 @@ fn apply_entry(
         let Some(cur) = current_live else {
             return Ok(Applied::Skipped);
         };
+        if cur.node.is_dir()
+            && !src.ignore.is_empty()
+            && let Some(tops) = src.ignore.delete_sparing(&e.path, &live_below(m, path)?)
+        {
+            // The sender excludes something we hold below: delete the rest,
+            // one subtree at a time, and keep the directory.
+            let mut overwrote_local = false;
+            for top in tops {
+                let del = ChangeEntry {
+                    rev: e.rev,
+                    path: top,
+                    state: EntryState::Delete,
+                };
+                if let Applied::Changed { overwrote_local: o } = apply_entry(m, src, &del)? {
+                    overwrote_local |= o;
+                }
+            }
+            return Ok(Applied::Changed { overwrote_local });
+        }
         let overwrote = src.is_unpushed(cur)? || src.subtree_unpushed(m, path)?;
         let rev = m.rev()?;
         tombstone_subtree(m, path, true, rev, src.marker)?;
@@ -308,6 +350,32 @@ fn mark(conn: &Connection, remote: &str, e: &ChangeEntry) -> Result<(), DofsErro
     Ok(())
 }
 
+/// Marks every live path the sender's exclusions match, and its ancestors,
+/// so the sweep spares them: the sender never lists what it excludes.
+fn mark_ignored(
+    conn: &Connection,
+    remote: &str,
+    ignore: &wsd_sync::IgnoreRules,
+) -> Result<(), DofsError> {
+    let live: Vec<(String, bool)> = conn
+        .prepare_cached("SELECT path, kind = 'dir' FROM entries WHERE kind <> 'delete'")?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    let mut ins = conn.prepare_cached(
+        "INSERT INTO baseline_marks (remote, path) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+    )?;
+    for (p, is_dir) in live {
+        let path = SyncPath::new(p)?;
+        if ignore.is_ignored(&path, is_dir) {
+            ins.execute(params![remote, path.as_str()])?;
+            for anc in path.ancestors() {
+                ins.execute(params![remote, anc.as_str()])?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The end of a baseline: every live path it did not list is deleted (with
 /// tombstones marked as the remote's), then the marks are forgotten.
 /// Returns how many of the deleted paths were unpushed local changes.
@@ -341,7 +409,8 @@ fn sweep(m: &mut Mutation<'_>, src: &Source<'_>) -> Result<usize, DofsError> {
         let swept = m.execute(
             &format!(
                 "UPDATE entries SET kind = 'delete', rev = ?2, mode = NULL, mtime = NULL,
-                        size = NULL, target = NULL, manifest = NULL, applied_from = ?3
+                        size = NULL, target = NULL, manifest = NULL, chunk = NULL,
+                        applied_from = ?3
                  WHERE {UNMARKED}"
             ),
             params![src.remote, rev, src.marker],
@@ -435,6 +504,7 @@ mod tests {
             sender,
             entries,
             baseline,
+            ignore: &wsd_sync::IgnoreRules::none(),
         })
     }
 

@@ -323,6 +323,7 @@ mod tests {
                 sender: Some(ChangeCursor::at(5)),
                 entries: &[dir(path)],
                 baseline: Baseline::Off,
+                ignore: &wsd_sync::IgnoreRules::none(),
             })
             .unwrap();
         };

@@ -87,6 +87,7 @@ impl MemStore {
             sender: None,
             entries: &[e],
             baseline: Baseline::Off,
+            ignore: &crate::IgnoreRules::none(),
         })
         .unwrap();
     }
@@ -318,8 +319,26 @@ impl Store for MemStore {
                 .filter(|n| n.state != EntryState::Delete);
             let same = current.is_some_and(|n| n.state.same_content(&e.state));
             let gone = e.state == EntryState::Delete && current.is_none();
+            let is_dir = current.is_some_and(|n| matches!(n.state, EntryState::Dir { .. }));
+            let sparing = if e.state == EntryState::Delete && is_dir {
+                let below: Vec<(SyncPath, bool)> = s
+                    .nodes
+                    .iter()
+                    .filter(|(p, n)| p.starts_with(&e.path) && n.state != EntryState::Delete)
+                    .map(|(p, n)| (p.clone(), matches!(n.state, EntryState::Dir { .. })))
+                    .filter(|(p, _)| *p != e.path)
+                    .collect();
+                batch.ignore.delete_sparing(&e.path, &below)
+            } else {
+                None
+            };
             if gone || (batch.sender.is_some() && same) {
                 skipped += 1;
+            } else if let Some(tops) = sparing {
+                for t in tops {
+                    s.set(t, EntryState::Delete, rev, from);
+                }
+                applied += 1;
             } else {
                 s.set(e.path.clone(), e.state.clone(), rev, from);
                 applied += 1;
@@ -339,7 +358,16 @@ impl Store for MemStore {
             }
         }
         if batch.baseline == Baseline::Sweep {
-            let marks = std::mem::take(&mut s.marks);
+            let mut marks = std::mem::take(&mut s.marks);
+            if !batch.ignore.is_empty() {
+                for (p, n) in &s.nodes {
+                    let is_dir = matches!(n.state, EntryState::Dir { .. });
+                    if n.state != EntryState::Delete && batch.ignore.is_ignored(p, is_dir) {
+                        marks.insert(p.clone());
+                        marks.extend(p.ancestors());
+                    }
+                }
+            }
             s.progress.remove(batch.remote);
             let stale: Vec<SyncPath> = s
                 .nodes

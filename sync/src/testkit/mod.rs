@@ -265,6 +265,7 @@ pub fn apply_local<S: Store + ?Sized>(store: &mut S, op: &LocalOp) -> Result<(),
         sender: None,
         entries: &entries,
         baseline: Baseline::Off,
+        ignore: &crate::IgnoreRules::none(),
     })?;
     Ok(())
 }
@@ -304,6 +305,11 @@ macro_rules! store_conformance_tests {
         $crate::__conformance_case!(
             $factory,
             a_sweep_keeps_a_listed_file_whose_parent_was_not_listed
+        );
+        $crate::__conformance_case!($factory, a_sweep_spares_paths_the_senders_exclusions_match);
+        $crate::__conformance_case!(
+            $factory,
+            a_delete_of_a_directory_spares_what_the_senders_exclusions_match
         );
         $crate::__conformance_case!($factory, a_rewound_baseline_restarts_its_marks);
         $crate::__conformance_case!($factory, a_remote_due_a_baseline_gets_everything_back);

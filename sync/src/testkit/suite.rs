@@ -51,6 +51,7 @@ fn apply<S: Store>(
         sender: Some(sender),
         entries,
         baseline,
+        ignore: &IgnoreRules::none(),
     })
     .unwrap()
 }
@@ -167,6 +168,7 @@ pub fn a_batch_with_a_missing_chunk_changes_nothing<S: StoreUnderTest>(mut f: im
             sender: Some(ChangeCursor::at(1)),
             entries: &[ok, missing],
             baseline: Baseline::Off,
+            ignore: &IgnoreRules::none(),
         })
         .unwrap_err();
     assert_eq!(err.code(), ErrorCode::UnknownHash, "{err}");
@@ -288,6 +290,78 @@ pub fn a_sweep_keeps_a_listed_file_whose_parent_was_not_listed<S: StoreUnderTest
     apply(&mut s, ChangeCursor::at(2), &[], Baseline::Sweep);
     let tree = live(&mut s);
     assert_eq!(tree.keys().collect::<Vec<_>>(), ["d", "d/f"]);
+}
+
+pub fn a_sweep_spares_paths_the_senders_exclusions_match<S: StoreUnderTest>(
+    mut f: impl FnMut() -> S,
+) {
+    let mut s = f();
+    write(&mut s, "keep", b"k");
+    write(&mut s, "gone", b"g");
+    write(&mut s, "target/out.o", b"o");
+    write(&mut s, "logs/today.log", b"l");
+    let keep = peer_file(&mut s, "keep", b"k", 2);
+    apply(&mut s, ChangeCursor::ZERO, &[keep], Baseline::Mark);
+    let ignore = IgnoreRules::new(&["target/", "*.log"]).unwrap();
+    s.apply(ApplyBatch {
+        remote: R,
+        sender: Some(ChangeCursor::at(2)),
+        entries: &[],
+        baseline: Baseline::Sweep,
+        ignore: &ignore,
+    })
+    .unwrap();
+    let tree = live(&mut s);
+    // `logs` is not excluded itself, but sweeping it would take the
+    // excluded file below it along.
+    assert_eq!(
+        tree.keys().collect::<Vec<_>>(),
+        ["keep", "logs", "logs/today.log", "target", "target/out.o"]
+    );
+}
+
+pub fn a_delete_of_a_directory_spares_what_the_senders_exclusions_match<S: StoreUnderTest>(
+    mut f: impl FnMut() -> S,
+) {
+    let mut s = f();
+    for path in [
+        "d/app.log",
+        "d/src/main.rs",
+        "d/cache/x.log",
+        "d/mixed/y.txt",
+        "d/mixed/z.log",
+        "other/w.log",
+    ] {
+        write(&mut s, path, path.as_bytes());
+    }
+    let ignore = IgnoreRules::new(&["*.log"]).unwrap();
+    let del = |path: &str| ChangeEntry {
+        rev: 2,
+        path: p(path),
+        state: EntryState::Delete,
+    };
+    s.apply(ApplyBatch {
+        remote: R,
+        sender: Some(ChangeCursor::at(2)),
+        entries: &[del("d"), del("other")],
+        baseline: Baseline::Off,
+        ignore: &ignore,
+    })
+    .unwrap();
+    let tree = live(&mut s);
+    assert_eq!(
+        tree.keys().collect::<Vec<_>>(),
+        [
+            "d",
+            "d/app.log",
+            "d/cache",
+            "d/cache/x.log",
+            "d/mixed",
+            "d/mixed/z.log",
+            "other",
+            "other/w.log"
+        ]
+    );
 }
 
 pub fn a_rewound_baseline_restarts_its_marks<S: StoreUnderTest>(mut f: impl FnMut() -> S) {

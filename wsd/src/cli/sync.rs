@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
-use wsd::store::{StoreOptions, WorkspaceStore};
+use wsd::store::{ConflictCopy, StoreOptions, WorkspaceStore};
 use wsd_client::client::{self, Client};
 use wsd_sync::driver::{self, SyncOptions, SyncReport};
 use wsd_sync::{
@@ -36,7 +36,8 @@ pub struct TransferArgs {
     #[arg(long)]
     create: bool,
     /// Leave out paths matching PATTERN (gitignore syntax; repeatable), on
-    /// top of LOCAL_DIR/.wsdignore: they are neither sent nor fetched.
+    /// top of LOCAL_DIR/.wsdignore: they are neither sent nor fetched, nor
+    /// deleted on either side.
     #[arg(long, value_name = "PATTERN")]
     exclude: Vec<String>,
     /// Print the paths a push or pull would send or fetch ("write PATH",
@@ -108,6 +109,7 @@ impl Session {
                 a.local.display()
             );
         }
+        let t0 = Instant::now();
         let ignore = ignore_rules(&a.local, &a.exclude)?;
         let state = a.state.clone().unwrap_or_else(|| a.local.join(LOCAL_STATE));
         let index_lost = !state.join(wsd::store::INDEX_FILE).exists();
@@ -120,13 +122,17 @@ impl Session {
                 // settle once per direction explicitly instead of on every
                 // store call.
                 auto_settle: false,
+                // A pull never silently replaces a local edit.
+                conflict_copies: true,
                 ..Default::default()
             },
         )
         .with_context(|| format!("opening the index of {}", a.local.display()))?;
-        store
+        let t_open = t0.elapsed();
+        let settled = store
             .settle()
             .with_context(|| format!("indexing {}", a.local.display()))?;
+        let t_settle = t0.elapsed();
         let peer = peer_name(&state, index_lost)?;
         let token = a.remote.token()?;
         let mut remote = client::connect(&a.remote.remote, token, &peer)
@@ -136,6 +142,16 @@ impl Session {
         driver::reconcile(&mut store, &mut remote, &remote_name)
             .await
             .with_context(|| format!("comparing watermarks with {}", a.remote.remote))?;
+        // Where a transfer's fixed cost goes (issue 16 asks for the split).
+        tracing::debug!(
+            target: "wsd::timing",
+            open_ms = t_open.as_secs_f64() * 1e3,
+            settle_ms = (t_settle - t_open).as_secs_f64() * 1e3,
+            connect_ms = (t0.elapsed() - t_settle).as_secs_f64() * 1e3,
+            hashed = settled.hashed,
+            changed = settled.changed,
+            "session open"
+        );
         Ok(Session {
             store,
             remote,
@@ -238,11 +254,13 @@ impl Session {
     }
 }
 
-/// The exclusions of a transfer: LOCAL_DIR/.wsdignore's lines (blank lines
-/// and `#` comments dropped, as git does), then each `--exclude`.
+/// The exclusions of a transfer: conflict copies (one machine's leftovers,
+/// never pushed), LOCAL_DIR/.wsdignore's lines (blank lines and `#`
+/// comments dropped, as git does), then each `--exclude`.
 fn ignore_rules(local: &Path, exclude: &[String]) -> Result<IgnoreRules> {
     let file = local.join(IGNORE_FILE);
-    let mut patterns: Vec<String> = match std::fs::read_to_string(&file) {
+    let mut patterns: Vec<String> = vec![wsd_sync::CONFLICT_COPY_PATTERN.to_owned()];
+    patterns.extend(match std::fs::read_to_string(&file) {
         Ok(text) => text
             .lines()
             .map(str::trim_end)
@@ -251,7 +269,7 @@ fn ignore_rules(local: &Path, exclude: &[String]) -> Result<IgnoreRules> {
             .collect(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(e).with_context(|| format!("reading {}", file.display())),
-    };
+    });
     patterns.extend(exclude.iter().cloned());
     IgnoreRules::new(&patterns).with_context(|| {
         format!(
@@ -366,7 +384,29 @@ impl Progress {
     }
 }
 
-fn summarize(verb: &str, r: &SyncReport, elapsed: Duration, json: bool, quiet: bool) {
+/// One line per conflict copy, on stderr whatever `-q` says: a local
+/// version was replaced and now lives under another name.
+fn print_conflicts(verb: &str, conflicts: &[ConflictCopy]) {
+    for c in conflicts {
+        eprintln!(
+            "{verb}: conflict: {} changed on both sides; the remote's version is in place, \
+             the local one kept as {}",
+            c.path, c.copy
+        );
+    }
+}
+
+/// Prints a transfer's summary; `conflicts` are the local versions a pull
+/// kept as conflict copies, listed even when quiet.
+fn summarize(
+    verb: &str,
+    r: &SyncReport,
+    conflicts: &[ConflictCopy],
+    elapsed: Duration,
+    json: bool,
+    quiet: bool,
+) {
+    print_conflicts(verb, conflicts);
     if json {
         let v = serde_json::json!({
             "op": verb,
@@ -378,6 +418,10 @@ fn summarize(verb: &str, r: &SyncReport, elapsed: Duration, json: bool, quiet: b
             "batches": r.batches,
             "rebaselined": r.rebaselined,
             "overwrote_local": r.overwrote_local,
+            "conflicts": conflicts
+                .iter()
+                .map(|c| serde_json::json!({"path": c.path.as_str(), "copy": c.copy.as_str()}))
+                .collect::<Vec<_>>(),
             "elapsed_ms": elapsed.as_secs_f64() * 1e3,
         });
         println!("{v}");
@@ -394,11 +438,10 @@ fn summarize(verb: &str, r: &SyncReport, elapsed: Duration, json: bool, quiet: b
         elapsed.as_secs_f64(),
         if r.rebaselined { " (re-baselined)" } else { "" }
     );
-    if r.overwrote_local > 0 {
-        eprintln!(
-            "{verb}: {} local changes were overwritten by the remote's",
-            r.overwrote_local
-        );
+    // Replacements that left no copy: a local delete or mode change undone.
+    let uncopied = (r.overwrote_local as usize).saturating_sub(conflicts.len());
+    if uncopied > 0 {
+        eprintln!("{verb}: {uncopied} local changes were overwritten by the remote's");
     }
 }
 
@@ -434,9 +477,15 @@ pub async fn push(a: TransferArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let progress = Progress::new(&a);
+    let opened = started.elapsed();
     let report = s.push(&progress).await;
     progress.finish();
-    summarize("push", &report?, started.elapsed(), a.json, a.quiet);
+    tracing::debug!(
+        target: "wsd::timing",
+        push_ms = (started.elapsed() - opened).as_secs_f64() * 1e3,
+        "push done"
+    );
+    summarize("push", &report?, &[], started.elapsed(), a.json, a.quiet);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -451,7 +500,19 @@ pub async fn pull(a: TransferArgs) -> Result<ExitCode> {
     let progress = Progress::new(&a);
     let report = s.pull(&progress).await;
     progress.finish();
-    summarize("pull", &report?, started.elapsed(), a.json, a.quiet);
+    let conflicts = s.store.take_conflict_copies();
+    if report.is_err() {
+        // Copies made before the failure exist all the same.
+        print_conflicts("pull", &conflicts);
+    }
+    summarize(
+        "pull",
+        &report?,
+        &conflicts,
+        started.elapsed(),
+        a.json,
+        a.quiet,
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -483,11 +544,16 @@ pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
         }
         .await;
         progress.finish();
+        let conflicts = s.store.take_conflict_copies();
+        if round.is_err() {
+            print_conflicts("pull", &conflicts);
+        }
         let (pulled, pushed) = round?;
-        if !a.watch || pulled.entries + pushed.entries > 0 {
+        if !a.watch || pulled.entries + pushed.entries > 0 || !conflicts.is_empty() {
             summarize(
                 "pull",
                 &pulled,
+                &conflicts,
                 started.elapsed(),
                 a.transfer.json,
                 a.transfer.quiet,
@@ -495,6 +561,7 @@ pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
             summarize(
                 "push",
                 &pushed,
+                &[],
                 started.elapsed(),
                 a.transfer.json,
                 a.transfer.quiet,

@@ -6,14 +6,14 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use wsd_schema::workspace_capnp as wire;
-use wsd_sync::limits::{MAX_HASHES_PER_CALL, MAX_IGNORE_PATTERNS, MAX_PUSH_ENTRIES};
+use wsd_sync::limits::{MAX_HASHES_PER_CALL, MAX_PUSH_ENTRIES};
 use wsd_sync::{ApplyBatch, ChangeCursor, ChangesQuery, ErrorCode, Hash, IgnoreRules, Store};
 
 use super::WireError;
 use super::conn::{Conn, run_call};
 use super::convert::{
-    baseline_from, cursor_to, entries_from, entries_to, hashes_from, hashes_to, maybe_entry_to,
-    objects_from, objects_to, opt_cursor_from, path_from, text,
+    baseline_from, cursor_to, entries_from, entries_to, hashes_from, hashes_to, ignore_from,
+    maybe_entry_to, objects_from, objects_to, opt_cursor_from, path_from,
 };
 use super::limits::{MAX_CHANGES_PER_NEXT, MAX_WAIT_CHANGES, OBJECT_WRITE_BYTES};
 use super::store_thread::StoreHandle;
@@ -98,6 +98,7 @@ impl<S: Store + Send + 'static> wire::sync::Server for SyncServer<S> {
             let sender = (sender.rev > 0).then_some(sender);
             let baseline = baseline_from(p.get_baseline())?;
             let entries = entries_from(p.get_entries()?, "entries per push", MAX_PUSH_ENTRIES)?;
+            let ignore = IgnoreRules::new(&ignore_from(p.has_ignore(), p.get_ignore())?)?;
             let peer = self.peer.clone();
             let count = entries.len();
             let outcome = self
@@ -108,6 +109,7 @@ impl<S: Store + Send + 'static> wire::sync::Server for SyncServer<S> {
                         sender,
                         entries: &entries,
                         baseline,
+                        ignore: &ignore,
                     })
                 })
                 .await?;
@@ -144,18 +146,7 @@ impl<S: Store + Send + 'static> wire::sync::Server for SyncServer<S> {
             self.note_syncing();
             let p = params.get()?;
             let after = opt_cursor_from(p.has_after(), p.get_after())?;
-            let mut patterns = Vec::new();
-            if p.has_ignore() {
-                let list = p.get_ignore()?;
-                WireError::check_limit(
-                    "ignore patterns",
-                    MAX_IGNORE_PATTERNS,
-                    list.len() as usize,
-                )?;
-                for pat in list.iter() {
-                    patterns.push(text(pat, "ignore pattern")?);
-                }
-            }
+            let patterns = ignore_from(p.has_ignore(), p.get_ignore())?;
             let ignore = Arc::new(IgnoreRules::new(&patterns)?);
             let peer = self.peer.clone();
             let open_after = after.clone();

@@ -216,6 +216,7 @@ mod tests {
                                 sender: None,
                                 entries: &[e],
                                 baseline: wsd_sync::Baseline::Off,
+                                ignore: &wsd_sync::IgnoreRules::none(),
                             })
                         })
                         .await

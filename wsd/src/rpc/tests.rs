@@ -383,7 +383,7 @@ fn over_a_limit_is_elimit_and_the_connection_stays_usable() {
             .map(|i| dir_entry(&format!("d{i}")))
             .collect();
         let err = c
-            .push(Some(&ChangeCursor::at(1)), &many, Baseline::Off)
+            .push(Some(&ChangeCursor::at(1)), &many, Baseline::Off, &[])
             .await
             .unwrap_err();
         assert_eq!(err.code, ErrorCode::Limit);
@@ -415,6 +415,30 @@ fn over_a_limit_is_elimit_and_the_connection_stays_usable() {
             .await
             .unwrap_err();
         assert_eq!(err.code, ErrorCode::Limit, "{err}");
+        // The same bound, and the same check of each pattern, for a push's
+        // exclusions: a refused push applies nothing.
+        let err = c
+            .push(
+                Some(&ChangeCursor::at(1)),
+                &[dir_entry("refused")],
+                Baseline::Sweep,
+                &patterns,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::Limit, "{err}");
+        let err = c
+            .push(
+                Some(&ChangeCursor::at(1)),
+                &[dir_entry("refused")],
+                Baseline::Sweep,
+                &["a{b".to_owned()],
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::Invalid, "{err}");
+        assert!(err.message.contains("a{b"), "{err}");
+        assert_eq!(c.watermarks().await.unwrap().current_rev, 0);
 
         let long = "x/".repeat(wsd_sync::limits::MAX_PATH_DEPTH) + "y";
         let mut req = raw_sync(&server.addr).await.read_entry_request();
@@ -428,6 +452,7 @@ fn over_a_limit_is_elimit_and_the_connection_stays_usable() {
             Some(&ChangeCursor::at(1)),
             &[dir_entry("ok")],
             Baseline::Off,
+            &[],
         )
         .await
         .unwrap();
@@ -450,8 +475,13 @@ fn calls_beyond_the_in_flight_limit_are_elimit() {
         let slow = {
             let c = c.clone();
             tokio::task::spawn_local(async move {
-                c.push(Some(&ChangeCursor::at(1)), &[dir_entry("d")], Baseline::Off)
-                    .await
+                c.push(
+                    Some(&ChangeCursor::at(1)),
+                    &[dir_entry("d")],
+                    Baseline::Off,
+                    &[],
+                )
+                .await
             })
         };
         // Leave the push ample time to reach the (slow) store.
@@ -543,6 +573,7 @@ fn unknown_hashes_are_eunknown_hash() {
                 Some(&ChangeCursor::at(1)),
                 &[dir_entry("d"), file],
                 Baseline::Off,
+                &[],
             )
             .await
             .unwrap_err();
@@ -637,8 +668,13 @@ fn graceful_shutdown_finishes_the_in_flight_transaction_and_closes_listeners() {
         let push = {
             let c = c.clone();
             tokio::task::spawn_local(async move {
-                c.push(Some(&ChangeCursor::at(1)), &[dir_entry("d")], Baseline::Off)
-                    .await
+                c.push(
+                    Some(&ChangeCursor::at(1)),
+                    &[dir_entry("d")],
+                    Baseline::Off,
+                    &[],
+                )
+                .await
             })
         };
         tokio::time::sleep(Duration::from_millis(150)).await;
@@ -1068,7 +1104,7 @@ fn wait_changes_answers_when_another_peer_pushes_and_otherwise_at_its_timeout() 
         // Another call on the waiting connection goes on meanwhile.
         assert_eq!(waiter.watermarks().await.unwrap().current_rev, 0);
         writer
-            .push(None, &[dir_entry("d")], Baseline::Off)
+            .push(None, &[dir_entry("d")], Baseline::Off, &[])
             .await
             .unwrap();
         assert_eq!(poll.await.unwrap().unwrap(), 1);

@@ -25,8 +25,8 @@ use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, OptionalExtension, params};
 use wsd_sync::{
-    ApplyOutcome, Baseline, ChangeCursor, ChangeEntry, ChunkRef, EntryState, Hash, SyncError,
-    SyncPath, manifest,
+    ApplyOutcome, Baseline, ChangeCursor, ChangeEntry, ChunkRef, EntryState, Hash, IgnoreRules,
+    SyncError, SyncPath, manifest,
 };
 
 use super::error::{IndexContext, IoContext};
@@ -147,6 +147,24 @@ pub(crate) struct Apply<'a> {
     known_dirs: HashSet<String>,
     /// Whether the current entry's path has chunk rows to replace.
     clear_chunks: bool,
+    /// When set, a local version an entry would overwrite or delete while
+    /// it holds changes not yet pushed to this remote is first kept beside
+    /// it as a conflict copy, listed here ([`ConflictCopy`]).
+    pub conflicts: Option<&'a mut Vec<ConflictCopy>>,
+    /// The UTC time conflict copies of this batch are named after.
+    conflict_stamp: Option<String>,
+    /// The sender's exclusions: no entry deletes what they match.
+    pub ignore: &'a IgnoreRules,
+}
+
+/// A local version a pull kept rather than overwrite or delete it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConflictCopy {
+    /// The path the remote's version now holds (or that it deleted).
+    pub path: SyncPath,
+    /// Where the local version is: `PATH.wsd-conflict-<UTC time>` in the
+    /// same directory (a suffix `-N` when that name was taken).
+    pub copy: SyncPath,
 }
 
 impl<'a> Apply<'a> {
@@ -182,6 +200,9 @@ impl<'a> Apply<'a> {
             pid: std::process::id(),
             known_dirs: HashSet::new(),
             clear_chunks: true,
+            conflicts: None,
+            conflict_stamp: None,
+            ignore: IgnoreRules::none_static(),
         })
     }
 
@@ -366,6 +387,30 @@ impl<'a> Apply<'a> {
             .ctx("checking for local changes")
     }
 
+    /// The live rows strictly below `path`, in path order, with whether
+    /// each is a directory.
+    fn live_below(&self, path: &SyncPath) -> Result<Vec<(SyncPath, bool)>, SyncError> {
+        let (lo, hi) = index::descendant_range(path);
+        let rows: Vec<(String, i64)> = self
+            .db
+            .prepare_cached(
+                "SELECT path, kind FROM nodes WHERE path >= ?1 AND path < ?2 AND kind != 3
+                 ORDER BY path",
+            )
+            .and_then(|mut s| {
+                s.query_map(params![lo, hi], |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect::<Result<_, _>>()
+            })
+            .ctx("listing a directory's subtree")?;
+        rows.into_iter()
+            .map(|(p, kind)| {
+                let p = SyncPath::new(p)
+                    .map_err(|e| SyncError::Storage(format!("index holds a bad path: {e}")))?;
+                Ok((p, kind == NodeKind::Dir as i64))
+            })
+            .collect()
+    }
+
     fn note_overwrite(&mut self, path: &SyncPath, what: &str) {
         self.outcome.overwrote_local += 1;
         tracing::warn!(%path, remote = self.remote, what,
@@ -410,6 +455,9 @@ impl<'a> Apply<'a> {
             let local = self.unpushed_local(row.as_ref());
             if local {
                 self.note_overwrite(&a, "ancestor recreated as a directory");
+                if existing.is_some() && self.conflicts.is_some() {
+                    self.keep_conflict_copy(&a, false)?;
+                }
             }
             if let Some(m) = &existing {
                 let kind = if m.file_type().is_symlink() {
@@ -512,6 +560,25 @@ impl<'a> Apply<'a> {
             self.outcome.skipped += 1;
             return Ok(());
         }
+        if matches!(e.state, EntryState::Delete)
+            && disk_kind == Some(DiskKind::Dir)
+            && row.as_ref().is_some_and(|r| r.kind == NodeKind::Dir)
+            && !self.ignore.is_empty()
+            && let Some(tops) = self
+                .ignore
+                .delete_sparing(&e.path, &self.live_below(&e.path)?)
+        {
+            // The sender excludes something we hold below: delete the rest,
+            // one subtree at a time, and keep the directory.
+            for top in tops {
+                self.entry(&ChangeEntry {
+                    rev: e.rev,
+                    path: top,
+                    state: EntryState::Delete,
+                })?;
+            }
+            return Ok(());
+        }
         if self.peer && !unsettled && row.as_ref().is_some_and(|r| row_matches(r, &e.state)) {
             self.outcome.skipped += 1;
             return Ok(());
@@ -524,11 +591,20 @@ impl<'a> Apply<'a> {
         // Chunk rows exist only for a live file row: a fresh path skips
         // clearing them.
         self.clear_chunks = row.as_ref().is_some_and(|r| r.kind == NodeKind::File);
-        if unsettled
-            || self.unpushed_local(any_row.as_ref())
-            || (replaces_dir && self.unpushed_local_below(&e.path)?)
-        {
+        let local_below = (replaces_dir || matches!(e.state, EntryState::Delete))
+            && disk_kind == Some(DiskKind::Dir)
+            && self.unpushed_local_below(&e.path)?;
+        if unsettled || self.unpushed_local(any_row.as_ref()) || local_below {
             self.note_overwrite(&e.path, "entry");
+            if self.conflicts.is_some()
+                && matches!(
+                    disk_kind,
+                    Some(DiskKind::File | DiskKind::Symlink | DiskKind::Dir)
+                )
+                && (disk_kind != Some(DiskKind::Dir) || local_below)
+            {
+                self.keep_conflict_copy(&e.path, disk_kind == Some(DiskKind::Dir))?;
+            }
         }
         // A delete never creates parents; its path resolved inside the root
         // already (or does not exist there).
@@ -569,10 +645,79 @@ impl<'a> Apply<'a> {
         Ok(())
     }
 
+    /// Keeps the local version at `path` as `PATH.wsd-conflict-<UTC time>`
+    /// in the same directory, never replacing an existing name. A file or
+    /// symlink gets a second hard link (the apply then renames the remote's
+    /// version over the original name, or unlinks it), so nothing is
+    /// copied; a directory holding local changes is moved aside whole. The
+    /// copy matches [`wsd_sync::CONFLICT_COPY_PATTERN`], which the CLI
+    /// excludes, so it is not pushed; the next settle indexes it.
+    fn keep_conflict_copy(&mut self, path: &SyncPath, is_dir: bool) -> Result<(), SyncError> {
+        let stamp = self
+            .conflict_stamp
+            .get_or_insert_with(|| {
+                humantime::format_rfc3339_seconds(std::time::SystemTime::now())
+                    .to_string()
+                    .replace(['-', ':'], "")
+            })
+            .clone();
+        let abs = fsutil::abs(self.root, path);
+        self.touched_disk = true;
+        for n in 0u32.. {
+            let suffix = if n == 0 {
+                String::new()
+            } else {
+                format!("-{n}")
+            };
+            let copy = SyncPath::new(format!(
+                "{path}{}{stamp}{suffix}",
+                wsd_sync::CONFLICT_COPY_MARKER
+            ))?;
+            let copy_abs = fsutil::abs(self.root, &copy);
+            let kept = if is_dir {
+                // rename(2) would replace an empty directory: check first
+                // (one writer per workspace apply, so the check holds).
+                match std::fs::symlink_metadata(&copy_abs) {
+                    Ok(_) => continue,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        std::fs::rename(&abs, &copy_abs)
+                    }
+                    Err(e) => Err(e),
+                }
+            } else {
+                std::fs::hard_link(&abs, &copy_abs)
+            };
+            match kept {
+                Ok(()) => {
+                    tracing::warn!(%path, %copy, remote = self.remote,
+                        "a pull replaced a local change not yet pushed; the local version is kept");
+                    if let Some(list) = self.conflicts.as_deref_mut() {
+                        list.push(ConflictCopy {
+                            path: path.clone(),
+                            copy,
+                        });
+                    }
+                    return Ok(());
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => {
+                    return Err(SyncError::io(
+                        format!("keeping the local version of {path} as {copy}"),
+                        e,
+                    ));
+                }
+            }
+        }
+        unreachable!("some numbered name is free")
+    }
+
     /// Removes a directory that an entry of another kind replaces, with
-    /// tombstones for its indexed subtree.
+    /// tombstones for its indexed subtree. It may be gone already: moved
+    /// aside as a conflict copy.
     fn remove_dir_for(&mut self, path: &SyncPath, abs: &Path) -> Result<(), SyncError> {
-        std::fs::remove_dir_all(abs).io_ctx(|| format!("removing directory {path}"))?;
+        std::fs::remove_dir_all(abs)
+            .or_else(|e| if fsutil::is_gone(&e) { Ok(()) } else { Err(e) })
+            .io_ctx(|| format!("removing directory {path}"))?;
         let rev = self.rev()?;
         index::tombstone_descendants(self.db, path, rev, self.applied_from())?;
         Ok(())
@@ -775,7 +920,14 @@ impl<'a> Apply<'a> {
 
     /// Baseline bookkeeping (rule 10): remember listed paths; on `Sweep`,
     /// delete every live path the baseline did not list.
-    pub fn baseline(&mut self, phase: Baseline, entries: &[ChangeEntry]) -> Result<(), SyncError> {
+    /// Live paths `ignore` (the sender's exclusions) matches are spared,
+    /// with their ancestors: the sender never lists them.
+    pub fn baseline(
+        &mut self,
+        phase: Baseline,
+        entries: &[ChangeEntry],
+        ignore: &IgnoreRules,
+    ) -> Result<(), SyncError> {
         if phase == Baseline::Off {
             return Ok(());
         }
@@ -814,6 +966,9 @@ impl<'a> Apply<'a> {
         }
         if phase != Baseline::Sweep {
             return Ok(());
+        }
+        if !ignore.is_empty() {
+            self.mark_ignored(ignore)?;
         }
         let mut after = String::new();
         loop {
@@ -854,6 +1009,38 @@ impl<'a> Apply<'a> {
             }
         }
         self.clear_baseline()
+    }
+
+    /// Marks every live path `ignore` matches, and its ancestors, so the
+    /// sweep leaves them. One pass over the live rows: a sweep reads them
+    /// all anyway.
+    fn mark_ignored(&self, ignore: &IgnoreRules) -> Result<(), SyncError> {
+        let live: Vec<(String, i64)> = self
+            .db
+            .prepare_cached("SELECT path, kind FROM nodes WHERE kind != 3")
+            .and_then(|mut s| {
+                s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect::<Result<_, _>>()
+            })
+            .ctx("listing paths a sweep spares")?;
+        let mut ins = self
+            .db
+            .prepare_cached("INSERT OR IGNORE INTO baseline_marks (remote, path) VALUES (?1, ?2)")
+            .ctx("marking excluded paths")?;
+        for (p, kind) in live {
+            let path = SyncPath::new(p)
+                .map_err(|e| SyncError::Storage(format!("index holds a bad path: {e}")))?;
+            if !ignore.is_ignored(&path, kind == NodeKind::Dir as i64) {
+                continue;
+            }
+            ins.execute(params![self.remote, path.as_str()])
+                .ctx("marking excluded paths")?;
+            for a in path.ancestors() {
+                ins.execute(params![self.remote, a.as_str()])
+                    .ctx("marking excluded paths")?;
+            }
+        }
+        Ok(())
     }
 
     fn clear_baseline(&self) -> Result<(), SyncError> {

@@ -37,6 +37,7 @@ use wsd_sync::{
     Store, SyncError, SyncPath, Watermarks,
 };
 
+pub use apply::ConflictCopy;
 pub use error::StoreError;
 
 use error::IndexContext;
@@ -62,6 +63,12 @@ pub struct StoreOptions {
     /// once per round (the CLI): without a watcher every settle walks the
     /// whole tree, and one push asked for three.
     pub auto_settle: bool,
+    /// Before an applied entry overwrites or deletes a local version that
+    /// holds changes not yet pushed to the applying remote, keep that
+    /// version as a conflict copy (see [`ConflictCopy`]; the CLI's pulls).
+    /// Off: the applier wins, counted in `ApplyOutcome::overwrote_local`
+    /// (the daemon, whose writers are the command it runs and its peers).
+    pub conflict_copies: bool,
 }
 
 impl Default for StoreOptions {
@@ -70,6 +77,7 @@ impl Default for StoreOptions {
             watch: true,
             barrier_timeout: Duration::from_secs(5),
             auto_settle: true,
+            conflict_copies: false,
         }
     }
 }
@@ -112,6 +120,22 @@ pub struct WorkspaceStore {
     force: HashSet<SyncPath>,
     /// See [`StoreOptions::auto_settle`].
     auto_settle: bool,
+    /// See [`StoreOptions::conflict_copies`].
+    keep_conflicts: bool,
+    /// Conflict copies made since the last [`WorkspaceStore::take_conflict_copies`].
+    conflict_copies: Vec<ConflictCopy>,
+}
+
+impl Drop for WorkspaceStore {
+    fn drop(&mut self) {
+        // Closed explicitly so the clean-close stamp describes the file
+        // after SQLite's final checkpoint.
+        let Ok(placeholder) = Connection::open_in_memory() else {
+            return;
+        };
+        let db = std::mem::replace(&mut self.db, placeholder);
+        index::close(db, &self.state_dir.join(INDEX_FILE));
+    }
 }
 
 impl WorkspaceStore {
@@ -190,6 +214,8 @@ impl WorkspaceStore {
             walked_since_open: false,
             force: HashSet::new(),
             auto_settle: opts.auto_settle,
+            keep_conflicts: opts.conflict_copies,
+            conflict_copies: Vec::new(),
         })
     }
 
@@ -225,6 +251,12 @@ impl WorkspaceStore {
             self.settle()?;
         }
         Ok(())
+    }
+
+    /// The conflict copies applies made since the last call, oldest first
+    /// (only with [`StoreOptions::conflict_copies`]).
+    pub fn take_conflict_copies(&mut self) -> Vec<ConflictCopy> {
+        std::mem::take(&mut self.conflict_copies)
     }
 
     /// Stamps everything written to the directory before this call with a
@@ -545,6 +577,10 @@ impl Store for WorkspaceStore {
             batch.remote,
             batch.sender.is_some(),
         )?;
+        if self.keep_conflicts {
+            a.conflicts = Some(&mut self.conflict_copies);
+        }
+        a.ignore = batch.ignore;
         // Nothing below `check` has touched the directory when it fails:
         // dropping the transaction rolls the index back too.
         a.check(batch.entries)?;
@@ -556,7 +592,7 @@ impl Store for WorkspaceStore {
             }
         }
         if result.is_ok() {
-            result = a.baseline(batch.baseline, batch.entries);
+            result = a.baseline(batch.baseline, batch.entries, batch.ignore);
         }
         let outcome = match result {
             Ok(()) => a.finish(batch.sender.as_ref())?,

@@ -145,6 +145,7 @@ fn peer_batch<'a>(entries: &'a [ChangeEntry], rev: u64) -> ApplyBatch<'a> {
         sender: Some(ChangeCursor::at(rev)),
         entries,
         baseline: Baseline::Off,
+        ignore: wsd_sync::IgnoreRules::none_static(),
     }
 }
 
@@ -700,6 +701,7 @@ fn a_state_directory_below_a_swept_directory_survives_the_sweep() {
             sender: Some(ChangeCursor::at(1)),
             entries: &[],
             baseline: Baseline::Sweep,
+            ignore: &wsd_sync::IgnoreRules::none(),
         })
         .unwrap();
     assert_eq!(out.applied, 1, "var/junk swept, var kept");
@@ -719,11 +721,13 @@ fn a_baseline_sweep_deletes_what_was_not_listed() {
     let listed = [dir_entry("keep", 0o755), a];
     let mark = ApplyBatch {
         baseline: Baseline::Mark,
+        ignore: &wsd_sync::IgnoreRules::none(),
         ..peer_batch(&listed, 5)
     };
     w.store.apply(mark).unwrap();
     let sweep = ApplyBatch {
         baseline: Baseline::Sweep,
+        ignore: &wsd_sync::IgnoreRules::none(),
         ..peer_batch(&[], 5)
     };
     let out = w.store.apply(sweep).unwrap();
@@ -846,6 +850,7 @@ fn an_external_writer_gets_fresh_revs_and_moves_no_watermark() {
         sender: None,
         entries: &entries,
         baseline: Baseline::Off,
+        ignore: &wsd_sync::IgnoreRules::none(),
     };
     let out = w.store.apply(ext.clone()).unwrap();
     assert_eq!(
@@ -1272,4 +1277,104 @@ fn the_change_hook_reports_written_paths_but_not_the_state_directory_or_settles(
         .recv_timeout(std::time::Duration::from_secs(10))
         .expect("the hook was called for the second write");
     assert_eq!(seen, Some(root.join("b")));
+}
+
+/// A workspace whose applies keep conflict copies (as the CLI opens it).
+fn ws_keeping_conflicts() -> Ws {
+    let tmp = TempDir::new().unwrap();
+    let root = tmp.path().join("root");
+    let state = tmp.path().join("state");
+    fs::create_dir(&root).unwrap();
+    let store = WorkspaceStore::open(
+        &root,
+        &state,
+        StoreOptions {
+            watch: false,
+            conflict_copies: true,
+            ..StoreOptions::default()
+        },
+    )
+    .unwrap();
+    Ws {
+        _tmp: tmp,
+        root,
+        state,
+        store,
+    }
+}
+
+/// Names in `dir` containing the conflict copy marker.
+fn conflict_copies_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|d| d.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(wsd_sync::CONFLICT_COPY_MARKER))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_peer_entry_over_an_unpushed_local_edit_keeps_the_local_version_as_a_conflict_copy() {
+    let mut w = ws_keeping_conflicts();
+    w.write("f.txt", b"local edit");
+    w.write("same.txt", b"same");
+    w.store.settle().unwrap();
+    let (f, objects) = file_entry("f.txt", b"the peer's version", 0o644, 1_000);
+    let (same, more) = file_entry("same.txt", b"same", 0o644, 1_000);
+    w.store.stage_objects(&objects).unwrap();
+    w.store.stage_objects(&more).unwrap();
+    let out = w.store.apply(peer_batch(&[f, same], 1)).unwrap();
+    assert_eq!(out.overwrote_local, 1);
+    assert_eq!(
+        fs::read(w.root.join("f.txt")).unwrap(),
+        b"the peer's version"
+    );
+    let copies = conflict_copies_in(&w.root);
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    assert!(copies[0].starts_with("f.txt.wsd-conflict-"), "{copies:?}");
+    assert_eq!(fs::read(w.root.join(&copies[0])).unwrap(), b"local edit");
+    let listed = w.store.take_conflict_copies();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].path, p("f.txt"));
+    assert_eq!(listed[0].copy.as_str(), copies[0]);
+    assert!(w.store.take_conflict_copies().is_empty(), "taken once");
+}
+
+#[test]
+fn without_conflict_copies_the_applier_wins_as_before() {
+    let mut w = ws(false);
+    w.write("f.txt", b"local edit");
+    w.store.settle().unwrap();
+    let (f, objects) = file_entry("f.txt", b"the peer's version", 0o644, 1_000);
+    w.store.stage_objects(&objects).unwrap();
+    let out = w.store.apply(peer_batch(&[f], 1)).unwrap();
+    assert_eq!(out.overwrote_local, 1);
+    assert_eq!(
+        fs::read(w.root.join("f.txt")).unwrap(),
+        b"the peer's version"
+    );
+    assert!(conflict_copies_in(&w.root).is_empty());
+    assert!(w.store.take_conflict_copies().is_empty());
+}
+
+#[test]
+fn a_peer_delete_of_a_directory_holding_local_edits_moves_it_aside_whole() {
+    let mut w = ws_keeping_conflicts();
+    w.write("d/new.txt", b"written here");
+    w.write("d/sub/old.txt", b"old");
+    w.store.settle().unwrap();
+    let out = w.store.apply(peer_batch(&[delete_entry("d")], 1)).unwrap();
+    assert_eq!(out.applied, 1);
+    assert!(!w.root.join("d").exists());
+    let copies = conflict_copies_in(&w.root);
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    let aside = w.root.join(&copies[0]);
+    assert_eq!(fs::read(aside.join("new.txt")).unwrap(), b"written here");
+    assert_eq!(fs::read(aside.join("sub/old.txt")).unwrap(), b"old");
+    assert_eq!(w.store.take_conflict_copies()[0].path, p("d"));
+    assert!(
+        w.entry("d/new.txt")
+            .is_some_and(|e| e.state == EntryState::Delete)
+    );
 }

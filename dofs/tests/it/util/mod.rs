@@ -292,9 +292,10 @@ impl<R: Remote> Remote for Faulty<R> {
         sender: Option<ChangeCursor>,
         entries: Vec<ChangeEntry>,
         baseline: Baseline,
+        ignore: &[String],
     ) -> Result<PushOutcome, SyncError> {
         self.faults.tick()?;
-        self.inner.push(sender, entries, baseline).await
+        self.inner.push(sender, entries, baseline, ignore).await
     }
 }
 
