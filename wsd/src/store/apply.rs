@@ -783,7 +783,7 @@ impl<'a> Apply<'a> {
             .write(true)
             .create_new(true)
             .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
+            .custom_flags(fsutil::O_NOFOLLOW)
             .open(tmp)
             .io_ctx(|| format!("creating a temp file for {}", e.path))?;
         // An edit of a large file keeps most of its chunks: copy the runs
