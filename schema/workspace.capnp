@@ -275,6 +275,17 @@ interface Sync {
   # whether or not `done` is called; staging the same object twice is
   # harmless (idempotent).
   # Errors: none when opening; see `ObjectSink` for the writes.
+
+  waitChanges @7 (after :UInt64, timeoutMs :UInt32) -> (currentRev :UInt64);
+  # Long poll: returns the receiver's current rev as soon as it exceeds
+  # `after`, or when `timeoutMs` has passed (whichever comes first; the
+  # receiver caps the wait at 60 s, and a `timeoutMs` of 0 answers at once).
+  # Local changes to the receiver's tree count once they are noticed (wsd
+  # settles what its watcher reports, so they show within moments). A
+  # watcher (`wsd sync --watch`) passes the rev it last synced and syncs
+  # again when this returns a larger one. Read-only; waiting holds no
+  # store lock, so other calls go on meanwhile.
+  # Errors: EIO (storage).
 }
 
 interface ChangeIterator {

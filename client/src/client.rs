@@ -77,11 +77,23 @@ impl Connection {
         what: &str,
         call: impl Future<Output = Result<T, capnp::Error>>,
     ) -> Result<T, WsdError> {
-        match tokio::time::timeout(self.call_timeout, call).await {
+        self.deadline_after(Duration::ZERO, what, call).await
+    }
+
+    /// [`Connection::deadline`] for a call the server may hold for `held`
+    /// before it answers (a long poll).
+    async fn deadline_after<T>(
+        &self,
+        held: Duration,
+        what: &str,
+        call: impl Future<Output = Result<T, capnp::Error>>,
+    ) -> Result<T, WsdError> {
+        let limit = held + self.call_timeout;
+        match tokio::time::timeout(limit, call).await {
             Ok(result) => Ok(result?),
             Err(_) => {
                 self.close();
-                Err(timed_out(&self.endpoint, what, self.call_timeout))
+                Err(timed_out(&self.endpoint, what, limit))
             }
         }
     }
@@ -216,6 +228,25 @@ impl Client {
             r.get_push_cursor()?,
             r.get_fetch_cursor()?,
         )
+    }
+
+    /// Waits until the daemon's rev exceeds `after` (a change was
+    /// committed or noticed there) or `wait` passed (at most
+    /// [`MAX_WAIT_CHANGES`](crate::limits::MAX_WAIT_CHANGES)), and returns
+    /// its current rev. A long poll: other calls on this connection go on
+    /// meanwhile.
+    pub async fn wait_changes(&self, after: u64, wait: Duration) -> Result<u64, WsdError> {
+        self.check_alive()?;
+        let wait = wait.min(crate::limits::MAX_WAIT_CHANGES);
+        let mut req = self.sync.wait_changes_request();
+        req.get().set_after(after);
+        req.get()
+            .set_timeout_ms(u32::try_from(wait.as_millis()).unwrap_or(u32::MAX));
+        let response = self
+            .conn
+            .deadline_after(wait, "waitChanges", req.send().promise)
+            .await?;
+        Ok(response.get()?.get_current_rev())
     }
 
     pub async fn read_entry(&self, path: &SyncPath) -> Result<Option<ChangeEntry>, WsdError> {

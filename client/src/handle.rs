@@ -17,6 +17,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use futures::future::LocalBoxFuture;
 use tokio::sync::{mpsc, oneshot};
@@ -313,6 +314,16 @@ impl WsdHandle {
     pub async fn watermarks(&self) -> Result<Watermarks, WsdError> {
         self.run(|conn| async move {
             conn.call(true, |c| async move { c.watermarks().await })
+                .await
+        })
+        .await
+    }
+
+    /// Waits until the daemon's rev exceeds `after` or `wait` passed; see
+    /// [`Client::wait_changes`]. Returns the daemon's current rev.
+    pub async fn wait_changes(&self, after: u64, wait: Duration) -> Result<u64, WsdError> {
+        self.run(move |conn| async move {
+            conn.call(true, |c| async move { c.wait_changes(after, wait).await })
                 .await
         })
         .await

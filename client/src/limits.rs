@@ -34,3 +34,7 @@ pub const CLIENT_EXEC_EVENT_BUFFER: usize = 16;
 /// Most bytes one `Shell.writeStdin` may carry (the daemon checks it
 /// before decoding further).
 pub const MAX_STDIN_WRITE_BYTES: usize = 1024 * 1024;
+
+/// The longest `Sync.waitChanges` waits before answering; a longer
+/// `timeoutMs` is cut to it, so a forgotten long poll ends by itself.
+pub const MAX_WAIT_CHANGES: std::time::Duration = std::time::Duration::from_secs(60);

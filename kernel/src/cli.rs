@@ -180,6 +180,18 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// Writes to stdout. A reader that went away (`gsv call … | head`) is
+/// not an error of ours: `print!` would panic on the broken pipe, this
+/// drops the rest quietly.
+fn out(s: &str) -> Result<()> {
+    use std::io::Write as _;
+    let mut o = std::io::stdout().lock();
+    match o.write_all(s.as_bytes()).and_then(|()| o.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e).context("writing to stdout"),
+        _ => Ok(()),
+    }
+}
+
 async fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Serve(a) => serve(a).await,
@@ -196,7 +208,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 connect(&conn).await?
             };
             let res = c.request(&call, args).await?;
-            println!("{}", serde_json::to_string_pretty(&res)?);
+            out(&format!("{}\n", serde_json::to_string_pretty(&res)?))?;
             c.close().await;
             Ok(if res["ok"] == true {
                 ExitCode::SUCCESS
@@ -390,8 +402,8 @@ async fn exec(
         .call("shell.exec", json!({"cwd": cwd, "input": input}))
         .await?;
     loop {
-        if let Some(out) = d["output"].as_str() {
-            print!("{out}");
+        if let Some(o) = d["output"].as_str() {
+            out(o)?;
         }
         match d["status"].as_str() {
             Some("running") => {

@@ -13,7 +13,8 @@ use crate::{
 };
 
 /// Counters of one push or pull, also handed to the progress callback after
-/// every batch.
+/// every batch, whenever the plan grows (`planned_*`), and during a pull
+/// after every slice of objects fetched.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SyncReport {
     /// Entries sent (push) or received (pull).
@@ -32,6 +33,23 @@ pub struct SyncReport {
     pub cursor: ChangeCursor,
     /// True when the run restarted from zero (remote lost state or baseline).
     pub rebaselined: bool,
+    /// The plan so far, for progress bars: entries cut into batches and the
+    /// object bytes they need moved (after `hasObjects`, so deduplicated
+    /// chunks are not counted). It grows batch by batch as the changes are
+    /// paged in; when `plan_complete`, it is the whole run's total.
+    pub planned_entries: u64,
+    pub planned_bytes: u64,
+    /// No more entries are expected beyond `planned_entries`.
+    pub plan_complete: bool,
+}
+
+impl SyncReport {
+    /// Adds one batch to the plan.
+    fn plan(&mut self, entries: usize, bytes: u64, last: bool) {
+        self.planned_entries += entries as u64;
+        self.planned_bytes += bytes;
+        self.plan_complete = last;
+    }
 }
 
 /// Options shared by [`push`] and [`pull`].
@@ -151,7 +169,14 @@ pub async fn push<S: Store, R: Remote>(
     let (hashes, sizes) = distinct_chunks(&pager.page);
     let held = probe(remote, &hashes).await?.await?;
     let mut current = pager.cut(&held, &sizes);
-    let mut uploads = send_objects(local, remote, &current.missing, &mut report).await?;
+    report.plan(
+        current.entries.len(),
+        current.missing_bytes() as u64,
+        current.last,
+    );
+    on_batch(&report);
+    let mut uploads =
+        send_objects(local, remote, &current.missing, &mut report, &mut on_batch).await?;
     let mut previous: Option<InFlight> = None;
     loop {
         report.deduplicated_bytes += current.deduplicated_bytes;
@@ -202,6 +227,8 @@ pub async fn push<S: Store, R: Remote>(
             };
             let held = probe.await?;
             let next = pager.cut(&held, &sizes);
+            report.plan(next.entries.len(), next.missing_bytes() as u64, next.last);
+            on_batch(&report);
             // Upload the next batch during this apply only while both stay
             // within two batch budgets: the receiver stages objects in
             // memory, and two large-file batches at once would make it
@@ -212,7 +239,8 @@ pub async fn push<S: Store, R: Remote>(
                 let acked = conclude(local, remote, opts, &mut report, p).await?;
                 acknowledge(local, opts, &mut report, &mut on_batch, acked)?;
             }
-            let next_uploads = send_objects(local, remote, &next.missing, &mut report).await?;
+            let next_uploads =
+                send_objects(local, remote, &next.missing, &mut report, &mut on_batch).await?;
             Ok(Some((next, next_uploads)))
         }
         .await;
@@ -301,7 +329,7 @@ async fn conclude<S: Store, R: Remote>(
                     .filter(|h| !held.contains(h))
                     .map(|h| (h, sizes[&h]))
                     .collect();
-                for upload in send_objects(local, remote, &missing, report).await? {
+                for upload in send_objects(local, remote, &missing, report, &mut |_| {}).await? {
                     upload.await?;
                 }
                 result = remote
@@ -489,6 +517,7 @@ async fn send_objects<S: Store, R: Remote>(
     remote: &mut R,
     missing: &[(Hash, u32)],
     report: &mut SyncReport,
+    on_progress: &mut impl FnMut(&SyncReport),
 ) -> Result<Vec<PendingUpload>, SyncError> {
     let mut pending: Vec<PendingUpload> = Vec::new();
     let mut group: Vec<Hash> = Vec::new();
@@ -506,6 +535,7 @@ async fn send_objects<S: Store, R: Remote>(
             report.objects += objects.len() as u64;
             report.object_bytes += objects.iter().map(|o| o.bytes.len() as u64).sum::<u64>();
             pending.push(remote.push_objects_pipelined(objects).await?);
+            on_progress(report);
             group.clear();
             group_bytes = 0;
         }
@@ -582,6 +612,15 @@ pub async fn pull_with<S: Store, R: Remote>(
         }
         let (hashes, sizes) = distinct_chunks(&batch);
         let held: HashSet<Hash> = local.has_objects(&hashes)?.into_iter().collect();
+        let missing_bytes = hashes
+            .iter()
+            .filter(|h| !held.contains(h))
+            .map(|h| u64::from(sizes[h]))
+            .sum();
+        // A short batch means the stream is drained (it fills every batch
+        // it can); a full one may still be the last.
+        report.plan(batch.len(), missing_bytes, batch.len() < BATCH_ENTRIES);
+        on_batch(&report);
         let mut slice = Vec::new();
         let mut slice_bytes = 0usize;
         for h in hashes {
@@ -594,6 +633,7 @@ pub async fn pull_with<S: Store, R: Remote>(
             slice_bytes += size;
             if slice_bytes >= BATCH_OBJECT_BYTES || slice.len() == MAX_HASHES_PER_CALL {
                 fetch_and_stage(local, remote, &std::mem::take(&mut slice), &mut report).await?;
+                on_batch(&report);
                 slice_bytes = 0;
             }
         }
@@ -623,6 +663,7 @@ pub async fn pull_with<S: Store, R: Remote>(
         on_applied(&batch);
         on_batch(&report);
     }
+    report.plan_complete = true;
     let outcome = local.apply(ApplyBatch {
         remote: opts.remote_name,
         sender: Some(current),

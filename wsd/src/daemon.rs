@@ -120,7 +120,12 @@ pub async fn run(
             source,
         })?;
     let root = store.root().to_owned();
-    let backend = Backend::new(store)?.with_root(root);
+    let hint = Arc::new(tokio::sync::Notify::new());
+    store.set_change_hook({
+        let hint = hint.clone();
+        move |_: Option<&std::path::Path>| hint.notify_one()
+    });
+    let backend = Backend::new(store)?.with_root(root).with_change_hint(hint);
     let caller = backend.store_caller();
     let settle: SettleHook = Arc::new(move || {
         caller

@@ -639,3 +639,71 @@ fn the_container_health_probe_passes_on_a_live_daemon_and_fails_without_one() {
     );
     assert_eq!(out.status.code(), Some(1));
 }
+
+/// Waits (bounded by `STEP`) until `cond` holds, failing with `what`.
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + STEP;
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn sync_watch_picks_up_local_and_daemon_side_edits_without_waiting_for_the_interval() {
+    let d = Served::start();
+    let local = tempfile::tempdir().unwrap();
+    let l = local.path();
+    std::fs::write(l.join("first"), b"1").unwrap();
+    let log = tempfile::NamedTempFile::new().unwrap();
+    // An hour between safety rounds: only change notifications can make
+    // the edits below arrive within the test's bound.
+    let child = wsd()
+        .args([
+            "sync",
+            "--remote",
+            &d.addr,
+            "--watch",
+            "--interval",
+            "3600000",
+        ])
+        .arg(l)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log.reopen().unwrap())
+        .spawn()
+        .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Kill(child);
+    let log_text = || std::fs::read_to_string(log.path()).unwrap_or_default();
+    wait_until("the first round did not push `first`", || {
+        d.root().join("first").exists()
+    });
+
+    std::fs::write(l.join("local-edit"), b"from the local side").unwrap();
+    wait_until("a local edit was not pushed", || {
+        std::fs::read(d.root().join("local-edit")).ok().as_deref() == Some(b"from the local side")
+    });
+
+    std::fs::create_dir(d.root().join("sub")).unwrap();
+    std::fs::write(d.root().join("sub/daemon-edit"), b"from the daemon side").unwrap();
+    wait_until("a daemon-side edit was not pulled", || {
+        std::fs::read(l.join("sub/daemon-edit")).ok().as_deref() == Some(b"from the daemon side")
+    });
+
+    std::fs::remove_file(l.join("first")).unwrap();
+    wait_until("a local deletion was not pushed", || {
+        !d.root().join("first").exists()
+    });
+    assert!(
+        child.0.try_wait().unwrap().is_none(),
+        "sync --watch exited: {}",
+        log_text()
+    );
+}

@@ -45,6 +45,8 @@ use router::{Driver, Pending};
 /// TTL of a routed `shell.exec` without a timeout: above the node's
 /// 10-minute process watchdog.
 pub const SHELL_TTL_CAP: Duration = Duration::from_secs(11 * 60);
+/// Longest TTL of a routed `net.fetch` (the reference's `MAX_NET_FETCH_TIMEOUT_MS`).
+pub const NET_FETCH_TTL_CAP: Duration = Duration::from_secs(10 * 60);
 /// Added to a routed `shell.exec`'s own timeout for its TTL.
 const SHELL_TTL_SLACK: Duration = Duration::from_secs(10);
 /// How long a device shell session row lives after its last update.
@@ -347,14 +349,32 @@ pub async fn route_to_target(
     target: String,
     args: Map<String, Value>,
 ) -> Result<Value, KernelError> {
+    if call == "fs.transfer.receive" {
+        // The file arrives as the request's binary body, and this kernel
+        // refuses request bodies (frames.rs); without one the device
+        // would write an empty file.
+        return Err(KernelError::BadRequest(format!(
+            "fs.transfer.receive is not relayed to device {target}: it needs a request body, \
+             which this kernel does not accept yet (write the file with fs.write)"
+        )));
+    }
     let who = session.identity.clone();
     let device = r.db.call(move |c| visible_device(c, &target, &who)).await?;
     route(r, session, call, device, args).await
 }
 
 /// The TTL of a routed call (reference §3.5); `default` for every call but
-/// `shell.exec`.
+/// `shell.exec` and `net.fetch` (its `timeoutMs`, at most 10 minutes, as
+/// the reference gateway gives the device).
 pub fn ttl(default: Duration, call: &str, args: &Map<String, Value>) -> Duration {
+    if call == "net.fetch" {
+        return match args.get("timeoutMs").and_then(Value::as_f64) {
+            Some(t) if t.is_finite() && t > 0.0 => {
+                Duration::from_millis(t as u64).clamp(Duration::from_secs(1), NET_FETCH_TTL_CAP)
+            }
+            _ => default,
+        };
+    }
     if call == "shell.exec" {
         return match args.get("timeout").and_then(Value::as_f64) {
             Some(t) if t.is_finite() && t > 0.0 => {
@@ -585,5 +605,15 @@ mod tests {
         assert_eq!(t(json!({"timeout": -5})), SHELL_TTL_CAP);
         assert_eq!(t(json!({"timeout": 10_000_000})), SHELL_TTL_CAP);
         assert_eq!(ttl(d, "fs.read", &args(json!({"timeout": 1}))), d);
+    }
+
+    #[test]
+    fn a_routed_net_fetch_lives_its_timeout_ms_capped_at_ten_minutes() {
+        let d = Duration::from_secs(60);
+        let t = |v| ttl(d, "net.fetch", &args(v));
+        assert_eq!(t(json!({"timeoutMs": 5_000})), Duration::from_secs(5));
+        assert_eq!(t(json!({})), d);
+        assert_eq!(t(json!({"timeoutMs": 0})), d);
+        assert_eq!(t(json!({"timeoutMs": 50_000_000})), NET_FETCH_TTL_CAP);
     }
 }

@@ -24,6 +24,10 @@ use crate::vfs::MAX_READ_BYTES;
 /// (the reference gateway's stream timeout).
 const BODY_WAIT: Duration = Duration::from_secs(120);
 
+/// The largest file a routed `fs.transfer.send` relays: it is held in
+/// memory and answered inline (base64), so it shares the image limit.
+pub const MAX_TRANSFER_BYTES: u64 = MAX_IMAGE_BYTES;
+
 /// How a route ended, as seen by the waiting caller.
 pub type Answer = Result<Value, KernelError>;
 
@@ -157,16 +161,15 @@ impl Router {
             let answer = match (ok, Descriptor::parse(desc)) {
                 (false, _) => Err(bad("an error response cannot carry a body".into())),
                 (true, Err(e)) => Err(bad(e.to_string())),
-                (true, Ok(_)) if p.call != "fs.read" => Err(bad(format!(
-                    "binary bodies are relayed only for fs.read, not {}",
-                    p.call
-                ))),
                 (true, Ok(d)) => {
                     let data = frame.get("data").cloned().unwrap_or(Value::Null);
-                    let keep = if data["kind"] == "image" {
-                        MAX_IMAGE_BYTES as usize + 1
-                    } else {
-                        MAX_READ_BYTES
+                    let Some(keep) = body_keep(&p.call, &data) else {
+                        let _ = p.answer.send(Err(bad(format!(
+                            "binary bodies are relayed only for fs.read, net.fetch and \
+                             fs.transfer.send, not {}",
+                            p.call
+                        ))));
+                        return;
                     };
                     match inbox.expect(d, keep) {
                         Err(e) => Err(bad(e.to_string())),
@@ -188,7 +191,7 @@ impl Router {
                                     }
                                 };
                                 let answer = match got {
-                                    Ok(body) => Ok(inline_read_body(data, body, p.read_offset)),
+                                    Ok(body) => Ok(inline_body(&p.call, data, body, p.read_offset)),
                                     Err(BodyError::Closed(_)) => Err(KernelError::Unavailable(
                                         format!("Device disconnected: {}", p.device_id),
                                     )),
@@ -227,6 +230,89 @@ impl Router {
     }
 }
 
+/// How many bytes of a routed answer's body the kernel keeps for `call`
+/// (the rest is counted); `None` for a call whose answers carry no body.
+fn body_keep(call: &str, data: &Value) -> Option<usize> {
+    match call {
+        "fs.read" if data["kind"] == "image" => Some(MAX_IMAGE_BYTES as usize + 1),
+        "fs.read" | "net.fetch" => Some(MAX_READ_BYTES),
+        "fs.transfer.send" => Some(MAX_TRANSFER_BYTES as usize),
+        _ => None,
+    }
+}
+
+/// Puts a routed answer's body into its JSON `data`, since this kernel
+/// answers callers in JSON frames only.
+fn inline_body(call: &str, data: Value, body: Body, read_offset: u64) -> Value {
+    match call {
+        "net.fetch" => inline_fetch_body(data, body),
+        "fs.transfer.send" => inline_transfer_body(data, body),
+        _ => inline_read_body(data, body, read_offset),
+    }
+}
+
+/// A routed `net.fetch` (reference: `data{ok, url, status, statusText,
+/// headers, redirected}` + the response body): the body as `data.body`
+/// when it is UTF-8 text, else as `data.bodyBase64`; `bodyBytes` is what
+/// the device sent in all, and past [`MAX_READ_BYTES`] it is cut with
+/// `truncated:true`, as `fs.read` is.
+fn inline_fetch_body(mut data: Value, body: Body) -> Value {
+    if !data.is_object() {
+        data = json!({});
+    }
+    let truncated = body.truncated();
+    data["bodyBytes"] = json!(body.total);
+    match utf8_prefix(body.bytes, truncated) {
+        Ok(text) => data["body"] = Value::String(text),
+        Err(bytes) => {
+            data["bodyBase64"] =
+                Value::String(base64::engine::general_purpose::STANDARD.encode(bytes))
+        }
+    }
+    if truncated {
+        data["truncated"] = json!(true);
+    }
+    data
+}
+
+/// A routed `fs.transfer.send` (reference: `data{ok, path, size,
+/// contentType}` + the file's bytes): the bytes as `data.contentBase64`.
+/// A file is never cut: one over [`MAX_TRANSFER_BYTES`] is an operation
+/// error naming its path and size.
+fn inline_transfer_body(mut data: Value, body: Body) -> Value {
+    if !data.is_object() {
+        data = json!({"ok": true});
+    }
+    if body.total > MAX_TRANSFER_BYTES {
+        let path = data["path"].as_str().unwrap_or("?").to_owned();
+        return json!({
+            "ok": false,
+            "error": format!(
+                "File too large to relay: {path} is {} bytes (limit {MAX_TRANSFER_BYTES})",
+                body.total
+            ),
+        });
+    }
+    data["contentBase64"] =
+        Value::String(base64::engine::general_purpose::STANDARD.encode(&body.bytes));
+    data
+}
+
+/// The bytes as text if they are UTF-8; a body cut at the limit may end in
+/// a split character, which is dropped. Anything else gives the bytes back.
+fn utf8_prefix(bytes: Vec<u8>, truncated: bool) -> Result<String, Vec<u8>> {
+    match String::from_utf8(bytes) {
+        Ok(t) => Ok(t),
+        Err(e) if truncated && e.utf8_error().error_len().is_none() => {
+            let valid = e.utf8_error().valid_up_to();
+            let mut b = e.into_bytes();
+            b.truncate(valid);
+            Ok(String::from_utf8(b).unwrap_or_default())
+        }
+        Err(e) => Err(e.into_bytes()),
+    }
+}
+
 /// Puts a routed `fs.read`'s body where every other `fs.read` has it, so a
 /// caller sees one shape whichever target answered: text as numbered lines
 /// in `data.content` (the reference node sends the selected lines bare),
@@ -254,15 +340,8 @@ fn inline_read_body(mut data: Value, body: Body, offset: u64) -> Value {
         return data;
     }
     let truncated = body.truncated();
-    let text = match String::from_utf8(body.bytes) {
+    let text = match utf8_prefix(body.bytes, truncated) {
         Ok(t) => t,
-        // A cut at the limit may split a character; drop the partial one.
-        Err(e) if truncated && e.utf8_error().error_len().is_none() => {
-            let valid = e.utf8_error().valid_up_to();
-            let mut b = e.into_bytes();
-            b.truncate(valid);
-            String::from_utf8(b).unwrap_or_default()
-        }
         Err(_) => {
             let path = data["path"].as_str().unwrap_or("?").to_owned();
             return json!({"ok": false, "error": format!("Binary file - not a text file: {path}")});

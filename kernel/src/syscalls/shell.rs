@@ -77,10 +77,7 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<Value,
         Err(e) => return Ok(op_error(&e.to_string())),
     };
     let Place::Workspace { id, sub } = r.place else {
-        return Ok(op_error(&format!(
-            "shell.exec runs in a workspace: give a cwd under /workspaces/<id> (got {})",
-            r.display
-        )));
+        return Ok(no_workspace(&r.display));
     };
     let row = crate::syscalls::workspace::visible_row(&k, &s, &id).await?;
     if row.is_archived() {
@@ -337,6 +334,29 @@ async fn remember_row(
 
 fn op_error(message: &str) -> Value {
     json!({"ok": false, "error": message})
+}
+
+/// A new command whose cwd is not in a workspace (the reference CLI's
+/// `gsv shell` sends none, so it lands in the caller's home). The
+/// reference runs such a command in its own in-worker shell; this kernel
+/// runs commands only through a workspace's wsd or on a device, so it
+/// answers in the shape of a command that failed before it ran: still an
+/// operation error (`ok:false, error`) for API callers, and the message on
+/// `stderr`, the field the reference CLI prints, so a `gsv shell` user
+/// reads why and what to do instead of nothing.
+fn no_workspace(cwd: &str) -> Value {
+    let error = format!(
+        "shell.exec runs in a workspace or on a device: give a cwd under /workspaces/<id> \
+         or a target device (cwd was {cwd})"
+    );
+    json!({
+        "ok": false,
+        "status": "failed",
+        "output": "",
+        "stdout": "",
+        "stderr": format!("{error}\n"),
+        "error": error,
+    })
 }
 
 fn failed_before_run(error: &str) -> Value {

@@ -178,3 +178,193 @@ async fn a_driver_that_leaves_mid_body_fails_the_call_with_503() {
     let (code, message) = err_of(&alice.response_to("d").await.unwrap());
     assert_eq!((code, message.as_str()), (503, "Device disconnected: dev1"));
 }
+
+/// The reference device answers `net.fetch` with the response's status
+/// and headers as `data` and the response body as a binary stream.
+#[tokio::test]
+async fn a_fetched_body_reaches_the_caller_inline_as_text_or_base64() {
+    let (_k, mut alice, mut drv) = with_driver(&["fs.*", "net.fetch"]).await;
+    alice
+        .send_request(
+            "f1",
+            "net.fetch",
+            json!({"target": "dev1", "url": "http://example.test/a"}),
+        )
+        .await
+        .unwrap();
+    let req = drv.next_req().await;
+    assert_eq!(req["call"], "net.fetch");
+    assert_eq!(req["args"], json!({"url": "http://example.test/a"}));
+    let data = json!({"ok": true, "url": "http://example.test/a", "status": 200,
+        "statusText": "OK", "headers": {"content-type": "text/plain"}, "redirected": false});
+    reply_with_body(&mut drv, &req, data, json!({"streamId": 5, "length": 9})).await;
+    drv.ws.send_binary(chunk(5, 1, b"hello ")).await.unwrap();
+    drv.ws.send_binary(chunk(5, 1 | 2, b"you")).await.unwrap();
+    let d = alice.response_to("f1").await.unwrap()["data"].clone();
+    assert_eq!(d["status"], 200, "{d}");
+    assert_eq!(d["headers"]["content-type"], "text/plain");
+    assert_eq!(d["body"], "hello you");
+    assert_eq!(d["bodyBytes"], 9);
+    assert!(
+        d.get("truncated").is_none() && d.get("bodyBase64").is_none(),
+        "{d}"
+    );
+
+    alice
+        .send_request(
+            "f2",
+            "net.fetch",
+            json!({"target": "dev1", "url": "http://example.test/png"}),
+        )
+        .await
+        .unwrap();
+    let req = drv.next_req().await;
+    reply_with_body(
+        &mut drv,
+        &req,
+        json!({"ok": true, "status": 200}),
+        json!({"streamId": 6}),
+    )
+    .await;
+    drv.ws
+        .send_binary(chunk(6, 1 | 2, &[0x89, 0xff, 0x00]))
+        .await
+        .unwrap();
+    let d = alice.response_to("f2").await.unwrap()["data"].clone();
+    assert!(d.get("body").is_none(), "{d}");
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(d["bodyBase64"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(bytes, [0x89, 0xff, 0x00]);
+}
+
+#[tokio::test]
+async fn a_fetched_body_longer_than_a_mebibyte_is_cut_and_marked_truncated() {
+    let (_k, mut alice, mut drv) = with_driver(&["net.*"]).await;
+    alice
+        .send_request(
+            "f",
+            "net.fetch",
+            json!({"target": "dev1", "url": "http://x.test/"}),
+        )
+        .await
+        .unwrap();
+    let req = drv.next_req().await;
+    reply_with_body(
+        &mut drv,
+        &req,
+        json!({"ok": true, "status": 200}),
+        json!({"streamId": 1}),
+    )
+    .await;
+    let part = vec![b'a'; 700 * 1024];
+    drv.ws.send_binary(chunk(1, 1, &part)).await.unwrap();
+    drv.ws.send_binary(chunk(1, 1 | 2, &part)).await.unwrap();
+    let d = alice.response_to("f").await.unwrap()["data"].clone();
+    assert_eq!(d["truncated"], true);
+    assert_eq!(d["bodyBytes"], 2 * 700 * 1024);
+    assert_eq!(d["body"].as_str().unwrap().len(), 1 << 20);
+}
+
+/// `fs.transfer.send` is the reference's read-a-file-as-bytes primitive
+/// (its gateway builds `fs.copy` on it): `data{ok, path, size,
+/// contentType}` and the file as a body.
+#[tokio::test]
+async fn a_transferred_file_reaches_the_caller_as_base64_and_is_never_cut() {
+    let (_k, mut alice, mut drv) = with_driver(&["fs.*"]).await;
+    alice
+        .send_request(
+            "t1",
+            "fs.transfer.send",
+            json!({"target": "dev1", "path": "a.bin"}),
+        )
+        .await
+        .unwrap();
+    let req = drv.next_req().await;
+    assert_eq!(req["call"], "fs.transfer.send");
+    let data = json!({"ok": true, "path": "/w/a.bin", "size": 4,
+        "contentType": "application/octet-stream"});
+    reply_with_body(&mut drv, &req, data, json!({"streamId": 8, "length": 4})).await;
+    drv.ws
+        .send_binary(chunk(8, 1 | 2, &[0, 1, 2, 255]))
+        .await
+        .unwrap();
+    let d = alice.response_to("t1").await.unwrap()["data"].clone();
+    assert_eq!(d["path"], "/w/a.bin", "{d}");
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(d["contentBase64"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(bytes, [0, 1, 2, 255]);
+
+    alice
+        .send_request(
+            "t2",
+            "fs.transfer.send",
+            json!({"target": "dev1", "path": "big.bin"}),
+        )
+        .await
+        .unwrap();
+    let req = drv.next_req().await;
+    reply_with_body(
+        &mut drv,
+        &req,
+        json!({"ok": true, "path": "/w/big.bin"}),
+        json!({"streamId": 9}),
+    )
+    .await;
+    let mib = vec![7u8; 1 << 20];
+    for _ in 0..10 {
+        drv.ws.send_binary(chunk(9, 1, &mib)).await.unwrap();
+    }
+    drv.ws.send_binary(chunk(9, 1 | 2, b"x")).await.unwrap();
+    let d = alice.response_to("t2").await.unwrap()["data"].clone();
+    assert_eq!(d["ok"], false, "an oversized file is refused, not cut");
+    let error = d["error"].as_str().unwrap();
+    assert!(
+        error.contains("/w/big.bin") && error.contains("limit"),
+        "{error}"
+    );
+    assert!(d.get("contentBase64").is_none());
+}
+
+#[tokio::test]
+async fn a_transfer_receive_is_refused_before_the_device_sees_it() {
+    let (_k, mut alice, mut drv) = with_driver(&["fs.*"]).await;
+    let (code, message) = err_of(
+        &alice
+            .request(
+                "fs.transfer.receive",
+                json!({"target": "dev1", "path": "dest.bin"}),
+            )
+            .await
+            .unwrap(),
+    );
+    assert_eq!(code, 400);
+    assert!(
+        message.contains("fs.transfer.receive") && message.contains("dev1"),
+        "{message}"
+    );
+    alice
+        .send_request(
+            "n",
+            "fs.transfer.stat",
+            json!({"target": "dev1", "path": "a"}),
+        )
+        .await
+        .unwrap();
+    let req = drv.next_req().await;
+    assert_eq!(
+        req["call"], "fs.transfer.stat",
+        "the receive never reached the device"
+    );
+    drv.reply(
+        &req["id"],
+        json!({"ok": true, "path": "/w/a", "size": 1, "isFile": true}),
+    )
+    .await;
+    let d = alice.response_to("n").await.unwrap()["data"].clone();
+    assert_eq!(
+        d["isFile"], true,
+        "stat is plain JSON and relays as is: {d}"
+    );
+}

@@ -165,3 +165,25 @@ fn a_kernel_restarted_after_sigkill_stops_the_wsd_its_predecessor_left() {
     }
     assert!(gone, "the leftover wsd {old} was not stopped");
 }
+
+#[test]
+fn a_reader_that_closed_its_pipe_does_not_make_gsv_call_panic() {
+    let s = serve();
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let status = Command::new(env!("CARGO_BIN_EXE_gsv"))
+        .args([
+            "call",
+            "sys.setup",
+            r#"{"username":"alice","password":"alice-password"}"#,
+        ])
+        .env("GSV_URL", &s.url)
+        .env_remove("GSV_TOKEN")
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&status.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(status.status.success(), "the call itself worked: {stderr}");
+}

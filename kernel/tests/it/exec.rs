@@ -325,3 +325,28 @@ async fn an_unreachable_wsd_fails_the_call_before_anything_runs() {
     );
     assert!(d.get("sessionId").is_none(), "nothing started: {d}");
 }
+
+/// The reference CLI's `gsv shell` sends `shell.exec {input}` with no cwd,
+/// no workspace and no target, and prints only `stdout`, `stderr` and a
+/// non-zero `exitCode` of the answer.
+#[tokio::test]
+async fn a_shell_exec_without_workspace_or_target_explains_itself_on_stderr() {
+    let k = TestKernel::with_users().await;
+    let mut a = k.alice().await;
+    let d = a
+        .call("shell.exec", json!({"input": "echo hi"}))
+        .await
+        .unwrap();
+    assert_eq!(d["ok"], false, "still an operation error: {d}");
+    assert_eq!(d["status"], "failed", "{d}");
+    assert_eq!(d["stdout"], "");
+    let stderr = d["stderr"].as_str().unwrap();
+    assert!(
+        stderr.contains("/workspaces/<id>") && stderr.contains("/home/alice"),
+        "says what to do and where it was asked to run: {stderr}"
+    );
+    assert!(stderr.ends_with('\n'), "prints as a whole line: {stderr:?}");
+    assert_eq!(d["error"].as_str().unwrap(), stderr.trim_end());
+    assert!(d.get("exitCode").is_none(), "nothing ran, so no exit code");
+    assert!(d.get("sessionId").is_none(), "nothing to poll");
+}

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use backon::{ExponentialBuilder, Retryable};
 use clap::Args;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use wsd::rpc::{ExecEventKind, ExecRequest, ExecSignal, ResumeFrom, WireError};
@@ -247,34 +248,30 @@ async fn output_closed(
     Ok(ExitCode::from(OUTPUT_CLOSED))
 }
 
-/// Dials again and re-attaches at `from`, retrying while the daemon is
-/// unreachable or restarting, for up to `REATTACH_FOR`.
+/// Dials again and re-attaches at `from`, retrying with backoff (50 ms
+/// doubling to 1 s) while the daemon is unreachable or restarting, for up to
+/// `REATTACH_FOR` of waiting.
 async fn reattach(remote: &RemoteArgs, id: &str, from: ResumeFrom) -> Result<(Client, ExecStream)> {
-    let deadline = tokio::time::Instant::now() + REATTACH_FOR;
-    let mut backoff = Duration::from_millis(50);
-    loop {
-        let attempt = async {
-            let client = client::connect(&remote.remote, remote.token()?, EXEC_PEER).await?;
-            let events = client.get_exec(id, from).await?;
-            anyhow::Ok((client, events))
-        };
-        match attempt.await {
-            Ok(attached) => return Ok(attached),
-            Err(e) => {
-                // Only a daemon that is away is worth waiting for; an answer
-                // such as ENOENT is final.
-                let retry = e
-                    .downcast_ref::<WireError>()
-                    .is_some_and(|w| w.is_retryable() || w.code == ErrorCode::Io);
-                if !retry || tokio::time::Instant::now() + backoff > deadline {
-                    return Err(e).with_context(|| format!("re-attaching to {id}"));
-                }
-                tracing::debug!(error = %e, ?backoff, "re-attaching failed; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
-            }
-        }
-    }
+    let backoff = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(50))
+        .with_max_delay(Duration::from_secs(1))
+        .without_max_times()
+        .with_total_delay(Some(REATTACH_FOR));
+    (|| async {
+        let client = client::connect(&remote.remote, remote.token()?, EXEC_PEER).await?;
+        let events = client.get_exec(id, from).await?;
+        anyhow::Ok((client, events))
+    })
+    .retry(backoff)
+    // Only a daemon that is away is worth waiting for; an answer such as
+    // ENOENT is final.
+    .when(|e| {
+        e.downcast_ref::<WireError>()
+            .is_some_and(|w| w.is_retryable() || w.code == ErrorCode::Io)
+    })
+    .notify(|e, after| tracing::debug!(error = %e, ?after, "re-attaching failed; retrying"))
+    .await
+    .with_context(|| format!("re-attaching to {id}"))
 }
 
 /// The exit code of a finished exec, read from the end of its log without

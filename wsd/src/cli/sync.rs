@@ -64,13 +64,26 @@ pub struct TransferArgs {
 pub struct SyncArgs {
     #[command(flatten)]
     transfer: TransferArgs,
-    /// Keep syncing until interrupted.
+    /// Keep syncing until interrupted: a round runs when LOCAL_DIR's
+    /// watcher or the daemon reports a change, not on a timer.
     #[arg(long, conflicts_with = "dry_run")]
     watch: bool,
-    /// Time between rounds with --watch, in milliseconds.
-    #[arg(long, default_value_t = 500, value_name = "MS")]
+    /// With --watch, the longest time between rounds when no change was
+    /// reported (a safety net for changes no watcher sees, such as on
+    /// network filesystems), in milliseconds. Rounds no longer run every
+    /// interval: changes start one as they happen.
+    #[arg(long, default_value_t = 300_000, value_name = "MS")]
     interval: u64,
 }
+
+/// How long `sync --watch` lets a burst of changes go on before its round:
+/// one round per burst (an editor's save, a build) instead of one per file.
+const WATCH_DEBOUNCE: Duration = Duration::from_millis(100);
+/// How long one `waitChanges` long poll may be held by the daemon.
+const WATCH_LONG_POLL: Duration = Duration::from_secs(50);
+/// Without a local watcher (it could not start), how often `sync --watch`
+/// looks at LOCAL_DIR anyway.
+const WATCH_FALLBACK_POLL: Duration = Duration::from_secs(2);
 
 /// A local directory opened for a transfer, connected to its remote.
 struct Session {
@@ -85,7 +98,10 @@ struct Session {
 }
 
 impl Session {
-    async fn open(a: &TransferArgs) -> Result<Session> {
+    /// `watch`: keep an inotify watcher on LOCAL_DIR (for `sync --watch`),
+    /// so that settles look only at what it reported and [`Wake`] hears of
+    /// changes as they happen.
+    async fn open(a: &TransferArgs, watch: bool) -> Result<Session> {
         if a.create {
             std::fs::create_dir_all(&a.local)
                 .with_context(|| format!("creating {}", a.local.display()))?;
@@ -103,9 +119,10 @@ impl Session {
             &a.local,
             &state,
             StoreOptions {
-                watch: false,
-                // Every settle walks the whole tree here: settle once per
-                // direction explicitly instead of on every store call.
+                watch,
+                // Without a watcher every settle walks the whole tree:
+                // settle once per direction explicitly instead of on every
+                // store call.
                 auto_settle: false,
                 // A pull never silently replaces a local edit.
                 conflict_copies: true,
@@ -301,7 +318,7 @@ fn peer_name(state: &Path, index_lost: bool) -> Result<String> {
     match std::fs::read_to_string(&file) {
         Ok(s) if !s.trim().is_empty() && !index_lost => Ok(s.trim().to_owned()),
         old => {
-            let name = format!("cli-{:016x}", rand::random::<u64>());
+            let name = format!("cli-{}", uuid::Uuid::new_v4().simple());
             if let Ok(old) = old
                 && !old.trim().is_empty()
             {
@@ -314,15 +331,20 @@ fn peer_name(state: &Path, index_lost: bool) -> Result<String> {
     }
 }
 
-/// A progress line on a terminal (files, bytes, rate); nothing otherwise.
+/// A progress bar on a terminal: a spinner until the driver knows its plan,
+/// then the bytes to move (or, when nothing needs moving, the entries to
+/// apply) against their total, with rate and ETA. Hidden when stderr is not
+/// a terminal, and with `-q` or `--json`.
 struct Progress {
     bar: Option<ProgressBar>,
-    started: Instant,
+    /// What the bar shows now: the verb and whether it counts bytes.
+    mode: std::cell::Cell<Option<(&'static str, bool)>>,
 }
 
 impl Progress {
-    fn new() -> Progress {
-        let bar = std::io::stderr().is_terminal().then(|| {
+    fn new(a: &TransferArgs) -> Progress {
+        let shown = std::io::stderr().is_terminal() && !a.quiet && !a.json;
+        let bar = shown.then(|| {
             let bar = ProgressBar::new_spinner();
             bar.set_style(ProgressStyle::with_template("{spinner} {msg}").expect("valid template"));
             bar.enable_steady_tick(Duration::from_millis(120));
@@ -330,19 +352,44 @@ impl Progress {
         });
         Progress {
             bar,
-            started: Instant::now(),
+            mode: std::cell::Cell::new(None),
         }
     }
 
-    fn update(&self, verb: &str, r: &SyncReport) {
-        if let Some(bar) = &self.bar {
-            let secs = self.started.elapsed().as_secs_f64().max(1e-3);
-            bar.set_message(format!(
-                "{verb}: {} entries, {} moved ({}/s)",
-                r.entries,
-                HumanBytes(r.object_bytes),
-                HumanBytes((r.object_bytes as f64 / secs) as u64)
-            ));
+    fn update(&self, verb: &'static str, r: &SyncReport) {
+        let Some(bar) = &self.bar else { return };
+        if r.planned_entries == 0 {
+            return;
+        }
+        let bytes = r.planned_bytes > 0;
+        if self.mode.get() != Some((verb, bytes)) {
+            self.mode.set(Some((verb, bytes)));
+            let template = if bytes {
+                "{msg} [{wide_bar}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}"
+            } else {
+                "{msg} [{wide_bar}] {pos}/{len} entries {per_sec} ETA {eta}"
+            };
+            bar.set_style(
+                ProgressStyle::with_template(template)
+                    .expect("valid template")
+                    .progress_chars("=> "),
+            );
+            // Rate and ETA start over with each verb and unit.
+            bar.reset();
+        }
+        // The plan grows as the changes are paged in: "+" until it is whole.
+        bar.set_message(format!(
+            "{verb}: {}/{}{} entries",
+            r.entries,
+            r.planned_entries,
+            if r.plan_complete { "" } else { "+" }
+        ));
+        if bytes {
+            bar.set_length(r.planned_bytes);
+            bar.set_position(r.object_bytes.min(r.planned_bytes));
+        } else {
+            bar.set_length(r.planned_entries);
+            bar.set_position(r.entries.min(r.planned_entries));
         }
     }
 
@@ -439,13 +486,13 @@ fn print_plan(verb: &str, plan: &[ChangeEntry], a: &TransferArgs) {
 
 pub async fn push(a: TransferArgs) -> Result<ExitCode> {
     let started = Instant::now();
-    let mut s = Session::open(&a).await?;
+    let mut s = Session::open(&a, false).await?;
     if a.dry_run {
         let plan = s.planned_push()?;
         print_plan("push", &plan, &a);
         return Ok(ExitCode::SUCCESS);
     }
-    let progress = Progress::new();
+    let progress = Progress::new(&a);
     let opened = started.elapsed();
     let report = s.push(&progress).await;
     progress.finish();
@@ -460,13 +507,13 @@ pub async fn push(a: TransferArgs) -> Result<ExitCode> {
 
 pub async fn pull(a: TransferArgs) -> Result<ExitCode> {
     let started = Instant::now();
-    let mut s = Session::open(&a).await?;
+    let mut s = Session::open(&a, false).await?;
     if a.dry_run {
         let plan = s.planned_pull().await?;
         print_plan("pull", &plan, &a);
         return Ok(ExitCode::SUCCESS);
     }
-    let progress = Progress::new();
+    let progress = Progress::new(&a);
     let report = s.pull(&progress).await;
     progress.finish();
     let conflicts = s.store.take_conflict_copies();
@@ -486,7 +533,7 @@ pub async fn pull(a: TransferArgs) -> Result<ExitCode> {
 }
 
 pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
-    let mut s = Session::open(&a.transfer).await?;
+    let mut s = Session::open(&a.transfer, a.watch).await?;
     if a.transfer.dry_run {
         let pulled = s.planned_pull().await?;
         let pushed = s.planned_push()?;
@@ -494,9 +541,18 @@ pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
         print_plan("push", &pushed, &a.transfer);
         return Ok(ExitCode::SUCCESS);
     }
+    let mut wake = if a.watch {
+        let wake = Wake::start(&s);
+        // A change made after the settle of `open` and before the watcher
+        // started would otherwise wait for the safety interval.
+        s.settled = false;
+        Some(wake)
+    } else {
+        None
+    };
     loop {
         let started = Instant::now();
-        let progress = Progress::new();
+        let progress = Progress::new(&a.transfer);
         let round = async {
             let pulled = s.pull(&progress).await?;
             let pushed = s.push(&progress).await?;
@@ -527,13 +583,135 @@ pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
                 a.transfer.quiet,
             );
         }
-        if !a.watch {
+        let Some(wake) = wake.as_mut() else {
             return Ok(ExitCode::SUCCESS);
-        }
+        };
+        // The rev our own round left the daemon at: only a larger one is
+        // someone else's change.
+        let synced = s
+            .remote
+            .watermarks()
+            .await
+            .context("reading the remote's rev")?
+            .current_rev;
         tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(a.interval)) => {}
+            woke = wake.next(synced, Duration::from_millis(a.interval), s.store.is_watching()) => woke?,
             _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
         }
+    }
+}
+
+/// What wakes `sync --watch`: a local change (the local store's inotify
+/// watcher, through its change hook), a remote one (a `waitChanges` long
+/// poll on the daemon), or the safety interval. Waiting costs no CPU:
+/// nothing runs until one fires. Our own pulls' writes wake it too; the
+/// round that follows settles only those paths, which match the index.
+struct Wake {
+    local: tokio::sync::mpsc::Receiver<()>,
+    remote: Client,
+    /// The long poll in flight, kept across rounds: dropping it would leave
+    /// the daemon holding an orphaned call.
+    poll: Option<futures::future::LocalBoxFuture<'static, Result<u64, wsd_client::WsdError>>>,
+    /// False once the daemon turned out not to know `waitChanges` (an
+    /// older one): its changes are then looked for every
+    /// [`WATCH_FALLBACK_POLL`].
+    long_poll: bool,
+}
+
+impl Wake {
+    fn start(s: &Session) -> Wake {
+        // One slot: a burst of events while a round runs collapses to one.
+        let (tx, local) = tokio::sync::mpsc::channel(1);
+        let root = s.store.root().to_owned();
+        let ignore = s.ignore.clone();
+        if !s.store.is_watching() {
+            tracing::warn!(dir = %root.display(),
+                "cannot watch the local directory; looking at it every {:?} instead",
+                WATCH_FALLBACK_POLL);
+        }
+        s.store.set_change_hook(move |path: Option<&Path>| {
+            // A lost event (`None`) may hide anything.
+            if path.is_none_or(|p| counts(p, &root, &ignore)) {
+                let _ = tx.try_send(());
+            }
+        });
+        Wake {
+            local,
+            remote: s.remote.clone(),
+            poll: None,
+            long_poll: true,
+        }
+    }
+
+    /// Waits until something changed on either side since the daemon was
+    /// at rev `synced`, or `interval` passed; then lets the burst settle.
+    /// `watching`: whether the local watcher still runs.
+    async fn next(&mut self, synced: u64, interval: Duration, watching: bool) -> Result<()> {
+        let interval = if !watching || !self.long_poll {
+            interval.min(WATCH_FALLBACK_POLL)
+        } else {
+            interval
+        };
+        let safety = tokio::time::sleep(interval);
+        tokio::pin!(safety);
+        loop {
+            let long_poll = self.long_poll;
+            let poll = self.poll.get_or_insert_with(|| {
+                let remote = self.remote.clone();
+                Box::pin(async move {
+                    if !long_poll {
+                        return std::future::pending().await;
+                    }
+                    remote.wait_changes(synced, WATCH_LONG_POLL).await
+                })
+            });
+            tokio::select! {
+                rev = poll => {
+                    self.poll = None;
+                    let rev = match rev {
+                        Ok(rev) => rev,
+                        Err(e) if e.code == wsd_sync::ErrorCode::Protocol => {
+                            tracing::warn!(error = %e,
+                                "the daemon cannot report changes (an older wsd?); \
+                                 looking for them every {WATCH_FALLBACK_POLL:?}");
+                            self.long_poll = false;
+                            break;
+                        }
+                        Err(e) => return Err(e).context("waiting for the remote's changes"),
+                    };
+                    // A poll started before our own round may answer with
+                    // the rev that round made: not a change to fetch.
+                    if rev > synced {
+                        tracing::debug!(rev, synced, "the remote changed");
+                        break;
+                    }
+                }
+                Some(()) = self.local.recv() => {
+                    tracing::debug!("the local directory changed");
+                    break;
+                }
+                _ = &mut safety => break,
+            }
+        }
+        tokio::time::sleep(WATCH_DEBOUNCE).await;
+        // Events of the burst that arrived meanwhile are covered by the
+        // round about to run.
+        while self.local.try_recv().is_ok() {}
+        Ok(())
+    }
+}
+
+/// Whether a change at `path` can change what a sync sends: under the
+/// root and not excluded (the store's watcher already leaves out its state
+/// directory).
+fn counts(path: &Path, root: &Path, ignore: &IgnoreRules) -> bool {
+    let Ok(rel) = path.strip_prefix(root) else {
+        return false;
+    };
+    match rel.to_str().and_then(|r| wsd_sync::SyncPath::new(r).ok()) {
+        Some(p) => !ignore.is_ignored_any_kind(&p),
+        // The root itself, or a name sync cannot carry: look anyway.
+        None => true,
     }
 }
 

@@ -309,7 +309,8 @@ impl ExecManager {
                 validate_id(&id)?;
                 id
             }
-            None => format!("{:032x}", rand::random::<u128>()),
+            // 32 lowercase hex digits, the format ids always had.
+            None => uuid::Uuid::new_v4().simple().to_string(),
         };
         validate_env(&req.env)?;
         if let Some(stdin) = &req.stdin {

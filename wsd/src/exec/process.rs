@@ -5,6 +5,9 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
+use nix::errno::Errno;
+use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, killpg, sigaction};
+use nix::unistd::Pid;
 use wsd_sync::{ErrorCode, SyncPath};
 
 use super::ExecError;
@@ -39,74 +42,35 @@ pub(crate) fn command_env(
 }
 
 /// Parses a signal as `TERM`, `SIGTERM` (any case) or a number (`9`).
-/// Signal 0 (a probe, not a signal) and unknown names are `EINVAL`.
+/// Signal 0 (a probe, not a signal), unknown names and numbers without a
+/// name (the real-time range, which the C library partly reserves) are
+/// `EINVAL`.
 pub fn parse_signal(s: &str) -> Result<i32, ExecError> {
     let bad = || ExecError::Invalid(format!("unknown signal {s:?}"));
     if let Ok(n) = s.parse::<i32>() {
-        // Linux numbers signals 1..=64 (SIGRTMAX).
-        return if (1..=64).contains(&n) {
-            Ok(n)
-        } else {
-            Err(bad())
-        };
+        return Signal::try_from(n).map(|sig| sig as i32).map_err(|_| bad());
     }
     let upper = s.to_ascii_uppercase();
     let name = upper.strip_prefix("SIG").unwrap_or(&upper);
-    let sig = match name {
-        "HUP" => libc::SIGHUP,
-        "INT" => libc::SIGINT,
-        "QUIT" => libc::SIGQUIT,
-        "ILL" => libc::SIGILL,
-        "TRAP" => libc::SIGTRAP,
-        "ABRT" => libc::SIGABRT,
-        "BUS" => libc::SIGBUS,
-        "FPE" => libc::SIGFPE,
-        "KILL" => libc::SIGKILL,
-        "USR1" => libc::SIGUSR1,
-        "SEGV" => libc::SIGSEGV,
-        "USR2" => libc::SIGUSR2,
-        "PIPE" => libc::SIGPIPE,
-        "ALRM" => libc::SIGALRM,
-        "TERM" => libc::SIGTERM,
-        "CHLD" => libc::SIGCHLD,
-        "CONT" => libc::SIGCONT,
-        "STOP" => libc::SIGSTOP,
-        "TSTP" => libc::SIGTSTP,
-        "TTIN" => libc::SIGTTIN,
-        "TTOU" => libc::SIGTTOU,
-        "URG" => libc::SIGURG,
-        "XCPU" => libc::SIGXCPU,
-        "XFSZ" => libc::SIGXFSZ,
-        "VTALRM" => libc::SIGVTALRM,
-        "PROF" => libc::SIGPROF,
-        "WINCH" => libc::SIGWINCH,
-        "IO" => libc::SIGIO,
-        "SYS" => libc::SIGSYS,
-        _ => return Err(bad()),
-    };
-    Ok(sig)
+    format!("SIG{name}")
+        .parse::<Signal>()
+        .map(|sig| sig as i32)
+        .map_err(|_| bad())
 }
 
 /// Sends `sig` to every process in the group `pgid`. A group that no longer
 /// exists (`ESRCH`) is not an error: the exec is already over.
-#[allow(unsafe_code)]
 pub(crate) fn signal_group(pgid: i32, sig: i32) -> std::io::Result<()> {
     // A pgid <= 1 would address our own group or every process we may
     // signal; the runner never stores such a value, this is a last guard.
     if pgid <= 1 {
-        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        return Err(Errno::EINVAL.into());
     }
-    // SAFETY: killpg has no memory-safety preconditions; it only reads its
-    // two integer arguments.
-    let rc = unsafe { libc::killpg(pgid, sig) };
-    if rc == 0 {
-        return Ok(());
+    let sig = Signal::try_from(sig)?;
+    match killpg(Pid::from_raw(pgid), sig) {
+        Ok(()) | Err(Errno::ESRCH) => Ok(()),
+        Err(e) => Err(e.into()),
     }
-    let err = std::io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::ESRCH) {
-        return Ok(());
-    }
-    Err(err)
 }
 
 /// The start time of process `pid`: field 22 of `/proc/<pid>/stat`, in
@@ -152,13 +116,13 @@ pub(crate) enum OrphanOutcome {
 pub(crate) fn kill_orphaned_group(pgid: i32, leader_start: u64) -> std::io::Result<OrphanOutcome> {
     match process_start_time(pgid) {
         Ok(t) if t == leader_start => {
-            signal_group(pgid, libc::SIGKILL)?;
+            signal_group(pgid, Signal::SIGKILL as i32)?;
             Ok(OrphanOutcome::Killed)
         }
         Ok(_) => Ok(OrphanOutcome::Recycled),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             if group_exists(pgid) {
-                signal_group(pgid, libc::SIGKILL)?;
+                signal_group(pgid, Signal::SIGKILL as i32)?;
                 Ok(OrphanOutcome::KilledMembers)
             } else {
                 Ok(OrphanOutcome::Gone)
@@ -170,14 +134,14 @@ pub(crate) fn kill_orphaned_group(pgid: i32, leader_start: u64) -> std::io::Resu
 
 /// Whether any process is in group `pgid` (signal 0 checks without
 /// signalling; `EPERM` means it exists but is not ours to signal).
-#[allow(unsafe_code)]
 fn group_exists(pgid: i32) -> bool {
     if pgid <= 1 {
         return false;
     }
-    // SAFETY: killpg has no memory-safety preconditions.
-    let rc = unsafe { libc::killpg(pgid, 0) };
-    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    matches!(
+        killpg(Pid::from_raw(pgid), None),
+        Ok(()) | Err(Errno::EPERM)
+    )
 }
 
 /// Resolves a request's `cwd` to a canonical directory inside `root`
@@ -232,16 +196,16 @@ pub(crate) fn stop_ignoring_inherited_signals() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let mut changed = Vec::new();
-        for sig in 1..=libc::SIGRTMAX() {
+        for sig in ignored_signals() {
             if matches!(
                 sig,
-                libc::SIGKILL
-                    | libc::SIGSTOP
-                    | libc::SIGPIPE
-                    | libc::SIGCHLD
-                    | libc::SIGTSTP
-                    | libc::SIGTTIN
-                    | libc::SIGTTOU
+                Signal::SIGKILL
+                    | Signal::SIGSTOP
+                    | Signal::SIGPIPE
+                    | Signal::SIGCHLD
+                    | Signal::SIGTSTP
+                    | Signal::SIGTTIN
+                    | Signal::SIGTTOU
             ) {
                 continue;
             }
@@ -255,26 +219,34 @@ pub(crate) fn stop_ignoring_inherited_signals() {
     });
 }
 
-extern "C" fn empty_handler(_: libc::c_int) {}
+/// The named signals this process ignores, from the `SigIgn` mask of
+/// `/proc/self/status` (reading a disposition through `sigaction` would
+/// mean replacing it for a moment). Real-time signals are left out: they
+/// have no name, and the C library reserves some of them.
+fn ignored_signals() -> Vec<Signal> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let mask = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .unwrap_or(0);
+    Signal::iterator()
+        .filter(|sig| mask & (1u64 << (*sig as i32 - 1)) != 0)
+        .collect()
+}
+
+extern "C" fn empty_handler(_: std::ffi::c_int) {}
 
 #[allow(unsafe_code)]
-fn replace_ignore_with_empty_handler(sig: libc::c_int) -> bool {
-    // SAFETY: sigaction reads and writes only the zero-initialised
-    // structures passed to it; the installed handler does nothing, so it is
-    // async-signal-safe. Numbers the C library reserves fail with EINVAL.
-    unsafe {
-        let mut old: libc::sigaction = std::mem::zeroed();
-        if libc::sigaction(sig, std::ptr::null(), &mut old) != 0
-            || old.sa_sigaction != libc::SIG_IGN
-        {
-            return false;
-        }
-        let mut new: libc::sigaction = std::mem::zeroed();
-        new.sa_sigaction = empty_handler as extern "C" fn(libc::c_int) as libc::sighandler_t;
-        new.sa_flags = libc::SA_RESTART;
-        libc::sigemptyset(&mut new.sa_mask);
-        libc::sigaction(sig, &new, std::ptr::null_mut()) == 0
-    }
+fn replace_ignore_with_empty_handler(sig: Signal) -> bool {
+    let action = SigAction::new(
+        SigHandler::Handler(empty_handler),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
+    // SAFETY: the installed handler does nothing, so it is async-signal-safe
+    // and cannot break any invariant of the interrupted code.
+    unsafe { sigaction(sig, &action) }.is_ok()
 }
 
 #[cfg(test)]
@@ -316,7 +288,7 @@ mod tests {
         );
         let status = child.wait().unwrap();
         use std::os::unix::process::ExitStatusExt;
-        assert_eq!(status.signal(), Some(libc::SIGKILL));
+        assert_eq!(status.signal(), Some(Signal::SIGKILL as i32));
         assert_eq!(
             kill_orphaned_group(pid, start).unwrap(),
             OrphanOutcome::Gone
@@ -332,12 +304,13 @@ mod tests {
 
     #[test]
     fn signal_names_numbers_and_prefixes_parse() {
-        assert_eq!(parse_signal("TERM").unwrap(), libc::SIGTERM);
-        assert_eq!(parse_signal("SIGKILL").unwrap(), libc::SIGKILL);
-        assert_eq!(parse_signal("sigint").unwrap(), libc::SIGINT);
-        assert_eq!(parse_signal("hup").unwrap(), libc::SIGHUP);
+        assert_eq!(parse_signal("TERM").unwrap(), 15);
+        assert_eq!(parse_signal("SIGKILL").unwrap(), 9);
+        assert_eq!(parse_signal("sigint").unwrap(), 2);
+        assert_eq!(parse_signal("hup").unwrap(), 1);
         assert_eq!(parse_signal("9").unwrap(), 9);
-        for bad in ["0", "65", "-1", "", "SIG", "TERMINATE", "SIGFOO"] {
+        assert_eq!(parse_signal("winch").unwrap(), 28);
+        for bad in ["0", "40", "65", "-1", "", "SIG", "TERMINATE", "SIGFOO"] {
             assert_eq!(
                 parse_signal(bad).unwrap_err().code(),
                 ErrorCode::Invalid,

@@ -167,7 +167,7 @@ struct GroupGuard {
 impl Drop for GroupGuard {
     fn drop(&mut self) {
         if self.armed {
-            let _ = signal_group(self.pgid, libc::SIGKILL);
+            let _ = signal_group(self.pgid, nix::sys::signal::Signal::SIGKILL as i32);
         }
     }
 }
@@ -261,7 +261,7 @@ pub(crate) async fn run(
         Outcome::Exited(code) => {
             // Members of the group that closed their output and kept running
             // would write behind the settle; an exec is one unit.
-            let _ = signal_group(pgid, libc::SIGKILL);
+            let _ = signal_group(pgid, nix::sys::signal::Signal::SIGKILL as i32);
             guard.armed = false;
             finish(&shared, &live, seq, code, done).await;
         }
@@ -444,33 +444,33 @@ async fn pump(
             ctl = control_rx.recv(), if control_open => match ctl {
                 Some(Control::Kill(sig)) => {
                     signal(sig);
-                    if sig == libc::SIGKILL {
+                    if sig == nix::sys::signal::Signal::SIGKILL as i32 {
                         abandon_at.get_or_insert(Instant::now() + grace);
                     } else {
                         escalate_at.get_or_insert(Instant::now() + grace);
                     }
                 }
                 Some(Control::Dispose) => {
-                    signal(libc::SIGKILL);
+                    signal(nix::sys::signal::Signal::SIGKILL as i32);
                     return Outcome::Disposed;
                 }
                 None => control_open = false,
             },
             () = shared.shutdown.cancelled(), if !shutdown_seen => {
                 shutdown_seen = true;
-                signal(libc::SIGKILL);
+                signal(nix::sys::signal::Signal::SIGKILL as i32);
                 abandon_at.get_or_insert(Instant::now() + grace);
             }
             () = sleep_until_opt(timeout_at), if timeout_at.is_some() => {
                 timeout_at = None;
                 tracing::info!(exec = id, "exec timed out; SIGTERM to its group");
-                signal(libc::SIGTERM);
+                signal(nix::sys::signal::Signal::SIGTERM as i32);
                 escalate_at.get_or_insert(Instant::now() + grace);
             }
             () = sleep_until_opt(escalate_at), if escalate_at.is_some() => {
                 escalate_at = None;
                 tracing::info!(exec = id, "exec still running after the kill grace; SIGKILL to its group");
-                signal(libc::SIGKILL);
+                signal(nix::sys::signal::Signal::SIGKILL as i32);
                 abandon_at.get_or_insert(Instant::now() + grace);
             }
             () = sleep_until_opt(abandon_at), if abandon_at.is_some() && status.is_some() => {

@@ -371,7 +371,10 @@ async fn kill_ends_the_whole_process_group() {
         "the children run before the kill"
     );
     f.manager.kill(&id, None).await.unwrap();
-    assert_eq!(exit_of(&collect(&mut sub).await, 2), 128 + libc::SIGTERM);
+    assert_eq!(
+        exit_of(&collect(&mut sub).await, 2),
+        128 + nix::sys::signal::Signal::SIGTERM as i32
+    );
     for pid in pids {
         wait_gone(pid);
     }
@@ -409,7 +412,10 @@ async fn kill_takes_signal_names_and_numbers_and_escalates_to_sigkill() {
 async fn a_command_killed_by_a_signal_exits_with_128_plus_the_signal() {
     let f = fixture();
     let (_, mut sub) = f.manager.exec(req("kill -USR1 $$")).await.unwrap();
-    assert_eq!(exit_of(&collect(&mut sub).await, 1), 128 + libc::SIGUSR1);
+    assert_eq!(
+        exit_of(&collect(&mut sub).await, 1),
+        128 + nix::sys::signal::Signal::SIGUSR1 as i32
+    );
 }
 
 #[tokio::test]

@@ -9,9 +9,10 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use backon::{ExponentialBuilder, Retryable};
 use capnp_rpc::{RpcSystem, rpc_twoparty_capnp};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use wsd_client::{DaemonStatus, PeerStatus};
 use wsd_schema::workspace_capnp as wire;
@@ -76,6 +77,9 @@ pub struct Backend<S> {
     exec: Option<Rc<dyn DynExecBackend>>,
     /// The workspace root `status` reports (empty when not set).
     root: Option<PathBuf>,
+    /// Signalled when the store's tree changed behind it (its watcher saw
+    /// a write): the server then settles, so `waitChanges` sees it.
+    change_hint: Option<Arc<Notify>>,
 }
 
 impl<S> std::fmt::Debug for Backend<S> {
@@ -98,6 +102,7 @@ impl<S: Store + Send + 'static> Backend<S> {
             store_thread,
             exec: None,
             root: None,
+            change_hint: None,
         })
     }
 
@@ -109,6 +114,15 @@ impl<S: Store + Send + 'static> Backend<S> {
 
     pub fn with_exec(mut self, exec: impl ExecBackend) -> Backend<S> {
         self.exec = Some(Rc::new(exec));
+        self
+    }
+
+    /// Settles the store (through [`Store::idle`], which looks only at what
+    /// the watcher reported) shortly after each `notify_one` of `hint`, so
+    /// that changes made behind the store reach `Sync.waitChanges` without
+    /// any peer asking. Bursts within [`CHANGE_DEBOUNCE`] settle once.
+    pub fn with_change_hint(mut self, hint: Arc<Notify>) -> Backend<S> {
+        self.change_hint = Some(hint);
         self
     }
 
@@ -275,6 +289,7 @@ pub async fn serve<S: Store + Send + 'static>(
         store_thread,
         exec,
         root,
+        change_hint,
     } = backend;
     let shared = Rc::new(Shared {
         store,
@@ -314,6 +329,13 @@ pub async fn serve<S: Store + Send + 'static>(
         };
         tokio::task::spawn_local(accept_loop(listener, ctx));
     }
+    if let Some(hint) = change_hint {
+        tokio::task::spawn_local(settle_on_hint(
+            shared.store.clone(),
+            hint,
+            stop_accepting.clone(),
+        ));
+    }
     shutdown.await;
     tracing::info!("shutting down: no new connections or calls");
     stop_accepting.cancel();
@@ -327,6 +349,31 @@ pub async fn serve<S: Store + Send + 'static>(
     store.ok_or(ServeError::StoreDied)
 }
 
+/// How long the server lets a burst of local writes go on before it
+/// settles them: one settle per burst instead of one per event.
+pub const CHANGE_DEBOUNCE: Duration = Duration::from_millis(50);
+
+/// Settles the store after each change hint until `stop`.
+async fn settle_on_hint<S: Store + Send + 'static>(
+    store: StoreHandle<S>,
+    hint: Arc<Notify>,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = hint.notified() => {}
+        }
+        tokio::time::sleep(CHANGE_DEBOUNCE).await;
+        if let Err(e) = store.call(|s| s.idle()).await {
+            if e.code == ErrorCode::Shutdown {
+                return;
+            }
+            tracing::debug!(error = %e, "settling after a local change failed");
+        }
+    }
+}
+
 struct AcceptCtx<S> {
     shared: Rc<Shared<S>>,
     config: Rc<ServerConfig>,
@@ -337,27 +384,29 @@ struct AcceptCtx<S> {
 }
 
 async fn accept_loop<S: Store + Send + 'static>(listener: Listener, ctx: AcceptCtx<S>) {
-    let mut backoff = Duration::from_millis(50);
     loop {
         // Never wait for a slot before accepting: a full server would leave
         // every new peer, authenticated or not, in the kernel's backlog
         // behind whoever holds the slots (idle peers, before this rule).
-        let accepted = tokio::select! {
+        // EMFILE and friends: back off (50 ms doubling to 1 s, afresh after
+        // each success) instead of spinning, and never give up.
+        let backoff = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(50))
+            .with_max_delay(Duration::from_secs(1))
+            .without_max_times();
+        let accepted = (|| accept(&listener))
+            .retry(backoff)
+            .notify(|e, after| tracing::warn!(error = %e, ?after, "accept failed"));
+        let (stream, origin) = tokio::select! {
             _ = ctx.stop.cancelled() => break,
-            a = accept(&listener) => a,
-        };
-        let (stream, origin) = match accepted {
-            Ok(a) => {
-                backoff = Duration::from_millis(50);
-                a
-            }
-            Err(e) => {
-                // EMFILE and friends: back off instead of spinning.
-                tracing::warn!(error = %e, ?backoff, "accept failed");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
-                continue;
-            }
+            a = accepted => match a {
+                Ok(a) => a,
+                // Unreachable without a retry limit; stop rather than spin.
+                Err(e) => {
+                    tracing::error!(error = %e, "accepting failed for good");
+                    break;
+                }
+            },
         };
         if let Err(e) = admit(origin, ctx.shared.token.is_some()) {
             tracing::warn!(?origin, error = %e, "connection refused");

@@ -15,7 +15,7 @@ use super::convert::{
     baseline_from, cursor_to, entries_from, entries_to, hashes_from, hashes_to, ignore_from,
     maybe_entry_to, objects_from, objects_to, opt_cursor_from, path_from,
 };
-use super::limits::{MAX_CHANGES_PER_NEXT, OBJECT_WRITE_BYTES};
+use super::limits::{MAX_CHANGES_PER_NEXT, MAX_WAIT_CHANGES, OBJECT_WRITE_BYTES};
 use super::store_thread::StoreHandle;
 use super::stream::{self, StreamWindow, message_bytes};
 
@@ -290,6 +290,30 @@ impl<S: Store + Send + 'static> wire::sync::Server for SyncServer<S> {
                 failed: RefCell::new(None),
             };
             results.get().set_sink(capnp_rpc::new_client(sink));
+            Ok(())
+        })
+        .await
+    }
+
+    async fn wait_changes(
+        self: Rc<Self>,
+        params: wire::sync::WaitChangesParams,
+        mut results: wire::sync::WaitChangesResults,
+    ) -> Result<(), capnp::Error> {
+        run_call(&self.conn, "waitChanges", async {
+            let p = params.get()?;
+            let after = p.get_after();
+            let wait =
+                std::time::Duration::from_millis(p.get_timeout_ms().into()).min(MAX_WAIT_CHANGES);
+            // The rev the store thread publishes after every call: waiting
+            // on it queues nothing on the store, so the long poll never
+            // holds up other calls.
+            let mut rev = self.store.rev();
+            // Timing out, or the store thread stopping (shutdown), answers
+            // with the rev as it stands.
+            let _ = tokio::time::timeout(wait, rev.wait_for(|r| *r > after)).await;
+            let current = *rev.borrow();
+            results.get().set_current_rev(current);
             Ok(())
         })
         .await

@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use wsd_sync::{ErrorCode, Store, SyncError};
 
 use super::WireError;
@@ -19,6 +19,9 @@ pub(crate) struct StoreHandle<S> {
     /// the jobs already queued still run. Shared with every [`StoreCaller`]
     /// so that closing it closes the queue for them too.
     tx: Arc<Mutex<Option<mpsc::Sender<Job<S>>>>>,
+    /// The store's current rev, republished by the store thread after every
+    /// call: long polls (`waitChanges`) wait on it without queueing a job.
+    rev: watch::Receiver<u64>,
 }
 
 /// A `Send` handle to the store thread for code that runs off the event
@@ -73,6 +76,7 @@ impl<S> Clone for StoreHandle<S> {
     fn clone(&self) -> Self {
         StoreHandle {
             tx: self.tx.clone(),
+            rev: self.rev.clone(),
         }
     }
 }
@@ -85,15 +89,20 @@ pub(crate) struct StoreThread<S> {
 
 impl<S: Store + Send + 'static> StoreHandle<S> {
     /// Moves `store` onto a new thread named `wsd-store`.
-    pub(crate) fn spawn(store: S) -> std::io::Result<(StoreHandle<S>, StoreThread<S>)> {
+    pub(crate) fn spawn(mut store: S) -> std::io::Result<(StoreHandle<S>, StoreThread<S>)> {
         let (tx, mut rx) = mpsc::channel::<Job<S>>(STORE_QUEUE_CAPACITY);
         let (done_tx, done) = oneshot::channel();
+        let (rev_tx, rev) = watch::channel(store.current_rev().unwrap_or(0));
         let thread = std::thread::Builder::new()
             .name("wsd-store".into())
             .spawn(move || {
-                let mut store = store;
                 while let Some(job) = rx.blocking_recv() {
                     job(&mut store);
+                    // Every rev bump happens inside some job (a push, a
+                    // settle): one indexed read after each keeps `rev` exact.
+                    if let Ok(now) = store.current_rev() {
+                        rev_tx.send_if_modified(|r| std::mem::replace(r, now) != now);
+                    }
                 }
                 tracing::debug!("store queue closed and drained; store thread exits");
                 let _ = done_tx.send(store);
@@ -101,6 +110,7 @@ impl<S: Store + Send + 'static> StoreHandle<S> {
         Ok((
             StoreHandle {
                 tx: Arc::new(Mutex::new(Some(tx))),
+                rev,
             },
             StoreThread { done, thread },
         ))
@@ -132,6 +142,12 @@ impl<S: Store + Send + 'static> StoreHandle<S> {
                 "the store thread has stopped",
             )),
         }
+    }
+
+    /// The store's current rev as of its last call; changes when a call
+    /// moved it.
+    pub(crate) fn rev(&self) -> watch::Receiver<u64> {
+        self.rev.clone()
     }
 
     /// Stops taking new calls. Jobs already queued still run.

@@ -1076,3 +1076,105 @@ fn next_with_max_zero_is_elimit_as_the_schema_promises() {
         server.stop().await.unwrap();
     });
 }
+
+#[test]
+fn wait_changes_answers_when_another_peer_pushes_and_otherwise_at_its_timeout() {
+    run(async {
+        let server = start().await;
+        let waiter = client::connect(&server.addr, None, "waiter").await.unwrap();
+        let writer = client::connect(&server.addr, None, "writer").await.unwrap();
+
+        // Nothing changes: the poll ends at its (short) timeout with rev 0.
+        assert_eq!(
+            waiter
+                .wait_changes(0, Duration::from_millis(50))
+                .await
+                .unwrap(),
+            0
+        );
+
+        // The test's own 60 s bound is what fails a poll that never wakes.
+        let poll = {
+            let waiter = waiter.clone();
+            tokio::task::spawn_local(async move {
+                waiter.wait_changes(0, Duration::from_secs(3600)).await
+            })
+        };
+        tokio::task::yield_now().await;
+        // Another call on the waiting connection goes on meanwhile.
+        assert_eq!(waiter.watermarks().await.unwrap().current_rev, 0);
+        writer
+            .push(None, &[dir_entry("d")], Baseline::Off, &[])
+            .await
+            .unwrap();
+        assert_eq!(poll.await.unwrap().unwrap(), 1);
+
+        // Already past `after`: answers at once.
+        assert_eq!(
+            waiter
+                .wait_changes(0, Duration::from_secs(3600))
+                .await
+                .unwrap(),
+            1
+        );
+        server.stop().await.unwrap();
+    });
+}
+
+#[test]
+fn push_and_pull_report_planned_totals_before_objects_move_and_they_match_what_moved() {
+    run(async {
+        let server = start().await;
+        let none = IgnoreRules::none();
+        let mut a = MemStore::new();
+        // More entries than one batch, a file larger than a batch's object
+        // budget, and a duplicate whose chunks move once.
+        for i in 0..300 {
+            a.write_file(&format!("small/{i}"), &data(i + 10, 2000), 0o644);
+        }
+        a.write_file("big.bin", &data(1, 5 * 1024 * 1024), 0o600);
+        a.write_file("copy.bin", &data(1, 5 * 1024 * 1024), 0o600);
+        let mut ca = client::connect(&server.addr, None, "a").await.unwrap();
+        driver::reconcile(&mut a, &mut ca, "server").await.unwrap();
+        let mut seen = Vec::new();
+        let pushed = driver::push(&mut a, &mut ca, &opts("server", &none), |r| {
+            seen.push(r.clone())
+        })
+        .await
+        .unwrap();
+        assert!(pushed.batches > 1, "{pushed:?}");
+        assert!(
+            seen.iter()
+                .all(|r| r.object_bytes <= r.planned_bytes && r.entries <= r.planned_entries),
+            "what moved never runs ahead of the plan: {seen:?}"
+        );
+        assert!(seen[0].planned_bytes > 0 && seen[0].object_bytes == 0);
+        assert!(pushed.plan_complete);
+        assert_eq!(pushed.planned_entries, pushed.entries);
+        assert_eq!(pushed.planned_bytes, pushed.object_bytes);
+        assert!(pushed.deduplicated_bytes >= 5 * 1024 * 1024, "{pushed:?}");
+
+        let mut b = MemStore::new();
+        let mut cb = client::connect(&server.addr, None, "b").await.unwrap();
+        let mut seen = Vec::new();
+        let pulled = driver::pull(&mut b, &mut cb, &opts("server", &none), |r| {
+            seen.push(r.clone())
+        })
+        .await
+        .unwrap();
+        assert!(
+            seen.iter()
+                .all(|r| r.object_bytes <= r.planned_bytes && r.entries <= r.planned_entries),
+            "what moved never runs ahead of the plan: {seen:?}"
+        );
+        assert!(
+            seen.len() > pulled.batches as usize,
+            "a pull reports object slices within a batch too"
+        );
+        assert!(pulled.plan_complete);
+        assert_eq!(pulled.planned_entries, pulled.entries);
+        assert_eq!(pulled.planned_bytes, pulled.object_bytes);
+        assert_eq!(b.live(), a.live());
+        server.stop().await.unwrap();
+    });
+}

@@ -814,7 +814,7 @@ impl<'a> Apply<'a> {
             .write(true)
             .create_new(true)
             .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
+            .custom_flags(fsutil::O_NOFOLLOW)
             .open(tmp)
             .io_ctx(|| format!("creating a temp file for {}", e.path))?;
         // An edit of a large file keeps most of its chunks: copy the runs
@@ -1293,7 +1293,7 @@ fn link_or_copy(from: &Path, to: &Path) -> std::io::Result<()> {
         .write(true)
         .create_new(true)
         .mode(meta.permissions().mode() & 0o7777)
-        .custom_flags(libc::O_NOFOLLOW)
+        .custom_flags(fsutil::O_NOFOLLOW)
         .open(to)?;
     // fchmod, not the open mode: the umask must not narrow the copy's.
     let copied = std::io::copy(&mut src, &mut dst).and_then(|_| {

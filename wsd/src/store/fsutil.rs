@@ -131,7 +131,7 @@ pub(crate) fn open_nofollow(path: &Path) -> io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
+        .custom_flags(O_NOFOLLOW)
         .open(path)
 }
 
@@ -155,14 +155,7 @@ pub(crate) fn open_file_in_root(
         Err(e)
             if !matches!(
                 e.raw_os_error(),
-                Some(
-                    libc::ENOSYS
-                        | libc::EPERM
-                        | libc::EINVAL
-                        | libc::E2BIG
-                        | libc::ELOOP
-                        | libc::EXDEV
-                )
+                Some(ENOSYS | EPERM | EINVAL | E2BIG | ELOOP | EXDEV)
             ) =>
         {
             return Err(e);
@@ -176,7 +169,7 @@ pub(crate) fn open_file_in_root(
             }
             match open_nofollow(&abs) {
                 Ok(f) => f,
-                Err(e) if is_gone(&e) || e.raw_os_error() == Some(libc::ELOOP) => return Ok(None),
+                Err(e) if is_gone(&e) || e.raw_os_error() == Some(ELOOP) => return Ok(None),
                 Err(e) => return Err(e),
             }
         }
@@ -194,57 +187,34 @@ pub(crate) fn open_file_in_root(
 /// [`open_nofollow`] does.
 pub(crate) fn open_no_symlinks(path: &Path) -> io::Result<std::fs::File> {
     match openat2_no_symlinks(path) {
-        Err(e)
-            if matches!(
-                e.raw_os_error(),
-                Some(libc::ENOSYS | libc::EPERM | libc::EINVAL | libc::E2BIG)
-            ) =>
-        {
+        Err(e) if matches!(e.raw_os_error(), Some(ENOSYS | EPERM | EINVAL | E2BIG)) => {
             open_nofollow(path)
         }
         other => other,
     }
 }
 
-/// `struct open_how` of `openat2(2)` (the 24-byte first version).
-#[repr(C)]
-struct OpenHow {
-    flags: u64,
-    mode: u64,
-    resolve: u64,
-}
-
 /// `openat2(AT_FDCWD, path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW,
 /// RESOLVE_NO_SYMLINKS)`.
-#[allow(unsafe_code)]
 fn openat2_no_symlinks(path: &Path) -> io::Result<std::fs::File> {
-    use std::os::fd::{FromRawFd, OwnedFd};
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    let how = OpenHow {
-        flags: (libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW) as u64,
-        mode: 0,
-        resolve: libc::RESOLVE_NO_SYMLINKS,
-    };
-    // SAFETY: `c` is a NUL-terminated string and `how` a properly laid out
-    // open_how, both alive for the call; the size passed is its size. The
-    // kernel reads them and returns a new descriptor or -1.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            &how as *const OpenHow,
-            std::mem::size_of::<OpenHow>(),
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel just returned this descriptor to us; nothing else
-    // owns it.
-    Ok(std::fs::File::from(unsafe {
-        OwnedFd::from_raw_fd(fd as i32)
-    }))
+    use rustix::fs::{CWD, Mode, OFlags, ResolveFlags};
+    let fd = rustix::fs::openat2(
+        CWD,
+        path,
+        OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+        ResolveFlags::NO_SYMLINKS,
+    )?;
+    Ok(std::fs::File::from(fd))
 }
+
+/// The errno values the fallbacks here look for, as `raw_os_error` gives them.
+const ENOSYS: i32 = rustix::io::Errno::NOSYS.raw_os_error();
+const EPERM: i32 = rustix::io::Errno::PERM.raw_os_error();
+const EINVAL: i32 = rustix::io::Errno::INVAL.raw_os_error();
+const E2BIG: i32 = rustix::io::Errno::TOOBIG.raw_os_error();
+const EXDEV: i32 = rustix::io::Errno::XDEV.raw_os_error();
+/// `ELOOP`: a symlink where none may be followed.
+pub(crate) const ELOOP: i32 = rustix::io::Errno::LOOP.raw_os_error();
+/// `O_NOFOLLOW`, for `OpenOptionsExt::custom_flags`.
+pub(crate) const O_NOFOLLOW: i32 = rustix::fs::OFlags::NOFOLLOW.bits() as i32;

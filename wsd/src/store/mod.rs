@@ -225,6 +225,17 @@ impl WorkspaceStore {
         })
     }
 
+    /// Calls `hook` (from the watcher's thread; it must not block) with
+    /// each path under the root the watcher reports changed, or `None` when
+    /// events were lost, so that an owner waiting for changes can settle
+    /// instead of polling. Without a watcher (see [`Self::is_watching`]) it is
+    /// never called: changes then show only at the next settle.
+    pub fn set_change_hook(&self, hook: impl Fn(Option<&Path>) + Send + Sync + 'static) {
+        if let Some(w) = &self.watch {
+            w.set_change_hook(std::sync::Arc::new(hook));
+        }
+    }
+
     /// The workspace directory (canonical).
     pub fn root(&self) -> &Path {
         &self.root

@@ -609,7 +609,9 @@ pub(crate) fn hash_file(abs: &Path) -> Result<Option<(Vec<ChunkRef>, Stat)>, Syn
     // swapped for a symlink since it was checked is never read through.
     let file = match fsutil::open_no_symlinks(abs) {
         Ok(f) => f,
-        Err(e) if fsutil::is_gone(&e) || e.raw_os_error() == Some(libc::ELOOP) => return Ok(None),
+        Err(e) if fsutil::is_gone(&e) || e.raw_os_error() == Some(fsutil::ELOOP) => {
+            return Ok(None);
+        }
         Err(e) => return Err(SyncError::io(format!("opening {}", abs.display()), e)),
     };
     let meta = file

@@ -1248,6 +1248,37 @@ fn assert_tree_eq(a: &Path, b: &Path) {
     assert_eq!(listing(a), listing(b));
 }
 
+#[test]
+fn the_change_hook_reports_written_paths_but_not_the_state_directory_or_settles() {
+    let mut w = ws(true);
+    w.store.settle().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<Option<std::path::PathBuf>>();
+    let tx = std::sync::Mutex::new(tx);
+    w.store.set_change_hook(move |p| {
+        let _ = tx.lock().unwrap().send(p.map(Path::to_path_buf));
+    });
+    w.write("a", b"1");
+    let root = fs::canonicalize(&w.root).unwrap();
+    let seen = rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("the hook was called for a write");
+    assert_eq!(seen, Some(root.join("a")));
+    // Settling creates and removes barrier cookies in the state directory
+    // and reads the file: none of that may call the hook, or a hook that
+    // settles would loop.
+    w.store.settle().unwrap();
+    w.store.settle().unwrap();
+    while let Ok(p) = rx.try_recv() {
+        assert_eq!(p, Some(root.join("a")), "only the write itself is reported");
+    }
+    // A second write after the settle is reported again.
+    w.write("b", b"2");
+    let seen = rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("the hook was called for the second write");
+    assert_eq!(seen, Some(root.join("b")));
+}
+
 /// A workspace whose applies keep conflict copies (as the CLI opens it).
 fn ws_keeping_conflicts() -> Ws {
     let tmp = TempDir::new().unwrap();
@@ -1476,7 +1507,10 @@ fn a_conflict_copy_is_a_copy_where_the_filesystem_refuses_a_hard_link() {
     let (f, objects) = file_entry("f.txt", b"the peer's version", 0o644, 1_000);
     w.store.stage_objects(&objects).unwrap();
     let before = fs::metadata(w.root.join("f.txt")).unwrap();
-    failpoint::set("conflict-hard-link", Some(libc::EPERM));
+    failpoint::set(
+        "conflict-hard-link",
+        Some(rustix::io::Errno::PERM.raw_os_error()),
+    );
     let out = w.store.apply(peer_batch(&[f], 1));
     failpoint::set("conflict-hard-link", None);
     out.unwrap();

@@ -27,12 +27,28 @@ use notify::{Event, RecommendedWatcher, RecursiveMode, Watcher};
 /// whole tree instead: memory stays bounded under an event storm.
 const MAX_DIRTY_PATHS: usize = 200_000;
 
-#[derive(Debug, Default)]
+/// Called (on the watcher's thread, so it must not block) with each path
+/// under the root that turned dirty, or with `None` when a rescan became
+/// due (anything may have changed).
+pub type ChangeHook = Arc<dyn Fn(Option<&Path>) + Send + Sync>;
+
+#[derive(Default)]
 struct Shared {
     dirty: HashSet<PathBuf>,
     /// Set when events may have been lost: settle must walk everything.
     rescan: Option<String>,
     cookie_seen: u64,
+    on_change: Option<ChangeHook>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("dirty", &self.dirty.len())
+            .field("rescan", &self.rescan)
+            .field("cookie_seen", &self.cookie_seen)
+            .finish_non_exhaustive()
+    }
 }
 
 /// What settle has to look at.
@@ -96,6 +112,7 @@ impl LocalWatcher {
                     s.rescan.get_or_insert(reason);
                 }
                 Ok(ev) => {
+                    let rescan_before = s.rescan.is_some();
                     if ev.need_rescan() {
                         s.rescan
                             .get_or_insert_with(|| "inotify event queue overflowed".into());
@@ -114,11 +131,25 @@ impl LocalWatcher {
                         } else if p.starts_with(&exclude) || !p.starts_with(&root) {
                             continue;
                         } else if s.dirty.len() < MAX_DIRTY_PATHS {
+                            // Cookies and the state directory never get
+                            // here: settle writes those, and a hook that
+                            // settles would loop.
+                            if let Some(hook) = &s.on_change
+                                && !s.dirty.contains(&p)
+                            {
+                                hook(Some(&p));
+                            }
                             s.dirty.insert(p);
                         } else if s.rescan.is_none() {
                             s.dirty.clear();
                             s.rescan = Some(format!("more than {MAX_DIRTY_PATHS} dirty paths"));
                         }
+                    }
+                    if !rescan_before
+                        && s.rescan.is_some()
+                        && let Some(hook) = &s.on_change
+                    {
+                        hook(None);
                     }
                 }
             }
@@ -145,6 +176,13 @@ impl LocalWatcher {
             #[cfg(test)]
             watch_budget: None,
         })
+    }
+
+    /// Calls `hook` whenever a change under the root is noticed, so an idle
+    /// owner can settle without polling.
+    pub fn set_change_hook(&self, hook: ChangeHook) {
+        let (lock, _) = &*self.shared;
+        lock.lock().unwrap_or_else(|p| p.into_inner()).on_change = Some(hook);
     }
 
     /// Watches one directory (its direct children). Adding an existing
