@@ -1410,10 +1410,14 @@ fn a_session_that_met_a_corrupt_index_leaves_no_clean_close_stamp() {
 fn a_file_replacing_an_edited_directory_that_fails_to_assemble_leaves_the_directory_in_place() {
     let mut w = ws_keeping_conflicts();
     w.write("d/new.txt", b"written here");
+    // The index says src.txt holds the peer's bytes, so the batch passes
+    // its chunk check; src.txt changed since, so assembling `d` fails.
+    w.write("src.txt", b"the peer's file");
     w.store.settle().unwrap();
-    // The chunks were never staged: assembling the file fails.
+    w.write("src.txt", b"the peer's fiXe");
     let (f, _objects) = file_entry("d", b"the peer's file", 0o644, 1_000);
-    w.store.apply(peer_batch(&[f], 1)).unwrap_err();
+    let err = w.store.apply(peer_batch(&[f], 1)).unwrap_err();
+    assert!(err.to_string().contains("needed by d"), "{err}");
     assert_eq!(fs::read(w.root.join("d/new.txt")).unwrap(), b"written here");
     assert!(conflict_copies_in(&w.root).is_empty());
     assert!(w.store.take_conflict_copies().is_empty());
