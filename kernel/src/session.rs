@@ -125,7 +125,9 @@ impl ConnectionPool {
     }
 
     /// Sends a signal to connection `id` alone; hands the payload back
-    /// when that connection is gone or its queue is full.
+    /// when that connection is gone. A full queue drops the signal, as
+    /// [`Self::signal_user`] does: handing it to the owner's other sockets
+    /// would show them one stray signal of a run they never saw start.
     pub fn signal_connection(
         &self,
         id: &str,
@@ -142,7 +144,14 @@ impl ConnectionPool {
             seq: None,
         }
         .to_text();
-        l.tx.try_send(Outgoing::Text(text)).map_err(|_| payload)
+        match l.tx.try_send(Outgoing::Text(text)) {
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(payload),
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                tracing::warn!(connection = %id, %signal, "signal dropped: the socket is not reading");
+                Ok(())
+            }
+            Ok(()) => Ok(()),
+        }
     }
 
     pub fn len(&self) -> usize {

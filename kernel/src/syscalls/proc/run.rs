@@ -5,10 +5,12 @@
 //! tool calls. Every step is a row first, then a signal.
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
+use futures::FutureExt;
 use futures::future::BoxFuture;
 use serde_json::{Map, Value, json};
 use tokio::sync::oneshot;
@@ -147,7 +149,16 @@ async fn run_task(k: Arc<Kernel>, row: ProcRow, run_id: String, cancel: Cancella
         json!({"runId": run_id}),
     )
     .await;
-    let result = run_loop(&k, &row, &run_id, &cancel).await;
+    // A panic inside the loop must still end the run: otherwise the
+    // process stays reserved (every later message queues forever) and its
+    // signal route is never forgotten.
+    let result = AssertUnwindSafe(run_loop(&k, &row, &run_id, &cancel))
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|_| {
+            tracing::error!(%pid, run = %run_id, "the run's task panicked");
+            Err(End::Failed("the run stopped on an internal error".into()))
+        });
     let (status, text, usage, error) = match &result {
         Ok(c) => ("completed", c.text.clone(), c.usage.clone(), None),
         Err(End::Aborted) => ("aborted", String::new(), json!({}), None),
