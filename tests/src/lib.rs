@@ -41,6 +41,38 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// A CLI-side directory and a real daemon serving another, all in one
+/// temp dir (`local/`, `served/`, `state/`). Fields drop in order: the
+/// daemon is killed before the directory is removed.
+#[derive(Debug)]
+pub struct Env {
+    pub daemon: Daemon,
+    pub local: PathBuf,
+    pub served: PathBuf,
+    pub state: PathBuf,
+    pub tmp: tempfile::TempDir,
+}
+
+impl Env {
+    /// Creates the directories and starts the daemon on `served/`.
+    pub fn start() -> Env {
+        let tmp = tempfile::tempdir().unwrap();
+        let local = tmp.path().join("local");
+        let served = tmp.path().join("served");
+        let state = tmp.path().join("state");
+        std::fs::create_dir_all(&local).unwrap();
+        std::fs::create_dir_all(&served).unwrap();
+        let daemon = Daemon::start(&served, &state, None);
+        Env {
+            daemon,
+            local,
+            served,
+            state,
+            tmp,
+        }
+    }
+}
+
 /// A `wsd serve` child process; killed (SIGKILL) when dropped.
 #[derive(Debug)]
 pub struct Daemon {

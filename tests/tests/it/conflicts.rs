@@ -3,33 +3,10 @@
 //! local edit keeps the local version as a conflict copy. Real `wsd serve`
 //! and `wsd` CLI processes on loopback, real directories.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
 
-use tempfile::TempDir;
-use wsd_tests::{Daemon, write};
-
-struct Env {
-    _tmp: TempDir,
-    local: PathBuf,
-    served: PathBuf,
-    daemon: Daemon,
-}
-
-fn setup() -> Env {
-    let tmp = tempfile::tempdir().unwrap();
-    let local = tmp.path().join("local");
-    let served = tmp.path().join("served");
-    std::fs::create_dir_all(&local).unwrap();
-    std::fs::create_dir_all(&served).unwrap();
-    let daemon = Daemon::start(&served, &tmp.path().join("state"), None);
-    Env {
-        _tmp: tmp,
-        local,
-        served,
-        daemon,
-    }
-}
+use wsd_tests::{Env, write};
 
 /// `wsd VERB LOCAL ARGS… --json`, asserting success: the JSON summary
 /// (the last stdout line) and stderr.
@@ -72,7 +49,7 @@ const EXCLUDES: [&str; 4] = ["--exclude", "build/", "--exclude", "*.log"];
 
 #[test]
 fn a_baseline_push_leaves_the_daemons_excluded_paths_alone() {
-    let e = setup();
+    let e = Env::start();
     write(&e.local, "main.rs", b"fn main() {}", 0o644);
     transfer(&e, "push", &EXCLUDES);
     write(&e.served, "build/out.o", b"object", 0o644);
@@ -98,7 +75,7 @@ fn a_baseline_push_leaves_the_daemons_excluded_paths_alone() {
 
 #[test]
 fn deleting_a_directory_leaves_the_excluded_paths_the_other_side_holds_below_it() {
-    let e = setup();
+    let e = Env::start();
     write(&e.local, "sub/a.txt", b"a", 0o644);
     write(&e.local, "sub/deep/b.txt", b"b", 0o644);
     transfer(&e, "push", &EXCLUDES);
@@ -115,7 +92,7 @@ fn deleting_a_directory_leaves_the_excluded_paths_the_other_side_holds_below_it(
 
 #[test]
 fn a_baseline_pull_leaves_local_excluded_paths_alone() {
-    let mut e = setup();
+    let mut e = Env::start();
     write(&e.served, "a.txt", b"a", 0o644);
     transfer(&e, "pull", &EXCLUDES);
     write(&e.served, "b.txt", b"b", 0o644);
@@ -140,7 +117,7 @@ fn a_baseline_pull_leaves_local_excluded_paths_alone() {
 
 #[test]
 fn a_pull_keeps_a_local_edit_it_replaces_or_deletes_as_a_conflict_copy() {
-    let e = setup();
+    let e = Env::start();
     write(&e.local, "edited.txt", b"base", 0o644);
     write(&e.local, "untouched.txt", b"base", 0o644);
     write(&e.local, "dir/removed.txt", b"base", 0o644);
@@ -204,7 +181,7 @@ fn a_pull_keeps_a_local_edit_it_replaces_or_deletes_as_a_conflict_copy() {
 
 #[test]
 fn sync_reports_a_conflict_and_a_second_one_gets_its_own_copy() {
-    let e = setup();
+    let e = Env::start();
     write(&e.local, "f.txt", b"base", 0o644);
     transfer(&e, "sync", &[]);
     for round in 1..=2 {

@@ -2,34 +2,11 @@
 //! real directories compared byte for byte (content, modes, symlinks).
 
 use std::os::unix::fs::{PermissionsExt, symlink};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tempfile::TempDir;
-use wsd_tests::{Daemon, bytes, make_tree, output_within, tree_digest, write, wsd_bin};
-
-struct Env {
-    tmp: TempDir,
-    local: PathBuf,
-    served: PathBuf,
-    daemon: Daemon,
-}
-
-fn setup() -> Env {
-    let tmp = tempfile::tempdir().unwrap();
-    let local = tmp.path().join("local");
-    let served = tmp.path().join("served");
-    std::fs::create_dir_all(&local).unwrap();
-    std::fs::create_dir_all(&served).unwrap();
-    let daemon = Daemon::start(&served, &tmp.path().join("state"), None);
-    Env {
-        tmp,
-        local,
-        served,
-        daemon,
-    }
-}
+use wsd_tests::{Daemon, Env, bytes, make_tree, output_within, tree_digest, write, wsd_bin};
 
 fn n(v: &serde_json::Value, key: &str) -> u64 {
     v[key]
@@ -39,7 +16,7 @@ fn n(v: &serde_json::Value, key: &str) -> u64 {
 
 #[test]
 fn push_into_an_empty_workspace_leaves_an_identical_tree() {
-    let e = setup();
+    let e = Env::start();
     make_tree(&e.local, 300, 1);
     let summary = e.daemon.transfer("push", &e.local);
     assert_eq!(tree_digest(&e.local), tree_digest(&e.served));
@@ -49,7 +26,7 @@ fn push_into_an_empty_workspace_leaves_an_identical_tree() {
 
 #[test]
 fn an_incremental_push_sends_only_the_changed_chunks() {
-    let e = setup();
+    let e = Env::start();
     make_tree(&e.local, 50, 2);
     let mut big = bytes(8 * 1024 * 1024, 9);
     write(&e.local, "big/eight.bin", &big, 0o644);
@@ -75,7 +52,7 @@ fn an_incremental_push_sends_only_the_changed_chunks() {
 
 #[test]
 fn changes_made_in_the_served_directory_are_pulled_back() {
-    let e = setup();
+    let e = Env::start();
     make_tree(&e.local, 40, 3);
     e.daemon.transfer("push", &e.local);
     write(
@@ -99,7 +76,7 @@ fn changes_made_in_the_served_directory_are_pulled_back() {
 
 #[test]
 fn a_no_op_push_or_pull_transfers_no_objects_and_nothing_echoes_back() {
-    let e = setup();
+    let e = Env::start();
     make_tree(&e.local, 60, 4);
     e.daemon.transfer("push", &e.local);
     let again = e.daemon.transfer("push", &e.local);
@@ -121,7 +98,7 @@ fn a_no_op_push_or_pull_transfers_no_objects_and_nothing_echoes_back() {
 
 #[test]
 fn two_directories_converge_through_one_daemon() {
-    let e = setup();
+    let e = Env::start();
     let other = e.tmp.path().join("other");
     make_tree(&e.local, 80, 5);
     e.daemon.transfer("push", &e.local);
@@ -182,7 +159,7 @@ fn a_wrong_or_missing_token_is_refused_with_eauth() {
 
 #[test]
 fn a_symlink_in_the_workspace_pointing_outside_is_never_written_through() {
-    let e = setup();
+    let e = Env::start();
     let outside = e.tmp.path().join("outside");
     std::fs::create_dir_all(&outside).unwrap();
     make_tree(&e.local, 5, 7);
@@ -201,7 +178,7 @@ fn a_symlink_in_the_workspace_pointing_outside_is_never_written_through() {
 
 #[test]
 fn a_push_cut_by_a_daemon_crash_resumes_and_converges() {
-    let mut e = setup();
+    let mut e = Env::start();
     make_tree(&e.local, 400, 8);
     for i in 0..6 {
         write(
@@ -250,7 +227,7 @@ fn walk_names(dir: &std::path::Path) -> Vec<String> {
 
 #[test]
 fn a_restarted_daemon_keeps_its_state() {
-    let mut e = setup();
+    let mut e = Env::start();
     make_tree(&e.local, 100, 9);
     e.daemon.transfer("push", &e.local);
     let status = e.daemon.stop();
@@ -275,7 +252,7 @@ fn a_restarted_daemon_keeps_its_state() {
 
 #[test]
 fn two_hundred_idle_connections_do_not_stop_a_push() {
-    let e = setup();
+    let e = Env::start();
     let idle: Vec<_> = (0..200)
         .map(|_| std::net::TcpStream::connect(&e.daemon.addr).unwrap())
         .collect();
@@ -322,7 +299,7 @@ fn stderr(out: &std::process::Output) -> String {
 
 #[test]
 fn a_second_daemon_on_the_same_root_or_state_refuses_to_start_and_creates_no_database() {
-    let e = setup();
+    let e = Env::start();
     let other_state = e.tmp.path().join("other-state");
     let out = output_within(
         &mut serve_cmd(&e.served, &other_state, "127.0.0.1:0"),
@@ -449,7 +426,7 @@ fn a_live_unix_socket_is_never_taken_over_and_a_stale_one_is_replaced() {
 
 #[test]
 fn a_clean_stop_leaves_no_wal_or_shm_files() {
-    let mut e = setup();
+    let mut e = Env::start();
     make_tree(&e.local, 10, 5);
     e.daemon.transfer("push", &e.local);
     let out = output_within(
@@ -485,7 +462,7 @@ fn set_aside_files(dir: &Path, name: &str) -> Vec<String> {
 
 #[test]
 fn a_damaged_local_index_is_set_aside_named_and_rebuilt_and_the_push_converges() {
-    let e = setup();
+    let e = Env::start();
     make_tree(&e.local, 40, 21);
     e.daemon.transfer("push", &e.local);
     let index = e.local.join(".wsd/index.sqlite3");
@@ -512,7 +489,7 @@ fn a_damaged_local_index_is_set_aside_named_and_rebuilt_and_the_push_converges()
 
 #[test]
 fn a_daemon_with_a_damaged_index_and_exec_log_sets_both_aside_and_serves() {
-    let mut e = setup();
+    let mut e = Env::start();
     make_tree(&e.local, 40, 22);
     e.daemon.transfer("push", &e.local);
     let out = output_within(

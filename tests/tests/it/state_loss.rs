@@ -3,35 +3,9 @@
 //! loss, the next transfer must leave both trees equal, not exit 0 with the
 //! two sides silently different.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use tempfile::TempDir;
-use wsd_tests::{Daemon, digest_diff, make_tree, tree_digest, write};
-
-struct Env {
-    _tmp: TempDir,
-    local: PathBuf,
-    served: PathBuf,
-    state: PathBuf,
-    daemon: Daemon,
-}
-
-fn setup() -> Env {
-    let tmp = tempfile::tempdir().unwrap();
-    let local = tmp.path().join("local");
-    let served = tmp.path().join("served");
-    let state = tmp.path().join("state");
-    std::fs::create_dir_all(&local).unwrap();
-    std::fs::create_dir_all(&served).unwrap();
-    let daemon = Daemon::start(&served, &state, None);
-    Env {
-        _tmp: tmp,
-        local,
-        served,
-        state,
-        daemon,
-    }
-}
+use wsd_tests::{Env, digest_diff, make_tree, tree_digest, write};
 
 fn assert_same(a: &Path, b: &Path) {
     let (da, db) = (tree_digest(a), tree_digest(b));
@@ -67,7 +41,7 @@ fn exchange(e: &Env) {
 
 #[test]
 fn a_push_after_the_daemon_lost_its_root_and_state_restores_every_file_including_pulled_ones() {
-    let mut e = setup();
+    let mut e = Env::start();
     exchange(&e);
     e.daemon.stop();
     std::fs::remove_dir_all(&e.served).unwrap();
@@ -81,7 +55,7 @@ fn a_push_after_the_daemon_lost_its_root_and_state_restores_every_file_including
 
 #[test]
 fn a_pull_after_the_client_lost_its_index_restores_what_the_daemon_holds() {
-    let e = setup();
+    let e = Env::start();
     exchange(&e);
     // The client's index is gone (its peer name survives) and so are files
     // it had pushed and pulled; the daemon still holds them all.
