@@ -33,6 +33,7 @@ enum Command {
     /// device, inside `--root`, until SIGTERM or Ctrl-C.
     Node(NodeArgs),
     /// Send one syscall and print the response frame as JSON.
+    #[command(after_help = CONFIG_HELP)]
     Call {
         #[command(flatten)]
         conn: ConnArgs,
@@ -42,6 +43,7 @@ enum Command {
         args: Option<String>,
     },
     /// Create or list workspaces.
+    #[command(after_help = CONFIG_HELP)]
     Workspace {
         #[command(flatten)]
         conn: ConnArgs,
@@ -49,6 +51,7 @@ enum Command {
         action: WorkspaceAction,
     },
     /// Run a command in a workspace and print its output.
+    #[command(after_help = CONFIG_HELP)]
     Exec {
         #[command(flatten)]
         conn: ConnArgs,
@@ -57,13 +60,16 @@ enum Command {
         /// Working directory inside the workspace (default: its root).
         #[arg(long)]
         cwd: Option<String>,
-        /// The command, run by the workspace's shell.
-        #[arg(last = true, required = true)]
+        /// The command after `--`: one word is a shell line (`'a | b'`);
+        /// two or more are a program and its arguments, each quoted for
+        /// the shell, as `wsd exec` does.
+        #[arg(last = true, required = true, value_name = "CMD")]
         command: Vec<String>,
     },
     /// Talk to an agent process: send messages (from `-m` or stdin lines),
     /// print its streamed answer, and ask on the terminal when it wants
     /// approval. Without PID a new process is spawned.
+    #[command(after_help = CONFIG_HELP)]
     Chat {
         #[command(flatten)]
         conn: ConnArgs,
@@ -80,10 +86,13 @@ enum Command {
 
 #[derive(Debug, Subcommand)]
 enum WorkspaceAction {
+    /// Create a workspace and print its id (`ws_…`).
     Create {
+        /// A name to show in `gsv workspace list`.
         #[arg(long)]
         label: Option<String>,
     },
+    /// Print your workspaces, one a line: id, state, label (tab-separated).
     List,
 }
 
@@ -137,15 +146,30 @@ struct NodeArgs {
 /// file (`~/.config/gsv/config.json`: `{url, username, token|password}`).
 #[derive(Debug, Args)]
 struct ConnArgs {
-    #[arg(long, env = "GSV_URL")]
+    /// The kernel's WebSocket address [default: ws://127.0.0.1:8787/ws].
+    #[arg(long, env = "GSV_URL", value_name = "URL")]
     url: Option<String>,
-    #[arg(long, env = "GSV_USER")]
+    /// The account to log in as.
+    #[arg(long, env = "GSV_USER", value_name = "NAME")]
     user: Option<String>,
-    #[arg(long, env = "GSV_TOKEN", hide_env_values = true)]
+    /// A user token (`sys.token.create`); wins over a password.
+    #[arg(long, env = "GSV_TOKEN", hide_env_values = true, value_name = "TOKEN")]
     token: Option<String>,
-    #[arg(long, env = "GSV_PASSWORD", hide_env_values = true)]
+    /// The account's password.
+    #[arg(
+        long,
+        env = "GSV_PASSWORD",
+        hide_env_values = true,
+        value_name = "PASSWORD"
+    )]
     password: Option<String>,
 }
+
+/// Shown under every command that connects, so the file is discoverable.
+const CONFIG_HELP: &str = "Each of --url, --user and --token/--password \
+falls back to its environment variable, then to the config file \
+~/.config/gsv/config.json (under $XDG_CONFIG_HOME if set): \
+{\"url\": …, \"username\": …, \"token\": … or \"password\": …}.";
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -245,7 +269,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             workspace,
             cwd,
             command,
-        } => exec(&conn, &workspace, cwd, command.join(" ")).await,
+        } => exec(&conn, &workspace, cwd, command_line(&command)?).await,
         Command::Chat {
             conn,
             pid,
@@ -386,6 +410,77 @@ async fn chat_turn(
     }
 }
 
+/// The protocol's command line (a shell string) for the words after
+/// `--`, as `wsd exec` builds it: one word is already a command line;
+/// several are an argv, quoted word by word so the shell hands the program
+/// exactly those words.
+fn command_line(words: &[String]) -> Result<String> {
+    match words {
+        [one] => Ok(one.clone()),
+        many => shlex::try_join(many.iter().map(String::as_str))
+            .map_err(|e| anyhow::anyhow!("the command cannot be quoted for the shell: {e}")),
+    }
+}
+
+/// What of a workspace `shell.exec` answer has not been printed yet.
+///
+/// A `running` answer carries only the output no earlier answer returned;
+/// the final answer carries all of it again (its last `MAX_OUTPUT_CHARS`,
+/// `truncated` when more was dropped) — see `workspace::shell`. So the
+/// final text is printed from where the printed text ends.
+#[derive(Debug, Default)]
+struct NewOutput {
+    /// The tail of what was printed, as long as the kernel's own cap.
+    printed: String,
+}
+
+impl NewOutput {
+    fn running(&mut self, delta: &str) -> String {
+        self.printed.push_str(delta);
+        let cap = wsd_kernel::node::MAX_OUTPUT_CHARS;
+        // Trimmed only when well over the cap (in bytes: a character is at
+        // most 4), so pushes stay cheap.
+        if self.printed.len() > 8 * cap {
+            let mut cut = self.printed.len() - 4 * cap;
+            while !self.printed.is_char_boundary(cut) {
+                cut += 1;
+            }
+            self.printed.drain(..cut);
+        }
+        delta.to_owned()
+    }
+
+    /// The part of the final `all` text not printed yet.
+    fn last<'a>(&self, all: &'a str) -> &'a str {
+        if let Some(rest) = all.strip_prefix(self.printed.as_str()) {
+            return rest;
+        }
+        // The window shifted (`truncated`): it starts somewhere inside
+        // what was printed, or after it. Skip the longest prefix of `all`
+        // that ends what was printed.
+        let n = overlap(self.printed.as_bytes(), all.as_bytes());
+        all.get(n..).unwrap_or(all)
+    }
+}
+
+/// The length of the longest suffix of `a` that is a prefix of `b` (the
+/// KMP prefix function of `b ‖ 0xFF ‖ a`; 0xFF never occurs in UTF-8).
+fn overlap(a: &[u8], b: &[u8]) -> usize {
+    let s: Vec<u8> = b.iter().chain([&0xFF]).chain(a).copied().collect();
+    let mut pi = vec![0usize; s.len()];
+    for i in 1..s.len() {
+        let mut k = pi[i - 1];
+        while k > 0 && s[i] != s[k] {
+            k = pi[k - 1];
+        }
+        if s[i] == s[k] {
+            k += 1;
+        }
+        pi[i] = k;
+    }
+    pi.last().copied().unwrap_or(0)
+}
+
 async fn exec(
     conn: &ConnArgs,
     workspace: &str,
@@ -401,24 +496,32 @@ async fn exec(
     let mut d = c
         .call("shell.exec", json!({"cwd": cwd, "input": input}))
         .await?;
+    let mut seen = NewOutput::default();
     loop {
-        if let Some(o) = d["output"].as_str() {
-            out(o)?;
+        let output = d["output"].as_str().unwrap_or("");
+        if d["truncated"] == true {
+            eprintln!("gsv: (output over the kernel's cap: some was dropped)");
         }
         match d["status"].as_str() {
             Some("running") => {
+                out(&seen.running(output))?;
                 let sid = d["sessionId"].as_str().unwrap_or_default().to_owned();
                 d = c
                     .call("shell.exec", json!({"sessionId": sid, "input": ""}))
                     .await?;
             }
-            Some("completed") => {
-                let code = d["exitCode"].as_i64().unwrap_or(1);
+            status => {
+                out(seen.last(output))?;
+                // An answer that keeps the command's stderr apart (the
+                // failed-before-running shape) has it printed there.
+                if let Some(e) = d["stderr"].as_str().filter(|e| !e.is_empty()) {
+                    eprint!("{e}");
+                }
                 c.close().await;
-                return Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)));
-            }
-            _ => {
-                c.close().await;
+                if status == Some("completed") {
+                    let code = d["exitCode"].as_i64().unwrap_or(1);
+                    return Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)));
+                }
                 bail!("{}", d["error"].as_str().unwrap_or("the command failed"));
             }
         }
@@ -525,5 +628,28 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NewOutput;
+
+    #[test]
+    fn the_final_answer_prints_only_what_follows_the_printed_text() {
+        let mut seen = NewOutput::default();
+        assert_eq!(seen.running("n1\nn2\n"), "n1\nn2\n");
+        assert_eq!(seen.last("n1\nn2\nn3\n"), "n3\n");
+    }
+
+    #[test]
+    fn a_shifted_final_window_prints_from_where_the_printed_text_ends() {
+        let mut seen = NewOutput::default();
+        seen.running("a1\na2\na3\n");
+        // The kernel kept only the tail: the window starts inside what
+        // was printed.
+        assert_eq!(seen.last("a3\nb1\n"), "b1\n");
+        // Or after it: all of it is new.
+        assert_eq!(seen.last("c1\nc2\n"), "c1\nc2\n");
     }
 }

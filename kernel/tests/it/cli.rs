@@ -38,8 +38,14 @@ fn serve() -> Served {
 }
 
 fn serve_in(dir: tempfile::TempDir) -> Served {
+    serve_with(dir, &[])
+}
+
+fn serve_with(dir: tempfile::TempDir, extra: &[&str]) -> Served {
     let mut child = Command::new(env!("CARGO_BIN_EXE_gsv"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(extra)
+        .arg("--data")
         .arg(dir.path().join("data"))
         .arg("--wsd-bin")
         .arg(wsd_bin())
@@ -97,18 +103,7 @@ fn the_cli_sets_up_creates_a_workspace_writes_runs_and_reads_back() {
     assert!(gsv(&s, &["call", "fs.write", &args]).0);
     let (ok, out) = gsv(
         &s,
-        &[
-            "exec",
-            &ws,
-            "--",
-            "cat",
-            "hello.txt",
-            "&&",
-            "echo",
-            "ran",
-            ">",
-            "out.txt",
-        ],
+        &["exec", &ws, "--", "cat hello.txt && echo ran > out.txt"],
     );
     assert!(ok, "{out}");
     assert_eq!(out, "hi from the cli\n");
@@ -186,4 +181,48 @@ fn a_reader_that_closed_its_pipe_does_not_make_gsv_call_panic() {
     let stderr = String::from_utf8_lossy(&status.stderr);
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(status.status.success(), "the call itself worked: {stderr}");
+}
+
+/// A set-up kernel (exec answers `running` after 250 ms) and a workspace.
+fn served_workspace() -> (Served, String) {
+    let s = serve_with(tempfile::tempdir().unwrap(), &["--exec-wait-ms", "250"]);
+    let setup = r#"{"username":"alice","password":"alice-password"}"#;
+    assert!(gsv(&s, &["call", "sys.setup", setup]).0);
+    let (ok, ws) = gsv(&s, &["workspace", "create"]);
+    assert!(ok, "{ws}");
+    let ws = ws.trim().to_owned();
+    (s, ws)
+}
+
+#[test]
+fn a_command_that_outlives_the_first_answer_has_each_line_printed_once() {
+    let (s, ws) = served_workspace();
+    let (ok, out) = gsv(
+        &s,
+        &[
+            "exec",
+            &ws,
+            "--",
+            "for i in 1 2 3 4 5; do echo n$i; sleep 0.3; done",
+        ],
+    );
+    assert!(ok, "{out}");
+    assert_eq!(out, "n1\nn2\nn3\nn4\nn5\n");
+}
+
+#[test]
+fn several_words_after_the_dashes_are_an_argv_and_one_word_is_a_shell_line() {
+    let (s, ws) = served_workspace();
+    let (ok, out) = gsv(
+        &s,
+        &["exec", &ws, "--", "sh", "-c", r#"echo "a b" | wc -w"#],
+    );
+    assert!(ok, "{out}");
+    assert_eq!(out.trim(), "2", "the -c script reached sh as one word");
+    let (ok, out) = gsv(&s, &["exec", &ws, "--", "printf", "%s|", "a b", "$HOME"]);
+    assert!(ok, "{out}");
+    assert_eq!(out, "a b|$HOME|", "each word is quoted, none expanded");
+    let (ok, out) = gsv(&s, &["exec", &ws, "--", "echo one | tr o O"]);
+    assert!(ok, "{out}");
+    assert_eq!(out, "One\n");
 }
