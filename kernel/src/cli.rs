@@ -496,33 +496,40 @@ async fn exec(
     let mut d = c
         .call("shell.exec", json!({"cwd": cwd, "input": input}))
         .await?;
-    let mut seen = NewOutput::default();
+    let (mut seen_out, mut seen_err) = (NewOutput::default(), NewOutput::default());
     loop {
-        let output = d["output"].as_str().unwrap_or("");
+        // An answer that keeps the streams apart has the command's stderr
+        // printed to ours; otherwise all of it is on stdout.
+        let (o, e) = match (d["stdout"].as_str(), d["stderr"].as_str()) {
+            (Some(o), Some(e)) => (o, e),
+            _ => (d["output"].as_str().unwrap_or(""), ""),
+        };
         if d["truncated"] == true {
             eprintln!("gsv: (output over the kernel's cap: some was dropped)");
         }
         match d["status"].as_str() {
             Some("running") => {
-                out(&seen.running(output))?;
+                out(&seen_out.running(o))?;
+                eprint!("{}", seen_err.running(e));
                 let sid = d["sessionId"].as_str().unwrap_or_default().to_owned();
                 d = c
                     .call("shell.exec", json!({"sessionId": sid, "input": ""}))
                     .await?;
             }
             status => {
-                out(seen.last(output))?;
-                // An answer that keeps the command's stderr apart (the
-                // failed-before-running shape) has it printed there.
-                if let Some(e) = d["stderr"].as_str().filter(|e| !e.is_empty()) {
-                    eprint!("{e}");
-                }
+                out(seen_out.last(o))?;
+                eprint!("{}", seen_err.last(e));
                 c.close().await;
                 if status == Some("completed") {
                     let code = d["exitCode"].as_i64().unwrap_or(1);
                     return Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)));
                 }
-                bail!("{}", d["error"].as_str().unwrap_or("the command failed"));
+                let error = d["error"].as_str().unwrap_or("the command failed");
+                if error == e.trim_end() {
+                    // Already printed as the answer's stderr.
+                    return Ok(ExitCode::FAILURE);
+                }
+                bail!("{error}");
             }
         }
     }

@@ -211,7 +211,8 @@ async fn drive_session(
                 last_seq = ev.seq;
                 reattaches = 0;
                 match ev.kind {
-                    ExecEventKind::Stdout(b) | ExecEventKind::Stderr(b) => session.append(&b),
+                    ExecEventKind::Stdout(b) => session.append(&b, false),
+                    ExecEventKind::Stderr(b) => session.append(&b, true),
                     ExecEventKind::Exit(code) => break Ok(code),
                 }
             }

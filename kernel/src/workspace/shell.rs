@@ -1,6 +1,7 @@
 //! A command running in a workspace, as the kernel keeps it between
 //! `shell.exec` calls: its output (tail capped at [`MAX_OUTPUT_CHARS`]),
-//! what no `running` answer has returned yet, its outcome, and a wake-up
+//! merged and per stream (`stdout`, `stderr`, so a client can print each
+//! where it belongs), what no `running` answer has returned yet, its outcome, and a wake-up
 //! for callers waiting on it. The syscall that starts and drives it is
 //! `syscalls::shell`.
 
@@ -35,8 +36,44 @@ struct SessionState {
     output: CappedText,
     /// What no `running` answer has returned yet.
     pending: CappedText,
-    utf8: Utf8Stream,
+    stdout: Stream,
+    stderr: Stream,
     outcome: Option<Outcome>,
+}
+
+/// One of the command's two streams: all of it (capped) and what no
+/// `running` answer has returned yet. Each decodes its own bytes, so a
+/// character split across two reads of one stream is not mangled by the
+/// other stream's bytes in between.
+#[derive(Debug)]
+struct Stream {
+    all: CappedText,
+    pending: CappedText,
+    utf8: Utf8Stream,
+}
+
+impl Default for Stream {
+    fn default() -> Self {
+        Stream {
+            all: CappedText::new(MAX_OUTPUT_CHARS),
+            pending: CappedText::new(MAX_OUTPUT_CHARS),
+            utf8: Utf8Stream::default(),
+        }
+    }
+}
+
+impl SessionState {
+    fn push(&mut self, text: &str, stderr: bool) {
+        self.output.push(text);
+        self.pending.push(text);
+        let stream = if stderr {
+            &mut self.stderr
+        } else {
+            &mut self.stdout
+        };
+        stream.all.push(text);
+        stream.pending.push(text);
+    }
 }
 
 impl Default for SessionState {
@@ -44,7 +81,8 @@ impl Default for SessionState {
         SessionState {
             output: CappedText::new(MAX_OUTPUT_CHARS),
             pending: CappedText::new(MAX_OUTPUT_CHARS),
-            utf8: Utf8Stream::default(),
+            stdout: Stream::default(),
+            stderr: Stream::default(),
             outcome: None,
         }
     }
@@ -85,19 +123,25 @@ impl ShellSession {
         self.state.lock().unwrap().outcome.is_some()
     }
 
-    pub fn append(&self, bytes: &[u8]) {
+    /// Output of the command, from its stderr when `stderr`.
+    pub fn append(&self, bytes: &[u8], stderr: bool) {
         let mut st = self.state.lock().unwrap();
-        let text = st.utf8.decode(bytes);
-        st.output.push(&text);
-        st.pending.push(&text);
+        let text = if stderr {
+            st.stderr.utf8.decode(bytes)
+        } else {
+            st.stdout.utf8.decode(bytes)
+        };
+        st.push(&text, stderr);
         drop(st);
         self.changed.notify_waiters();
     }
 
     pub fn finish(&self, outcome: Outcome) {
         let mut st = self.state.lock().unwrap();
-        let rest = st.utf8.finish();
-        st.output.push(&rest);
+        let rest = st.stdout.utf8.finish();
+        st.push(&rest, false);
+        let rest = st.stderr.utf8.finish();
+        st.push(&rest, true);
         st.outcome = Some(outcome);
         drop(st);
         self.changed.notify_waiters();
@@ -113,12 +157,20 @@ impl ShellSession {
                 let mut st = self.state.lock().unwrap();
                 if let Some(outcome) = st.outcome.clone() {
                     let (output, truncated) = st.output.take_flagged();
-                    return (self.final_result(outcome, output, truncated), true);
+                    let mut v = self.final_result(outcome, output, truncated);
+                    v["stdout"] = json!(st.stdout.all.text());
+                    v["stderr"] = json!(st.stderr.all.text());
+                    return (v, true);
                 }
                 if tokio::time::Instant::now() >= deadline {
                     let (output, truncated) = st.pending.take_flagged();
-                    let mut v =
-                        json!({"status": "running", "sessionId": self.id, "output": output});
+                    let mut v = json!({
+                        "status": "running",
+                        "sessionId": self.id,
+                        "output": output,
+                        "stdout": st.stdout.pending.take(),
+                        "stderr": st.stderr.pending.take(),
+                    });
                     if truncated {
                         v["truncated"] = json!(true);
                     }
@@ -202,23 +254,27 @@ mod tests {
     fn a_character_split_across_events_is_joined_not_mangled() {
         let s = session();
         let bytes = "né".as_bytes();
-        s.append(&bytes[..2]);
-        s.append(&bytes[2..]);
+        s.append(&bytes[..2], false);
+        s.append(b"!", true);
+        s.append(&bytes[2..], false);
         let st = s.state.lock().unwrap();
-        assert_eq!(st.output.text(), "né");
+        assert_eq!(st.stdout.all.text(), "né");
+        assert_eq!(st.stderr.all.text(), "!");
     }
 
     #[tokio::test]
     async fn waiting_answers_running_with_pending_output_then_the_final_result() {
         let s = session();
-        s.append(b"first ");
+        s.append(b"first ", false);
+        s.append(b"oops ", true);
         let (v, over) = s.wait(Duration::from_millis(10)).await;
         assert!(!over);
         assert_eq!(
             v,
-            json!({"status": "running", "sessionId": "sh_t", "output": "first "})
+            json!({"status": "running", "sessionId": "sh_t", "output": "first oops ",
+                   "stdout": "first ", "stderr": "oops "})
         );
-        s.append(b"second");
+        s.append(b"second", false);
         s.finish(Outcome::Completed {
             exit_code: 0,
             changes: vec![],
@@ -227,8 +283,10 @@ mod tests {
         assert!(over);
         assert_eq!(v["status"], "completed");
         assert_eq!(
-            v["output"], "first second",
+            v["output"], "first oops second",
             "the final result carries all output"
         );
+        assert_eq!(v["stdout"], "first second");
+        assert_eq!(v["stderr"], "oops ");
     }
 }

@@ -70,6 +70,12 @@ fn serve_with(dir: tempfile::TempDir, extra: &[&str]) -> Served {
 }
 
 fn gsv(s: &Served, args: &[&str]) -> (bool, String) {
+    let (ok, out, _) = gsv_err(s, args);
+    (ok, out)
+}
+
+/// [`gsv`] with its stderr too.
+fn gsv_err(s: &Served, args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_gsv"))
         .args(args)
         .env("GSV_URL", &s.url)
@@ -78,7 +84,11 @@ fn gsv(s: &Served, args: &[&str]) -> (bool, String) {
         .env_remove("GSV_TOKEN")
         .output()
         .unwrap();
-    (out.status.success(), String::from_utf8(out.stdout).unwrap())
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
 }
 
 #[test]
@@ -225,4 +235,21 @@ fn several_words_after_the_dashes_are_an_argv_and_one_word_is_a_shell_line() {
     let (ok, out) = gsv(&s, &["exec", &ws, "--", "echo one | tr o O"]);
     assert!(ok, "{out}");
     assert_eq!(out, "One\n");
+}
+
+#[test]
+fn the_commands_stderr_comes_out_on_stderr_each_line_once() {
+    let (s, ws) = served_workspace();
+    let (ok, out, err) = gsv_err(
+        &s,
+        &[
+            "exec",
+            &ws,
+            "--",
+            "for i in 1 2 3; do echo o$i; echo e$i >&2; sleep 0.3; done",
+        ],
+    );
+    assert!(ok, "{out} {err}");
+    assert_eq!(out, "o1\no2\no3\n");
+    assert_eq!(err, "e1\ne2\ne3\n");
 }
