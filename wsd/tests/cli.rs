@@ -396,11 +396,21 @@ fn a_missing_local_dir_is_an_error_unless_create_is_given() {
     let out = d.cli(&["pull", missing.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        text(&out.stderr).contains("not-here"),
+        text(&out.stderr).contains("not-here does not exist (give --create"),
         "{}",
         text(&out.stderr)
     );
     assert!(!missing.exists());
+    // A file where the directory should be: --create cannot help, so the
+    // message does not suggest it.
+    let file = parent.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let out = d.cli(&["pull", file.to_str().unwrap(), "--create"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("a-file"), "{err}");
+    assert!(!err.contains("give --create"), "{err}");
+    assert_eq!(std::fs::read(&file).unwrap(), b"x");
     let out = d.cli(&["pull", missing.to_str().unwrap(), "--create"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(missing.is_dir());

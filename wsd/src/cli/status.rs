@@ -101,9 +101,13 @@ fn to_text(s: &DaemonStatus) -> String {
     if s.peers.is_empty() {
         out.push_str("peers:       none\n");
     }
+    // The cursors are the daemon's: its push cursor is how far the peer
+    // has fetched the daemon's revs, its fetch cursor how far it has taken
+    // in the peer's own revs (what the peer pushed). Say it from the
+    // peer's side, which is how a reader thinks of it.
     for p in &s.peers {
         out.push_str(&format!(
-            "peer {}: pushed to {}, fetched to {}\n",
+            "peer {}: has fetched our revs through {}, has pushed its revs through {}\n",
             p.peer,
             cursor_text(&p.push_cursor),
             cursor_text(&p.fetch_cursor)

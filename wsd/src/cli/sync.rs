@@ -105,11 +105,18 @@ impl Session {
         if a.create {
             std::fs::create_dir_all(&a.local)
                 .with_context(|| format!("creating {}", a.local.display()))?;
-        } else if !a.local.is_dir() {
-            anyhow::bail!(
-                "{} is not a directory (give --create to make it)",
-                a.local.display()
-            );
+        } else {
+            match std::fs::metadata(&a.local) {
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => anyhow::bail!("{} is not a directory", a.local.display()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => anyhow::bail!(
+                    "{} does not exist (give --create to make it)",
+                    a.local.display()
+                ),
+                Err(e) => {
+                    return Err(e).with_context(|| format!("reading {}", a.local.display()));
+                }
+            }
         }
         let t0 = Instant::now();
         let ignore = ignore_rules(&a.local, &a.exclude)?;
@@ -438,7 +445,7 @@ fn summarize(
                 .iter()
                 .map(|c| serde_json::json!({"path": c.path.as_str(), "copy": c.copy.as_str()}))
                 .collect::<Vec<_>>(),
-            "elapsed_ms": elapsed.as_secs_f64() * 1e3,
+            "elapsed_ms": elapsed.as_millis() as u64,
         });
         println!("{v}");
     }
@@ -446,10 +453,12 @@ fn summarize(
         return;
     }
     eprintln!(
-        "{verb}: {} entries, {} in {} objects moved, {} deduplicated, {:.2} s{}",
+        "{verb}: {} {}, {} in {} {} moved, {} deduplicated, {:.2} s{}",
         r.entries,
+        if r.entries == 1 { "entry" } else { "entries" },
         HumanBytes(r.object_bytes),
         r.objects,
+        if r.objects == 1 { "object" } else { "objects" },
         HumanBytes(r.deduplicated_bytes),
         elapsed.as_secs_f64(),
         if r.rebaselined { " (re-baselined)" } else { "" }

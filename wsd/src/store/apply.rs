@@ -426,8 +426,15 @@ impl<'a> Apply<'a> {
 
     fn note_overwrite(&mut self, path: &SyncPath, what: &str) {
         self.outcome.overwrote_local += 1;
-        tracing::warn!(%path, remote = self.remote, what,
-            "apply overwrote a local change not yet pushed to that remote (last applier wins)");
+        // With conflict copies on (the CLI), the caller reports each one in
+        // its summary: a warning here would say it twice.
+        if self.conflicts.is_some() {
+            tracing::debug!(%path, remote = self.remote, what,
+                "apply replaces a local change not yet pushed to that remote");
+        } else {
+            tracing::warn!(%path, remote = self.remote, what,
+                "apply overwrote a local change not yet pushed to that remote (last applier wins)");
+        }
     }
 
     fn temp_name(&mut self, dir: &Path) -> PathBuf {
@@ -716,8 +723,8 @@ impl<'a> Apply<'a> {
             };
             match kept {
                 Ok(()) => {
-                    tracing::warn!(%path, %copy, remote = self.remote,
-                        "a pull replaced a local change not yet pushed; the local version is kept");
+                    tracing::debug!(%path, %copy, remote = self.remote,
+                        "a pull replaces a local change not yet pushed; the local version is kept");
                     if let Some(list) = self.conflicts.as_deref_mut() {
                         list.push(ConflictCopy {
                             path: path.clone(),
