@@ -122,7 +122,10 @@ impl<K: Send + Sync + 'static> Dispatch<K> {
 
     /// The gate that runs before anything is routed or registered: the
     /// caller's capabilities must cover the call (403), then the call must
-    /// exist (404).
+    /// exist (404). The order is the reference's (`do.ts` checks
+    /// `hasCapability` before `dispatch.ts` answers "Unknown syscall"), so
+    /// a user's unknown call is 403 and only a caller holding `*` (root)
+    /// learns it does not exist.
     pub fn authorize(&self, session: &Session, call: &str) -> Result<&Entry<K>, KernelError> {
         if !has_capability(&session.capabilities, call) {
             return Err(KernelError::PermissionDenied(call.to_owned()));
