@@ -55,7 +55,7 @@ pub(crate) trait IndexContext<T> {
 impl<T> IndexContext<T> for Result<T, rusqlite::Error> {
     fn ctx(self, what: &str) -> Result<T, SyncError> {
         self.map_err(|e| {
-            super::index::note_error(&e);
+            crate::sqlite_state::note_error(&e);
             SyncError::Storage(format!("index: {what}: {e}"))
         })
     }

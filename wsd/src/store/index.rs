@@ -1,7 +1,6 @@
 //! The SQLite index: schema, migrations and row helpers. See `DESIGN.md`.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OptionalExtension, params};
@@ -160,28 +159,6 @@ fn take_clean_stamp(path: &Path) -> bool {
         return false;
     }
     file_state(path).is_some_and(|now| now == recorded)
-}
-
-/// SQLite errors saying "corrupt" or "not a database" that store code in
-/// this process has met (see [`note_error`]). Process-wide rather than per
-/// store because the error paths only hold the `rusqlite::Error`; a store
-/// that sees it move during its session does not stamp at close, so at
-/// worst a sound index sharing the process is checked once more.
-static CORRUPTION_SEEN: AtomicU64 = AtomicU64::new(0);
-
-/// Counts `e` when it says the index is damaged: a page that went bad
-/// without moving the file's metadata would otherwise be stamped clean at
-/// close and never checked again, failing every push and pull forever.
-pub(crate) fn note_error(e: &rusqlite::Error) {
-    if crate::sqlite_state::is_corruption(e) {
-        CORRUPTION_SEEN.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-/// How many corruption errors store code has met so far (see
-/// [`note_error`]); a store compares it at close with its value at open.
-pub(crate) fn corruption_seen() -> u64 {
-    CORRUPTION_SEEN.load(Ordering::SeqCst)
 }
 
 /// Closes the index (SQLite checkpoints the log into the file) and, when

@@ -124,7 +124,7 @@ pub struct WorkspaceStore {
     keep_conflicts: bool,
     /// Conflict copies made since the last [`WorkspaceStore::take_conflict_copies`].
     conflict_copies: Vec<ConflictCopy>,
-    /// [`index::corruption_seen`] at open: moved by close means this
+    /// [`crate::sqlite_state::corruption_seen`] at open: moved by close means this
     /// session may have met a damaged index, which must not be stamped clean.
     corruption_mark: u64,
 }
@@ -137,7 +137,7 @@ impl Drop for WorkspaceStore {
             return;
         };
         let db = std::mem::replace(&mut self.db, placeholder);
-        let trusted = index::corruption_seen() == self.corruption_mark;
+        let trusted = crate::sqlite_state::corruption_seen() == self.corruption_mark;
         index::close(db, &self.state_dir.join(INDEX_FILE), trusted);
     }
 }
@@ -187,7 +187,7 @@ impl WorkspaceStore {
                     })?,
             ),
         };
-        let corruption_mark = index::corruption_seen();
+        let corruption_mark = crate::sqlite_state::corruption_seen();
         let db = index::open(&state_dir.join(INDEX_FILE))?;
         let staging = Staging::open(state_dir.join("objects"))?;
         let (watch, no_watch) = if opts.watch {
