@@ -422,65 +422,6 @@ fn command_line(words: &[String]) -> Result<String> {
     }
 }
 
-/// What of a workspace `shell.exec` answer has not been printed yet.
-///
-/// A `running` answer carries only the output no earlier answer returned;
-/// the final answer carries all of it again (its last `MAX_OUTPUT_CHARS`,
-/// `truncated` when more was dropped) — see `workspace::shell`. So the
-/// final text is printed from where the printed text ends.
-#[derive(Debug, Default)]
-struct NewOutput {
-    /// The tail of what was printed, as long as the kernel's own cap.
-    printed: String,
-}
-
-impl NewOutput {
-    fn running(&mut self, delta: &str) -> String {
-        self.printed.push_str(delta);
-        let cap = wsd_kernel::node::MAX_OUTPUT_CHARS;
-        // Trimmed only when well over the cap (in bytes: a character is at
-        // most 4), so pushes stay cheap.
-        if self.printed.len() > 8 * cap {
-            let mut cut = self.printed.len() - 4 * cap;
-            while !self.printed.is_char_boundary(cut) {
-                cut += 1;
-            }
-            self.printed.drain(..cut);
-        }
-        delta.to_owned()
-    }
-
-    /// The part of the final `all` text not printed yet.
-    fn last<'a>(&self, all: &'a str) -> &'a str {
-        if let Some(rest) = all.strip_prefix(self.printed.as_str()) {
-            return rest;
-        }
-        // The window shifted (`truncated`): it starts somewhere inside
-        // what was printed, or after it. Skip the longest prefix of `all`
-        // that ends what was printed.
-        let n = overlap(self.printed.as_bytes(), all.as_bytes());
-        all.get(n..).unwrap_or(all)
-    }
-}
-
-/// The length of the longest suffix of `a` that is a prefix of `b` (the
-/// KMP prefix function of `b ‖ 0xFF ‖ a`; 0xFF never occurs in UTF-8).
-fn overlap(a: &[u8], b: &[u8]) -> usize {
-    let s: Vec<u8> = b.iter().chain([&0xFF]).chain(a).copied().collect();
-    let mut pi = vec![0usize; s.len()];
-    for i in 1..s.len() {
-        let mut k = pi[i - 1];
-        while k > 0 && s[i] != s[k] {
-            k = pi[k - 1];
-        }
-        if s[i] == s[k] {
-            k += 1;
-        }
-        pi[i] = k;
-    }
-    pi.last().copied().unwrap_or(0)
-}
-
 async fn exec(
     conn: &ConnArgs,
     workspace: &str,
@@ -496,29 +437,31 @@ async fn exec(
     let mut d = c
         .call("shell.exec", json!({"cwd": cwd, "input": input}))
         .await?;
-    let (mut seen_out, mut seen_err) = (NewOutput::default(), NewOutput::default());
+    // A workspace answer's `stdout`/`stderr` carry only what no earlier
+    // answer returned, so each is printed as it comes, stderr to ours. An
+    // answer without them (a failure before the command ran) has its
+    // `output` printed, once.
+    let mut polled = false;
     loop {
-        // An answer that keeps the streams apart has the command's stderr
-        // printed to ours; otherwise all of it is on stdout.
         let (o, e) = match (d["stdout"].as_str(), d["stderr"].as_str()) {
             (Some(o), Some(e)) => (o, e),
+            _ if polled => ("", ""),
             _ => (d["output"].as_str().unwrap_or(""), ""),
         };
         if d["truncated"] == true {
             eprintln!("gsv: (output over the kernel's cap: some was dropped)");
         }
+        out(o)?;
+        eprint!("{e}");
         match d["status"].as_str() {
             Some("running") => {
-                out(&seen_out.running(o))?;
-                eprint!("{}", seen_err.running(e));
+                polled = true;
                 let sid = d["sessionId"].as_str().unwrap_or_default().to_owned();
                 d = c
                     .call("shell.exec", json!({"sessionId": sid, "input": ""}))
                     .await?;
             }
             status => {
-                out(seen_out.last(o))?;
-                eprint!("{}", seen_err.last(e));
                 c.close().await;
                 if status == Some("completed") {
                     let code = d["exitCode"].as_i64().unwrap_or(1);
@@ -635,28 +578,5 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::NewOutput;
-
-    #[test]
-    fn the_final_answer_prints_only_what_follows_the_printed_text() {
-        let mut seen = NewOutput::default();
-        assert_eq!(seen.running("n1\nn2\n"), "n1\nn2\n");
-        assert_eq!(seen.last("n1\nn2\nn3\n"), "n3\n");
-    }
-
-    #[test]
-    fn a_shifted_final_window_prints_from_where_the_printed_text_ends() {
-        let mut seen = NewOutput::default();
-        seen.running("a1\na2\na3\n");
-        // The kernel kept only the tail: the window starts inside what
-        // was printed.
-        assert_eq!(seen.last("a3\nb1\n"), "b1\n");
-        // Or after it: all of it is new.
-        assert_eq!(seen.last("c1\nc2\n"), "c1\nc2\n");
     }
 }

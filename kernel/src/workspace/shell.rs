@@ -41,13 +41,12 @@ struct SessionState {
     outcome: Option<Outcome>,
 }
 
-/// One of the command's two streams: all of it (capped) and what no
-/// `running` answer has returned yet. Each decodes its own bytes, so a
-/// character split across two reads of one stream is not mangled by the
-/// other stream's bytes in between.
+/// One of the command's two streams: what no answer has returned yet
+/// (capped). It decodes its own bytes, so a character split across two
+/// reads of one stream is not mangled by the other stream's bytes in
+/// between.
 #[derive(Debug)]
 struct Stream {
-    all: CappedText,
     pending: CappedText,
     utf8: Utf8Stream,
 }
@@ -55,7 +54,6 @@ struct Stream {
 impl Default for Stream {
     fn default() -> Self {
         Stream {
-            all: CappedText::new(MAX_OUTPUT_CHARS),
             pending: CappedText::new(MAX_OUTPUT_CHARS),
             utf8: Utf8Stream::default(),
         }
@@ -71,7 +69,6 @@ impl SessionState {
         } else {
             &mut self.stdout
         };
-        stream.all.push(text);
         stream.pending.push(text);
     }
 }
@@ -158,8 +155,10 @@ impl ShellSession {
                 if let Some(outcome) = st.outcome.clone() {
                     let (output, truncated) = st.output.take_flagged();
                     let mut v = self.final_result(outcome, output, truncated);
-                    v["stdout"] = json!(st.stdout.all.text());
-                    v["stderr"] = json!(st.stderr.all.text());
+                    // Per stream, only what no `running` answer returned:
+                    // a poller prints the fields as they come.
+                    v["stdout"] = json!(st.stdout.pending.take());
+                    v["stderr"] = json!(st.stderr.pending.take());
                     return (v, true);
                 }
                 if tokio::time::Instant::now() >= deadline {
@@ -258,8 +257,8 @@ mod tests {
         s.append(b"!", true);
         s.append(&bytes[2..], false);
         let st = s.state.lock().unwrap();
-        assert_eq!(st.stdout.all.text(), "né");
-        assert_eq!(st.stderr.all.text(), "!");
+        assert_eq!(st.stdout.pending.text(), "né");
+        assert_eq!(st.stderr.pending.text(), "!");
     }
 
     #[tokio::test]
@@ -286,7 +285,8 @@ mod tests {
             v["output"], "first oops second",
             "the final result carries all output"
         );
-        assert_eq!(v["stdout"], "first second");
-        assert_eq!(v["stderr"], "oops ");
+        // The streams carry only what the running answer did not.
+        assert_eq!(v["stdout"], "second");
+        assert_eq!(v["stderr"], "");
     }
 }
