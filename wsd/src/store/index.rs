@@ -400,12 +400,13 @@ pub(crate) struct ChildRow {
     pub verified_ns: i64,
 }
 
+/// Rows by name. Fx hashing: the walk looks up every entry of the tree, and
+/// the keys are the user's own file names (nothing to gain by flooding).
+pub(crate) type RowsByName = rustc_hash::FxHashMap<String, ChildRow>;
+
 /// The live children of `parent` (`""` = root) by name (last segment), in
 /// one query (the `(parent, path)` index).
-pub(crate) fn live_children(
-    db: &Connection,
-    parent: &str,
-) -> Result<std::collections::HashMap<String, ChildRow>, SyncError> {
+pub(crate) fn live_children(db: &Connection, parent: &str) -> Result<RowsByName, SyncError> {
     let mut stmt = db
         .prepare_cached(
             "SELECT path, kind, mode, size, mtime_ns, dev, ino, ctime_ns, verified_ns
@@ -413,37 +414,79 @@ pub(crate) fn live_children(
         )
         .ctx("listing children")?;
     let mut rows = stmt.query([parent]).ctx("listing children")?;
-    let mut out = std::collections::HashMap::new();
+    let mut out = RowsByName::default();
     while let Some(r) = rows.next().ctx("listing children")? {
-        let path = r.get_ref(0).ctx("listing children")?;
-        let path = path
-            .as_str()
-            .map_err(|e| SyncError::Storage(format!("index holds a bad path: {e}")))?;
-        let name = path.rsplit('/').next().unwrap_or(path).to_owned();
-        let row = (|| {
-            Ok::<_, rusqlite::Error>(ChildRow {
-                kind: NodeKind::from_i64(r.get(1)?).map_err(|e| {
-                    rusqlite::Error::FromSqlConversionFailure(
-                        1,
-                        rusqlite::types::Type::Integer,
-                        Box::new(e),
-                    )
-                })?,
-                stat: Stat {
-                    mode: r.get::<_, i64>(2)? as u32,
-                    size: r.get::<_, i64>(3)? as u64,
-                    mtime_ns: r.get(4)?,
-                    dev: r.get::<_, i64>(5)? as u64,
-                    ino: r.get::<_, i64>(6)? as u64,
-                    ctime_ns: r.get(7)?,
-                },
-                verified_ns: r.get(8)?,
-            })
-        })()
-        .ctx("listing children")?;
+        let (name, row) = child_row(r).ctx("listing children")?;
         out.insert(name, row);
     }
     Ok(out)
+}
+
+/// Every live row, grouped by parent key (`""` = root) and then by name: what
+/// a whole-tree walk compares with, read in one pass over the table instead
+/// of one indexed query per directory. `None` when the index holds more than
+/// `max_rows` live rows (the caller then reads per directory, bounding the
+/// memory a walk of a huge tree takes).
+pub(crate) fn live_rows_by_parent(
+    db: &Connection,
+    max_rows: usize,
+) -> Result<Option<rustc_hash::FxHashMap<String, RowsByName>>, SyncError> {
+    let mut stmt = db
+        .prepare_cached(
+            "SELECT path, kind, mode, size, mtime_ns, dev, ino, ctime_ns, verified_ns, parent
+             FROM nodes WHERE kind != 3",
+        )
+        .ctx("reading the index")?;
+    let mut rows = stmt.query([]).ctx("reading the index")?;
+    let mut out = rustc_hash::FxHashMap::<String, RowsByName>::default();
+    let mut n = 0usize;
+    while let Some(r) = rows.next().ctx("reading the index")? {
+        n += 1;
+        if n > max_rows {
+            return Ok(None);
+        }
+        let (name, row) = child_row(r).ctx("reading the index")?;
+        let parent = r
+            .get_ref(9)
+            .and_then(|v| Ok(v.as_str()?))
+            .ctx("reading the index")?;
+        // One key per directory, not per row.
+        match out.get_mut(parent) {
+            Some(dir) => {
+                dir.insert(name, row);
+            }
+            None => {
+                out.entry(parent.to_owned()).or_default().insert(name, row);
+            }
+        }
+    }
+    Ok(Some(out))
+}
+
+/// Decodes `path, kind, mode, size, mtime_ns, dev, ino, ctime_ns,
+/// verified_ns` into the row's name (last segment) and [`ChildRow`].
+fn child_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, ChildRow)> {
+    let path = r.get_ref(0)?.as_str()?;
+    let name = path.rsplit('/').next().unwrap_or(path).to_owned();
+    let row = ChildRow {
+        kind: NodeKind::from_i64(r.get(1)?).map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(
+                1,
+                rusqlite::types::Type::Integer,
+                Box::new(e),
+            )
+        })?,
+        stat: Stat {
+            mode: r.get::<_, i64>(2)? as u32,
+            size: r.get::<_, i64>(3)? as u64,
+            mtime_ns: r.get(4)?,
+            dev: r.get::<_, i64>(5)? as u64,
+            ino: r.get::<_, i64>(6)? as u64,
+            ctime_ns: r.get(7)?,
+        },
+        verified_ns: r.get(8)?,
+    };
+    Ok((name, row))
 }
 
 /// The key of a path's parent in the `parent` column.

@@ -369,7 +369,7 @@ impl WorkspaceStore {
                 scan.walk(Some(&rel))?;
                 walked.insert(rel);
             } else {
-                scan.observe(&rel, meta.as_ref())?;
+                scan.observe(&rel, meta.as_ref().map(scan::Seen::of))?;
             }
         }
         scan.flush_hashes()?;
