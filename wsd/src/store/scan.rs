@@ -687,10 +687,14 @@ fn child_path(dir: &Option<SyncPath>, name: &str) -> Option<SyncPath> {
 /// Threads a walk without a watcher lists directories on: one per core, at
 /// most 4 (`lstat` and `getdents` are what a no-op walk spends its time in).
 fn walk_threads() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-        .min(4)
+    // Cached: each call reads three cgroup files.
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+            .min(4)
+    })
 }
 
 /// What [`hash_file`] returns for one file.
