@@ -865,6 +865,19 @@ mod tests {
         assert!(list_dir(&d.join("file"), &state).unwrap().is_none());
     }
 
+    #[test]
+    fn a_directory_that_cannot_be_opened_is_an_error_naming_it() {
+        // Root ignores permissions, so an over-long name stands in for an
+        // unreadable directory: any failure other than "gone" is an error
+        // that names the directory, as with `std::fs::read_dir` before.
+        let tmp = tempfile::tempdir().unwrap();
+        let bad = tmp.path().join("x".repeat(300));
+        let err = list_dir(&bad, &tmp.path().join(".wsd")).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("listing"), "{text}");
+        assert!(text.contains(&"x".repeat(300)), "{text}");
+    }
+
     /// A store without a watcher (every settle walks the whole tree).
     fn walking_store() -> (tempfile::TempDir, PathBuf, crate::store::WorkspaceStore) {
         let tmp = tempfile::tempdir().unwrap();
