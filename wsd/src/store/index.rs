@@ -272,19 +272,42 @@ pub(crate) struct Stat {
     pub ctime_ns: i64,
 }
 
-/// How close to its hashing time a file's mtime must be to count as racily
-/// clean. Generous enough for coarse filesystem clocks (jiffies, 1-2 s
-/// granularity on FAT/SMB); the cost is one more hash of recently written
-/// files.
+/// How close to its hashing time a file's timestamps must be to count as
+/// racily clean when the filesystem's clock may be coarse (jiffies, 1-2 s
+/// granularity on FAT/SMB, 10 ms on exFAT): the cost is one more hash of
+/// recently written files.
 pub(crate) const RACY_MARGIN_NS: i64 = 2_000_000_000;
 
+/// The margin on a filesystem whose ctime shows sub-10 ms precision (ext4,
+/// xfs, btrfs, tmpfs, overlayfs): their timestamps come from the kernel's
+/// clock, whose tick is at most 10 ms, so ten ticks cover it and the lag
+/// of that coarse clock behind the one `verified_ns` is read from.
+pub(crate) const FINE_RACY_MARGIN_NS: i64 = 100_000_000;
+
 impl Stat {
-    /// The racy-clean rule (git's), the one place it is written: a file
-    /// whose mtime is within [`RACY_MARGIN_NS`] of `verified_ns` (when it was
-    /// last hashed) may have been rewritten in the same timestamp tick after
-    /// hashing, so a stat equal to this one does not prove its content.
+    /// The racy-clean rule (git's, sharpened by ctime), the one place it is
+    /// written. A write after the content was hashed stamps the file's
+    /// mtime *and* ctime with the filesystem clock's "now"; the stat still
+    /// equals this one only if that "now" falls in the tick of both
+    /// recorded stamps. So a stat equal to this one does not prove the
+    /// content when
+    /// - its ctime is within the margin of `verified_ns` (when it was last
+    ///   hashed, or written by apply), and
+    /// - its mtime is within the margin of its ctime (or after it): a file
+    ///   whose mtime was set to an earlier time (apply stamps the sender's
+    ///   mtime; `touch -d`, `cp -p`, `tar`) cannot be rewritten to that
+    ///   mtime by an ordinary write.
+    ///
+    /// The margin is [`FINE_RACY_MARGIN_NS`] when the ctime's nanoseconds
+    /// prove sub-10 ms timestamps, else [`RACY_MARGIN_NS`].
     pub(crate) fn is_racy(&self, verified_ns: i64) -> bool {
-        self.mtime_ns.saturating_add(RACY_MARGIN_NS) >= verified_ns
+        let margin = if self.ctime_ns.rem_euclid(10_000_000) != 0 {
+            FINE_RACY_MARGIN_NS
+        } else {
+            RACY_MARGIN_NS
+        };
+        self.ctime_ns.saturating_add(margin) >= verified_ns
+            && self.mtime_ns.saturating_add(margin) >= self.ctime_ns
     }
 
     pub fn of(m: &std::fs::Metadata) -> Stat {

@@ -2,9 +2,9 @@
 //!
 //! A path is clean when its `lstat` equals the indexed stat (mode, size,
 //! mtime, ctime, dev, inode) and it is not *racily clean*: a file whose
-//! mtime is within [`index::RACY_MARGIN_NS`] of the moment it was last hashed may
-//! have been rewritten in the same timestamp tick after hashing, so it is
-//! hashed again (git's racy-clean rule). Only changed content, mode, kind
+//! timestamps are within a tick of the moment it was last hashed may have
+//! been rewritten in the same tick after hashing, so it is hashed again
+//! (git's racy-clean rule, sharpened by ctime: [`Stat::is_racy`]). Only changed content, mode, kind
 //! or symlink target stamps a rev; a stat-only difference (touch, a rename
 //! over the same bytes) refreshes the row silently. A directory differs
 //! only by kind or mode: its mtime moves with every child and is not state.
@@ -975,6 +975,44 @@ mod tests {
             is_racy(&file_node(s + 10, s)),
             "mtime in the future of the hash"
         );
+    }
+
+    #[test]
+    fn fine_timestamps_narrow_the_margin_and_an_earlier_mtime_is_never_racy() {
+        use crate::store::index::FINE_RACY_MARGIN_NS;
+        // 1.000000123 s after some epoch: not a multiple of 10 ms, so the
+        // filesystem keeps sub-tick precision.
+        let s = 1_000_000_000_123;
+        let written = |mtime_ns, ctime_ns, verified_ns| {
+            let mut n = file_node(mtime_ns, verified_ns);
+            n.stat.ctime_ns = ctime_ns;
+            is_racy(&n)
+        };
+        assert!(written(s, s, s), "hashed in the same instant");
+        assert!(written(s, s, s + FINE_RACY_MARGIN_NS), "within the margin");
+        assert!(
+            !written(s, s, s + FINE_RACY_MARGIN_NS + 1),
+            "a write in a later tick would move mtime"
+        );
+        // Apply's case: the sender's mtime (a second ago), the ctime of the
+        // rename now. A later write would set mtime to a later "now".
+        let applied = s + 1_000_000_000;
+        assert!(!written(s, applied, applied));
+        assert!(
+            written(applied - FINE_RACY_MARGIN_NS, applied, applied),
+            "an mtime within a tick of the ctime is racy"
+        );
+        assert!(
+            written(applied + 5, applied, applied),
+            "an mtime in the future"
+        );
+        // Coarse stamps (a multiple of 10 ms) keep the 2 s margin.
+        let c = 1_000_000_000_000;
+        assert!(
+            written(c - 1_000_000_000, c, c),
+            "1 s apart on a coarse clock"
+        );
+        assert!(!written(c - RACY_MARGIN_NS - 1, c, c));
     }
 
     #[test]

@@ -253,6 +253,33 @@ fn a_racily_clean_file_is_rehashed_even_when_its_stat_matches() {
 }
 
 #[test]
+fn a_file_applied_with_the_senders_recent_mtime_is_not_hashed_again() {
+    use std::os::unix::fs::MetadataExt;
+    both_modes(|watch| {
+        let mut w = ws(watch);
+        // A second ago: inside the coarse 2 s margin, well outside the fine one.
+        let sent_ms = fsutil::now_ns() / 1_000_000 - 1_000;
+        let (f, objs) = file_entry("big", &noise(300_000, 2), 0o644, sent_ms);
+        w.store.stage_objects(&objs).unwrap();
+        w.store.apply(peer_batch(&[f], 3)).unwrap();
+        let m = fs::symlink_metadata(w.root.join("big")).unwrap();
+        // Sub-10 ms ctime stamps (ext4, tmpfs, xfs, btrfs): apply's row is
+        // trusted at once; on a coarse clock it is hashed once more.
+        let fine = m.ctime_nsec() % 10_000_000 != 0;
+        let r = w.store.settle().unwrap();
+        assert_eq!(
+            (r.hashed, r.rev),
+            (usize::from(!fine), None),
+            "watch={watch} fine={fine}: {r:?}"
+        );
+        // A same-size rewrite right after is still caught: it moves mtime.
+        fs::write(w.root.join("big"), noise(300_000, 4)).unwrap();
+        let r = w.store.settle().unwrap();
+        assert_eq!((r.hashed, r.changed), (1, 1), "watch={watch}: {r:?}");
+    });
+}
+
+#[test]
 fn a_delete_produces_tombstones_for_the_path_and_its_indexed_subtree() {
     both_modes(|watch| {
         let mut w = ws(watch);
