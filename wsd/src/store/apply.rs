@@ -34,6 +34,7 @@ use super::fsutil::{self, DiskKind};
 use super::index::{self, Node, NodeKind, Stat};
 use super::objects::Staging;
 use super::scan;
+use super::writer::{self, Job, OldVersion, Writers};
 
 /// Default mode of a parent directory apply creates before its own entry
 /// arrives (rule 3).
@@ -158,6 +159,16 @@ pub(crate) struct Apply<'a> {
     /// The directory the current entry replaces is to be moved aside as a
     /// conflict copy (by `remove_dir_for`) rather than removed.
     dir_aside: bool,
+    /// Files being written on writer threads, each with its row.
+    writers: Writers<WrittenRow>,
+}
+
+/// The row of a file handed to a writer thread, recorded once the write
+/// reports the file's stat.
+struct WrittenRow {
+    node: Node,
+    chunks: Vec<ChunkRef>,
+    clear_chunks: bool,
 }
 
 /// A local version a pull kept rather than overwrite or delete it.
@@ -207,6 +218,7 @@ impl<'a> Apply<'a> {
             conflict_stamp: None,
             ignore: IgnoreRules::none_static(),
             dir_aside: false,
+            writers: Writers::new(),
         })
     }
 
@@ -480,6 +492,7 @@ impl<'a> Apply<'a> {
                 }
             }
             if let Some(m) = &existing {
+                self.drain()?;
                 let kind = if m.file_type().is_symlink() {
                     "symlink"
                 } else {
@@ -563,6 +576,11 @@ impl<'a> Apply<'a> {
     /// Applies one entry. Skips (rule 4) when a peer's entry matches what
     /// is both indexed and on disk.
     pub fn entry(&mut self, e: &ChangeEntry) -> Result<(), SyncError> {
+        // Only file writes overlap (each touches its own path alone); a
+        // directory, symlink or delete sees the disk and index complete.
+        if !matches!(e.state, EntryState::File { .. }) {
+            self.drain()?;
+        }
         let any_row = index::get_node(self.db, &e.path)?;
         let row = any_row.clone().filter(Node::is_live);
         let disk = self
@@ -777,8 +795,62 @@ impl<'a> Apply<'a> {
             .expect("an entry path has a parent inside the root");
         let tmp = self.temp_name(dir);
         self.touched_disk = true;
-        let written = self.assemble(e, &tmp, mode, mtime, chunks, old);
-        let file = match written {
+        // An edit of a large file keeps most of its chunks: copy the runs
+        // of them that the current version holds straight from it, in the
+        // kernel (copy_file_range), instead of reading and writing each.
+        let source = match old {
+            Some(old) if chunks.len() > 1 => OldVersion::open(self.db, self.root, old)?,
+            _ => None,
+        };
+        let pieces = writer::plan(chunks, self.staging, source.as_ref());
+        let mut node = self.node(
+            &e.path,
+            NodeKind::File,
+            Stat::default(),
+            None,
+            Some(manifest::hash(chunks)),
+        )?;
+        let size: u64 = chunks.iter().map(|c| u64::from(c.size)).sum();
+        if size >= writer::HAND_OFF_BYTES
+            && !replaces_dir
+            && Job::ready(&pieces)
+            && Writers::<WrittenRow>::available()
+        {
+            let job = Job {
+                path: e.path.clone(),
+                tmp,
+                abs: abs.to_path_buf(),
+                mode,
+                mtime_ms: mtime,
+                pieces,
+                old: source,
+            };
+            let row = WrittenRow {
+                node,
+                chunks: chunks.to_vec(),
+                clear_chunks: self.clear_chunks,
+            };
+            self.writers.spawn(job, row);
+            while self.writers.in_flight() > writer::MAX_IN_FLIGHT {
+                self.record_one()?;
+            }
+            return Ok(());
+        }
+        // Fetching a chunk may read a file a writer thread is replacing.
+        self.drain()?;
+        let path = &e.path;
+        let filled = writer::fill(
+            &tmp,
+            path,
+            (mode, mtime),
+            &pieces,
+            source.as_ref(),
+            &mut |hash, out| {
+                let bytes = self.chunk_bytes(hash, path)?;
+                out.write_all(&bytes).io_ctx(|| format!("writing {path}"))
+            },
+        );
+        let file = match filled {
             Ok(f) => f,
             Err(err) => {
                 let _ = std::fs::remove_file(&tmp);
@@ -789,83 +861,58 @@ impl<'a> Apply<'a> {
             let _ = std::fs::remove_file(&tmp);
             return Err(err);
         }
-        if let Err(err) =
-            super::failpoint::hit("apply-before-rename").and_then(|()| std::fs::rename(&tmp, abs))
-        {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(SyncError::io(format!("renaming into {}", e.path), err));
-        }
+        writer::rename_into(&tmp, abs, &e.path)?;
         // The stat after the rename (which moves ctime on most filesystems)
         // is what the next settle compares against.
         let meta = file.metadata().io_ctx(|| format!("stat {}", e.path))?;
-        let node = self.node(
-            &e.path,
-            NodeKind::File,
-            Stat::of(&meta),
-            None,
-            Some(manifest::hash(chunks)),
-        )?;
+        node.stat = Stat::of(&meta);
         index::put_node_with(self.db, &node, chunks, self.clear_chunks)
     }
 
-    fn assemble(
-        &mut self,
-        e: &ChangeEntry,
-        tmp: &Path,
-        mode: u32,
-        mtime: i64,
-        chunks: &[ChunkRef],
-        old: Option<&Node>,
-    ) -> Result<std::fs::File, SyncError> {
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(fsutil::O_NOFOLLOW)
-            .open(tmp)
-            .io_ctx(|| format!("creating a temp file for {}", e.path))?;
-        // An edit of a large file keeps most of its chunks: copy the runs
-        // of them that the current version holds straight from it, in the
-        // kernel (copy_file_range), instead of reading and writing each.
-        let source = match old {
-            Some(old) if chunks.len() > 1 => OldVersion::open(self.db, self.root, old)?,
-            _ => None,
+    /// Takes back one write from a writer thread and records its row; a
+    /// failed write is no longer counted as applied.
+    fn record_one(&mut self) -> Result<bool, SyncError> {
+        let Some((row, result)) = self.writers.next_done() else {
+            return Ok(false);
         };
-        let mut run: Option<(u64, u64)> = None;
-        for c in chunks {
-            if !self.staging.contains(&c.hash)
-                && let Some(src) = &source
-                && let Some(&offset) = src.offsets.get(&c.hash)
-            {
-                run = match run {
-                    Some((start, len)) if start + len == offset => {
-                        Some((start, len + u64::from(c.size)))
-                    }
-                    _ => {
-                        if let Some(r) = run {
-                            src.copy(r, &mut file, &e.path)?;
-                        }
-                        Some((offset, u64::from(c.size)))
-                    }
-                };
-                continue;
+        let WrittenRow {
+            mut node,
+            chunks,
+            clear_chunks,
+        } = row;
+        match result {
+            Ok(stat) => {
+                node.stat = stat;
+                index::put_node_with(self.db, &node, &chunks, clear_chunks)?;
+                Ok(true)
             }
-            if let (Some(r), Some(src)) = (run.take(), &source) {
-                src.copy(r, &mut file, &e.path)?;
+            Err(err) => {
+                self.outcome.applied -= 1;
+                Err(err)
             }
-            let bytes = self.chunk_bytes(&c.hash, &e.path)?;
-            file.write_all(&bytes)
-                .io_ctx(|| format!("writing {}", e.path))?;
         }
-        if let (Some(r), Some(src)) = (run, &source) {
-            src.copy(r, &mut file, &e.path)?;
+    }
+
+    /// Waits for every file handed to a writer thread and records the rows
+    /// of those written, so the index holds exactly what reached the disk.
+    /// Returns the first failure once all are recorded. Called before any
+    /// entry that is not a plain file write, and after the last entry.
+    pub fn drain(&mut self) -> Result<(), SyncError> {
+        let mut first = None;
+        loop {
+            match self.record_one() {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(e) => {
+                    if first.is_none() {
+                        first = Some(e);
+                    } else {
+                        tracing::warn!(error = %e, "a further file write of the batch failed");
+                    }
+                }
+            }
         }
-        // fchmod is not subject to the umask, so the mode arrives exactly.
-        file.set_permissions(std::fs::Permissions::from_mode(mode))
-            .io_ctx(|| format!("chmod {}", e.path))?;
-        file.set_times(std::fs::FileTimes::new().set_modified(fsutil::time_of_ms(mtime)))
-            .io_ctx(|| format!("setting the mtime of {}", e.path))?;
-        Ok(file)
+        first.map_or(Ok(()), Err)
     }
 
     fn chunk_bytes(&mut self, hash: &Hash, path: &SyncPath) -> Result<Cow<'_, [u8]>, SyncError> {
@@ -1150,58 +1197,6 @@ impl<'a> Apply<'a> {
         out.rev = index::meta_get(self.db, "rev")?;
         out.fetch_cursor = fetch;
         Ok(out)
-    }
-}
-
-/// The current version of a file apply rewrites, when its bytes are known
-/// to be the indexed ones: its stat equals its row's and is not racily
-/// clean (the rule settle trusts).
-struct OldVersion {
-    file: std::fs::File,
-    /// Where each of its chunks starts.
-    offsets: HashMap<Hash, u64>,
-}
-
-impl OldVersion {
-    fn open(db: &Connection, root: &Path, row: &Node) -> Result<Option<OldVersion>, SyncError> {
-        let Some((file, meta)) = fsutil::open_file_in_root(root, &row.path)
-            .map_err(|e| SyncError::io(format!("opening {}", row.path), e))?
-        else {
-            return Ok(None);
-        };
-        let unchanged = Stat::of(&meta) == row.stat && !scan::is_racy(row);
-        if !unchanged {
-            return Ok(None);
-        }
-        let mut offsets = HashMap::new();
-        let mut offset = 0u64;
-        for c in index::chunks_of(db, &row.path)? {
-            offsets.entry(c.hash).or_insert(offset);
-            offset += u64::from(c.size);
-        }
-        Ok(Some(OldVersion { file, offsets }))
-    }
-
-    /// Appends `len` bytes at `start` of the old version to `out`.
-    fn copy(
-        &self,
-        (start, len): (u64, u64),
-        out: &mut std::fs::File,
-        path: &SyncPath,
-    ) -> Result<(), SyncError> {
-        use std::io::{Read, Seek, SeekFrom};
-        let mut src = &self.file;
-        src.seek(SeekFrom::Start(start))
-            .io_ctx(|| format!("reading {path}"))?;
-        // std copies File to File with copy_file_range.
-        let copied = std::io::copy(&mut src.take(len), out).io_ctx(|| format!("writing {path}"))?;
-        if copied != len {
-            return Err(SyncError::Storage(format!(
-                "{path} changed on disk while being rewritten (copied {copied} of {len} bytes); \
-                 it is re-indexed by the next settle"
-            )));
-        }
-        Ok(())
     }
 }
 

@@ -21,6 +21,7 @@ mod index;
 mod objects;
 mod scan;
 mod watch;
+mod writer;
 
 #[cfg(test)]
 mod contract;
@@ -596,6 +597,15 @@ impl Store for WorkspaceStore {
             if result.is_err() {
                 break;
             }
+        }
+        // Files still being written on writer threads reach the disk and
+        // the index before the batch is judged.
+        match (a.drain(), &result) {
+            (Err(e), Ok(())) => result = Err(e),
+            (Err(e), Err(_)) => {
+                tracing::warn!(error = %e, "a further file write of the batch failed")
+            }
+            (Ok(()), _) => {}
         }
         if result.is_ok() {
             result = a.baseline(batch.baseline, batch.entries, batch.ignore);

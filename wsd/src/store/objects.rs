@@ -15,6 +15,7 @@ use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use wsd_sync::{Hash, SyncError};
 
@@ -27,8 +28,9 @@ pub(crate) const MEMORY_BUDGET: usize = 32 * 1024 * 1024;
 #[derive(Debug)]
 pub(crate) struct Staging {
     dir: PathBuf,
-    /// Objects held in memory, verified on arrival.
-    mem: HashMap<Hash, Vec<u8>>,
+    /// Objects held in memory, verified on arrival; shared with the
+    /// threads that write files (`writer::Piece::Staged`).
+    mem: HashMap<Hash, Arc<Vec<u8>>>,
     /// Bytes in `mem`.
     mem_bytes: usize,
     /// Objects spilled to files in `dir`.
@@ -88,7 +90,7 @@ impl Staging {
         }
         if self.mem_bytes + bytes.len() <= self.budget {
             self.mem_bytes += bytes.len();
-            self.mem.insert(*hash, bytes.to_vec());
+            self.mem.insert(*hash, Arc::new(bytes.to_vec()));
             return Ok(());
         }
         self.spill(hash, bytes)
@@ -101,7 +103,7 @@ impl Staging {
         }
         if self.mem_bytes + bytes.len() <= self.budget {
             self.mem_bytes += bytes.len();
-            self.mem.insert(hash, bytes);
+            self.mem.insert(hash, Arc::new(bytes));
             return Ok(());
         }
         self.spill(&hash, &bytes)
@@ -123,6 +125,11 @@ impl Staging {
     /// The bytes of an object staged in memory (verified on arrival).
     pub fn in_memory(&self, hash: &Hash) -> Option<&[u8]> {
         self.mem.get(hash).map(|b| &b[..])
+    }
+
+    /// An object staged in memory, shared without a copy.
+    pub fn shared(&self, hash: &Hash) -> Option<Arc<Vec<u8>>> {
+        self.mem.get(hash).cloned()
     }
 
     /// The bytes of a staged object. A spilled object is verified again

@@ -280,6 +280,82 @@ fn a_file_applied_with_the_senders_recent_mtime_is_not_hashed_again() {
 }
 
 #[test]
+fn large_files_written_on_writer_threads_land_whole_and_indexed() {
+    both_modes(|watch| {
+        let mut w = ws(watch);
+        let big = |i: u64| noise(200_000 + i as usize * 1000, 10 + 2 * i);
+        let mut entries = Vec::new();
+        for i in 0..6u64 {
+            let (e, objs) = file_entry(
+                &format!("d{}/big{i}", i % 2),
+                &big(i),
+                0o640,
+                1_600_000_000_000,
+            );
+            w.store.stage_objects(&objs).unwrap();
+            entries.push(e);
+        }
+        // A directory entry after them waits for the writes before it.
+        entries.push(dir_entry("d0", 0o700));
+        let out = w.store.apply(peer_batch(&entries, 2)).unwrap();
+        assert_eq!((out.applied, out.skipped), (7, 0), "watch={watch}");
+        for i in 0..6u64 {
+            let path = w.root.join(format!("d{}/big{i}", i % 2));
+            assert_eq!(fs::read(&path).unwrap(), big(i), "watch={watch}: big{i}");
+            assert_eq!(
+                fs::metadata(&path).unwrap().permissions().mode() & 0o7777,
+                0o640
+            );
+        }
+        let r = w.store.settle().unwrap();
+        assert_eq!(
+            (r.rev, r.hashed),
+            (None, 0),
+            "watch={watch}: rows match the disk: {r:?}"
+        );
+
+        // An edit in the middle of each: only new chunks are staged, the
+        // rest is copied from the previous version on the writer thread.
+        let mut entries = Vec::new();
+        let mut edited = Vec::new();
+        for i in 0..6u64 {
+            let mut bytes = big(i);
+            bytes.splice(100_000..100_000, *b"an insertion in the middle");
+            let (e, objs) = file_entry(
+                &format!("d{}/big{i}", i % 2),
+                &bytes,
+                0o640,
+                1_600_000_000_000,
+            );
+            let held: HashSet<Hash> = match w.entry(&format!("d{}/big{i}", i % 2)).unwrap().state {
+                EntryState::File { chunks, .. } => chunks.iter().map(|c| c.hash).collect(),
+                other => panic!("{other:?}"),
+            };
+            let fresh: Vec<Object> = objs
+                .into_iter()
+                .filter(|o| !held.contains(&o.hash))
+                .collect();
+            assert!(
+                !fresh.is_empty() && fresh.len() < 4,
+                "watch={watch}: {} new chunks",
+                fresh.len()
+            );
+            w.store.stage_objects(&fresh).unwrap();
+            entries.push(e);
+            edited.push(bytes);
+        }
+        let out = w.store.apply(peer_batch(&entries, 3)).unwrap();
+        assert_eq!(out.applied, 6, "watch={watch}");
+        for (i, bytes) in edited.iter().enumerate() {
+            let path = w.root.join(format!("d{}/big{i}", i % 2));
+            assert_eq!(&fs::read(&path).unwrap(), bytes, "watch={watch}: big{i}");
+        }
+        let r = w.store.settle().unwrap();
+        assert_eq!((r.rev, r.hashed), (None, 0), "watch={watch}: {r:?}");
+    });
+}
+
+#[test]
 fn a_delete_produces_tombstones_for_the_path_and_its_indexed_subtree() {
     both_modes(|watch| {
         let mut w = ws(watch);
