@@ -19,6 +19,7 @@
 //! `spawn_blocking`); or collect garbage on its own ([`Dofs::collect_garbage`]
 //! is explicit).
 
+mod checkpoint;
 mod error;
 mod fs;
 mod integrity;
@@ -52,7 +53,13 @@ impl Dofs {
     pub fn open(path: impl AsRef<Path>) -> Result<Dofs, DofsError> {
         let path = path.as_ref();
         let conn = Connection::open(path)?;
-        Dofs::init(conn, &path.display().to_string())
+        let mut dofs = Dofs::init(conn, &path.display().to_string())?;
+        // Checkpoints run beside the writer (`checkpoint.rs`), found again
+        // by absolute path whatever the working directory becomes.
+        let abs = std::path::absolute(path)
+            .map_err(|e| wsd_sync::SyncError::io(format!("resolving {}", path.display()), e))?;
+        checkpoint::install(&mut dofs.conn, abs)?;
+        Ok(dofs)
     }
 
     /// A private database that lives as long as the value (tests, scratch).

@@ -28,7 +28,9 @@ pub(crate) fn configure(conn: &Connection) -> Result<(), DofsError> {
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     // Checkpoint every 64 MiB of WAL instead of every 4 MiB: a checkpoint
     // copies pages back and fsyncs, and at the default it was a third of
-    // the cost of a small file write.
+    // the cost of a small file write. A file-backed `Dofs` then replaces
+    // this with a WAL hook that checkpoints on another thread
+    // (`checkpoint.rs`).
     conn.pragma_update(None, "wal_autocheckpoint", 16384)?;
     conn.pragma_update(None, "foreign_keys", true)?;
     // 8 MiB of page cache instead of SQLite's 2 MiB: with the default, the
