@@ -70,8 +70,7 @@ pub(crate) fn install(conn: &mut Connection, path: PathBuf) -> rusqlite::Result<
     // checkpoint that cannot run now (another one holds the lock) is left
     // for later, never returned.
     conn.wal_hook(Some(move |wal: &mut rusqlite::hooks::Wal, frames: i32| {
-        let sent = frames >= BACKGROUND_FRAMES
-            && frames < FOREGROUND_FRAMES
+        let sent = (BACKGROUND_FRAMES..FOREGROUND_FRAMES).contains(&frames)
             && (pending.swap(true, Ordering::AcqRel) || request(&path, &pending));
         if frames >= BACKGROUND_FRAMES
             && !sent
