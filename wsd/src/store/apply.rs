@@ -836,8 +836,12 @@ impl<'a> Apply<'a> {
             }
             return Ok(());
         }
-        // Fetching a chunk may read a file a writer thread is replacing.
-        self.drain()?;
+        // Fetching a chunk may read a file a writer thread is replacing,
+        // and a replaced directory goes with what is below it. Otherwise
+        // this write touches its own path alone, beside the writers.
+        if replaces_dir || !Job::ready(&pieces) {
+            self.drain()?;
+        }
         let path = &e.path;
         let filled = writer::fill(
             &tmp,
