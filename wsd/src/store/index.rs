@@ -272,16 +272,17 @@ pub(crate) struct Stat {
     pub ctime_ns: i64,
 }
 
-/// How close to its hashing time a file's timestamps must be to count as
-/// racily clean when the filesystem's clock may be coarse (jiffies, 1-2 s
-/// granularity on FAT/SMB, 10 ms on exFAT): the cost is one more hash of
-/// recently written files.
+/// How close to its hashing time a file's ctime must be to count as
+/// racily clean. This compares the filesystem's clock with ours, so it
+/// covers coarse clocks (jiffies, 1-2 s granularity on FAT/SMB) and a
+/// network filesystem's server clock being off by up to about as much; the
+/// cost is one more hash of recently written files.
 pub(crate) const RACY_MARGIN_NS: i64 = 2_000_000_000;
 
-/// The margin on a filesystem whose ctime shows sub-10 ms precision (ext4,
-/// xfs, btrfs, tmpfs, overlayfs): their timestamps come from the kernel's
-/// clock, whose tick is at most 10 ms, so ten ticks cover it and the lag
-/// of that coarse clock behind the one `verified_ns` is read from.
+/// How close a file's mtime must be to its own ctime for a later write to
+/// reproduce it, when the ctime's nanoseconds show sub-10 ms stamps (ext4,
+/// xfs, btrfs, tmpfs, overlayfs, NFS): both come from the filesystem's one
+/// clock, whose tick is at most 10 ms, so ten ticks cover it.
 pub(crate) const FINE_RACY_MARGIN_NS: i64 = 100_000_000;
 
 impl Stat {
@@ -291,23 +292,25 @@ impl Stat {
     /// equals this one only if that "now" falls in the tick of both
     /// recorded stamps. So a stat equal to this one does not prove the
     /// content when
-    /// - its ctime is within the margin of `verified_ns` (when it was last
-    ///   hashed, or written by apply), and
-    /// - its mtime is within the margin of its ctime (or after it): a file
-    ///   whose mtime was set to an earlier time (apply stamps the sender's
-    ///   mtime; `touch -d`, `cp -p`, `tar`) cannot be rewritten to that
-    ///   mtime by an ordinary write.
+    /// - its ctime is within [`RACY_MARGIN_NS`] of `verified_ns` (when it
+    ///   was last hashed, or written by apply), and
+    /// - its mtime is within a tick of its ctime (or after it): a file whose
+    ///   mtime was set to an earlier time (apply stamps the sender's mtime;
+    ///   `touch -d`, `cp -p`, `tar`) cannot be rewritten to that mtime by an
+    ///   ordinary write. The tick is [`FINE_RACY_MARGIN_NS`] when the
+    ///   ctime's nanoseconds prove sub-10 ms stamps, else [`RACY_MARGIN_NS`].
     ///
-    /// The margin is [`FINE_RACY_MARGIN_NS`] when the ctime's nanoseconds
-    /// prove sub-10 ms timestamps, else [`RACY_MARGIN_NS`].
+    /// The second test compares two stamps of the filesystem's own clock,
+    /// so it holds whatever that clock's offset from ours; the first keeps
+    /// the generous margin because it compares the two clocks.
     pub(crate) fn is_racy(&self, verified_ns: i64) -> bool {
-        let margin = if self.ctime_ns.rem_euclid(10_000_000) != 0 {
+        let tick = if self.ctime_ns.rem_euclid(10_000_000) != 0 {
             FINE_RACY_MARGIN_NS
         } else {
             RACY_MARGIN_NS
         };
-        self.ctime_ns.saturating_add(margin) >= verified_ns
-            && self.mtime_ns.saturating_add(margin) >= self.ctime_ns
+        self.ctime_ns.saturating_add(RACY_MARGIN_NS) >= verified_ns
+            && self.mtime_ns.saturating_add(tick) >= self.ctime_ns
     }
 
     pub fn of(m: &std::fs::Metadata) -> Stat {
