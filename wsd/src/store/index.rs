@@ -285,6 +285,46 @@ pub(crate) const RACY_MARGIN_NS: i64 = 2_000_000_000;
 /// clock, whose tick is at most 10 ms, so ten ticks cover it.
 pub(crate) const FINE_RACY_MARGIN_NS: i64 = 100_000_000;
 
+/// `statfs` types of local filesystems (`linux/magic.h`): their timestamps
+/// come from this kernel's clock, the one `verified_ns` is read from.
+pub(crate) const LOCAL_FS_TYPES: [u64; 8] = [
+    0xEF53,      // ext2/3/4
+    0x5846_5342, // xfs
+    0x9123_683E, // btrfs
+    0x0102_1994, // tmpfs
+    0x794C_7630, // overlayfs (its upper layer is local)
+    0x2FC1_2FC1, // zfs
+    0xF2F5_2010, // f2fs
+    0xCA45_1A4E, // bcachefs
+];
+
+/// Devices (`st_dev`) known to hold a local filesystem, registered by each
+/// store for its root ([`note_clock_of`]). Anything else (NFS, SMB, FUSE, a
+/// mount inside the root) is treated as a clock that may be off by a
+/// second or two.
+static LOCAL_CLOCK_DEVS: std::sync::RwLock<Vec<u64>> = std::sync::RwLock::new(Vec::new());
+
+/// Records whether the filesystem holding `root` keeps time with this
+/// kernel's clock (for [`Stat::is_racy`]). Best effort: a failing `statfs`
+/// leaves the generous margin.
+pub(crate) fn note_clock_of(root: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let local = rustix::fs::statfs(root).is_ok_and(|s| LOCAL_FS_TYPES.contains(&(s.f_type as u64)));
+    let Ok(dev) = std::fs::metadata(root).map(|m| m.dev()) else {
+        return;
+    };
+    if local
+        && let Ok(mut devs) = LOCAL_CLOCK_DEVS.write()
+        && !devs.contains(&dev)
+    {
+        devs.push(dev);
+    }
+}
+
+fn has_local_clock(dev: u64) -> bool {
+    LOCAL_CLOCK_DEVS.read().is_ok_and(|d| d.contains(&dev))
+}
+
 impl Stat {
     /// The racy-clean rule (git's, sharpened by ctime), the one place it is
     /// written. A write after the content was hashed stamps the file's
@@ -292,25 +332,35 @@ impl Stat {
     /// equals this one only if that "now" falls in the tick of both
     /// recorded stamps. So a stat equal to this one does not prove the
     /// content when
-    /// - its ctime is within [`RACY_MARGIN_NS`] of `verified_ns` (when it
-    ///   was last hashed, or written by apply), and
+    /// - its ctime is within a tick of `verified_ns` (when it was last
+    ///   hashed, or written by apply), and
     /// - its mtime is within a tick of its ctime (or after it): a file whose
     ///   mtime was set to an earlier time (apply stamps the sender's mtime;
     ///   `touch -d`, `cp -p`, `tar`) cannot be rewritten to that mtime by an
-    ///   ordinary write. The tick is [`FINE_RACY_MARGIN_NS`] when the
-    ///   ctime's nanoseconds prove sub-10 ms stamps, else [`RACY_MARGIN_NS`].
+    ///   ordinary write.
     ///
-    /// The second test compares two stamps of the filesystem's own clock,
-    /// so it holds whatever that clock's offset from ours; the first keeps
-    /// the generous margin because it compares the two clocks.
+    /// The tick is [`FINE_RACY_MARGIN_NS`] when the ctime's nanoseconds
+    /// prove sub-10 ms stamps, else [`RACY_MARGIN_NS`]. The second test
+    /// compares two stamps of the filesystem's own clock; the first compares
+    /// that clock with ours, so it uses the fine tick only on a local
+    /// filesystem ([`note_clock_of`]) and [`RACY_MARGIN_NS`] elsewhere (a
+    /// server's clock may be off).
     pub(crate) fn is_racy(&self, verified_ns: i64) -> bool {
-        let tick = if self.ctime_ns.rem_euclid(10_000_000) != 0 {
+        let fine = self.ctime_ns.rem_euclid(10_000_000) != 0;
+        let tick = if fine {
             FINE_RACY_MARGIN_NS
         } else {
             RACY_MARGIN_NS
         };
-        self.ctime_ns.saturating_add(RACY_MARGIN_NS) >= verified_ns
-            && self.mtime_ns.saturating_add(tick) >= self.ctime_ns
+        if self.mtime_ns.saturating_add(tick) < self.ctime_ns
+            || self.ctime_ns.saturating_add(RACY_MARGIN_NS) < verified_ns
+        {
+            return false;
+        }
+        // Changed within 2 s of the hashing: on our own clock only a tick
+        // counts (looked up only here, off the walk's common path).
+        !(fine && has_local_clock(self.dev))
+            || self.ctime_ns.saturating_add(FINE_RACY_MARGIN_NS) >= verified_ns
     }
 
     pub fn of(m: &std::fs::Metadata) -> Stat {

@@ -188,6 +188,7 @@ impl WorkspaceStore {
                     })?,
             ),
         };
+        index::note_clock_of(&root);
         let corruption_mark = crate::sqlite_state::corruption_seen();
         let db = index::open(&state_dir.join(INDEX_FILE))?;
         let staging = Staging::open(state_dir.join("objects"))?;

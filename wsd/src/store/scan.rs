@@ -1018,6 +1018,28 @@ mod tests {
     }
 
     #[test]
+    fn on_a_local_filesystem_a_file_hashed_a_tick_after_its_write_is_trusted() {
+        use crate::store::index::{FINE_RACY_MARGIN_NS, LOCAL_FS_TYPES, note_clock_of};
+        use std::os::unix::fs::MetadataExt;
+        let tmp = tempfile::tempdir().unwrap();
+        note_clock_of(tmp.path());
+        let local = rustix::fs::statfs(tmp.path())
+            .is_ok_and(|s| LOCAL_FS_TYPES.contains(&(s.f_type as u64)));
+        let s = 1_000_000_000_123;
+        let on_tmp = |mtime_ns, ctime_ns, verified_ns| {
+            let mut n = file_node(mtime_ns, verified_ns);
+            n.stat.ctime_ns = ctime_ns;
+            n.stat.dev = std::fs::metadata(tmp.path()).unwrap().dev();
+            is_racy(&n)
+        };
+        assert!(on_tmp(s, s, s + FINE_RACY_MARGIN_NS), "within a tick");
+        // A second later: trusted on a local clock, not on one that may be
+        // a server's.
+        assert_eq!(on_tmp(s, s, s + 1_000_000_000), !local, "local={local}");
+        assert!(!on_tmp(s, s, s + RACY_MARGIN_NS + 1));
+    }
+
+    #[test]
     fn directories_differ_by_mode_only() {
         let mut n = file_node(5, 10);
         n.kind = NodeKind::Dir;
