@@ -15,7 +15,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, mpsc};
+use std::sync::{Arc, LazyLock, mpsc};
 
 use rusqlite::wal::CheckpointMode;
 use rusqlite::{Connection, OpenFlags};
@@ -31,7 +31,7 @@ pub(crate) const FOREGROUND_FRAMES: i32 = 4 * BACKGROUND_FRAMES;
 /// flight (cleared when done).
 type Request = (PathBuf, Arc<AtomicBool>);
 
-static WORKER: LazyLock<Option<Mutex<mpsc::Sender<Request>>>> = LazyLock::new(|| {
+static WORKER: LazyLock<Option<mpsc::Sender<Request>>> = LazyLock::new(|| {
     let (tx, rx) = mpsc::channel::<Request>();
     std::thread::Builder::new()
         .name("dofs-checkpoint".to_owned())
@@ -45,7 +45,7 @@ static WORKER: LazyLock<Option<Mutex<mpsc::Sender<Request>>>> = LazyLock::new(||
         })
         .inspect_err(|e| tracing::warn!(error = %e, "no checkpoint thread; commits checkpoint"))
         .ok()
-        .map(|_| Mutex::new(tx))
+        .map(|_| tx)
 });
 
 /// Runs a passive checkpoint of `path` on a connection of its own. Never
@@ -85,10 +85,9 @@ pub(crate) fn install(conn: &mut Connection, path: PathBuf) -> rusqlite::Result<
 /// Hands a checkpoint of `path` to the worker; false (and `pending`
 /// cleared) when there is no worker.
 fn request(path: &std::path::Path, pending: &Arc<AtomicBool>) -> bool {
-    let sent = WORKER.as_ref().is_some_and(|w| {
-        w.lock()
-            .is_ok_and(|tx| tx.send((path.to_path_buf(), pending.clone())).is_ok())
-    });
+    let sent = WORKER
+        .as_ref()
+        .is_some_and(|tx| tx.send((path.to_path_buf(), pending.clone())).is_ok());
     if !sent {
         pending.store(false, Ordering::Release);
     }

@@ -814,7 +814,7 @@ impl<'a> Apply<'a> {
         if size >= writer::HAND_OFF_BYTES
             && !replaces_dir
             && Job::ready(&pieces)
-            && Writers::<WrittenRow>::available()
+            && writer::can_hand_off()
         {
             let job = Job {
                 path: e.path.clone(),

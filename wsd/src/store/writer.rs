@@ -55,6 +55,11 @@ static WRITE_POOL: std::sync::LazyLock<Option<rayon::ThreadPool>> =
 /// the previous version) and rows waiting in memory.
 pub(crate) const MAX_IN_FLIGHT: usize = 64;
 
+/// Whether writes can be handed off at all (a pool is running).
+pub(crate) fn can_hand_off() -> bool {
+    WRITE_POOL.is_some()
+}
+
 /// Files at least this large are handed to a writer thread. Below it the
 /// hand-off (a task, a wake-up, a channel message: ~10 µs) costs about what
 /// writing the file does: a cold push of 10k small files used 14 % more
@@ -263,11 +268,6 @@ impl<T> Writers<T> {
             waiting: HashMap::new(),
             next_id: 0,
         }
-    }
-
-    /// Whether writes can be handed off at all.
-    pub fn available() -> bool {
-        WRITE_POOL.is_some()
     }
 
     /// Writes handed off and not yet taken back with [`Writers::next_done`].
