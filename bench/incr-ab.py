@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
-"""Alternating A/B of incremental pushes: one client binary, daemon A vs B.
+"""Alternating A/B of incremental pushes: daemon A vs B (and client A vs B).
 
-usage: incr-ab.py CLIENT_WSD DAEMON_A_WSD DAEMON_B_WSD ROUNDS [PROFILE]
+usage: incr-ab.py CLIENT_WSD[,CLIENT_B_WSD] DAEMON_A_WSD DAEMON_B_WSD ROUNDS [PROFILE]
+
+With two clients (comma-separated), side B pushes with the second one: to
+compare clients, give the same daemon twice.
 
 Creates two copies of a make-tree.py profile (default mixed, seed 1), pushes
 each to its own `wsd serve` (A or B), then for each round applies the same
@@ -11,13 +14,14 @@ is read 1.5 s after the push returns, so it includes the daemon's idle
 settle. Prints per-round figures and the medians of the per-pair ratios B/A.
 STRACE=1 attaches `strace -f -T` to both daemons (syscall durations in
 /tmp/dp/w/{A,B}.strace), PERF=1 `perf record -g` to daemon B after its cold
-push. Works in /tmp/dp/w (removed and re-created).
+push. Works in $WSD_AB_DIR (default /tmp/dp/w; removed and re-created).
 """
 import os, subprocess, sys, time, socket, shutil, statistics, json
 MT = "/work/shared/bench/make-tree.py"
-CLIENT, DA, DB = sys.argv[1], sys.argv[2], sys.argv[3]
+CLIENTS, DA, DB = sys.argv[1].split(","), sys.argv[2], sys.argv[3]
+CLIENT = {"A": CLIENTS[0], "B": CLIENTS[-1]}
 N = int(sys.argv[4]); PROFILE = sys.argv[5] if len(sys.argv) > 5 else "mixed"
-W = "/tmp/dp/w"; shutil.rmtree(W, ignore_errors=True); os.makedirs(W)
+W = os.environ.get("WSD_AB_DIR", "/tmp/dp/w"); shutil.rmtree(W, ignore_errors=True); os.makedirs(W)
 def sh(a, **k): return subprocess.run(a, check=True, capture_output=True, text=True, **k)
 def port():
     s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
@@ -38,7 +42,7 @@ for name, binp in (("A", DA), ("B", DB)):
     if os.environ.get("STRACE"):
         subprocess.Popen(["strace", "-f", "-T", "-qq", "-e", "trace=rename,renameat2,unlink,unlinkat,copy_file_range,fsync,fdatasync", "-o", f"{W}/{name}.strace", "-p", str(proc.pid)])
         time.sleep(1)
-    push = [CLIENT, "push", src, "--remote", f"127.0.0.1:{p}", "--json", "--state", src + ".wsd-state"]
+    push = [CLIENT[name], "push", src, "--remote", f"127.0.0.1:{p}", "--json", "--state", src + ".wsd-state"]
     sh(push)
     if os.environ.get("STRACE"):
         open(f"{W}/{name}.strace", "a").write("=== MARK after cold push\n")
