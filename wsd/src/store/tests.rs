@@ -1382,6 +1382,80 @@ fn the_change_hook_reports_written_paths_but_not_the_state_directory_or_settles(
     assert_eq!(seen, Some(root.join("b")));
 }
 
+#[test]
+fn a_watched_apply_writes_its_temp_files_outside_the_watched_tree() {
+    let mut w = ws(true);
+    // A directory settle has seen is watched: events inside it are reported.
+    fs::create_dir(w.root.join("d")).unwrap();
+    w.store.settle().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<Option<std::path::PathBuf>>();
+    let tx = std::sync::Mutex::new(tx);
+    w.store.set_change_hook(move |p| {
+        let _ = tx.lock().unwrap().send(p.map(Path::to_path_buf));
+    });
+    let (small, o1) = file_entry("d/small.txt", b"small", 0o644, 1_600_000_000_000);
+    let (big, o2) = file_entry("d/big.bin", &noise(300_000, 2), 0o600, 1_600_000_000_000);
+    let link = ChangeEntry {
+        rev: 1,
+        path: p("d/link"),
+        state: EntryState::Symlink {
+            target: "small.txt".to_owned(),
+            mode: 0o777,
+            mtime: 1_600_000_000_000,
+        },
+    };
+    w.store.stage_objects(&o1).unwrap();
+    w.store.stage_objects(&o2).unwrap();
+    let entries = [small, big, link];
+    let out = w.store.apply(peer_batch(&entries, 3)).unwrap();
+    assert_eq!(out.applied, 3);
+    // The settle's barrier: every event of the apply has been delivered.
+    assert_eq!(w.store.settle().unwrap().rev, None, "nothing local changed");
+    let root = fs::canonicalize(&w.root).unwrap();
+    let mut seen: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok())
+        .flatten()
+        .collect();
+    seen.sort();
+    seen.dedup();
+    let temp: Vec<_> = seen
+        .iter()
+        .filter(|p| p.to_string_lossy().contains(fsutil::APPLY_TEMP_PREFIX))
+        .collect();
+    assert!(
+        temp.is_empty(),
+        "no temp name in the watched tree: {temp:?}"
+    );
+    for name in ["d/small.txt", "d/big.bin", "d/link"] {
+        assert!(seen.contains(&root.join(name)), "{name} reported: {seen:?}");
+    }
+    let left: Vec<_> = fs::read_dir(w.store.state_dir().join("apply-tmp"))
+        .unwrap()
+        .collect();
+    assert!(left.is_empty(), "nothing is left in apply-tmp: {left:?}");
+    assert_eq!(fs::read(root.join("d/small.txt")).unwrap(), b"small");
+    assert_eq!(
+        fs::read_link(root.join("d/link")).unwrap(),
+        Path::new("small.txt")
+    );
+    let m = fs::metadata(root.join("d/big.bin")).unwrap();
+    assert_eq!(m.permissions().mode() & 0o7777, 0o600);
+}
+
+#[test]
+fn a_temp_file_a_crash_left_in_apply_tmp_is_removed_at_open() {
+    let tmp = TempDir::new().unwrap();
+    let root = tmp.path().join("root");
+    let state = tmp.path().join("state");
+    fs::create_dir_all(&root).unwrap();
+    fs::create_dir_all(state.join("apply-tmp")).unwrap();
+    let stale = state
+        .join("apply-tmp")
+        .join(format!("{}999-1", fsutil::APPLY_TEMP_PREFIX));
+    fs::write(&stale, b"half written").unwrap();
+    let _s = WorkspaceStore::open(&root, &state, opts(true)).unwrap();
+    assert!(!stale.exists());
+}
+
 /// A workspace whose applies keep conflict copies (as the CLI opens it).
 fn ws_keeping_conflicts() -> Ws {
     let tmp = TempDir::new().unwrap();
