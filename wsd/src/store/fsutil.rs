@@ -93,18 +93,6 @@ pub(crate) fn lstat_in_root_cached(
     }
 }
 
-/// The id of the mount `path` is on (`statx` `STATX_MNT_ID`, Linux 5.8),
-/// without following a final symlink; `None` where the kernel cannot tell.
-/// Two paths can be renamed into each other only on the same mount: a bind
-/// mount of the same filesystem has the same `st_dev` but refuses with
-/// `EXDEV`.
-pub(crate) fn mount_id(path: &Path) -> Option<u64> {
-    use rustix::fs::{AtFlags, CWD, StatxFlags};
-    let st = rustix::fs::statx(CWD, path, AtFlags::SYMLINK_NOFOLLOW, StatxFlags::MNT_ID).ok()?;
-    (StatxFlags::from_bits_retain(st.stx_mask) & StatxFlags::MNT_ID == StatxFlags::MNT_ID)
-        .then_some(st.stx_mnt_id)
-}
-
 /// Errors meaning "nothing is there (any more)".
 pub(crate) fn is_gone(e: &io::Error) -> bool {
     matches!(

@@ -109,8 +109,9 @@ pub struct WorkspaceStore {
     state_rel: Option<SyncPath>,
     db: Connection,
     staging: Staging,
-    /// See [`apply::Apply::temp_dir`]: set while a watcher runs.
-    apply_temp: Option<(PathBuf, u64)>,
+    /// See [`apply::Apply::temp_dir`]: set while a watcher runs and the
+    /// state directory shares the root's filesystem.
+    apply_temp: Option<PathBuf>,
     watch: Option<LocalWatcher>,
     /// Why there is no watcher (disabled, failed to start, limit reached).
     no_watch: Option<String>,
@@ -146,9 +147,10 @@ impl Drop for WorkspaceStore {
 }
 
 /// `STATE/apply-tmp`, emptied (a crash may have left temp files there),
-/// with the id of its mount; `None` where the kernel cannot tell mounts
-/// apart (apply then writes beside each target).
-fn apply_temp_dir(state_dir: &Path) -> Result<Option<(PathBuf, u64)>, StoreError> {
+/// when it is on the root's filesystem (a rename into the tree must not
+/// cross filesystems); `None` otherwise.
+fn apply_temp_dir(root: &Path, state_dir: &Path) -> Result<Option<PathBuf>, StoreError> {
+    use std::os::unix::fs::MetadataExt;
     let dir = state_dir.join("apply-tmp");
     let io = |what: &str| {
         let context = format!("{what} {}", dir.display());
@@ -159,7 +161,9 @@ fn apply_temp_dir(state_dir: &Path) -> Result<Option<(PathBuf, u64)>, StoreError
         _ => {}
     }
     std::fs::create_dir(&dir).map_err(io("creating"))?;
-    Ok(fsutil::mount_id(&dir).map(|id| (dir, id)))
+    let dev = |p: &Path| std::fs::metadata(p).map(|m| m.dev());
+    let same = dev(&dir).map_err(io("stat"))? == dev(root).map_err(io("stat root beside"))?;
+    Ok(same.then_some(dir))
 }
 
 impl WorkspaceStore {
@@ -229,7 +233,7 @@ impl WorkspaceStore {
             (None, Some("the watcher is disabled".to_owned()))
         };
         let apply_temp = match &watch {
-            Some(_) => apply_temp_dir(&state_dir)?,
+            Some(_) => apply_temp_dir(&root, &state_dir)?,
             None => None,
         };
         Ok(WorkspaceStore {
@@ -613,7 +617,7 @@ impl Store for WorkspaceStore {
             a.conflicts = Some(&mut self.conflict_copies);
         }
         a.ignore = batch.ignore;
-        a.temp_dir = self.apply_temp.as_ref().map(|(d, id)| (d.as_path(), *id));
+        a.temp_dir = self.apply_temp.as_deref();
         // Nothing below `check` has touched the directory when it fails:
         // dropping the transaction rolls the index back too.
         a.check(batch.entries)?;
