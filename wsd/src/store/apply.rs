@@ -142,16 +142,6 @@ pub(crate) struct Apply<'a> {
     temp_seq: u64,
     /// Our pid, for temp names (one `getpid` per batch, not per file).
     pid: u32,
-    /// Where new versions are written before the rename into place, when
-    /// not beside their target: an unwatched directory on the root's
-    /// filesystem ([`WorkspaceStore::open`](super::WorkspaceStore::open)).
-    /// A file written beside its target raises about seven inotify events
-    /// (create, modify per write, attrib twice, two renames, close) that the
-    /// watcher thread reads and files as dirty; written here, only the
-    /// rename into place raises one. A cold push of 30k small files went
-    /// from 2.24 s to about 1.77 s without the watcher's share
-    /// (bench/RESULTS.md).
-    pub temp_dir: Option<&'a Path>,
     /// Workspace paths this batch has seen to be real directories (not
     /// symlinks), so ancestors shared by many entries are checked once.
     /// Entries that remove or replace a path drop it and everything below.
@@ -222,7 +212,6 @@ impl<'a> Apply<'a> {
             touched_disk: false,
             temp_seq: 0,
             pid: std::process::id(),
-            temp_dir: None,
             known_dirs: HashSet::new(),
             clear_chunks: true,
             conflicts: None,
@@ -462,7 +451,7 @@ impl<'a> Apply<'a> {
 
     fn temp_name(&mut self, dir: &Path) -> PathBuf {
         self.temp_seq += 1;
-        self.temp_dir.unwrap_or(dir).join(format!(
+        dir.join(format!(
             "{}{}-{}",
             fsutil::APPLY_TEMP_PREFIX,
             self.pid,

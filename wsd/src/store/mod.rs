@@ -109,9 +109,6 @@ pub struct WorkspaceStore {
     state_rel: Option<SyncPath>,
     db: Connection,
     staging: Staging,
-    /// See [`apply::Apply::temp_dir`]: set while a watcher runs and the
-    /// state directory shares the root's filesystem.
-    apply_temp: Option<PathBuf>,
     watch: Option<LocalWatcher>,
     /// Why there is no watcher (disabled, failed to start, limit reached).
     no_watch: Option<String>,
@@ -144,26 +141,6 @@ impl Drop for WorkspaceStore {
         let trusted = crate::sqlite_state::corruption_seen() == self.corruption_mark;
         index::close(db, &self.state_dir.join(INDEX_FILE), trusted);
     }
-}
-
-/// `STATE/apply-tmp`, emptied (a crash may have left temp files there),
-/// when it is on the root's filesystem (a rename into the tree must not
-/// cross filesystems); `None` otherwise.
-fn apply_temp_dir(root: &Path, state_dir: &Path) -> Result<Option<PathBuf>, StoreError> {
-    use std::os::unix::fs::MetadataExt;
-    let dir = state_dir.join("apply-tmp");
-    let io = |what: &str| {
-        let context = format!("{what} {}", dir.display());
-        move |source| StoreError::Io { context, source }
-    };
-    match std::fs::remove_dir_all(&dir) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io("clearing")(e)),
-        _ => {}
-    }
-    std::fs::create_dir(&dir).map_err(io("creating"))?;
-    let dev = |p: &Path| std::fs::metadata(p).map(|m| m.dev());
-    let same = dev(&dir).map_err(io("stat"))? == dev(root).map_err(io("stat root beside"))?;
-    Ok(same.then_some(dir))
 }
 
 impl WorkspaceStore {
@@ -232,17 +209,12 @@ impl WorkspaceStore {
             tracing::info!(root = %root.display(), "watcher disabled; every settle walks the whole tree");
             (None, Some("the watcher is disabled".to_owned()))
         };
-        let apply_temp = match &watch {
-            Some(_) => apply_temp_dir(&root, &state_dir)?,
-            None => None,
-        };
         Ok(WorkspaceStore {
             root,
             state_dir,
             state_rel,
             db,
             staging,
-            apply_temp,
             watch,
             no_watch,
             owed_walk: Some("startup: reconciling the directory with the index".to_owned()),
@@ -617,7 +589,6 @@ impl Store for WorkspaceStore {
             a.conflicts = Some(&mut self.conflict_copies);
         }
         a.ignore = batch.ignore;
-        a.temp_dir = self.apply_temp.as_deref();
         // Nothing below `check` has touched the directory when it fails:
         // dropping the transaction rolls the index back too.
         a.check(batch.entries)?;

@@ -1,5 +1,4 @@
-//! Writing a file's new version: a temp file (beside the target, or in the
-//! unwatched `apply-tmp` of the state directory: `Apply::temp_dir`), filled,
+//! Writing a file's new version: a temp file beside the target, filled,
 //! given its mode and mtime, then renamed over the target (per-file replace
 //! stays atomic). Apply runs this on its own thread, or hands it to
 //! [`WRITE_POOL`] so that the next entries are prepared while files are
