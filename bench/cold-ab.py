@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Alternating A/B of cold pushes: one client binary, daemon A vs B (vs C…).
+
+usage: cold-ab.py CLIENT_WSD "DAEMON_A[ ARGS],DAEMON_B[ ARGS],..." ROUNDS [PROFILE]
+
+Creates one make-tree.py profile (default mixed, seed 1) and indexes it
+with the client, then for each round pushes it to a fresh `wsd serve` of
+each daemon in turn (the order reversed every other round), into an empty
+root on loopback. A daemon may carry extra `serve` arguments after a space
+("/path/wsd --no-watch"). Before each push, as root, the page cache is
+dropped and the source read back (warm source, nothing else cached). Prints
+per-round wall time and daemon CPU, then per daemon the median wall, the
+median daemon CPU and the median and range of the per-round ratio to the
+first daemon. Each root is removed after its push.
+
+Works in $WSD_AB_DIR (default /tmp), in a directory removed at the end.
+On a filesystem that has seen many deletions, run it on a fresh one (see
+bench/compare --fresh-fs).
+"""
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAKE_TREE = os.environ.get("WSD_MAKE_TREE") or os.path.join(ROOT, "..", "shared", "bench", "make-tree.py")
+
+
+def main():
+    if len(sys.argv) < 4:
+        sys.exit(__doc__)
+    client, daemons, rounds = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3])
+    profile = sys.argv[4] if len(sys.argv) > 4 else "mixed"
+    work = os.path.join(os.environ.get("WSD_AB_DIR", "/tmp"), f"cold-ab-{os.getpid()}")
+    os.makedirs(work)
+    try:
+        run(client, daemons, rounds, profile, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def cpu_s(pid):
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def warm(src):
+    if os.geteuid() == 0:
+        subprocess.run("sync; echo 1 > /proc/sys/vm/drop_caches", shell=True, check=False)
+    # Through a pipe: GNU tar skips reading contents when writing to /dev/null.
+    with subprocess.Popen(["tar", "-C", src, "-cf", "-", "."], stdout=subprocess.PIPE) as p:
+        while p.stdout.read(1 << 20):
+            pass
+
+
+def run(client, daemons, rounds, profile, work):
+    src, state = os.path.join(work, "src"), os.path.join(work, "client-state")
+    subprocess.run([sys.executable, MAKE_TREE, "create", profile, src, "--seed", "1"],
+                   check=True, capture_output=True)
+    # Index the source first (nothing listens on port 1): every timed push is
+    # a cold push of an indexed source, the first one included.
+    subprocess.run([client, "push", src, "--remote", "127.0.0.1:1", "--state", state, "-q"],
+                   capture_output=True)
+    wall = {d: [] for d in daemons}
+    cpu = {d: [] for d in daemons}
+    k = 0
+    for r in range(rounds):
+        for d in (daemons if r % 2 == 0 else daemons[::-1]):
+            k += 1
+            root, dstate = os.path.join(work, f"root{k}"), os.path.join(work, f"state{k}")
+            os.makedirs(root)
+            port = free_port()
+            warm(src)
+            argv = d.split()
+            proc = subprocess.Popen(argv[:1] + ["serve"] + argv[1:] +
+                                    ["--root", root, "--state", dstate, "--listen", f"127.0.0.1:{port}"],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), 0.2).close()
+                    break
+                except OSError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        sys.exit(f"{d} serve did not start listening")
+                    time.sleep(0.05)
+            time.sleep(0.3)
+            c0, t0 = cpu_s(proc.pid), time.perf_counter()
+            subprocess.run([client, "push", src, "--remote", f"127.0.0.1:{port}", "--state", state, "-q"],
+                           check=True)
+            wall[d].append(time.perf_counter() - t0)
+            cpu[d].append(cpu_s(proc.pid) - c0)
+            proc.terminate()
+            proc.wait()
+            shutil.rmtree(root, ignore_errors=True)
+            shutil.rmtree(dstate, ignore_errors=True)
+        print(f"round {r + 1}: " + "  ".join(
+            f"{d} {wall[d][-1] * 1000:.0f} ms (daemon cpu {cpu[d][-1] * 1000:.0f})" for d in daemons), flush=True)
+    base = daemons[0]
+    for d in daemons:
+        ratios = [x / y for x, y in zip(wall[d], wall[base])]
+        print(f"{d}: median {statistics.median(wall[d]) * 1000:.0f} ms, daemon cpu "
+              f"{statistics.median(cpu[d]) * 1000:.0f} ms, ratio to {base} {statistics.median(ratios):.3f} "
+              f"({min(ratios):.2f}-{max(ratios):.2f})")
+    print("load", open("/proc/loadavg").read().split()[:3])
+
+
+if __name__ == "__main__":
+    main()
