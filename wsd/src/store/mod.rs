@@ -367,7 +367,7 @@ impl WorkspaceStore {
             if meta.as_ref().is_some_and(|m| m.file_type().is_dir()) {
                 // Walking (not just observing) a dirty directory covers a
                 // directory created or moved in with content, and re-adds
-                // the watch a rename made notify drop.
+                // the watch of a directory renamed in.
                 scan.walk(Some(&rel))?;
                 walked.insert(rel);
             } else {
