@@ -371,6 +371,11 @@ impl WorkspaceStore {
                 scan.walk(Some(&rel))?;
                 walked.insert(rel);
             } else {
+                if meta.is_none()
+                    && let Some(w) = scan.watch.as_mut()
+                {
+                    w.unwatch_below(&fsutil::abs(&self.root, &rel));
+                }
                 scan.observe(&rel, meta.as_ref().map(scan::Seen::of))?;
             }
         }

@@ -1382,6 +1382,41 @@ fn the_change_hook_reports_written_paths_but_not_the_state_directory_or_settles(
     assert_eq!(seen, Some(root.join("b")));
 }
 
+#[test]
+fn a_directory_moved_out_of_the_tree_stops_reporting() {
+    let mut w = ws(true);
+    w.write("d/sub/a", b"1");
+    w.store.settle().unwrap();
+    let root = fs::canonicalize(&w.root).unwrap();
+    let outside = root.parent().unwrap().join("outside");
+    fs::rename(root.join("d"), &outside).unwrap();
+    let r = w.store.settle().unwrap();
+    assert!(r.rev.is_some(), "the move out is a change: {r:?}");
+    let (tx, rx) = std::sync::mpsc::channel::<Option<std::path::PathBuf>>();
+    let tx = std::sync::Mutex::new(tx);
+    w.store.set_change_hook(move |p| {
+        let _ = tx.lock().unwrap().send(p.map(Path::to_path_buf));
+    });
+    // Writes in the moved-out directory and below it, then one in the tree.
+    fs::write(outside.join("b"), b"2").unwrap();
+    fs::write(outside.join("sub/c"), b"3").unwrap();
+    w.write("marker", b"m");
+    // The barrier: every event of the writes above has been filed.
+    w.store.settle().unwrap();
+    let seen: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok())
+        .flatten()
+        .collect();
+    assert!(seen.contains(&root.join("marker")), "{seen:?}");
+    assert!(
+        !seen.iter().any(|p| p.starts_with(root.join("d"))),
+        "no event of the moved-out directory is filed under its old name: {seen:?}"
+    );
+    assert!(
+        w.entry("d/sub/a")
+            .is_none_or(|e| matches!(e.state, EntryState::Delete))
+    );
+}
+
 /// A workspace whose applies keep conflict copies (as the CLI opens it).
 fn ws_keeping_conflicts() -> Ws {
     let tmp = TempDir::new().unwrap();

@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use inotify::{EventMask, Events, Inotify, WatchMask, Watches};
+use inotify::{EventMask, Events, Inotify, WatchDescriptor, WatchMask, Watches};
 
 /// What a watch reports: every change to an entry's content, metadata or
 /// name. Not opens, reads or closes without a write (noise for settle), and
@@ -62,8 +62,10 @@ struct Shared {
     rescan: Option<String>,
     cookie_seen: u64,
     on_change: Option<ChangeHook>,
-    /// The directory of each watch descriptor.
-    dirs: HashMap<i32, PathBuf>,
+    /// The descriptor and directory of each watch, by descriptor id.
+    dirs: HashMap<i32, (WatchDescriptor, PathBuf)>,
+    /// The same, by directory.
+    watched: HashMap<PathBuf, i32>,
     /// Why the reading thread stopped, if it did: no event arrives any more.
     dead: Option<String>,
 }
@@ -125,8 +127,11 @@ impl LocalWatcher {
         let inotify =
             Inotify::init().map_err(|e| format!("cannot start the watcher (inotify_init): {e}"))?;
         let watches = inotify.watches();
-        let (stop_rx, stop_tx) =
-            rustix::pipe::pipe().map_err(|e| format!("cannot start the watcher (pipe): {e}"))?;
+        // Close-on-exec: a command the daemon runs must not hold the stop
+        // pipe (a copy of its write end would keep the reader from seeing
+        // it close; the byte Drop writes wakes it regardless).
+        let (stop_rx, stop_tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+            .map_err(|e| format!("cannot start the watcher (pipe): {e}"))?;
         let shared: Arc<(Mutex<Shared>, Condvar)> = Arc::default();
         let filter = Filter {
             root: root.to_owned(),
@@ -170,8 +175,40 @@ impl LocalWatcher {
         let (lock, _) = &*self.shared;
         let mut s = lock.lock().unwrap_or_else(|p| p.into_inner());
         let wd = self.watches.add(dir, WATCH_MASK)?;
-        s.dirs.insert(wd.get_watch_descriptor_id(), dir.to_owned());
+        let id = wd.get_watch_descriptor_id();
+        if let Some((_, old)) = s.dirs.insert(id, (wd, dir.to_owned())) {
+            s.watched.remove(&old);
+        }
+        s.watched.insert(dir.to_owned(), id);
         Ok(())
+    }
+
+    /// Removes the watches of `dir` and of every directory below it, when
+    /// settle found `dir` gone: moved out of the tree, they would go on
+    /// reporting the old paths and count against the watch limit. A
+    /// directory moved elsewhere inside the tree was watched again under
+    /// its new name by the settle that walked it, so it is not below `dir`
+    /// in the map any more.
+    pub fn unwatch_below(&mut self, dir: &Path) {
+        let (lock, _) = &*self.shared;
+        let mut s = lock.lock().unwrap_or_else(|p| p.into_inner());
+        // Most paths settle finds gone were files: one lookup.
+        if !s.watched.contains_key(dir) {
+            return;
+        }
+        let gone: Vec<i32> = s
+            .dirs
+            .iter()
+            .filter(|(_, (_, p))| p.starts_with(dir))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in gone {
+            if let Some((wd, p)) = s.dirs.remove(&id) {
+                s.watched.remove(&p);
+                // Already gone with its directory: nothing to undo.
+                let _ = self.watches.remove(wd);
+            }
+        }
     }
 
     /// Calls `hook` whenever a change under the root is noticed, so an idle
@@ -224,7 +261,7 @@ impl LocalWatcher {
     pub fn has_pending(&self) -> bool {
         let (lock, _) = &*self.shared;
         let s = lock.lock().unwrap_or_else(|p| p.into_inner());
-        !s.dirty.is_empty() || s.rescan.is_some()
+        !s.dirty.is_empty() || s.rescan.is_some() || s.dead.is_some()
     }
 
     /// Waits until every event of writes finished before this call has been
@@ -246,8 +283,13 @@ impl LocalWatcher {
                 let deadline = Instant::now() + self.barrier_timeout;
                 let mut s = lock.lock().unwrap_or_else(|p| p.into_inner());
                 loop {
-                    if s.cookie_seen >= n {
+                    // After an overflow (the cookie itself may be lost) the
+                    // settle walks everything anyway.
+                    if s.cookie_seen >= n || s.rescan.is_some() {
                         break Ok(s);
+                    }
+                    if let Some(reason) = &s.dead {
+                        break Err(format!("the watcher stopped: {reason}"));
                     }
                     let left = deadline.saturating_duration_since(Instant::now());
                     if left.is_zero() {
@@ -301,9 +343,11 @@ impl LocalWatcher {
 
 impl Drop for LocalWatcher {
     fn drop(&mut self) {
-        // Closing the pipe's write end wakes the reader, which then exits
-        // and closes the inotify instance.
-        drop(self.stop.take());
+        // A byte on the stop pipe (and its write end closing) wakes the
+        // reader, which then exits and closes the inotify instance.
+        if let Some(stop) = self.stop.take() {
+            let _ = rustix::io::write(&stop, &[1]);
+        }
         if let Some(reader) = self.reader.take() {
             let _ = reader.join();
         }
@@ -399,10 +443,14 @@ fn file_events(events: Events<'_>, shared: &(Mutex<Shared>, Condvar), f: &Filter
         if ev.mask.contains(EventMask::IGNORED) {
             // The watch is gone (its directory removed or unmounted); the
             // parent's watch reported that.
-            s.dirs.remove(&wd);
+            if let Some((_, p)) = s.dirs.remove(&wd)
+                && s.watched.get(&p) == Some(&wd)
+            {
+                s.watched.remove(&p);
+            }
             continue;
         }
-        let Some(dir) = s.dirs.get(&wd) else {
+        let Some((_, dir)) = s.dirs.get(&wd) else {
             continue;
         };
         let p = match ev.name {
