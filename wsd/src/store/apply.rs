@@ -811,11 +811,8 @@ impl<'a> Apply<'a> {
             Some(manifest::hash(chunks)),
         )?;
         let size: u64 = chunks.iter().map(|c| u64::from(c.size)).sum();
-        if size >= writer::HAND_OFF_BYTES
-            && !replaces_dir
-            && Job::ready(&pieces)
-            && writer::can_hand_off()
-        {
+        let ready = Job::ready(&pieces);
+        if size >= writer::HAND_OFF_BYTES && !replaces_dir && ready && writer::can_hand_off() {
             let job = Job {
                 path: e.path.clone(),
                 tmp,
@@ -839,11 +836,11 @@ impl<'a> Apply<'a> {
         // Fetching a chunk may read a file a writer thread is replacing,
         // and a replaced directory goes with what is below it. Otherwise
         // this write touches its own path alone, beside the writers.
-        if replaces_dir || !Job::ready(&pieces) {
+        if replaces_dir || !ready {
             self.drain()?;
         }
         let path = &e.path;
-        let filled = writer::fill(
+        let file = writer::fill(
             &tmp,
             path,
             (mode, mtime),
@@ -853,14 +850,7 @@ impl<'a> Apply<'a> {
                 let bytes = self.chunk_bytes(hash, path)?;
                 out.write_all(&bytes).io_ctx(|| format!("writing {path}"))
             },
-        );
-        let file = match filled {
-            Ok(f) => f,
-            Err(err) => {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(err);
-            }
-        };
+        )?;
         if replaces_dir && let Err(err) = self.remove_dir_for(&e.path, abs) {
             let _ = std::fs::remove_file(&tmp);
             return Err(err);

@@ -363,6 +363,13 @@ impl Stat {
             || self.ctime_ns.saturating_add(FINE_RACY_MARGIN_NS) >= verified_ns
     }
 
+    /// True when `disk` (a `stat` of the file now) proves the bytes hashed
+    /// at `verified_ns` under this stat are still there: equal, and not
+    /// racily clean.
+    pub(crate) fn proves_unchanged(&self, disk: &std::fs::Metadata, verified_ns: i64) -> bool {
+        Stat::of(disk) == *self && !self.is_racy(verified_ns)
+    }
+
     pub fn of(m: &std::fs::Metadata) -> Stat {
         use std::os::unix::fs::MetadataExt;
         Stat {
@@ -799,7 +806,7 @@ impl ChunkLocation {
     /// True when `disk` (the open file's `fstat`) proves the indexed bytes
     /// unchanged, so they need not be hashed again.
     pub fn unchanged(&self, disk: &std::fs::Metadata) -> bool {
-        Stat::of(disk) == self.stat && !self.stat.is_racy(self.verified_ns)
+        self.stat.proves_unchanged(disk, self.verified_ns)
     }
 }
 

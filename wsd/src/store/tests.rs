@@ -53,6 +53,16 @@ fn ws(watch: bool) -> Ws {
     }
 }
 
+/// What the store's change hook is called with, as it is called.
+fn hook_calls(store: &WorkspaceStore) -> std::sync::mpsc::Receiver<Option<std::path::PathBuf>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tx = std::sync::Mutex::new(tx);
+    store.set_change_hook(move |p| {
+        let _ = tx.lock().unwrap().send(p.map(Path::to_path_buf));
+    });
+    rx
+}
+
 impl Ws {
     fn write(&self, rel: &str, bytes: &[u8]) {
         let path = self.root.join(rel);
@@ -1080,6 +1090,36 @@ fn a_lost_event_stream_falls_back_to_a_full_walk() {
 }
 
 #[test]
+fn a_watcher_whose_reader_failed_is_given_up_and_settles_walk() {
+    let mut w = ws(true);
+    w.store.settle().unwrap();
+    let rx = hook_calls(&w.store);
+    w.write("a", b"1");
+    w.store.watch.as_ref().unwrap().simulate_reader_failure();
+    assert!(
+        std::iter::from_fn(|| rx.try_recv().ok()).any(|p| p.is_none()),
+        "the owner is told at once (anything may have changed)"
+    );
+    assert!(
+        w.store.watch.as_ref().unwrap().has_pending(),
+        "an idle settle is due"
+    );
+    // The write may or may not have been filed: the walk finds it either way.
+    let r = w.store.settle().unwrap();
+    assert!(
+        r.full_walk
+            .as_deref()
+            .is_some_and(|r| r.contains("the watcher stopped")),
+        "{r:?}"
+    );
+    assert_eq!(r.changed, 1, "{r:?}");
+    assert!(!w.store.is_watching(), "the dead watcher was given up");
+    w.write("a", b"22");
+    let r = w.store.settle().unwrap();
+    assert_eq!(r.changed, 1, "later changes are still found by walking");
+}
+
+#[test]
 fn reaching_the_watch_limit_falls_back_to_walking_without_failing() {
     let mut w = ws(true);
     w.store.settle().unwrap();
@@ -1355,11 +1395,7 @@ fn assert_tree_eq(a: &Path, b: &Path) {
 fn the_change_hook_reports_written_paths_but_not_the_state_directory_or_settles() {
     let mut w = ws(true);
     w.store.settle().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel::<Option<std::path::PathBuf>>();
-    let tx = std::sync::Mutex::new(tx);
-    w.store.set_change_hook(move |p| {
-        let _ = tx.lock().unwrap().send(p.map(Path::to_path_buf));
-    });
+    let rx = hook_calls(&w.store);
     w.write("a", b"1");
     let root = fs::canonicalize(&w.root).unwrap();
     let seen = rx
@@ -1392,11 +1428,7 @@ fn a_directory_moved_out_of_the_tree_stops_reporting() {
     fs::rename(root.join("d"), &outside).unwrap();
     let r = w.store.settle().unwrap();
     assert!(r.rev.is_some(), "the move out is a change: {r:?}");
-    let (tx, rx) = std::sync::mpsc::channel::<Option<std::path::PathBuf>>();
-    let tx = std::sync::Mutex::new(tx);
-    w.store.set_change_hook(move |p| {
-        let _ = tx.lock().unwrap().send(p.map(Path::to_path_buf));
-    });
+    let rx = hook_calls(&w.store);
     // Writes in the moved-out directory and below it, then one in the tree.
     fs::write(outside.join("b"), b"2").unwrap();
     fs::write(outside.join("sub/c"), b"3").unwrap();

@@ -334,6 +334,13 @@ impl LocalWatcher {
         s.rescan = Some("inotify event queue overflowed".into());
     }
 
+    /// Stops event delivery as a failing reader does (its thread keeps
+    /// running until drop, reading nothing that matters).
+    #[cfg(test)]
+    pub fn simulate_reader_failure(&self) {
+        mark_dead(&self.shared, "reading inotify events: simulated".to_owned());
+    }
+
     /// Makes the watch limit "reached" after `n` more directories.
     #[cfg(test)]
     pub fn simulate_watch_limit(&mut self, n: usize) {
@@ -383,6 +390,12 @@ fn read_events(inotify: Inotify, stop: OwnedFd, shared: &(Mutex<Shared>, Condvar
         Ok(Some(reason)) => reason,
         Err(_) => "the watcher thread panicked".to_owned(),
     };
+    mark_dead(shared, reason);
+}
+
+/// No event arrives any more: settles walk (and give the watcher up), and
+/// an owner waiting on the hook or the barrier is told now.
+fn mark_dead(shared: &(Mutex<Shared>, Condvar), reason: String) {
     let (lock, cvar) = shared;
     let mut s = lock.lock().unwrap_or_else(|p| p.into_inner());
     tracing::warn!(%reason, "the watcher stopped; settles walk the whole tree");

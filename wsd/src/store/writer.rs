@@ -93,8 +93,7 @@ impl OldVersion {
         else {
             return Ok(None);
         };
-        let unchanged = Stat::of(&meta) == row.stat && !row.stat.is_racy(row.verified_ns);
-        if !unchanged {
+        if !row.stat.proves_unchanged(&meta, row.verified_ns) {
             return Ok(None);
         }
         let mut offsets = HashMap::new();
@@ -152,11 +151,12 @@ pub(crate) fn plan(chunks: &[ChunkRef], staging: &Staging, old: Option<&OldVersi
 
 /// Creates `tmp` (never following or replacing anything there), writes
 /// `pieces` (`fetch` writes a [`Piece::Fetch`] chunk), sets mode and mtime.
-/// The caller removes `tmp` on error.
+/// On error the temp file it created is removed (one it could not create
+/// is not its to remove).
 pub(crate) fn fill(
     tmp: &Path,
     path: &SyncPath,
-    (mode, mtime_ms): (u32, i64),
+    mode_mtime: (u32, i64),
     pieces: &[Piece],
     old: Option<&OldVersion>,
     fetch: &mut dyn FnMut(&Hash, &mut File) -> Result<(), SyncError>,
@@ -168,6 +168,23 @@ pub(crate) fn fill(
         .custom_flags(fsutil::O_NOFOLLOW)
         .open(tmp)
         .io_ctx(|| format!("creating a temp file for {path}"))?;
+    match write_pieces(&mut file, path, mode_mtime, pieces, old, fetch) {
+        Ok(()) => Ok(file),
+        Err(e) => {
+            let _ = std::fs::remove_file(tmp);
+            Err(e)
+        }
+    }
+}
+
+fn write_pieces(
+    file: &mut File,
+    path: &SyncPath,
+    (mode, mtime_ms): (u32, i64),
+    pieces: &[Piece],
+    old: Option<&OldVersion>,
+    fetch: &mut dyn FnMut(&Hash, &mut File) -> Result<(), SyncError>,
+) -> Result<(), SyncError> {
     for p in pieces {
         match p {
             Piece::Old { start, len } => {
@@ -176,10 +193,10 @@ pub(crate) fn fill(
                         "{path}: a run of a previous version that is not open"
                     ))
                 })?;
-                old.copy(*start, *len, &mut file, path)?;
+                old.copy(*start, *len, file, path)?;
             }
             Piece::Staged(bytes) => file.write_all(bytes).io_ctx(|| format!("writing {path}"))?,
-            Piece::Fetch(hash) => fetch(hash, &mut file)?,
+            Piece::Fetch(hash) => fetch(hash, file)?,
         }
     }
     // fchmod is not subject to the umask, so the mode arrives exactly.
@@ -187,7 +204,7 @@ pub(crate) fn fill(
         .io_ctx(|| format!("chmod {path}"))?;
     file.set_times(std::fs::FileTimes::new().set_modified(fsutil::time_of_ms(mtime_ms)))
         .io_ctx(|| format!("setting the mtime of {path}"))?;
-    Ok(file)
+    Ok(())
 }
 
 /// Renames the filled `tmp` over `abs`; on failure the temp file is removed
@@ -229,21 +246,14 @@ impl Job {
                 self.path
             )))
         };
-        let filled = fill(
+        let file = fill(
             &self.tmp,
             &self.path,
             (self.mode, self.mtime_ms),
             &self.pieces,
             self.old.as_ref(),
             &mut no_fetch,
-        );
-        let file = match filled {
-            Ok(f) => f,
-            Err(e) => {
-                let _ = std::fs::remove_file(&self.tmp);
-                return Err(e);
-            }
-        };
+        )?;
         rename_into(&self.tmp, &self.abs, &self.path)?;
         let meta = file.metadata().io_ctx(|| format!("stat {}", self.path))?;
         Ok(Stat::of(&meta))
