@@ -478,14 +478,24 @@ impl<'a> Apply<'a> {
                 Err(e) => return Err(SyncError::io(format!("stat {a} (ancestor of {path})"), e)),
             };
             let row = index::get_node(self.db, &a)?;
-            // The implied directory stands in for the sender's, whose mode
-            // we do not know. Normally its own entry follows (or it is
-            // already synced) and the row counts as the sender's state. But
-            // when it overwrites a local change not yet pushed (a delete or
-            // a file there), it is our resolution of a conflict: record it
-            // as a local change, so it ships back and both sides converge.
+            // A live directory row with no directory on disk is a local
+            // delete (or replacement) settle has not stamped yet. The row's
+            // mode is the state the sender last had from us or gave us: the
+            // directory comes back as that, not as a guess, or the index
+            // would record the guess as the sender's state and the two sides
+            // would keep different modes for good.
+            let row_dir = row
+                .as_ref()
+                .filter(|r| r.is_live() && r.kind == NodeKind::Dir);
+            let mode = row_dir.map_or(IMPLIED_DIR_MODE, |r| r.stat.mode);
+            // Otherwise the implied directory stands in for the sender's,
+            // whose mode we do not know: its own entry follows (a sender
+            // ships a new directory before what it holds). But when it
+            // overwrites a local change not yet pushed (a delete or a file
+            // there), it is our resolution of a conflict: record it as a
+            // local change, so it ships back and both sides converge.
             let local = self.unpushed_local(row.as_ref());
-            if local {
+            if local || row_dir.is_some() {
                 self.note_overwrite(&a, "ancestor recreated as a directory");
                 if existing.is_some() && self.conflicts.is_some() {
                     self.keep_conflict_copy(&a, false)?;
@@ -506,7 +516,7 @@ impl<'a> Apply<'a> {
             }
             self.touched_disk = true;
             std::fs::create_dir(&abs).io_ctx(|| format!("creating directory {a}"))?;
-            std::fs::set_permissions(&abs, std::fs::Permissions::from_mode(IMPLIED_DIR_MODE))
+            std::fs::set_permissions(&abs, std::fs::Permissions::from_mode(mode))
                 .io_ctx(|| format!("chmod {a}"))?;
             let meta = std::fs::symlink_metadata(&abs).io_ctx(|| format!("stat {a}"))?;
             let mut node = self.node(&a, NodeKind::Dir, Stat::of(&meta), None, None)?;

@@ -77,6 +77,16 @@ impl Ws {
 
 /// All entries after `after`, one page of at most `limit` at a time.
 fn all_changes(s: &mut WorkspaceStore, after: &ChangeCursor) -> Vec<ChangeEntry> {
+    changes_for(s, after, None)
+}
+
+/// What a push to `remote` would send after `after` (its own writes left
+/// out), or every change when `remote` is `None`.
+fn changes_for(
+    s: &mut WorkspaceStore,
+    after: &ChangeCursor,
+    remote: Option<&str>,
+) -> Vec<ChangeEntry> {
     let window = s.open_changes(after).unwrap();
     let ignore = IgnoreRules::none();
     let mut out = Vec::new();
@@ -87,7 +97,7 @@ fn all_changes(s: &mut WorkspaceStore, after: &ChangeCursor) -> Vec<ChangeEntry>
                 after: &cursor,
                 through: &window.through,
                 ignore: &ignore,
-                exclude_applied_from: None,
+                exclude_applied_from: remote,
                 limit: 3,
             })
             .unwrap();
@@ -1003,6 +1013,76 @@ fn an_unsettled_local_write_overwritten_by_apply_is_counted() {
     let out = w.store.apply(peer_batch(&[f], 2)).unwrap();
     assert_eq!(out.overwrote_local, 1);
     assert_eq!(fs::read(w.root.join("f")).unwrap(), b"peer edit");
+}
+
+/// The soak's divergence of 2026-11-27: a directory the peer gave us is
+/// deleted (or replaced by a file) here and not yet settled when the peer
+/// writes into it. Apply must recreate it with the mode both sides last
+/// agreed on; a guessed 0755 recorded as the peer's state never shipped
+/// back, and the two sides kept different modes after quiescing.
+#[test]
+fn a_synced_directory_removed_here_comes_back_with_its_mode_for_a_peer_entry_below() {
+    for replaced_by_file in [false, true] {
+        let mut w = ws(false);
+        let d = dir_entry("d", 0o700);
+        w.store.apply(peer_batch(&[d], 1)).unwrap();
+        assert_eq!(mode_of(&w.root.join("d")), 0o700);
+        fs::remove_dir_all(w.root.join("d")).unwrap();
+        if replaced_by_file {
+            w.write("d", b"a file where the directory was");
+        }
+        let (mut f, objs) = file_entry("d/f", b"the peer's file", 0o644, 1_000);
+        f.rev = 2;
+        w.store.stage_objects(&objs).unwrap();
+        let out = w.store.apply(peer_batch(&[f], 2)).unwrap();
+        let at = format!("replaced by a file: {replaced_by_file}");
+        assert_eq!(out.overwrote_local, 1, "{at}: {out:?}");
+        assert_eq!(mode_of(&w.root.join("d")), 0o700, "{at}");
+        assert_eq!(fs::read(w.root.join("d/f")).unwrap(), b"the peer's file");
+        // Disk and index agree, and the directory is the peer's state.
+        assert_eq!(w.store.settle().unwrap().rev, None, "{at}");
+        let to_ship = changes_for(&mut w.store, &ChangeCursor::at(1), Some("peer"));
+        assert!(
+            to_ship.iter().all(|e| e.path != p("d")),
+            "{at}: {to_ship:?}"
+        );
+    }
+}
+
+/// A directory implied by a peer entry over a local delete not yet pushed
+/// is our resolution of the conflict: it ships back, so the peer learns
+/// the mode we picked.
+#[test]
+fn an_implied_directory_over_an_unpushed_local_delete_ships_back() {
+    let mut w = ws(false);
+    w.store
+        .apply(peer_batch(&[dir_entry("d", 0o700)], 1))
+        .unwrap();
+    fs::remove_dir_all(w.root.join("d")).unwrap();
+    let deleted = w
+        .store
+        .settle()
+        .unwrap()
+        .rev
+        .expect("the delete is a local change");
+    let (mut f, objs) = file_entry("d/f", b"the peer's file", 0o644, 1_000);
+    f.rev = 2;
+    w.store.stage_objects(&objs).unwrap();
+    let out = w.store.apply(peer_batch(&[f], 2)).unwrap();
+    assert_eq!(out.overwrote_local, 1, "{out:?}");
+    let pending = changes_for(&mut w.store, &ChangeCursor::at(deleted - 1), Some("peer"));
+    let d = pending
+        .iter()
+        .find(|e| e.path == p("d"))
+        .expect("the recreated directory is a local change");
+    assert!(
+        matches!(d.state, EntryState::Dir { mode, .. } if mode == mode_of(&w.root.join("d"))),
+        "{d:?}"
+    );
+}
+
+fn mode_of(path: &Path) -> u32 {
+    fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777
 }
 
 #[test]
