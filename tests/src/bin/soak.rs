@@ -1361,6 +1361,49 @@ fn main() -> ExitCode {
     }
 }
 
+/// What the journal and the daemon's log say about `path` (and the paths
+/// above and below it), so a divergence CI reports can be read from its
+/// output alone: the run's directory is gone with the machine.
+fn divergence_history(path: &str, events: &[Ev], log: &Path) -> Vec<String> {
+    let related = |p: &str| {
+        p == path
+            || path.strip_prefix(p).is_some_and(|r| r.starts_with('/'))
+            || p.strip_prefix(path).is_some_and(|r| r.starts_with('/'))
+    };
+    let mut evs: Vec<&Ev> = events.iter().filter(|e| related(&e.path)).collect();
+    evs.sort_by_key(|e| e.hi);
+    let mut out = vec![format!(
+        "history of {path}: last journal events (of {}), oldest first",
+        evs.len()
+    )];
+    for e in evs.iter().skip(evs.len().saturating_sub(12)) {
+        out.push(format!(
+            "  [{}..{}] {:?} {}{}: {} is {}",
+            e.lo,
+            e.hi,
+            e.side,
+            e.what,
+            if e.certain { "" } else { " (uncertain)" },
+            if e.subtree {
+                format!("{}/**", e.path)
+            } else {
+                e.path.clone()
+            },
+            e.st.short()
+        ));
+    }
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains(path)).collect();
+    out.push(format!(
+        "daemon log lines naming {path} (of {}), last ones",
+        lines.len()
+    ));
+    for l in lines.iter().skip(lines.len().saturating_sub(12)) {
+        out.push(format!("  {}", l.chars().take(400).collect::<String>()));
+    }
+    out
+}
+
 async fn run(args: Args, seed: u64) -> Result<Vec<String>> {
     let tmp = tempfile::Builder::new().prefix("wsd-soak-").tempdir()?;
     let served = tmp.path().join("served");
@@ -1640,9 +1683,17 @@ async fn run(args: Args, seed: u64) -> Result<Vec<String>> {
     // Convergence.
     let auth_tree = dofs_digest(&dofs);
     let wsd_tree = tree_digest(&served);
+    let mut diverged: Vec<String> = Vec::new();
     if auth_tree != wsd_tree {
+        diverged = auth_tree
+            .keys()
+            .chain(wsd_tree.keys())
+            .filter(|k| auth_tree.get(*k) != wsd_tree.get(*k))
+            .take(3)
+            .cloned()
+            .collect();
         violations.push(format!(
-            "trees differ ({} vs {} paths):\n    {}",
+            "trees differ (authority {} vs daemon disk {} paths):\n    {}",
             auth_tree.len(),
             wsd_tree.len(),
             digest_diff(&auth_tree, &wsd_tree, 20).join("\n    ")
@@ -1686,6 +1737,11 @@ async fn run(args: Args, seed: u64) -> Result<Vec<String>> {
     }
     let events = std::mem::take(&mut *journal.events.lock().unwrap());
     let checked = check_no_write_lost(&events, &syncs, &wsd_tree, &served, &mut violations);
+    for path in &diverged {
+        for line in divergence_history(path, &events, &log_path) {
+            println!("soak: {line}");
+        }
+    }
     if let Err(e) = dofs.check_integrity() {
         violations.push(format!("dofs integrity: {e}"));
     }
@@ -1778,4 +1834,41 @@ async fn run(args: Args, seed: u64) -> Result<Vec<String>> {
         println!("soak: kept {} (daemon log: daemon.log)", kept.display());
     }
     Ok(violations)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(path: &str, st: St, hi: u64) -> Ev {
+        Ev {
+            path: path.into(),
+            st,
+            subtree: false,
+            side: Side::Wsd,
+            lo: hi,
+            hi,
+            certain: true,
+            what: format!("op@{hi}"),
+        }
+    }
+
+    #[test]
+    fn a_divergence_history_names_the_path_its_ancestors_and_descendants_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("daemon.log");
+        std::fs::write(&log, "x applied w1/f2/d0\nunrelated w2/f2\n").unwrap();
+        let events = [
+            ev("w1/f2/d0", St::Dir, 3),
+            ev("w1", St::Dir, 1),
+            ev("w1/f20", St::Absent, 2),
+            ev("w2/f2", St::Absent, 4),
+        ];
+        let out = divergence_history("w1/f2", &events, &log).join("\n");
+        assert!(out.contains("op@1") && out.contains("op@3"), "{out}");
+        assert!(!out.contains("op@2") && !out.contains("op@4"), "{out}");
+        assert!(out.find("op@1") < out.find("op@3"), "oldest first: {out}");
+        assert!(out.contains("x applied w1/f2/d0"), "{out}");
+        assert!(!out.contains("unrelated"), "{out}");
+    }
 }
