@@ -495,7 +495,15 @@ impl<'a> Apply<'a> {
             // there), it is our resolution of a conflict: record it as a
             // local change, so it ships back and both sides converge.
             let local = self.unpushed_local(row.as_ref());
-            if local || row_dir.is_some() {
+            // A file or symlink there that the index does not hold as it is
+            // now: a local write settle has not stamped yet, lost all the
+            // same (counted, and kept as a conflict copy where those are on).
+            let unsettled = existing.as_ref().is_some_and(|m| {
+                row.as_ref()
+                    .filter(|r| r.is_live())
+                    .is_none_or(|r| !scan::stat_matches(r, fsutil::kind_of(m), &Stat::of(m)))
+            });
+            if local || unsettled || row_dir.is_some() {
                 self.note_overwrite(&a, "ancestor recreated as a directory");
                 if existing.is_some() && self.conflicts.is_some() {
                     self.keep_conflict_copy(&a, false)?;
@@ -516,10 +524,8 @@ impl<'a> Apply<'a> {
             }
             self.touched_disk = true;
             std::fs::create_dir(&abs).io_ctx(|| format!("creating directory {a}"))?;
-            std::fs::set_permissions(&abs, std::fs::Permissions::from_mode(mode))
-                .io_ctx(|| format!("chmod {a}"))?;
-            let meta = std::fs::symlink_metadata(&abs).io_ctx(|| format!("stat {a}"))?;
-            let mut node = self.node(&a, NodeKind::Dir, Stat::of(&meta), None, None)?;
+            let (_, stat) = chmod_dir(&abs, &a, mode)?;
+            let mut node = self.node(&a, NodeKind::Dir, stat, None, None)?;
             if local {
                 node.applied_from = None;
             }
@@ -869,7 +875,7 @@ impl<'a> Apply<'a> {
         // The stat after the rename (which moves ctime on most filesystems)
         // is what the next settle compares against.
         let meta = file.metadata().io_ctx(|| format!("stat {}", e.path))?;
-        node.stat = Stat::of(&meta);
+        node.stat = Stat::applied(&meta, mode);
         index::put_node_with(self.db, &node, chunks, self.clear_chunks)
     }
 
@@ -956,19 +962,19 @@ impl<'a> Apply<'a> {
         if created {
             std::fs::create_dir(abs).io_ctx(|| format!("creating directory {}", e.path))?;
         }
-        std::fs::set_permissions(abs, std::fs::Permissions::from_mode(mode))
-            .io_ctx(|| format!("chmod {}", e.path))?;
+        let (dir, mut stat) = chmod_dir(abs, &e.path, mode)?;
         if created {
             // A directory's mtime is informative only (it moves with every
             // child); set it on creation so a fresh tree looks like the
             // sender's, best effort.
-            if let Ok(d) = std::fs::File::open(abs) {
-                let _ =
-                    d.set_times(std::fs::FileTimes::new().set_modified(fsutil::time_of_ms(mtime)));
+            let times = std::fs::FileTimes::new().set_modified(fsutil::time_of_ms(mtime));
+            if dir.set_times(times).is_ok()
+                && let Ok(meta) = dir.metadata()
+            {
+                stat = Stat::applied(&meta, mode);
             }
         }
-        let meta = std::fs::symlink_metadata(abs).io_ctx(|| format!("stat {}", e.path))?;
-        let node = self.node(&e.path, NodeKind::Dir, Stat::of(&meta), None, None)?;
+        let node = self.node(&e.path, NodeKind::Dir, stat, None, None)?;
         index::put_node(self.db, &node, &[])
     }
 
@@ -1310,6 +1316,50 @@ fn link_or_copy(from: &Path, to: &Path) -> std::io::Result<()> {
         let _ = std::fs::remove_file(to);
     }
     copied
+}
+
+/// Sets the mode of the directory at `abs` through a descriptor opened
+/// without following a symlink at any depth, and returns the descriptor
+/// with the stat apply records: a directory swapped for a symlink meanwhile
+/// is refused, never chmod-ed through. The recorded mode is the one asked
+/// for, not the one read back: a `chmod` by someone else between the two
+/// then shows at the next settle as the local change it is, instead of
+/// being recorded as the sender's state.
+pub(crate) fn chmod_dir(
+    abs: &Path,
+    rel: &SyncPath,
+    mode: u32,
+) -> Result<(std::fs::File, Stat), SyncError> {
+    let dir = fsutil::open_no_symlinks(abs).io_ctx(|| format!("opening directory {rel}"))?;
+    let meta = dir.metadata().io_ctx(|| format!("stat {rel}"))?;
+    if !meta.is_dir() {
+        return Err(SyncError::io(
+            format!("chmod {rel}"),
+            std::io::Error::from_raw_os_error(rustix::io::Errno::NOTDIR.raw_os_error()),
+        ));
+    }
+    dir.set_permissions(std::fs::Permissions::from_mode(mode))
+        .io_ctx(|| format!("chmod {rel}"))?;
+    #[cfg(test)]
+    AFTER_DIR_CHMOD.with(|h| {
+        if let Some(f) = h.borrow_mut().as_mut() {
+            f(abs)
+        }
+    });
+    let meta = dir.metadata().io_ctx(|| format!("stat {rel}"))?;
+    Ok((dir, Stat::applied(&meta, mode)))
+}
+
+/// A test's stand-in for another process acting on a path.
+#[cfg(test)]
+pub(crate) type PathHook = Box<dyn FnMut(&Path)>;
+
+#[cfg(test)]
+thread_local! {
+    /// Runs between `chmod_dir`'s chmod and its stat: where another
+    /// process's chmod races with apply.
+    pub(crate) static AFTER_DIR_CHMOD: std::cell::RefCell<Option<PathHook>> =
+        std::cell::RefCell::new(None);
 }
 
 #[cfg(test)]

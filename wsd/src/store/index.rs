@@ -370,6 +370,18 @@ impl Stat {
         Stat::of(disk) == *self && !self.is_racy(verified_ns)
     }
 
+    /// The stat apply records for what it wrote with `mode`: the disk's,
+    /// but the mode asked for. A `chmod` by someone else after ours (or a
+    /// bit the kernel refused) then differs from the row, and the next
+    /// settle ships it as a local change instead of it passing for the
+    /// sender's state.
+    pub(crate) fn applied(m: &std::fs::Metadata, mode: u32) -> Stat {
+        Stat {
+            mode: mode & wsd_sync::MODE_MASK,
+            ..Stat::of(m)
+        }
+    }
+
     pub fn of(m: &std::fs::Metadata) -> Stat {
         use std::os::unix::fs::MetadataExt;
         Stat {

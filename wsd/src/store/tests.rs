@@ -1081,6 +1081,71 @@ fn an_implied_directory_over_an_unpushed_local_delete_ships_back() {
     );
 }
 
+/// Another process's chmod between apply's chmod and its stat is a local
+/// change, not the sender's state: it ships at the next settle.
+#[test]
+fn a_chmod_racing_with_apply_is_shipped_not_taken_for_the_senders() {
+    let mut w = ws(false);
+    super::apply::AFTER_DIR_CHMOD.with(|h| {
+        *h.borrow_mut() = Some(Box::new(|abs: &Path| {
+            fs::set_permissions(abs, fs::Permissions::from_mode(0o700)).unwrap()
+        }))
+    });
+    let applied = w.store.apply(peer_batch(&[dir_entry("d", 0o755)], 1));
+    super::apply::AFTER_DIR_CHMOD.with(|h| *h.borrow_mut() = None);
+    applied.unwrap();
+    assert_eq!(mode_of(&w.root.join("d")), 0o700);
+    assert!(
+        w.store.settle().unwrap().rev.is_some(),
+        "the racing chmod is a local change"
+    );
+    let to_ship = changes_for(&mut w.store, &ChangeCursor::at(0), Some("peer"));
+    assert!(
+        to_ship
+            .iter()
+            .any(|e| e.path == p("d") && matches!(e.state, EntryState::Dir { mode: 0o700, .. })),
+        "{to_ship:?}"
+    );
+}
+
+/// A directory entry whose path became a symlink to a directory outside
+/// the root is never chmod-ed through it.
+#[test]
+fn a_directory_mode_is_never_set_through_a_symlink() {
+    let w = ws(false);
+    let outside = w._tmp.path().join("outside");
+    fs::create_dir(&outside).unwrap();
+    fs::set_permissions(&outside, fs::Permissions::from_mode(0o755)).unwrap();
+    symlink(&outside, w.root.join("d")).unwrap();
+    let err = super::apply::chmod_dir(&w.root.join("d"), &p("d"), 0o700).unwrap_err();
+    assert!(err.to_string().contains('d'), "{err}");
+    assert_eq!(mode_of(&outside), 0o755);
+}
+
+/// An unsettled edit of a synced file the peer turned into a directory is
+/// counted and kept as a conflict copy, like any other overwritten edit.
+#[test]
+fn an_unsettled_edit_of_a_file_replaced_by_a_peers_directory_is_kept_as_a_copy() {
+    let mut w = ws_keeping_conflicts();
+    let (f, objs) = file_entry("f", b"synced", 0o644, 1_000);
+    w.store.stage_objects(&objs).unwrap();
+    w.store.apply(peer_batch(&[f], 1)).unwrap();
+    w.store.settle().unwrap();
+    w.write("f", b"edited here, not settled");
+    let (mut below, objs) = file_entry("f/x", b"the peer's", 0o644, 1_000);
+    below.rev = 2;
+    w.store.stage_objects(&objs).unwrap();
+    let out = w.store.apply(peer_batch(&[below], 2)).unwrap();
+    assert_eq!(out.overwrote_local, 1, "{out:?}");
+    assert_eq!(fs::read(w.root.join("f/x")).unwrap(), b"the peer's");
+    let copies = conflict_copies_in(&w.root);
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    assert_eq!(
+        fs::read(w.root.join(&copies[0])).unwrap(),
+        b"edited here, not settled"
+    );
+}
+
 fn mode_of(path: &Path) -> u32 {
     fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777
 }

@@ -256,7 +256,7 @@ impl Job {
         )?;
         rename_into(&self.tmp, &self.abs, &self.path)?;
         let meta = file.metadata().io_ctx(|| format!("stat {}", self.path))?;
-        Ok(Stat::of(&meta))
+        Ok(Stat::applied(&meta, self.mode))
     }
 }
 
