@@ -494,7 +494,15 @@ impl<'a> Apply<'a> {
             // overwrites a local change not yet pushed (a delete or a file
             // there), it is our resolution of a conflict: record it as a
             // local change, so it ships back and both sides converge.
-            let local = self.unpushed_local(row.as_ref());
+            // Our own delete of the directory (pushed or not), yet the
+            // sender writes below it: it kept the directory (it spared paths
+            // it excludes, rule 6), and its own entry need not follow. The
+            // guessed 0755 ships back, so both sides agree on it.
+            let own_delete = row
+                .as_ref()
+                .is_some_and(|r| !r.is_live() && r.applied_from.as_deref() != Some(self.remote));
+            let unpushed = self.unpushed_local(row.as_ref());
+            let local = unpushed || (row_dir.is_none() && own_delete);
             // A file or symlink there that the index does not hold as it is
             // now: a local write settle has not stamped yet, lost all the
             // same (counted, and kept as a conflict copy where those are on).
@@ -503,7 +511,7 @@ impl<'a> Apply<'a> {
                     .filter(|r| r.is_live())
                     .is_none_or(|r| !scan::stat_matches(r, fsutil::kind_of(m), &Stat::of(m)))
             });
-            if local || unsettled || row_dir.is_some() {
+            if unpushed || unsettled || row_dir.is_some() {
                 self.note_overwrite(&a, "ancestor recreated as a directory");
                 if existing.is_some() && self.conflicts.is_some() {
                     self.keep_conflict_copy(&a, false)?;

@@ -1146,6 +1146,45 @@ fn an_unsettled_edit_of_a_file_replaced_by_a_peers_directory_is_kept_as_a_copy()
     );
 }
 
+/// A directory we deleted and pushed, which the peer kept (it spared paths
+/// it excludes) and now writes below: the guessed mode ships back, so the
+/// two sides agree on one.
+#[test]
+fn a_directory_our_pushed_delete_left_on_the_peer_ships_back_when_it_writes_below() {
+    let mut w = ws(false);
+    w.store
+        .apply(peer_batch(&[dir_entry("d", 0o700)], 1))
+        .unwrap();
+    fs::remove_dir_all(w.root.join("d")).unwrap();
+    let deleted = w
+        .store
+        .settle()
+        .unwrap()
+        .rev
+        .expect("the delete is a local change");
+    w.store
+        .set_push_cursor("peer", &ChangeCursor::at(deleted))
+        .unwrap();
+    let (mut f, objs) = file_entry("d/y", b"the peer's", 0o644, 1_000);
+    f.rev = 2;
+    w.store.stage_objects(&objs).unwrap();
+    let out = w.store.apply(peer_batch(&[f], 2)).unwrap();
+    assert_eq!(
+        out.overwrote_local, 0,
+        "a pushed delete is no local change: {out:?}"
+    );
+    let to_ship = changes_for(&mut w.store, &ChangeCursor::at(deleted), Some("peer"));
+    let d = to_ship
+        .iter()
+        .find(|e| e.path == p("d"))
+        .expect("d ships back");
+    assert!(
+        matches!(d.state, EntryState::Dir { mode, .. } if mode == mode_of(&w.root.join("d"))),
+        "{d:?}"
+    );
+    assert!(to_ship.iter().all(|e| e.path != p("d/y")), "{to_ship:?}");
+}
+
 fn mode_of(path: &Path) -> u32 {
     fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777
 }
