@@ -595,14 +595,13 @@ pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
         let Some(wake) = wake.as_mut() else {
             return Ok(ExitCode::SUCCESS);
         };
-        // The rev our own round left the daemon at: only a larger one is
-        // someone else's change.
-        let synced = s
-            .remote
-            .watermarks()
-            .await
-            .context("reading the remote's rev")?
-            .current_rev;
+        // The daemon's rev our pull fetched through: anything beyond it
+        // wakes the next round. Not the daemon's rev read after the round:
+        // a daemon-side write settled between our push and that read would
+        // pass for ours and wait for the safety interval. Our own push's
+        // revs are beyond it too, so a round that pushed is followed by one
+        // that finds nothing (its pull moves this past them).
+        let synced = pulled.cursor.rev;
         tokio::select! {
             woke = wake.next(synced, Duration::from_millis(a.interval), s.store.is_watching()) => woke?,
             _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
