@@ -403,6 +403,51 @@ impl<'a> Apply<'a> {
             .ctx("checking for local changes")
     }
 
+    /// Whether the directory `path` holds on disk, below it, anything the
+    /// index does not hold as it is now: a local write settle has not
+    /// stamped yet (a new file, an edit), which a delete or replacement of
+    /// the directory would take with it unseen. Stops at the first one.
+    /// The state directory and apply's temp files do not count.
+    fn unsettled_below(&self, path: &SyncPath) -> Result<bool, SyncError> {
+        let mut dirs = vec![path.clone()];
+        while let Some(dir) = dirs.pop() {
+            let abs = fsutil::abs(self.root, &dir);
+            let listing = match std::fs::read_dir(&abs) {
+                Ok(l) => l,
+                Err(e) if fsutil::is_gone(&e) => continue,
+                Err(e) => return Err(SyncError::io(format!("listing {dir}"), e)),
+            };
+            for ent in listing {
+                let ent = ent.io_ctx(|| format!("listing {dir}"))?;
+                let name = ent.file_name();
+                let Some(child) = name.to_str().and_then(|n| dir.join(n).ok()) else {
+                    // A name sync cannot carry is never indexed: local.
+                    return Ok(true);
+                };
+                if fsutil::is_apply_temp(child.file_name())
+                    || self.state_rel.is_some_and(|sr| child.starts_with(sr))
+                {
+                    continue;
+                }
+                // `DirEntry::metadata` does not follow a symlink.
+                let meta = match ent.metadata() {
+                    Ok(m) => m,
+                    Err(e) if fsutil::is_gone(&e) => continue,
+                    Err(e) => return Err(SyncError::io(format!("stat {child}"), e)),
+                };
+                let kind = fsutil::kind_of(&meta);
+                match index::get_node(self.db, &child)?.filter(Node::is_live) {
+                    Some(r) if scan::stat_matches(&r, kind, &Stat::of(&meta)) => {}
+                    _ => return Ok(true),
+                }
+                if kind == DiskKind::Dir {
+                    dirs.push(child);
+                }
+            }
+        }
+        Ok(false)
+    }
+
     /// The live rows strictly below `path`, in path order, with whether
     /// each is a directory.
     fn live_below(&self, path: &SyncPath) -> Result<Vec<(SyncPath, bool)>, SyncError> {
@@ -653,9 +698,12 @@ impl<'a> Apply<'a> {
         // Chunk rows exist only for a live file row: a fresh path skips
         // clearing them.
         self.clear_chunks = row.as_ref().is_some_and(|r| r.kind == NodeKind::File);
+        // With conflict copies on (the CLI) the disk below is looked at too:
+        // a file written there since the last settle is kept, not lost.
         let local_below = (replaces_dir || matches!(e.state, EntryState::Delete))
             && disk_kind == Some(DiskKind::Dir)
-            && self.unpushed_local_below(&e.path)?;
+            && (self.unpushed_local_below(&e.path)?
+                || (self.conflicts.is_some() && self.unsettled_below(&e.path)?));
         // A file or link replacing a directory must not take the sender's
         // exclusions below it with it (a delete spares them above).
         let is_delete = matches!(e.state, EntryState::Delete);

@@ -1733,6 +1733,34 @@ fn a_peer_delete_of_a_directory_holding_local_edits_moves_it_aside_whole() {
     );
 }
 
+/// A file written into a synced directory after the last settle is a
+/// local change all the same: the peer's delete of the directory moves it
+/// aside whole instead of taking the file with it unseen. An unchanged
+/// synced directory is simply deleted.
+#[test]
+fn a_peer_delete_of_a_directory_holding_an_unsettled_new_file_moves_it_aside() {
+    let mut w = ws_keeping_conflicts();
+    let (f, objs) = file_entry("d/sub/old.txt", b"old", 0o644, 1_000);
+    w.store.stage_objects(&objs).unwrap();
+    let (g, more) = file_entry("e/x", b"x", 0o644, 1_000);
+    w.store.stage_objects(&more).unwrap();
+    w.store.apply(peer_batch(&[f, g], 1)).unwrap();
+    assert_eq!(w.store.settle().unwrap().rev, None);
+    w.write("d/sub/new.txt", b"written here, not settled");
+    let gone = [delete_entry("d"), delete_entry("e")];
+    let out = w.store.apply(peer_batch(&gone, 2)).unwrap();
+    assert_eq!(out.overwrote_local, 1, "{out:?}");
+    assert!(!w.root.join("d").exists() && !w.root.join("e").exists());
+    let copies = conflict_copies_in(&w.root);
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    assert!(copies[0].starts_with("d.wsd-conflict-"), "{copies:?}");
+    let aside = w.root.join(&copies[0]);
+    assert_eq!(
+        fs::read(aside.join("sub/new.txt")).unwrap(),
+        b"written here, not settled"
+    );
+}
+
 #[test]
 fn a_session_that_met_a_corrupt_index_leaves_no_clean_close_stamp() {
     use super::error::IndexContext;
