@@ -523,26 +523,25 @@ impl<'a> Apply<'a> {
                 Err(e) => return Err(SyncError::io(format!("stat {a} (ancestor of {path})"), e)),
             };
             let row = index::get_node(self.db, &a)?;
-            // A live directory row with no directory on disk is a local
-            // delete (or replacement) settle has not stamped yet. The row's
-            // mode is the state the sender last had from us or gave us: the
-            // directory comes back as that, not as a guess, or the index
-            // would record the guess as the sender's state and the two sides
-            // would keep different modes for good.
+            // Which mode, and whose state the directory is:
+            // - a live directory row with no directory on disk is a local
+            //   delete (or replacement) settle has not stamped yet; the row's
+            //   mode is what both sides last agreed on, so the directory
+            //   comes back as that (a guess recorded as the sender's state
+            //   would keep the two sides' modes apart for good);
+            // - otherwise the mode is a guess standing in for the sender's,
+            //   whose own entry follows (a directory streams after what it
+            //   holds only when its mode changed later), so it counts as the
+            //   sender's state;
+            // - except where it overwrites a local change not yet pushed, or
+            //   stands on our own delete of the directory (pushed or not:
+            //   the sender kept it, sparing paths it excludes, rule 6, and
+            //   sends no entry for it): then it is a local write and ships
+            //   back, so both sides agree on one mode.
             let row_dir = row
                 .as_ref()
                 .filter(|r| r.is_live() && r.kind == NodeKind::Dir);
             let mode = row_dir.map_or(IMPLIED_DIR_MODE, |r| r.stat.mode);
-            // Otherwise the implied directory stands in for the sender's,
-            // whose mode we do not know: its own entry follows (a sender
-            // ships a new directory before what it holds). But when it
-            // overwrites a local change not yet pushed (a delete or a file
-            // there), it is our resolution of a conflict: record it as a
-            // local change, so it ships back and both sides converge.
-            // Our own delete of the directory (pushed or not), yet the
-            // sender writes below it: it kept the directory (it spared paths
-            // it excludes, rule 6), and its own entry need not follow. The
-            // guessed 0755 ships back, so both sides agree on it.
             let own_delete = row
                 .as_ref()
                 .is_some_and(|r| !r.is_live() && r.applied_from.as_deref() != Some(self.remote));
