@@ -1047,6 +1047,9 @@ impl<'a> Apply<'a> {
         self.touched_disk = true;
         std::os::unix::fs::symlink(target, &tmp)
             .io_ctx(|| format!("creating symlink {}", e.path))?;
+        // The link's identity, to tell it from one another process puts in
+        // its place between our rename and our stat.
+        let made = std::fs::symlink_metadata(&tmp).map(|m| Stat::of(&m));
         if replaces_dir && let Err(err) = self.remove_dir_for(&e.path, abs) {
             let _ = std::fs::remove_file(&tmp);
             return Err(err);
@@ -1055,13 +1058,21 @@ impl<'a> Apply<'a> {
             let _ = std::fs::remove_file(&tmp);
             return Err(SyncError::io(format!("renaming into {}", e.path), err));
         }
+        race_window(abs);
         // Symlink mode and mtime are what the filesystem gives (Linux has no
-        // lchmod; the wire mtime of a symlink is informative only).
+        // lchmod; the wire mtime of a symlink is informative only). The
+        // identity recorded is the link we made: a link put in its place
+        // meanwhile then differs from the row, and the next settle reads it
+        // as the local change it is rather than taking it for the sender's.
         let meta = std::fs::symlink_metadata(abs).io_ctx(|| format!("stat {}", e.path))?;
+        let mut stat = Stat::of(&meta);
+        if let Ok(made) = made {
+            (stat.dev, stat.ino) = (made.dev, made.ino);
+        }
         let node = self.node(
             &e.path,
             NodeKind::Symlink,
-            Stat::of(&meta),
+            stat,
             Some(target.to_owned()),
             None,
         )?;
@@ -1395,12 +1406,7 @@ pub(crate) fn chmod_dir(
     }
     dir.set_permissions(std::fs::Permissions::from_mode(mode))
         .io_ctx(|| format!("chmod {rel}"))?;
-    #[cfg(test)]
-    AFTER_DIR_CHMOD.with(|h| {
-        if let Some(f) = h.borrow_mut().as_mut() {
-            f(abs)
-        }
-    });
+    race_window(abs);
     let meta = dir.metadata().io_ctx(|| format!("stat {rel}"))?;
     Ok((dir, Stat::applied(&meta, mode)))
 }
@@ -1411,10 +1417,23 @@ pub(crate) type PathHook = Box<dyn FnMut(&Path)>;
 
 #[cfg(test)]
 thread_local! {
-    /// Runs between `chmod_dir`'s chmod and its stat: where another
-    /// process's chmod races with apply.
-    pub(crate) static AFTER_DIR_CHMOD: std::cell::RefCell<Option<PathHook>> =
+    /// Runs where another process can race with apply: between
+    /// `chmod_dir`'s chmod and its stat, and between a symlink's rename
+    /// into place and its stat.
+    pub(crate) static RACE_WINDOW: std::cell::RefCell<Option<PathHook>> =
         std::cell::RefCell::new(None);
+}
+
+/// Runs the test's [`RACE_WINDOW`] hook on `abs`; nothing outside tests.
+#[inline]
+fn race_window(abs: &Path) {
+    #[cfg(test)]
+    RACE_WINDOW.with(|h| {
+        if let Some(f) = h.borrow_mut().as_mut() {
+            f(abs)
+        }
+    });
+    let _ = abs;
 }
 
 #[cfg(test)]

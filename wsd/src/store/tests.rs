@@ -1086,13 +1086,13 @@ fn an_implied_directory_over_an_unpushed_local_delete_ships_back() {
 #[test]
 fn a_chmod_racing_with_apply_is_shipped_not_taken_for_the_senders() {
     let mut w = ws(false);
-    super::apply::AFTER_DIR_CHMOD.with(|h| {
+    super::apply::RACE_WINDOW.with(|h| {
         *h.borrow_mut() = Some(Box::new(|abs: &Path| {
             fs::set_permissions(abs, fs::Permissions::from_mode(0o700)).unwrap()
         }))
     });
     let applied = w.store.apply(peer_batch(&[dir_entry("d", 0o755)], 1));
-    super::apply::AFTER_DIR_CHMOD.with(|h| *h.borrow_mut() = None);
+    super::apply::RACE_WINDOW.with(|h| *h.borrow_mut() = None);
     applied.unwrap();
     assert_eq!(mode_of(&w.root.join("d")), 0o700);
     assert!(
@@ -1104,6 +1104,43 @@ fn a_chmod_racing_with_apply_is_shipped_not_taken_for_the_senders() {
         to_ship
             .iter()
             .any(|e| e.path == p("d") && matches!(e.state, EntryState::Dir { mode: 0o700, .. })),
+        "{to_ship:?}"
+    );
+}
+
+/// A symlink put in place of the one apply just renamed there, before
+/// apply's stat, is a local change: it ships instead of passing for the
+/// sender's link.
+#[test]
+fn a_symlink_swapped_in_while_apply_stats_it_is_shipped_not_taken_for_the_senders() {
+    let mut w = ws(false);
+    super::apply::RACE_WINDOW.with(|h| {
+        *h.borrow_mut() = Some(Box::new(|abs: &Path| {
+            let other = abs.with_file_name("swapped-in");
+            symlink("somewhere-else", &other).unwrap();
+            fs::rename(&other, abs).unwrap();
+        }))
+    });
+    let link = ChangeEntry {
+        rev: 1,
+        path: p("l"),
+        state: EntryState::Symlink {
+            target: "the-senders-target".into(),
+            mode: 0o777,
+            mtime: 1_000,
+        },
+    };
+    let applied = w.store.apply(peer_batch(&[link], 1));
+    super::apply::RACE_WINDOW.with(|h| *h.borrow_mut() = None);
+    applied.unwrap();
+    assert!(
+        w.store.settle().unwrap().rev.is_some(),
+        "the swapped link is a local change"
+    );
+    let to_ship = changes_for(&mut w.store, &ChangeCursor::at(0), Some("peer"));
+    assert!(
+        to_ship.iter().any(|e| e.path == p("l")
+            && matches!(&e.state, EntryState::Symlink { target, .. } if target == "somewhere-else")),
         "{to_ship:?}"
     );
 }
