@@ -745,6 +745,18 @@ impl<'a> Apply<'a> {
         if !matches!(e.state, EntryState::Delete) {
             self.prepare_ancestors(&e.path)?;
         }
+        // The index still holds a directory here that a local write has
+        // replaced on disk, not settled yet: its rows below go as they would
+        // with the directory (`remove_dir_for`). Left live, they would sit
+        // below a file, where no walk looks, and be read for good.
+        if !replaces_dir
+            && !matches!(e.state, EntryState::Dir { .. } | EntryState::Delete)
+            && row.as_ref().is_some_and(|r| r.kind == NodeKind::Dir)
+        {
+            self.drain()?;
+            let rev = self.rev()?;
+            index::tombstone_descendants(self.db, &e.path, rev, self.applied_from())?;
+        }
         let abs = fsutil::abs(self.root, &e.path);
         match &e.state {
             EntryState::File {
