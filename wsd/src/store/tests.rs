@@ -1561,6 +1561,132 @@ fn writes_racing_with_a_pull_still_converge() {
     }
 }
 
+/// A store that, while armed, writes into its own directory right before
+/// each apply: the daemon's commands and peers writing while a push is
+/// being applied, between its settle and the apply.
+struct WritesDuringApply {
+    inner: WorkspaceStore,
+    root: PathBuf,
+    rng: Rng,
+    armed: bool,
+}
+
+impl Store for WritesDuringApply {
+    fn current_rev(&mut self) -> Result<u64, SyncError> {
+        self.inner.current_rev()
+    }
+    fn watermarks(&mut self, remote: &str) -> Result<wsd_sync::Watermarks, SyncError> {
+        self.inner.watermarks(remote)
+    }
+    fn open_changes(&mut self, after: &ChangeCursor) -> Result<wsd_sync::ChangesWindow, SyncError> {
+        self.inner.open_changes(after)
+    }
+    fn changes(&mut self, query: ChangesQuery<'_>) -> Result<Vec<ChangeEntry>, SyncError> {
+        self.inner.changes(query)
+    }
+    fn read_entry(&mut self, path: &SyncPath) -> Result<Option<ChangeEntry>, SyncError> {
+        self.inner.read_entry(path)
+    }
+    fn has_objects(&mut self, hashes: &[Hash]) -> Result<Vec<Hash>, SyncError> {
+        self.inner.has_objects(hashes)
+    }
+    fn read_object(&mut self, hash: &Hash) -> Result<Vec<u8>, SyncError> {
+        self.inner.read_object(hash)
+    }
+    fn read_objects(&mut self, hashes: &[Hash]) -> Result<Vec<Object>, SyncError> {
+        self.inner.read_objects(hashes)
+    }
+    fn stage_objects(&mut self, objects: &[Object]) -> Result<(), SyncError> {
+        self.inner.stage_objects(objects)
+    }
+    fn stage_checked_objects(&mut self, objects: Vec<Object>) -> Result<(), SyncError> {
+        self.inner.stage_checked_objects(objects)
+    }
+    fn apply(&mut self, batch: ApplyBatch<'_>) -> Result<wsd_sync::ApplyOutcome, SyncError> {
+        if self.armed {
+            for _ in 0..2 {
+                random_op(&self.root, &mut self.rng);
+            }
+        }
+        self.inner.apply(batch)
+    }
+    fn idle(&mut self) -> Result<(), SyncError> {
+        self.inner.idle()
+    }
+    fn set_push_cursor(&mut self, remote: &str, cursor: &ChangeCursor) -> Result<(), SyncError> {
+        self.inner.set_push_cursor(remote, cursor)
+    }
+    fn set_fetch_cursor(&mut self, remote: &str, cursor: &ChangeCursor) -> Result<(), SyncError> {
+        self.inner.set_fetch_cursor(remote, cursor)
+    }
+}
+
+/// The daemon's side of the race: B (settling on every call, as the daemon
+/// does) has writes land between its settle and the apply of A's push.
+/// Whatever apply resolves, both sides end equal once nothing moves.
+#[test]
+fn writes_racing_with_an_applied_push_still_converge() {
+    for seed in 0..seeds() * 10 {
+        let tmp = TempDir::new().unwrap();
+        let a_root = tmp.path().join("root");
+        fs::create_dir(&a_root).unwrap();
+        let options = StoreOptions {
+            watch: seed.is_multiple_of(3),
+            auto_settle: false,
+            ..StoreOptions::default()
+        };
+        let mut a = WorkspaceStore::open(&a_root, &tmp.path().join("state"), options).unwrap();
+        let b = ws(seed.is_multiple_of(2));
+        let (b_root, _b_tmp) = (b.root.clone(), b._tmp);
+        let b_store = Rc::new(RefCell::new(WritesDuringApply {
+            inner: b.store,
+            root: b_root.clone(),
+            rng: Rng(0xdae_5eed_0000_0001 + seed * 7_919),
+            armed: false,
+        }));
+        let ignore = IgnoreRules::none();
+        let opts_to_b = SyncOptions {
+            remote_name: "b",
+            ignore: &ignore,
+        };
+        let mut remote = StoreRemote::new(b_store.clone(), "a");
+        let mut rng = Rng(0xa5ee_d000_0000_0001 + seed * 104_729);
+        for round in 0..25 {
+            let at = format!("seed {seed} round {round}");
+            for _ in 0..3 {
+                random_op(&a_root, &mut rng);
+                random_op(&b_root, &mut rng);
+            }
+            a.settle().unwrap();
+            b_store.borrow_mut().armed = true;
+            // A chunk B's apply would copy from its own file rewritten
+            // meanwhile fails verification: the push changes nothing there.
+            let push = driver::push(&mut a, &mut remote, &opts_to_b, |_| {});
+            let pushed = futures::executor::block_on(push);
+            b_store.borrow_mut().armed = false;
+            if let Err(e) = pushed {
+                assert_eq!(e.code(), ErrorCode::Io, "{at}: push: {e}");
+            }
+            let mut quiet = false;
+            for _ in 0..6 {
+                let pull = driver::pull(&mut a, &mut remote, &opts_to_b, |_| {});
+                let pulled =
+                    futures::executor::block_on(pull).unwrap_or_else(|e| panic!("{at}: pull: {e}"));
+                a.settle().unwrap();
+                let push = driver::push(&mut a, &mut remote, &opts_to_b, |_| {});
+                let pushed =
+                    futures::executor::block_on(push).unwrap_or_else(|e| panic!("{at}: push: {e}"));
+                if pushed.entries + pulled.entries == 0 {
+                    quiet = true;
+                    break;
+                }
+            }
+            assert!(quiet, "{at}: pulls and pushes kept moving entries");
+            eprintln_on_panic(&at, || assert_tree_eq(&a_root, &b_root));
+        }
+    }
+}
+
 #[test]
 fn two_workspaces_converge_through_the_driver() {
     let mut a = ws(true);
