@@ -547,15 +547,11 @@ impl<'a> Apply<'a> {
                 .is_some_and(|r| !r.is_live() && r.applied_from.as_deref() != Some(self.remote));
             let unpushed = self.unpushed_local(row.as_ref());
             let local = unpushed || (row_dir.is_none() && own_delete);
-            // A file or symlink there that the index does not hold as it is
-            // now: a local write settle has not stamped yet, lost all the
-            // same (counted, and kept as a conflict copy where those are on).
-            let unsettled = existing.as_ref().is_some_and(|m| {
-                row.as_ref()
-                    .filter(|r| r.is_live())
-                    .is_none_or(|r| !scan::stat_matches(r, fsutil::kind_of(m), &Stat::of(m)))
-            });
-            if unpushed || unsettled || row_dir.is_some() {
+            // What is there (a file, a symlink, or nothing where the index
+            // holds a directory) and not as indexed is lost all the same:
+            // counted, and kept as a conflict copy where those are on.
+            let live = row.as_ref().filter(|r| r.is_live());
+            if unpushed || disk_differs(live, existing.as_ref()) {
                 self.note_overwrite(&a, "ancestor recreated as a directory");
                 if existing.is_some() && self.conflicts.is_some() {
                     self.keep_conflict_copy(&a, false)?;
@@ -655,13 +651,7 @@ impl<'a> Apply<'a> {
             .lstat_in_root(&e.path)
             .io_ctx(|| format!("stat {}", e.path))?;
         let disk_kind = disk.as_ref().map(fsutil::kind_of);
-        // A difference between disk and index is a local write settle has
-        // not stamped yet: it is local state all the same.
-        let unsettled = match (&row, &disk) {
-            (None, None) => false,
-            (Some(r), Some(m)) => !scan::stat_matches(r, fsutil::kind_of(m), &Stat::of(m)),
-            _ => true,
-        };
+        let unsettled = disk_differs(row.as_ref(), disk.as_ref());
         if matches!(e.state, EntryState::Delete) && row.is_none() && disk.is_none() {
             self.outcome.skipped += 1;
             return Ok(());
@@ -1394,6 +1384,17 @@ fn link_or_copy(from: &Path, to: &Path) -> std::io::Result<()> {
         let _ = std::fs::remove_file(to);
     }
     copied
+}
+
+/// Whether the disk at a path (`None`: nothing there) differs from its live
+/// row (`None`: none): a local write settle has not stamped yet, local
+/// state all the same.
+fn disk_differs(row: Option<&Node>, disk: Option<&Metadata>) -> bool {
+    match (row, disk) {
+        (None, None) => false,
+        (Some(r), Some(m)) => !scan::stat_matches(r, fsutil::kind_of(m), &Stat::of(m)),
+        _ => true,
+    }
 }
 
 /// Sets the mode of the directory at `abs` through a descriptor opened

@@ -1493,6 +1493,44 @@ fn random_edits_on_both_sides_converge_after_each_sync() {
     }
 }
 
+/// The CLI's side of a racing test: a store in `tmp` that settles only
+/// when told to, once per round.
+fn cli_store(tmp: &TempDir, watch: bool) -> (PathBuf, WorkspaceStore) {
+    let root = tmp.path().join("root");
+    fs::create_dir(&root).unwrap();
+    let options = StoreOptions {
+        watch,
+        auto_settle: false,
+        ..StoreOptions::default()
+    };
+    let store = WorkspaceStore::open(&root, &tmp.path().join("state"), options).unwrap();
+    (root, store)
+}
+
+/// Syncs as the CLI does (settle and pull, settle and push) until a round
+/// moves nothing, within six; no error is allowed now.
+fn sync_until_quiet<S: Store>(
+    a: &mut WorkspaceStore,
+    remote: &mut StoreRemote<S>,
+    opts: &SyncOptions<'_>,
+    at: &str,
+) {
+    for _ in 0..6 {
+        a.settle().unwrap();
+        let pull = driver::pull(a, remote, opts, |_| {});
+        let pulled =
+            futures::executor::block_on(pull).unwrap_or_else(|e| panic!("{at}: pull: {e}"));
+        a.settle().unwrap();
+        let push = driver::push(a, remote, opts, |_| {});
+        let pushed =
+            futures::executor::block_on(push).unwrap_or_else(|e| panic!("{at}: push: {e}"));
+        if pushed.entries + pulled.entries == 0 {
+            return;
+        }
+    }
+    panic!("{at}: pulls and pushes kept moving entries");
+}
+
 /// Like the CLI, A settles once per round, and writes land between that
 /// settle and the pull's apply: apply meets local state the index does not
 /// hold yet (a directory removed, a mode changed, a file where a directory
@@ -1506,14 +1544,7 @@ fn writes_racing_with_a_pull_still_converge() {
     // dozens of seeds: the soak's divergence first shows at seed 33.
     for seed in 0..seeds() * 10 {
         let tmp = TempDir::new().unwrap();
-        let a_root = tmp.path().join("root");
-        fs::create_dir(&a_root).unwrap();
-        let options = StoreOptions {
-            watch: seed.is_multiple_of(2),
-            auto_settle: false,
-            ..StoreOptions::default()
-        };
-        let mut a = WorkspaceStore::open(&a_root, &tmp.path().join("state"), options).unwrap();
+        let (a_root, mut a) = cli_store(&tmp, seed.is_multiple_of(2));
         let b = ws(seed.is_multiple_of(3));
         let (b_root, _b_tmp) = (b.root.clone(), b._tmp);
         let b_store = Rc::new(RefCell::new(b.store));
@@ -1541,21 +1572,7 @@ fn writes_racing_with_a_pull_still_converge() {
             if let Err(e) = futures::executor::block_on(pull) {
                 assert_eq!(e.code(), ErrorCode::Io, "{at}: pull: {e}");
             }
-            let mut quiet = false;
-            for _ in 0..6 {
-                a.settle().unwrap();
-                let push = driver::push(&mut a, &mut remote, &opts_to_b, |_| {});
-                let pushed =
-                    futures::executor::block_on(push).unwrap_or_else(|e| panic!("{at}: push: {e}"));
-                let pull = driver::pull(&mut a, &mut remote, &opts_to_b, |_| {});
-                let pulled =
-                    futures::executor::block_on(pull).unwrap_or_else(|e| panic!("{at}: pull: {e}"));
-                if pushed.entries + pulled.entries == 0 {
-                    quiet = true;
-                    break;
-                }
-            }
-            assert!(quiet, "{at}: pulls and pushes kept moving entries");
+            sync_until_quiet(&mut a, &mut remote, &opts_to_b, &at);
             eprintln_on_panic(&at, || assert_tree_eq(&a_root, &b_root));
         }
     }
@@ -1628,14 +1645,7 @@ impl Store for WritesDuringApply {
 fn writes_racing_with_an_applied_push_still_converge() {
     for seed in 0..seeds() * 10 {
         let tmp = TempDir::new().unwrap();
-        let a_root = tmp.path().join("root");
-        fs::create_dir(&a_root).unwrap();
-        let options = StoreOptions {
-            watch: seed.is_multiple_of(3),
-            auto_settle: false,
-            ..StoreOptions::default()
-        };
-        let mut a = WorkspaceStore::open(&a_root, &tmp.path().join("state"), options).unwrap();
+        let (a_root, mut a) = cli_store(&tmp, seed.is_multiple_of(3));
         let b = ws(seed.is_multiple_of(2));
         let (b_root, _b_tmp) = (b.root.clone(), b._tmp);
         let b_store = Rc::new(RefCell::new(WritesDuringApply {
@@ -1667,21 +1677,7 @@ fn writes_racing_with_an_applied_push_still_converge() {
             if let Err(e) = pushed {
                 assert_eq!(e.code(), ErrorCode::Io, "{at}: push: {e}");
             }
-            let mut quiet = false;
-            for _ in 0..6 {
-                let pull = driver::pull(&mut a, &mut remote, &opts_to_b, |_| {});
-                let pulled =
-                    futures::executor::block_on(pull).unwrap_or_else(|e| panic!("{at}: pull: {e}"));
-                a.settle().unwrap();
-                let push = driver::push(&mut a, &mut remote, &opts_to_b, |_| {});
-                let pushed =
-                    futures::executor::block_on(push).unwrap_or_else(|e| panic!("{at}: push: {e}"));
-                if pushed.entries + pulled.entries == 0 {
-                    quiet = true;
-                    break;
-                }
-            }
-            assert!(quiet, "{at}: pulls and pushes kept moving entries");
+            sync_until_quiet(&mut a, &mut remote, &opts_to_b, &at);
             eprintln_on_panic(&at, || assert_tree_eq(&a_root, &b_root));
         }
     }
