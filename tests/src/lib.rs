@@ -362,18 +362,19 @@ pub fn digest_diff(
     b: &BTreeMap<String, String>,
     max: usize,
 ) -> Vec<String> {
-    let mut out = Vec::new();
+    differing_paths(a, b)
+        .take(max)
+        .map(|k| format!("{k}: {:?} vs {:?}", a.get(k), b.get(k)))
+        .collect()
+}
+
+/// The paths whose entries differ between two digests, in order.
+pub fn differing_paths<'a>(
+    a: &'a BTreeMap<String, String>,
+    b: &'a BTreeMap<String, String>,
+) -> impl Iterator<Item = &'a String> {
     let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
-    for k in keys {
-        let (x, y) = (a.get(k), b.get(k));
-        if x != y {
-            out.push(format!("{k}: {x:?} vs {y:?}"));
-            if out.len() >= max {
-                break;
-            }
-        }
-    }
-    out
+    keys.into_iter().filter(move |k| a.get(*k) != b.get(*k))
 }
 
 /// Resident memory of a process in KiB (`VmRSS`), if it is alive.

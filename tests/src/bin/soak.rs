@@ -60,7 +60,7 @@ use wsd_client::client::{self, Client};
 use wsd_dofs::{Dofs, WriteOptions};
 use wsd_sync::driver::{self, SyncOptions};
 use wsd_sync::{ChangeCursor, IgnoreRules, Kind, Store, SyncError, SyncPath, Watermarks};
-use wsd_tests::{Daemon, digest_diff, dofs_digest, find_named, tree_digest};
+use wsd_tests::{Daemon, differing_paths, digest_diff, dofs_digest, find_named, tree_digest};
 
 #[derive(Parser, Debug)]
 #[command(about = "Soak the hub topology: dofs authority <-> wsd daemon, both written to")]
@@ -1685,10 +1685,7 @@ async fn run(args: Args, seed: u64) -> Result<Vec<String>> {
     let wsd_tree = tree_digest(&served);
     let mut diverged: Vec<String> = Vec::new();
     if auth_tree != wsd_tree {
-        diverged = auth_tree
-            .keys()
-            .chain(wsd_tree.keys())
-            .filter(|k| auth_tree.get(*k) != wsd_tree.get(*k))
+        diverged = differing_paths(&auth_tree, &wsd_tree)
             .take(3)
             .cloned()
             .collect();
