@@ -14,9 +14,9 @@
 
 use std::time::{Duration, Instant};
 
+use gsv_kernel::client::{Credentials, GsvClient};
+use gsv_kernel::{Kernel, KernelConfig};
 use serde_json::json;
-use wsd_kernel::client::{Credentials, GsvClient};
-use wsd_kernel::{Kernel, KernelConfig};
 
 fn percentile(v: &mut [Duration], p: f64) -> Duration {
     v.sort();
@@ -60,7 +60,7 @@ async fn run() {
     let url = format!("ws://{}/ws", listener.local_addr().unwrap());
     let k = kernel.clone();
     tokio::spawn(
-        async move { wsd_kernel::server::serve(listener, k, std::future::pending()).await },
+        async move { gsv_kernel::server::serve(listener, k, std::future::pending()).await },
     );
     let mut c = GsvClient::connect(&url).await.unwrap();
     c.call(

@@ -3,16 +3,16 @@
 //! `fs.read` of a small file and `shell.exec "true"`, next to a native
 //! `fs.read` for scale. Prints p50/p99 in milliseconds.
 //!
-//! `cargo run --release -p wsd-kernel --example routed_rtt [N]`
+//! `cargo run --release -p gsv-kernel --example routed_rtt [N]`
 
 use std::time::{Duration, Instant};
 
+use gsv_kernel::client::{Credentials, GsvClient};
+use gsv_kernel::{Kernel, KernelConfig};
+use gsv_node::driver::{self, DriverConfig};
+use gsv_node::{NodeRoot, NodeTools, ShellConfig};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use wsd_kernel::client::{Credentials, GsvClient};
-use wsd_kernel::driver::{self, DriverConfig};
-use wsd_kernel::node::{NodeRoot, NodeTools, ShellConfig};
-use wsd_kernel::{Kernel, KernelConfig};
 
 fn pct(v: &mut [Duration], p: f64) -> f64 {
     v.sort();
@@ -32,7 +32,7 @@ async fn main() -> anyhow::Result<()> {
     let url = format!("ws://{}/ws", listener.local_addr()?);
     let k = kernel.clone();
     tokio::spawn(
-        async move { wsd_kernel::server::serve(listener, k, std::future::pending()).await },
+        async move { gsv_kernel::server::serve(listener, k, std::future::pending()).await },
     );
 
     let mut c = GsvClient::connect(&url).await?;

@@ -8,11 +8,11 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
+use gsv_kernel::client::{Credentials, GsvClient};
+use gsv_kernel::{Kernel, KernelConfig};
+use gsv_node::driver::{self, DriverConfig};
+use gsv_node::{NodeRoot, NodeTools};
 use serde_json::{Value, json};
-use wsd_kernel::client::{Credentials, GsvClient};
-use wsd_kernel::driver::{self, DriverConfig};
-use wsd_kernel::node::{NodeRoot, NodeTools};
-use wsd_kernel::{Kernel, KernelConfig};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -540,7 +540,7 @@ async fn serve(a: ServeArgs) -> Result<ExitCode> {
     tracing::info!(%addr, data = %data.display(), "gsv listening");
     // Scripts and tests read the bound address from this line.
     println!("listening on {addr}");
-    wsd_kernel::server::serve(listener, kernel.clone(), shutdown_signal()).await?;
+    gsv_kernel::server::serve(listener, kernel.clone(), shutdown_signal()).await?;
     kernel.shutdown().await;
     Ok(ExitCode::SUCCESS)
 }

@@ -9,7 +9,7 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-use crate::kernel::PROTOCOL;
+use gsv_protocol::PROTOCOL;
 
 /// A client failure.
 #[derive(Debug, thiserror::Error)]

@@ -4,16 +4,17 @@
 //! file, a bad edit) are not errors here: handlers return them as
 //! `ok:true, data:{ok:false, error}` (see `syscalls::fs`).
 
+use gsv_protocol::error::code;
+use gsv_protocol::{FrameError, WireError};
 use serde_json::{Value, json};
 
 /// A frame-level failure: sent as `{type:"res", ok:false, error:{code, message}}`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum KernelError {
-    #[error("Malformed JSON")]
-    MalformedJson,
-    #[error("Invalid frame: {0}")]
-    InvalidFrame(&'static str),
+    /// A text message that is not a well-formed frame.
+    #[error(transparent)]
+    Frame(#[from] FrameError),
     #[error("Unsupported protocol version: {got} (this kernel speaks {want})")]
     UnsupportedProtocol { got: i64, want: i64 },
     /// Bad `client`/`driver` fields of `sys.connect`.
@@ -67,19 +68,20 @@ impl KernelError {
     pub fn code(&self) -> i64 {
         use KernelError::*;
         match self {
-            MalformedJson | InvalidFrame(_) | InvalidArgs { .. } | BadRequest(_) => 400,
-            UnsupportedProtocol { .. } => 102,
-            InvalidClient(_) => 103,
-            AuthFailed(_) => 401,
-            NotConnected | PermissionDenied(_) | AccessDenied { .. } => 403,
-            UnknownSyscall(_) | UnknownSession(_) => 404,
-            AlreadyConnected | DuplicateRequest(_) | AlreadyInitialized => 409,
-            SetupRequired => 425,
-            Cancelled(_) => 499,
-            Internal(_) => 500,
-            Overloaded(_) | Unavailable(_) => 503,
-            DeviceTimeout { .. } => 504,
-            BadDeviceResponse { .. } => 502,
+            Frame(e) => e.code(),
+            InvalidArgs { .. } | BadRequest(_) => code::BAD_REQUEST,
+            UnsupportedProtocol { .. } => code::UNSUPPORTED_PROTOCOL,
+            InvalidClient(_) => code::INVALID_CLIENT,
+            AuthFailed(_) => code::AUTH_FAILED,
+            NotConnected | PermissionDenied(_) | AccessDenied { .. } => code::FORBIDDEN,
+            UnknownSyscall(_) | UnknownSession(_) => code::NOT_FOUND,
+            AlreadyConnected | DuplicateRequest(_) | AlreadyInitialized => code::CONFLICT,
+            SetupRequired => code::SETUP_REQUIRED,
+            Cancelled(_) => code::CANCELLED,
+            Internal(_) => code::INTERNAL,
+            Overloaded(_) | Unavailable(_) => code::UNAVAILABLE,
+            DeviceTimeout { .. } => code::GATEWAY_TIMEOUT,
+            BadDeviceResponse { .. } => code::BAD_GATEWAY,
             Device { code, .. } => *code,
         }
     }
@@ -93,12 +95,12 @@ impl KernelError {
     }
 
     /// The `error` object of an `ok:false` response.
-    pub fn to_wire(&self) -> Value {
-        let mut e = json!({"code": self.code(), "message": self.to_string()});
-        if let Some(d) = self.details() {
-            e["details"] = d;
+    pub fn to_wire(&self) -> WireError {
+        WireError {
+            code: self.code(),
+            message: self.to_string(),
+            details: self.details(),
         }
-        e
     }
 
     pub(crate) fn internal(context: &str, e: impl std::fmt::Display) -> KernelError {
@@ -110,5 +112,17 @@ impl KernelError {
 impl From<rusqlite::Error> for KernelError {
     fn from(e: rusqlite::Error) -> Self {
         KernelError::internal("kernel database", e)
+    }
+}
+
+impl From<&KernelError> for WireError {
+    fn from(e: &KernelError) -> Self {
+        e.to_wire()
+    }
+}
+
+impl From<KernelError> for WireError {
+    fn from(e: KernelError) -> Self {
+        e.to_wire()
     }
 }

@@ -23,8 +23,7 @@ use crate::session::ConnectionPool;
 use crate::workspace::Workspaces;
 use crate::workspace::shell::Sessions;
 
-/// The protocol version this kernel speaks (`sys.connect` `protocol`).
-pub const PROTOCOL: i64 = 2;
+pub use gsv_protocol::PROTOCOL;
 
 /// Kernel settings (`gsv serve` flags).
 #[derive(Debug, Clone)]

@@ -28,10 +28,11 @@ use crate::body::BodyInbox;
 use crate::caps;
 use crate::db::now_ms;
 use crate::error::KernelError;
-use crate::frames::{self, Inbound, Outbound, Response, UNKNOWN_ID};
 use crate::kernel::{Kernel, PROTOCOL};
 use crate::routing;
 use crate::session::{Outgoing, Role, Session};
+use gsv_protocol::FrameError;
+use gsv_protocol::frames::{self, Inbound, Outbound, Response, UNKNOWN_ID};
 
 /// Frames queued for one socket's writer; a full queue makes that
 /// connection's own requests wait, nobody else's.
@@ -209,7 +210,7 @@ impl Connection {
                     return self
                         .send_res(Response::err(
                             UNKNOWN_ID,
-                            &KernelError::InvalidFrame("request.cancel needs payload.id"),
+                            FrameError::InvalidFrame("request.cancel needs payload.id"),
                         ))
                         .await;
                 };

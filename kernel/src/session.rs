@@ -110,7 +110,7 @@ impl ConnectionPool {
     /// Sends a signal to every live `role` socket of `uid`. A socket whose
     /// queue is full misses it rather than stalling the sender.
     pub fn signal_user(&self, uid: i64, role: Role, signal: &str, payload: serde_json::Value) {
-        let text = crate::frames::Outbound::Sig {
+        let text = gsv_protocol::frames::Outbound::Sig {
             signal: signal.to_owned(),
             payload,
             seq: None,
@@ -138,7 +138,7 @@ impl ConnectionPool {
         let Some(l) = live.get(id) else {
             return Err(payload);
         };
-        let text = crate::frames::Outbound::Sig {
+        let text = gsv_protocol::frames::Outbound::Sig {
             signal: signal.to_owned(),
             payload: payload.clone(),
             seq: None,

@@ -32,8 +32,8 @@ use crate::caps;
 use crate::db::now_ms;
 use crate::dispatch::{Entry, is_routable};
 use crate::error::KernelError;
-use crate::frames::Outbound;
 use crate::session::{Outgoing, Session};
+use gsv_protocol::frames::Outbound;
 
 pub use devices::{
     Device, Registration, can_access, check_device_owner, get_device, list_devices, reset_at_start,

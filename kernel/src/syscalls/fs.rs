@@ -15,10 +15,10 @@ use crate::session::Session;
 use crate::vfs::{self, Access, FsError, Place, Resolved};
 use crate::workspace::{self, Workspace};
 
+pub use crate::vfs::MAX_READ_BYTES;
 /// Matches one `fs.search` returns before `truncated` (the seed's 100,
 /// shared with the node tools).
-pub use crate::node::MAX_SEARCH_MATCHES;
-pub use crate::vfs::MAX_READ_BYTES;
+pub use gsv_node::MAX_SEARCH_MATCHES;
 /// Characters of a matching line returned by `fs.search`.
 const MATCH_CONTENT_CHARS: usize = 200;
 

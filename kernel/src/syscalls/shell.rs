@@ -31,7 +31,7 @@ use crate::workspace::shell::{Outcome, ShellSession};
 // The seed's limits are defined once, with the node tools that answer the
 // same call on devices: the output cap, the default timeout and how long a
 // finished result waits for its poll.
-pub use crate::node::{
+pub use gsv_node::{
     COMPLETED_SESSION_RETENTION as FINISHED_SESSION_KEEP, DEFAULT_TIMEOUT_MS, MAX_OUTPUT_CHARS,
     MAX_YIELD_MS, MIN_YIELD_MS,
 };

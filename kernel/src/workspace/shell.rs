@@ -13,8 +13,8 @@ use serde_json::{Value, json};
 use tokio::sync::Notify;
 use wsd_client::WsdHandle;
 
-use crate::node::MAX_OUTPUT_CHARS;
-use crate::output::{CappedText, Utf8Stream};
+use gsv_node::MAX_OUTPUT_CHARS;
+use gsv_node::output::{CappedText, Utf8Stream};
 
 /// How a command ended.
 #[derive(Debug, Clone)]

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
+use gsv_kernel::client::GsvClient;
 use serde_json::{Value, json};
-use wsd_kernel::client::GsvClient;
 
 use crate::harness::{TestKernel, err_of, new_workspace, wsd_bin};
 

@@ -1,7 +1,7 @@
 //! Frames, handshake, tokens, config and capabilities.
 
+use gsv_kernel::client::connect_args;
 use serde_json::json;
-use wsd_kernel::client::connect_args;
 
 use crate::harness::{ALICE_PW, TestKernel, err_of, user_connect};
 
@@ -334,7 +334,7 @@ async fn a_socket_that_never_connects_is_closed_at_the_handshake_deadline() {
         .await;
     let mut c = k.raw().await;
     match c.recv().await {
-        Err(wsd_kernel::client::ClientError::Closed(Some((code, _)))) => assert_eq!(code, 1008),
+        Err(gsv_kernel::client::ClientError::Closed(Some((code, _)))) => assert_eq!(code, 1008),
         other => panic!("expected a close, got {other:?}"),
     }
 }
@@ -349,7 +349,7 @@ async fn a_frame_over_the_size_limit_closes_the_socket_with_1009() {
     );
     c.send_text(big).await.unwrap();
     match c.recv().await {
-        Err(wsd_kernel::client::ClientError::Closed(Some((code, reason)))) => {
+        Err(gsv_kernel::client::ClientError::Closed(Some((code, reason)))) => {
             assert_eq!(code, 1009, "{reason}");
         }
         other => panic!("expected a 1009 close, got {other:?}"),
@@ -363,7 +363,7 @@ async fn unauthenticated_sockets_have_their_own_small_cap() {
     let _a = k.raw().await;
     let _b = k.raw().await;
     assert!(
-        wsd_kernel::client::GsvClient::connect(&k.url)
+        gsv_kernel::client::GsvClient::connect(&k.url)
             .await
             .is_err()
     );
@@ -372,7 +372,7 @@ async fn unauthenticated_sockets_have_their_own_small_cap() {
     // dropped socket's permit returns once the server sees the close.
     let mut ok = None;
     for _ in 0..200 {
-        if let Ok(c) = wsd_kernel::client::GsvClient::connect(&k.url).await {
+        if let Ok(c) = gsv_kernel::client::GsvClient::connect(&k.url).await {
             ok = Some(c);
             break;
         }
@@ -381,7 +381,7 @@ async fn unauthenticated_sockets_have_their_own_small_cap() {
     let mut c = ok.expect("a permit came back");
     c.login(
         "alice",
-        &wsd_kernel::client::Credentials::Password(ALICE_PW.into()),
+        &gsv_kernel::client::Credentials::Password(ALICE_PW.into()),
     )
     .await
     .unwrap();
@@ -395,7 +395,7 @@ async fn a_newer_connection_of_the_same_client_replaces_the_older_one() {
     let mut first = k.alice().await;
     let mut second = k.alice().await;
     match first.recv().await {
-        Err(wsd_kernel::client::ClientError::Closed(Some((code, reason)))) => {
+        Err(gsv_kernel::client::ClientError::Closed(Some((code, reason)))) => {
             assert_eq!(
                 (code, reason.as_str()),
                 (1000, "Replaced by newer connection")

@@ -5,11 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use gsv_kernel::client::{Credentials, GsvClient, connect_args};
+use gsv_kernel::{Kernel, KernelConfig};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 use tokio::sync::oneshot;
-use wsd_kernel::client::{Credentials, GsvClient, connect_args};
-use wsd_kernel::{Kernel, KernelConfig};
 
 pub const ALICE_PW: &str = "alice-password";
 pub const BOB_PW: &str = "bob-password";
@@ -60,7 +60,7 @@ impl TestKernel {
         let (stop, stopped) = oneshot::channel::<()>();
         let k = kernel.clone();
         tokio::spawn(async move {
-            wsd_kernel::server::serve(listener, k.clone(), async move {
+            gsv_kernel::server::serve(listener, k.clone(), async move {
                 let _ = stopped.await;
             })
             .await

@@ -9,6 +9,5 @@ mod fs;
 mod handshake;
 mod harness;
 mod node;
-mod node_tools;
 mod proc;
 mod workspaces;

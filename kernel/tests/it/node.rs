@@ -5,13 +5,13 @@
 use std::path::Path;
 use std::time::Duration;
 
+use gsv_kernel::client::GsvClient;
+use gsv_node::driver::{self, DriverConfig};
+use gsv_node::{NodeRoot, NodeTools, ShellConfig};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use wsd_kernel::client::GsvClient;
-use wsd_kernel::driver::{self, DriverConfig};
-use wsd_kernel::node::{NodeRoot, NodeTools, ShellConfig};
 
 use crate::harness::{ScriptedDriver, TestKernel, node_token};
 

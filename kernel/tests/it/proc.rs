@@ -13,9 +13,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use futures::StreamExt;
+use gsv_kernel::client::GsvClient;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
-use wsd_kernel::client::GsvClient;
 
 use crate::harness::{ALICE_PW, TestKernel, err_of};
 

@@ -22,8 +22,9 @@ use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
 
-use crate::kernel::PROTOCOL;
-use crate::node::{NodeTools, ToolError};
+use gsv_protocol::PROTOCOL;
+
+use crate::{NodeTools, ToolError};
 
 /// How long connecting (TCP + WebSocket upgrade) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -62,10 +63,7 @@ impl DriverConfig {
             device_id,
             username,
             token,
-            implements: crate::node::IMPLEMENTS
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
+            implements: crate::IMPLEMENTS.iter().map(|s| s.to_string()).collect(),
             min_backoff: Duration::from_secs(1),
             max_backoff: Duration::from_secs(300),
         }
@@ -244,7 +242,7 @@ async fn run_once(
     result
 }
 
-async fn send_events(outbox: &crate::node::ExecEventOutbox, tx: &mpsc::Sender<Message>) {
+async fn send_events(outbox: &crate::ExecEventOutbox, tx: &mpsc::Sender<Message>) {
     let events = outbox.drain();
     for (i, e) in events.iter().enumerate() {
         let frame = json!({"type": "sig", "signal": "exec.status", "payload": e});

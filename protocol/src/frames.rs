@@ -6,7 +6,7 @@
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::error::KernelError;
+use crate::error::{FrameError, WireError};
 
 /// The id used in replies to frames whose own id could not be read.
 pub const UNKNOWN_ID: &str = "?";
@@ -31,25 +31,25 @@ pub enum Inbound {
 }
 
 /// Parses one text message. The error is always answered with id `"?"`.
-pub fn parse(text: &str) -> Result<Inbound, KernelError> {
-    let v: Value = serde_json::from_str(text).map_err(|_| KernelError::MalformedJson)?;
+pub fn parse(text: &str) -> Result<Inbound, FrameError> {
+    let v: Value = serde_json::from_str(text).map_err(|_| FrameError::MalformedJson)?;
     let Value::Object(mut o) = v else {
-        return Err(KernelError::MalformedJson);
+        return Err(FrameError::MalformedJson);
     };
     let ty = o.get("type").and_then(Value::as_str).unwrap_or_default();
     match ty {
         "req" => {
             let id = take_string(&mut o, "id")
-                .ok_or(KernelError::InvalidFrame("req needs a string id"))?;
+                .ok_or(FrameError::InvalidFrame("req needs a string id"))?;
             let call = take_string(&mut o, "call")
-                .ok_or(KernelError::InvalidFrame("req needs a string call"))?;
+                .ok_or(FrameError::InvalidFrame("req needs a string call"))?;
             let args = match o.remove("args") {
                 None | Some(Value::Null) => Map::new(),
                 Some(Value::Object(a)) => a,
-                Some(_) => return Err(KernelError::InvalidFrame("req args must be an object")),
+                Some(_) => return Err(FrameError::InvalidFrame("req args must be an object")),
             };
             if o.contains_key("body") {
-                return Err(KernelError::InvalidFrame(
+                return Err(FrameError::InvalidFrame(
                     "request bodies are not supported yet",
                 ));
             }
@@ -59,12 +59,12 @@ pub fn parse(text: &str) -> Result<Inbound, KernelError> {
             let id = o
                 .get("id")
                 .and_then(Value::as_str)
-                .ok_or(KernelError::InvalidFrame("res needs a string id"))?
+                .ok_or(FrameError::InvalidFrame("res needs a string id"))?
                 .to_owned();
             let ok = o
                 .get("ok")
                 .and_then(Value::as_bool)
-                .ok_or(KernelError::InvalidFrame("res needs a boolean ok"))?;
+                .ok_or(FrameError::InvalidFrame("res needs a boolean ok"))?;
             Ok(Inbound::Res {
                 id,
                 ok,
@@ -73,16 +73,16 @@ pub fn parse(text: &str) -> Result<Inbound, KernelError> {
         }
         "sig" => {
             if o.contains_key("body") {
-                return Err(KernelError::InvalidFrame("signals cannot carry bodies"));
+                return Err(FrameError::InvalidFrame("signals cannot carry bodies"));
             }
             let signal = take_string(&mut o, "signal")
-                .ok_or(KernelError::InvalidFrame("sig needs a string signal"))?;
+                .ok_or(FrameError::InvalidFrame("sig needs a string signal"))?;
             Ok(Inbound::Sig {
                 signal,
                 payload: o.remove("payload").unwrap_or(Value::Null),
             })
         }
-        _ => Err(KernelError::InvalidFrame("type must be req, res or sig")),
+        _ => Err(FrameError::InvalidFrame("type must be req, res or sig")),
     }
 }
 
@@ -114,7 +114,7 @@ pub struct Response {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub data: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<Value>,
+    pub error: Option<WireError>,
 }
 
 impl Response {
@@ -127,19 +127,19 @@ impl Response {
         }
     }
 
-    pub fn err(id: impl Into<String>, e: &KernelError) -> Response {
+    pub fn err(id: impl Into<String>, e: impl Into<WireError>) -> Response {
         Response {
             id: id.into(),
             ok: false,
             data: None,
-            error: Some(e.to_wire()),
+            error: Some(e.into()),
         }
     }
 
-    pub fn from_result(id: impl Into<String>, r: Result<Value, KernelError>) -> Response {
+    pub fn from_result<E: Into<WireError>>(id: impl Into<String>, r: Result<Value, E>) -> Response {
         match r {
             Ok(v) => Response::ok(id, v),
-            Err(e) => Response::err(id, &e),
+            Err(e) => Response::err(id, e),
         }
     }
 }
@@ -170,8 +170,8 @@ mod tests {
 
     #[test]
     fn malformed_and_non_object_json_are_malformed_json() {
-        assert!(matches!(parse("{nope"), Err(KernelError::MalformedJson)));
-        assert!(matches!(parse("[1,2]"), Err(KernelError::MalformedJson)));
+        assert!(matches!(parse("{nope"), Err(FrameError::MalformedJson)));
+        assert!(matches!(parse("[1,2]"), Err(FrameError::MalformedJson)));
     }
 
     #[test]
@@ -193,6 +193,6 @@ mod tests {
     fn deeply_nested_json_is_refused_not_overflowed() {
         let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
         let text = format!(r#"{{"type":"req","id":"1","call":"x","args":{{"a":{deep}}}}}"#);
-        assert!(matches!(parse(&text), Err(KernelError::MalformedJson)));
+        assert!(matches!(parse(&text), Err(FrameError::MalformedJson)));
     }
 }

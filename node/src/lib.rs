@@ -12,7 +12,9 @@
 //! module knows nothing of frames or sockets: the driver connection owns
 //! those (see `DESIGN.md`).
 
+pub mod driver;
 mod fs;
+pub mod output;
 mod root;
 mod shell;
 

@@ -3,7 +3,7 @@
 //! UTF-8 without mangling a character split across two reads.
 
 /// The last `n` characters of `s`.
-pub(crate) fn last_chars(s: &str, n: usize) -> &str {
+pub fn last_chars(s: &str, n: usize) -> &str {
     if n == 0 {
         return "";
     }
@@ -17,17 +17,17 @@ pub(crate) fn last_chars(s: &str, n: usize) -> &str {
 /// the buffer is half as long again as the cap, so appends stay amortised
 /// O(1); readers always see exactly the last `cap`.
 #[derive(Debug)]
-pub(crate) struct CappedText {
+pub struct CappedText {
     buf: String,
     chars: usize,
     cap: usize,
     /// Set once more than `cap` characters were pushed since the last
     /// [`CappedText::take_flagged`].
-    pub(crate) overflowed: bool,
+    pub overflowed: bool,
 }
 
 impl CappedText {
-    pub(crate) fn new(cap: usize) -> Self {
+    pub fn new(cap: usize) -> Self {
         Self {
             buf: String::new(),
             chars: 0,
@@ -36,7 +36,7 @@ impl CappedText {
         }
     }
 
-    pub(crate) fn push(&mut self, s: &str) {
+    pub fn push(&mut self, s: &str) {
         self.buf.push_str(s);
         self.chars += s.chars().count();
         if self.chars > self.cap {
@@ -54,11 +54,11 @@ impl CappedText {
         }
     }
 
-    pub(crate) fn text(&self) -> &str {
+    pub fn text(&self) -> &str {
         last_chars(&self.buf, self.cap)
     }
 
-    pub(crate) fn take(&mut self) -> String {
+    pub fn take(&mut self) -> String {
         let out = self.text().to_owned();
         self.buf.clear();
         self.chars = 0;
@@ -66,7 +66,7 @@ impl CappedText {
     }
 
     /// The kept text and whether anything was dropped, and starts over.
-    pub(crate) fn take_flagged(&mut self) -> (String, bool) {
+    pub fn take_flagged(&mut self) -> (String, bool) {
         let overflowed = std::mem::replace(&mut self.overflowed, false);
         (self.take(), overflowed)
     }
@@ -75,12 +75,12 @@ impl CappedText {
 /// Decodes a byte stream as lossy UTF-8 without splitting a character that
 /// straddles two reads.
 #[derive(Debug, Default)]
-pub(crate) struct Utf8Stream {
+pub struct Utf8Stream {
     carry: Vec<u8>,
 }
 
 impl Utf8Stream {
-    pub(crate) fn decode(&mut self, chunk: &[u8]) -> String {
+    pub fn decode(&mut self, chunk: &[u8]) -> String {
         let mut bytes = std::mem::take(&mut self.carry);
         bytes.extend_from_slice(chunk);
         let keep = incomplete_suffix(&bytes);
@@ -88,7 +88,7 @@ impl Utf8Stream {
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
-    pub(crate) fn finish(&mut self) -> String {
+    pub fn finish(&mut self) -> String {
         String::from_utf8_lossy(&std::mem::take(&mut self.carry)).into_owned()
     }
 }

@@ -4,12 +4,12 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
-use wsd_kernel::node::{
+use gsv_node::{
     ExecEventKind, MAX_OUTPUT_CHARS, MAX_SEARCH_MATCHES, NodeRoot, NodeTools, ShellConfig,
     TAIL_CHARS, ToolError,
 };
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 
 /// A temp dir holding `root/` (the node root) and `outside/` beside it,
 /// with `root/out` a symlink to `outside/`.
@@ -226,7 +226,7 @@ async fn a_read_window_larger_than_the_cap_stops_at_a_line_and_says_where_to_go_
     let got = v["lines"].as_u64().unwrap();
     assert!(got > 0 && got < 400);
     assert_eq!(v["nextOffset"], json!(got));
-    assert!(v["content"].as_str().unwrap().len() <= wsd_kernel::node::MAX_READ_CONTENT_BYTES);
+    assert!(v["content"].as_str().unwrap().len() <= gsv_node::MAX_READ_CONTENT_BYTES);
     let rest = n
         .call(
             "fs.read",
@@ -239,7 +239,7 @@ async fn a_read_window_larger_than_the_cap_stops_at_a_line_and_says_where_to_go_
 #[tokio::test]
 async fn a_file_without_newlines_is_read_as_one_cut_line_not_loaded_whole() {
     let n = node();
-    let cap = wsd_kernel::node::MAX_READ_CONTENT_BYTES;
+    let cap = gsv_node::MAX_READ_CONTENT_BYTES;
     n.write("one.txt", "é".repeat(cap));
     let v = n.call("fs.read", json!({"path": "one.txt"})).await;
     assert_eq!(v["ok"], json!(true), "{}", v["error"]);
@@ -419,10 +419,7 @@ async fn search_stops_at_the_match_cap_and_says_truncated() {
     assert_eq!(v["truncated"], json!(true));
     assert_eq!(v["count"], json!(MAX_SEARCH_MATCHES));
     let first = v["matches"][0]["content"].as_str().unwrap();
-    assert_eq!(
-        first.chars().count(),
-        wsd_kernel::node::MAX_SEARCH_LINE_CHARS
-    );
+    assert_eq!(first.chars().count(), gsv_node::MAX_SEARCH_LINE_CHARS);
 }
 
 // ---- path escapes ----
