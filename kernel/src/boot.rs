@@ -11,15 +11,15 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use wsd_dofs::Dofs;
 
-use crate::accounts;
 use crate::db::Db;
+use crate::domains;
+use crate::domains::accounts;
+use crate::domains::proc::Procs;
+use crate::domains::workspace::Workspaces;
 use crate::error::KernelError;
 use crate::kernel::{Kernel, KernelConfig};
-use crate::proc::Procs;
 use crate::routing::{self, Router};
 use crate::session::ConnectionPool;
-use crate::syscalls;
-use crate::workspace::Workspaces;
 
 impl Kernel {
     /// Opens (creating) the data directory: database, system store, root's
@@ -28,7 +28,7 @@ impl Kernel {
         let dir = config.data_dir.clone();
         std::fs::create_dir_all(dir.join("workspaces"))
             .map_err(|e| KernelError::internal(&format!("creating {}", dir.display()), e))?;
-        let db = Db::open(&dir.join("kernel.sqlite3"))?;
+        let db = Db::open(&dir.join("kernel.sqlite3"), &domains::migrations())?;
         db.call(accounts::bootstrap).await?;
         db.call(routing::reset_at_start).await?;
         let sys_path = dir.join("system.dofs");
@@ -37,7 +37,7 @@ impl Kernel {
             .map_err(|e| KernelError::internal("opening system.dofs", e))?
             .map_err(|e| KernelError::internal("opening system.dofs", e))?;
         let system = Arc::new(Mutex::new(system));
-        syscalls::fs::ensure_dir(&system, "root").await?;
+        domains::fs::calls::ensure_dir(&system, "root").await?;
         let router = Arc::new(Router::new(db.clone(), config.routed_call_ttl));
         let kernel = Arc::new(Kernel {
             workspaces: Workspaces::new(dir.join("workspaces"), config.wsd_bin.clone()),
@@ -49,12 +49,12 @@ impl Kernel {
             pool: ConnectionPool::default(),
             router,
             sessions: Default::default(),
-            dispatch: syscalls::table(),
+            dispatch: domains::table(),
             procs: Procs::default(),
             login_failures: Mutex::new(HashMap::new()),
         });
         tokio::spawn(reap_idle_children(Arc::downgrade(&kernel)));
-        syscalls::proc::run::recover(&kernel).await?;
+        domains::proc::calls::run::recover(&kernel).await?;
         Ok(kernel)
     }
 }

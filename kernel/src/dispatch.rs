@@ -5,7 +5,7 @@
 //!
 //! The table is generic over the state `K` its handlers get, so it knows
 //! nothing above itself: the kernel holds a `Dispatch<Kernel>` and
-//! `syscalls` fills it. Which calls may go to a device instead
+//! `domains` fills it. Which calls may go to a device instead
 //! ([`is_routable`]) is decided here; the routing itself, `args.target`
 //! included, is `routing::run_call`.
 

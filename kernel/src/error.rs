@@ -2,7 +2,7 @@
 //! [`KernelError`] variant, and [`KernelError::code`] maps each variant to
 //! exactly one wire code (reference §3.10). Operation failures (a missing
 //! file, a bad edit) are not errors here: handlers return them as
-//! `ok:true, data:{ok:false, error}` (see `syscalls::fs`).
+//! `ok:true, data:{ok:false, error}` (see `domains::fs`).
 
 use gsv_protocol::error::code;
 use gsv_protocol::{FrameError, WireError};

@@ -17,11 +17,11 @@ use wsd_dofs::Dofs;
 
 use crate::db::Db;
 use crate::dispatch::Dispatch;
-use crate::proc::active::Procs;
+use crate::domains::proc::active::Procs;
+use crate::domains::shell::sessions::Sessions;
+use crate::domains::workspace::Workspaces;
 use crate::routing::router::Router;
 use crate::session::ConnectionPool;
-use crate::workspace::Workspaces;
-use crate::workspace::shell::Sessions;
 
 pub use gsv_protocol::PROTOCOL;
 

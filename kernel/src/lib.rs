@@ -3,15 +3,17 @@
 //! one SQLite database, serves `fs.*` natively from dofs stores (a system
 //! store for `/home`, `/etc`, … and one per workspace under
 //! `/workspaces/<id>`), and runs commands in workspaces through a `wsd`
-//! backend. [`node`] holds the device-side tools (what a driver answers
-//! `fs.*`/`shell.exec` with). The contract is `shared/design/kernel.md`.
+//! backend. The contract is `shared/design/kernel.md`; the wire shapes are
+//! `gsv-protocol`.
 //!
 //! Calls with `target: <deviceId>` are routed to a device's driver
-//! connection ([`routing`]); `gsv node` is such a driver ([`driver`]).
+//! connection ([`routing`]); `gsv node` (the `gsv-node` crate) is such a
+//! driver.
 //!
-//! Agent processes ([`proc`], driven by [`syscalls::proc`]) turn model
-//! tool calls into the same syscalls, dispatched through the same
-//! capability and routing path.
+//! Each syscall domain ([`domains`]) owns its state, its migrations and
+//! its calls; `domains/mod.rs` is where they are all wired. Agent
+//! processes ([`domains::proc`]) turn model tool calls into the same
+//! syscalls, dispatched through the same capability and routing path.
 //!
 //! State ([`kernel::Kernel`] and everything it holds) sits below the
 //! operations that take it; [`boot`] wires the two (ARCHITECTURE.md,
@@ -20,22 +22,18 @@
 //! It deliberately does not (yet): accept binary
 //! bodies, or talk capnp itself (the wsd side goes through `wsd-client`).
 
-pub mod accounts;
 pub mod body;
 pub mod boot;
 pub mod caps;
 pub mod client;
 pub mod db;
 pub mod dispatch;
+pub mod domains;
 pub mod error;
 pub mod kernel;
-pub mod proc;
 pub mod routing;
 pub mod server;
 pub mod session;
-pub mod syscalls;
-pub mod vfs;
-pub mod workspace;
 
 pub use error::KernelError;
 pub use kernel::{Kernel, KernelConfig};

@@ -23,10 +23,10 @@ use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::accounts::{self, ProcessIdentity};
 use crate::body::BodyInbox;
 use crate::caps;
 use crate::db::now_ms;
+use crate::domains::accounts::{self, ProcessIdentity};
 use crate::error::KernelError;
 use crate::kernel::{Kernel, PROTOCOL};
 use crate::routing;
@@ -659,7 +659,7 @@ async fn setup(k: &Arc<Kernel>, args: Map<String, Value>) -> Result<Value, Kerne
             Ok((user, accounts::root_locked(c)?))
         })
         .await?;
-    crate::syscalls::fs::ensure_dir(&k.system, user.home.trim_start_matches('/')).await?;
+    crate::domains::fs::calls::ensure_dir(&k.system, user.home.trim_start_matches('/')).await?;
     tracing::info!(user = %user.username, uid = user.uid, at = now_ms(), "setup complete");
     Ok(json!({"user": user, "rootLocked": root_locked}))
 }

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::accounts::ProcessIdentity;
+use crate::domains::accounts::ProcessIdentity;
 
 /// A client role (`sys.connect` `client.role`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

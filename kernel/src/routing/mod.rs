@@ -17,7 +17,6 @@
 //! waiting routes), never the kernel, so routing sits below `Kernel`; the
 //! state is [`router`], the device rows [`devices`].
 
-pub mod devices;
 pub mod router;
 
 use std::sync::Arc;
@@ -27,15 +26,15 @@ use rusqlite::{OptionalExtension, params};
 use serde_json::{Map, Value, json};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::accounts::{self, ProcessIdentity};
 use crate::caps;
 use crate::db::now_ms;
 use crate::dispatch::{Entry, is_routable};
+use crate::domains::accounts::{self, ProcessIdentity};
 use crate::error::KernelError;
 use crate::session::{Outgoing, Session};
 use gsv_protocol::frames::Outbound;
 
-pub use devices::{
+pub use crate::domains::device::{
     Device, Registration, can_access, check_device_owner, get_device, list_devices, reset_at_start,
     update_device, visible_device,
 };

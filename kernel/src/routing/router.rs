@@ -15,9 +15,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::body::{Body, BodyError, BodyInbox, Descriptor};
 use crate::db::Db;
+use crate::domains::fs::vfs::MAX_READ_BYTES;
 use crate::error::KernelError;
 use crate::session::{Outgoing, Session};
-use crate::vfs::MAX_READ_BYTES;
 use gsv_node::MAX_IMAGE_BYTES;
 
 /// How long a routed answer's binary body may take to arrive in full

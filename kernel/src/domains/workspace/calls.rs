@@ -6,13 +6,13 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::accounts;
 use crate::db::now_ms;
+use crate::domains::accounts;
+use crate::domains::fs::vfs;
+use crate::domains::workspace::{self, Backend, WorkspaceRow};
 use crate::error::KernelError;
 use crate::kernel::Kernel;
 use crate::session::Session;
-use crate::vfs;
-use crate::workspace::{self, Backend, WorkspaceRow};
 
 /// `backend`: `"local"`, `{kind:"local"}` or `{kind:"remote", address, tokenFile}`.
 #[derive(Debug, Deserialize)]

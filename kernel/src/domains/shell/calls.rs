@@ -1,6 +1,6 @@
 //! `shell.exec` on a workspace: starts a command through the workspace's
-//! wsd backend ([`crate::workspace::backend`]) and keeps it as a live
-//! session ([`crate::workspace::shell`]) between calls.
+//! wsd backend ([`crate::domains::workspace::backend`]) and keeps it as a live
+//! session ([`crate::domains::shell::sessions`]) between calls.
 //!
 //! A new command runs as a bracket under the workspace's lock: push dofs →
 //! wsd (a failed push fails the call; nothing runs), then exec. A session
@@ -21,12 +21,12 @@ use wsd_client::{ExecEventKind, ExecRequest, ResumeFrom, WsdHandle};
 use wsd_sync::Kind;
 
 use crate::db::now_ms;
+use crate::domains::fs::vfs::{self, Place};
+use crate::domains::shell::sessions::{Outcome, ShellSession};
+use crate::domains::workspace::Workspace;
 use crate::error::KernelError;
 use crate::kernel::Kernel;
 use crate::session::Session;
-use crate::vfs::{self, Place};
-use crate::workspace::Workspace;
-use crate::workspace::shell::{Outcome, ShellSession};
 
 // The seed's limits are defined once, with the node tools that answer the
 // same call on devices: the output cap, the default timeout and how long a
@@ -79,12 +79,12 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<Value,
     let Place::Workspace { id, sub } = r.place else {
         return Ok(no_workspace(&r.display));
     };
-    let row = crate::syscalls::workspace::visible_row(&k, &s, &id).await?;
+    let row = crate::domains::workspace::calls::visible_row(&k, &s, &id).await?;
     if row.is_archived() {
         return Ok(op_error(&format!("Workspace {id} is archived")));
     }
     let w = k.workspaces.open(&row).await?;
-    let session_id = format!("sh_{}", crate::accounts::random_hex(12));
+    let session_id = format!("sh_{}", crate::domains::accounts::random_hex(12));
     let request = ExecRequest {
         command: a.input.clone(),
         cwd: sub.map(|p| p.into_string()),

@@ -9,13 +9,13 @@ use serde_json::{Value, json};
 use wsd_dofs::{Dofs, WriteOptions};
 use wsd_sync::{Kind, SyncPath};
 
+use crate::domains::fs::vfs::{self, Access, FsError, Place, Resolved};
+use crate::domains::workspace::{self, Workspace};
 use crate::error::KernelError;
 use crate::kernel::Kernel;
 use crate::session::Session;
-use crate::vfs::{self, Access, FsError, Place, Resolved};
-use crate::workspace::{self, Workspace};
 
-pub use crate::vfs::MAX_READ_BYTES;
+pub use crate::domains::fs::vfs::MAX_READ_BYTES;
 /// Matches one `fs.search` returns before `truncated` (the seed's 100,
 /// shared with the node tools).
 pub use gsv_node::MAX_SEARCH_MATCHES;

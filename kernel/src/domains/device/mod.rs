@@ -2,10 +2,13 @@
 //! implements, whether it is online) and its `device_access` ACL, read
 //! and written on the database connection.
 
+pub mod calls;
+
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::accounts::ProcessIdentity;
+use crate::db::Migration;
 use crate::db::now_ms;
+use crate::domains::accounts::ProcessIdentity;
 use crate::error::KernelError;
 
 /// Longest device label and description (reference §2.1).
@@ -183,6 +186,53 @@ pub struct Registration {
     pub version: String,
 }
 
+/// This domain's tables: device rows and their ACL, and the routes and device shell sessions `routing` keeps. Listed in `domains::MIGRATIONS`;
+/// never edit a released migration (its checksum is checked at every
+/// start), add one.
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    id: 3,
+    name: "devices",
+    sql: "CREATE TABLE devices(
+            device_id TEXT PRIMARY KEY,
+            owner_uid INTEGER NOT NULL,
+            label TEXT NOT NULL DEFAULT '',
+            description TEXT NOT NULL DEFAULT '',
+            implements TEXT NOT NULL DEFAULT '[]',
+            platform TEXT NOT NULL DEFAULT '',
+            version TEXT NOT NULL DEFAULT '',
+            online INTEGER NOT NULL DEFAULT 0,
+            first_seen_at INTEGER NOT NULL,
+            last_seen_at INTEGER NOT NULL,
+            connected_at INTEGER,
+            disconnected_at INTEGER);
+         CREATE TABLE device_access(
+            device_id TEXT NOT NULL,
+            gid INTEGER NOT NULL,
+            PRIMARY KEY(device_id, gid));
+         CREATE TABLE routing_table(
+            id TEXT PRIMARY KEY,
+            call TEXT NOT NULL,
+            origin_type TEXT NOT NULL,
+            origin_id TEXT NOT NULL,
+            device_id TEXT NOT NULL,
+            driver_connection_id TEXT,
+            created_at INTEGER NOT NULL,
+            expires_at INTEGER);
+         CREATE INDEX routing_table_driver ON routing_table(driver_connection_id);
+         CREATE TABLE device_shell_sessions(
+            session_id TEXT PRIMARY KEY,
+            device_id TEXT NOT NULL,
+            owner_uid INTEGER NOT NULL,
+            status TEXT NOT NULL,
+            exit_code INTEGER,
+            error TEXT,
+            created_at INTEGER NOT NULL,
+            updated_at INTEGER NOT NULL,
+            expires_at INTEGER NOT NULL);
+         CREATE INDEX device_shell_sessions_device ON device_shell_sessions(device_id);
+         CREATE INDEX device_shell_sessions_expiry ON device_shell_sessions(expires_at);",
+}];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,7 +250,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_device_is_visible_to_root_its_owner_and_its_acl_groups_only() {
-        let db = crate::db::Db::open_in_memory().unwrap();
+        let db = crate::db::Db::open_in_memory(MIGRATIONS).unwrap();
         db.call(|c| {
             c.execute_batch(
                 "INSERT INTO devices(device_id, owner_uid, online, first_seen_at, last_seen_at)

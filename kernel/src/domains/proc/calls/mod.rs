@@ -15,13 +15,13 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use wsd_sync::SyncPath;
 
-use crate::accounts;
 use crate::db::now_ms;
+use crate::domains::accounts;
+use crate::domains::fs::calls::{ensure_dir, with_store};
+use crate::domains::proc::store::{self, ProcRow};
 use crate::error::KernelError;
 use crate::kernel::Kernel;
-use crate::proc::store::{self, ProcRow};
 use crate::session::{Role, Session};
-use crate::syscalls::fs::{ensure_dir, with_store};
 use signal::emit;
 
 /// The caller's row for `pid`, or 403.

@@ -17,12 +17,12 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::signal::{deliver, emit};
-use crate::accounts;
+use crate::domains::accounts;
+use crate::domains::proc::hil::{self, Decision};
+use crate::domains::proc::provider::{self, Completion, Delta, ProviderConfig, ProviderError};
+use crate::domains::proc::store::{self, ProcRow};
 use crate::error::KernelError;
 use crate::kernel::Kernel;
-use crate::proc::hil::{self, Decision};
-use crate::proc::provider::{self, Completion, Delta, ProviderConfig, ProviderError};
-use crate::proc::store::{self, ProcRow};
 use crate::session::{Role, Session};
 
 /// Model calls per run at most; a model that never stops calling tools

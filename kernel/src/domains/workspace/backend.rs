@@ -309,6 +309,6 @@ fn write_token_file(dir: &Path, path: &Path) -> Result<(), KernelError> {
         .mode(0o600)
         .open(path)
         .map_err(|e| KernelError::internal(&format!("creating {}", path.display()), e))?;
-    f.write_all(crate::accounts::random_hex(32).as_bytes())
+    f.write_all(crate::domains::accounts::random_hex(32).as_bytes())
         .map_err(|e| KernelError::internal(&format!("writing {}", path.display()), e))
 }

@@ -9,8 +9,8 @@
 //! design: one owner at a time, in arrival order (tokio's mutex is fair).
 //!
 //! The backend the lock owns is [`backend`]; the commands running in a
-//! workspace between `shell.exec` calls are [`shell`]. None of this takes
-//! the kernel: `syscalls` drives it.
+//! workspace between `shell.exec` calls are `domains::shell`. None of this takes
+//! the kernel: [`calls`] drives it.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -21,8 +21,9 @@ use serde_json::{Value, json};
 use wsd_dofs::Dofs;
 
 pub mod backend;
-pub mod shell;
+pub mod calls;
 
+use crate::db::Migration;
 use crate::db::{now_ms, opt};
 use crate::error::KernelError;
 
@@ -264,3 +265,35 @@ impl Workspaces {
         self.open.lock().unwrap().len()
     }
 }
+
+/// This domain's tables: workspace rows and the workspace shell sessions' rows (the `shell` domain's). Listed in `domains::MIGRATIONS`;
+/// never edit a released migration (its checksum is checked at every
+/// start), add one.
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    id: 2,
+    name: "workspaces",
+    sql: "CREATE TABLE workspaces(
+            workspace_id TEXT PRIMARY KEY,
+            owner_uid INTEGER NOT NULL,
+            label TEXT,
+            kind TEXT NOT NULL DEFAULT 'thread',
+            state TEXT NOT NULL DEFAULT 'active',
+            backend TEXT NOT NULL DEFAULT 'local',
+            remote_address TEXT,
+            remote_token_file TEXT,
+            created_at INTEGER NOT NULL,
+            updated_at INTEGER NOT NULL);
+         CREATE INDEX workspaces_owner ON workspaces(owner_uid);
+         CREATE TABLE shell_sessions(
+            session_id TEXT PRIMARY KEY,
+            workspace_id TEXT NOT NULL,
+            owner_uid INTEGER NOT NULL,
+            exec_id TEXT NOT NULL,
+            status TEXT NOT NULL,
+            exit_code INTEGER,
+            error TEXT,
+            created_at INTEGER NOT NULL,
+            updated_at INTEGER NOT NULL,
+            expires_at INTEGER NOT NULL);
+         CREATE INDEX shell_sessions_expiry ON shell_sessions(expires_at);",
+}];

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::accounts::{self, NewToken};
+use crate::domains::accounts::{self, NewToken};
 use crate::error::KernelError;
 use crate::kernel::Kernel;
 use crate::session::Session;

@@ -11,7 +11,7 @@
 use wsd_dofs::DofsError;
 use wsd_sync::SyncPath;
 
-use crate::accounts::ProcessIdentity;
+use crate::domains::accounts::ProcessIdentity;
 
 /// Most line bytes one `fs.read` returns; the rest is `truncated` (a
 /// routed read's body is cut at the same size).

@@ -3,6 +3,8 @@
 //! database's blocking thread (`Db::call`); password hashing runs on its
 //! own blocking task so it never holds the database.
 
+pub mod calls;
+
 use argon2::Argon2;
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use rand::RngCore;
@@ -11,6 +13,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::caps;
+use crate::db::Migration;
 use crate::db::{now_ms, opt};
 use crate::error::KernelError;
 
@@ -491,6 +494,49 @@ pub fn config_set(conn: &Connection, key: &str, value: &str) -> Result<(), Kerne
     Ok(())
 }
 
+/// This domain's tables: users, groups, capabilities, tokens and config rows. Listed in `domains::MIGRATIONS`;
+/// never edit a released migration (its checksum is checked at every
+/// start), add one.
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    id: 1,
+    name: "accounts",
+    sql: "CREATE TABLE passwd(
+            username TEXT PRIMARY KEY,
+            uid INTEGER NOT NULL UNIQUE,
+            gid INTEGER NOT NULL,
+            gecos TEXT NOT NULL DEFAULT '',
+            home TEXT NOT NULL,
+            shell TEXT NOT NULL DEFAULT '/bin/init');
+         CREATE TABLE shadow(
+            username TEXT PRIMARY KEY,
+            hash TEXT NOT NULL DEFAULT '!',
+            lastchanged INTEGER);
+         CREATE TABLE groups(
+            name TEXT PRIMARY KEY,
+            gid INTEGER NOT NULL UNIQUE,
+            members TEXT NOT NULL DEFAULT '');
+         CREATE TABLE group_capabilities(
+            gid INTEGER NOT NULL,
+            capability TEXT NOT NULL,
+            PRIMARY KEY(gid, capability));
+         CREATE TABLE auth_tokens(
+            token_id TEXT PRIMARY KEY,
+            uid INTEGER NOT NULL,
+            kind TEXT NOT NULL,
+            label TEXT,
+            token_hash TEXT NOT NULL UNIQUE,
+            token_prefix TEXT NOT NULL,
+            allowed_role TEXT,
+            allowed_device_id TEXT,
+            created_at INTEGER NOT NULL,
+            last_used_at INTEGER,
+            expires_at INTEGER,
+            revoked_at INTEGER,
+            revoked_reason TEXT);
+         CREATE INDEX auth_tokens_uid ON auth_tokens(uid);
+         CREATE TABLE config_kv(key TEXT PRIMARY KEY, value TEXT NOT NULL);",
+}];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -499,7 +545,7 @@ mod tests {
     fn conn() -> Connection {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("k.sqlite3");
-        drop(Db::open(&p).unwrap());
+        drop(Db::open(&p, MIGRATIONS).unwrap());
         let mut c = Connection::open(&p).unwrap();
         bootstrap(&mut c).unwrap();
         // The temp dir may go: the open connection keeps the file alive.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::accounts;
+use crate::domains::accounts;
 use crate::error::KernelError;
 use crate::kernel::Kernel;
 use crate::session::Session;
@@ -35,7 +35,7 @@ pub async fn create(k: Arc<Kernel>, _s: Arc<Session>, a: CreateArgs) -> Result<V
     let user =
         k.db.call(move |c| accounts::create_human(c, &name, &hash))
             .await?;
-    crate::syscalls::fs::ensure_dir(&k.system, user.home.trim_start_matches('/')).await?;
+    crate::domains::fs::calls::ensure_dir(&k.system, user.home.trim_start_matches('/')).await?;
     Ok(json!({ "user": user }))
 }
 

@@ -1,7 +1,7 @@
 //! What of a process lives only in memory: its active run, how to abort
 //! it, the approvals it waits for, its last known queue length, and which
 //! socket asked for each run (its run route). A restart loses it on
-//! purpose; the rows say the rest (see `syscalls::proc::run::recover`),
+//! purpose; the rows say the rest (see `calls::run::recover`),
 //! and a run without a route is told to every socket of its owner.
 
 use std::collections::HashMap;

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use crate::db::now_ms;
+use crate::domains::proc::store;
 use crate::kernel::Kernel;
-use crate::proc::store;
 use crate::session::Role;
 
 /// Projects a process signal onto the registry row, then delivers it

@@ -3,7 +3,7 @@
 //! merged and per stream (`stdout`, `stderr`, so a client can print each
 //! where it belongs), what no `running` answer has returned yet, its outcome, and a wake-up
 //! for callers waiting on it. The syscall that starts and drives it is
-//! `syscalls::shell`.
+//! [`super::calls`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -1,0 +1,154 @@
+//! The kernel's domains, and the one place they are wired: every syscall
+//! registered with the capability it needs ([`register`]) and every
+//! domain's migrations in id order ([`MIGRATIONS`]).
+//!
+//! A domain is a module owning its state (its rows, its tables' migration,
+//! what it keeps in memory) and its calls (`calls`, handlers taking the
+//! session and typed arguments). The state half sits below `kernel.rs`;
+//! the calls take the `Kernel` and sit above it (ARCHITECTURE.md, kernel).
+//! Adding a domain means a module here, a line in [`MIGRATIONS`] if it has
+//! tables, and its lines in [`register`].
+
+pub mod accounts;
+pub mod device;
+pub mod fs;
+pub mod proc;
+pub mod shell;
+pub mod sys;
+pub mod workspace;
+
+use crate::db::Migration;
+use crate::dispatch::Dispatch;
+use crate::kernel::Kernel;
+
+/// Every domain's migrations, in id order.
+pub const MIGRATIONS: &[&[Migration]] = &[
+    accounts::MIGRATIONS,
+    workspace::MIGRATIONS,
+    device::MIGRATIONS,
+    proc::MIGRATIONS,
+];
+
+/// [`MIGRATIONS`] as one list, what `Db::open` applies.
+pub fn migrations() -> Vec<Migration> {
+    MIGRATIONS.iter().flat_map(|m| m.iter().copied()).collect()
+}
+
+/// The whole table.
+pub fn table() -> Dispatch<Kernel> {
+    let mut d = Dispatch::default();
+    register(&mut d);
+    d
+}
+
+/// Registers every syscall with the capability it needs.
+pub fn register(d: &mut Dispatch<Kernel>) {
+    d.add(
+        "sys.token.create",
+        "sys.token.create",
+        sys::calls::token_create,
+    );
+    d.add("sys.token.list", "sys.token.list", sys::calls::token_list);
+    d.add(
+        "sys.token.revoke",
+        "sys.token.revoke",
+        sys::calls::token_revoke,
+    );
+    d.add("sys.config.get", "sys.config.get", sys::calls::config_get);
+    d.add("sys.config.set", "sys.config.set", sys::calls::config_set);
+    d.add("sys.device.list", "sys.device.list", device::calls::list);
+    d.add("sys.device.get", "sys.device.get", device::calls::get);
+    d.add(
+        "sys.device.update",
+        "sys.device.update",
+        device::calls::update,
+    );
+    d.add("account.create", "account.create", accounts::calls::create);
+    d.add("account.list", "account.list", accounts::calls::list);
+    d.add(
+        "sys.workspace.create",
+        "sys.workspace.create",
+        workspace::calls::create,
+    );
+    d.add(
+        "sys.workspace.list",
+        "sys.workspace.list",
+        workspace::calls::list,
+    );
+    d.add(
+        "sys.workspace.get",
+        "sys.workspace.get",
+        workspace::calls::get,
+    );
+    d.add(
+        "sys.workspace.archive",
+        "sys.workspace.archive",
+        workspace::calls::archive,
+    );
+    d.add("fs.read", "fs.read", fs::calls::read);
+    d.add("fs.write", "fs.write", fs::calls::write);
+    d.add("fs.edit", "fs.edit", fs::calls::edit);
+    d.add("fs.delete", "fs.delete", fs::calls::delete);
+    d.add("fs.search", "fs.search", fs::calls::search);
+    d.add("proc.spawn", "proc.spawn", proc::calls::spawn);
+    d.add("proc.list", "proc.list", proc::calls::list);
+    d.add("proc.send", "proc.send", proc::calls::send);
+    d.add("proc.history", "proc.history", proc::calls::history);
+    d.add("proc.abort", "proc.abort", proc::calls::abort);
+    d.add("proc.hil", "proc.hil", proc::calls::hil);
+    d.add("proc.reset", "proc.reset", proc::calls::reset);
+    d.add("proc.kill", "proc.kill", proc::calls::kill);
+    d.add("shell.exec", "shell.exec", shell::calls::exec);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The checksums the kernel wrote before migrations moved into their
+    /// domains: a database created by an older build must still open.
+    #[test]
+    fn migrations_keep_their_released_ids_names_and_checksums() {
+        let released = [
+            (
+                1,
+                "accounts",
+                "277cbf46579f6abdb7b3737b9058d88d8add6243b9d6f399bdefb35557bf3bc9",
+            ),
+            (
+                2,
+                "workspaces",
+                "aa3f38346d8fb74f3c82d9fd2d9b2c3eb5d0b16e01253dae14ab8d2b7b0e1048",
+            ),
+            (
+                3,
+                "devices",
+                "4cd4fe917a06207a40f783a8499d120ff2418b656b0cf53469b6ff0b392f55b2",
+            ),
+            (
+                4,
+                "processes",
+                "ac40e11585ad6e8753880debbfec70ea4e786f85c9b48f2ed1a889755e7829ea",
+            ),
+        ];
+        let now: Vec<_> = migrations()
+            .iter()
+            .map(|m| (m.id, m.name, m.checksum()))
+            .collect();
+        for (i, (id, name, sum)) in released.iter().enumerate() {
+            assert_eq!((now[i].0, now[i].1, now[i].2.as_str()), (*id, *name, *sum));
+        }
+    }
+
+    #[test]
+    fn migration_ids_are_unique_and_ascending() {
+        let ids: Vec<i64> = migrations().iter().map(|m| m.id).collect();
+        assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+    }
+
+    #[test]
+    fn every_domain_call_is_registered_once() {
+        // `Dispatch::add` panics on a second registration of one name.
+        assert!(table().calls().len() >= 28);
+    }
+}

@@ -1,0 +1,76 @@
+//! Agent processes (issue 14), as data: the registry rows ([`store`]),
+//! the active run of each process in memory ([`active`]), human approval
+//! rules ([`hil`]) and the OpenAI-compatible model provider
+//! ([`provider`]). Nothing here takes the kernel; the loop that drives a
+//! run and the `proc.*` calls are [`calls`].
+//!
+//! In memory there is only what a restart may lose: which run is active
+//! and how to abort it or answer its approval. Everything else is a row;
+//! on start `calls::run::recover` ends runs a dead kernel left
+//! `running` and starts processes that still have queued messages.
+
+pub mod active;
+pub mod calls;
+pub mod hil;
+pub mod provider;
+pub mod store;
+
+pub use active::{Active, Procs};
+
+use crate::db::Migration;
+
+/// This domain's tables: the process registry, history, runs, queue and approvals. Listed in `domains::MIGRATIONS`;
+/// never edit a released migration (its checksum is checked at every
+/// start), add one.
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    id: 4,
+    name: "processes",
+    sql: "CREATE TABLE processes(
+            pid TEXT PRIMARY KEY,
+            owner_uid INTEGER NOT NULL,
+            uid INTEGER NOT NULL,
+            username TEXT NOT NULL,
+            interactive INTEGER NOT NULL DEFAULT 1,
+            parent_pid TEXT,
+            label TEXT,
+            cwd TEXT NOT NULL,
+            workspace_id TEXT,
+            state TEXT NOT NULL DEFAULT 'idle',
+            active_run_id TEXT,
+            queued_count INTEGER NOT NULL DEFAULT 0,
+            last_active_at INTEGER,
+            created_at INTEGER NOT NULL);
+         CREATE INDEX processes_owner ON processes(owner_uid);
+         CREATE TABLE proc_messages(
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            pid TEXT NOT NULL REFERENCES processes(pid) ON DELETE CASCADE,
+            run_id TEXT,
+            body TEXT NOT NULL,
+            created_at INTEGER NOT NULL);
+         CREATE INDEX proc_messages_pid ON proc_messages(pid, id);
+         CREATE TABLE proc_runs(
+            run_id TEXT PRIMARY KEY,
+            pid TEXT NOT NULL REFERENCES processes(pid) ON DELETE CASCADE,
+            status TEXT NOT NULL,
+            error TEXT,
+            started_at INTEGER NOT NULL,
+            finished_at INTEGER);
+         CREATE INDEX proc_runs_status ON proc_runs(status);
+         CREATE TABLE proc_queue(
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            pid TEXT NOT NULL REFERENCES processes(pid) ON DELETE CASCADE,
+            body TEXT NOT NULL,
+            created_at INTEGER NOT NULL);
+         CREATE TABLE proc_hil(
+            request_id TEXT PRIMARY KEY,
+            pid TEXT NOT NULL REFERENCES processes(pid) ON DELETE CASCADE,
+            run_id TEXT NOT NULL,
+            call TEXT NOT NULL,
+            args TEXT NOT NULL,
+            status TEXT NOT NULL DEFAULT 'pending',
+            created_at INTEGER NOT NULL);
+         CREATE TABLE proc_allow(
+            pid TEXT NOT NULL REFERENCES processes(pid) ON DELETE CASCADE,
+            call TEXT NOT NULL,
+            PRIMARY KEY(pid, call));",
+}];
