@@ -76,6 +76,11 @@ struct Served {
 
 impl Served {
     fn start() -> Served {
+        Served::start_with(&[])
+    }
+
+    /// A daemon with `extra` arguments for `wsd serve`.
+    fn start_with(extra: &[&str]) -> Served {
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path().join("ws");
         std::fs::create_dir_all(&root).unwrap();
@@ -90,6 +95,7 @@ impl Served {
             .arg(&root)
             .arg("--state")
             .arg(tmp.path().join("state"))
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -249,6 +255,102 @@ fn exec_exits_with_the_commands_code_128_plus_a_signal_and_143_after_a_timeout()
     ]);
     assert_eq!(out.status.code(), Some(128 + 15), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "slow\n");
+    // The kill is explained, not just an exit code.
+    let err = text(&out.stderr);
+    assert!(err.contains("timed out after 300ms; sent TERM"), "{err}");
+}
+
+#[test]
+fn a_bare_timeout_is_seconds_and_help_says_so() {
+    let d = Served::start();
+    // 2 means two seconds: a command that takes 300 ms finishes (as
+    // milliseconds it would have been killed first).
+    let out = d.cli(&["exec", "--timeout", "2", "--", "sleep 0.3; echo done"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "done\n");
+    assert!(
+        !text(&out.stderr).contains("timed out"),
+        "{}",
+        text(&out.stderr)
+    );
+    // An exit by TERM that was not our timeout is not reported as one.
+    let out = d.cli(&["exec", "--timeout", "60", "--", "kill -TERM $$"]);
+    assert_eq!(out.status.code(), Some(128 + 15));
+    assert!(
+        !text(&out.stderr).contains("timed out"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let help = text(&wsd().args(["exec", "--help"]).output().unwrap().stdout);
+    assert!(help.contains("a bare number is seconds"), "{help}");
+    let out = wsd()
+        .args([
+            "exec",
+            "--remote",
+            "127.0.0.1:1",
+            "--timeout",
+            "0",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+}
+
+#[test]
+fn exec_exits_255_when_the_daemon_goes_away_while_the_command_runs() {
+    let mut d = Served::start();
+    let mut cmd = wsd();
+    cmd.args(["exec", "--remote", &d.addr, "--reattach-for", "1s", "--"])
+        // The command's own pid, so that the test can stop what the killed
+        // daemon leaves running.
+        .arg("echo $$ > pid; exec sleep 30")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let client = cmd.spawn().unwrap();
+    let pid_file = d.root().join("pid");
+    wait_until("the command did not start", || {
+        std::fs::read_to_string(&pid_file).is_ok_and(|p| p.ends_with('\n'))
+    });
+    d.child.kill().unwrap();
+    d.child.wait().unwrap();
+    let out = client.wait_with_output().unwrap();
+    let pid = std::fs::read_to_string(&pid_file).unwrap();
+    let _ = Command::new("kill").args(["-9", pid.trim()]).status();
+    assert_eq!(out.status.code(), Some(255), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(err.contains("lost the daemon"), "{err}");
+}
+
+#[test]
+fn a_client_without_a_token_is_told_none_was_given_and_a_wrong_one_is_wrong() {
+    let tokens = tempfile::tempdir().unwrap();
+    let right = tokens.path().join("right");
+    std::fs::write(&right, "correct horse battery staple").unwrap();
+    let wrong = tokens.path().join("wrong");
+    std::fs::write(&wrong, "incorrect").unwrap();
+    let d = Served::start_with(&["--token-file", right.to_str().unwrap()]);
+    let out = d.cli(&["status"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("EAUTH") && err.contains("no token given"),
+        "{err}"
+    );
+    assert!(err.contains("--token-file"), "{err}");
+    assert!(!err.contains("wrong token"), "{err}");
+    let out = d.cli(&["status", "--token-file", wrong.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("EAUTH") && err.contains("wrong token"),
+        "{err}"
+    );
+    let out = d.cli(&["status", "--token-file", right.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }
 
 #[test]
@@ -553,6 +655,14 @@ fn completions_and_the_man_page_are_generated_from_the_cli() {
     assert!(out.status.success());
     let page = text(&out.stdout);
     assert!(page.contains(".TH wsd 1"), "{page}");
+    // NAME is "wsd \- what it is", the name said once.
+    let name = page
+        .lines()
+        .skip_while(|l| *l != ".SH NAME")
+        .nth(1)
+        .unwrap_or_default();
+    assert!(name.starts_with("wsd \\- "), "{page}");
+    assert_eq!(name.matches("wsd").count(), 1, "{name}");
     assert!(page.contains("status"), "{page}");
     let out = wsd().args(["completions", "cmd.exe"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));

@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use wsd::rpc::{DEFAULT_PORT, Token};
 
-/// wsd: a content-addressed sync and workspace daemon.
+/// A content-addressed sync and workspace daemon.
 ///
 /// `wsd serve` owns one workspace directory and serves it over Cap'n Proto
 /// RPC. The other subcommands are its clients: they keep a local directory
@@ -136,6 +136,23 @@ impl RemoteArgs {
         match self.token_file.as_deref() {
             Some(f) => read_token(f).map(Some),
             None => Ok(Token::from_env().map(|t| t.as_bytes().to_vec())),
+        }
+    }
+
+    /// Connects as `peer`, the error naming the address; a refusal for a
+    /// missing token says how to give one.
+    async fn connect(&self, peer: &str) -> Result<wsd_client::client::Client> {
+        let token = self.token()?;
+        let given = token.is_some();
+        match wsd_client::client::connect(&self.remote, token, peer).await {
+            Ok(c) => Ok(c),
+            Err(e) if !given && e.code == wsd_sync::ErrorCode::Auth => Err(anyhow::Error::new(e)
+                .context(format!(
+                    "connecting to {} (give its token with --token-file FILE, \
+                     WSD_TOKEN_FILE or WSD_TOKEN)",
+                    self.remote
+                ))),
+            Err(e) => Err(e).with_context(|| format!("connecting to {}", self.remote)),
         }
     }
 }

@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use wsd_client::client;
 use wsd_client::{DaemonStatus, PeerStatus};
 use wsd_sync::ChangeCursor;
 
@@ -30,11 +29,8 @@ pub struct StatusArgs {
 
 pub async fn status(a: StatusArgs) -> Result<ExitCode> {
     let addr = a.remote.remote.clone();
-    let token = a.remote.token()?;
     let probe = async {
-        let c = client::connect(&addr, token, STATUS_PEER)
-            .await
-            .with_context(|| format!("connecting to {addr}"))?;
+        let c = a.remote.connect(STATUS_PEER).await?;
         c.status()
             .await
             .with_context(|| format!("status of {addr}"))

@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
 use wsd::store::{ConflictCopy, StoreOptions, WorkspaceStore};
-use wsd_client::client::{self, Client};
+use wsd_client::client::Client;
 use wsd_sync::driver::{self, SyncOptions, SyncReport};
 use wsd_sync::{
     ChangeCursor, ChangeEntry, ChangeStream, ChangesQuery, EntryState, IgnoreRules, Store,
@@ -143,10 +143,7 @@ impl Session {
             .with_context(|| format!("indexing {}", a.local.display()))?;
         let t_settle = t0.elapsed();
         let peer = peer_name(&state, index_lost)?;
-        let token = a.remote.token()?;
-        let mut remote = client::connect(&a.remote.remote, token, &peer)
-            .await
-            .with_context(|| format!("connecting to {}", a.remote.remote))?;
+        let mut remote = a.remote.connect(&peer).await?;
         let remote_name = a.remote.remote.clone();
         driver::reconcile(&mut store, &mut remote, &remote_name)
             .await
@@ -740,10 +737,7 @@ pub async fn watermarks(a: WatermarksArgs) -> Result<ExitCode> {
         Some(dir) => peer_name(&dir.join(LOCAL_STATE), false)?,
         None => a.peer.clone(),
     };
-    let token = a.remote.token()?;
-    let c = client::connect(&a.remote.remote, token, &peer)
-        .await
-        .with_context(|| format!("connecting to {}", a.remote.remote))?;
+    let c = a.remote.connect(&peer).await?;
     let wm = c.watermarks().await.context("watermarks")?;
     let v = serde_json::json!({
         "currentRev": wm.current_rev,
