@@ -30,6 +30,7 @@ fn help_lists_every_subcommand() {
         "exec",
         "attach",
         "kill",
+        "exclude",
         "completions",
         "man",
     ] {
@@ -393,7 +394,10 @@ fn status_reports_version_root_rev_live_execs_and_syncing_peers() {
     // The pushing directory's peer, and not the exec client or the probe.
     let peers = v["peers"].as_array().unwrap();
     assert_eq!(peers.len(), 1, "{v}");
-    assert!(peers[0]["fetchCursor"]["rev"].as_u64().unwrap() >= 1, "{v}");
+    assert!(
+        peers[0]["pushedThrough"]["rev"].as_u64().unwrap() >= 1,
+        "{v}"
+    );
 
     let out = d.cli(&["status"]);
     assert_eq!(out.status.code(), Some(0));
@@ -403,6 +407,150 @@ fn status_reports_version_root_rev_live_execs_and_syncing_peers() {
 
     let out = d.cli(&["kill", "sleeper", "--signal", "KILL"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+#[test]
+fn status_text_and_json_say_the_same_true_thing_about_pushes_and_pulls() {
+    let d = Served::start();
+    let local = tempfile::tempdir().unwrap();
+    let l = local.path().to_str().unwrap();
+    std::fs::write(local.path().join("mine.txt"), b"pushed").unwrap();
+    let out = d.cli(&["push", l, "-q"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for i in 0..3 {
+        std::fs::write(d.root().join(format!("theirs-{i}")), b"pulled").unwrap();
+        let out = d.cli(&["pull", l, "-q"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert!(local.path().join(format!("theirs-{i}")).exists());
+    }
+
+    let out = d.cli(&["status", "--json", l]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let current = v["currentRev"].as_u64().unwrap();
+    let peer = &v["peers"][0];
+    let pushed = peer["pushedThrough"]["rev"].as_u64().unwrap();
+    assert!(pushed >= 1, "{v}");
+    // No daemon-side names whose meaning is the reverse of the text.
+    assert!(
+        peer.get("pushCursor").is_none() && peer.get("fetchCursor").is_none(),
+        "{v}"
+    );
+    let mine = &v["local"];
+    assert_eq!(mine["peer"], peer["peer"], "{v}");
+    // Three pulls brought everything: the local side is at the daemon's rev.
+    assert_eq!(mine["pulledThrough"]["rev"].as_u64(), Some(current), "{v}");
+    assert_eq!(mine["pushedThrough"]["rev"].as_u64(), Some(pushed), "{v}");
+
+    let out = d.cli(&["status", l]);
+    let human = text(&out.stdout);
+    let name = peer["peer"].as_str().unwrap();
+    assert!(
+        human.contains(&format!("peer {name}: pushed its revs through {pushed}\n")),
+        "{human}"
+    );
+    assert!(
+        human.contains(&format!(
+            "pulled:    the daemon's revs through {current} (it is at {current})"
+        )),
+        "{human}"
+    );
+    assert!(!human.contains("fetched"), "{human}");
+}
+
+#[test]
+fn an_exclude_is_remembered_until_dropped_and_dropping_it_sends_what_it_hid() {
+    let d = Served::start();
+    let local = tempfile::tempdir().unwrap();
+    let l = local.path().to_str().unwrap();
+    let env = local.path().join(".env");
+    std::fs::write(&env, b"SECRET=1").unwrap();
+    std::fs::write(local.path().join("main.rs"), b"fn main() {}").unwrap();
+    let out = d.cli(&["push", l, "--exclude", ".env*", "-q"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(d.root().join("main.rs").exists());
+    assert!(!d.root().join(".env").exists());
+
+    // Later transfers without the flag still leave it out.
+    std::fs::write(&env, b"SECRET=2").unwrap();
+    let out = d.cli(&["sync", l, "--dry-run"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(!text(&out.stdout).contains(".env"), "{}", text(&out.stdout));
+    let out = d.cli(&["sync", l, "-q"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(!d.root().join(".env").exists());
+
+    // Shown by `wsd exclude list` and `wsd status LOCAL_DIR`.
+    let out = wsd().args(["exclude", "list", l]).output().unwrap();
+    assert_eq!(text(&out.stdout), ".env*\n", "{}", text(&out.stderr));
+    let out = d.cli(&["status", l]);
+    assert!(
+        text(&out.stdout).contains("excludes:  .env*\n"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = d.cli(&["status", "--json", l]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["local"]["excludes"]["excludes"],
+        serde_json::json!([".env*"]),
+        "{v}"
+    );
+
+    // Dropping a pattern that is not remembered fails and changes nothing.
+    let out = d.cli(&["sync", l, "--no-exclude", "*.env"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("\"*.env\""),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = wsd().args(["exclude", "rm", l, "nope"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains(".env*"), "{}", text(&out.stderr));
+
+    // Dropped explicitly: the next push sends the file the cursor passed.
+    let out = wsd().args(["exclude", "rm", l, ".env*"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = wsd()
+        .args(["exclude", "list", "--json", l])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["excludes"], serde_json::json!([]), "{v}");
+    assert_eq!(v["unsent"], serde_json::json!([".env*"]), "{v}");
+    let out = d.cli(&["push", l, "--dry-run"]);
+    assert_eq!(
+        text(&out.stdout),
+        "push: write .env\n",
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!d.root().join(".env").exists());
+    let out = d.cli(&["push", l, "-q"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(std::fs::read(d.root().join(".env")).unwrap(), b"SECRET=2");
+    let out = wsd()
+        .args(["exclude", "list", "--json", l])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["unsent"], serde_json::json!([]), "{v}");
+
+    // The same through a transfer's --no-exclude, sub-directories included.
+    std::fs::create_dir_all(local.path().join("logs/old")).unwrap();
+    std::fs::write(local.path().join("logs/old/a.log"), b"a").unwrap();
+    let out = d.cli(&["push", l, "-q", "--exclude", "logs/"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(!d.root().join("logs").exists());
+    let out = d.cli(&["sync", l, "-q", "--no-exclude", "logs/"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        std::fs::read(d.root().join("logs/old/a.log")).unwrap(),
+        b"a"
+    );
+    let out = wsd().args(["exclude", "list", l]).output().unwrap();
+    assert_eq!(text(&out.stdout), "", "{}", text(&out.stderr));
 }
 
 #[test]
