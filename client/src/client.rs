@@ -121,7 +121,7 @@ pub async fn connect(addr: &str, token: Option<Vec<u8>>, peer: &str) -> Result<C
 /// as the peer `opts.peer` (the name the daemon keeps our watermarks under:
 /// use the same one every time).
 ///
-/// Fails with `EAUTH` (wrong token or refused origin), `EPROTOCOL` (version
+/// Fails with `EAUTH` (no token given, a wrong one, or a refused origin), `EPROTOCOL` (version
 /// mismatch), `EIO` (cannot dial), `ETIMEDOUT` (dial or handshake deadline
 /// passed), each naming the address. Must be called inside a `LocalSet`.
 pub async fn connect_with(endpoint: &Endpoint, opts: &ClientOptions) -> Result<Client, WsdError> {

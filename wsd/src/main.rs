@@ -1,5 +1,5 @@
 //! The `wsd` command: the daemon (`serve`) and its clients (`push`, `pull`,
-//! `sync`, `watermarks`, `exec`, `attach`, `kill`).
+//! `sync`, `watermarks`, `status`, `exec`, `attach`, `kill`), and `exclude`.
 
 mod cli;
 

@@ -30,6 +30,7 @@ fn help_lists_every_subcommand() {
         "exec",
         "attach",
         "kill",
+        "exclude",
         "completions",
         "man",
     ] {
@@ -76,6 +77,11 @@ struct Served {
 
 impl Served {
     fn start() -> Served {
+        Served::start_with(&[])
+    }
+
+    /// A daemon with `extra` arguments for `wsd serve`.
+    fn start_with(extra: &[&str]) -> Served {
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path().join("ws");
         std::fs::create_dir_all(&root).unwrap();
@@ -90,6 +96,7 @@ impl Served {
             .arg(&root)
             .arg("--state")
             .arg(tmp.path().join("state"))
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -249,6 +256,102 @@ fn exec_exits_with_the_commands_code_128_plus_a_signal_and_143_after_a_timeout()
     ]);
     assert_eq!(out.status.code(), Some(128 + 15), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "slow\n");
+    // The kill is explained, not just an exit code.
+    let err = text(&out.stderr);
+    assert!(err.contains("timed out after 300ms; sent TERM"), "{err}");
+}
+
+#[test]
+fn a_bare_timeout_is_seconds_and_help_says_so() {
+    let d = Served::start();
+    // 2 means two seconds: a command that takes 300 ms finishes (as
+    // milliseconds it would have been killed first).
+    let out = d.cli(&["exec", "--timeout", "2", "--", "sleep 0.3; echo done"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "done\n");
+    assert!(
+        !text(&out.stderr).contains("timed out"),
+        "{}",
+        text(&out.stderr)
+    );
+    // An exit by TERM that was not our timeout is not reported as one.
+    let out = d.cli(&["exec", "--timeout", "60", "--", "kill -TERM $$"]);
+    assert_eq!(out.status.code(), Some(128 + 15));
+    assert!(
+        !text(&out.stderr).contains("timed out"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let help = text(&wsd().args(["exec", "--help"]).output().unwrap().stdout);
+    assert!(help.contains("a bare number is seconds"), "{help}");
+    let out = wsd()
+        .args([
+            "exec",
+            "--remote",
+            "127.0.0.1:1",
+            "--timeout",
+            "0",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+}
+
+#[test]
+fn exec_exits_255_when_the_daemon_goes_away_while_the_command_runs() {
+    let mut d = Served::start();
+    let mut cmd = wsd();
+    cmd.args(["exec", "--remote", &d.addr, "--reattach-for", "1s", "--"])
+        // The command's own pid, so that the test can stop what the killed
+        // daemon leaves running.
+        .arg("echo $$ > pid; exec sleep 30")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let client = cmd.spawn().unwrap();
+    let pid_file = d.root().join("pid");
+    wait_until("the command did not start", || {
+        std::fs::read_to_string(&pid_file).is_ok_and(|p| p.ends_with('\n'))
+    });
+    d.child.kill().unwrap();
+    d.child.wait().unwrap();
+    let out = client.wait_with_output().unwrap();
+    let pid = std::fs::read_to_string(&pid_file).unwrap();
+    let _ = Command::new("kill").args(["-9", pid.trim()]).status();
+    assert_eq!(out.status.code(), Some(255), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    assert!(err.contains("lost the daemon"), "{err}");
+}
+
+#[test]
+fn a_client_without_a_token_is_told_none_was_given_and_a_wrong_one_is_wrong() {
+    let tokens = tempfile::tempdir().unwrap();
+    let right = tokens.path().join("right");
+    std::fs::write(&right, "correct horse battery staple").unwrap();
+    let wrong = tokens.path().join("wrong");
+    std::fs::write(&wrong, "incorrect").unwrap();
+    let d = Served::start_with(&["--token-file", right.to_str().unwrap()]);
+    let out = d.cli(&["status"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("EAUTH") && err.contains("no token given"),
+        "{err}"
+    );
+    assert!(err.contains("--token-file"), "{err}");
+    assert!(!err.contains("wrong token"), "{err}");
+    let out = d.cli(&["status", "--token-file", wrong.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("EAUTH") && err.contains("wrong token"),
+        "{err}"
+    );
+    let out = d.cli(&["status", "--token-file", right.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }
 
 #[test]
@@ -291,7 +394,10 @@ fn status_reports_version_root_rev_live_execs_and_syncing_peers() {
     // The pushing directory's peer, and not the exec client or the probe.
     let peers = v["peers"].as_array().unwrap();
     assert_eq!(peers.len(), 1, "{v}");
-    assert!(peers[0]["fetchCursor"]["rev"].as_u64().unwrap() >= 1, "{v}");
+    assert!(
+        peers[0]["pushedThrough"]["rev"].as_u64().unwrap() >= 1,
+        "{v}"
+    );
 
     let out = d.cli(&["status"]);
     assert_eq!(out.status.code(), Some(0));
@@ -301,6 +407,150 @@ fn status_reports_version_root_rev_live_execs_and_syncing_peers() {
 
     let out = d.cli(&["kill", "sleeper", "--signal", "KILL"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+#[test]
+fn status_text_and_json_say_the_same_true_thing_about_pushes_and_pulls() {
+    let d = Served::start();
+    let local = tempfile::tempdir().unwrap();
+    let l = local.path().to_str().unwrap();
+    std::fs::write(local.path().join("mine.txt"), b"pushed").unwrap();
+    let out = d.cli(&["push", l, "-q"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for i in 0..3 {
+        std::fs::write(d.root().join(format!("theirs-{i}")), b"pulled").unwrap();
+        let out = d.cli(&["pull", l, "-q"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert!(local.path().join(format!("theirs-{i}")).exists());
+    }
+
+    let out = d.cli(&["status", "--json", l]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let current = v["currentRev"].as_u64().unwrap();
+    let peer = &v["peers"][0];
+    let pushed = peer["pushedThrough"]["rev"].as_u64().unwrap();
+    assert!(pushed >= 1, "{v}");
+    // No daemon-side names whose meaning is the reverse of the text.
+    assert!(
+        peer.get("pushCursor").is_none() && peer.get("fetchCursor").is_none(),
+        "{v}"
+    );
+    let mine = &v["local"];
+    assert_eq!(mine["peer"], peer["peer"], "{v}");
+    // Three pulls brought everything: the local side is at the daemon's rev.
+    assert_eq!(mine["pulledThrough"]["rev"].as_u64(), Some(current), "{v}");
+    assert_eq!(mine["pushedThrough"]["rev"].as_u64(), Some(pushed), "{v}");
+
+    let out = d.cli(&["status", l]);
+    let human = text(&out.stdout);
+    let name = peer["peer"].as_str().unwrap();
+    assert!(
+        human.contains(&format!("peer {name}: pushed its revs through {pushed}\n")),
+        "{human}"
+    );
+    assert!(
+        human.contains(&format!(
+            "pulled:    the daemon's revs through {current} (it is at {current})"
+        )),
+        "{human}"
+    );
+    assert!(!human.contains("fetched"), "{human}");
+}
+
+#[test]
+fn an_exclude_is_remembered_until_dropped_and_dropping_it_sends_what_it_hid() {
+    let d = Served::start();
+    let local = tempfile::tempdir().unwrap();
+    let l = local.path().to_str().unwrap();
+    let env = local.path().join(".env");
+    std::fs::write(&env, b"SECRET=1").unwrap();
+    std::fs::write(local.path().join("main.rs"), b"fn main() {}").unwrap();
+    let out = d.cli(&["push", l, "--exclude", ".env*", "-q"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(d.root().join("main.rs").exists());
+    assert!(!d.root().join(".env").exists());
+
+    // Later transfers without the flag still leave it out.
+    std::fs::write(&env, b"SECRET=2").unwrap();
+    let out = d.cli(&["sync", l, "--dry-run"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(!text(&out.stdout).contains(".env"), "{}", text(&out.stdout));
+    let out = d.cli(&["sync", l, "-q"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(!d.root().join(".env").exists());
+
+    // Shown by `wsd exclude list` and `wsd status LOCAL_DIR`.
+    let out = wsd().args(["exclude", "list", l]).output().unwrap();
+    assert_eq!(text(&out.stdout), ".env*\n", "{}", text(&out.stderr));
+    let out = d.cli(&["status", l]);
+    assert!(
+        text(&out.stdout).contains("excludes:  .env*\n"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = d.cli(&["status", "--json", l]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["local"]["excludes"]["excludes"],
+        serde_json::json!([".env*"]),
+        "{v}"
+    );
+
+    // Dropping a pattern that is not remembered fails and changes nothing.
+    let out = d.cli(&["sync", l, "--no-exclude", "*.env"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("\"*.env\""),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = wsd().args(["exclude", "rm", l, "nope"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains(".env*"), "{}", text(&out.stderr));
+
+    // Dropped explicitly: the next push sends the file the cursor passed.
+    let out = wsd().args(["exclude", "rm", l, ".env*"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = wsd()
+        .args(["exclude", "list", "--json", l])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["excludes"], serde_json::json!([]), "{v}");
+    assert_eq!(v["unsent"], serde_json::json!([".env*"]), "{v}");
+    let out = d.cli(&["push", l, "--dry-run"]);
+    assert_eq!(
+        text(&out.stdout),
+        "push: write .env\n",
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!d.root().join(".env").exists());
+    let out = d.cli(&["push", l, "-q"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(std::fs::read(d.root().join(".env")).unwrap(), b"SECRET=2");
+    let out = wsd()
+        .args(["exclude", "list", "--json", l])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["unsent"], serde_json::json!([]), "{v}");
+
+    // The same through a transfer's --no-exclude, sub-directories included.
+    std::fs::create_dir_all(local.path().join("logs/old")).unwrap();
+    std::fs::write(local.path().join("logs/old/a.log"), b"a").unwrap();
+    let out = d.cli(&["push", l, "-q", "--exclude", "logs/"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(!d.root().join("logs").exists());
+    let out = d.cli(&["sync", l, "-q", "--no-exclude", "logs/"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        std::fs::read(d.root().join("logs/old/a.log")).unwrap(),
+        b"a"
+    );
+    let out = wsd().args(["exclude", "list", l]).output().unwrap();
+    assert_eq!(text(&out.stdout), "", "{}", text(&out.stderr));
 }
 
 #[test]
@@ -553,6 +803,14 @@ fn completions_and_the_man_page_are_generated_from_the_cli() {
     assert!(out.status.success());
     let page = text(&out.stdout);
     assert!(page.contains(".TH wsd 1"), "{page}");
+    // NAME is "wsd \- what it is", the name said once.
+    let name = page
+        .lines()
+        .skip_while(|l| *l != ".SH NAME")
+        .nth(1)
+        .unwrap_or_default();
+    assert!(name.starts_with("wsd \\- "), "{page}");
+    assert_eq!(name.matches("wsd").count(), 1, "{name}");
     assert!(page.contains("status"), "{page}");
     let out = wsd().args(["completions", "cmd.exe"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));

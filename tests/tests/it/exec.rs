@@ -883,7 +883,7 @@ fn a_timeout_terminates_the_command_and_its_children() {
         assert_eq!(exit_of(&events), 143);
         assert_all_dead(&d.pids("pids"));
     });
-    let out = d.cli(&["exec", "--timeout", "300", "--", "echo slow; sleep 60"]);
+    let out = d.cli(&["exec", "--timeout", "300ms", "--", "echo slow; sleep 60"]);
     assert_eq!(out.status.code(), Some(143));
     assert_eq!(text(&out.stdout), "slow\n");
 }

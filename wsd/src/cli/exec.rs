@@ -2,12 +2,13 @@
 
 use std::io::Write;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use backon::{ExponentialBuilder, Retryable};
 use clap::Args;
-use tokio::signal::unix::{Signal, SignalKind, signal};
+use nix::sys::signal::Signal;
+use tokio::signal::unix::{SignalKind, signal};
 use wsd::rpc::{ExecEventKind, ExecRequest, ExecSignal, ResumeFrom, WireError};
 use wsd_client::client::{self, Client, ExecStream};
 use wsd_sync::ErrorCode;
@@ -32,11 +33,13 @@ pub struct ExecArgs {
     #[arg(long)]
     id: Option<String>,
     /// Stop the command after this long: TERM to its process group, KILL
-    /// after the daemon's grace; we then exit 143 (128+15, as for any
-    /// command TERM killed). A bare number is milliseconds;
-    /// `500ms`, `30s`, `5m`, `1h 30m` are accepted too.
+    /// after the daemon's grace; we say so on stderr and exit 143 (128+15,
+    /// as for any command TERM killed). DURATION has a unit: `500ms`,
+    /// `30s`, `5m`, `1h 30m`; a bare number is seconds (`30` = `30s`).
     #[arg(long, value_name = "DURATION", value_parser = parse_timeout)]
     timeout: Option<Duration>,
+    #[command(flatten)]
+    reattach: ReattachArgs,
     /// Print the id and return; the command keeps running (`wsd attach`).
     #[arg(long)]
     detach: bool,
@@ -67,14 +70,31 @@ pub(crate) fn command_line(words: &[String]) -> Result<String> {
     }
 }
 
-/// A timeout: a bare number is milliseconds (the flag's original unit);
-/// otherwise a `humantime` duration such as `30s`.
+/// A timeout: a `humantime` duration such as `30s` or `500ms`; a bare
+/// number is seconds, as for timeout(1) (never milliseconds: `30` meaning
+/// 30 ms killed commands before they started). Zero is refused: on the
+/// wire it means "no timeout".
 fn parse_timeout(s: &str) -> Result<Duration, String> {
-    if let Ok(ms) = s.parse::<u64>() {
-        return Ok(Duration::from_millis(ms));
+    let t = match s.trim().parse::<u64>() {
+        Ok(secs) => Duration::from_secs(secs),
+        Err(_) => humantime::parse_duration(s)
+            .map_err(|e| format!("{s:?} is not a duration (e.g. 30s, 500ms, 5m; 30 = 30s): {e}"))?,
+    };
+    if t.is_zero() {
+        return Err(format!(
+            "{s:?} is no time at all; leave --timeout out for none"
+        ));
     }
-    humantime::parse_duration(s)
-        .map_err(|e| format!("{s:?} is not a duration (e.g. 500, 30s, 5m): {e}"))
+    Ok(t)
+}
+
+/// How long a stream keeps trying to re-attach after losing the daemon.
+#[derive(Debug, Args, Clone, Copy)]
+pub struct ReattachArgs {
+    /// After losing the daemon, keep trying to re-attach for this long (a
+    /// restart included), then give up with exit 255.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    reattach_for: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -89,6 +109,8 @@ pub struct AttachArgs {
     /// Only events from now on.
     #[arg(long)]
     tail: bool,
+    #[command(flatten)]
+    reattach: ReattachArgs,
 }
 
 #[derive(Debug, Args)]
@@ -114,9 +136,7 @@ fn parse_signal(s: &str) -> Result<ExecSignal, String> {
 }
 
 async fn connect(r: &RemoteArgs) -> Result<Client> {
-    client::connect(&r.remote, r.token()?, EXEC_PEER)
-        .await
-        .with_context(|| format!("connecting to {}", r.remote))
+    r.connect(EXEC_PEER).await
 }
 
 /// Our exit code when the daemon lost the command (it stopped or crashed
@@ -130,10 +150,6 @@ pub(crate) const EXIT_LOST: u8 = 255;
 fn exit_code(code: i32) -> ExitCode {
     ExitCode::from(u8::try_from(code).unwrap_or(EXIT_LOST))
 }
-
-/// How long a stream keeps trying to re-attach after losing the daemon (a
-/// restart included) before it gives up.
-const REATTACH_FOR: Duration = Duration::from_secs(30);
 
 /// Exit code after a second Ctrl-C detached us (the shell's code for SIGINT).
 const DETACHED_BY_INTERRUPT: u8 = 130;
@@ -158,17 +174,22 @@ enum Role {
 /// streaming until it exits (the daemon escalates to KILL after its grace);
 /// a second Ctrl-C detaches. A watcher detaches at the first Ctrl-C. A lost
 /// connection (a daemon restart included) re-attaches after the last seq
-/// seen, for up to `REATTACH_FOR`. If our stdout closes, an owner sends
+/// seen, for up to `reattach_for`; then we exit [`EXIT_LOST`]. If our stdout closes, an owner sends
 /// TERM to the command (as a pipe reader's exit would) and a watcher
 /// detaches.
 async fn stream(
     remote: &RemoteArgs,
     mut client: Client,
     mut events: ExecStream,
-    from: ResumeFrom,
-    role: Role,
-    interrupts: &mut Signal,
+    how: &Streaming,
+    interrupts: &mut tokio::signal::unix::Signal,
 ) -> Result<ExitCode> {
+    let Streaming {
+        from,
+        role,
+        reattach_for,
+        deadline,
+    } = *how;
     let id = events.id().to_owned();
     let mut last_seq: Option<u64> = None;
     let mut interrupted = false;
@@ -199,7 +220,12 @@ async fn stream(
                         out.write_all(&b).and_then(|()| out.flush())
                     }
                     ExecEventKind::Stderr(b) => std::io::stderr().lock().write_all(&b),
-                    ExecEventKind::Exit(code) => return Ok(exit_code(code)),
+                    ExecEventKind::Exit(code) => {
+                        if !interrupted {
+                            report_timeout(&id, code, deadline);
+                        }
+                        return Ok(exit_code(code));
+                    }
                 };
                 if let Err(e) = written {
                     return output_closed(&client, &id, role, e).await;
@@ -218,7 +244,16 @@ async fn stream(
                 tracing::warn!(error = %e, "connection lost; re-attaching to {id}");
                 let resume = last_seq.map_or(from, ResumeFrom::After);
                 tokio::select! {
-                    r = reattach(remote, &id, resume) => (client, events) = r?,
+                    r = reattach(remote, &id, resume, reattach_for) => match r {
+                        Ok(r) => (client, events) = r,
+                        Err(e) => {
+                            eprintln!(
+                                "wsd: lost the daemon while {id} ran: {}; its exit status is unknown",
+                                super::render_error(&e)
+                            );
+                            return Ok(ExitCode::from(EXIT_LOST));
+                        }
+                    },
                     _ = interrupts.recv() => {
                         eprintln!("wsd: interrupted while re-attaching to {id}");
                         return Ok(ExitCode::from(DETACHED_BY_INTERRUPT));
@@ -229,6 +264,43 @@ async fn stream(
         }
     }
 }
+
+/// How [`stream`] follows an exec.
+#[derive(Debug, Clone, Copy)]
+struct Streaming {
+    from: ResumeFrom,
+    role: Role,
+    reattach_for: Duration,
+    /// The `--timeout` we asked for and when we asked: an exit by TERM or
+    /// KILL after it is the daemon's timeout kill, which we report.
+    deadline: Option<(Duration, Instant)>,
+}
+
+/// Says on stderr that the daemon stopped the command for its timeout:
+/// its exit by TERM (143) or by the KILL that follows the grace (137) came
+/// after the timeout we asked for had passed (the daemon's clock started
+/// after ours, so it cannot have passed later).
+fn report_timeout(id: &str, code: i32, deadline: Option<(Duration, Instant)>) {
+    let Some((timeout, asked)) = deadline else {
+        return;
+    };
+    if asked.elapsed() < timeout {
+        return;
+    }
+    let how = match code {
+        EXIT_TERM => "sent TERM",
+        EXIT_KILL => "sent TERM, then KILL after the grace period",
+        _ => return,
+    };
+    eprintln!(
+        "wsd: exec {id}: timed out after {}; {how}",
+        humantime::format_duration(timeout)
+    );
+}
+
+/// 128 + the signal number: how a command TERM or KILL ended exits.
+const EXIT_TERM: i32 = 128 + Signal::SIGTERM as i32;
+const EXIT_KILL: i32 = 128 + Signal::SIGKILL as i32;
 
 /// Our stdout (or stderr) is gone: nobody can see the output any more.
 async fn output_closed(
@@ -250,13 +322,18 @@ async fn output_closed(
 
 /// Dials again and re-attaches at `from`, retrying with backoff (50 ms
 /// doubling to 1 s) while the daemon is unreachable or restarting, for up to
-/// `REATTACH_FOR` of waiting.
-async fn reattach(remote: &RemoteArgs, id: &str, from: ResumeFrom) -> Result<(Client, ExecStream)> {
+/// `reattach_for` of waiting.
+async fn reattach(
+    remote: &RemoteArgs,
+    id: &str,
+    from: ResumeFrom,
+    reattach_for: Duration,
+) -> Result<(Client, ExecStream)> {
     let backoff = ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(50))
         .with_max_delay(Duration::from_secs(1))
         .without_max_times()
-        .with_total_delay(Some(REATTACH_FOR));
+        .with_total_delay(Some(reattach_for));
     (|| async {
         let client = client::connect(&remote.remote, remote.token()?, EXEC_PEER).await?;
         let events = client.get_exec(id, from).await?;
@@ -320,7 +397,7 @@ async fn finished_exit_code(client: &Client, id: &str) -> Result<i32> {
 /// Ctrl-C that comes while the exec call is in flight still reaches the
 /// command once its id is known, and one that comes while a kill is being
 /// sent is not lost (a fresh `ctrl_c()` per wait would miss it).
-fn interrupts() -> Result<Signal> {
+fn interrupts() -> Result<tokio::signal::unix::Signal> {
     signal(SignalKind::interrupt()).context("listening for SIGINT")
 }
 
@@ -339,6 +416,7 @@ pub async fn exec(a: ExecArgs) -> Result<ExitCode> {
             .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX).max(1)),
         stdin_open: a.interactive,
     };
+    let asked = Instant::now();
     let events = client.exec(&request).await.context("exec")?;
     if a.interactive {
         forward_stdin(client.clone(), events.id().to_owned());
@@ -347,15 +425,13 @@ pub async fn exec(a: ExecArgs) -> Result<ExitCode> {
         println!("{}", events.id());
         return Ok(ExitCode::SUCCESS);
     }
-    stream(
-        &a.remote,
-        client,
-        events,
-        ResumeFrom::Start,
-        Role::Owner,
-        &mut interrupts,
-    )
-    .await
+    let how = Streaming {
+        from: ResumeFrom::Start,
+        role: Role::Owner,
+        reattach_for: a.reattach.reattach_for,
+        deadline: a.timeout.map(|t| (t, asked)),
+    };
+    stream(&a.remote, client, events, &how, &mut interrupts).await
 }
 
 /// Copies this program's stdin to exec `id` with `writeStdin`, then
@@ -409,15 +485,13 @@ pub async fn attach(a: AttachArgs) -> Result<ExitCode> {
         .get_exec(&a.id, from)
         .await
         .with_context(|| format!("attaching to {}", a.id))?;
-    stream(
-        &a.remote,
-        client,
-        events,
+    let how = Streaming {
         from,
-        Role::Watcher,
-        &mut interrupts,
-    )
-    .await
+        role: Role::Watcher,
+        reattach_for: a.reattach.reattach_for,
+        deadline: None,
+    };
+    stream(&a.remote, client, events, &how, &mut interrupts).await
 }
 
 pub async fn kill(a: KillArgs) -> Result<ExitCode> {

@@ -1,5 +1,6 @@
 //! Argument parsing and dispatch of the `wsd` subcommands.
 
+mod excludes;
 mod exec;
 mod status;
 mod sync;
@@ -11,7 +12,7 @@ use anyhow::{Context, Result};
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use wsd::rpc::{DEFAULT_PORT, Token};
 
-/// wsd: a content-addressed sync and workspace daemon.
+/// A content-addressed sync and workspace daemon.
 ///
 /// `wsd serve` owns one workspace directory and serves it over Cap'n Proto
 /// RPC. The other subcommands are its clients: they keep a local directory
@@ -55,9 +56,13 @@ enum Command {
     /// fetchCursor), as kept for one peer.
     Watermarks(sync::WatermarksArgs),
     /// Print a daemon's version, root, current rev, uptime, live execs and
-    /// syncing peers' cursors; exit 1 if it is unreachable or unhealthy.
+    /// how far each syncing peer has pushed; exit 1 if it is unreachable
+    /// or unhealthy.
     ///
-    /// Made for container health probes: it gives up after --timeout.
+    /// With LOCAL_DIR, that directory's side too: its peer name, how far
+    /// it has pulled the daemon's revs and pushed its own (from its index),
+    /// and its excludes. Made for container health probes: it gives up
+    /// after --timeout.
     Status(status::StatusArgs),
     /// Run a command in the remote workspace and stream its output.
     ///
@@ -76,6 +81,14 @@ enum Command {
     Attach(exec::AttachArgs),
     /// Signal a running command's process group.
     Kill(exec::KillArgs),
+    /// List, add or drop LOCAL_DIR's remembered excludes (no daemon needed).
+    ///
+    /// `--exclude PATTERN` on push, pull or sync remembers PATTERN with
+    /// LOCAL_DIR's sync state: later transfers leave it out without the
+    /// flag. `rm` (or `--no-exclude PATTERN` on a transfer) drops one; the
+    /// next push then sends what it hid locally.
+    #[command(subcommand)]
+    Exclude(sync::ExcludeCommand),
     /// Print a shell completion script for SHELL on stdout.
     ///
     /// For example: `wsd completions bash > /etc/bash_completion.d/wsd`.
@@ -136,6 +149,23 @@ impl RemoteArgs {
         match self.token_file.as_deref() {
             Some(f) => read_token(f).map(Some),
             None => Ok(Token::from_env().map(|t| t.as_bytes().to_vec())),
+        }
+    }
+
+    /// Connects as `peer`, the error naming the address; a refusal for a
+    /// missing token says how to give one.
+    async fn connect(&self, peer: &str) -> Result<wsd_client::client::Client> {
+        let token = self.token()?;
+        let given = token.is_some();
+        match wsd_client::client::connect(&self.remote, token, peer).await {
+            Ok(c) => Ok(c),
+            Err(e) if !given && e.code == wsd_sync::ErrorCode::Auth => Err(anyhow::Error::new(e)
+                .context(format!(
+                    "connecting to {} (give its token with --token-file FILE, \
+                     WSD_TOKEN_FILE or WSD_TOKEN)",
+                    self.remote
+                ))),
+            Err(e) => Err(e).with_context(|| format!("connecting to {}", self.remote)),
         }
     }
 }
@@ -214,6 +244,7 @@ pub fn run(args: Cli) -> Result<ExitCode> {
         Command::Exec(a) => block_on_local(exec::exec(a))?,
         Command::Attach(a) => block_on_local(exec::attach(a))?,
         Command::Kill(a) => block_on_local(exec::kill(a))?,
+        Command::Exclude(c) => sync::exclude(c),
         Command::Completions { shell } => {
             let mut cmd = Cli::command();
             clap_complete::generate(shell, &mut cmd, "wsd", &mut std::io::stdout());

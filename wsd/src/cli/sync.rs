@@ -10,18 +10,19 @@ use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
 use wsd::store::{ConflictCopy, StoreOptions, WorkspaceStore};
-use wsd_client::client::{self, Client};
+use wsd_client::client::Client;
 use wsd_sync::driver::{self, SyncOptions, SyncReport};
 use wsd_sync::{
     ChangeCursor, ChangeEntry, ChangeStream, ChangesQuery, EntryState, IgnoreRules, Store,
 };
 
 use super::RemoteArgs;
+use super::excludes::{Released, Remembered};
 
 /// The state directory of a local directory, never synced.
 const LOCAL_STATE: &str = ".wsd";
 /// The file in it holding this directory's stable peer name.
-const PEER_FILE: &str = "peer";
+pub(crate) const PEER_FILE: &str = "peer";
 /// Gitignore-syntax exclusions at the top of LOCAL_DIR.
 const IGNORE_FILE: &str = ".wsdignore";
 /// Entries a dry run reads per page.
@@ -36,12 +37,20 @@ pub struct TransferArgs {
     #[arg(long)]
     create: bool,
     /// Leave out paths matching PATTERN (gitignore syntax; repeatable), on
-    /// top of LOCAL_DIR/.wsdignore: they are neither sent nor fetched, nor
-    /// deleted on either side (a directory holding them that the other
-    /// side replaced by a file is kept as a conflict copy by a pull and
-    /// refused by a push).
+    /// top of LOCAL_DIR/.wsdignore, in this transfer and every later one of
+    /// LOCAL_DIR: the pattern is remembered with its sync state (`wsd
+    /// exclude list` shows them). Excluded paths are neither sent nor
+    /// fetched, nor deleted on either side (a directory holding them that
+    /// the other side replaced by a file is kept as a conflict copy by a
+    /// pull and refused by a push).
     #[arg(long, value_name = "PATTERN")]
     exclude: Vec<String>,
+    /// Stop excluding a remembered PATTERN (repeatable), from this
+    /// transfer on. What it hid in LOCAL_DIR is sent by the next push (this
+    /// one, if it pushes), replacing the daemon's copy; what it hid on the
+    /// daemon's side comes when it next changes there.
+    #[arg(long, value_name = "PATTERN")]
+    no_exclude: Vec<String>,
     /// Print the paths a push or pull would send or fetch ("write PATH",
     /// "delete PATH") and change neither tree. Only LOCAL_DIR's index
     /// (under .wsd) is refreshed.
@@ -90,9 +99,13 @@ struct Session {
     store: WorkspaceStore,
     remote: Client,
     remote_name: String,
-    /// `--exclude` and `.wsdignore`: left out of pushes, and sent with every
-    /// fetch so the daemon leaves them out too.
+    /// `.wsdignore` and the remembered excludes: left out of pushes, and
+    /// sent with every fetch so the daemon leaves them out too.
     ignore: IgnoreRules,
+    /// The remembered excludes, and the dropped ones still to be pushed.
+    remembered: Remembered,
+    /// Where they are saved (none for a dry run, which changes nothing).
+    save_to: Option<PathBuf>,
     /// True right after a settle: the next push or pull needs none.
     settled: bool,
 }
@@ -119,8 +132,17 @@ impl Session {
             }
         }
         let t0 = Instant::now();
-        let ignore = ignore_rules(&a.local, &a.exclude)?;
-        let state = a.state.clone().unwrap_or_else(|| a.local.join(LOCAL_STATE));
+        let state = local_state(&a.local, a.state.as_deref());
+        let wsdignore = wsdignore(&a.local)?;
+        let mut remembered = Remembered::load(&state)?;
+        remembered
+            .change(&a.exclude, &a.no_exclude, &wsdignore)
+            .with_context(|| format!("the excludes of {}", a.local.display()))?;
+        let ignore = ignore_rules(&a.local, &wsdignore, &remembered.patterns)?;
+        let save_to = (!a.dry_run).then(|| state.clone());
+        if let Some(state) = &save_to {
+            remembered.save(state)?;
+        }
         let index_lost = !state.join(wsd::store::INDEX_FILE).exists();
         let mut store = WorkspaceStore::open(
             &a.local,
@@ -143,10 +165,7 @@ impl Session {
             .with_context(|| format!("indexing {}", a.local.display()))?;
         let t_settle = t0.elapsed();
         let peer = peer_name(&state, index_lost)?;
-        let token = a.remote.token()?;
-        let mut remote = client::connect(&a.remote.remote, token, &peer)
-            .await
-            .with_context(|| format!("connecting to {}", a.remote.remote))?;
+        let mut remote = a.remote.connect(&peer).await?;
         let remote_name = a.remote.remote.clone();
         driver::reconcile(&mut store, &mut remote, &remote_name)
             .await
@@ -166,6 +185,8 @@ impl Session {
             remote,
             remote_name,
             ignore,
+            remembered,
+            save_to,
             settled: true,
         })
     }
@@ -187,11 +208,35 @@ impl Session {
             remote_name: &self.remote_name,
             ignore: &self.ignore,
         };
-        driver::push(&mut self.store, &mut self.remote, &opts, |r| {
+        let mut report = driver::push(&mut self.store, &mut self.remote, &opts, |r| {
             progress.update("push", r)
         })
         .await
-        .context("push failed")
+        .context("push failed")?;
+        if self.remembered.released.is_empty() {
+            return Ok(report);
+        }
+        // What the dropped excludes hid: the cursor has passed it.
+        let mut released = Released {
+            inner: &mut self.store,
+            rules: IgnoreRules::new(&self.remembered.released)?,
+        };
+        let more = driver::push(&mut released, &mut self.remote, &opts, |r| {
+            progress.update("push", r)
+        })
+        .await
+        .context("push of what the dropped excludes hid failed")?;
+        report.entries += more.entries;
+        report.applied += more.applied;
+        report.objects += more.objects;
+        report.object_bytes += more.object_bytes;
+        report.deduplicated_bytes += more.deduplicated_bytes;
+        report.batches += more.batches;
+        self.remembered.released.clear();
+        if let Some(state) = &self.save_to {
+            self.remembered.save(state)?;
+        }
+        Ok(report)
     }
 
     /// What a push would send now: our changes after the remote's
@@ -219,6 +264,36 @@ impl Session {
                 after = ChangeCursor::within(e.rev, e.path.clone());
             }
             out.extend(page);
+            if done {
+                break;
+            }
+        }
+        if self.remembered.released.is_empty() {
+            return Ok(out);
+        }
+        let mut released = Released {
+            inner: &mut self.store,
+            rules: IgnoreRules::new(&self.remembered.released)?,
+        };
+        let through = released.open_changes(&ChangeCursor::ZERO)?.through;
+        let mut after = ChangeCursor::ZERO;
+        loop {
+            let page = released.changes(ChangesQuery {
+                after: &after,
+                through: &through,
+                ignore: &self.ignore,
+                exclude_applied_from: Some(&self.remote_name),
+                limit: DRY_RUN_PAGE,
+            })?;
+            let done = page.len() < DRY_RUN_PAGE;
+            if let Some(e) = page.last() {
+                after = ChangeCursor::within(e.rev, e.path.clone());
+            }
+            for e in page {
+                if !out.iter().any(|o| o.path == e.path) {
+                    out.push(e);
+                }
+            }
             if done {
                 return Ok(out);
             }
@@ -263,25 +338,37 @@ impl Session {
     }
 }
 
-/// The exclusions of a transfer: LOCAL_DIR/.wsdignore's lines (blank
-/// lines and `#` comments dropped, as git does), each `--exclude`, then
-/// conflict copies (one machine's leftovers, never pushed). That one goes
-/// last because the last matching pattern wins: a user's negation such as
-/// `!*.log` must not re-include `x.log.wsd-conflict-...`. It takes one of
-/// the wire's pattern slots, so the user gets one fewer.
-fn ignore_rules(local: &Path, exclude: &[String]) -> Result<IgnoreRules> {
+/// LOCAL_DIR's sync state directory: `--state`, else LOCAL_DIR/.wsd.
+pub(crate) fn local_state(local: &Path, state: Option<&Path>) -> PathBuf {
+    state.map_or_else(|| local.join(LOCAL_STATE), Path::to_owned)
+}
+
+/// LOCAL_DIR/.wsdignore's patterns (blank lines and `#` comments dropped,
+/// as git does); none without the file.
+pub(crate) fn wsdignore(local: &Path) -> Result<Vec<String>> {
     let file = local.join(IGNORE_FILE);
-    let mut patterns: Vec<String> = match std::fs::read_to_string(&file) {
-        Ok(text) => text
+    match std::fs::read_to_string(&file) {
+        Ok(text) => Ok(text
             .lines()
             .map(str::trim_end)
             .filter(|l| !l.is_empty() && !l.starts_with('#'))
             .map(str::to_owned)
-            .collect(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(e).with_context(|| format!("reading {}", file.display())),
-    };
-    patterns.extend(exclude.iter().cloned());
+            .collect()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e).with_context(|| format!("reading {}", file.display())),
+    }
+}
+
+/// The exclusions of a transfer: LOCAL_DIR/.wsdignore's patterns, the
+/// remembered excludes (`--exclude`), then conflict copies (one
+/// machine's leftovers, never pushed). That one goes last because the last
+/// matching pattern wins: a user's negation such as `!*.log` must not
+/// re-include `x.log.wsd-conflict-...`. It takes one of the wire's pattern
+/// slots, so the user gets one fewer.
+fn ignore_rules(local: &Path, wsdignore: &[String], remembered: &[String]) -> Result<IgnoreRules> {
+    let file = local.join(IGNORE_FILE);
+    let mut patterns: Vec<String> = wsdignore.to_vec();
+    patterns.extend(remembered.iter().cloned());
     let room = wsd_sync::limits::MAX_IGNORE_PATTERNS - 1;
     if patterns.len() > room {
         anyhow::bail!(
@@ -740,10 +827,7 @@ pub async fn watermarks(a: WatermarksArgs) -> Result<ExitCode> {
         Some(dir) => peer_name(&dir.join(LOCAL_STATE), false)?,
         None => a.peer.clone(),
     };
-    let token = a.remote.token()?;
-    let c = client::connect(&a.remote.remote, token, &peer)
-        .await
-        .with_context(|| format!("connecting to {}", a.remote.remote))?;
+    let c = a.remote.connect(&peer).await?;
     let wm = c.watermarks().await.context("watermarks")?;
     let v = serde_json::json!({
         "currentRev": wm.current_rev,
@@ -757,6 +841,112 @@ pub async fn watermarks(a: WatermarksArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// LOCAL_DIR and where its sync state is, for `wsd exclude`.
+#[derive(Debug, Args)]
+pub struct LocalDirArgs {
+    /// The local directory.
+    #[arg(value_name = "LOCAL_DIR")]
+    local: PathBuf,
+    /// LOCAL_DIR's index is kept here instead of LOCAL_DIR/.wsd.
+    #[arg(long, value_name = "DIR")]
+    state: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum ExcludeCommand {
+    /// Print LOCAL_DIR's excludes, one a line: the remembered ones, then
+    /// `.wsdignore`'s (marked `(.wsdignore)`).
+    List {
+        #[command(flatten)]
+        dir: LocalDirArgs,
+        /// One JSON object: {excludes, wsdignore, unsent}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remember PATTERNs (gitignore syntax) for every transfer of LOCAL_DIR.
+    Add {
+        #[command(flatten)]
+        dir: LocalDirArgs,
+        #[arg(value_name = "PATTERN", required = true)]
+        patterns: Vec<String>,
+    },
+    /// Stop excluding remembered PATTERNs; the next push sends what they
+    /// hid in LOCAL_DIR (replacing the daemon's copy).
+    Rm {
+        #[command(flatten)]
+        dir: LocalDirArgs,
+        #[arg(value_name = "PATTERN", required = true)]
+        patterns: Vec<String>,
+    },
+}
+
+/// LOCAL_DIR's excludes as `wsd status` and `wsd exclude list` show them.
+pub(crate) struct LocalExcludes {
+    pub remembered: Remembered,
+    pub wsdignore: Vec<String>,
+}
+
+impl LocalExcludes {
+    pub(crate) fn load(local: &Path, state: Option<&Path>) -> Result<LocalExcludes> {
+        Ok(LocalExcludes {
+            remembered: Remembered::load(&local_state(local, state))?,
+            wsdignore: wsdignore(local)?,
+        })
+    }
+
+    pub(crate) fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "excludes": self.remembered.patterns,
+            "wsdignore": self.wsdignore,
+            "unsent": self.remembered.released,
+        })
+    }
+
+    /// One pattern a line, each with where it comes from.
+    pub(crate) fn lines(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.remembered.patterns.clone();
+        out.extend(self.wsdignore.iter().map(|p| format!("{p} (.wsdignore)")));
+        out.extend(
+            self.remembered
+                .released
+                .iter()
+                .map(|p| format!("{p} (dropped; the next push sends what it hid)")),
+        );
+        out
+    }
+}
+
+pub fn exclude(c: ExcludeCommand) -> Result<ExitCode> {
+    let (dir, add, drop) = match c {
+        ExcludeCommand::List { dir, json } => {
+            let ex = LocalExcludes::load(&dir.local, dir.state.as_deref())?;
+            if json {
+                println!("{}", ex.to_json());
+            } else {
+                for line in ex.lines() {
+                    println!("{line}");
+                }
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        ExcludeCommand::Add { dir, patterns } => (dir, patterns, Vec::new()),
+        ExcludeCommand::Rm { dir, patterns } => (dir, Vec::new(), patterns),
+    };
+    if !dir.local.is_dir() {
+        anyhow::bail!("{} is not a directory", dir.local.display());
+    }
+    let state = local_state(&dir.local, dir.state.as_deref());
+    let lines = wsdignore(&dir.local)?;
+    let mut remembered = Remembered::load(&state)?;
+    remembered
+        .change(&add, &drop, &lines)
+        .with_context(|| format!("the excludes of {}", dir.local.display()))?;
+    // Checked as a transfer would compile them, before anything is saved.
+    ignore_rules(&dir.local, &lines, &remembered.patterns)?;
+    remembered.save(&state)?;
+    Ok(ExitCode::SUCCESS)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -765,7 +955,8 @@ mod tests {
     fn a_wsdignore_negation_cannot_re_include_conflict_copies() {
         let tmp = tempfile::tempdir().unwrap();
         std::fs::write(tmp.path().join(IGNORE_FILE), "*.log\n!*\n").unwrap();
-        let rules = ignore_rules(tmp.path(), &["!*.rs".to_owned()]).unwrap();
+        let lines = wsdignore(tmp.path()).unwrap();
+        let rules = ignore_rules(tmp.path(), &lines, &["!*.rs".to_owned()]).unwrap();
         let copy = wsd_sync::SyncPath::new("src/main.rs.wsd-conflict-20261125T033500Z").unwrap();
         assert!(rules.is_ignored(&copy, false));
         let plain = wsd_sync::SyncPath::new("src/main.rs").unwrap();
@@ -778,11 +969,14 @@ mod tests {
         let room = wsd_sync::limits::MAX_IGNORE_PATTERNS - 1;
         let fits: Vec<String> = (0..room).map(|i| format!("p{i}")).collect();
         assert_eq!(
-            ignore_rules(tmp.path(), &fits).unwrap().patterns().len(),
+            ignore_rules(tmp.path(), &[], &fits)
+                .unwrap()
+                .patterns()
+                .len(),
             room + 1
         );
         let over: Vec<String> = (0..=room).map(|i| format!("p{i}")).collect();
-        let e = format!("{:#}", ignore_rules(tmp.path(), &over).unwrap_err());
+        let e = format!("{:#}", ignore_rules(tmp.path(), &[], &over).unwrap_err());
         assert!(
             e.contains("ELIMIT") && e.contains(&format!("at most {room}")),
             "{e}"

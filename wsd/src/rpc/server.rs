@@ -534,11 +534,21 @@ impl<S: Store + Send + 'static> wire::bootstrap::Server for BootstrapServer<S> {
     ) -> Result<(), capnp::Error> {
         run_call(&self.conn, "connect", async {
             let p = params.get()?;
-            if let Some(token) = &self.shared.token
-                && !token.matches(p.get_token()?)
-            {
-                tracing::warn!("connect refused: wrong token");
-                return Err(WireError::new(ErrorCode::Auth, "wrong token"));
+            if let Some(token) = &self.shared.token {
+                let presented = p.get_token()?;
+                // An empty token is none (clients send one when they have
+                // none): say so, instead of "wrong" for a token never given.
+                if presented.is_empty() {
+                    tracing::warn!("connect refused: no token given");
+                    return Err(WireError::new(
+                        ErrorCode::Auth,
+                        "no token given; this daemon requires one",
+                    ));
+                }
+                if !token.matches(presented) {
+                    tracing::warn!("connect refused: wrong token");
+                    return Err(WireError::new(ErrorCode::Auth, "wrong token"));
+                }
             }
             let version = p.get_protocol_version();
             if version != PROTOCOL_VERSION {
