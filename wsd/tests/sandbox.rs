@@ -289,6 +289,17 @@ fn a_sandboxed_command_sees_neither_the_hosts_processes_nor_its_network() {
     let out = d.sh("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '");
     assert_eq!(text(&out.stdout), "lo\n", "{}", show(&out));
 
+    // No capabilities, even under a root daemon: no mounts, no devices.
+    let out = d.sh("grep CapEff /proc/self/status");
+    assert_eq!(
+        text(&out.stdout),
+        "CapEff:\t0000000000000000\n",
+        "{}",
+        show(&out)
+    );
+    let out = d.sh("mount -t tmpfs none /tmp || mknod /tmp/disk b 8 0");
+    assert_ne!(out.status.code(), Some(0), "{}", show(&out));
+
     // The limits are set on every process inside.
     let out = d.sh("cat /proc/self/limits");
     let limits = text(&out.stdout);

@@ -243,6 +243,10 @@ fn layout(root: &Path, config: &SandboxConfig) -> Result<Vec<OsString>, SandboxE
         "--unshare-uts",
         "--unshare-cgroup-try",
         "--die-with-parent",
+        // bwrap run by root keeps root's capabilities (mount, mknod, ...)
+        // unless told otherwise; nothing inside needs one.
+        "--cap-drop",
+        "ALL",
         "--hostname",
         SANDBOX_HOSTNAME,
     ]);
