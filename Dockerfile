@@ -10,9 +10,12 @@ RUN cargo build --release --locked -p wsd \
 
 # --- runtime: debian-slim, a non-root user, the workspace on a volume.
 FROM debian:bookworm-slim
-# tini reaps the commands `wsd exec` starts and forwards SIGTERM to wsd.
+# tini reaps the commands `wsd exec` starts and forwards SIGTERM to wsd;
+# bubblewrap runs them sandboxed under `wsd serve --sandbox` (README,
+# "Sandboxed commands": Docker's default seccomp profile refuses the
+# namespaces it makes, and wsd then refuses to start).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends tini=0.19.* \
+ && apt-get install -y --no-install-recommends tini=0.19.* bubblewrap=0.8.* \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --user-group --create-home --home-dir /home/wsd wsd \
  && mkdir -p /workspace \

@@ -49,6 +49,7 @@ impl Daemon {
             store: wsd::store::StoreOptions::default(),
             exec_log_cap: None,
             handshake_timeout: None,
+            sandbox: None,
         };
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();

@@ -210,6 +210,7 @@ impl Daemon {
             store: StoreOptions::default(),
             exec_log_cap: None,
             handshake_timeout: None,
+            sandbox: None,
         };
         let (addr_tx, addr_rx) = mpsc::channel();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

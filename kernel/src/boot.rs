@@ -40,7 +40,8 @@ impl Kernel {
         domains::fs::calls::ensure_dir(&system, "root").await?;
         let router = Arc::new(Router::new(db.clone(), config.routed_call_ttl));
         let kernel = Arc::new(Kernel {
-            workspaces: Workspaces::new(dir.join("workspaces"), config.wsd_bin.clone()),
+            workspaces: Workspaces::new(dir.join("workspaces"), config.wsd_bin.clone())
+                .with_wsd_sandbox(config.wsd_sandbox),
             pending: Arc::new(Semaphore::new(config.max_pending)),
             connected: Arc::new(Semaphore::new(config.max_connections)),
             config,

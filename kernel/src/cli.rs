@@ -107,6 +107,11 @@ struct ServeArgs {
     /// The `wsd` binary for local workspaces (default: beside `gsv`, else PATH).
     #[arg(long, value_name = "FILE", env = "GSV_WSD_BIN")]
     wsd_bin: Option<PathBuf>,
+    /// Run local workspaces' commands on the host instead of in `wsd serve
+    /// --sandbox` (bubblewrap: only the workspace and a read-only system
+    /// are visible; needs `bwrap`, Debian package bubblewrap).
+    #[arg(long)]
+    no_sandbox: bool,
     /// Seconds a socket may take to complete `sys.connect`.
     #[arg(long, default_value_t = 10)]
     handshake_timeout: u64,
@@ -526,6 +531,7 @@ async fn serve(a: ServeArgs) -> Result<ExitCode> {
     if let Some(b) = a.wsd_bin {
         config.wsd_bin = b;
     }
+    config.wsd_sandbox = !a.no_sandbox;
     config.handshake_timeout = std::time::Duration::from_secs(a.handshake_timeout);
     config.max_frame_bytes = a.max_frame_bytes;
     config.exec_wait = std::time::Duration::from_millis(a.exec_wait_ms);

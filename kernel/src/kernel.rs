@@ -41,6 +41,10 @@ pub struct KernelConfig {
     pub max_frame_bytes: usize,
     /// The `wsd` binary for local workspaces.
     pub wsd_bin: PathBuf,
+    /// Start local workspaces' wsd with `--sandbox`, so an agent's commands
+    /// see only their workspace, not the host (`gsv serve --no-sandbox`
+    /// turns it off).
+    pub wsd_sandbox: bool,
     /// How long `shell.exec` waits for a command before answering `running`.
     pub exec_wait: Duration,
     /// TTL of a routed call other than `shell.exec` (reference §3.5: 60 s).
@@ -59,6 +63,7 @@ impl KernelConfig {
             max_connections: 4096,
             max_frame_bytes: 16 << 20,
             wsd_bin: default_wsd_bin(),
+            wsd_sandbox: true,
             exec_wait: Duration::from_secs(5),
             routed_call_ttl: Duration::from_secs(60),
             wsd_idle_stop: Duration::from_secs(10 * 60),

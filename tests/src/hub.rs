@@ -152,6 +152,7 @@ impl InProcessDaemon {
             token: None,
             exec_log_cap: None,
             handshake_timeout: None,
+            sandbox: None,
             store: wsd::store::StoreOptions::default(),
         };
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();

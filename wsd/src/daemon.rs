@@ -27,6 +27,9 @@ pub struct DaemonConfig {
     /// How long a new connection has to complete `Bootstrap.connect`;
     /// `None`: [`ServerConfig`]'s default (10 s).
     pub handshake_timeout: Option<std::time::Duration>,
+    /// Run every exec under bubblewrap (`wsd serve --sandbox`). The state
+    /// directory and unix-socket listeners are added to its hidden paths.
+    pub sandbox: Option<exec::SandboxConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +56,8 @@ pub enum DaemonError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Sandbox(#[from] exec::SandboxError),
     #[error(transparent)]
     Serve(#[from] ServeError),
 }
@@ -136,6 +141,20 @@ pub async fn run(
     let mut exec_config = ExecConfig::new(&config.root, &exec_db);
     if let Some(cap) = config.exec_log_cap {
         exec_config.per_exec_cap = cap;
+    }
+    if let Some(sandbox) = &config.sandbox {
+        let mut sandbox = sandbox.clone();
+        sandbox.hidden.push(config.state_dir.clone());
+        sandbox.hidden.extend(
+            config
+                .listen
+                .iter()
+                .filter_map(|addr| addr.strip_prefix("unix:"))
+                .map(PathBuf::from),
+        );
+        let sandbox = exec::Sandbox::new(&config.root, &sandbox)?;
+        tracing::info!(network = ?config.sandbox.as_ref().map(|s| s.network), "commands run sandboxed (bwrap)");
+        exec_config.sandbox = Some(sandbox);
     }
     let manager = ExecManager::open(exec_config, settle).map_err(|source| DaemonError::Exec {
         path: exec_db,

@@ -5,7 +5,7 @@ use std::time::Duration;
 use gsv_kernel::client::GsvClient;
 use serde_json::{Value, json};
 
-use crate::harness::{TestKernel, err_of, new_workspace, wsd_bin};
+use crate::harness::{TestKernel, bwrap_available, err_of, new_workspace, wsd_bin};
 
 /// Starts `input` at the root of workspace `id`, waiting up to `yield_ms`.
 async fn exec_in(c: &mut GsvClient, id: &str, input: &str, yield_ms: u64) -> Value {
@@ -349,4 +349,37 @@ async fn a_shell_exec_without_workspace_or_target_explains_itself_on_stderr() {
     assert_eq!(d["error"].as_str().unwrap(), stderr.trim_end());
     assert!(d.get("exitCode").is_none(), "nothing ran, so no exit code");
     assert!(d.get("sessionId").is_none(), "nothing to poll");
+}
+
+/// The local backend's default: commands see their workspace, not the
+/// host (the kernel's data directory beside it, its token, `/etc/hostname`).
+/// `gsv serve --no-sandbox` (`wsd_sandbox = false`) runs them on the host.
+#[tokio::test]
+async fn local_workspace_commands_are_sandboxed_unless_turned_off() {
+    if !bwrap_available() {
+        eprintln!("bwrap is not installed: sandbox test skipped");
+        return;
+    }
+    let probe = "hostname; cd .. && ls -A; cat wsd.token ../kernel.sqlite3 2>/dev/null | wc -c";
+    for sandbox in [true, false] {
+        let k = TestKernel::start_with(|c| c.wsd_sandbox = sandbox).await;
+        k.setup().await;
+        let mut a = k.alice().await;
+        let id = new_workspace(&mut a).await;
+        let started = exec_in(&mut a, &id, probe, 10000).await;
+        let d = until_done(&mut a, started).await;
+        assert_eq!(d["status"], "completed", "{d}");
+        let out = d["output"].as_str().unwrap().to_owned();
+        let lines: Vec<&str> = out.lines().collect();
+        if sandbox {
+            // Beside the workspace root only the root itself: no state,
+            // token, socket or log; nothing of them can be read.
+            assert_eq!(lines, ["wsd-sandbox", "root", "0"], "{d}");
+        } else {
+            assert_ne!(lines[0], "wsd-sandbox", "{d}");
+            assert!(lines.contains(&"wsd.token"), "{d}");
+            assert!(lines.contains(&"state"), "{d}");
+            assert_ne!(lines.last(), Some(&"0"), "{d}");
+        }
+    }
 }

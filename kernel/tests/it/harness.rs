@@ -53,6 +53,7 @@ impl TestKernel {
     ) -> TestKernel {
         let mut config = KernelConfig::new(data);
         config.wsd_bin = wsd_bin();
+        config.wsd_sandbox = bwrap_available();
         tune(&mut config);
         let kernel = Kernel::open(config).await.unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -172,6 +173,22 @@ pub fn wsd_bin() -> std::path::PathBuf {
         bin.display()
     );
     bin
+}
+
+/// Whether `bwrap` (Debian package bubblewrap) is installed, which the
+/// kernel's default `wsd serve --sandbox` needs. Without it the tests run
+/// local workspaces unsandboxed, unless `WSD_REQUIRE_SANDBOX` (set by
+/// `.ci/run`) makes that a failure.
+pub fn bwrap_available() -> bool {
+    let found = std::process::Command::new("bwrap")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        found || std::env::var_os("WSD_REQUIRE_SANDBOX").is_none(),
+        "WSD_REQUIRE_SANDBOX is set but bwrap is not installed (apt-get install bubblewrap)"
+    );
+    found
 }
 
 /// A new workspace of `c`'s user; its id.

@@ -1302,6 +1302,7 @@ fn embedded_daemon(args: &[String]) -> Result<ExitCode> {
         store: wsd::store::StoreOptions::default(),
         exec_log_cap: None,
         handshake_timeout: None,
+        sandbox: None,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

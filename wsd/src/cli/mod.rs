@@ -129,6 +129,84 @@ struct ServeArgs {
     /// version check) before it is dropped.
     #[arg(long, value_name = "SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     handshake_timeout: u64,
+    #[command(flatten)]
+    sandbox: SandboxArgs,
+}
+
+/// `wsd serve --sandbox` and its settings.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Sandbox")]
+struct SandboxArgs {
+    /// Run every command under bubblewrap (`bwrap`, Debian package
+    /// bubblewrap): in its own mount, pid, IPC and (see --sandbox-net)
+    /// network namespace, seeing only the workspace (read-write, at its own
+    /// path), a read-only /usr, /bin, /lib* and a few /etc files, and fresh
+    /// /proc, /dev and /tmp (HOME=/tmp). Not the state directory, the token
+    /// file, the host's other files or its processes. Refused at start if
+    /// bwrap is missing or cannot create namespaces here.
+    #[arg(long)]
+    sandbox: bool,
+    /// Network of sandboxed commands: `none` (a namespace of their own with
+    /// only loopback) or `host` (the host's network).
+    #[arg(long, value_enum, value_name = "NET", default_value_t = SandboxNet::None, requires = "sandbox")]
+    sandbox_net: SandboxNet,
+    /// Address space of each sandboxed process (RLIMIT_AS), e.g. 4GiB or
+    /// 512MiB; 0 for no limit.
+    #[arg(
+        long,
+        value_name = "SIZE",
+        default_value = "4GiB",
+        requires = "sandbox"
+    )]
+    sandbox_mem: bytesize::ByteSize,
+    /// Processes of the daemon's user while a sandboxed command forks
+    /// (RLIMIT_NPROC; the kernel counts all of that user's processes and
+    /// exempts root); 0 for no limit.
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "sandbox")]
+    sandbox_pids: u64,
+    /// Open files of each sandboxed process (RLIMIT_NOFILE).
+    #[arg(long, value_name = "N", default_value_t = wsd::exec::sandbox::DEFAULT_SANDBOX_OPEN_FILES, value_parser = clap::value_parser!(u64).range(1..), requires = "sandbox")]
+    sandbox_nofile: u64,
+    /// Largest file a sandboxed process may write (RLIMIT_FSIZE), e.g.
+    /// 10GiB; 0 for no limit.
+    #[arg(long, value_name = "SIZE", default_value = "0", requires = "sandbox")]
+    sandbox_file_size: bytesize::ByteSize,
+    /// A host directory to show read-only at its own path inside the
+    /// sandbox (a toolchain outside /usr, say); repeat for several.
+    #[arg(long, value_name = "DIR", requires = "sandbox")]
+    sandbox_ro: Vec<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum SandboxNet {
+    None,
+    Host,
+}
+
+impl SandboxArgs {
+    /// The exec sandbox configuration, `None` without `--sandbox`. The
+    /// token file is hidden inside it (the daemon adds its state directory
+    /// and sockets).
+    fn config(self, token_file: Option<&Path>) -> Option<wsd::exec::SandboxConfig> {
+        if !self.sandbox {
+            return None;
+        }
+        let limit = |n: u64| (n > 0).then_some(n);
+        let mut config = wsd::exec::SandboxConfig::new();
+        config.network = match self.sandbox_net {
+            SandboxNet::None => wsd::exec::SandboxNetwork::None,
+            SandboxNet::Host => wsd::exec::SandboxNetwork::Host,
+        };
+        config.limits = wsd::exec::SandboxLimits {
+            memory_bytes: limit(self.sandbox_mem.as_u64()),
+            processes: limit(self.sandbox_pids),
+            open_files: Some(self.sandbox_nofile),
+            file_size_bytes: limit(self.sandbox_file_size.as_u64()),
+        };
+        config.hidden.extend(token_file.map(Path::to_path_buf));
+        config.read_only = self.sandbox_ro;
+        Some(config)
+    }
 }
 
 /// How to reach a remote daemon.
@@ -284,6 +362,7 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
         },
         exec_log_cap: a.exec_log_cap,
         handshake_timeout: Some(std::time::Duration::from_secs(a.handshake_timeout)),
+        sandbox: a.sandbox.config(a.token_file.as_deref()),
     };
     block_on_local(wsd::daemon::run(config, |_| {}, shutdown_signal()))??;
     Ok(ExitCode::SUCCESS)

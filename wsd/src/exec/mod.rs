@@ -10,9 +10,13 @@
 //! [`Subscription`] replays retained events from the log and then follows
 //! the live stream; dropping it detaches without affecting the command.
 //!
+//! With a [`Sandbox`] (`wsd serve --sandbox`) the shell runs under
+//! bubblewrap and sees only the workspace and a read-only system (see
+//! [`sandbox`]); without one, the cwd check is about intent, not isolation
+//! (see [`process`]).
+//!
 //! What it deliberately does not do: interpret output (payloads are raw
-//! bytes), sandbox the command (the cwd check is about intent, see
-//! [`process`]), or speak capnp (the RPC layer adapts this API).
+//! bytes) or speak capnp (the RPC layer adapts this API).
 //!
 //! Runtime: every method is `async` and cancellation-safe; internal tasks
 //! are spawned with `tokio::spawn` and are `Send`, so the manager works on a
@@ -26,6 +30,7 @@ mod error;
 mod log;
 pub mod process;
 mod runner;
+pub mod sandbox;
 mod subscription;
 
 #[cfg(test)]
@@ -41,6 +46,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 pub use error::ExecError;
+pub use sandbox::{Sandbox, SandboxConfig, SandboxError, SandboxLimits, SandboxNetwork};
 pub use subscription::Subscription;
 
 use log::{DeleteOutcome, ExecLogReader, ExecLogWriter, LogCaps};
@@ -124,6 +130,8 @@ pub struct ExecConfig {
     /// The daemon environment that [`process::ENV_ALLOWLIST`] filters.
     /// `new` captures the process environment; tests pass their own.
     pub daemon_env: Vec<(OsString, OsString)>,
+    /// Run every command in this sandbox; `None` runs them on the host.
+    pub sandbox: Option<Sandbox>,
 }
 
 impl ExecConfig {
@@ -139,6 +147,7 @@ impl ExecConfig {
             kill_grace: DEFAULT_KILL_GRACE,
             default_timeout: None,
             daemon_env: std::env::vars_os().collect(),
+            sandbox: None,
         }
     }
 }
@@ -246,6 +255,10 @@ impl ExecManager {
             per_exec: config.per_exec_cap,
             global: config.global_cap,
         };
+        let mut config = config;
+        if config.sandbox.is_some() {
+            config.daemon_env = sandbox::sandboxed_env(&config.daemon_env);
+        }
         let (writer, report) = ExecLogWriter::open(&config.db_path, caps)?;
         process::stop_ignoring_inherited_signals();
         for id in &report.lost {

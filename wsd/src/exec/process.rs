@@ -73,6 +73,43 @@ pub(crate) fn signal_group(pgid: i32, sig: i32) -> std::io::Result<()> {
     }
 }
 
+/// Sends `sig` to a sandboxed exec's group `pgid`. Its leader is `bwrap`,
+/// which has no handlers: a SIGTERM would kill it at once, and its exit
+/// code would be 143 whatever the command does with the signal. So every
+/// signal but SIGKILL goes to the other members of the group (the command
+/// and its children; the namespace's init ignores it, as init does), found
+/// in `/proc`. A process forked while `/proc` is read can miss it; the
+/// SIGKILL that follows a timeout or kill after the grace period goes to
+/// the whole group, and bwrap's init takes the whole pid namespace with it.
+pub(crate) fn signal_sandboxed_group(pgid: i32, sig: i32) -> std::io::Result<()> {
+    if sig == Signal::SIGKILL as i32 || pgid <= 1 {
+        return signal_group(pgid, sig);
+    }
+    let sig = Signal::try_from(sig)?;
+    for entry in std::fs::read_dir("/proc")? {
+        let Some(pid) = entry?
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if pid == pgid {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        if parse_stat_field(&stat, 5) == Some(pgid as u64) {
+            match nix::sys::signal::kill(Pid::from_raw(pid), sig) {
+                Ok(()) | Err(Errno::ESRCH) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The start time of process `pid`: field 22 of `/proc/<pid>/stat`, in
 /// clock ticks since boot. With the pid it names one process for the life of
 /// the machine, so a recycled pid is told apart from the process it once
@@ -87,12 +124,17 @@ pub(crate) fn process_start_time(pid: i32) -> std::io::Result<u64> {
     })
 }
 
-/// Field 22 of a `/proc/<pid>/stat` line. The command name (field 2) is in
-/// parentheses and may itself hold spaces and `)`, so fields are counted
-/// from the last `)`: field 3 is the first after it.
+/// Field 22 of a `/proc/<pid>/stat` line.
 fn parse_start_time(stat: &str) -> Option<u64> {
+    parse_stat_field(stat, 22)
+}
+
+/// Numeric field `n` (from 3) of a `/proc/<pid>/stat` line. The command
+/// name (field 2) is in parentheses and may itself hold spaces and `)`, so
+/// fields are counted from the last `)`: field 3 is the first after it.
+fn parse_stat_field(stat: &str, n: usize) -> Option<u64> {
     let after_comm = &stat[stat.rfind(')')? + 1..];
-    after_comm.split_whitespace().nth(22 - 3)?.parse().ok()
+    after_comm.split_whitespace().nth(n - 3)?.parse().ok()
 }
 
 /// What became of a process group a previous daemon left running.

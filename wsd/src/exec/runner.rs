@@ -27,7 +27,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-use super::process::{process_start_time, signal_group};
+use super::process::{process_start_time, signal_group, signal_sandboxed_group};
 use super::{EXIT_LOST, EventKind, ExecError, ExecEvent, PIPELINE_DEPTH, READ_CHUNK_BYTES, Shared};
 
 /// Kill and dispose requests queued for a runner. Senders wait when it is
@@ -296,13 +296,20 @@ async fn start(
 ) -> Result<(Child, u64, AbortOnDrop), ExecError> {
     let generation = shared.writer.begin(&live.id).await?;
     let _ = live.generation.set(generation);
-    let mut cmd = Command::new("/bin/sh");
-    cmd.arg("-c")
-        .arg(&spec.command)
-        .current_dir(&spec.cwd)
-        .env_clear()
+    let mut cmd = match &shared.config.sandbox {
+        // bwrap enters the cwd inside; it starts a session of its own.
+        Some(sandbox) => Command::from(sandbox.command(&spec.cwd, &spec.command)),
+        None => {
+            let mut cmd = Command::new("/bin/sh");
+            cmd.arg("-c")
+                .arg(&spec.command)
+                .current_dir(&spec.cwd)
+                .process_group(0);
+            cmd
+        }
+    };
+    cmd.env_clear()
         .envs(spec.env)
-        .process_group(0)
         .stdin(if spec.stdin.is_some() || spec.stdin_open {
             Stdio::piped()
         } else {
@@ -315,7 +322,11 @@ async fn start(
         Err(e) => {
             // Leave no half-begun log behind: the call fails as a whole.
             let _ = shared.writer.delete_generation(&live.id, generation).await;
-            return Err(ExecError::io("spawning /bin/sh", e));
+            let what = match &shared.config.sandbox {
+                Some(_) => "spawning bwrap /bin/sh",
+                None => "spawning /bin/sh",
+            };
+            return Err(ExecError::io(what, e));
         }
     };
     let queue = if spec.stdin_open {
@@ -424,8 +435,14 @@ async fn pump(
     let mut abandon_at: Option<Instant> = None;
     let mut shutdown_seen = false;
     let mut control_open = true;
+    let sandboxed = shared.config.sandbox.is_some();
     let signal = |sig: i32| {
-        if let Err(e) = signal_group(pgid, sig) {
+        let sent = if sandboxed {
+            signal_sandboxed_group(pgid, sig)
+        } else {
+            signal_group(pgid, sig)
+        };
+        if let Err(e) = sent {
             tracing::warn!(exec = id, pgid, sig, error = %e, "signalling the process group failed");
         }
     };

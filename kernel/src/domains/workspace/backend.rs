@@ -45,6 +45,8 @@ pub struct BackendState {
     /// Consecutive starts that did not stay up; drives the backoff.
     restarts: u32,
     last_start: Option<Instant>,
+    /// A local child runs with `wsd serve --sandbox`.
+    sandbox: bool,
 }
 
 /// Where to reach a running wsd.
@@ -67,7 +69,14 @@ impl BackendState {
             last_used: Instant::now(),
             restarts: 0,
             last_start: None,
+            sandbox: false,
         }
+    }
+
+    /// Whether a local child sandboxes its commands (`wsd serve --sandbox`).
+    pub fn with_sandbox(mut self, sandbox: bool) -> BackendState {
+        self.sandbox = sandbox;
+        self
     }
 
     /// The local child's socket path.
@@ -141,8 +150,12 @@ impl BackendState {
             .append(true)
             .open(self.dir.join("wsd.log"))
             .map_err(|e| KernelError::internal("opening wsd.log", e))?;
-        let child = tokio::process::Command::new(wsd_bin)
-            .arg("serve")
+        let mut command = tokio::process::Command::new(wsd_bin);
+        command.arg("serve");
+        if self.sandbox {
+            command.arg("--sandbox");
+        }
+        let child = command
             .arg("--root")
             .arg(self.dir.join("root"))
             .arg("--state")

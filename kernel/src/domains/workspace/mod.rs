@@ -176,6 +176,8 @@ pub struct Workspace {
 pub struct Workspaces {
     pub dir: PathBuf,
     pub wsd_bin: PathBuf,
+    /// Local wsd children run their commands sandboxed (`wsd serve --sandbox`).
+    pub wsd_sandbox: bool,
     open: Mutex<HashMap<String, Arc<Workspace>>>,
 }
 
@@ -184,8 +186,15 @@ impl Workspaces {
         Workspaces {
             dir,
             wsd_bin,
+            wsd_sandbox: false,
             open: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Whether local wsd children sandbox their commands.
+    pub fn with_wsd_sandbox(mut self, sandbox: bool) -> Workspaces {
+        self.wsd_sandbox = sandbox;
+        self
     }
 
     /// The open workspace `row`, opening its store on first use.
@@ -207,7 +216,9 @@ impl Workspaces {
         let w = Arc::new(Workspace {
             id: row.id.clone(),
             dofs: Arc::new(Mutex::new(dofs)),
-            bracket: tokio::sync::Mutex::new(BackendState::new(&dir, row.backend.clone())),
+            bracket: tokio::sync::Mutex::new(
+                BackendState::new(&dir, row.backend.clone()).with_sandbox(self.wsd_sandbox),
+            ),
             dir,
         });
         // Two racing opens: the first one in wins, the other store closes.

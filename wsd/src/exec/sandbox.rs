@@ -1,0 +1,441 @@
+//! The exec sandbox (`wsd serve --sandbox`): every command runs under
+//! bubblewrap (`bwrap`) in its own mount, pid, IPC and UTS namespace (and by
+//! default its own network namespace), with the workspace bound read-write
+//! at its own path, a read-only view of the system (`/usr`, `/bin`, `/lib*`,
+//! a few files of `/etc`), a fresh `/proc`, `/dev` and `/tmp`, and nothing
+//! else of the host. The daemon's state directory, token file and sockets
+//! are masked even where they sit inside a visible tree. Resource limits are
+//! rlimits set on `bwrap` before it runs, so every process inside inherits
+//! them.
+//!
+//! The namespaces are bwrap's; this module only builds its argument list.
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+
+use nix::sys::resource::{Resource, setrlimit};
+
+/// The Debian package that ships `bwrap`.
+pub const BWRAP_PACKAGE: &str = "bubblewrap";
+
+/// Default [`SandboxLimits::memory_bytes`]: 4 GiB of address space per
+/// process (Node and the JVM start under it).
+pub const DEFAULT_SANDBOX_MEMORY: u64 = 4 << 30;
+/// Default [`SandboxLimits::open_files`].
+pub const DEFAULT_SANDBOX_OPEN_FILES: u64 = 4096;
+
+/// The hostname commands see (their own UTS namespace).
+pub const SANDBOX_HOSTNAME: &str = "wsd-sandbox";
+
+/// `HOME` and `TMPDIR` inside the sandbox: the fresh, private `/tmp` (the
+/// daemon's home is not visible there).
+pub const SANDBOX_HOME: &str = "/tmp";
+
+/// Files and directories of `/etc` a command may need (dynamic linker,
+/// users and groups for `id`, name resolution, TLS roots, time zone,
+/// Debian's alternatives symlinks). Missing ones are skipped. The host's
+/// `/etc/hostname`, `/etc/shadow`, `/etc/ssh`, ... are not among them.
+const ETC_ENTRIES: [&str; 20] = [
+    "alternatives",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "passwd",
+    "group",
+    "nsswitch.conf",
+    "hosts",
+    "host.conf",
+    "resolv.conf",
+    "gai.conf",
+    "services",
+    "protocols",
+    "localtime",
+    "timezone",
+    "ssl",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "os-release",
+    "mime.types",
+];
+
+/// Top-level system directories bound read-only (symlinks, as on merged-usr
+/// systems, are recreated as symlinks). Missing ones are skipped.
+const SYSTEM_DIRS: [&str; 7] = [
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+];
+
+/// Whether sandboxed commands get a network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SandboxNetwork {
+    /// Their own network namespace: only a loopback device, no route out,
+    /// and no view of the host's listening sockets (abstract unix sockets
+    /// included).
+    #[default]
+    None,
+    /// The host's network, as an unsandboxed command has.
+    Host,
+}
+
+/// Per-process resource limits (rlimits) of every sandboxed process.
+/// `None` leaves the daemon's own limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SandboxLimits {
+    /// `RLIMIT_AS`: address space of each process, in bytes.
+    pub memory_bytes: Option<u64>,
+    /// `RLIMIT_NPROC`: processes of the daemon's user. The kernel counts all
+    /// of that user's processes, and does not apply it to root.
+    pub processes: Option<u64>,
+    /// `RLIMIT_NOFILE`: open files of each process.
+    pub open_files: Option<u64>,
+    /// `RLIMIT_FSIZE`: largest file a process may write, in bytes.
+    pub file_size_bytes: Option<u64>,
+}
+
+impl Default for SandboxLimits {
+    fn default() -> SandboxLimits {
+        SandboxLimits {
+            memory_bytes: Some(DEFAULT_SANDBOX_MEMORY),
+            processes: None,
+            open_files: Some(DEFAULT_SANDBOX_OPEN_FILES),
+            file_size_bytes: None,
+        }
+    }
+}
+
+/// What `wsd serve --sandbox` asks for.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct SandboxConfig {
+    pub network: SandboxNetwork,
+    pub limits: SandboxLimits,
+    /// Paths that must not be reachable inside even when they lie in a
+    /// visible tree (the daemon adds its state directory and sockets, the
+    /// CLI the token file). A directory is covered by an empty read-only
+    /// tmpfs, anything else by `/dev/null`.
+    pub hidden: Vec<PathBuf>,
+    /// Extra host directories bound read-only at their own path (toolchains
+    /// outside `/usr`, for example).
+    pub read_only: Vec<PathBuf>,
+}
+
+impl SandboxConfig {
+    pub fn new() -> SandboxConfig {
+        SandboxConfig::default()
+    }
+}
+
+/// Why the sandbox cannot be used. Reported at `wsd serve` start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SandboxError {
+    #[error(
+        "--sandbox needs bwrap, which is not on PATH: install bubblewrap (Debian/Ubuntu: apt-get install {BWRAP_PACKAGE})"
+    )]
+    NotInstalled,
+    #[error("--sandbox: {path} cannot be made visible inside the sandbox: {source}")]
+    Path {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("--sandbox: running {bwrap} failed: {source}")]
+    Spawn {
+        bwrap: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "--sandbox: bwrap cannot create the sandbox here ({status}): {stderr} (it needs root, or unprivileged user namespaces)"
+    )]
+    Unusable { status: String, stderr: String },
+}
+
+/// A checked sandbox: `bwrap` found, its arguments built, a probe command
+/// run. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Sandbox {
+    bwrap: PathBuf,
+    /// Everything before `--chdir CWD -- /bin/sh -c COMMAND`.
+    args: Vec<OsString>,
+    limits: SandboxLimits,
+}
+
+impl Sandbox {
+    /// Finds `bwrap`, builds the mount layout around the canonical `root`
+    /// and runs `true` in it once, so a sandbox that cannot work fails here
+    /// rather than on every exec. Blocks for a few milliseconds.
+    pub fn new(root: &Path, config: &SandboxConfig) -> Result<Sandbox, SandboxError> {
+        let bwrap = find_on_path("bwrap").ok_or(SandboxError::NotInstalled)?;
+        let root = canonical(root)?;
+        let sandbox = Sandbox {
+            bwrap,
+            args: layout(&root, config)?,
+            limits: config.limits,
+        };
+        sandbox.probe(&root)?;
+        Ok(sandbox)
+    }
+
+    fn probe(&self, root: &Path) -> Result<(), SandboxError> {
+        let out = self
+            .command(root, "true")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(|source| SandboxError::Spawn {
+                bwrap: self.bwrap.clone(),
+                source,
+            })?;
+        if out.status.success() {
+            return Ok(());
+        }
+        Err(SandboxError::Unusable {
+            status: out.status.to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        })
+    }
+
+    /// `bwrap ... --chdir CWD -- /bin/sh -c COMMAND`, in a new session (so
+    /// its own process group, without the daemon's terminal) with the
+    /// limits set. The caller adds the environment and the stdio.
+    pub(crate) fn command(&self, cwd: &Path, command: &str) -> std::process::Command {
+        let mut cmd = std::process::Command::new(&self.bwrap);
+        cmd.args(&self.args)
+            .arg("--chdir")
+            .arg(cwd)
+            .args(["--", "/bin/sh", "-c"])
+            .arg(command);
+        let limits = self.limits;
+        // SAFETY: between fork and exec the closure only makes the
+        // async-signal-safe syscalls setsid(2) and setrlimit(2), on values
+        // copied in before the fork; it allocates nothing.
+        #[allow(unsafe_code)]
+        unsafe {
+            cmd.pre_exec(move || {
+                nix::unistd::setsid()?;
+                apply_limits(&limits)?;
+                Ok(())
+            });
+        }
+        cmd
+    }
+}
+
+fn apply_limits(limits: &SandboxLimits) -> std::io::Result<()> {
+    for (resource, value) in [
+        (Resource::RLIMIT_AS, limits.memory_bytes),
+        (Resource::RLIMIT_NPROC, limits.processes),
+        (Resource::RLIMIT_NOFILE, limits.open_files),
+        (Resource::RLIMIT_FSIZE, limits.file_size_bytes),
+    ] {
+        if let Some(v) = value {
+            setrlimit(resource, v, v)?;
+        }
+    }
+    Ok(())
+}
+
+/// The bwrap arguments of the mount and namespace layout (see the module
+/// doc). Order matters: later mounts cover earlier ones.
+fn layout(root: &Path, config: &SandboxConfig) -> Result<Vec<OsString>, SandboxError> {
+    let mut args = Args::default();
+    args.flags(&[
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--die-with-parent",
+        // bwrap run by root keeps root's capabilities (mount, mknod, ...)
+        // unless told otherwise; nothing inside needs one.
+        "--cap-drop",
+        "ALL",
+        "--hostname",
+        SANDBOX_HOSTNAME,
+    ]);
+    if config.network == SandboxNetwork::None {
+        args.flags(&["--unshare-net"]);
+    }
+    // Trees visible inside, as canonical host paths: the hidden paths are
+    // masked where they fall under one of them.
+    let mut visible: Vec<PathBuf> = Vec::new();
+    for dir in SYSTEM_DIRS {
+        let path = Path::new(dir);
+        match std::fs::symlink_metadata(path) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let target = std::fs::read_link(path).map_err(|source| SandboxError::Path {
+                    path: path.to_path_buf(),
+                    source,
+                })?;
+                args.op3("--symlink", target.as_os_str(), path.as_os_str());
+            }
+            Ok(_) => {
+                args.op3("--ro-bind", path.as_os_str(), path.as_os_str());
+                visible.push(canonical(path)?);
+            }
+            Err(_) => {}
+        }
+    }
+    for entry in ETC_ENTRIES {
+        let path = Path::new("/etc").join(entry);
+        if let Ok(real) = std::fs::canonicalize(&path) {
+            args.op3("--ro-bind", real.as_os_str(), path.as_os_str());
+            visible.push(real);
+        }
+    }
+    for dir in &config.read_only {
+        let real = canonical(dir)?;
+        args.op3("--ro-bind", real.as_os_str(), real.as_os_str());
+        visible.push(real);
+    }
+    args.flags(&["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]);
+    args.op3("--bind", root.as_os_str(), root.as_os_str());
+    visible.push(root.to_path_buf());
+    for hidden in &config.hidden {
+        let Ok(real) = std::fs::canonicalize(hidden) else {
+            // Not there yet: nothing to reach.
+            continue;
+        };
+        if !visible.iter().any(|v| real.starts_with(v)) {
+            continue;
+        }
+        if real.is_dir() {
+            args.op2("--tmpfs", real.as_os_str());
+            args.op2("--remount-ro", real.as_os_str());
+        } else {
+            args.op3("--ro-bind", "/dev/null".as_ref(), real.as_os_str());
+        }
+    }
+    // bwrap's own root is a writable tmpfs: nothing outside the workspace
+    // and /tmp may be written.
+    args.flags(&["--remount-ro", "/"]);
+    Ok(args.0)
+}
+
+fn canonical(path: &Path) -> Result<PathBuf, SandboxError> {
+    std::fs::canonicalize(path).map_err(|source| SandboxError::Path {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+#[derive(Default)]
+struct Args(Vec<OsString>);
+
+impl Args {
+    fn flags(&mut self, flags: &[&str]) {
+        self.0.extend(flags.iter().map(OsString::from));
+    }
+
+    fn op2(&mut self, op: &str, a: &std::ffi::OsStr) {
+        self.0.push(op.into());
+        self.0.push(a.into());
+    }
+
+    fn op3(&mut self, op: &str, a: &std::ffi::OsStr, b: &std::ffi::OsStr) {
+        self.0.push(op.into());
+        self.0.push(a.into());
+        self.0.push(b.into());
+    }
+}
+
+/// The first executable `name` in the directories of `PATH`.
+fn find_on_path(name: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
+/// The daemon environment as sandboxed commands get it: `HOME` and `TMPDIR`
+/// point at the private `/tmp` (the daemon's own are not visible there).
+pub(crate) fn sandboxed_env(daemon_env: &[(OsString, OsString)]) -> Vec<(OsString, OsString)> {
+    let mut env: Vec<(OsString, OsString)> = daemon_env
+        .iter()
+        .filter(|(k, _)| k != "HOME" && k != "TMPDIR")
+        .cloned()
+        .collect();
+    env.push(("HOME".into(), SANDBOX_HOME.into()));
+    env.push(("TMPDIR".into(), SANDBOX_HOME.into()));
+    env
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arg_pairs(args: &[OsString]) -> Vec<String> {
+        args.iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn hidden_paths_are_masked_only_inside_visible_trees() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(tmp.path()).unwrap().join("ws");
+        std::fs::create_dir_all(root.join(".wsd")).unwrap();
+        std::fs::write(root.join("token"), b"t").unwrap();
+        let outside = tmp.path().join("state-elsewhere");
+        std::fs::create_dir(&outside).unwrap();
+        let config = SandboxConfig {
+            hidden: vec![
+                root.join(".wsd"),
+                root.join("token"),
+                outside.clone(),
+                root.join("not-there"),
+            ],
+            ..SandboxConfig::default()
+        };
+        let args = arg_pairs(&layout(&root, &config).unwrap());
+        let joined = args.join(" ");
+        let state = root.join(".wsd").display().to_string();
+        let token = root.join("token").display().to_string();
+        assert!(
+            joined.contains(&format!("--tmpfs {state} --remount-ro {state}")),
+            "{joined}"
+        );
+        assert!(
+            joined.contains(&format!("--ro-bind /dev/null {token}")),
+            "{joined}"
+        );
+        assert!(!joined.contains("state-elsewhere"), "{joined}");
+        assert!(!joined.contains("not-there"), "{joined}");
+        // The mask comes after the workspace bind it covers, and the root
+        // is made read-only last.
+        let bind = joined
+            .find(&format!("--bind {0} {0}", root.display()))
+            .unwrap();
+        assert!(bind < joined.find(&format!("--tmpfs {state}")).unwrap());
+        assert!(joined.ends_with("--remount-ro /"), "{joined}");
+        assert!(args.contains(&"--unshare-net".to_owned()));
+    }
+
+    #[test]
+    fn host_network_keeps_the_network_namespace() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = SandboxConfig {
+            network: SandboxNetwork::Host,
+            ..SandboxConfig::default()
+        };
+        let args = arg_pairs(&layout(tmp.path(), &config).unwrap());
+        assert!(!args.contains(&"--unshare-net".to_owned()));
+        assert!(args.contains(&"--unshare-pid".to_owned()));
+    }
+
+    #[test]
+    fn sandboxed_commands_get_the_private_tmp_as_home() {
+        let env = sandboxed_env(&[
+            ("HOME".into(), "/root".into()),
+            ("PATH".into(), "/usr/bin".into()),
+        ]);
+        assert_eq!(
+            env,
+            [
+                ("PATH".into(), "/usr/bin".into()),
+                ("HOME".into(), "/tmp".into()),
+                ("TMPDIR".into(), "/tmp".into())
+            ]
+        );
+    }
+}
