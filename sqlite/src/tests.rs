@@ -266,6 +266,35 @@ fn quick_check_runs_when_the_clean_close_stamp_is_missing_or_stale() {
 }
 
 #[test]
+fn a_clean_close_skips_the_check_once_and_any_later_write_revokes_that() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("x.sqlite3");
+    open_close(&db, &REFUSE);
+    let stamp = damage::stamp_path(&db);
+    assert!(stamp.exists(), "a clean close leaves a stamp");
+    assert!(
+        damage::take_clean_stamp(&db),
+        "the untouched file matches it"
+    );
+    assert!(!stamp.exists(), "taking the stamp removes it");
+    assert!(
+        !damage::take_clean_stamp(&db),
+        "without a stamp the file is checked"
+    );
+
+    open_close(&db, &REFUSE);
+    let c = Connection::open(&db).unwrap();
+    c.execute("INSERT INTO notes (body) VALUES ('later')", [])
+        .unwrap();
+    drop(c);
+    assert!(
+        !damage::take_clean_stamp(&db),
+        "a write after the close revokes it"
+    );
+}
+
+#[test]
 fn a_session_that_met_corruption_leaves_no_stamp() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
