@@ -4,7 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use rusqlite::{Connection, ErrorCode};
+use rusqlite::config::DbConfig;
+use rusqlite::{Connection, ErrorCode, OpenFlags};
 
 /// Whether `e` says the file is damaged or is not a database at all.
 pub fn is_corruption(e: &rusqlite::Error) -> bool {
@@ -23,7 +24,13 @@ pub fn damage(path: &Path) -> Option<String> {
         return None;
     }
     let check = || -> Result<Vec<String>, rusqlite::Error> {
-        let conn = Connection::open(path)?;
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        // Closing the last connection would checkpoint a leftover WAL into
+        // the file, changing a file the owner may refuse to touch.
+        conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
         let mut stmt = conn.prepare("PRAGMA quick_check")?;
         let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
         rows.collect()
