@@ -1,27 +1,29 @@
 //! The kernel database (`DATA/kernel.sqlite3`): one connection, the single
-//! writer, used from blocking threads. Schema changes are numbered
-//! migrations checked at every start: an applied migration whose text
-//! changed, or one this build does not know (a newer kernel wrote the
-//! file), refuses to start instead of guessing.
-//!
-//! Why not `rusqlite_migration`: its newest release (2.6) pins rusqlite
-//! 0.40, and the workspace is on 0.41 (one `libsqlite3-sys` per build).
+//! writer, used from blocking threads. It is opened through `wsd-sqlite`:
+//! numbered migrations checked at every start (an applied migration whose
+//! text changed, or one this build does not know, refuses to start instead
+//! of guessing), `quick_check` after a crash, and a damaged file refused
+//! with a message naming it: it holds accounts and processes that nothing
+//! rebuilds.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use rusqlite::{Connection, OptionalExtension, params};
-use sha2::{Digest, Sha256};
+use rusqlite::{Connection, OptionalExtension};
+use wsd_sqlite::{
+    CleanClose, JournalMode, LegacyBookkeeping, Migration, MigrationSet, OnDamage, Pragmas, Setup,
+    Synchronous,
+};
 
 use crate::error::KernelError;
 
-/// `(id, name, sql)`, applied in id order, one transaction each. Never edit
-/// an entry once released; add a new one.
-const MIGRATIONS: &[(i64, &str, &str)] = &[
-    (
-        1,
-        "accounts",
-        "CREATE TABLE passwd(
+/// Applied in version order. Never edit an entry once released; add a new
+/// one. Kernels before `wsd-sqlite` kept them in `kernel_migrations`.
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "accounts",
+        sql: "CREATE TABLE passwd(
             username TEXT PRIMARY KEY,
             uid INTEGER NOT NULL UNIQUE,
             gid INTEGER NOT NULL,
@@ -56,11 +58,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
             revoked_reason TEXT);
          CREATE INDEX auth_tokens_uid ON auth_tokens(uid);
          CREATE TABLE config_kv(key TEXT PRIMARY KEY, value TEXT NOT NULL);",
-    ),
-    (
-        2,
-        "workspaces",
-        "CREATE TABLE workspaces(
+    },
+    Migration {
+        version: 2,
+        name: "workspaces",
+        sql: "CREATE TABLE workspaces(
             workspace_id TEXT PRIMARY KEY,
             owner_uid INTEGER NOT NULL,
             label TEXT,
@@ -84,11 +86,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
             updated_at INTEGER NOT NULL,
             expires_at INTEGER NOT NULL);
          CREATE INDEX shell_sessions_expiry ON shell_sessions(expires_at);",
-    ),
-    (
-        3,
-        "devices",
-        "CREATE TABLE devices(
+    },
+    Migration {
+        version: 3,
+        name: "devices",
+        sql: "CREATE TABLE devices(
             device_id TEXT PRIMARY KEY,
             owner_uid INTEGER NOT NULL,
             label TEXT NOT NULL DEFAULT '',
@@ -127,11 +129,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
             expires_at INTEGER NOT NULL);
          CREATE INDEX device_shell_sessions_device ON device_shell_sessions(device_id);
          CREATE INDEX device_shell_sessions_expiry ON device_shell_sessions(expires_at);",
-    ),
-    (
-        4,
-        "processes",
-        "CREATE TABLE processes(
+    },
+    Migration {
+        version: 4,
+        name: "processes",
+        sql: "CREATE TABLE processes(
             pid TEXT PRIMARY KEY,
             owner_uid INTEGER NOT NULL,
             uid INTEGER NOT NULL,
@@ -179,36 +181,78 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
             pid TEXT NOT NULL REFERENCES processes(pid) ON DELETE CASCADE,
             call TEXT NOT NULL,
             PRIMARY KEY(pid, call));",
-    ),
+    },
 ];
+
+/// WAL: readers never wait on the writer. NORMAL: a power loss may drop
+/// the last commits (a login, a queued message), never consistency.
+/// Foreign keys: process rows cascade to their messages and runs.
+const SETUP: Setup = Setup {
+    what: "the kernel database",
+    pragmas: Pragmas {
+        journal_mode: JournalMode::Wal,
+        synchronous: Synchronous::Normal,
+        busy_timeout: std::time::Duration::from_secs(5),
+        foreign_keys: true,
+        wal_autocheckpoint: None,
+        cache_kib: None,
+        stable_query_plans: false,
+        statement_cache: None,
+    },
+    application_id: None,
+    migrations: &[MigrationSet {
+        owner: "kernel",
+        migrations: MIGRATIONS,
+        legacy: LegacyBookkeeping::Table("kernel_migrations"),
+    }],
+    on_damage: OnDamage::Refuse,
+};
 
 /// The kernel database behind its one connection.
 #[derive(Debug, Clone)]
 pub struct Db {
-    conn: Arc<Mutex<Connection>>,
+    inner: Arc<Open>,
+}
+
+/// The connection, then what stamps the file clean once it has closed
+/// (fields drop in declaration order).
+#[derive(Debug)]
+struct Open {
+    conn: Mutex<Connection>,
+    _clean_close: Option<CleanClose>,
 }
 
 impl Db {
-    /// Opens (creating if needed) and migrates the database at `path`.
+    /// Opens (creating if needed) and migrates the database at `path`. A
+    /// damaged file is refused (the error names it and how to set it
+    /// aside).
     pub fn open(path: &Path) -> Result<Db, KernelError> {
-        let conn = Connection::open(path)
-            .map_err(|e| KernelError::internal(&format!("opening {}", path.display()), e))?;
-        Db::init(conn, path)
+        Db::open_with(path, OnDamage::Refuse)
+    }
+
+    /// [`Db::open`], with `on_damage` deciding what happens to a file that
+    /// fails the crash check ([`OnDamage::SetAside`]: renamed to
+    /// `NAME.corrupt-<UTC time>`, and an empty database, i.e. no accounts).
+    pub fn open_with(path: &Path, on_damage: OnDamage) -> Result<Db, KernelError> {
+        let opened = wsd_sqlite::open(path, &Setup { on_damage, ..SETUP })
+            .map_err(|e| KernelError::Internal(format!("opening the kernel database: {e}")))?;
+        Ok(Db {
+            inner: Arc::new(Open {
+                conn: Mutex::new(opened.conn),
+                _clean_close: Some(opened.clean_close),
+            }),
+        })
     }
 
     /// A private in-memory database (unit tests).
     pub fn open_in_memory() -> Result<Db, KernelError> {
-        Db::init(Connection::open_in_memory()?, Path::new(":memory:"))
-    }
-
-    fn init(mut conn: Connection, path: &Path) -> Result<Db, KernelError> {
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
-        conn.pragma_update(None, "foreign_keys", "ON")?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        migrate(&mut conn, path)?;
+        let conn = wsd_sqlite::open_in_memory(&SETUP)
+            .map_err(|e| KernelError::Internal(format!("opening the kernel database: {e}")))?;
         Ok(Db {
-            conn: Arc::new(Mutex::new(conn)),
+            inner: Arc::new(Open {
+                conn: Mutex::new(conn),
+                _clean_close: None,
+            }),
         })
     }
 
@@ -218,65 +262,14 @@ impl Db {
         R: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<R, KernelError> + Send + 'static,
     {
-        let conn = self.conn.clone();
+        let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || {
-            let mut c = conn.lock().unwrap_or_else(|p| p.into_inner());
+            let mut c = inner.conn.lock().unwrap_or_else(|p| p.into_inner());
             f(&mut c)
         })
         .await
         .map_err(|e| KernelError::internal("database task", e))?
     }
-}
-
-fn checksum(id: i64, name: &str, sql: &str) -> String {
-    let mut h = Sha256::new();
-    h.update(format!("{id}\n{name}\n{}", sql.trim()));
-    hex::encode(h.finalize())
-}
-
-fn migrate(conn: &mut Connection, path: &Path) -> Result<(), KernelError> {
-    conn.execute_batch(
-        "CREATE TABLE IF NOT EXISTS kernel_migrations(
-            id INTEGER PRIMARY KEY, name TEXT NOT NULL, checksum TEXT NOT NULL,
-            applied_at INTEGER NOT NULL)",
-    )?;
-    let applied: Vec<(i64, String, String)> = {
-        let mut stmt =
-            conn.prepare("SELECT id, name, checksum FROM kernel_migrations ORDER BY id")?;
-        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
-            .collect::<Result<_, _>>()?
-    };
-    for (id, name, sum) in &applied {
-        match MIGRATIONS.iter().find(|m| m.0 == *id) {
-            None => {
-                return Err(KernelError::Internal(format!(
-                    "{}: migration {id} ({name}) is newer than this kernel",
-                    path.display()
-                )));
-            }
-            Some(m) if checksum(m.0, m.1, m.2) != *sum => {
-                return Err(KernelError::Internal(format!(
-                    "{}: applied migration {id} ({name}) differs from this build's",
-                    path.display()
-                )));
-            }
-            Some(_) => {}
-        }
-    }
-    for &(id, name, sql) in MIGRATIONS {
-        if applied.iter().any(|a| a.0 == id) {
-            continue;
-        }
-        let tx = conn.transaction()?;
-        tx.execute_batch(sql)?;
-        tx.execute(
-            "INSERT INTO kernel_migrations(id, name, checksum, applied_at) VALUES (?1, ?2, ?3, ?4)",
-            params![id, name, checksum(id, name, sql), now_ms()],
-        )?;
-        tx.commit()?;
-        tracing::info!(id, name, "applied kernel migration");
-    }
-    Ok(())
 }
 
 /// Milliseconds since the Unix epoch.
@@ -303,7 +296,11 @@ mod tests {
         drop(Db::open(&p).unwrap());
         let c = Connection::open(&p).unwrap();
         let n: i64 = c
-            .query_row("SELECT count(*) FROM kernel_migrations", [], |r| r.get(0))
+            .query_row(
+                "SELECT count(*) FROM schema_migrations WHERE owner = 'kernel'",
+                [],
+                |r| r.get(0),
+            )
             .unwrap();
         assert_eq!(n, MIGRATIONS.len() as i64);
     }
@@ -316,7 +313,7 @@ mod tests {
         Connection::open(&p)
             .unwrap()
             .execute(
-                "UPDATE kernel_migrations SET checksum = 'x' WHERE id = 1",
+                "UPDATE schema_migrations SET checksum = 'x' WHERE version = 1",
                 [],
             )
             .unwrap();
@@ -332,11 +329,78 @@ mod tests {
         Connection::open(&p)
             .unwrap()
             .execute(
-                "INSERT INTO kernel_migrations VALUES (999, 'future', 'x', 0)",
+                "INSERT INTO schema_migrations VALUES ('kernel', 999, 'future', 'x', 0)",
                 [],
             )
             .unwrap();
         let e = Db::open(&p).unwrap_err();
         assert!(e.to_string().contains("newer"), "{e}");
+    }
+
+    /// As kernels before `wsd-sqlite` left it: `kernel_migrations` with
+    /// the same checksums.
+    #[test]
+    fn a_database_with_the_old_migrations_table_opens_with_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("k.sqlite3");
+        {
+            let c = Connection::open(&p).unwrap();
+            c.execute_batch(
+                "CREATE TABLE kernel_migrations(
+                    id INTEGER PRIMARY KEY, name TEXT NOT NULL, checksum TEXT NOT NULL,
+                    applied_at INTEGER NOT NULL)",
+            )
+            .unwrap();
+            for m in MIGRATIONS {
+                c.execute_batch(m.sql).unwrap();
+                c.execute(
+                    "INSERT INTO kernel_migrations VALUES (?1, ?2, ?3, 5)",
+                    rusqlite::params![m.version, m.name, wsd_sqlite::checksum(m)],
+                )
+                .unwrap();
+            }
+            c.execute(
+                "INSERT INTO config_kv(key, value) VALUES ('kept', 'yes')",
+                [],
+            )
+            .unwrap();
+        }
+        drop(Db::open(&p).unwrap());
+        let c = Connection::open(&p).unwrap();
+        let kept: String = c
+            .query_row("SELECT value FROM config_kv WHERE key = 'kept'", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(kept, "yes");
+        let n: i64 = c
+            .query_row("SELECT count(*) FROM schema_migrations", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, MIGRATIONS.len() as i64);
+    }
+
+    #[test]
+    fn a_damaged_database_is_refused_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("k.sqlite3");
+        std::fs::write(&p, b"not a database at all, just some text").unwrap();
+        let e = Db::open(&p).unwrap_err();
+        assert!(
+            e.to_string().contains(&p.display().to_string()) && e.to_string().contains("mv "),
+            "{e}"
+        );
+        assert_eq!(
+            std::fs::read(&p).unwrap(),
+            b"not a database at all, just some text"
+        );
+        drop(Db::open_with(&p, OnDamage::SetAside).unwrap());
+        let aside = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter(|e| {
+                let name = e.as_ref().unwrap().file_name();
+                name.to_string_lossy().starts_with("k.sqlite3.corrupt-")
+            })
+            .count();
+        assert_eq!(aside, 1);
     }
 }
