@@ -26,7 +26,7 @@ pub enum StoreError {
     /// would risk misreading its tables), a changed migration, or damage it
     /// could not set aside.
     #[error("EIO: index: {0}")]
-    Database(#[source] wsd_sqlite::OpenError),
+    Database(#[source] Box<wsd_sqlite::OpenError>),
     /// A bad argument, e.g. a root that is not a directory.
     #[error("EINVAL: {0}")]
     Invalid(String),
@@ -90,13 +90,13 @@ mod tests {
             source: rusqlite::Error::InvalidQuery,
         };
         assert_eq!(SyncError::from(idx).code(), ErrorCode::Io);
-        let newer = StoreError::Database(wsd_sqlite::OpenError::NewerMigration {
+        let newer = StoreError::Database(Box::new(wsd_sqlite::OpenError::NewerMigration {
             path: "state/index.sqlite3".into(),
             owner: "index".into(),
             version: 9,
             name: "future".into(),
             known: 2,
-        });
+        }));
         let e = SyncError::from(newer);
         assert_eq!(e.code(), ErrorCode::Io);
         assert!(e.to_string().contains("index 9"), "{e}");

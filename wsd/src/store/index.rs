@@ -118,7 +118,7 @@ const SETUP: Setup = Setup {
 /// on a 20k-file index). A damaged index is set aside with a warning and a
 /// fresh one created.
 pub(crate) fn open(path: &Path) -> Result<(Connection, CleanClose), StoreError> {
-    let opened = wsd_sqlite::open(path, &SETUP).map_err(StoreError::Database)?;
+    let opened = wsd_sqlite::open(path, &SETUP).map_err(|e| StoreError::Database(Box::new(e)))?;
     let Opened {
         conn: db,
         clean_close,

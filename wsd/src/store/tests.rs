@@ -1262,7 +1262,7 @@ fn a_newer_schema_is_refused() {
     assert!(
         matches!(
             err,
-            StoreError::Database(wsd_sqlite::OpenError::NewerMigration { version: 99, .. })
+            StoreError::Database(ref e) if matches!(**e, wsd_sqlite::OpenError::NewerMigration { version: 99, .. })
         ),
         "{err}"
     );
