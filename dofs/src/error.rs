@@ -19,20 +19,15 @@ pub enum DofsError {
     NotEmpty { path: String },
     #[error("EINVAL: {path}: {reason}")]
     Invalid { path: String, reason: &'static str },
-    #[error(
-        "EIO: {path}: database schema version {found} is newer than this build supports ({supported})"
-    )]
-    SchemaTooNew {
-        path: String,
-        found: i64,
-        supported: i64,
-    },
-    #[error("EIO: {path}: not a dofs database (application_id {found:#x})")]
-    NotADofsDatabase { path: String, found: i64 },
+    /// The database could not be opened: refused (written by a newer
+    /// build, a changed migration, another program's file, damaged) or
+    /// SQLite failed; the message names the file.
+    #[error("EIO: {0}")]
+    Open(#[from] wsd_sqlite::OpenError),
     #[error("EIO: integrity check failed: {}", .problems.join("; "))]
     Corrupt { problems: Vec<String> },
     #[error("EIO: sqlite: {0}")]
-    Sqlite(#[from] rusqlite::Error),
+    Sqlite(rusqlite::Error),
     /// Path validation, limits, chunking input errors, unknown or
     /// mismatching objects: the sync core's own typed errors.
     #[error(transparent)]
@@ -51,10 +46,7 @@ impl DofsError {
             | DofsError::IsADirectory { .. }
             | DofsError::NotEmpty { .. }
             | DofsError::Invalid { .. } => ErrorCode::Invalid,
-            DofsError::SchemaTooNew { .. }
-            | DofsError::NotADofsDatabase { .. }
-            | DofsError::Corrupt { .. }
-            | DofsError::Sqlite(_) => ErrorCode::Io,
+            DofsError::Open(_) | DofsError::Corrupt { .. } | DofsError::Sqlite(_) => ErrorCode::Io,
             DofsError::Sync(e) => e.code(),
         }
     }
@@ -82,6 +74,15 @@ impl DofsError {
             path: path.to_string(),
             reason,
         }
+    }
+}
+
+impl From<rusqlite::Error> for DofsError {
+    fn from(e: rusqlite::Error) -> DofsError {
+        // A damaged page met in a session keeps its close from stamping
+        // the file clean, so the next open checks it.
+        wsd_sqlite::note_error(&e);
+        DofsError::Sqlite(e)
     }
 }
 
@@ -137,11 +138,13 @@ mod tests {
                 "EINVAL",
             ),
             (
-                DofsError::SchemaTooNew {
+                DofsError::Open(wsd_sqlite::OpenError::NewerMigration {
                     path: "a/b".into(),
-                    found: 9,
-                    supported: 1,
-                },
+                    owner: "dofs".into(),
+                    version: 9,
+                    name: "future".into(),
+                    known: 2,
+                }),
                 ErrorCode::Io,
                 "EIO",
             ),

@@ -38,22 +38,38 @@ pub use fs::{
 };
 pub use schema::SCHEMA_VERSION;
 pub use sync::{GcOutcome, PruneOutcome};
+pub use wsd_sqlite::OnDamage;
 
 /// One workspace's filesystem and sync state in one SQLite database, on one
 /// connection (the single writer).
 #[derive(Debug)]
 pub struct Dofs {
     conn: Connection,
+    /// Stamps the file clean after `conn` closes (declared after it: fields
+    /// drop in order); `None` in memory.
+    _clean_close: Option<wsd_sqlite::CleanClose>,
 }
 
 impl Dofs {
     /// Opens (creating if needed, migrating if older) the database at `path`.
-    /// A database written by a newer build is refused with
-    /// [`DofsError::SchemaTooNew`].
+    /// A database written by a newer build is refused
+    /// ([`wsd_sqlite::OpenError::NewerMigration`]); so is a damaged one
+    /// ([`wsd_sqlite::OpenError::Damaged`], naming the file and how to set
+    /// it aside), since nothing could rebuild what it held.
     pub fn open(path: impl AsRef<Path>) -> Result<Dofs, DofsError> {
+        Dofs::open_with(path, OnDamage::Refuse)
+    }
+
+    /// [`Dofs::open`], with `on_damage` deciding what happens to a file
+    /// that fails the crash check: [`OnDamage::SetAside`] renames it to
+    /// `NAME.corrupt-<UTC time>` and starts an empty store.
+    pub fn open_with(path: impl AsRef<Path>, on_damage: OnDamage) -> Result<Dofs, DofsError> {
         let path = path.as_ref();
-        let conn = Connection::open(path)?;
-        let mut dofs = Dofs::init(conn, &path.display().to_string())?;
+        let opened = wsd_sqlite::open(path, &schema::setup(on_damage))?;
+        let mut dofs = Dofs {
+            conn: opened.conn,
+            _clean_close: Some(opened.clean_close),
+        };
         // Checkpoints run beside the writer (`checkpoint.rs`), found again
         // by absolute path whatever the working directory becomes.
         let abs = std::path::absolute(path)
@@ -64,13 +80,10 @@ impl Dofs {
 
     /// A private database that lives as long as the value (tests, scratch).
     pub fn open_in_memory() -> Result<Dofs, DofsError> {
-        Dofs::init(Connection::open_in_memory()?, ":memory:")
-    }
-
-    fn init(mut conn: Connection, label: &str) -> Result<Dofs, DofsError> {
-        schema::configure(&conn)?;
-        schema::migrate(&mut conn, label)?;
-        Ok(Dofs { conn })
+        Ok(Dofs {
+            conn: wsd_sqlite::open_in_memory(&schema::setup(OnDamage::Refuse))?,
+            _clean_close: None,
+        })
     }
 
     /// The latest committed rev (0 before the first mutation).

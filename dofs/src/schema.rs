@@ -1,15 +1,24 @@
-//! Opening a database: connection settings and numbered migrations.
+//! How a dofs database is opened (through `wsd-sqlite`): connection
+//! settings, numbered migrations, damage handling.
 
-use rusqlite::{Connection, TransactionBehavior};
+use wsd_sqlite::{
+    JournalMode, LegacyBookkeeping, Migration, MigrationSet, OnDamage, Pragmas, Setup, Synchronous,
+};
 
-use crate::DofsError;
-
-/// Migration `i` (0-based) takes the schema from version `i` to `i + 1`.
-/// The version lives in `PRAGMA user_version`; a new step is appended here,
-/// never edited in place once released.
-const MIGRATIONS: &[&str] = &[
-    include_str!("schema/001_initial.sql"),
-    include_str!("schema/002_direct_chunk.sql"),
+/// dofs' migrations (owner `dofs`); databases written before `wsd-sqlite`
+/// counted them in `PRAGMA user_version`. Never edit one once released:
+/// append a new one.
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "initial schema",
+        sql: include_str!("schema/001_initial.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "direct chunk",
+        sql: include_str!("schema/002_direct_chunk.sql"),
+    },
 ];
 
 /// The schema version this build writes.
@@ -17,93 +26,59 @@ pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// `PRAGMA application_id` of a dofs database ("dofs" in ASCII), so a
 /// stray SQLite file is refused instead of migrated.
-const APPLICATION_ID: i64 = 0x646f_6673;
+const APPLICATION_ID: i32 = 0x646f_6673;
 
-/// Applies the connection settings every dofs connection runs with.
-pub(crate) fn configure(conn: &Connection) -> Result<(), DofsError> {
+/// The connection settings every dofs connection runs with.
+const PRAGMAS: Pragmas = Pragmas {
     // WAL lets readers (e.g. an sqlite3 shell) run beside the one writer;
-    // NORMAL in WAL mode loses at most the last commits on power loss, never
-    // consistency. An in-memory database answers "memory" and that is fine.
-    let _mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
-    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    // NORMAL in WAL mode loses at most the last commits on power loss,
+    // never consistency.
+    journal_mode: JournalMode::Wal,
+    synchronous: Synchronous::Normal,
+    busy_timeout: std::time::Duration::from_secs(5),
+    foreign_keys: true,
     // Checkpoint every 64 MiB of WAL instead of every 4 MiB: a checkpoint
     // copies pages back and fsyncs, and at the default it was a third of
     // the cost of a small file write. A file-backed `Dofs` then replaces
     // this with a WAL hook that checkpoints on another thread
     // (`checkpoint.rs`).
-    conn.pragma_update(None, "wal_autocheckpoint", 16384)?;
-    conn.pragma_update(None, "foreign_keys", true)?;
+    wal_autocheckpoint: Some(16384),
     // 8 MiB of page cache instead of SQLite's 2 MiB: with the default, the
     // entries/chunks index pages a small write walks were evicted between
-    // writes and read back (`readDbPage` in the write profile, bench/RESULTS.md).
-    conn.pragma_update(None, "cache_size", -8192)?;
-    conn.busy_timeout(std::time::Duration::from_secs(5))?;
-    // Plans never depend on bound values: the bundled SQLite (STAT4) would
-    // otherwise re-prepare a cached statement whenever a plan-relevant
-    // parameter (a LIMIT, an indexed key) is rebound.
-    conn.set_db_config(
-        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
-        true,
-    )?;
+    // writes and read back (`readDbPage` in the write profile,
+    // bench/RESULTS.md).
+    cache_kib: Some(8192),
+    stable_query_plans: true,
     // Room for every statement dofs prepares, so none is re-parsed.
-    conn.set_prepared_statement_cache_capacity(64);
-    Ok(())
-}
+    statement_cache: Some(64),
+};
 
-/// Brings the schema to [`SCHEMA_VERSION`] in one transaction, refusing a
-/// database written by a newer build or by something that is not dofs.
-pub(crate) fn migrate(conn: &mut Connection, label: &str) -> Result<(), DofsError> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let app: i64 = tx.pragma_query_value(None, "application_id", |r| r.get(0))?;
-    let version: i64 = tx.pragma_query_value(None, "user_version", |r| r.get(0))?;
-    if app != 0 && app != APPLICATION_ID {
-        return Err(DofsError::NotADofsDatabase {
-            path: label.to_owned(),
-            found: app,
-        });
+/// How a dofs database is opened, `on_damage` aside. A dofs database is
+/// authoritative (nothing rebuilds it), so [`crate::Dofs::open`] refuses a
+/// damaged file; setting it aside is the caller's explicit choice.
+pub(crate) const fn setup(on_damage: OnDamage) -> Setup<'static> {
+    Setup {
+        what: "the dofs database",
+        pragmas: PRAGMAS,
+        application_id: Some(APPLICATION_ID),
+        migrations: &[MigrationSet {
+            owner: "dofs",
+            migrations: MIGRATIONS,
+            legacy: LegacyBookkeeping::UserVersion,
+        }],
+        on_damage,
     }
-    if version > SCHEMA_VERSION {
-        return Err(DofsError::SchemaTooNew {
-            path: label.to_owned(),
-            found: version,
-            supported: SCHEMA_VERSION,
-        });
-    }
-    if app == 0 {
-        let tables: i64 = tx.query_row(
-            "SELECT count(*) FROM sqlite_schema WHERE type = 'table'",
-            [],
-            |r| r.get(0),
-        )?;
-        if tables > 0 {
-            return Err(DofsError::NotADofsDatabase {
-                path: label.to_owned(),
-                found: app,
-            });
-        }
-        tx.pragma_update(None, "application_id", APPLICATION_ID)?;
-    }
-    for (step, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
-        tx.execute_batch(sql)?;
-        tracing::info!(
-            db = label,
-            from = step,
-            to = step + 1,
-            "migrated dofs schema"
-        );
-    }
-    tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
-    tx.commit()?;
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
+    use rusqlite::Connection;
+    use wsd_sqlite::OpenError;
     use wsd_sync::ErrorCode;
 
     use super::*;
-    use crate::Dofs;
     use crate::test_util::{p, put};
+    use crate::{Dofs, DofsError};
 
     #[test]
     fn a_fresh_database_is_stamped_with_the_current_version_and_wal_mode() {
@@ -112,7 +87,11 @@ mod tests {
         let d = Dofs::open(&path).unwrap();
         let version: i64 = d
             .conn
-            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .query_row(
+                "SELECT max(version) FROM schema_migrations WHERE owner = 'dofs'",
+                [],
+                |r| r.get(0),
+            )
             .unwrap();
         assert_eq!(version, SCHEMA_VERSION);
         let mode: String = d
@@ -130,6 +109,21 @@ mod tests {
             .pragma_query_value(None, "synchronous", |r| r.get(0))
             .unwrap();
         assert_eq!(sync, 1, "NORMAL");
+    }
+
+    #[test]
+    fn a_cleanly_closed_store_is_stamped_so_the_next_open_skips_the_check() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ws.dofs");
+        {
+            let mut d = Dofs::open(&path).unwrap();
+            put(&mut d, "a", b"x");
+        }
+        let stamp = dir.path().join("ws.dofs.clean");
+        assert!(stamp.exists(), "a clean close stamps the file");
+        let d = Dofs::open(&path).unwrap();
+        assert!(!stamp.exists(), "the open consumed it");
+        assert_eq!(d.read_file(&p("a")).unwrap(), b"x");
     }
 
     #[test]
@@ -151,22 +145,96 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ws.dofs");
         drop(Dofs::open(&path).unwrap());
-        {
-            let conn = Connection::open(&path).unwrap();
-            conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
-                .unwrap();
-        }
+        Connection::open(&path)
+            .unwrap()
+            .execute(
+                "INSERT INTO schema_migrations VALUES ('dofs', ?1, 'future', 'x', 0)",
+                [SCHEMA_VERSION + 1],
+            )
+            .unwrap();
         let err = Dofs::open(&path).unwrap_err();
         assert!(
-            matches!(err, DofsError::SchemaTooNew { found, .. } if found == SCHEMA_VERSION + 1)
+            matches!(err, DofsError::Open(OpenError::NewerMigration { version, .. }) if version == SCHEMA_VERSION + 1),
+            "{err}"
         );
         assert_eq!(err.code(), ErrorCode::Io);
         assert!(err.to_string().contains("ws.dofs"), "{err}");
-        let conn = Connection::open(&path).unwrap();
-        let v: i64 = conn
+
+        // One from before `wsd-sqlite`, counting in `user_version`.
+        let old = dir.path().join("old.dofs");
+        {
+            let conn = Connection::open(&old).unwrap();
+            conn.pragma_update(None, "application_id", APPLICATION_ID)
+                .unwrap();
+            conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+                .unwrap();
+        }
+        let err = Dofs::open(&old).unwrap_err();
+        assert!(
+            matches!(err, DofsError::Open(OpenError::NewerMigration { .. })),
+            "{err}"
+        );
+        let v: i64 = Connection::open(&old)
+            .unwrap()
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
-        assert_eq!(v, SCHEMA_VERSION + 1);
+        assert_eq!(v, SCHEMA_VERSION + 1, "untouched");
+    }
+
+    #[test]
+    fn a_damaged_database_is_refused_naming_it_unless_setting_aside_is_asked_for() {
+        use std::io::{Seek, SeekFrom, Write};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ws.dofs");
+        {
+            let mut d = Dofs::open(&path).unwrap();
+            // Few enough writes that no background checkpoint runs: the
+            // close is the last connection, so it empties the WAL.
+            for i in 0..20 {
+                put(
+                    &mut d,
+                    &format!("d/f{i}"),
+                    &crate::test_util::noise(3000, i),
+                );
+            }
+        }
+        let stamp = dir.path().join("ws.dofs.clean");
+        assert!(stamp.exists(), "a clean close stamps the file");
+        // Damage after a crash: no clean-close stamp.
+        std::fs::remove_file(&stamp).unwrap();
+        let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.seek(SeekFrom::Start(4096)).unwrap();
+        f.write_all(&[0xA5; 16384]).unwrap();
+        drop(f);
+        let bytes = std::fs::read(&path).unwrap();
+
+        let err = Dofs::open(&path).unwrap_err();
+        assert!(
+            matches!(err, DofsError::Open(OpenError::Damaged { .. })),
+            "{err}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with("EIO: ") && msg.contains(&path.display().to_string()),
+            "{msg}"
+        );
+        assert!(msg.contains("mv "), "{msg}");
+        assert!(std::fs::read(&path).unwrap() == bytes, "nothing changed");
+
+        let d = Dofs::open_with(&path, crate::OnDamage::SetAside).unwrap();
+        assert_eq!(d.current_rev().unwrap(), 0, "an empty store");
+        let aside = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter(|e| {
+                let name = e.as_ref().unwrap().file_name();
+                name.to_string_lossy().starts_with("ws.dofs.corrupt-")
+                    && !name.to_string_lossy().ends_with("-wal")
+                    && !name.to_string_lossy().ends_with("-shm")
+            })
+            .map(|e| std::fs::read(e.unwrap().path()).unwrap())
+            .collect::<Vec<_>>();
+        assert_eq!(aside.len(), 1, "the damaged file is kept aside");
+        assert!(aside[0] == bytes, "the damaged file is kept as it was");
     }
 
     #[test]
@@ -179,7 +247,7 @@ mod tests {
             .unwrap();
         assert!(matches!(
             Dofs::open(&path).unwrap_err(),
-            DofsError::NotADofsDatabase { .. }
+            DofsError::Open(OpenError::Foreign { .. })
         ));
     }
 
@@ -190,7 +258,7 @@ mod tests {
         let conn = Connection::open(path).unwrap();
         conn.pragma_update(None, "application_id", APPLICATION_ID)
             .unwrap();
-        conn.execute_batch(MIGRATIONS[0]).unwrap();
+        conn.execute_batch(MIGRATIONS[0].sql).unwrap();
         conn.pragma_update(None, "user_version", 1).unwrap();
         conn.execute(
             "INSERT INTO entries (path, parent, rev, kind, mode, mtime) VALUES ('a', '', 1, 'dir', 493, 0)",
@@ -266,11 +334,11 @@ mod tests {
         version_1_database(&path, &files);
 
         let mut d = Dofs::open(&path).unwrap();
-        let version: i64 = d
+        let recorded: i64 = d
             .conn
-            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .query_row("SELECT count(*) FROM schema_migrations", [], |r| r.get(0))
             .unwrap();
-        assert_eq!(version, SCHEMA_VERSION);
+        assert_eq!(recorded, SCHEMA_VERSION);
         d.check_integrity().unwrap();
         assert_eq!(d.current_rev().unwrap(), 7);
         for (name, bytes) in files {
@@ -310,16 +378,20 @@ mod tests {
     }
 
     #[test]
-    fn migrating_twice_is_a_no_op() {
-        let mut conn = Connection::open_in_memory().unwrap();
-        configure(&conn).unwrap();
-        migrate(&mut conn, "mem").unwrap();
-        conn.execute("UPDATE meta SET value = 7 WHERE key = 'rev'", [])
+    fn opening_twice_migrates_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ws.dofs");
+        drop(Dofs::open(&path).unwrap());
+        Connection::open(&path)
+            .unwrap()
+            .execute("UPDATE meta SET value = 7 WHERE key = 'rev'", [])
             .unwrap();
-        migrate(&mut conn, "mem").unwrap();
-        let rev: i64 = conn
-            .query_row("SELECT value FROM meta WHERE key = 'rev'", [], |r| r.get(0))
+        let d = Dofs::open(&path).unwrap();
+        assert_eq!(d.current_rev().unwrap(), 7);
+        let recorded: i64 = d
+            .conn
+            .query_row("SELECT count(*) FROM schema_migrations", [], |r| r.get(0))
             .unwrap();
-        assert_eq!(rev, 7);
+        assert_eq!(recorded, SCHEMA_VERSION);
     }
 }

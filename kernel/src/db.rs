@@ -1,74 +1,107 @@
 //! The kernel database (`DATA/kernel.sqlite3`): one connection, the single
-//! writer, used from blocking threads. Schema changes are numbered
-//! migrations checked at every start: an applied migration whose text
-//! changed, or one this build does not know (a newer kernel wrote the
-//! file), refuses to start instead of guessing.
-//!
-//! Why not `rusqlite_migration`: its newest release (2.6) pins rusqlite
-//! 0.40, and the workspace is on 0.41 (one `libsqlite3-sys` per build).
+//! writer, used from blocking threads. It is opened through `wsd-sqlite`:
+//! numbered migrations checked at every start (an applied migration whose
+//! text changed, or one this build does not know, refuses to start instead
+//! of guessing), `quick_check` after a crash, and a damaged file refused
+//! with a message naming it: it holds accounts and processes that nothing
+//! rebuilds.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use rusqlite::{Connection, OptionalExtension, params};
-use sha2::{Digest, Sha256};
+use rusqlite::{Connection, OptionalExtension};
+use wsd_sqlite::{
+    CleanClose, JournalMode, LegacyBookkeeping, MigrationSet, OnDamage, Pragmas, Setup, Synchronous,
+};
+
+/// One numbered schema change. Each domain owns its migrations;
+/// `domains::migrations()` lists them all, under the one owner `kernel`
+/// (the versions are unique across domains, as released databases
+/// recorded them).
+pub use wsd_sqlite::Migration;
 
 use crate::error::KernelError;
 
-/// One numbered schema change, applied in id order in its own transaction.
-/// Each domain owns its migrations; `domains::MIGRATIONS` lists them all.
-#[derive(Debug, Clone, Copy)]
-pub struct Migration {
-    pub id: i64,
-    pub name: &'static str,
-    pub sql: &'static str,
-}
-
-impl Migration {
-    /// What `kernel_migrations.checksum` holds for this migration.
-    pub fn checksum(&self) -> String {
-        let mut h = Sha256::new();
-        h.update(format!("{}\n{}\n{}", self.id, self.name, self.sql.trim()));
-        hex::encode(h.finalize())
-    }
-}
+/// WAL: readers never wait on the writer. NORMAL: a power loss may drop
+/// the last commits (a login, a queued message), never consistency.
+/// Foreign keys: process rows cascade to their messages and runs.
+const SETUP: Setup<'static> = Setup {
+    what: "the kernel database",
+    pragmas: Pragmas {
+        journal_mode: JournalMode::Wal,
+        synchronous: Synchronous::Normal,
+        busy_timeout: std::time::Duration::from_secs(5),
+        foreign_keys: true,
+        wal_autocheckpoint: None,
+        cache_kib: None,
+        stable_query_plans: false,
+        statement_cache: None,
+    },
+    application_id: None,
+    migrations: &[],
+    on_damage: OnDamage::Refuse,
+};
 
 /// The kernel database behind its one connection.
 #[derive(Debug, Clone)]
 pub struct Db {
-    conn: Arc<Mutex<Connection>>,
+    inner: Arc<Open>,
+}
+
+/// The connection, then what stamps the file clean once it has closed
+/// (fields drop in declaration order).
+#[derive(Debug)]
+struct Open {
+    conn: Mutex<Connection>,
+    _clean_close: Option<CleanClose>,
 }
 
 impl Db {
-    /// Opens (creating if needed) the database at `path` and applies
-    /// `migrations` (every domain's, from `domains::MIGRATIONS`).
+    /// Opens (creating if needed) and migrates the database at `path`. A
+    /// damaged file is refused (the error names it and how to set it
+    /// aside).
     pub fn open(path: &Path, migrations: &[Migration]) -> Result<Db, KernelError> {
-        let conn = Connection::open(path)
-            .map_err(|e| KernelError::internal(&format!("opening {}", path.display()), e))?;
-        Db::init(conn, path, migrations)
+        Db::open_with(path, migrations, OnDamage::Refuse)
+    }
+
+    /// [`Db::open`], with `on_damage` deciding what happens to a file that
+    /// fails the crash check ([`OnDamage::SetAside`]: renamed to
+    /// `NAME.corrupt-<UTC time>`, and an empty database, i.e. no accounts).
+    pub fn open_with(
+        path: &Path,
+        migrations: &[Migration],
+        on_damage: OnDamage,
+    ) -> Result<Db, KernelError> {
+        let sets = kernel_set(migrations);
+        let setup = Setup {
+            migrations: &sets,
+            on_damage,
+            ..SETUP
+        };
+        let opened = wsd_sqlite::open(path, &setup)
+            .map_err(|e| KernelError::Internal(format!("opening the kernel database: {e}")))?;
+        Ok(Db {
+            inner: Arc::new(Open {
+                conn: Mutex::new(opened.conn),
+                _clean_close: Some(opened.clean_close),
+            }),
+        })
     }
 
     /// A private in-memory database (unit tests).
     pub fn open_in_memory(migrations: &[Migration]) -> Result<Db, KernelError> {
-        Db::init(
-            Connection::open_in_memory()?,
-            Path::new(":memory:"),
-            migrations,
-        )
-    }
-
-    fn init(
-        mut conn: Connection,
-        path: &Path,
-        migrations: &[Migration],
-    ) -> Result<Db, KernelError> {
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
-        conn.pragma_update(None, "foreign_keys", "ON")?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        migrate(&mut conn, path, migrations)?;
+        let sets = kernel_set(migrations);
+        let setup = Setup {
+            migrations: &sets,
+            ..SETUP
+        };
+        let conn = wsd_sqlite::open_in_memory(&setup)
+            .map_err(|e| KernelError::Internal(format!("opening the kernel database: {e}")))?;
         Ok(Db {
-            conn: Arc::new(Mutex::new(conn)),
+            inner: Arc::new(Open {
+                conn: Mutex::new(conn),
+                _clean_close: None,
+            }),
         })
     }
 
@@ -78,9 +111,9 @@ impl Db {
         R: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<R, KernelError> + Send + 'static,
     {
-        let conn = self.conn.clone();
+        let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || {
-            let mut c = conn.lock().unwrap_or_else(|p| p.into_inner());
+            let mut c = inner.conn.lock().unwrap_or_else(|p| p.into_inner());
             f(&mut c)
         })
         .await
@@ -88,56 +121,14 @@ impl Db {
     }
 }
 
-fn migrate(
-    conn: &mut Connection,
-    path: &Path,
-    migrations: &[Migration],
-) -> Result<(), KernelError> {
-    conn.execute_batch(
-        "CREATE TABLE IF NOT EXISTS kernel_migrations(
-            id INTEGER PRIMARY KEY, name TEXT NOT NULL, checksum TEXT NOT NULL,
-            applied_at INTEGER NOT NULL)",
-    )?;
-    let applied: Vec<(i64, String, String)> = {
-        let mut stmt =
-            conn.prepare("SELECT id, name, checksum FROM kernel_migrations ORDER BY id")?;
-        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
-            .collect::<Result<_, _>>()?
-    };
-    for (id, name, sum) in &applied {
-        match migrations.iter().find(|m| m.id == *id) {
-            None => {
-                return Err(KernelError::Internal(format!(
-                    "{}: migration {id} ({name}) is newer than this kernel",
-                    path.display()
-                )));
-            }
-            Some(m) if m.checksum() != *sum => {
-                return Err(KernelError::Internal(format!(
-                    "{}: applied migration {id} ({name}) differs from this build's",
-                    path.display()
-                )));
-            }
-            Some(_) => {}
-        }
-    }
-    let mut pending: Vec<&Migration> = migrations
-        .iter()
-        .filter(|m| !applied.iter().any(|a| a.0 == m.id))
-        .collect();
-    pending.sort_by_key(|m| m.id);
-    for m in pending {
-        let (id, name) = (m.id, m.name);
-        let tx = conn.transaction()?;
-        tx.execute_batch(m.sql)?;
-        tx.execute(
-            "INSERT INTO kernel_migrations(id, name, checksum, applied_at) VALUES (?1, ?2, ?3, ?4)",
-            params![id, name, m.checksum(), now_ms()],
-        )?;
-        tx.commit()?;
-        tracing::info!(id, name, "applied kernel migration");
-    }
-    Ok(())
+/// Every domain's migrations as the one owner released databases know
+/// (`kernel`, formerly the `kernel_migrations` table).
+fn kernel_set(migrations: &[Migration]) -> [MigrationSet<'_>; 1] {
+    [MigrationSet {
+        owner: "kernel",
+        migrations,
+        legacy: LegacyBookkeeping::Table("kernel_migrations"),
+    }]
 }
 
 /// Milliseconds since the Unix epoch.
@@ -156,45 +147,40 @@ pub fn opt<T>(r: rusqlite::Result<T>) -> Result<Option<T>, KernelError> {
 mod tests {
     use super::*;
 
-    const MIGRATIONS: &[Migration] = &[
-        Migration {
-            id: 1,
-            name: "one",
-            sql: "CREATE TABLE one(a INTEGER);",
-        },
-        Migration {
-            id: 2,
-            name: "two",
-            sql: "CREATE TABLE two(b INTEGER);",
-        },
-    ];
+    fn migrations() -> Vec<Migration> {
+        crate::domains::migrations()
+    }
 
     #[test]
     fn reopening_a_database_applies_nothing_twice() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("k.sqlite3");
-        drop(Db::open(&p, MIGRATIONS).unwrap());
-        drop(Db::open(&p, MIGRATIONS).unwrap());
+        drop(Db::open(&p, &migrations()).unwrap());
+        drop(Db::open(&p, &migrations()).unwrap());
         let c = Connection::open(&p).unwrap();
         let n: i64 = c
-            .query_row("SELECT count(*) FROM kernel_migrations", [], |r| r.get(0))
+            .query_row(
+                "SELECT count(*) FROM schema_migrations WHERE owner = 'kernel'",
+                [],
+                |r| r.get(0),
+            )
             .unwrap();
-        assert_eq!(n, MIGRATIONS.len() as i64);
+        assert_eq!(n, migrations().len() as i64);
     }
 
     #[test]
     fn a_database_with_an_edited_migration_refuses_to_open() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("k.sqlite3");
-        drop(Db::open(&p, MIGRATIONS).unwrap());
+        drop(Db::open(&p, &migrations()).unwrap());
         Connection::open(&p)
             .unwrap()
             .execute(
-                "UPDATE kernel_migrations SET checksum = 'x' WHERE id = 1",
+                "UPDATE schema_migrations SET checksum = 'x' WHERE version = 1",
                 [],
             )
             .unwrap();
-        let e = Db::open(&p, MIGRATIONS).unwrap_err();
+        let e = Db::open(&p, &migrations()).unwrap_err();
         assert!(e.to_string().contains("differs"), "{e}");
     }
 
@@ -202,15 +188,82 @@ mod tests {
     fn a_database_from_a_newer_kernel_refuses_to_open() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("k.sqlite3");
-        drop(Db::open(&p, MIGRATIONS).unwrap());
+        drop(Db::open(&p, &migrations()).unwrap());
         Connection::open(&p)
             .unwrap()
             .execute(
-                "INSERT INTO kernel_migrations VALUES (999, 'future', 'x', 0)",
+                "INSERT INTO schema_migrations VALUES ('kernel', 999, 'future', 'x', 0)",
                 [],
             )
             .unwrap();
-        let e = Db::open(&p, MIGRATIONS).unwrap_err();
+        let e = Db::open(&p, &migrations()).unwrap_err();
         assert!(e.to_string().contains("newer"), "{e}");
+    }
+
+    /// As kernels before `wsd-sqlite` left it: `kernel_migrations` with
+    /// the same checksums.
+    #[test]
+    fn a_database_with_the_old_migrations_table_opens_with_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("k.sqlite3");
+        {
+            let c = Connection::open(&p).unwrap();
+            c.execute_batch(
+                "CREATE TABLE kernel_migrations(
+                    id INTEGER PRIMARY KEY, name TEXT NOT NULL, checksum TEXT NOT NULL,
+                    applied_at INTEGER NOT NULL)",
+            )
+            .unwrap();
+            for m in &migrations() {
+                c.execute_batch(m.sql).unwrap();
+                c.execute(
+                    "INSERT INTO kernel_migrations VALUES (?1, ?2, ?3, 5)",
+                    rusqlite::params![m.version, m.name, wsd_sqlite::checksum(m)],
+                )
+                .unwrap();
+            }
+            c.execute(
+                "INSERT INTO config_kv(key, value) VALUES ('kept', 'yes')",
+                [],
+            )
+            .unwrap();
+        }
+        drop(Db::open(&p, &migrations()).unwrap());
+        let c = Connection::open(&p).unwrap();
+        let kept: String = c
+            .query_row("SELECT value FROM config_kv WHERE key = 'kept'", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(kept, "yes");
+        let n: i64 = c
+            .query_row("SELECT count(*) FROM schema_migrations", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, migrations().len() as i64);
+    }
+
+    #[test]
+    fn a_damaged_database_is_refused_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("k.sqlite3");
+        std::fs::write(&p, b"not a database at all, just some text").unwrap();
+        let e = Db::open(&p, &migrations()).unwrap_err();
+        assert!(
+            e.to_string().contains(&p.display().to_string()) && e.to_string().contains("mv "),
+            "{e}"
+        );
+        assert_eq!(
+            std::fs::read(&p).unwrap(),
+            b"not a database at all, just some text"
+        );
+        drop(Db::open_with(&p, &migrations(), OnDamage::SetAside).unwrap());
+        let aside = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter(|e| {
+                let name = e.as_ref().unwrap().file_name();
+                name.to_string_lossy().starts_with("k.sqlite3.corrupt-")
+            })
+            .count();
+        assert_eq!(aside, 1);
     }
 }

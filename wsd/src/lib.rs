@@ -7,5 +7,4 @@
 pub mod daemon;
 pub mod exec;
 pub mod rpc;
-mod sqlite_state;
 pub mod store;

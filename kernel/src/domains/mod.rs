@@ -133,7 +133,7 @@ mod tests {
         ];
         let now: Vec<_> = migrations()
             .iter()
-            .map(|m| (m.id, m.name, m.checksum()))
+            .map(|m| (m.version, m.name, wsd_sqlite::checksum(m)))
             .collect();
         for (i, (id, name, sum)) in released.iter().enumerate() {
             assert_eq!((now[i].0, now[i].1, now[i].2.as_str()), (*id, *name, *sum));
@@ -142,7 +142,7 @@ mod tests {
 
     #[test]
     fn migration_ids_are_unique_and_ascending() {
-        let ids: Vec<i64> = migrations().iter().map(|m| m.id).collect();
+        let ids: Vec<i64> = migrations().iter().map(|m| m.version).collect();
         assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
     }
 

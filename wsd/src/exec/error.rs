@@ -166,6 +166,15 @@ impl ExecError {
 
 impl From<rusqlite::Error> for ExecError {
     fn from(e: rusqlite::Error) -> ExecError {
+        // A damaged page met in a session keeps its close from stamping
+        // the log clean, so the next open checks it.
+        wsd_sqlite::note_error(&e);
+        ExecError::Storage(e.to_string())
+    }
+}
+
+impl From<wsd_sqlite::OpenError> for ExecError {
+    fn from(e: wsd_sqlite::OpenError) -> ExecError {
         ExecError::Storage(e.to_string())
     }
 }

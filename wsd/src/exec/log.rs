@@ -19,6 +19,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::{mpsc, oneshot};
+use wsd_sqlite::{
+    CleanClose, JournalMode, LegacyBookkeeping, Migration, MigrationSet, OnDamage, Opened, Pragmas,
+    Setup, Synchronous,
+};
 
 use super::{EXIT_LOST, EventKind, ExecError, ExecEvent};
 
@@ -49,37 +53,77 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// ~160 MiB/s with a live reader, at no cost to a short command (its few
 /// pages are copied as before). The WAL file grows to ~64 MiB under heavy
 /// output.
-const WAL_AUTOCHECKPOINT_PAGES: i64 = 16 * 1024;
-/// `PRAGMA user_version` of the schema below. Version 2 added
-/// `exec_meta.pgid` and `leader_start`; a version-1 log gains them (NULL for
-/// its execs) when opened.
-const SCHEMA_VERSION: i32 = 2;
+const WAL_AUTOCHECKPOINT_PAGES: u32 = 16 * 1024;
+/// The log's migrations (owner `exec_log`); logs written before
+/// `wsd-sqlite` counted them in `PRAGMA user_version`. Migration 1 tolerates
+/// its tables existing: version 1 created them before stamping its version.
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "exec tables",
+        sql: "
+        CREATE TABLE IF NOT EXISTS exec_meta (
+            exec_id    TEXT PRIMARY KEY,
+            generation INTEGER NOT NULL,
+            started_at INTEGER NOT NULL,
+            exited_at  INTEGER,
+            exit_code  INTEGER,
+            first_seq  INTEGER NOT NULL,
+            last_seq   INTEGER NOT NULL,
+            bytes      INTEGER NOT NULL
+        );
+        CREATE TABLE IF NOT EXISTS exec_event (
+            exec_id TEXT NOT NULL,
+            seq     INTEGER NOT NULL,
+            kind    INTEGER NOT NULL,
+            data    BLOB NOT NULL,
+            PRIMARY KEY (exec_id, seq)
+        );",
+    },
+    // The process group of each exec, so a restarted daemon can find the
+    // commands a lost exec may have left running (NULL for older execs).
+    Migration {
+        version: 2,
+        name: "process groups",
+        sql: "ALTER TABLE exec_meta ADD COLUMN pgid INTEGER;
+              ALTER TABLE exec_meta ADD COLUMN leader_start INTEGER;",
+    },
+];
+
+/// Connection settings of the writer and the readers. WAL: readers never
+/// block the writer. NORMAL: a commit does not fsync; the WAL is synced at
+/// checkpoints, so a power loss may drop the last few groups but never
+/// corrupts the log. An exec log is worth losing a few milliseconds of
+/// output for a commit cost in microseconds.
+const PRAGMAS: Pragmas = Pragmas {
+    journal_mode: JournalMode::Wal,
+    synchronous: Synchronous::Normal,
+    busy_timeout: BUSY_TIMEOUT,
+    foreign_keys: false,
+    wal_autocheckpoint: Some(WAL_AUTOCHECKPOINT_PAGES),
+    cache_kib: None,
+    stable_query_plans: false,
+    statement_cache: None,
+};
+
+/// A damaged log is set aside: it is not derived from anything, but a
+/// daemon that cannot run commands because old output is unreadable helps
+/// no one; the old file is kept for a person.
+const SETUP: Setup<'static> = Setup {
+    what: "the exec log",
+    pragmas: PRAGMAS,
+    application_id: None,
+    migrations: &[MigrationSet {
+        owner: "exec_log",
+        migrations: MIGRATIONS,
+        legacy: LegacyBookkeeping::UserVersion,
+    }],
+    on_damage: OnDamage::SetAside,
+};
 
 const KIND_STDOUT: i64 = 0;
 const KIND_STDERR: i64 = 1;
 const KIND_EXIT: i64 = 2;
-
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS exec_meta (
-    exec_id    TEXT PRIMARY KEY,
-    generation INTEGER NOT NULL,
-    started_at INTEGER NOT NULL,
-    exited_at  INTEGER,
-    exit_code  INTEGER,
-    first_seq  INTEGER NOT NULL,
-    last_seq   INTEGER NOT NULL,
-    bytes      INTEGER NOT NULL,
-    pgid         INTEGER,
-    leader_start INTEGER
-);
-CREATE TABLE IF NOT EXISTS exec_event (
-    exec_id TEXT NOT NULL,
-    seq     INTEGER NOT NULL,
-    kind    INTEGER NOT NULL,
-    data    BLOB NOT NULL,
-    PRIMARY KEY (exec_id, seq)
-);
-";
 
 /// Byte caps enforced by the writer.
 #[derive(Debug, Clone, Copy)]
@@ -112,18 +156,6 @@ pub(crate) fn now_ms() -> i64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
-}
-
-fn open_connection(path: &Path) -> Result<Connection, ExecError> {
-    let conn = Connection::open(path)?;
-    conn.busy_timeout(BUSY_TIMEOUT)?;
-    // WAL: readers never block the writer. NORMAL: a commit does not fsync;
-    // the WAL is synced at checkpoints, so a power loss may drop the last
-    // few groups but never corrupts the log. An exec log is worth losing a
-    // few milliseconds of output for a commit cost in microseconds.
-    conn.pragma_update(None, "journal_mode", "WAL")?;
-    conn.pragma_update(None, "synchronous", "NORMAL")?;
-    Ok(conn)
 }
 
 fn kind_code(kind: &EventKind) -> i64 {
@@ -319,47 +351,24 @@ impl ExecLogWriter {
         path: &Path,
         caps: LogCaps,
     ) -> Result<(ExecLogWriter, OpenReport), ExecError> {
-        if let Some(reason) = crate::sqlite_state::damage(path) {
+        let opened = wsd_sqlite::open(path, &SETUP)?;
+        if let Some(aside) = &opened.set_aside {
             // Not derived from anything: the old output is lost to the
             // daemon (kept aside for a person), which must be said loudly.
-            let aside = crate::sqlite_state::set_aside(path).map_err(|e| {
-                ExecError::io(
-                    format!("setting the damaged exec log {} aside", path.display()),
-                    e,
-                )
-            })?;
             tracing::warn!(
                 exec_log = %path.display(),
-                moved_to = %aside.display(),
-                %reason,
-                "the exec log is damaged: moved aside and started empty; earlier execs' output and exit codes are gone"
+                moved_to = %aside.moved_to.display(),
+                reason = %aside.reason,
+                "the exec log was damaged and started empty; earlier execs' output and exit codes are gone"
             );
         }
-        let conn = open_connection(path)?;
-        conn.pragma_update(None, "wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES)?;
-        let version: i32 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
-        if version > SCHEMA_VERSION {
-            return Err(ExecError::Storage(format!(
-                "{}: schema version {version} is newer than this build's ({SCHEMA_VERSION})",
-                path.display()
-            )));
-        }
-        conn.execute_batch(SCHEMA)?;
-        let has_pgid: bool = conn.query_row(
-            "SELECT count(*) FROM pragma_table_info('exec_meta') WHERE name = 'pgid'",
-            [],
-            |r| r.get::<_, i64>(0).map(|n| n > 0),
-        )?;
-        if !has_pgid {
-            conn.execute_batch(
-                "ALTER TABLE exec_meta ADD COLUMN pgid INTEGER;
-                 ALTER TABLE exec_meta ADD COLUMN leader_start INTEGER;",
-            )?;
-        }
-        conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+        let Opened {
+            conn, clean_close, ..
+        } = opened;
 
         let mut state = WriterState {
             conn,
+            clean_close: Some(clean_close),
             caps,
             execs: HashMap::new(),
             global_bytes: 0,
@@ -503,6 +512,9 @@ fn writer_gone() -> ExecError {
 
 struct WriterState {
     conn: Connection,
+    /// Stamps the log clean once `conn` has closed (declared after it, so
+    /// an early drop also closes the connection first).
+    clean_close: Option<CleanClose>,
     caps: LogCaps,
     execs: HashMap<String, ExecAccount>,
     global_bytes: u64,
@@ -631,8 +643,12 @@ impl WriterState {
         );
         // Closing the last connection checkpoints the WAL and removes the
         // `-wal` and `-shm` files (the readers closed theirs first).
-        if let Err((_, e)) = self.conn.close() {
-            tracing::warn!(error = %e, "closing the exec log");
+        let WriterState {
+            conn, clean_close, ..
+        } = self;
+        match clean_close {
+            Some(clean_close) => clean_close.close(conn),
+            None => drop(conn),
         }
         if let Some(reply) = closed {
             let _ = reply.send(());
@@ -992,7 +1008,7 @@ impl ExecLogReader {
         let mut conn = match pooled {
             Some(c) => c,
             None => {
-                let c = open_connection(&self.path)?;
+                let c = wsd_sqlite::open_connection(&self.path, &PRAGMAS)?;
                 c.pragma_update(None, "query_only", true)?;
                 c
             }
@@ -1253,11 +1269,15 @@ mod tests {
         w.close().await;
         let (_, report) = ExecLogWriter::open(&path, caps).unwrap();
         assert_eq!(report.groups.len(), 1);
-        let version: i32 = Connection::open(&path)
+        let recorded: i64 = Connection::open(&path)
             .unwrap()
-            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .query_row(
+                "SELECT count(*) FROM schema_migrations WHERE owner = 'exec_log'",
+                [],
+                |r| r.get(0),
+            )
             .unwrap();
-        assert_eq!(version, SCHEMA_VERSION);
+        assert_eq!(recorded, MIGRATIONS.len() as i64);
     }
 
     #[tokio::test]
@@ -1379,7 +1399,7 @@ mod tests {
         let path = dir.path().join("log.db");
         Connection::open(&path)
             .unwrap()
-            .pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+            .pragma_update(None, "user_version", MIGRATIONS.len() as i64 + 1)
             .unwrap();
         let err = ExecLogWriter::open(
             &path,

@@ -22,10 +22,11 @@ pub enum StoreError {
         #[source]
         source: rusqlite::Error,
     },
-    /// The index was written by a newer build; opening it would risk
-    /// misreading its tables.
-    #[error("EIO: index schema version {found} is newer than this build supports ({supported})")]
-    SchemaTooNew { found: i64, supported: i64 },
+    /// The index was refused at open: written by a newer build (opening it
+    /// would risk misreading its tables), a changed migration, or damage it
+    /// could not set aside.
+    #[error("EIO: index: {0}")]
+    Database(#[source] Box<wsd_sqlite::OpenError>),
     /// A bad argument, e.g. a root that is not a directory.
     #[error("EINVAL: {0}")]
     Invalid(String),
@@ -39,7 +40,7 @@ impl From<StoreError> for SyncError {
             StoreError::Io { context, source } => SyncError::Io { context, source },
             StoreError::Invalid(m) => SyncError::Invalid(m),
             StoreError::Sync(e) => e,
-            other @ (StoreError::Index { .. } | StoreError::SchemaTooNew { .. }) => {
+            other @ (StoreError::Index { .. } | StoreError::Database(_)) => {
                 SyncError::Storage(other.to_string().trim_start_matches("EIO: ").to_owned())
             }
         }
@@ -55,7 +56,7 @@ pub(crate) trait IndexContext<T> {
 impl<T> IndexContext<T> for Result<T, rusqlite::Error> {
     fn ctx(self, what: &str) -> Result<T, SyncError> {
         self.map_err(|e| {
-            crate::sqlite_state::note_error(&e);
+            wsd_sqlite::note_error(&e);
             SyncError::Storage(format!("index: {what}: {e}"))
         })
     }
@@ -89,13 +90,16 @@ mod tests {
             source: rusqlite::Error::InvalidQuery,
         };
         assert_eq!(SyncError::from(idx).code(), ErrorCode::Io);
-        let newer = StoreError::SchemaTooNew {
-            found: 9,
-            supported: 1,
-        };
+        let newer = StoreError::Database(Box::new(wsd_sqlite::OpenError::NewerMigration {
+            path: "state/index.sqlite3".into(),
+            owner: "index".into(),
+            version: 9,
+            name: "future".into(),
+            known: 2,
+        }));
         let e = SyncError::from(newer);
         assert_eq!(e.code(), ErrorCode::Io);
-        assert!(e.to_string().contains("version 9"), "{e}");
+        assert!(e.to_string().contains("index 9"), "{e}");
         assert_eq!(
             SyncError::from(StoreError::Invalid("x".into())).code(),
             ErrorCode::Invalid

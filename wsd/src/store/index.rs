@@ -2,17 +2,23 @@
 
 use std::path::Path;
 
-use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OptionalExtension, params};
+use wsd_sqlite::{
+    CleanClose, JournalMode, LegacyBookkeeping, Migration, MigrationSet, OnDamage, Opened, Pragmas,
+    Setup, Synchronous,
+};
 use wsd_sync::{ChangeCursor, ChangeEntry, ChunkRef, EntryState, Hash, SyncError, SyncPath};
 
 use super::error::{IndexContext, StoreError};
 
-/// Numbered migrations; `PRAGMA user_version` holds how many have run.
-/// Never edit a shipped entry: append a new one.
-const MIGRATIONS: &[&str] = &[
-    // 1: the initial schema.
-    r#"
+/// The index's migrations (owner `index`). Never edit a shipped entry:
+/// append a new one. Indexes written before `wsd-sqlite` counted them in
+/// `PRAGMA user_version`.
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "initial schema",
+        sql: r#"
     CREATE TABLE meta (k TEXT PRIMARY KEY, v INTEGER NOT NULL) STRICT;
     INSERT INTO meta (k, v) VALUES ('rev', 0), ('prune_horizon', 0);
     CREATE TABLE nodes (
@@ -56,186 +62,87 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (remote, path)
     ) STRICT, WITHOUT ROWID;
     "#,
-    // 2: where an ongoing baseline got to, so a restarted one (its first
+    },
+    // Where an ongoing baseline got to, so a restarted one (its first
     // entry not after the last one marked) drops the stale marks.
-    r#"
+    Migration {
+        version: 2,
+        name: "baseline progress",
+        sql: r#"
     CREATE TABLE baseline_progress (
         remote TEXT PRIMARY KEY,
         rev INTEGER NOT NULL,
         path TEXT NOT NULL
     ) STRICT;
     "#,
+    },
 ];
 
-/// The schema version this build writes.
-pub(crate) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+/// How the index is opened. WAL: readers never block the single writer;
+/// NORMAL: a crash may lose the last commits but never corrupts, and the
+/// directory stays the truth that the next settle reconciles against. A
+/// damaged index is set aside: it is derived from the tree, so the store's
+/// startup walk rebuilds it, and with no cursors left every peer
+/// re-baselines.
+const SETUP: Setup<'static> = Setup {
+    what: "the index",
+    pragmas: Pragmas {
+        journal_mode: JournalMode::Wal,
+        synchronous: Synchronous::Normal,
+        busy_timeout: std::time::Duration::from_secs(5),
+        foreign_keys: false,
+        // Checkpoint every 64 MiB of WAL, not every 4 MiB: each checkpoint
+        // copies pages back and fsyncs (30 fsyncs in one cold push of 10k
+        // files at the default).
+        wal_autocheckpoint: Some(16384),
+        cache_kib: None,
+        // Without it, a parameter such as a chunk hash or a LIMIT re-prepared
+        // the cached statement on every rebind: 7% of a cold push's
+        // receiving CPU went to re-parsing one query.
+        stable_query_plans: true,
+        // Room for every statement the store prepares, so none is re-parsed.
+        statement_cache: Some(64),
+    },
+    application_id: None,
+    migrations: &[MigrationSet {
+        owner: "index",
+        migrations: MIGRATIONS,
+        legacy: LegacyBookkeeping::UserVersion,
+    }],
+    on_damage: OnDamage::SetAside,
+};
 
-/// Opens (creating if needed) the index at `path`, configures it and runs
-/// pending migrations, each in its own transaction. A damaged index (failing
-/// `PRAGMA quick_check`, or not a database) is set aside with a warning
-/// naming both files and a fresh one is created: the index is derived from
-/// the tree, so the store's startup walk rebuilds it, and with no cursors
-/// left every peer re-baselines.
-///
-/// The check reads every page (14 ms of a CLI push on a 20k-file index),
-/// so it is skipped when [`close`] left a stamp that still matches the
-/// file: the index was closed cleanly and nothing has written to it since.
-pub(crate) fn open(path: &Path) -> Result<Connection, StoreError> {
-    let damage = if take_clean_stamp(path) {
-        None
-    } else {
-        crate::sqlite_state::damage(path)
-    };
-    let Some(reason) = damage else {
-        return open_sound(path);
-    };
-    {
-        let aside = crate::sqlite_state::set_aside(path).map_err(|source| StoreError::Io {
-            context: format!("setting the damaged index {} aside", path.display()),
-            source,
-        })?;
+/// Opens (creating if needed) the index at `path` through `wsd-sqlite`:
+/// pragmas, migrations, and `PRAGMA quick_check` unless the last close
+/// stamped the file clean (the check reads every page: 14 ms of a CLI push
+/// on a 20k-file index). A damaged index is set aside with a warning and a
+/// fresh one created.
+pub(crate) fn open(path: &Path) -> Result<(Connection, CleanClose), StoreError> {
+    let opened = wsd_sqlite::open(path, &SETUP).map_err(|e| StoreError::Database(Box::new(e)))?;
+    let Opened {
+        conn: db,
+        clean_close,
+        set_aside,
+    } = opened;
+    if let Some(aside) = set_aside {
         tracing::warn!(
             index = %path.display(),
-            moved_to = %aside.display(),
-            %reason,
-            "the index is damaged: moved aside; rebuilding it from the tree (peers re-baseline)"
+            moved_to = %aside.moved_to.display(),
+            reason = %aside.reason,
+            "rebuilding the damaged index from the tree (peers re-baseline)"
         );
+        // The rebuilt index knows nothing of what was deleted or pushed
+        // before: a horizon at the first rev makes every reader whose cursor
+        // predates the rebuild (a push cursor reset to zero, too) take a
+        // baseline, whose sweep removes on the peer what no longer exists
+        // here.
+        db.execute("UPDATE meta SET v = 1 WHERE k = 'prune_horizon'", [])
+            .map_err(|source| StoreError::Index {
+                context: format!("marking the rebuilt index ({})", path.display()),
+                source,
+            })?;
     }
-    let db = open_sound(path)?;
-    // The rebuilt index knows nothing of what was deleted or pushed before:
-    // a horizon at the first rev makes every reader whose cursor predates
-    // the rebuild (a push cursor reset to zero, too) take a baseline, whose
-    // sweep removes on the peer what no longer exists here.
-    db.execute("UPDATE meta SET v = 1 WHERE k = 'prune_horizon'", [])
-        .map_err(|source| StoreError::Index {
-            context: format!("marking the rebuilt index ({})", path.display()),
-            source,
-        })?;
-    Ok(db)
-}
-
-/// The clean-close stamp of the index at `path`.
-fn stamp_path(path: &Path) -> std::path::PathBuf {
-    let mut s = path.as_os_str().to_owned();
-    s.push(".clean");
-    s.into()
-}
-
-/// What identifies this state of the index file: device, inode, size,
-/// mtime and ctime (any write or replacement moves one of them). `None`
-/// while a write-ahead log holds pages not yet in the file.
-fn file_state(path: &Path) -> Option<String> {
-    use std::os::unix::fs::MetadataExt;
-    let mut wal = path.as_os_str().to_owned();
-    wal.push("-wal");
-    match std::fs::symlink_metadata(std::path::PathBuf::from(wal)) {
-        Ok(m) if m.len() > 0 => return None,
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(_) => return None,
-    }
-    let m = std::fs::symlink_metadata(path).ok()?;
-    Some(format!(
-        "{} {} {} {}.{} {}.{}\n",
-        m.dev(),
-        m.ino(),
-        m.size(),
-        m.mtime(),
-        m.mtime_nsec(),
-        m.ctime(),
-        m.ctime_nsec()
-    ))
-}
-
-/// Consumes the clean-close stamp: true when there was one and the file is
-/// still in the state it recorded. The stamp is removed first, so an open
-/// that ends in a crash leaves none and the next open checks the file.
-fn take_clean_stamp(path: &Path) -> bool {
-    let stamp = stamp_path(path);
-    let Ok(recorded) = std::fs::read_to_string(&stamp) else {
-        return false;
-    };
-    if std::fs::remove_file(&stamp).is_err() {
-        return false;
-    }
-    file_state(path).is_some_and(|now| now == recorded)
-}
-
-/// Closes the index (SQLite checkpoints the log into the file) and, when
-/// `trusted` (the session met no corruption error), stamps the file's state
-/// so the next [`open`] can trust it without reading every page. Otherwise
-/// any stamp is removed so the next open checks the file. Best effort:
-/// without a stamp the next open only checks again.
-pub(crate) fn close(db: Connection, path: &Path, trusted: bool) {
-    if !trusted {
-        let _ = std::fs::remove_file(stamp_path(path));
-        tracing::warn!(
-            index = %path.display(),
-            "the index reported corruption this session: the next open checks it"
-        );
-    }
-    if let Err((_, e)) = db.close() {
-        tracing::warn!(index = %path.display(), error = %e, "closing the index");
-        return;
-    }
-    if !trusted {
-        return;
-    }
-    if let Some(state) = file_state(path)
-        && let Err(e) = std::fs::write(stamp_path(path), state)
-    {
-        tracing::debug!(index = %path.display(), error = %e, "no clean-close stamp");
-    }
-}
-
-fn open_sound(path: &Path) -> Result<Connection, StoreError> {
-    let ix = |context: &str| {
-        let context = format!("{context} ({})", path.display());
-        move |source| StoreError::Index { context, source }
-    };
-    let mut db = Connection::open(path).map_err(ix("open"))?;
-    // WAL: readers never block the single writer; NORMAL: a crash may lose
-    // the last commits but never corrupts, and the directory stays the
-    // truth that the next settle reconciles against.
-    db.pragma_update(None, "journal_mode", "WAL")
-        .map_err(ix("journal_mode"))?;
-    db.pragma_update(None, "synchronous", "NORMAL")
-        .map_err(ix("synchronous"))?;
-    // Checkpoint every 64 MiB of WAL, not every 4 MiB: each checkpoint
-    // copies pages back and fsyncs (30 fsyncs in one cold push of 10k files
-    // at the default).
-    db.pragma_update(None, "wal_autocheckpoint", 16384)
-        .map_err(ix("wal_autocheckpoint"))?;
-    db.busy_timeout(std::time::Duration::from_secs(5))
-        .map_err(ix("busy_timeout"))?;
-    // Plans never depend on bound values. Without this, the bundled SQLite
-    // (built with STAT4) marks parameters such as a chunk hash or a LIMIT as
-    // plan-relevant and re-prepares the cached statement on every rebind:
-    // 7% of a cold push's receiving CPU went to re-parsing one query.
-    db.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
-        .map_err(ix("query planner stability"))?;
-    // Room for every statement the store prepares, so none is re-parsed.
-    db.set_prepared_statement_cache_capacity(64);
-    let found: i64 = db
-        .pragma_query_value(None, "user_version", |r| r.get(0))
-        .map_err(ix("user_version"))?;
-    if found > SCHEMA_VERSION {
-        return Err(StoreError::SchemaTooNew {
-            found,
-            supported: SCHEMA_VERSION,
-        });
-    }
-    for (i, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
-        let version = i as i64 + 1;
-        let tx = db.transaction().map_err(ix("migration"))?;
-        tx.execute_batch(sql)
-            .map_err(ix(&format!("migration {version}")))?;
-        tx.pragma_update(None, "user_version", version)
-            .map_err(ix("user_version"))?;
-        tx.commit().map_err(ix(&format!("migration {version}")))?;
-        tracing::debug!(version, "index migrated");
-    }
-    Ok(db)
+    Ok((db, clean_close))
 }
 
 /// What a row says is at its path.
@@ -1197,27 +1104,40 @@ mod tests {
     }
 
     #[test]
-    fn a_cleanly_closed_index_skips_the_check_once_and_any_later_write_revokes_that() {
+    fn an_index_written_before_wsd_sqlite_opens_with_its_rows() {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("index.sqlite3");
-        close(open(&path).unwrap(), &path, true);
-        assert!(stamp_path(&path).exists(), "a clean close leaves a stamp");
-        assert!(take_clean_stamp(&path), "the untouched file matches it");
-        assert!(!stamp_path(&path).exists(), "taking the stamp removes it");
-        assert!(
-            !take_clean_stamp(&path),
-            "without a stamp the file is checked"
-        );
-
-        close(open(&path).unwrap(), &path, true);
-        let db = Connection::open(&path).unwrap();
-        db.execute("UPDATE meta SET v = v + 1 WHERE k = 'rev'", [])
+        {
+            // As the code before `wsd-sqlite` left it: every migration run,
+            // their count in `user_version`.
+            let db = Connection::open(&path).unwrap();
+            db.pragma_update(None, "journal_mode", "WAL").unwrap();
+            for m in MIGRATIONS {
+                db.execute_batch(m.sql).unwrap();
+            }
+            db.pragma_update(None, "user_version", 2).unwrap();
+            db.execute("UPDATE meta SET v = 41 WHERE k = 'rev'", [])
+                .unwrap();
+        }
+        let (db, clean_close) = open(&path).unwrap();
+        let rev: i64 = db
+            .query_row("SELECT v FROM meta WHERE k = 'rev'", [], |r| r.get(0))
             .unwrap();
-        drop(db);
-        assert!(
-            !take_clean_stamp(&path),
-            "a write after the close revokes it"
-        );
+        assert_eq!(rev, 41, "the old index is kept, not rebuilt");
+        let recorded: i64 = db
+            .query_row(
+                "SELECT count(*) FROM schema_migrations WHERE owner = 'index'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(recorded, 2);
+        clean_close.close(db);
+        let (db, _clean_close) = open(&path).unwrap();
+        let rev: i64 = db
+            .query_row("SELECT v FROM meta WHERE k = 'rev'", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(rev, 41);
     }
 
     #[test]
@@ -1225,7 +1145,7 @@ mod tests {
         use std::io::{Seek, SeekFrom, Write};
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("index.sqlite3");
-        let db = open(&path).unwrap();
+        let (db, clean_close) = open(&path).unwrap();
         for i in 0..200 {
             db.execute(
                 "INSERT INTO meta (k, v) VALUES (?1, ?2)",
@@ -1233,14 +1153,14 @@ mod tests {
             )
             .unwrap();
         }
-        close(db, &path, true);
-        assert!(stamp_path(&path).exists());
+        clean_close.close(db);
+        assert!(tmp.path().join("index.sqlite3.clean").exists());
         let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         f.seek(SeekFrom::Start(4096)).unwrap();
         f.write_all(&[0xA5; 8192]).unwrap();
         drop(f);
 
-        let db = open(&path).unwrap();
+        let (db, _clean_close) = open(&path).unwrap();
         let rev: i64 = db
             .query_row("SELECT v FROM meta WHERE k = 'prune_horizon'", [], |r| {
                 r.get(0)
@@ -1250,11 +1170,12 @@ mod tests {
         let aside = std::fs::read_dir(tmp.path())
             .unwrap()
             .filter(|e| {
-                e.as_ref()
-                    .unwrap()
-                    .file_name()
-                    .to_string_lossy()
-                    .starts_with("index.sqlite3.corrupt-")
+                let name = e.as_ref().unwrap().file_name();
+                let name = name.to_string_lossy();
+                // Its -wal and -shm go with it.
+                name.starts_with("index.sqlite3.corrupt-")
+                    && !name.ends_with("-wal")
+                    && !name.ends_with("-shm")
             })
             .count();
         assert_eq!(aside, 1, "the damaged file is set aside");

@@ -125,9 +125,8 @@ pub struct WorkspaceStore {
     keep_conflicts: bool,
     /// Conflict copies made since the last [`WorkspaceStore::take_conflict_copies`].
     conflict_copies: Vec<ConflictCopy>,
-    /// [`crate::sqlite_state::corruption_seen`] at open: moved by close means this
-    /// session may have met a damaged index, which must not be stamped clean.
-    corruption_mark: u64,
+    /// Stamps the index clean once `db` has closed (taken by `Drop`).
+    clean_close: Option<wsd_sqlite::CleanClose>,
 }
 
 impl Drop for WorkspaceStore {
@@ -138,8 +137,9 @@ impl Drop for WorkspaceStore {
             return;
         };
         let db = std::mem::replace(&mut self.db, placeholder);
-        let trusted = crate::sqlite_state::corruption_seen() == self.corruption_mark;
-        index::close(db, &self.state_dir.join(INDEX_FILE), trusted);
+        if let Some(clean_close) = self.clean_close.take() {
+            clean_close.close(db);
+        }
     }
 }
 
@@ -189,8 +189,7 @@ impl WorkspaceStore {
             ),
         };
         index::note_clock_of(&root);
-        let corruption_mark = crate::sqlite_state::corruption_seen();
-        let db = index::open(&state_dir.join(INDEX_FILE))?;
+        let (db, clean_close) = index::open(&state_dir.join(INDEX_FILE))?;
         let staging = Staging::open(state_dir.join("objects"))?;
         let (watch, no_watch) = if opts.watch {
             match LocalWatcher::start(
@@ -223,7 +222,7 @@ impl WorkspaceStore {
             auto_settle: opts.auto_settle,
             keep_conflicts: opts.conflict_copies,
             conflict_copies: Vec::new(),
-            corruption_mark,
+            clean_close: Some(clean_close),
         })
     }
 

@@ -1252,11 +1252,18 @@ fn a_newer_schema_is_refused() {
     let root = w.root.clone();
     drop(w.store);
     let db = Connection::open(state.join(INDEX_FILE)).unwrap();
-    db.pragma_update(None, "user_version", 99).unwrap();
+    db.execute(
+        "INSERT INTO schema_migrations VALUES ('index', 99, 'future', 'x', 0)",
+        [],
+    )
+    .unwrap();
     drop(db);
     let err = WorkspaceStore::open(&root, &state, opts(false)).unwrap_err();
     assert!(
-        matches!(err, StoreError::SchemaTooNew { found: 99, .. }),
+        matches!(
+            err,
+            StoreError::Database(ref e) if matches!(**e, wsd_sqlite::OpenError::NewerMigration { version: 99, .. })
+        ),
         "{err}"
     );
 }

@@ -498,7 +498,7 @@ pub fn config_set(conn: &Connection, key: &str, value: &str) -> Result<(), Kerne
 /// never edit a released migration (its checksum is checked at every
 /// start), add one.
 pub const MIGRATIONS: &[Migration] = &[Migration {
-    id: 1,
+    version: 1,
     name: "accounts",
     sql: "CREATE TABLE passwd(
             username TEXT PRIMARY KEY,

@@ -190,7 +190,7 @@ pub struct Registration {
 /// never edit a released migration (its checksum is checked at every
 /// start), add one.
 pub const MIGRATIONS: &[Migration] = &[Migration {
-    id: 3,
+    version: 3,
     name: "devices",
     sql: "CREATE TABLE devices(
             device_id TEXT PRIMARY KEY,

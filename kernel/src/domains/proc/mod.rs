@@ -23,7 +23,7 @@ use crate::db::Migration;
 /// never edit a released migration (its checksum is checked at every
 /// start), add one.
 pub const MIGRATIONS: &[Migration] = &[Migration {
-    id: 4,
+    version: 4,
     name: "processes",
     sql: "CREATE TABLE processes(
             pid TEXT PRIMARY KEY,

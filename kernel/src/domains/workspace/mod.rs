@@ -281,7 +281,7 @@ impl Workspaces {
 /// never edit a released migration (its checksum is checked at every
 /// start), add one.
 pub const MIGRATIONS: &[Migration] = &[Migration {
-    id: 2,
+    version: 2,
     name: "workspaces",
     sql: "CREATE TABLE workspaces(
             workspace_id TEXT PRIMARY KEY,
