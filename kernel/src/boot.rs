@@ -13,12 +13,11 @@ use wsd_dofs::Dofs;
 
 use crate::db::Db;
 use crate::domains;
-use crate::domains::accounts;
 use crate::domains::proc::Procs;
 use crate::domains::workspace::Workspaces;
 use crate::error::KernelError;
 use crate::kernel::{Kernel, KernelConfig};
-use crate::routing::{self, Router};
+use crate::routing::Router;
 use crate::session::ConnectionPool;
 
 impl Kernel {
@@ -29,15 +28,13 @@ impl Kernel {
         std::fs::create_dir_all(dir.join("workspaces"))
             .map_err(|e| KernelError::internal(&format!("creating {}", dir.display()), e))?;
         let db = Db::open(&dir.join("kernel.sqlite3"), &domains::migrations())?;
-        db.call(accounts::bootstrap).await?;
-        db.call(routing::reset_at_start).await?;
         let sys_path = dir.join("system.dofs");
         let system = tokio::task::spawn_blocking(move || Dofs::open(&sys_path))
             .await
             .map_err(|e| KernelError::internal("opening system.dofs", e))?
             .map_err(|e| KernelError::internal("opening system.dofs", e))?;
         let system = Arc::new(Mutex::new(system));
-        domains::fs::calls::ensure_dir(&system, "root").await?;
+        domains::prepare(&db, &system).await?;
         let router = Arc::new(Router::new(db.clone(), config.routed_call_ttl));
         let kernel = Arc::new(Kernel {
             workspaces: Workspaces::new(dir.join("workspaces"), config.wsd_bin.clone())
@@ -55,7 +52,7 @@ impl Kernel {
             login_failures: Mutex::new(HashMap::new()),
         });
         tokio::spawn(reap_idle_children(Arc::downgrade(&kernel)));
-        domains::proc::calls::run::recover(&kernel).await?;
+        domains::start(&kernel).await?;
         Ok(kernel)
     }
 }

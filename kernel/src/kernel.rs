@@ -83,28 +83,53 @@ pub fn default_wsd_bin() -> PathBuf {
 /// The shared kernel.
 #[derive(Debug)]
 pub struct Kernel {
-    pub config: KernelConfig,
-    pub db: Db,
+    pub(crate) config: KernelConfig,
+    pub(crate) db: Db,
     /// The `/home`, `/etc`, `/var`, `/root` tree.
-    pub system: Arc<Mutex<Dofs>>,
-    pub workspaces: Workspaces,
-    pub pool: ConnectionPool,
+    pub(crate) system: Arc<Mutex<Dofs>>,
+    pub(crate) workspaces: Workspaces,
+    pub(crate) pool: ConnectionPool,
     /// Live device drivers and routed calls waiting for them.
-    pub router: Arc<Router>,
+    pub(crate) router: Arc<Router>,
     /// Live `shell.exec` sessions.
-    pub sessions: Sessions,
-    pub dispatch: Dispatch<Kernel>,
+    pub(crate) sessions: Sessions,
+    pub(crate) dispatch: Dispatch<Kernel>,
     /// Active agent runs (the rest of a process is rows).
-    pub procs: Procs,
+    pub(crate) procs: Procs,
     /// Permits for sockets that have not authenticated yet.
-    pub pending: Arc<Semaphore>,
+    pub(crate) pending: Arc<Semaphore>,
     /// Permits for authenticated sockets.
-    pub connected: Arc<Semaphore>,
+    pub(crate) connected: Arc<Semaphore>,
     /// Failed logins per (username, address), for the growing delay.
-    pub login_failures: Mutex<HashMap<(String, IpAddr), u32>>,
+    pub(crate) login_failures: Mutex<HashMap<(String, IpAddr), u32>>,
 }
 
+/// Read access for tests and benchmarks outside the crate: the state
+/// itself stays the domains' (no field is public).
 impl Kernel {
+    pub fn config(&self) -> &KernelConfig {
+        &self.config
+    }
+
+    /// The kernel database (tests inspect rows through it).
+    pub fn db(&self) -> &Db {
+        &self.db
+    }
+
+    /// The system store (`/home`, `/etc`, `/var`, `/root`).
+    pub fn system(&self) -> &Arc<Mutex<Dofs>> {
+        &self.system
+    }
+
+    pub fn workspaces(&self) -> &Workspaces {
+        &self.workspaces
+    }
+
+    /// Live sockets.
+    pub fn pool(&self) -> &ConnectionPool {
+        &self.pool
+    }
+
     /// Stops local `wsd` children (the kernel is going away).
     pub async fn shutdown(&self) {
         self.workspaces.shutdown().await;

@@ -1,6 +1,7 @@
 //! The kernel's domains, and the one place they are wired: every syscall
-//! registered with the capability it needs ([`register`]) and every
-//! domain's migrations in id order ([`MIGRATIONS`]).
+//! registered with the capability it needs ([`register`]), every
+//! domain's migrations in id order ([`MIGRATIONS`]), and what each does
+//! at start ([`prepare`] before the kernel exists, [`start`] after).
 //!
 //! A domain is a module owning its state (its rows, its tables' migration,
 //! what it keeps in memory) and its calls (`calls`, handlers taking the
@@ -17,8 +18,13 @@ pub mod shell;
 pub mod sys;
 pub mod workspace;
 
-use crate::db::Migration;
+use std::sync::{Arc, Mutex};
+
+use wsd_dofs::Dofs;
+
+use crate::db::{Db, Migration};
 use crate::dispatch::Dispatch;
+use crate::error::KernelError;
 use crate::kernel::Kernel;
 
 /// Every domain's migrations, in id order.
@@ -32,6 +38,21 @@ pub const MIGRATIONS: &[&[Migration]] = &[
 /// [`MIGRATIONS`] as one list, what `Db::open` applies.
 pub fn migrations() -> Vec<Migration> {
     MIGRATIONS.iter().flat_map(|m| m.iter().copied()).collect()
+}
+
+/// Start-up on the migrated database and the system store, before the
+/// kernel serves: root's accounts, the routes a stopped kernel left (all
+/// dead), root's home.
+pub async fn prepare(db: &Db, system: &Arc<Mutex<Dofs>>) -> Result<(), KernelError> {
+    db.call(accounts::bootstrap).await?;
+    db.call(crate::routing::reset_at_start).await?;
+    fs::calls::ensure_dir(system, "root").await
+}
+
+/// Start-up that needs the whole kernel: runs a stopped kernel left
+/// `running` end, and queued work starts.
+pub async fn start(k: &Arc<Kernel>) -> Result<(), KernelError> {
+    proc::calls::run::recover(k).await
 }
 
 /// The whole table.

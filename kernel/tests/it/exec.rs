@@ -132,7 +132,7 @@ async fn a_wsd_killed_mid_command_gives_failed_never_success() {
     assert_eq!(d["status"], "running");
     let pid = k
         .kernel
-        .workspaces
+        .workspaces()
         .local_pid(&id)
         .await
         .expect("a local wsd");
@@ -252,7 +252,7 @@ async fn an_idle_local_wsd_is_stopped_and_started_again_on_next_use() {
     assert_eq!(d["status"], "completed", "{d}");
     let mut stopped = false;
     for _ in 0..200 {
-        if k.kernel.workspaces.local_pid(&id).await.is_none() {
+        if k.kernel.workspaces().local_pid(&id).await.is_none() {
             stopped = true;
             break;
         }

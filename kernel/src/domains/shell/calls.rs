@@ -12,11 +12,10 @@
 //! (stream broken and re-attach refused, e.g. the child restarted) is a
 //! `failed` outcome, never a silent success.
 
+use gsv_protocol::shell::{ExecArgs, ExecResult, FileChange};
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Deserialize;
-use serde_json::{Value, json};
 use wsd_client::{ExecEventKind, ExecRequest, ResumeFrom, WsdHandle};
 use wsd_sync::Kind;
 
@@ -38,20 +37,7 @@ pub use gsv_node::{
 /// How long a finished session's row is kept.
 const SESSION_ROW_TTL_MS: i64 = 24 * 3600 * 1000;
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ExecArgs {
-    cwd: Option<String>,
-    #[serde(default)]
-    input: String,
-    session_id: Option<String>,
-    /// Milliseconds; 0 disables the timeout.
-    timeout: Option<u64>,
-    /// How long to wait for the command before answering `running`.
-    yield_ms: Option<u64>,
-}
-
-pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<Value, KernelError> {
+pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<ExecResult, KernelError> {
     let budget = a
         .yield_ms
         .map(Duration::from_millis)
@@ -134,7 +120,7 @@ async fn continue_session(
     sid: &str,
     input: &str,
     budget: Duration,
-) -> Result<Value, KernelError> {
+) -> Result<ExecResult, KernelError> {
     let live = k.sessions.get(sid);
     let Some(session) = live else {
         // Not in memory: finished and already answered, expired, or from
@@ -159,7 +145,10 @@ async fn continue_session(
                     _ => error
                         .unwrap_or_else(|| format!("session {sid} already {status} and answered")),
                 };
-                Ok(json!({"status": "failed", "output": "", "error": error, "sessionId": sid}))
+                Ok(ExecResult {
+                    session_id: Some(sid.to_owned()),
+                    ..ExecResult::failed(error)
+                })
             }
             _ => Err(KernelError::UnknownSession(sid.to_owned())),
         };
@@ -187,7 +176,7 @@ async fn continue_session(
 }
 
 /// Waits within `budget` and, when the session is over, forgets it.
-async fn answer(k: &Arc<Kernel>, session: &Arc<ShellSession>, budget: Duration) -> Value {
+async fn answer(k: &Arc<Kernel>, session: &Arc<ShellSession>, budget: Duration) -> ExecResult {
     let (v, over) = session.wait(budget).await;
     if over {
         k.sessions.remove(&session.id);
@@ -251,17 +240,16 @@ async fn drive_session(
                     let changes = report
                         .applied
                         .iter()
-                        .map(|e| {
-                            json!({
-                                "path": format!("/workspaces/{}/{}", w.id, e.path),
-                                "kind": match e.kind {
-                                    None => "deleted",
-                                    Some(Kind::File) => "file",
-                                    Some(Kind::Dir) => "dir",
-                                    Some(Kind::Symlink) => "symlink",
-                                },
-                                "size": e.size,
-                            })
+                        .map(|e| FileChange {
+                            path: format!("/workspaces/{}/{}", w.id, e.path),
+                            kind: match e.kind {
+                                None => "deleted",
+                                Some(Kind::File) => "file",
+                                Some(Kind::Dir) => "dir",
+                                Some(Kind::Symlink) => "symlink",
+                            }
+                            .to_owned(),
+                            size: e.size,
                         })
                         .collect();
                     Outcome::Completed { exit_code, changes }
@@ -333,8 +321,8 @@ async fn remember_row(
     .await
 }
 
-fn op_error(message: &str) -> Value {
-    json!({"ok": false, "error": message})
+fn op_error(message: &str) -> ExecResult {
+    ExecResult::refused(message)
 }
 
 /// A new command whose cwd is not in a workspace (the reference CLI's
@@ -345,21 +333,19 @@ fn op_error(message: &str) -> Value {
 /// operation error (`ok:false, error`) for API callers, and the message on
 /// `stderr`, the field the reference CLI prints, so a `gsv shell` user
 /// reads why and what to do instead of nothing.
-fn no_workspace(cwd: &str) -> Value {
+fn no_workspace(cwd: &str) -> ExecResult {
     let error = format!(
         "shell.exec runs in a workspace or on a device: give a cwd under /workspaces/<id> \
          or a target device (cwd was {cwd})"
     );
-    json!({
-        "ok": false,
-        "status": "failed",
-        "output": "",
-        "stdout": "",
-        "stderr": format!("{error}\n"),
-        "error": error,
-    })
+    ExecResult {
+        ok: Some(false),
+        stdout: Some(String::new()),
+        stderr: Some(format!("{error}\n")),
+        ..ExecResult::failed(error)
+    }
 }
 
-fn failed_before_run(error: &str) -> Value {
-    json!({"status": "failed", "output": "", "error": error})
+fn failed_before_run(error: &str) -> ExecResult {
+    ExecResult::failed(error)
 }

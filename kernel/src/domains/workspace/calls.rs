@@ -1,10 +1,9 @@
 //! `sys.workspace.create|list|get|archive`.
 
-use std::path::PathBuf;
+use gsv_protocol::workspace::{
+    BackendArg, BackendSpec, CreateArgs, GetResult, IdArgs, ListArgs, ListResult, WorkspaceResult,
+};
 use std::sync::Arc;
-
-use serde::Deserialize;
-use serde_json::{Value, json};
 
 use crate::db::now_ms;
 use crate::domains::accounts;
@@ -14,32 +13,11 @@ use crate::error::KernelError;
 use crate::kernel::Kernel;
 use crate::session::Session;
 
-/// `backend`: `"local"`, `{kind:"local"}` or `{kind:"remote", address, tokenFile}`.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum BackendArg {
-    Name(String),
-    Spec(BackendSpec),
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(tag = "kind", rename_all = "lowercase")]
-pub enum BackendSpec {
-    Local,
-    #[serde(rename_all = "camelCase")]
-    Remote {
-        address: String,
-        token_file: PathBuf,
-    },
-}
-
-#[derive(Debug, Deserialize)]
-pub struct CreateArgs {
-    label: Option<String>,
-    backend: Option<BackendArg>,
-}
-
-pub async fn create(k: Arc<Kernel>, s: Arc<Session>, a: CreateArgs) -> Result<Value, KernelError> {
+pub async fn create(
+    k: Arc<Kernel>,
+    s: Arc<Session>,
+    a: CreateArgs,
+) -> Result<WorkspaceResult, KernelError> {
     let backend = match a.backend {
         None => Backend::Local,
         Some(BackendArg::Name(n)) if n == "local" => Backend::Local,
@@ -89,17 +67,12 @@ pub async fn create(k: Arc<Kernel>, s: Arc<Session>, a: CreateArgs) -> Result<Va
     k.db.call(move |c| workspace::insert_row(c, &r)).await?;
     k.workspaces.open(&row).await?;
     tracing::info!(workspace = %row.id, owner = row.owner_uid, "workspace created");
-    Ok(json!({ "workspace": row.to_json() }))
+    Ok(WorkspaceResult {
+        workspace: row.to_info(),
+    })
 }
 
-#[derive(Debug, Deserialize)]
-pub struct ListArgs {
-    uid: Option<i64>,
-    state: Option<String>,
-    limit: Option<i64>,
-}
-
-pub async fn list(k: Arc<Kernel>, s: Arc<Session>, a: ListArgs) -> Result<Value, KernelError> {
+pub async fn list(k: Arc<Kernel>, s: Arc<Session>, a: ListArgs) -> Result<ListResult, KernelError> {
     let owner = match a.uid {
         Some(u) if u != s.identity.uid && !s.identity.is_root() => {
             return Err(KernelError::PermissionDenied(format!(
@@ -113,14 +86,9 @@ pub async fn list(k: Arc<Kernel>, s: Arc<Session>, a: ListArgs) -> Result<Value,
     let rows =
         k.db.call(move |c| workspace::list_rows(c, owner, a.state.as_deref(), limit))
             .await?;
-    let ws: Vec<Value> = rows.iter().map(WorkspaceRow::to_json).collect();
-    Ok(json!({ "workspaces": ws }))
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct IdArgs {
-    workspace_id: String,
+    Ok(ListResult {
+        workspaces: rows.iter().map(WorkspaceRow::to_info).collect(),
+    })
 }
 
 /// The row of a workspace the caller may use; unknown and foreign
@@ -140,12 +108,18 @@ pub async fn visible_row(
     }
 }
 
-pub async fn get(k: Arc<Kernel>, s: Arc<Session>, a: IdArgs) -> Result<Value, KernelError> {
+pub async fn get(k: Arc<Kernel>, s: Arc<Session>, a: IdArgs) -> Result<GetResult, KernelError> {
     let row = visible_row(&k, &s, &a.workspace_id).await.ok();
-    Ok(json!({ "workspace": row.map(|r| r.to_json()) }))
+    Ok(GetResult {
+        workspace: row.map(|r| r.to_info()),
+    })
 }
 
-pub async fn archive(k: Arc<Kernel>, s: Arc<Session>, a: IdArgs) -> Result<Value, KernelError> {
+pub async fn archive(
+    k: Arc<Kernel>,
+    s: Arc<Session>,
+    a: IdArgs,
+) -> Result<WorkspaceResult, KernelError> {
     let row = visible_row(&k, &s, &a.workspace_id).await?;
     let id = row.id.clone();
     k.db.call(move |c| workspace::set_state(c, &id, "archived"))
@@ -156,5 +130,7 @@ pub async fn archive(k: Arc<Kernel>, s: Arc<Session>, a: IdArgs) -> Result<Value
         k.db.call(move |c| workspace::get_row(c, &id))
             .await?
             .ok_or_else(|| KernelError::Internal("archived workspace vanished".into()))?;
-    Ok(json!({ "workspace": row.to_json() }))
+    Ok(WorkspaceResult {
+        workspace: row.to_info(),
+    })
 }
