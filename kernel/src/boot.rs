@@ -52,9 +52,12 @@ impl Kernel {
             dispatch: domains::table(),
             procs: Procs::default(),
             login_failures: Mutex::new(HashMap::new()),
+            timers: Default::default(),
         });
         tokio::spawn(reap_idle_children(Arc::downgrade(&kernel)));
         domains::proc::calls::run::recover(&kernel).await?;
+        domains::sched::calls::recover(&kernel).await?;
+        domains::timers::calls::start(&kernel);
         Ok(kernel)
     }
 }

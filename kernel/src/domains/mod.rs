@@ -12,9 +12,12 @@
 pub mod accounts;
 pub mod device;
 pub mod fs;
+pub mod notification;
 pub mod proc;
+pub mod sched;
 pub mod shell;
 pub mod sys;
+pub mod timers;
 pub mod workspace;
 
 use crate::db::Migration;
@@ -27,6 +30,9 @@ pub const MIGRATIONS: &[&[Migration]] = &[
     workspace::MIGRATIONS,
     device::MIGRATIONS,
     proc::MIGRATIONS,
+    timers::MIGRATIONS,
+    notification::MIGRATIONS,
+    sched::MIGRATIONS,
 ];
 
 /// [`MIGRATIONS`] as one list, what `Db::open` applies.
@@ -99,6 +105,31 @@ pub fn register(d: &mut Dispatch<Kernel>) {
     d.add("proc.reset", "proc.reset", proc::calls::reset);
     d.add("proc.kill", "proc.kill", proc::calls::kill);
     d.add("shell.exec", "shell.exec", shell::calls::exec);
+    d.add("sched.list", "sched.list", sched::calls::list);
+    d.add("sched.add", "sched.add", sched::calls::add);
+    d.add("sched.update", "sched.update", sched::calls::update);
+    d.add("sched.remove", "sched.remove", sched::calls::remove);
+    d.add("sched.run", "sched.run", sched::calls::run);
+    d.add(
+        "notification.create",
+        "notification.create",
+        notification::calls::create,
+    );
+    d.add(
+        "notification.list",
+        "notification.list",
+        notification::calls::list,
+    );
+    d.add(
+        "notification.mark_read",
+        "notification.mark_read",
+        notification::calls::mark_read,
+    );
+    d.add(
+        "notification.dismiss",
+        "notification.dismiss",
+        notification::calls::dismiss,
+    );
 }
 
 #[cfg(test)]
