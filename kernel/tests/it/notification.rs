@@ -222,7 +222,7 @@ async fn the_timer_table_expires_notifications_even_across_a_restart() {
     let n = a
         .call(
             "notification.create",
-            json!({"title": "outlives", "ttlMs": 1000}),
+            json!({"title": "outlives", "ttlMs": 3000}),
         )
         .await["notification"]
         .clone();

@@ -586,23 +586,24 @@ async fn a_schedule_due_while_the_kernel_was_down_fires_after_the_start() {
     let t0 = now_ms();
     let at = add(
         &mut a,
-        json!({"name": "while-down", "expression": {"kind": "at", "atMs": t0 + 3_000},
+        json!({"name": "while-down", "expression": {"kind": "at", "atMs": t0 + 5_000},
                "target": spawn_target("p")}),
     )
     .await;
-    // Due 2.5 s from now, then every minute: it fires once after the
-    // start, not once per missed interval.
+    // Due 4.5 s from now, then every minute: it fires once after the
+    // start, not once per missed interval. (The margins leave the old
+    // kernel seconds to stop before anything falls due.)
     let every = add(
         &mut a,
         json!({"name": "minutely", "expression": {"kind": "every", "everyMs": 60_000,
-               "anchorMs": t0 + 2_500 - 60_000},
+               "anchorMs": t0 + 4_500 - 60_000},
                "target": spawn_target("p")}),
     )
     .await;
     assert_eq!(get(&mut a, &at["id"]).await["state"]["runCount"], 0);
     a.close().await;
     let stopped = k.stop().await;
-    let wait = (t0 + 3_200 - now_ms()).max(0) as u64;
+    let wait = (t0 + 5_200 - now_ms()).max(0) as u64;
     tokio::time::sleep(Duration::from_millis(wait)).await;
     let restarted_at = now_ms();
     let k = stopped.start().await;
@@ -618,7 +619,7 @@ async fn a_schedule_due_while_the_kernel_was_down_fires_after_the_start() {
     let every_now = get(&mut a, &every["id"]).await;
     assert_eq!(
         every_now["state"]["nextRunAtMs"],
-        t0 + 2_500 + 60_000,
+        t0 + 4_500 + 60_000,
         "the next run is the next minute after the missed one"
     );
     assert!(spawned(&mut a, "while-down").await.is_some());
