@@ -50,6 +50,7 @@ impl Kernel {
             dispatch: domains::table(),
             procs: Procs::default(),
             login_failures: Mutex::new(HashMap::new()),
+            timers: Default::default(),
         });
         tokio::spawn(reap_idle_children(Arc::downgrade(&kernel)));
         domains::start(&kernel).await?;

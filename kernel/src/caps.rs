@@ -13,6 +13,8 @@ pub const USER_CAPABILITIES: &[&str] = &[
     "shell.*",
     "net.fetch",
     "proc.*",
+    "sched.*",
+    "notification.*",
     "signal.*",
     "sys.config.get",
     "sys.config.set",

@@ -1,6 +1,9 @@
 //! The `gsv` command line: `serve` runs the kernel; `node` runs a device
 //! driver; `call`, `workspace`, `exec` and `chat` drive a kernel over its
-//! WebSocket like any other user client.
+//! WebSocket like any other user client; `sched`, `notify` and
+//! `notifications` are in [`sched`].
+
+mod sched;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -82,7 +85,36 @@ enum Command {
         #[arg(long)]
         workspace: bool,
     },
+    /// List, add, remove or run schedules (`sched.*`).
+    #[command(after_help = CONFIG_HELP)]
+    Sched {
+        #[command(flatten)]
+        conn: ConnArgs,
+        #[command(subcommand)]
+        action: Box<sched::SchedAction>,
+    },
+    /// Notify yourself (every socket of yours gets `notification.created`);
+    /// prints the notification's id.
+    #[command(after_help = CONFIG_HELP)]
+    Notify {
+        #[command(flatten)]
+        conn: ConnArgs,
+        #[command(flatten)]
+        args: Box<sched::NotifyArgs>,
+    },
+    /// List your notifications (id, created, level, state, title), or mark
+    /// one read or dismissed.
+    #[command(after_help = CONFIG_HELP)]
+    Notifications {
+        #[command(flatten)]
+        conn: ConnArgs,
+        #[command(flatten)]
+        args: Box<sched::NotificationsArgs>,
+    },
 }
+
+/// The largest page a list call returns (`sched.list`, `notification.list`).
+const MAX_PAGE: u32 = 500;
 
 #[derive(Debug, Subcommand)]
 enum WorkspaceAction {
@@ -281,6 +313,36 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             message,
             workspace,
         } => chat(&conn, pid, message, workspace).await,
+        Command::Sched { conn, action } => {
+            let mut c = connect(&conn).await?;
+            let ok = sched::sched(&mut c, *action).await?;
+            c.close().await;
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Command::Notify { conn, args } => {
+            let mut c = connect(&conn).await?;
+            let ok = sched::notify(&mut c, *args).await?;
+            c.close().await;
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Command::Notifications { conn, args } => {
+            let mut c = connect(&conn).await?;
+            let ok = sched::notifications(&mut c, *args).await?;
+            c.close().await;
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
     }
 }
 

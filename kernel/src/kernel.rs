@@ -19,6 +19,7 @@ use crate::db::Db;
 use crate::dispatch::Dispatch;
 use crate::domains::proc::active::Procs;
 use crate::domains::shell::sessions::Sessions;
+use crate::domains::timers::TimerWake;
 use crate::domains::workspace::Workspaces;
 use crate::routing::router::Router;
 use crate::session::ConnectionPool;
@@ -102,6 +103,8 @@ pub struct Kernel {
     pub(crate) connected: Arc<Semaphore>,
     /// Failed logins per (username, address), for the growing delay.
     pub(crate) login_failures: Mutex<HashMap<(String, IpAddr), u32>>,
+    /// Wakes the timer task when the timer table changes.
+    pub(crate) timers: Arc<TimerWake>,
 }
 
 /// Read access for tests and benchmarks outside the crate: the state
@@ -132,6 +135,7 @@ impl Kernel {
 
     /// Stops local `wsd` children (the kernel is going away).
     pub async fn shutdown(&self) {
+        self.timers.stop();
         self.workspaces.shutdown().await;
     }
 }

@@ -13,9 +13,12 @@
 pub mod accounts;
 pub mod device;
 pub mod fs;
+pub mod notification;
 pub mod proc;
+pub mod sched;
 pub mod shell;
 pub mod sys;
+pub mod timers;
 pub mod workspace;
 
 use std::sync::{Arc, Mutex};
@@ -33,6 +36,9 @@ pub const MIGRATIONS: &[&[Migration]] = &[
     workspace::MIGRATIONS,
     device::MIGRATIONS,
     proc::MIGRATIONS,
+    timers::MIGRATIONS,
+    notification::MIGRATIONS,
+    sched::MIGRATIONS,
 ];
 
 /// [`MIGRATIONS`] as one list, what `Db::open` applies.
@@ -52,7 +58,10 @@ pub async fn prepare(db: &Db, system: &Arc<Mutex<Dofs>>) -> Result<(), KernelErr
 /// Start-up that needs the whole kernel: runs a stopped kernel left
 /// `running` end, and queued work starts.
 pub async fn start(k: &Arc<Kernel>) -> Result<(), KernelError> {
-    proc::calls::run::recover(k).await
+    proc::calls::run::recover(k).await?;
+    sched::calls::recover(k).await?;
+    timers::calls::start(k);
+    Ok(())
 }
 
 /// The whole table.
@@ -120,6 +129,31 @@ pub fn register(d: &mut Dispatch<Kernel>) {
     d.add("proc.reset", "proc.reset", proc::calls::reset);
     d.add("proc.kill", "proc.kill", proc::calls::kill);
     d.add("shell.exec", "shell.exec", shell::calls::exec);
+    d.add("sched.list", "sched.list", sched::calls::list);
+    d.add("sched.add", "sched.add", sched::calls::add);
+    d.add("sched.update", "sched.update", sched::calls::update);
+    d.add("sched.remove", "sched.remove", sched::calls::remove);
+    d.add("sched.run", "sched.run", sched::calls::run);
+    d.add(
+        "notification.create",
+        "notification.create",
+        notification::calls::create,
+    );
+    d.add(
+        "notification.list",
+        "notification.list",
+        notification::calls::list,
+    );
+    d.add(
+        "notification.mark_read",
+        "notification.mark_read",
+        notification::calls::mark_read,
+    );
+    d.add(
+        "notification.dismiss",
+        "notification.dismiss",
+        notification::calls::dismiss,
+    );
 }
 
 #[cfg(test)]

@@ -253,3 +253,93 @@ fn the_commands_stderr_comes_out_on_stderr_each_line_once() {
     assert_eq!(out, "o1\no2\no3\n");
     assert_eq!(err, "e1\ne2\ne3\n");
 }
+
+#[test]
+fn the_cli_adds_lists_runs_and_removes_schedules_and_notifies() {
+    let s = serve();
+    let setup = r#"{"username":"alice","password":"alice-password"}"#;
+    assert!(gsv(&s, &["call", "sys.setup", setup]).0);
+
+    let (ok, id) = gsv(
+        &s,
+        &[
+            "sched", "add", "nightly", "--every", "1h", "--prompt", "report",
+        ],
+    );
+    assert!(ok, "{id}");
+    let id = id.trim().to_owned();
+    let (ok, list) = gsv(&s, &["sched", "list"]);
+    assert!(ok);
+    let row: Vec<&str> = list.lines().next().unwrap().split('\t').collect();
+    assert_eq!(row[0], id);
+    assert_eq!(
+        (row[1], row[3], row[4], row[5]),
+        ("on", "-", "0", "nightly")
+    );
+    assert_eq!(row[6], "every 3600000ms");
+    let (_, json) = gsv(&s, &["sched", "list", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["count"], 1);
+    assert_eq!(v["schedules"][0]["target"]["prompt"], "report");
+
+    let (ok, ran) = gsv(&s, &["sched", "run", &id, "--force"]);
+    assert!(ok, "{ran}");
+    assert!(
+        ran.starts_with(&format!("{id}\tok\tspawned process proc:")),
+        "{ran}"
+    );
+
+    let (ok, _, err) = gsv_err(
+        &s,
+        &[
+            "sched",
+            "add",
+            "bad",
+            "--cron",
+            "0 0 12 * * *",
+            "--prompt",
+            "x",
+        ],
+    );
+    assert!(!ok);
+    assert!(err.contains("five fields"), "{err}");
+    let (ok, _, err) = gsv_err(
+        &s,
+        &["sched", "add", "fast", "--every", "500ms", "--prompt", "x"],
+    );
+    assert!(!ok && err.contains("everyMs"), "{err}");
+
+    assert!(gsv(&s, &["sched", "rm", &id]).0);
+    let (ok, _, err) = gsv_err(&s, &["sched", "rm", &id]);
+    assert!(!ok && err.contains("no schedule"), "{err}");
+    assert_eq!(gsv(&s, &["sched", "list"]).1, "");
+
+    let (ok, nid) = gsv(
+        &s,
+        &[
+            "notify",
+            "Deploy done",
+            "--level",
+            "success",
+            "--ttl",
+            "10m",
+        ],
+    );
+    assert!(ok, "{nid}");
+    let nid = nid.trim().to_owned();
+    let (_, list) = gsv(&s, &["notifications"]);
+    let row: Vec<&str> = list.lines().next().unwrap().split('\t').collect();
+    assert_eq!(row[0], nid);
+    assert_eq!(
+        (row[2], row[3], row[4]),
+        ("success", "unread", "Deploy done")
+    );
+    assert!(gsv(&s, &["notifications", "--read", &nid]).0);
+    assert_eq!(gsv(&s, &["notifications", "--unread"]).1, "");
+    let (_, json) = gsv(&s, &["notifications", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["notifications"][0]["notificationId"], nid.as_str());
+    assert!(v["notifications"][0]["readAt"].is_i64());
+    let (ok, _, err) = gsv_err(&s, &["notifications", "--dismiss", "nope"]);
+    assert!(!ok && err.contains("no notification"), "{err}");
+}

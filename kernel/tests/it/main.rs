@@ -9,5 +9,7 @@ mod fs;
 mod handshake;
 mod harness;
 mod node;
+mod notification;
 mod proc;
+mod sched;
 mod workspaces;
