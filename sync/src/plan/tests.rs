@@ -592,6 +592,13 @@ fn parent_cases() -> Vec<ParentCase> {
             want(0o711, Local, true, false),
         ),
         c(
+            "3: with conflict copies, a directory deleted here leaves nothing to keep",
+            CLI,
+            Some(row(Kind::Dir, UNPUSHED_REV).mode(0o711)),
+            unsettled(Absent),
+            want(0o711, Local, true, false),
+        ),
+        c(
             "3: a parent where we deleted the directory ourselves (pushed) is a local write",
             WSD,
             Some(tomb(PUSHED_REV)),
