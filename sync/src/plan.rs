@@ -223,7 +223,9 @@ pub fn entry<B: Below>(
     // written there since the last settle is kept, not lost.
     let local_below =
         replaces_dir && (below.unpushed()? || (opts.conflict_copies && below.unsettled()?));
-    let excluded = match replaces_dir && !is_delete && !opts.ignore.is_empty() {
+    // Looked for only where it changes the plan.
+    let refuses_or_keeps = opts.refuse_replacing_excluded || opts.conflict_copies;
+    let excluded = match replaces_dir && !is_delete && !opts.ignore.is_empty() && refuses_or_keeps {
         true => below
             .live()?
             .into_iter()

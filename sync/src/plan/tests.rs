@@ -38,7 +38,7 @@ impl IndexRow {
             ..self
         }
     }
-    fn from_sender(self) -> Self {
+    fn sent_by_the_sender(self) -> Self {
         IndexRow {
             from_sender: true,
             ..self
@@ -411,7 +411,7 @@ fn entry_cases() -> Vec<Case> {
             "overwriting the sender's own state does not count",
             WSD,
             file(),
-            Some(row(Kind::File, UNPUSHED_REV).from_sender()),
+            Some(row(Kind::File, UNPUSHED_REV).sent_by_the_sender()),
             disk(File),
             nothing_below(),
             write(false),
@@ -608,7 +608,7 @@ fn parent_cases() -> Vec<ParentCase> {
         c(
             "3: a parent the sender deleted is the sender's",
             WSD,
-            Some(tomb(PUSHED_REV).from_sender()),
+            Some(tomb(PUSHED_REV).sent_by_the_sender()),
             disk(Absent),
             want(0o755, Sender, false, false),
         ),
@@ -643,7 +643,7 @@ fn parent_cases() -> Vec<ParentCase> {
         c(
             "3: dofs records parents as local writes at 0755",
             DOFS,
-            Some(tomb(PUSHED_REV).from_sender()),
+            Some(tomb(PUSHED_REV).sent_by_the_sender()),
             disk(Absent),
             want(0o755, Local, false, false),
         ),
