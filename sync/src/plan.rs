@@ -289,15 +289,23 @@ pub fn implied_dir(
             // mode is what both sides last agreed on (a guess recorded as
             // the sender's would keep the two sides' modes apart for good).
             let row_dir = live.filter(|r| r.kind == Some(Kind::Dir));
-            // Our own delete, pushed or not: the sender kept the directory
-            // (sparing paths it excludes, rule 6) and sends no entry for it.
+            // Otherwise the mode is a guess standing in for the sender's,
+            // whose own entry follows (a directory streams after what it
+            // holds only when its mode changed later): the sender's state.
+            // Except where it overwrites a local change not yet pushed, or
+            // stands on our own delete of the directory (pushed or not: the
+            // sender kept it, sparing paths it excludes, rule 6, and sends
+            // no entry for it): then it is a local write and ships back, so
+            // both sides agree on one mode.
             let own_delete = row.is_some_and(|r| r.kind.is_none() && !r.from_sender);
             let unpushed = unpushed(row, path, opts);
-            // What is there and not as indexed is lost all the same.
+            // What is there (a file, a symlink, or nothing where the index
+            // holds a directory) and not as indexed is lost all the same:
+            // counted, and kept as a conflict copy where those are on.
             let overwrites_local = unpushed || disk.differs_from_row;
             ImpliedDir {
                 mode: row_dir.map_or(IMPLIED_DIR_MODE, |r| r.mode),
-                origin: if unpushed || (row_dir.is_none() && own_delete) {
+                origin: if unpushed || own_delete {
                     Origin::Local
                 } else {
                     Origin::Sender
