@@ -20,6 +20,7 @@
 //! is explicit).
 
 mod checkpoint;
+mod chunk_store;
 mod error;
 mod fs;
 mod integrity;
@@ -31,6 +32,7 @@ use std::path::Path;
 
 use rusqlite::Connection;
 
+pub use chunk_store::{ChunkStore, SqliteChunks};
 pub use error::DofsError;
 pub use fs::{
     DEFAULT_DIR_MODE, DEFAULT_FILE_MODE, DEFAULT_SYMLINK_MODE, DirEntry, LineWindow, SearchHit,
