@@ -26,6 +26,7 @@ mod fs;
 mod integrity;
 mod rows;
 mod schema;
+mod snapshot;
 mod sync;
 
 use std::path::Path;
@@ -39,6 +40,7 @@ pub use fs::{
     Stat, WriteOptions,
 };
 pub use schema::SCHEMA_VERSION;
+pub use snapshot::{DiffKind, RestoreOutcome, SnapshotSummary};
 pub use sync::{GcOutcome, PruneOutcome};
 pub use wsd_sqlite::OnDamage;
 

@@ -39,8 +39,8 @@ impl Dofs {
         Ok(())
     }
 
-    /// Deletes manifests no path references, then chunks no manifest
-    /// references. Staged objects not yet linked by an apply count as
+    /// Deletes manifests no path or snapshot references, then chunks no
+    /// manifest, path or snapshot references. Staged objects not yet linked by an apply count as
     /// garbage, so run this only when no push into this store is between
     /// its `pushObjects` and its `push`.
     pub fn collect_garbage(&mut self) -> Result<GcOutcome, DofsError> {
@@ -52,12 +52,14 @@ impl Dofs {
         // would be two more hash-keyed B-trees for every write to update.
         let manifests = tx.execute(
             "DELETE FROM manifests WHERE hash NOT IN
-               (SELECT manifest FROM entries WHERE manifest IS NOT NULL)",
+               (SELECT manifest FROM entries WHERE manifest IS NOT NULL)
+               AND hash NOT IN (SELECT manifest FROM snapshot_entries WHERE manifest IS NOT NULL)",
             [],
         )?;
         let chunks = tx.execute(
             "DELETE FROM chunks WHERE hash NOT IN (SELECT chunk FROM manifest_chunks)
-               AND hash NOT IN (SELECT chunk FROM entries WHERE chunk IS NOT NULL)",
+               AND hash NOT IN (SELECT chunk FROM entries WHERE chunk IS NOT NULL)
+               AND hash NOT IN (SELECT chunk FROM snapshot_entries WHERE chunk IS NOT NULL)",
             [],
         )?;
         tx.commit()?;
