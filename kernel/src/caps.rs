@@ -19,6 +19,7 @@ pub const USER_CAPABILITIES: &[&str] = &[
     "sys.device.*",
     "sys.token.*",
     "sys.workspace.*",
+    "workspace.*",
     "account.list",
 ];
 

@@ -14,6 +14,7 @@ pub mod device;
 pub mod fs;
 pub mod proc;
 pub mod shell;
+pub mod snapshot;
 pub mod sys;
 pub mod workspace;
 
@@ -27,6 +28,7 @@ pub const MIGRATIONS: &[&[Migration]] = &[
     workspace::MIGRATIONS,
     device::MIGRATIONS,
     proc::MIGRATIONS,
+    snapshot::MIGRATIONS,
 ];
 
 /// [`MIGRATIONS`] as one list, what `Db::open` applies.
@@ -99,6 +101,38 @@ pub fn register(d: &mut Dispatch<Kernel>) {
     d.add("proc.reset", "proc.reset", proc::calls::reset);
     d.add("proc.kill", "proc.kill", proc::calls::kill);
     d.add("shell.exec", "shell.exec", shell::calls::exec);
+    d.add(
+        "workspace.snapshot.create",
+        "workspace.snapshot.create",
+        snapshot::calls::create,
+    );
+    d.add(
+        "workspace.snapshot.list",
+        "workspace.snapshot.list",
+        snapshot::calls::list,
+    );
+    d.add(
+        "workspace.snapshot.get",
+        "workspace.snapshot.get",
+        snapshot::calls::get,
+    );
+    d.add(
+        "workspace.snapshot.diff",
+        "workspace.snapshot.diff",
+        snapshot::calls::diff,
+    );
+    d.add(
+        "workspace.snapshot.restore",
+        "workspace.snapshot.restore",
+        snapshot::calls::restore,
+    );
+    d.add(
+        "workspace.snapshot.delete",
+        "workspace.snapshot.delete",
+        snapshot::calls::delete,
+    );
+    // Root only: it walks every workspace store.
+    d.add("sys.gc", "sys.gc", snapshot::calls::gc);
 }
 
 #[cfg(test)]
