@@ -54,6 +54,9 @@ impl Kernel {
         });
         tokio::spawn(reap_idle_children(Arc::downgrade(&kernel)));
         domains::start(&kernel).await?;
+        if let Some(every) = kernel.config.gc_interval {
+            tokio::spawn(collect_garbage_now_and_then(Arc::downgrade(&kernel), every));
+        }
         Ok(kernel)
     }
 }
@@ -72,5 +75,17 @@ async fn reap_idle_children(kernel: std::sync::Weak<Kernel>) {
         k.workspaces
             .stop_idle(idle, |id| k.sessions.running_in(id))
             .await;
+    }
+}
+
+/// Collects garbage in every workspace store every `every`; ends with the
+/// kernel. A failed round is logged and retried at the next one.
+async fn collect_garbage_now_and_then(kernel: std::sync::Weak<Kernel>, every: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(k) = kernel.upgrade() else { return };
+        if let Err(e) = domains::snapshot::calls::collect_all(&k).await {
+            tracing::warn!(error = %e, "scheduled garbage collection failed");
+        }
     }
 }

@@ -21,6 +21,7 @@ pub const USER_CAPABILITIES: &[&str] = &[
     "sys.device.*",
     "sys.token.*",
     "sys.workspace.*",
+    "workspace.*",
     "account.list",
 ];
 

@@ -20,6 +20,7 @@ use schemars::JsonSchema;
 use schemars::generate::SchemaSettings;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+pub mod snapshot;
 
 pub use error::{FrameError, WireError};
 

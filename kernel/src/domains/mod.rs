@@ -17,6 +17,7 @@ pub mod notification;
 pub mod proc;
 pub mod sched;
 pub mod shell;
+pub mod snapshot;
 pub mod sys;
 pub mod timers;
 pub mod workspace;
@@ -39,6 +40,7 @@ pub const MIGRATIONS: &[&[Migration]] = &[
     timers::MIGRATIONS,
     notification::MIGRATIONS,
     sched::MIGRATIONS,
+    snapshot::MIGRATIONS,
 ];
 
 /// [`MIGRATIONS`] as one list, what `Db::open` applies.
@@ -154,6 +156,38 @@ pub fn register(d: &mut Dispatch<Kernel>) {
         "notification.dismiss",
         notification::calls::dismiss,
     );
+    d.add(
+        "workspace.snapshot.create",
+        "workspace.snapshot.create",
+        snapshot::calls::create,
+    );
+    d.add(
+        "workspace.snapshot.list",
+        "workspace.snapshot.list",
+        snapshot::calls::list,
+    );
+    d.add(
+        "workspace.snapshot.get",
+        "workspace.snapshot.get",
+        snapshot::calls::get,
+    );
+    d.add(
+        "workspace.snapshot.diff",
+        "workspace.snapshot.diff",
+        snapshot::calls::diff,
+    );
+    d.add(
+        "workspace.snapshot.restore",
+        "workspace.snapshot.restore",
+        snapshot::calls::restore,
+    );
+    d.add(
+        "workspace.snapshot.delete",
+        "workspace.snapshot.delete",
+        snapshot::calls::delete,
+    );
+    // Root only: it walks every workspace store.
+    d.add("sys.gc", "sys.gc", snapshot::calls::gc);
 }
 
 #[cfg(test)]

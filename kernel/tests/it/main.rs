@@ -12,4 +12,5 @@ mod node;
 mod notification;
 mod proc;
 mod sched;
+mod snapshots;
 mod workspaces;

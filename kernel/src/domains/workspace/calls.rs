@@ -8,6 +8,7 @@ use std::sync::Arc;
 use crate::db::now_ms;
 use crate::domains::accounts;
 use crate::domains::fs::vfs;
+use crate::domains::snapshot;
 use crate::domains::workspace::{self, Backend, WorkspaceRow};
 use crate::error::KernelError;
 use crate::kernel::Kernel;
@@ -65,7 +66,17 @@ pub async fn create(
     };
     let r = row.clone();
     k.db.call(move |c| workspace::insert_row(c, &r)).await?;
-    k.workspaces.open(&row).await?;
+    let w = k.workspaces.open(&row).await?;
+    if let Some(snapshot_id) = &a.from_snapshot
+        && let Err(e) = snapshot::calls::fork_into(&k, &s, snapshot_id, &w).await
+    {
+        // Nothing half-made stays: the row goes, the store is closed.
+        let id = row.id.clone();
+        k.workspaces.close(&id).await;
+        let _ = k.db.call(move |c| workspace::delete_row(c, &id)).await;
+        let _ = std::fs::remove_dir_all(&w.dir);
+        return Err(e);
+    }
     tracing::info!(workspace = %row.id, owner = row.owner_uid, "workspace created");
     Ok(WorkspaceResult {
         workspace: row.to_info(),
