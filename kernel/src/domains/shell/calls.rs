@@ -12,12 +12,13 @@
 //! (stream broken and re-attach refused, e.g. the child restarted) is a
 //! `failed` outcome, never a silent success.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::{Value, json};
-use wsd_client::{ExecEventKind, ExecRequest, ResumeFrom, WsdHandle};
+use wsd_client::{ExecEventKind, ExecRequest, ResumeFrom, Signal, WsdHandle};
 use wsd_sync::Kind;
 
 use crate::db::now_ms;
@@ -49,6 +50,34 @@ pub struct ExecArgs {
     timeout: Option<u64>,
     /// How long to wait for the command before answering `running`.
     yield_ms: Option<u64>,
+    /// Added to a new command's environment.
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    /// Keeps a new command's stdin open for later writes (`input` or
+    /// `control.stdin` with its `sessionId`). Without it the command reads
+    /// end of file at once, so nothing waits for input nobody sends.
+    #[serde(default)]
+    open_stdin: bool,
+    /// Answers `running` as soon as there is output no answer has returned
+    /// yet, instead of waiting out the budget (a streaming long poll).
+    #[serde(default)]
+    stream: bool,
+    /// With `sessionId`: acts on the command and answers at once with its
+    /// status, taking none of its output (which stays for the next poll).
+    control: Option<Control>,
+}
+
+/// What a control call does to a running command, in this order.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Control {
+    /// Written to its stdin (opened with `openStdin`).
+    stdin: Option<String>,
+    /// Closes its stdin: it reads end of file after what was written.
+    #[serde(default)]
+    close_stdin: bool,
+    /// `TERM`, `INT`, `KILL` or `HUP`, to its process group.
+    signal: Option<String>,
 }
 
 pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<Value, KernelError> {
@@ -66,7 +95,13 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<Value,
         .map(str::trim)
         .filter(|s| !s.is_empty())
     {
-        return continue_session(&k, &s, sid, &a.input, budget).await;
+        return match &a.control {
+            Some(c) => control_session(&k, &s, sid, c).await,
+            None => continue_session(&k, &s, sid, &a.input, budget, a.stream).await,
+        };
+    }
+    if a.control.is_some() {
+        return Ok(op_error("control needs the sessionId of a running command"));
     }
     if a.input.trim().is_empty() {
         return Ok(op_error("input must not be empty"));
@@ -89,11 +124,11 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<Value,
         command: a.input.clone(),
         cwd: sub.map(|p| p.into_string()),
         id: Some(session_id.clone()),
+        env: a.env.clone().into_iter().collect(),
         // `Some(0)` disables the timeout, as the caller's `timeout: 0`.
         timeout_ms: Some(a.timeout.unwrap_or(DEFAULT_TIMEOUT_MS)),
-        // Kept open so later calls with the sessionId can write to it.
-        stdin_open: true,
-        ..ExecRequest::default()
+        stdin_open: a.open_stdin,
+        stdin: None,
     };
     // The bracket's first half, under the workspace lock.
     let started = {
@@ -125,7 +160,52 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<Value,
         started.0,
         started.1,
     ));
-    Ok(answer(&k, &session, budget).await)
+    Ok(answer(&k, &session, budget, a.stream).await)
+}
+
+/// The live session `sid` of the caller; someone else's looks exactly like
+/// a missing one.
+fn own_live_session(k: &Kernel, s: &Session, sid: &str) -> Option<Arc<ShellSession>> {
+    k.sessions
+        .get(sid)
+        .filter(|session| session.owner_uid == s.identity.uid)
+}
+
+async fn control_session(
+    k: &Arc<Kernel>,
+    s: &Session,
+    sid: &str,
+    c: &Control,
+) -> Result<Value, KernelError> {
+    let signal = match c.signal.as_deref().map(str::parse::<Signal>).transpose() {
+        Ok(sig) => sig,
+        Err(e) => return Ok(op_error(&e.message)),
+    };
+    let Some(session) = own_live_session(k, s, sid) else {
+        return Err(KernelError::UnknownSession(sid.to_owned()));
+    };
+    if let Some(h) = session.handle.as_ref().filter(|_| !session.is_over()) {
+        if let Some(text) = &c.stdin
+            && let Err(e) = h.write_stdin(&session.id, text.as_bytes().to_vec()).await
+        {
+            return Ok(op_error(&format!(
+                "stdin is closed for shell session: {sid} ({e})"
+            )));
+        }
+        // The command may have exited meanwhile: closing or signalling
+        // what is gone changes nothing, so those failures are not errors.
+        if c.close_stdin {
+            let _ = h.close_stdin(&session.id).await;
+        }
+        if let Some(sig) = signal {
+            let _ = h.kill(&session.id, sig).await;
+        }
+    } else if c.stdin.is_some() {
+        return Ok(op_error(&format!(
+            "stdin is closed for shell session: {sid} (the command already exited)"
+        )));
+    }
+    Ok(json!({"status": session.status(), "sessionId": sid}))
 }
 
 async fn continue_session(
@@ -134,6 +214,7 @@ async fn continue_session(
     sid: &str,
     input: &str,
     budget: Duration,
+    stream: bool,
 ) -> Result<Value, KernelError> {
     let live = k.sessions.get(sid);
     let Some(session) = live else {
@@ -183,12 +264,18 @@ async fn continue_session(
             )));
         }
     }
-    Ok(answer(k, &session, budget).await)
+    Ok(answer(k, &session, budget, stream).await)
 }
 
-/// Waits within `budget` and, when the session is over, forgets it.
-async fn answer(k: &Arc<Kernel>, session: &Arc<ShellSession>, budget: Duration) -> Value {
-    let (v, over) = session.wait(budget).await;
+/// Waits within `budget` (with `stream`, until output) and, when the
+/// session is over, forgets it.
+async fn answer(
+    k: &Arc<Kernel>,
+    session: &Arc<ShellSession>,
+    budget: Duration,
+    stream: bool,
+) -> Value {
+    let (v, over) = session.wait(budget, stream).await;
     if over {
         k.sessions.remove(&session.id);
     }
