@@ -555,3 +555,30 @@ fn setup_login_and_config_set_from_an_empty_data_directory() {
     let out = bare().args(["workspace", "list"]).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("archived"));
 }
+
+#[test]
+fn a_chat_whose_first_turn_fails_removes_the_process_and_workspace_it_made() {
+    let (s, _ws) = served_workspace();
+    let out = gsv_cmd(&s)
+        .args(["chat", "--workspace", "-m", "hello"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "no model is configured: {err}");
+    assert!(
+        err.contains("gsv config set ai.model"),
+        "names the fix: {err}"
+    );
+    let pid = err
+        .split_whitespace()
+        .find(|w| w.starts_with("proc:"))
+        .expect(&err)
+        .to_owned();
+    let (ok, procs) = gsv(&s, &["call", "proc.list"]);
+    assert!(ok, "{procs}");
+    assert!(!procs.contains(&pid), "the process is gone: {procs}");
+    let (_, list) = gsv(&s, &["workspace", "list"]);
+    let active: Vec<&str> = list.lines().filter(|l| l.contains("\tactive\t")).collect();
+    assert_eq!(active.len(), 1, "only the test's own workspace: {list}");
+}
