@@ -16,7 +16,7 @@ use gsv_node::output::Utf8Stream;
 use serde_json::{Value, json};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
-use super::conn::{ConnArgs, connect, explain};
+use super::conn::{ConnArgs, Resolved, connect_resolved, explain};
 
 #[derive(Debug, Args)]
 pub struct ExecArgs {
@@ -106,13 +106,17 @@ const OUTPUT_CLOSED: u8 = 141;
 /// 128 + the signal number: how a command TERM or KILL ended exits.
 const EXIT_TERM: i64 = 128 + 15;
 const EXIT_KILL: i64 = 128 + 9;
+/// How long a follower keeps trying to reach the kernel again after
+/// losing it, as `wsd exec --reattach-for`'s default.
+const REATTACH_FOR: Duration = Duration::from_secs(30);
 /// The most stdin text one control call carries.
 const MAX_STDIN_PER_CALL: usize = 512 * 1024;
 
 pub async fn exec(conn: &ConnArgs, a: ExecArgs) -> Result<ExitCode> {
     let mut interrupts = interrupts()?;
     let input = command_line(&a.command)?;
-    let mut c = connect(conn).await?;
+    let login = conn.resolve()?;
+    let mut c = connect_resolved(&login).await?;
     let cwd = match a.cwd {
         Some(d) if d.starts_with('/') => d,
         Some(d) => format!("/workspaces/{}/{d}", a.workspace),
@@ -146,6 +150,7 @@ pub async fn exec(conn: &ConnArgs, a: ExecArgs) -> Result<ExitCode> {
     let stdin = a.interactive.then(forward_stdin);
     let mut f = Follow {
         c,
+        login,
         role: Role::Owner,
         sid: None,
         poll: String::new(),
@@ -163,10 +168,12 @@ pub async fn exec(conn: &ConnArgs, a: ExecArgs) -> Result<ExitCode> {
 
 pub async fn attach(conn: &ConnArgs, a: AttachArgs) -> Result<ExitCode> {
     let mut interrupts = interrupts()?;
-    let mut c = connect(conn).await?;
+    let login = conn.resolve()?;
+    let mut c = connect_resolved(&login).await?;
     c.timeout = Duration::from_millis(POLL_MS) + Duration::from_secs(60);
     let mut f = Follow {
         c,
+        login,
         role: Role::Watcher,
         sid: Some(a.session),
         poll: String::new(),
@@ -204,6 +211,8 @@ type StdinChunks = tokio::sync::mpsc::Receiver<Option<String>>;
 /// the kernel applies them in order.
 struct Follow {
     c: GsvClient,
+    /// How to log in again after losing the kernel.
+    login: Resolved,
     role: Role,
     /// Known once the start answered.
     sid: Option<String>,
@@ -229,6 +238,9 @@ impl Follow {
                     let frame = match frame {
                         Ok(f) => f,
                         Err(e) => {
+                            if self.reconnect(&e).await {
+                                continue;
+                            }
                             let sid = self.sid.as_deref().unwrap_or("the command");
                             eprintln!(
                                 "gsv: lost the kernel while {sid} ran ({e}); it may still run: \
@@ -264,6 +276,32 @@ impl Follow {
                 }
             }
         }
+    }
+
+    /// After losing the connection: logs in again (retrying for up to
+    /// [`REATTACH_FOR`], a kernel restart included) and polls the session
+    /// again. False when there is no session to go back to or no kernel
+    /// came back. Output an answer lost on the way carried is lost with it;
+    /// a control call in flight is not sent again (it may have arrived).
+    async fn reconnect(&mut self, lost: &gsv_kernel::client::ClientError) -> bool {
+        use backon::Retryable as _;
+        let Some(sid) = self.sid.clone() else {
+            return false;
+        };
+        tracing::warn!(error = %lost, "lost the kernel; reconnecting to follow {sid}");
+        let backoff = backon::ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(50))
+            .with_max_delay(Duration::from_secs(1))
+            .without_max_times()
+            .with_total_delay(Some(REATTACH_FOR));
+        let login = self.login.clone();
+        let Ok(mut c) = (|| connect_resolved(&login)).retry(backoff).await else {
+            return false;
+        };
+        c.timeout = self.c.timeout;
+        self.c = c;
+        self.control_in_flight = None;
+        self.send_poll().await.is_ok()
     }
 
     /// Adds stdin text to the last queued write when it has room, so a

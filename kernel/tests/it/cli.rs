@@ -42,8 +42,14 @@ fn serve_in(dir: tempfile::TempDir) -> Served {
 }
 
 fn serve_with(dir: tempfile::TempDir, extra: &[&str]) -> Served {
+    let listen: &[&str] = if extra.contains(&"--listen") {
+        &[]
+    } else {
+        &["--listen", "127.0.0.1:0"]
+    };
     let mut child = Command::new(env!("CARGO_BIN_EXE_gsv"))
-        .args(["serve", "--listen", "127.0.0.1:0"])
+        .arg("serve")
+        .args(listen)
         .args(extra)
         .arg("--data")
         .arg(dir.path().join("data"))
@@ -581,4 +587,35 @@ fn a_chat_whose_first_turn_fails_removes_the_process_and_workspace_it_made() {
     let (_, list) = gsv(&s, &["workspace", "list"]);
     let active: Vec<&str> = list.lines().filter(|l| l.contains("\tactive\t")).collect();
     assert_eq!(active.len(), 1, "only the test's own workspace: {list}");
+}
+
+/// A kernel killed and started again on the same data directory (its lock
+/// went with the killed process) while `gsv exec` follows a command: the
+/// CLI logs in again, learns the result was lost, and exits 255 saying so.
+#[test]
+fn exec_reconnects_after_a_kernel_restart_and_reports_a_lost_command_as_255() {
+    let (mut s, ws) = served_workspace();
+    let addr = s
+        .url
+        .trim_start_matches("ws://")
+        .trim_end_matches("/ws")
+        .to_owned();
+    let mut child = gsv_cmd(&s)
+        .args(["exec", &ws, "--", "echo up; exec sleep 60"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "up");
+    s.child.kill().unwrap();
+    s.child.wait().unwrap();
+    let dir = std::mem::replace(&mut s._dir, tempfile::tempdir().unwrap());
+    let s2 = serve_with(dir, &["--listen", &addr]);
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(255), "{err}");
+    assert!(err.contains("result is lost"), "{err}");
+    drop(s2);
 }
