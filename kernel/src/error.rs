@@ -28,6 +28,10 @@ pub enum KernelError {
     PermissionDenied(String),
     #[error("Access denied to {kind}: {id}")]
     AccessDenied { kind: &'static str, id: String },
+    /// Something that does not exist (for anyone): its ids are random, so
+    /// saying so tells a prober nothing it could have guessed.
+    #[error("{kind} not found: {id}")]
+    NotFound { kind: &'static str, id: String },
     #[error("Unknown syscall: {0}")]
     UnknownSyscall(String),
     #[error("Unknown shell session: {0}")]
@@ -74,7 +78,7 @@ impl KernelError {
             InvalidClient(_) => code::INVALID_CLIENT,
             AuthFailed(_) => code::AUTH_FAILED,
             NotConnected | PermissionDenied(_) | AccessDenied { .. } => code::FORBIDDEN,
-            UnknownSyscall(_) | UnknownSession(_) => code::NOT_FOUND,
+            UnknownSyscall(_) | UnknownSession(_) | NotFound { .. } => code::NOT_FOUND,
             AlreadyConnected | DuplicateRequest(_) | AlreadyInitialized => code::CONFLICT,
             SetupRequired => code::SETUP_REQUIRED,
             Cancelled(_) => code::CANCELLED,

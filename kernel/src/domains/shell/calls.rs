@@ -12,11 +12,11 @@
 //! (stream broken and re-attach refused, e.g. the child restarted) is a
 //! `failed` outcome, never a silent success.
 
-use gsv_protocol::shell::{ExecArgs, ExecResult, FileChange};
+use gsv_protocol::shell::{ExecArgs, ExecControl, ExecResult, FileChange};
 use std::sync::Arc;
 use std::time::Duration;
 
-use wsd_client::{ExecEventKind, ExecRequest, ResumeFrom, WsdHandle};
+use wsd_client::{ExecEventKind, ExecRequest, ResumeFrom, Signal, WsdHandle};
 use wsd_sync::Kind;
 
 use crate::db::now_ms;
@@ -52,7 +52,13 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<ExecRe
         .map(str::trim)
         .filter(|s| !s.is_empty())
     {
-        return continue_session(&k, &s, sid, &a.input, budget).await;
+        return match &a.control {
+            Some(c) => control_session(&k, &s, sid, c).await,
+            None => continue_session(&k, &s, sid, &a.input, budget, a.stream).await,
+        };
+    }
+    if a.control.is_some() {
+        return Ok(op_error("control needs the sessionId of a running command"));
     }
     if a.input.trim().is_empty() {
         return Ok(op_error("input must not be empty"));
@@ -75,11 +81,11 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<ExecRe
         command: a.input.clone(),
         cwd: sub.map(|p| p.into_string()),
         id: Some(session_id.clone()),
+        env: a.env.clone().into_iter().collect(),
         // `Some(0)` disables the timeout, as the caller's `timeout: 0`.
         timeout_ms: Some(a.timeout.unwrap_or(DEFAULT_TIMEOUT_MS)),
-        // Kept open so later calls with the sessionId can write to it.
-        stdin_open: true,
-        ..ExecRequest::default()
+        stdin_open: a.open_stdin,
+        stdin: None,
     };
     // The bracket's first half, under the workspace lock.
     let started = {
@@ -111,7 +117,56 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<ExecRe
         started.0,
         started.1,
     ));
-    Ok(answer(&k, &session, budget).await)
+    Ok(answer(&k, &session, budget, a.stream).await)
+}
+
+/// The live session `sid` of the caller; someone else's looks exactly like
+/// a missing one.
+fn own_live_session(k: &Kernel, s: &Session, sid: &str) -> Option<Arc<ShellSession>> {
+    k.sessions
+        .get(sid)
+        .filter(|session| session.owner_uid == s.identity.uid)
+}
+
+async fn control_session(
+    k: &Arc<Kernel>,
+    s: &Session,
+    sid: &str,
+    c: &ExecControl,
+) -> Result<ExecResult, KernelError> {
+    let signal = match c.signal.as_deref().map(str::parse::<Signal>).transpose() {
+        Ok(sig) => sig,
+        Err(e) => return Ok(op_error(&e.message)),
+    };
+    let Some(session) = own_live_session(k, s, sid) else {
+        return Err(KernelError::UnknownSession(sid.to_owned()));
+    };
+    if let Some(h) = session.handle.as_ref().filter(|_| !session.is_over()) {
+        if let Some(text) = &c.stdin
+            && let Err(e) = h.write_stdin(&session.id, text.as_bytes().to_vec()).await
+        {
+            return Ok(op_error(&format!(
+                "stdin is closed for shell session: {sid} ({e})"
+            )));
+        }
+        // The command may have exited meanwhile: closing or signalling
+        // what is gone changes nothing, so those failures are not errors.
+        if c.close_stdin {
+            let _ = h.close_stdin(&session.id).await;
+        }
+        if let Some(sig) = signal {
+            let _ = h.kill(&session.id, sig).await;
+        }
+    } else if c.stdin.is_some() {
+        return Ok(op_error(&format!(
+            "stdin is closed for shell session: {sid} (the command already exited)"
+        )));
+    }
+    Ok(ExecResult {
+        status: Some(session.status()),
+        session_id: Some(sid.to_owned()),
+        ..Default::default()
+    })
 }
 
 async fn continue_session(
@@ -120,6 +175,7 @@ async fn continue_session(
     sid: &str,
     input: &str,
     budget: Duration,
+    stream: bool,
 ) -> Result<ExecResult, KernelError> {
     let live = k.sessions.get(sid);
     let Some(session) = live else {
@@ -172,12 +228,18 @@ async fn continue_session(
             )));
         }
     }
-    Ok(answer(k, &session, budget).await)
+    Ok(answer(k, &session, budget, stream).await)
 }
 
-/// Waits within `budget` and, when the session is over, forgets it.
-async fn answer(k: &Arc<Kernel>, session: &Arc<ShellSession>, budget: Duration) -> ExecResult {
-    let (v, over) = session.wait(budget).await;
+/// Waits within `budget` (with `stream`, until output) and, when the
+/// session is over, forgets it.
+async fn answer(
+    k: &Arc<Kernel>,
+    session: &Arc<ShellSession>,
+    budget: Duration,
+    stream: bool,
+) -> ExecResult {
+    let (v, over) = session.wait(budget, stream).await;
     if over {
         k.sessions.remove(&session.id);
     }

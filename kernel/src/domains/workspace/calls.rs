@@ -102,8 +102,11 @@ pub async fn list(k: Arc<Kernel>, s: Arc<Session>, a: ListArgs) -> Result<ListRe
     })
 }
 
-/// The row of a workspace the caller may use; unknown and foreign
-/// workspaces look the same (403), so ids cannot be probed.
+/// The row of a workspace the caller may use. One that does not exist is
+/// 404 "Workspace not found" (its owner's typo, or one long gone); someone
+/// else's is still refused (403), as the seed prescribes. Ids are 48
+/// random bits, so the difference tells a prober only about ids it cannot
+/// guess.
 pub async fn visible_row(
     k: &Arc<Kernel>,
     s: &Session,
@@ -112,8 +115,12 @@ pub async fn visible_row(
     let wid = id.to_owned();
     match k.db.call(move |c| workspace::get_row(c, &wid)).await? {
         Some(row) if vfs::check_workspace(&s.identity, row.owner_uid) => Ok(row),
-        _ => Err(KernelError::AccessDenied {
+        Some(_) => Err(KernelError::AccessDenied {
             kind: "workspace",
+            id: id.to_owned(),
+        }),
+        None => Err(KernelError::NotFound {
+            kind: "Workspace",
             id: id.to_owned(),
         }),
     }

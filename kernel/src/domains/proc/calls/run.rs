@@ -245,7 +245,7 @@ async fn provider_config(k: &Arc<Kernel>, uid: i64) -> Result<ProviderConfig, St
         ));
     }
     let model = get("model").await?.ok_or(
-        "No model configured: set config/ai/model (and config/ai/base_url) with sys.config.set",
+        "No model configured: run `gsv config set ai.model NAME` and `gsv config set ai.base_url URL` (config/ai/model, config/ai/base_url)",
     )?;
     let base_url = get("base_url")
         .await?
