@@ -13,6 +13,7 @@ pub const USER_CAPABILITIES: &[&str] = &[
     "shell.*",
     "net.fetch",
     "proc.*",
+    "repo.*",
     "signal.*",
     "sys.config.get",
     "sys.config.set",

@@ -14,6 +14,7 @@ pub mod accounts;
 pub mod device;
 pub mod fs;
 pub mod proc;
+pub mod repo;
 pub mod shell;
 pub mod sys;
 pub mod workspace;
@@ -120,6 +121,16 @@ pub fn register(d: &mut Dispatch<Kernel>) {
     d.add("proc.reset", "proc.reset", proc::calls::reset);
     d.add("proc.kill", "proc.kill", proc::calls::kill);
     d.add("shell.exec", "shell.exec", shell::calls::exec);
+    d.add("repo.list", "repo.list", repo::calls::list);
+    d.add("repo.create", "repo.create", repo::calls::create);
+    d.add("repo.refs", "repo.refs", repo::calls::refs);
+    d.add("repo.read", "repo.read", repo::calls::read);
+    d.add("repo.search", "repo.search", repo::calls::search);
+    d.add("repo.log", "repo.log", repo::calls::log);
+    d.add("repo.diff", "repo.diff", repo::calls::diff);
+    d.add("repo.compare", "repo.compare", repo::calls::compare);
+    d.add("repo.apply", "repo.apply", repo::calls::apply);
+    d.add("repo.import", "repo.import", repo::calls::import);
 }
 
 #[cfg(test)]
