@@ -729,6 +729,7 @@ async fn import_from_file_and_git_daemon_then_refresh() {
     let tmp = tempfile::tempdir().unwrap();
     let up = tmp.path().join("up");
     let up_head = upstream(&up, 3);
+    git(&up, &["tag", "v1"]);
     let mut root = k.login("root", "root-password").await;
     let url = format!("file://{}", up.display());
     let r = root
@@ -749,6 +750,11 @@ async fn import_from_file_and_git_daemon_then_refresh() {
     );
     let dir = repo_dir(&k, "alice/imp");
     git(&dir, &["fsck", "--strict"]);
+    let refs = root
+        .call("repo.refs", json!({"repo": "alice/imp"}))
+        .await
+        .unwrap();
+    assert_eq!(refs["tags"], json!({}), "an import writes only its branch");
     assert_eq!(
         git(&dir, &["log", "--format=%H %s", "main"]),
         git(&up, &["log", "--format=%H %s", "main"])
@@ -965,4 +971,87 @@ async fn git_clone_over_the_kernel_http_endpoint_gets_the_same_tree() {
     .unwrap();
     assert!(!pushed.success(), "pushes go through repo.apply");
     assert_eq!(head_of(&mut a, "alice/site").await, json!(head));
+}
+
+/// Runs `gsv ARGS` against `url` as `user`; (success, stdout).
+async fn gsv(url: &str, user: &str, pw: &str, args: &[&str]) -> (bool, String) {
+    let (url, user, pw) = (url.to_owned(), user.to_owned(), pw.to_owned());
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        let config = tempfile::tempdir().unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_gsv"))
+            .args(&args)
+            .env("GSV_URL", url)
+            .env("GSV_USER", user)
+            .env("GSV_PASSWORD", pw)
+            .env_remove("GSV_TOKEN")
+            .env("XDG_CONFIG_HOME", config.path())
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn the_cli_lists_creates_logs_shows_diffs_and_imports() {
+    let k = TestKernel::with_users().await;
+    let pw = crate::harness::ALICE_PW;
+    let (ok, out) = gsv(&k.url, "alice", pw, &["repo", "create", "alice/cli"]).await;
+    assert!(
+        ok && out.starts_with("main ") && out.trim_end().ends_with(" created"),
+        "{out}"
+    );
+    let mut a = k.alice().await;
+    let head = apply(
+        &mut a,
+        "alice/cli",
+        "add a",
+        json!([{"type": "put", "path": "docs/a.md", "content": "# A\n"}]),
+    )
+    .await;
+    let (_, list) = gsv(&k.url, "alice", pw, &["repo", "list"]).await;
+    assert!(
+        list.lines().any(|l| l == "alice/cli\tuser\trw\tprivate"),
+        "{list}"
+    );
+    let (_, log) = gsv(&k.url, "alice", pw, &["repo", "log", "alice/cli"]).await;
+    let first: Vec<&str> = log.lines().next().unwrap().split('\t').collect();
+    assert_eq!(
+        (first[0], first[2], first[3]),
+        (head.as_str(), "alice", "add a")
+    );
+    assert_eq!(log.lines().count(), 2);
+    let (_, file) = gsv(
+        &k.url,
+        "alice",
+        pw,
+        &["repo", "show", "alice/cli", "docs/a.md"],
+    )
+    .await;
+    assert_eq!(file, "# A\n");
+    let (_, tree) = gsv(&k.url, "alice", pw, &["repo", "show", "alice/cli"]).await;
+    assert!(tree.trim_end().ends_with("\tdocs/"), "{tree}");
+    let (_, diff) = gsv(&k.url, "alice", pw, &["repo", "diff", "alice/cli", "main"]).await;
+    assert_eq!(
+        diff,
+        "--- /dev/null\n+++ b/docs/a.md\n@@ -0,0 +1,1 @@\n+# A\n"
+    );
+    let (ok, _) = gsv(&k.url, "alice", pw, &["repo", "show", "alice/cli", "nope"]).await;
+    assert!(!ok, "a missing path fails");
+
+    let tmp = tempfile::tempdir().unwrap();
+    let up = tmp.path().join("up");
+    let up_head = upstream(&up, 1);
+    let url = format!("file://{}", up.display());
+    let args = ["repo", "import", "root/mirror", url.as_str()];
+    let (ok, out) = gsv(&k.url, "root", "root-password", &args).await;
+    assert!(ok, "{out}");
+    assert_eq!(out, format!("main {up_head} updated\n"));
+    let (_, out) = gsv(&k.url, "root", "root-password", &args).await;
+    assert_eq!(out, format!("main {up_head} unchanged\n"));
 }
