@@ -15,6 +15,7 @@ pub const USER_CAPABILITIES: &[&str] = &[
     "proc.*",
     "sched.*",
     "notification.*",
+    "repo.*",
     "signal.*",
     "sys.config.get",
     "sys.config.set",

@@ -12,6 +12,7 @@ pub mod error;
 pub mod frames;
 pub mod fs;
 pub mod proc;
+pub mod repo;
 pub mod shell;
 pub mod sys;
 pub mod workspace;

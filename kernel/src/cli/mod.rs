@@ -8,6 +8,7 @@ mod account;
 mod chat;
 mod conn;
 mod exec;
+mod repo;
 mod sched;
 mod serve;
 mod workspace;
@@ -76,6 +77,12 @@ enum Command {
     Workspace {
         #[command(subcommand)]
         action: workspace::WorkspaceAction,
+    },
+    /// Versioned repositories (`repo.*`): list, create, log, show, diff, import.
+    #[command(after_help = CONFIG_HELP)]
+    Repo {
+        #[command(subcommand)]
+        action: repo::RepoAction,
     },
     /// Run a command in a workspace, printing its output as it comes; its
     /// exit code is ours.
@@ -165,6 +172,12 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Token { action } => account::token(&conn, action).await,
         Command::Call { call, args } => call_once(&conn, &call, args).await,
         Command::Workspace { action } => workspace::run(&conn, action).await,
+        Command::Repo { action } => {
+            let mut c = conn::connect(&conn).await?;
+            let out = repo::run(&mut c, action).await;
+            c.close().await;
+            out.map(|()| ExitCode::SUCCESS)
+        }
         Command::Exec(a) => exec::exec(&conn, a).await,
         Command::Attach(a) => exec::attach(&conn, a).await,
         Command::Chat(a) => chat::chat(&conn, a).await,

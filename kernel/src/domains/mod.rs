@@ -16,6 +16,7 @@ pub mod fs;
 pub mod notification;
 pub mod proc;
 pub mod sched;
+pub mod repo;
 pub mod shell;
 pub mod snapshot;
 pub mod sys;
@@ -188,6 +189,16 @@ pub fn register(d: &mut Dispatch<Kernel>) {
     );
     // Root only: it walks every workspace store.
     d.add("sys.gc", "sys.gc", snapshot::calls::gc);
+    d.add("repo.list", "repo.list", repo::calls::list);
+    d.add("repo.create", "repo.create", repo::calls::create);
+    d.add("repo.refs", "repo.refs", repo::calls::refs);
+    d.add("repo.read", "repo.read", repo::calls::read);
+    d.add("repo.search", "repo.search", repo::calls::search);
+    d.add("repo.log", "repo.log", repo::calls::log);
+    d.add("repo.diff", "repo.diff", repo::calls::diff);
+    d.add("repo.compare", "repo.compare", repo::calls::compare);
+    d.add("repo.apply", "repo.apply", repo::calls::apply);
+    d.add("repo.import", "repo.import", repo::calls::import);
 }
 
 #[cfg(test)]

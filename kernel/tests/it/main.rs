@@ -13,4 +13,5 @@ mod notification;
 mod proc;
 mod sched;
 mod snapshots;
+mod repo;
 mod workspaces;
