@@ -11,7 +11,7 @@ mod harness;
 mod node;
 mod notification;
 mod proc;
+mod repo;
 mod sched;
 mod snapshots;
-mod repo;
 mod workspaces;
