@@ -74,7 +74,7 @@ async fn the_exec_bracket_carries_files_both_ways() {
         )
         .await
         .unwrap();
-    assert_eq!(r["content"], "     1\tmade");
+    assert_eq!(r["content"], "1\tmade");
     let d = exec_in(&mut a, &id, "exit 3", 10000).await;
     let d = until_done(&mut a, d).await;
     assert_eq!(
@@ -235,7 +235,7 @@ async fn a_remote_backend_workspace_runs_on_an_existing_wsd() {
         )
         .await
         .unwrap();
-    assert_eq!(r["content"], "     1\tremote");
+    assert_eq!(r["content"], "1\tremote");
     child.kill().await.unwrap();
 }
 

@@ -25,7 +25,7 @@ async fn write_then_read_returns_numbered_lines_with_offset_and_limit() {
         .unwrap();
     assert_eq!(
         r["content"],
-        "     1\tone\n     2\ttwo\n     3\tthree\n     4\tfour"
+        "1\tone\n2\ttwo\n3\tthree\n4\tfour"
     );
     assert_eq!(
         (r["lines"].clone(), r["size"].clone()),
@@ -38,7 +38,7 @@ async fn write_then_read_returns_numbered_lines_with_offset_and_limit() {
         )
         .await
         .unwrap();
-    assert_eq!(r["content"], "     2\ttwo\n     3\tthree");
+    assert_eq!(r["content"], "2\ttwo\n3\tthree");
     let dir = a.call("fs.read", json!({"path": "~"})).await.unwrap();
     assert_eq!(
         dir,
@@ -137,7 +137,7 @@ async fn edit_replaces_exactly_once_refuses_ambiguity_and_honours_replace_all() 
         .unwrap();
     assert!(d["error"].as_str().unwrap().contains("not found"), "{d}");
     let r = a.call("fs.read", json!({"path": "f.txt"})).await.unwrap();
-    assert_eq!(r["content"], "     1\tc B c");
+    assert_eq!(r["content"], "1\tc B c");
 }
 
 #[tokio::test]
