@@ -296,6 +296,38 @@ async fn a_running_command_reads_what_later_calls_write_to_its_stdin() {
     );
 }
 
+/// A wsd call's typed error reaches the caller as its code (`ELIMIT`
+/// here: a stdin write over the wsd's limit), not only as prose, and
+/// leaves the command running.
+#[tokio::test]
+async fn a_wsd_error_reaches_the_caller_as_its_code() {
+    let k = TestKernel::with_users().await;
+    let mut a = k.alice().await;
+    let id = new_workspace(&mut a).await;
+    let d = exec_in(&mut a, &id, "read line; echo got:$line", 250).await;
+    assert_eq!(d["status"], "running", "{d}");
+    let sid = d["sessionId"].as_str().unwrap().to_owned();
+    let huge = "x".repeat(wsd_client::limits::MAX_STDIN_WRITE_BYTES + 1);
+    let d = a
+        .call("shell.exec", json!({"sessionId": sid, "input": huge}))
+        .await
+        .unwrap();
+    assert_eq!(
+        (&d["ok"], &d["code"]),
+        (&json!(false), &json!("ELIMIT")),
+        "{d}"
+    );
+    let d = a
+        .call(
+            "shell.exec",
+            json!({"sessionId": sid, "input": "hello\n", "yieldMs": 10000}),
+        )
+        .await
+        .unwrap();
+    let d = until_done(&mut a, d).await;
+    assert_eq!(d["output"], "got:hello\n", "{d}");
+}
+
 #[tokio::test]
 async fn an_unreachable_wsd_fails_the_call_before_anything_runs() {
     let k = TestKernel::with_users().await;

@@ -23,10 +23,7 @@ async fn write_then_read_returns_numbered_lines_with_offset_and_limit() {
         .call("fs.read", json!({"path": "~/notes/todo.txt"}))
         .await
         .unwrap();
-    assert_eq!(
-        r["content"],
-        "1\tone\n2\ttwo\n3\tthree\n4\tfour"
-    );
+    assert_eq!(r["content"], "1\tone\n2\ttwo\n3\tthree\n4\tfour");
     assert_eq!(
         (r["lines"].clone(), r["size"].clone()),
         (json!(4), json!(19))
