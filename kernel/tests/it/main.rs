@@ -6,6 +6,7 @@ mod cli;
 mod devices;
 mod exec;
 mod fs;
+mod fs_contract;
 mod handshake;
 mod harness;
 mod node;

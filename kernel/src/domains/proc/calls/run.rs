@@ -359,7 +359,7 @@ async fn system_prompt(k: &Arc<Kernel>, row: &ProcRow, session: &Arc<Session>) -
     out
 }
 
-/// `fs.read` numbers lines as `{:>6}\t`; the prompt wants the text.
+/// `fs.read` numbers lines as `{n}\t`; the prompt wants the text.
 fn strip_line_numbers(s: &str) -> String {
     s.lines()
         .map(|l| l.split_once('\t').map_or(l, |(_, t)| t))
