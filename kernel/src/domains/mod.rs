@@ -11,6 +11,7 @@
 //! tables, and its lines in [`register`].
 
 pub mod accounts;
+pub mod codemode;
 pub mod device;
 pub mod fs;
 pub mod notification;
@@ -129,6 +130,8 @@ pub fn register(d: &mut Dispatch<Kernel>) {
     d.add("proc.reset", "proc.reset", proc::calls::reset);
     d.add("proc.kill", "proc.kill", proc::calls::kill);
     d.add("shell.exec", "shell.exec", shell::calls::exec);
+    d.add_internal("codemode.exec", "codemode.exec", codemode::calls::exec);
+    d.add("codemode.run", "codemode.run", codemode::calls::run);
     d.add("sched.list", "sched.list", sched::calls::list);
     d.add("sched.add", "sched.add", sched::calls::add);
     d.add("sched.update", "sched.update", sched::calls::update);

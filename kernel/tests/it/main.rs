@@ -3,6 +3,7 @@
 
 mod bodies;
 mod cli;
+mod codemode;
 mod devices;
 mod exec;
 mod fs;
