@@ -32,6 +32,10 @@ pub enum KernelError {
     UnknownSyscall(String),
     #[error("Unknown shell session: {0}")]
     UnknownSession(String),
+    /// Something the caller named that does not exist for them (another
+    /// user's looks the same).
+    #[error("{kind} not found: {id}")]
+    NotFound { kind: &'static str, id: String },
     #[error("Already connected")]
     AlreadyConnected,
     #[error("Duplicate request: {0}")]
@@ -74,7 +78,7 @@ impl KernelError {
             InvalidClient(_) => code::INVALID_CLIENT,
             AuthFailed(_) => code::AUTH_FAILED,
             NotConnected | PermissionDenied(_) | AccessDenied { .. } => code::FORBIDDEN,
-            UnknownSyscall(_) | UnknownSession(_) => code::NOT_FOUND,
+            UnknownSyscall(_) | UnknownSession(_) | NotFound { .. } => code::NOT_FOUND,
             AlreadyConnected | DuplicateRequest(_) | AlreadyInitialized => code::CONFLICT,
             SetupRequired => code::SETUP_REQUIRED,
             Cancelled(_) => code::CANCELLED,

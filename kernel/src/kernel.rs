@@ -17,6 +17,7 @@ use wsd_dofs::Dofs;
 
 use crate::db::Db;
 use crate::dispatch::Dispatch;
+use crate::domains::mcp::live::McpServers;
 use crate::domains::proc::active::Procs;
 use crate::domains::shell::sessions::Sessions;
 use crate::domains::timers::TimerWake;
@@ -108,6 +109,8 @@ pub struct Kernel {
     pub(crate) login_failures: Mutex<HashMap<(String, IpAddr), u32>>,
     /// Wakes the timer task when the timer table changes.
     pub(crate) timers: Arc<TimerWake>,
+    /// Live MCP server connections (`sys.mcp.*`).
+    pub(crate) mcp: McpServers,
 }
 
 /// Read access for tests and benchmarks outside the crate: the state

@@ -9,6 +9,7 @@ mod exec;
 mod fs;
 mod handshake;
 mod harness;
+mod mcp;
 mod node;
 mod notification;
 mod proc;

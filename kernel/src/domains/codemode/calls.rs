@@ -144,9 +144,16 @@ fn host(k: Arc<Kernel>, session: Arc<Session>, cwd: String, approval: Approval) 
     })
 }
 
-/// The functions of the session's ready MCP tools.
-async fn mcp_bindings(_k: &Arc<Kernel>, _session: &Session) -> Vec<McpBinding> {
-    Vec::new()
+/// The functions of the session's ready MCP tools (none if the servers
+/// cannot be listed: the block still runs, without them).
+async fn mcp_bindings(k: &Arc<Kernel>, session: &Session) -> Vec<McpBinding> {
+    match crate::domains::mcp::calls::servers_of(k, session.identity.uid).await {
+        Ok(servers) => super::bindings(&servers),
+        Err(e) => {
+            tracing::warn!(uid = session.identity.uid, error = %e, "listing MCP servers for CodeMode");
+            Vec::new()
+        }
+    }
 }
 
 /// The model's tools with the `CodeMode` description extended by the
