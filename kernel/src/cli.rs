@@ -1,8 +1,9 @@
 //! The `gsv` command line: `serve` runs the kernel; `node` runs a device
 //! driver; `call`, `workspace`, `exec` and `chat` drive a kernel over its
 //! WebSocket like any other user client; `sched`, `notify` and
-//! `notifications` are in [`sched`].
+//! `notifications` are in [`sched`], `codemode` and `mcp` in [`codemode`].
 
+mod codemode;
 mod sched;
 
 use std::path::PathBuf;
@@ -84,6 +85,22 @@ enum Command {
         /// Spawn the new process in a new workspace.
         #[arg(long)]
         workspace: bool,
+    },
+    /// Run a JavaScript block (`codemode.run`).
+    #[command(after_help = CONFIG_HELP)]
+    Codemode {
+        #[command(flatten)]
+        conn: ConnArgs,
+        #[command(subcommand)]
+        action: Box<codemode::CodemodeAction>,
+    },
+    /// Add, list, remove or call your MCP servers (`sys.mcp.*`).
+    #[command(after_help = CONFIG_HELP)]
+    Mcp {
+        #[command(flatten)]
+        conn: ConnArgs,
+        #[command(subcommand)]
+        action: Box<codemode::McpAction>,
     },
     /// List, add, remove or run schedules (`sched.*`).
     #[command(after_help = CONFIG_HELP)]
@@ -313,6 +330,26 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             message,
             workspace,
         } => chat(&conn, pid, message, workspace).await,
+        Command::Codemode { conn, action } => {
+            let mut c = connect(&conn).await?;
+            let ok = codemode::codemode(&mut c, *action).await?;
+            c.close().await;
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Command::Mcp { conn, action } => {
+            let mut c = connect(&conn).await?;
+            let ok = codemode::mcp(&mut c, *action).await?;
+            c.close().await;
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
         Command::Sched { conn, action } => {
             let mut c = connect(&conn).await?;
             let ok = sched::sched(&mut c, *action).await?;
