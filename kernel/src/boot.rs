@@ -51,6 +51,7 @@ impl Kernel {
             procs: Procs::default(),
             login_failures: Mutex::new(HashMap::new()),
             timers: Default::default(),
+            mcp: Default::default(),
         });
         tokio::spawn(reap_idle_children(Arc::downgrade(&kernel)));
         domains::start(&kernel).await?;

@@ -7,10 +7,12 @@
 //! HTTP.
 
 pub mod account;
+pub mod codemode;
 pub mod device;
 pub mod error;
 pub mod frames;
 pub mod fs;
+pub mod mcp;
 pub mod proc;
 pub mod repo;
 pub mod shell;
