@@ -6,6 +6,7 @@
 
 pub mod error;
 pub mod frames;
+pub mod watch;
 
 pub use error::{FrameError, WireError};
 
