@@ -52,9 +52,13 @@ impl Kernel {
             sessions: Default::default(),
             dispatch: domains::table(),
             procs: Procs::default(),
+            watches: Default::default(),
             login_failures: Mutex::new(HashMap::new()),
         });
         tokio::spawn(reap_idle_children(Arc::downgrade(&kernel)));
+        tokio::spawn(domains::watch::calls::prune_periodically(Arc::downgrade(
+            &kernel,
+        )));
         domains::proc::calls::run::recover(&kernel).await?;
         Ok(kernel)
     }

@@ -19,6 +19,7 @@ use crate::db::Db;
 use crate::dispatch::Dispatch;
 use crate::domains::proc::active::Procs;
 use crate::domains::shell::sessions::Sessions;
+use crate::domains::watch::Watches;
 use crate::domains::workspace::Workspaces;
 use crate::routing::router::Router;
 use crate::session::ConnectionPool;
@@ -96,6 +97,8 @@ pub struct Kernel {
     pub dispatch: Dispatch<Kernel>,
     /// Active agent runs (the rest of a process is rows).
     pub procs: Procs,
+    /// Live `fs.watch` feeds.
+    pub watches: Watches,
     /// Permits for sockets that have not authenticated yet.
     pub pending: Arc<Semaphore>,
     /// Permits for authenticated sockets.

@@ -15,6 +15,7 @@ pub mod fs;
 pub mod proc;
 pub mod shell;
 pub mod sys;
+pub mod watch;
 pub mod workspace;
 
 use crate::db::Migration;
@@ -27,6 +28,7 @@ pub const MIGRATIONS: &[&[Migration]] = &[
     workspace::MIGRATIONS,
     device::MIGRATIONS,
     proc::MIGRATIONS,
+    watch::MIGRATIONS,
 ];
 
 /// [`MIGRATIONS`] as one list, what `Db::open` applies.
@@ -90,6 +92,9 @@ pub fn register(d: &mut Dispatch<Kernel>) {
     d.add("fs.edit", "fs.edit", fs::calls::edit);
     d.add("fs.delete", "fs.delete", fs::calls::delete);
     d.add("fs.search", "fs.search", fs::calls::search);
+    d.add("fs.watch", "fs.watch", watch::calls::watch);
+    d.add("fs.changes", "fs.changes", watch::calls::changes);
+    d.add("fs.unwatch", "fs.unwatch", watch::calls::unwatch);
     d.add("proc.spawn", "proc.spawn", proc::calls::spawn);
     d.add("proc.list", "proc.list", proc::calls::list);
     d.add("proc.send", "proc.send", proc::calls::send);
