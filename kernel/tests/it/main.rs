@@ -10,4 +10,5 @@ mod handshake;
 mod harness;
 mod node;
 mod proc;
+mod watch;
 mod workspaces;
