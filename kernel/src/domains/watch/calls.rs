@@ -788,3 +788,111 @@ pub async fn prune_periodically(kernel: std::sync::Weak<Kernel>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use wsd_dofs::WriteOptions;
+
+    use super::*;
+
+    fn store_with(files: &[&str]) -> Arc<Mutex<Dofs>> {
+        let mut d = Dofs::open_in_memory().unwrap();
+        for f in files {
+            d.write_file_with(
+                &SyncPath::new(*f).unwrap(),
+                &b"x"[..],
+                WriteOptions {
+                    create_parents: true,
+                    ..WriteOptions::default()
+                },
+            )
+            .unwrap();
+        }
+        Arc::new(Mutex::new(d))
+    }
+
+    #[test]
+    fn a_full_queue_stops_delivery_at_the_last_batch_handed_over() {
+        let store = store_with(&["a", "b", "c"]);
+        let page = read_page(&mut store.lock().unwrap(), &ChangeCursor::ZERO, PAGE).unwrap();
+        let d = Delivery {
+            id: "w_1".into(),
+            key: StoreKey::System,
+            store,
+            filter: Filter::new(None, true, &[], &[], None).unwrap(),
+            incarnation: 1,
+            durable: false,
+        };
+        let (tx, mut rx) = mpsc::channel(1);
+        let mut cursor = ChangeCursor::ZERO;
+        let step = send_page(&d, &page, &mut cursor, &tx, &Mutex::new(false));
+        assert!(matches!(step, Step::Lagged));
+        assert_eq!(
+            cursor,
+            ChangeCursor::within(1, SyncPath::new("a").unwrap()),
+            "only the first rev went out"
+        );
+        let Ok(Outgoing::Text(first)) = rx.try_recv() else {
+            panic!("one frame queued")
+        };
+        assert!(first.contains("\"/a\""), "{first}");
+        // With room again, the rest follows from that cursor, in order.
+        let page = read_page(&mut d.store.lock().unwrap(), &cursor, PAGE).unwrap();
+        let (tx, mut rx) = mpsc::channel(8);
+        let step = send_page(&d, &page, &mut cursor, &tx, &Mutex::new(false));
+        assert!(matches!(step, Step::Delivered { more: false }));
+        assert_eq!(cursor, ChangeCursor::at(3));
+        let mut got = Vec::new();
+        while let Ok(Outgoing::Text(t)) = rx.try_recv() {
+            got.push(t);
+        }
+        assert_eq!(got.len(), 2);
+        assert!(got[0].contains("\"/b\"") && got[1].contains("\"/c\""));
+    }
+
+    #[test]
+    fn a_stopped_watch_sends_nothing() {
+        let store = store_with(&["a"]);
+        let page = read_page(&mut store.lock().unwrap(), &ChangeCursor::ZERO, PAGE).unwrap();
+        let d = Delivery {
+            id: "w_1".into(),
+            key: StoreKey::System,
+            store,
+            filter: Filter::new(None, true, &[], &[], None).unwrap(),
+            incarnation: 1,
+            durable: false,
+        };
+        let (tx, mut rx) = mpsc::channel(8);
+        let mut cursor = ChangeCursor::ZERO;
+        let step = send_page(&d, &page, &mut cursor, &tx, &Mutex::new(true));
+        assert!(matches!(step, Step::Gone));
+        assert!(rx.try_recv().is_err());
+    }
+
+    #[test]
+    fn cursors_below_the_horizon_or_ahead_of_the_store_cannot_be_served() {
+        let store = store_with(&["a"]);
+        let mut d = store.lock().unwrap();
+        let inc = d.incarnation().unwrap();
+        let ahead = Cursor {
+            incarnation: inc,
+            at: ChangeCursor::at(9),
+        };
+        assert!(matches!(
+            resolve_after(&d, Some(&ahead.encode())),
+            Err(PageError::Expired(_))
+        ));
+        d.rm(&SyncPath::new("a").unwrap(), false).unwrap();
+        d.prune_tombstones_holding(2).unwrap();
+        let old = Cursor {
+            incarnation: inc,
+            at: ChangeCursor::at(1),
+        };
+        assert!(matches!(
+            resolve_after(&d, Some(&old.encode())),
+            Err(PageError::Expired(_))
+        ));
+        let now = resolve_after(&d, Some("now")).unwrap();
+        assert_eq!(now.at, ChangeCursor::at(2));
+    }
+}
