@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
-use gsv_kernel::client::{Credentials, GsvClient};
+use gsv_kernel::client::{ClientError, Credentials, GsvClient};
 use gsv_kernel::{Kernel, KernelConfig};
 use gsv_node::driver::{self, DriverConfig};
 use gsv_node::{NodeRoot, NodeTools};
@@ -65,6 +65,27 @@ enum Command {
         /// the shell, as `wsd exec` does.
         #[arg(last = true, required = true, value_name = "CMD")]
         command: Vec<String>,
+    },
+    /// Print a workspace's changes as they happen (`fs.watch`): one line
+    /// per changed path (`TYPE<TAB>PATH[<TAB>SIZE]`), then, on exit, the
+    /// cursor to resume from with `--after`.
+    #[command(after_help = CONFIG_HELP)]
+    Watch {
+        #[command(flatten)]
+        conn: ConnArgs,
+        /// The workspace id.
+        workspace: String,
+        /// A directory or file inside it (default: its root).
+        path: Option<String>,
+        /// Replay every change after this cursor first (default: now).
+        #[arg(long)]
+        after: Option<String>,
+        /// Print each `fs.changed` batch as one JSON line instead.
+        #[arg(long)]
+        json: bool,
+        /// Exit after this many changes.
+        #[arg(long)]
+        count: Option<usize>,
     },
     /// Talk to an agent process: send messages (from `-m` or stdin lines),
     /// print its streamed answer, and ask on the terminal when it wants
@@ -281,6 +302,116 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             message,
             workspace,
         } => chat(&conn, pid, message, workspace).await,
+        Command::Watch {
+            conn,
+            workspace,
+            path,
+            after,
+            json,
+            count,
+        } => {
+            let path = match path {
+                Some(p) if p.starts_with('/') => p,
+                Some(p) => format!("/workspaces/{workspace}/{p}"),
+                None => format!("/workspaces/{workspace}"),
+            };
+            watch(&conn, &path, after, json, count).await
+        }
+    }
+}
+
+/// `gsv watch`: follows `fs.changed` until `count` changes or Ctrl-C /
+/// SIGTERM, resuming by itself after `fs.watch.lagged`; prints the cursor
+/// to resume from last. An expired cursor exits 2.
+async fn watch(
+    conn: &ConnArgs,
+    path: &str,
+    mut after: Option<String>,
+    json_lines: bool,
+    count: Option<usize>,
+) -> Result<ExitCode> {
+    let mut c = connect(conn).await?;
+    let mut seen = 0usize;
+    let stop = shutdown_signal();
+    tokio::pin!(stop);
+    loop {
+        let d = c
+            .call("fs.watch", json!({"path": path, "after": after}))
+            .await?;
+        if d["ok"] != true {
+            if d["resync"] == true {
+                eprintln!(
+                    "gsv watch: {}",
+                    d["error"]["message"].as_str().unwrap_or("cursor expired")
+                );
+                return Ok(ExitCode::from(2));
+            }
+            bail!(
+                "fs.watch {path}: {}",
+                d["error"].as_str().unwrap_or("failed")
+            );
+        }
+        let watch_id = d["watchId"].clone();
+        let mut cursor = d["cursor"].as_str().unwrap_or_default().to_owned();
+        let lagged = loop {
+            if count.is_some_and(|n| seen >= n) {
+                break false;
+            }
+            let f = tokio::select! {
+                _ = &mut stop => {
+                    count_done(json_lines, &cursor)?;
+                    return Ok(ExitCode::SUCCESS);
+                }
+                f = c.recv() => match f {
+                    // A quiet workspace is not an error.
+                    Err(ClientError::Timeout(_)) => continue,
+                    other => other?,
+                },
+            };
+            let p = &f["payload"];
+            if f["type"] != "sig" || p["watchId"] != watch_id {
+                continue;
+            }
+            cursor = p["cursor"].as_str().unwrap_or_default().to_owned();
+            match f["signal"].as_str() {
+                Some("fs.changed") => {
+                    let changes = p["changes"].as_array().cloned().unwrap_or_default();
+                    seen += changes.len();
+                    if json_lines {
+                        out(&format!("{p}\n"))?;
+                    } else {
+                        for ch in changes {
+                            let size = ch["size"]
+                                .as_u64()
+                                .map(|s| format!("\t{s}"))
+                                .unwrap_or_default();
+                            out(&format!(
+                                "{}\t{}{size}\n",
+                                ch["type"].as_str().unwrap_or(""),
+                                ch["path"].as_str().unwrap_or("")
+                            ))?;
+                        }
+                    }
+                }
+                Some("fs.watch.lagged") => break true,
+                _ => {}
+            }
+        };
+        after = Some(cursor.clone());
+        if !lagged {
+            count_done(json_lines, &cursor)?;
+            c.close().await;
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
+}
+
+/// The last line of `gsv watch`: where to resume.
+fn count_done(json_lines: bool, cursor: &str) -> Result<()> {
+    if json_lines {
+        out(&format!("{}\n", json!({"cursor": cursor})))
+    } else {
+        out(&format!("cursor\t{cursor}\n"))
     }
 }
 
