@@ -244,9 +244,9 @@ impl Watches {
     /// it was running. Once this returns no signal of it is sent.
     pub fn stop(&self, id: &str, uid: Option<i64>) -> bool {
         let mut live = self.live.lock().unwrap();
-        if !live
+        if live
             .get(id)
-            .is_some_and(|l| uid.is_none_or(|u| u == l.owner_uid))
+            .is_none_or(|l| uid.is_some_and(|u| u != l.owner_uid))
         {
             return false;
         }
