@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -144,7 +144,8 @@ impl Live {
 #[derive(Debug, Default)]
 pub struct Watches {
     live: Mutex<HashMap<String, Live>>,
-    feeds: Mutex<HashMap<StoreKey, watch::Sender<u64>>>,
+    /// Per store: the store the listener is installed on, and the channel.
+    feeds: Mutex<HashMap<StoreKey, (Weak<Mutex<Dofs>>, watch::Sender<u64>)>>,
     /// Each store's rev at the previous prune tick: a tombstone is pruned
     /// only once it is a tick old, so a reader polling with `fs.changes`
     /// gets at least one interval to come back.
@@ -171,7 +172,11 @@ impl Watches {
         store: &Arc<Mutex<Dofs>>,
     ) -> Result<watch::Receiver<u64>, KernelError> {
         let mut feeds = self.feeds.lock().unwrap();
-        if let Some(tx) = feeds.get(key) {
+        // A store closed and opened again (an archived workspace) is a new
+        // value without the listener: install it again.
+        if let Some((of, tx)) = feeds.get(key)
+            && std::ptr::eq(of.as_ptr(), Arc::as_ptr(store))
+        {
             return Ok(tx.subscribe());
         }
         let (tx, rx) = watch::channel(0u64);
@@ -181,14 +186,8 @@ impl Watches {
             .unwrap_or_else(|p| p.into_inner())
             .on_commit(move || notify.send_modify(|n| *n = n.wrapping_add(1)))
             .map_err(|e| KernelError::internal("listening to a store's commits", e))?;
-        feeds.insert(key.clone(), tx);
+        feeds.insert(key.clone(), (Arc::downgrade(store), tx));
         Ok(rx)
-    }
-
-    /// Forgets `key`'s channel (its store was closed; a reopened store gets
-    /// a listener of its own on the next watch).
-    pub fn forget_store(&self, key: &StoreKey) {
-        self.feeds.lock().unwrap().remove(key);
     }
 
     /// Registers live watch `id` on `connection_id`, replacing (stopping)
