@@ -52,6 +52,8 @@ pub struct KernelConfig {
     pub routed_call_ttl: Duration,
     /// A local wsd unused this long (and running nothing) is stopped.
     pub wsd_idle_stop: Duration,
+    /// How often tombstones are pruned (kernel/PROTOCOL.md §8).
+    pub prune_every: Duration,
 }
 
 impl KernelConfig {
@@ -68,6 +70,7 @@ impl KernelConfig {
             exec_wait: Duration::from_secs(5),
             routed_call_ttl: Duration::from_secs(60),
             wsd_idle_stop: Duration::from_secs(10 * 60),
+            prune_every: Duration::from_secs(10 * 60),
         }
     }
 }

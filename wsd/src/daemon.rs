@@ -30,6 +30,8 @@ pub struct DaemonConfig {
     /// Run every exec under bubblewrap (`wsd serve --sandbox`). The state
     /// directory and unix-socket listeners are added to its hidden paths.
     pub sandbox: Option<exec::SandboxConfig>,
+    /// How often acknowledged tombstones are pruned; `None`: [`PRUNE_EVERY`].
+    pub prune_every: Option<std::time::Duration>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -161,7 +163,10 @@ pub async fn run(
         source,
     })?;
     let backend = backend.with_exec(ExecAdapter(manager.clone()));
-    let pruner = tokio::task::spawn_local(prune_periodically(backend.store_caller()));
+    let pruner = tokio::task::spawn_local(prune_periodically(
+        backend.store_caller(),
+        config.prune_every.unwrap_or(PRUNE_EVERY),
+    ));
     on_listening(&bound);
     let mut server_config = ServerConfig {
         token: config.token.clone(),
@@ -181,11 +186,14 @@ pub async fn run(
 /// acknowledged (never one a peer still needs: `prune_tombstones`).
 pub const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(10 * 60);
 
-/// Prunes every [`PRUNE_EVERY`] on the store thread, until the server
-/// stops (then the store calls fail and the task is aborted).
-async fn prune_periodically(store: crate::rpc::StoreCaller<WorkspaceStore>) {
+/// Prunes every `every` on the store thread, until the server stops (then
+/// the store calls fail and the task is aborted).
+async fn prune_periodically(
+    store: crate::rpc::StoreCaller<WorkspaceStore>,
+    every: std::time::Duration,
+) {
     loop {
-        tokio::time::sleep(PRUNE_EVERY).await;
+        tokio::time::sleep(every).await;
         let caller = store.clone();
         let done =
             tokio::task::spawn_blocking(move || caller.call_blocking(|s| s.prune_tombstones()))

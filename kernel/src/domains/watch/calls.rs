@@ -9,7 +9,6 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use gsv_protocol::frames::Outbound;
 use gsv_protocol::watch::{
@@ -37,8 +36,6 @@ use crate::session::{Outgoing, Session};
 const PAGE: usize = 1000;
 /// Most changes one `fs.changes` answer carries.
 const MAX_CHANGES_LIMIT: usize = 1000;
-/// How often the kernel prunes tombstones.
-pub const PRUNE_EVERY: Duration = Duration::from_secs(10 * 60);
 
 /// An operation failure of a watch call (`ok:true, data:{ok:false, …}`).
 #[derive(Debug, thiserror::Error)]
@@ -772,10 +769,14 @@ pub async fn prune_now(k: &Arc<Kernel>) -> Result<Vec<Pruned>, KernelError> {
     Ok(out)
 }
 
-/// Prunes every [`PRUNE_EVERY`] until the kernel goes away.
+/// Prunes every `config.prune_every` until the kernel goes away.
 pub async fn prune_periodically(kernel: std::sync::Weak<Kernel>) {
     loop {
-        tokio::time::sleep(PRUNE_EVERY).await;
+        let every = match kernel.upgrade() {
+            Some(k) => k.config.prune_every,
+            None => return,
+        };
+        tokio::time::sleep(every).await;
         let Some(k) = kernel.upgrade() else { return };
         match prune_now(&k).await {
             Ok(done) => {
