@@ -475,3 +475,34 @@ async fn pruning_never_passes_a_durable_watchs_cursor() {
     pruned.extend(prune_now(&k.kernel).await.unwrap());
     assert!(pruned.iter().any(|p| p.pruned >= 1), "{pruned:?}");
 }
+
+#[tokio::test]
+async fn the_kernel_prunes_on_its_schedule_so_an_unheld_cursor_expires() {
+    let k = TestKernel::with_users_tuned(|c| {
+        c.prune_every = std::time::Duration::from_millis(20);
+    })
+    .await;
+    let mut a = Feed::new(k.alice().await);
+    let old = a
+        .call("fs.changes", json!({"path": "/home/alice", "after": "now"}))
+        .await["cursor"]
+        .clone();
+    write(&mut a.c, "/home/alice/doomed.txt", "d").await;
+    a.c.call("fs.delete", json!({"path": "/home/alice/doomed.txt"}))
+        .await
+        .unwrap();
+    // No watch holds it: within a few ticks the tombstone is pruned.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let d =
+            a.c.call("fs.changes", json!({"path": "/home/alice", "after": old}))
+                .await
+                .unwrap();
+        if d["ok"] == false {
+            assert_eq!(d["code"], "ECURSOR_EXPIRED", "{d}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never pruned: {d}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
