@@ -154,7 +154,7 @@ async fn run() {
     let mut children = 0u64;
     let mut n = 0;
     for id in &ids {
-        if let Some(pid) = kernel.workspaces.local_pid(id).await {
+        if let Some(pid) = kernel.workspaces().local_pid(id).await {
             children += rss_kib(pid);
             n += 1;
         }

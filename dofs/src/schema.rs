@@ -21,8 +21,13 @@ const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 3,
+        name: "snapshots",
+        sql: include_str!("schema/003_snapshots.sql"),
+    },
+    Migration {
+        version: 4,
         name: "incarnation",
-        sql: include_str!("schema/003_incarnation.sql"),
+        sql: include_str!("schema/004_incarnation.sql"),
     },
 ];
 

@@ -13,12 +13,16 @@ pub const USER_CAPABILITIES: &[&str] = &[
     "shell.*",
     "net.fetch",
     "proc.*",
+    "sched.*",
+    "notification.*",
+    "repo.*",
     "signal.*",
     "sys.config.get",
     "sys.config.set",
     "sys.device.*",
     "sys.token.*",
     "sys.workspace.*",
+    "workspace.*",
     "account.list",
 ];
 

@@ -101,11 +101,19 @@ impl<K: Send + Sync + 'static> Dispatch<K> {
         let handler: Handler<K> = Arc::new(move |k, s, raw| {
             let f = f.clone();
             Box::pin(async move {
-                let args: A =
-                    serde_json::from_value(raw).map_err(|e| KernelError::InvalidArgs {
+                // The path names the argument (`expression.everyMs: …`).
+                let args: A = serde_path_to_error::deserialize(raw).map_err(|e| {
+                    let path = e.path().to_string();
+                    let inner = e.into_inner();
+                    KernelError::InvalidArgs {
                         call: call.to_owned(),
-                        reason: e.to_string(),
-                    })?;
+                        reason: if path == "." {
+                            inner.to_string()
+                        } else {
+                            format!("{path}: {inner}")
+                        },
+                    }
+                })?;
                 let out = f(k, s, args).await?;
                 serde_json::to_value(out).map_err(|e| KernelError::internal(call, e))
             })

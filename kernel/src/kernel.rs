@@ -19,6 +19,7 @@ use crate::db::Db;
 use crate::dispatch::Dispatch;
 use crate::domains::proc::active::Procs;
 use crate::domains::shell::sessions::Sessions;
+use crate::domains::timers::TimerWake;
 use crate::domains::watch::Watches;
 use crate::domains::workspace::Workspaces;
 use crate::routing::router::Router;
@@ -52,7 +53,12 @@ pub struct KernelConfig {
     pub routed_call_ttl: Duration,
     /// A local wsd unused this long (and running nothing) is stopped.
     pub wsd_idle_stop: Duration,
-    /// How often tombstones are pruned (kernel/PROTOCOL.md §8).
+    /// Snapshots one workspace may hold; one more is `ELIMIT`.
+    pub snapshot_limit: u64,
+    /// How often the kernel collects garbage in every workspace store
+    /// (`None`: only on `sys.gc`).
+    pub gc_interval: Option<Duration>,
+    /// How often tombstones are pruned (kernel/PROTOCOL.md §9).
     pub prune_every: Duration,
 }
 
@@ -70,6 +76,8 @@ impl KernelConfig {
             exec_wait: Duration::from_secs(5),
             routed_call_ttl: Duration::from_secs(60),
             wsd_idle_stop: Duration::from_secs(10 * 60),
+            snapshot_limit: 64,
+            gc_interval: Some(Duration::from_secs(6 * 60 * 60)),
             prune_every: Duration::from_secs(10 * 60),
         }
     }
@@ -87,32 +95,60 @@ pub fn default_wsd_bin() -> PathBuf {
 /// The shared kernel.
 #[derive(Debug)]
 pub struct Kernel {
-    pub config: KernelConfig,
-    pub db: Db,
+    pub(crate) config: KernelConfig,
+    pub(crate) db: Db,
     /// The `/home`, `/etc`, `/var`, `/root` tree.
-    pub system: Arc<Mutex<Dofs>>,
-    pub workspaces: Workspaces,
-    pub pool: ConnectionPool,
+    pub(crate) system: Arc<Mutex<Dofs>>,
+    pub(crate) workspaces: Workspaces,
+    pub(crate) pool: ConnectionPool,
     /// Live device drivers and routed calls waiting for them.
-    pub router: Arc<Router>,
+    pub(crate) router: Arc<Router>,
     /// Live `shell.exec` sessions.
-    pub sessions: Sessions,
-    pub dispatch: Dispatch<Kernel>,
+    pub(crate) sessions: Sessions,
+    pub(crate) dispatch: Dispatch<Kernel>,
     /// Active agent runs (the rest of a process is rows).
-    pub procs: Procs,
+    pub(crate) procs: Procs,
     /// Live `fs.watch` feeds.
-    pub watches: Watches,
+    pub(crate) watches: Watches,
     /// Permits for sockets that have not authenticated yet.
-    pub pending: Arc<Semaphore>,
+    pub(crate) pending: Arc<Semaphore>,
     /// Permits for authenticated sockets.
-    pub connected: Arc<Semaphore>,
+    pub(crate) connected: Arc<Semaphore>,
     /// Failed logins per (username, address), for the growing delay.
-    pub login_failures: Mutex<HashMap<(String, IpAddr), u32>>,
+    pub(crate) login_failures: Mutex<HashMap<(String, IpAddr), u32>>,
+    /// Wakes the timer task when the timer table changes.
+    pub(crate) timers: Arc<TimerWake>,
 }
 
+/// Read access for tests and benchmarks outside the crate: the state
+/// itself stays the domains' (no field is public).
 impl Kernel {
+    pub fn config(&self) -> &KernelConfig {
+        &self.config
+    }
+
+    /// The kernel database (tests inspect rows through it).
+    pub fn db(&self) -> &Db {
+        &self.db
+    }
+
+    /// The system store (`/home`, `/etc`, `/var`, `/root`).
+    pub fn system(&self) -> &Arc<Mutex<Dofs>> {
+        &self.system
+    }
+
+    pub fn workspaces(&self) -> &Workspaces {
+        &self.workspaces
+    }
+
+    /// Live sockets.
+    pub fn pool(&self) -> &ConnectionPool {
+        &self.pool
+    }
+
     /// Stops local `wsd` children (the kernel is going away).
     pub async fn shutdown(&self) {
+        self.timers.stop();
         self.workspaces.shutdown().await;
     }
 }

@@ -24,6 +24,7 @@ mod ignore_rules;
 pub mod limits;
 pub mod manifest;
 mod path;
+pub mod plan;
 mod remote;
 mod store;
 #[cfg(feature = "testkit")]

@@ -2,13 +2,13 @@
 //! (`sync-protocol.md` rules 3–6 and 10), all in one transaction.
 
 use rusqlite::{Connection, OptionalExtension, params};
+use wsd_sync::plan::{self, Disk, Plan};
 use wsd_sync::{
     ApplyBatch, ApplyOutcome, Baseline, ChangeCursor, ChangeEntry, EntryState, SyncError, SyncPath,
 };
 
-use crate::fs::DEFAULT_DIR_MODE;
 use crate::rows::{
-    self, Mutation, Node, Row, ensure_manifest, get_row, has_chunk, live, put_node, subtree_bounds,
+    self, Mutation, Node, Row, ensure_manifest, get_row, has_chunk, put_node, subtree_bounds,
     tombstone_subtree,
 };
 use crate::sync::watermarks;
@@ -32,13 +32,34 @@ struct Source<'a> {
 }
 
 impl Source<'_> {
-    fn is_unpushed(&self, row: &Row) -> Result<bool, DofsError> {
-        if self.peer.is_none() || row.applied_from.as_deref() == self.peer {
-            return Ok(false);
+    /// The batch as [`plan`] sees it: no disk, no conflict copies, parents
+    /// created as local writes, a subtree replaced whole.
+    fn plan_options(&self) -> plan::Options<'_> {
+        plan::Options {
+            peer: self.peer.is_some(),
+            push_cursor: self.peer.map(|_| &self.pushed),
+            conflict_copies: false,
+            ignore: self.ignore,
+            implied_dirs: plan::ImpliedDirs::Local,
+            refuse_replacing_excluded: false,
         }
-        Ok(self
-            .pushed
-            .is_before(row.rev, &SyncPath::new(row.path.clone())?))
+    }
+
+    /// What the plan is told of a row: `entry`, when given, is what it is
+    /// compared with (rule 4).
+    fn index_row(&self, row: &Row, entry: Option<&Node>) -> plan::IndexRow {
+        plan::IndexRow {
+            kind: row.node.kind(),
+            mode: match &row.node {
+                Node::File { mode, .. } | Node::Dir { mode, .. } | Node::Symlink { mode, .. } => {
+                    *mode
+                }
+                Node::Deleted => 0,
+            },
+            rev: row.rev,
+            from_sender: row.applied_from.as_deref() == Some(self.remote),
+            matches_entry: entry.is_some_and(|n| row.node.is_live() && row.node.same_content(n)),
+        }
     }
 
     /// Whether any live strict descendant of `path` is an unpushed change.
@@ -170,24 +191,46 @@ fn live_below(conn: &Connection, path: &str) -> Result<Vec<(SyncPath, bool)>, Do
         .collect()
 }
 
+/// The rows below a path, as the plan asks.
+struct Subtree<'s> {
+    conn: &'s Connection,
+    src: &'s Source<'s>,
+    path: &'s str,
+}
+
+impl plan::Below for Subtree<'_> {
+    type Error = DofsError;
+    fn live(&mut self) -> Result<Vec<(SyncPath, bool)>, DofsError> {
+        live_below(self.conn, self.path)
+    }
+    fn unpushed(&mut self) -> Result<bool, DofsError> {
+        self.src.subtree_unpushed(self.conn, self.path)
+    }
+    /// No disk beside the rows: nothing below is unsettled.
+    fn unsettled(&mut self) -> Result<bool, DofsError> {
+        Ok(false)
+    }
+}
+
+/// Applies one entry as [`plan::entry`] decides.
 fn apply_entry(
     m: &mut Mutation<'_>,
     src: &Source<'_>,
     e: &ChangeEntry,
 ) -> Result<Applied, DofsError> {
     let path = e.path.as_str();
-    let current = get_row(m, path)?;
-    let current_live = current.as_ref().filter(|r| r.node.is_live());
-    if let EntryState::Delete = e.state {
-        let Some(cur) = current_live else {
-            return Ok(Applied::Skipped);
-        };
-        if cur.node.is_dir()
-            && !src.ignore.is_empty()
-            && let Some(tops) = src.ignore.delete_sparing(&e.path, &live_below(m, path)?)
-        {
-            // The sender excludes something we hold below: delete the rest,
-            // one subtree at a time, and keep the directory.
+    let node = Node::from_state(&e.state);
+    let row = get_row(m, path)?.map(|r| src.index_row(&r, Some(&node)));
+    let planned = plan::entry(
+        e,
+        row.as_ref(),
+        Disk::as_indexed(row.as_ref()),
+        &src.plan_options(),
+        &mut Subtree { conn: m, src, path },
+    )?;
+    let write = match planned {
+        Plan::Skip => return Ok(Applied::Skipped),
+        Plan::DeleteSparing(tops) => {
             let mut overwrote_local = false;
             for top in tops {
                 let del = ChangeEntry {
@@ -201,19 +244,14 @@ fn apply_entry(
             }
             return Ok(Applied::Changed { overwrote_local });
         }
-        let overwrote = src.is_unpushed(cur)? || src.subtree_unpushed(m, path)?;
+        Plan::Write(w) => w,
+    };
+    if let EntryState::Delete = e.state {
         let rev = m.rev()?;
         tombstone_subtree(m, path, true, rev, src.marker)?;
         return Ok(Applied::Changed {
-            overwrote_local: overwrote,
+            overwrote_local: write.overwrites_local,
         });
-    }
-    let node = Node::from_state(&e.state);
-    if src.peer.is_some()
-        && let Some(cur) = current_live
-        && cur.node.same_content(&node)
-    {
-        return Ok(Applied::Skipped);
     }
     // Every chunk must be held before anything changes; the whole batch
     // rolls back otherwise, so a half-linked file is never visible.
@@ -226,17 +264,9 @@ fn apply_entry(
             .into());
         }
     }
-    let mut overwrote = match &current {
-        Some(cur) => src.is_unpushed(cur)?,
-        None => false,
-    };
-    overwrote |= ensure_parent_dirs(m, src, &e.path)?;
-    if let Some(cur) = current_live
-        && cur.node.is_dir()
-        && !node.is_dir()
-    {
+    let overwrote = ensure_parent_dirs(m, src, &e.path)? | write.overwrites_local;
+    if write.replaced_dir.is_some() {
         // A kind change replaces the whole local subtree (rule 6).
-        overwrote |= src.subtree_unpushed(m, path)?;
         let rev = m.rev()?;
         tombstone_subtree(m, path, false, rev, src.marker)?;
     }
@@ -251,8 +281,9 @@ fn apply_entry(
 }
 
 /// Creates `path`'s missing ancestors (a child may stream before a parent
-/// whose rev is newer, rule 3) and replaces a non-directory in the way.
-/// Returns whether that replaced an unpushed local change.
+/// whose rev is newer, rule 3) and replaces a non-directory in the way, as
+/// [`plan::implied_dir`] decides. Returns whether that replaced an unpushed
+/// local change.
 ///
 /// Created parents are recorded as local writes, not as the remote's: if
 /// the parent's own entry is not in this stream (it was older than our
@@ -266,29 +297,37 @@ fn ensure_parent_dirs(
 ) -> Result<bool, DofsError> {
     let mut overwrote = false;
     for anc in path.ancestors() {
-        let cur = live(m, anc.as_str())?;
-        match &cur {
-            Some(Row {
-                node: Node::Dir { .. },
-                ..
-            }) => continue,
-            Some(row) => overwrote |= src.is_unpushed(row)?,
-            None => {}
+        let cur = get_row(m, anc.as_str())?;
+        let live = cur.as_ref().filter(|r| r.node.is_live());
+        if live.is_some_and(|r| r.node.is_dir()) {
+            continue;
         }
+        let row = cur.as_ref().map(|r| src.index_row(r, None));
+        let implied = plan::implied_dir(
+            &anc,
+            row.as_ref(),
+            Disk::as_indexed(row.as_ref()),
+            &src.plan_options(),
+        );
+        overwrote |= implied.overwrites_local;
         let rev = m.rev()?;
-        let mtime = match cur.map(|r| r.node) {
-            Some(Node::File { mtime, .. } | Node::Symlink { mtime, .. }) => mtime,
+        let mtime = match live.map(|r| &r.node) {
+            Some(Node::File { mtime, .. } | Node::Symlink { mtime, .. }) => *mtime,
             _ => rows::now_ms(),
+        };
+        let marker = match implied.origin {
+            plan::Origin::Local => None,
+            plan::Origin::Sender => src.marker,
         };
         put_node(
             m,
             &anc,
             rev,
             &Node::Dir {
-                mode: DEFAULT_DIR_MODE,
+                mode: implied.mode,
                 mtime,
             },
-            None,
+            marker,
         )?;
     }
     Ok(overwrote)

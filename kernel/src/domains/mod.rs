@@ -1,6 +1,7 @@
 //! The kernel's domains, and the one place they are wired: every syscall
-//! registered with the capability it needs ([`register`]) and every
-//! domain's migrations in id order ([`MIGRATIONS`]).
+//! registered with the capability it needs ([`register`]), every
+//! domain's migrations in id order ([`MIGRATIONS`]), and what each does
+//! at start ([`prepare`] before the kernel exists, [`start`] after).
 //!
 //! A domain is a module owning its state (its rows, its tables' migration,
 //! what it keeps in memory) and its calls (`calls`, handlers taking the
@@ -12,14 +13,24 @@
 pub mod accounts;
 pub mod device;
 pub mod fs;
+pub mod notification;
 pub mod proc;
+pub mod repo;
+pub mod sched;
 pub mod shell;
+pub mod snapshot;
 pub mod sys;
+pub mod timers;
 pub mod watch;
 pub mod workspace;
 
-use crate::db::Migration;
+use std::sync::{Arc, Mutex};
+
+use wsd_dofs::Dofs;
+
+use crate::db::{Db, Migration};
 use crate::dispatch::Dispatch;
+use crate::error::KernelError;
 use crate::kernel::Kernel;
 
 /// Every domain's migrations, in id order.
@@ -28,12 +39,35 @@ pub const MIGRATIONS: &[&[Migration]] = &[
     workspace::MIGRATIONS,
     device::MIGRATIONS,
     proc::MIGRATIONS,
+    timers::MIGRATIONS,
+    notification::MIGRATIONS,
+    sched::MIGRATIONS,
     watch::MIGRATIONS,
+    snapshot::MIGRATIONS,
 ];
 
 /// [`MIGRATIONS`] as one list, what `Db::open` applies.
 pub fn migrations() -> Vec<Migration> {
     MIGRATIONS.iter().flat_map(|m| m.iter().copied()).collect()
+}
+
+/// Start-up on the migrated database and the system store, before the
+/// kernel serves: root's accounts, the routes a stopped kernel left (all
+/// dead), root's home.
+pub async fn prepare(db: &Db, system: &Arc<Mutex<Dofs>>) -> Result<(), KernelError> {
+    db.call(accounts::bootstrap).await?;
+    db.call(crate::routing::reset_at_start).await?;
+    fs::calls::ensure_dir(system, "root").await
+}
+
+/// Start-up that needs the whole kernel: runs a stopped kernel left
+/// `running` end, and queued work starts.
+pub async fn start(k: &Arc<Kernel>) -> Result<(), KernelError> {
+    proc::calls::run::recover(k).await?;
+    sched::calls::recover(k).await?;
+    timers::calls::start(k);
+    tokio::spawn(watch::calls::prune_periodically(Arc::downgrade(k)));
+    Ok(())
 }
 
 /// The whole table.
@@ -104,6 +138,73 @@ pub fn register(d: &mut Dispatch<Kernel>) {
     d.add("proc.reset", "proc.reset", proc::calls::reset);
     d.add("proc.kill", "proc.kill", proc::calls::kill);
     d.add("shell.exec", "shell.exec", shell::calls::exec);
+    d.add("sched.list", "sched.list", sched::calls::list);
+    d.add("sched.add", "sched.add", sched::calls::add);
+    d.add("sched.update", "sched.update", sched::calls::update);
+    d.add("sched.remove", "sched.remove", sched::calls::remove);
+    d.add("sched.run", "sched.run", sched::calls::run);
+    d.add(
+        "notification.create",
+        "notification.create",
+        notification::calls::create,
+    );
+    d.add(
+        "notification.list",
+        "notification.list",
+        notification::calls::list,
+    );
+    d.add(
+        "notification.mark_read",
+        "notification.mark_read",
+        notification::calls::mark_read,
+    );
+    d.add(
+        "notification.dismiss",
+        "notification.dismiss",
+        notification::calls::dismiss,
+    );
+    d.add(
+        "workspace.snapshot.create",
+        "workspace.snapshot.create",
+        snapshot::calls::create,
+    );
+    d.add(
+        "workspace.snapshot.list",
+        "workspace.snapshot.list",
+        snapshot::calls::list,
+    );
+    d.add(
+        "workspace.snapshot.get",
+        "workspace.snapshot.get",
+        snapshot::calls::get,
+    );
+    d.add(
+        "workspace.snapshot.diff",
+        "workspace.snapshot.diff",
+        snapshot::calls::diff,
+    );
+    d.add(
+        "workspace.snapshot.restore",
+        "workspace.snapshot.restore",
+        snapshot::calls::restore,
+    );
+    d.add(
+        "workspace.snapshot.delete",
+        "workspace.snapshot.delete",
+        snapshot::calls::delete,
+    );
+    // Root only: it walks every workspace store.
+    d.add("sys.gc", "sys.gc", snapshot::calls::gc);
+    d.add("repo.list", "repo.list", repo::calls::list);
+    d.add("repo.create", "repo.create", repo::calls::create);
+    d.add("repo.refs", "repo.refs", repo::calls::refs);
+    d.add("repo.read", "repo.read", repo::calls::read);
+    d.add("repo.search", "repo.search", repo::calls::search);
+    d.add("repo.log", "repo.log", repo::calls::log);
+    d.add("repo.diff", "repo.diff", repo::calls::diff);
+    d.add("repo.compare", "repo.compare", repo::calls::compare);
+    d.add("repo.apply", "repo.apply", repo::calls::apply);
+    d.add("repo.import", "repo.import", repo::calls::import);
 }
 
 #[cfg(test)]

@@ -54,9 +54,9 @@ pub const SESSION_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// Runs an authorised call, native or routed; `entry` is `None` for a
 /// routable call with no native handler (it can only be routed).
 ///
-/// `args.target` is handled here and only here: absent, empty or `"gsv"`
-/// means native; any other value on a routable call (`fs.*`, `shell.*`,
-/// `net.*`) is a device route, as is a `shell.exec` continuing a device's
+/// `args.target` of a routable call (`fs.*`, `shell.*`, `net.*`) is
+/// handled here and only here: absent, empty or `"gsv"` means native; any
+/// other value is a device route, as is a `shell.exec` continuing a device's
 /// shell session. A routed call needs no native handler: only the
 /// caller's capability is checked before routing.
 pub async fn run_call<K: Send + Sync + 'static>(
@@ -67,7 +67,13 @@ pub async fn run_call<K: Send + Sync + 'static>(
     call: &str,
     mut args: Map<String, Value>,
 ) -> Result<Value, KernelError> {
-    let target = args.remove("target");
+    // Only a routable call's `target` names a device (seed 000); other
+    // domains own the name (`sched.add` has a schedule `target`).
+    let target = if is_routable(call) {
+        args.remove("target")
+    } else {
+        None
+    };
     if let Some(s) = device_session(router, call, &args).await? {
         let target = target.and_then(|t| t.as_str().map(str::to_owned));
         return continue_session(router, &session, s, target, args).await;
@@ -75,10 +81,9 @@ pub async fn run_call<K: Send + Sync + 'static>(
     match target {
         None | Some(Value::Null) => {}
         Some(Value::String(t)) if t.is_empty() || t == "gsv" => {}
-        Some(Value::String(t)) if is_routable(call) => {
+        Some(Value::String(t)) => {
             return route_to_target(router, &session, call, t, args).await;
         }
-        Some(Value::String(_)) => {}
         Some(_) => {
             return Err(KernelError::InvalidArgs {
                 call: call.to_owned(),

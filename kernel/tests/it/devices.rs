@@ -14,7 +14,7 @@ use crate::harness::{
 async fn route_rows(k: &TestKernel, id: &str) -> i64 {
     let id = id.to_owned();
     k.kernel
-        .db
+        .db()
         .call(move |c| {
             Ok(c.query_row(
                 "SELECT count(*) FROM routing_table WHERE id = ?1",
@@ -178,7 +178,7 @@ async fn a_device_marked_online_without_a_live_connection_is_503_no_active_conne
     }
     // As a row left behind by a kernel that stopped with the device online.
     k.kernel
-        .db
+        .db()
         .call(|c| {
             c.execute("UPDATE devices SET online = 1 WHERE device_id = 'dev1'", [])?;
             Ok(())
@@ -459,8 +459,7 @@ async fn a_driver_reconnect_keeps_running_sessions_and_exec_status_records_their
 #[tokio::test]
 async fn expired_device_sessions_are_pruned_and_unknown() {
     let (k, mut alice, _drv) = with_driver(&["shell.exec"]).await;
-    k.kernel
-        .db
+    k.kernel.db()
         .call(|c| {
             c.execute(
                 "INSERT INTO device_shell_sessions(session_id, device_id, owner_uid, status,
@@ -478,7 +477,7 @@ async fn expired_device_sessions_are_pruned_and_unknown() {
     assert_eq!(err_of(&f), (404, "Unknown shell session: old".into()));
     let left: i64 = k
         .kernel
-        .db
+        .db()
         .call(|c| {
             Ok(c.query_row(
                 "SELECT count(*) FROM device_shell_sessions WHERE session_id = 'old'",

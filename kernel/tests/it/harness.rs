@@ -22,6 +22,23 @@ pub struct TestKernel {
     pub kernel: Arc<Kernel>,
     _dir: Option<TempDir>,
     stop: Option<oneshot::Sender<()>>,
+    /// The server task; it ends after the kernel's shutdown.
+    served: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// A kernel's data directory while no kernel runs on it (see
+/// [`TestKernel::stop`]).
+pub struct StoppedKernel {
+    dir: TempDir,
+}
+
+impl StoppedKernel {
+    /// Starts a kernel again on the same data directory.
+    pub async fn start(self) -> TestKernel {
+        let mut k = TestKernel::start_in(self.dir.path().join("data"), |_| {}).await;
+        k._dir = Some(self.dir);
+        k
+    }
 }
 
 impl Drop for TestKernel {
@@ -60,7 +77,7 @@ impl TestKernel {
         let url = format!("ws://{}/ws", listener.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
         let k = kernel.clone();
-        tokio::spawn(async move {
+        let served = tokio::spawn(async move {
             gsv_kernel::server::serve(listener, k.clone(), async move {
                 let _ = stopped.await;
             })
@@ -73,7 +90,26 @@ impl TestKernel {
             kernel,
             _dir: None,
             stop: Some(stop),
+            served: Some(served),
         }
+    }
+
+    /// Stops the server and waits for the kernel's shutdown (its timer
+    /// task included), keeping the data directory for [`StoppedKernel::start`].
+    /// Close this kernel's clients first.
+    #[allow(dead_code)]
+    pub async fn stop(mut self) -> StoppedKernel {
+        let dir = self
+            ._dir
+            .take()
+            .expect("the kernel owns its data directory");
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(served) = self.served.take() {
+            served.await.unwrap();
+        }
+        StoppedKernel { dir }
     }
 
     /// A kernel set up with `alice` (and `bob`, created by root).
@@ -141,6 +177,90 @@ impl TestKernel {
 
     pub async fn bob(&self) -> GsvClient {
         self.login("bob", BOB_PW).await
+    }
+}
+
+/// A client that keeps the signals it sees while waiting for answers.
+#[allow(dead_code)]
+pub struct Watcher {
+    pub c: GsvClient,
+    pub seen: std::collections::VecDeque<Value>,
+}
+
+#[allow(dead_code)]
+impl Watcher {
+    pub fn new(c: GsvClient) -> Watcher {
+        Watcher {
+            c,
+            seen: Default::default(),
+        }
+    }
+
+    /// The whole response frame; signals before it are kept.
+    pub async fn request(&mut self, call: &str, args: Value) -> Value {
+        let id = self.c.fresh_id();
+        self.c.send_request(&id, call, args).await.unwrap();
+        loop {
+            let f = self.c.recv().await.unwrap();
+            if f["type"] == "res" && f["id"] == id {
+                return f;
+            }
+            if f["type"] == "sig" {
+                self.seen.push_back(f);
+            }
+        }
+    }
+
+    /// `data` of a successful response, or a panic.
+    pub async fn call(&mut self, call: &str, args: Value) -> Value {
+        let f = self.request(call, args).await;
+        assert_eq!(f["ok"], true, "{call}: {f}");
+        f["data"].clone()
+    }
+
+    /// The next signal named `name` (kept ones first); bounded by the
+    /// client's timeout.
+    pub async fn signal(&mut self, name: &str) -> Value {
+        if let Some(i) = self.seen.iter().position(|s| s["signal"] == name) {
+            return self.seen.remove(i).unwrap()["payload"].clone();
+        }
+        loop {
+            let f = self.c.recv().await.unwrap();
+            if f["type"] == "sig" {
+                if f["signal"] == name {
+                    return f["payload"].clone();
+                }
+                self.seen.push_back(f);
+            }
+        }
+    }
+
+    /// Names of the signals kept so far.
+    pub fn seen_names(&self) -> Vec<String> {
+        self.seen
+            .iter()
+            .map(|s| s["signal"].as_str().unwrap_or("").to_owned())
+            .collect()
+    }
+}
+
+/// Polls `check` every 50 ms until it gives a value; panics after 30 s.
+#[allow(dead_code)]
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -196,7 +196,7 @@ async fn shell_exec_on_a_node_completes_and_a_background_session_is_polled_to_it
         let s = sid2.clone();
         status = k
             .kernel
-            .db
+            .db()
             .call(move |c| {
                 Ok(c.query_row(
                     "SELECT status FROM device_shell_sessions WHERE session_id = ?1",

@@ -349,17 +349,17 @@ async fn a_runs_signals_reach_the_owners_other_sockets_once_its_socket_is_gone()
     let mut second = Watcher::new(k.login_from("second-screen", "alice", ALICE_PW).await);
     let (_, s) = second.spawn_and_send("hi").await;
     second.signal("proc.run.stream", |_| true).await;
-    let before = k.kernel.pool.len();
+    let before = k.kernel.pool().len();
     second.c.close().await;
     // The kernel notices the close on its own time; bounded wait for it.
     for _ in 0..500 {
-        if k.kernel.pool.len() < before {
+        if k.kernel.pool().len() < before {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     assert!(
-        k.kernel.pool.len() < before,
+        k.kernel.pool().len() < before,
         "the closed socket left the pool"
     );
     gate.notify_one();
@@ -732,7 +732,7 @@ async fn reset_archives_the_history_as_gzip_jsonl_and_clears_it() {
     let h = a.call("proc.history", json!({"pid": pid})).await;
     assert_eq!(h["messages"], json!([]));
     let p = wsd_sync::SyncPath::canonicalize(path.trim_start_matches('/')).unwrap();
-    let gz = k.kernel.system.lock().unwrap().read_file(&p).unwrap();
+    let gz = k.kernel.system().lock().unwrap().read_file(&p).unwrap();
     let mut text = String::new();
     flate2::read::GzDecoder::new(&gz[..])
         .read_to_string(&mut text)

@@ -24,9 +24,10 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, OptionalExtension, params};
+use wsd_sync::plan::{self, Plan, ReplacedDir};
 use wsd_sync::{
     ApplyOutcome, Baseline, ChangeCursor, ChangeEntry, ChunkRef, EntryState, Hash, IgnoreRules,
-    SyncError, SyncPath, manifest,
+    Kind, SyncError, SyncPath, manifest,
 };
 
 use super::error::{IndexContext, IoContext};
@@ -35,10 +36,6 @@ use super::index::{self, Node, NodeKind, Stat};
 use super::objects::Staging;
 use super::scan;
 use super::writer::{self, Job, OldVersion, Writers};
-
-/// Default mode of a parent directory apply creates before its own entry
-/// arrives (rule 3).
-const IMPLIED_DIR_MODE: u32 = 0o755;
 
 /// Where `read_chunk` looked and what it found wrong, for the error message.
 #[derive(Debug, Default)]
@@ -370,12 +367,32 @@ impl<'a> Apply<'a> {
         Ok(())
     }
 
-    /// Whether the row is a local change the remote has not acknowledged.
-    fn unpushed_local(&self, row: Option<&Node>) -> bool {
-        row.is_some_and(|r| {
-            r.applied_from.as_deref() != Some(self.remote)
-                && self.push_cursor.is_before(r.rev, &r.path)
-        })
+    /// What the plan is told of a row: `entry`, when given, is what it is
+    /// compared with (rule 4).
+    fn index_row(&self, row: &Node, entry: Option<&EntryState>) -> plan::IndexRow {
+        plan::IndexRow {
+            kind: match row.kind {
+                NodeKind::File => Some(Kind::File),
+                NodeKind::Dir => Some(Kind::Dir),
+                NodeKind::Symlink => Some(Kind::Symlink),
+                NodeKind::Tombstone => None,
+            },
+            mode: row.stat.mode,
+            rev: row.rev,
+            from_sender: row.applied_from.as_deref() == Some(self.remote),
+            matches_entry: entry.is_some_and(|e| row_matches(row, e)),
+        }
+    }
+
+    fn plan_options(&self) -> plan::Options<'_> {
+        plan::Options {
+            peer: self.peer,
+            push_cursor: Some(&self.push_cursor),
+            conflict_copies: self.conflicts.is_some(),
+            ignore: self.ignore,
+            implied_dirs: plan::ImpliedDirs::Inferred,
+            refuse_replacing_excluded: true,
+        }
     }
 
     /// Whether any row strictly below `path` is an unacknowledged local change.
@@ -472,15 +489,6 @@ impl<'a> Apply<'a> {
             .collect()
     }
 
-    /// The first live path below `path` the sender's exclusions match.
-    fn excluded_below(&self, path: &SyncPath) -> Result<Option<SyncPath>, SyncError> {
-        Ok(self
-            .live_below(path)?
-            .into_iter()
-            .find(|(p, is_dir)| self.ignore.is_ignored(p, *is_dir))
-            .map(|(p, _)| p))
-    }
-
     fn note_overwrite(&mut self, path: &SyncPath, what: &str) {
         self.outcome.overwrote_local += 1;
         // With conflict copies on (the CLI), the caller reports each one in
@@ -522,40 +530,20 @@ impl<'a> Apply<'a> {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
                 Err(e) => return Err(SyncError::io(format!("stat {a} (ancestor of {path})"), e)),
             };
+            // Which mode, and whose state the directory is (rule 3).
             let row = index::get_node(self.db, &a)?;
-            // Which mode, and whose state the directory is:
-            // - a live directory row with no directory on disk is a local
-            //   delete (or replacement) settle has not stamped yet; the row's
-            //   mode is what both sides last agreed on, so the directory
-            //   comes back as that (a guess recorded as the sender's state
-            //   would keep the two sides' modes apart for good);
-            // - otherwise the mode is a guess standing in for the sender's,
-            //   whose own entry follows (a directory streams after what it
-            //   holds only when its mode changed later), so it counts as the
-            //   sender's state;
-            // - except where it overwrites a local change not yet pushed, or
-            //   stands on our own delete of the directory (pushed or not:
-            //   the sender kept it, sparing paths it excludes, rule 6, and
-            //   sends no entry for it): then it is a local write and ships
-            //   back, so both sides agree on one mode.
-            let row_dir = row
-                .as_ref()
-                .filter(|r| r.is_live() && r.kind == NodeKind::Dir);
-            let mode = row_dir.map_or(IMPLIED_DIR_MODE, |r| r.stat.mode);
-            let own_delete = row
-                .as_ref()
-                .is_some_and(|r| !r.is_live() && r.applied_from.as_deref() != Some(self.remote));
-            let unpushed = self.unpushed_local(row.as_ref());
-            let local = unpushed || (row_dir.is_none() && own_delete);
-            // What is there (a file, a symlink, or nothing where the index
-            // holds a directory) and not as indexed is lost all the same:
-            // counted, and kept as a conflict copy where those are on.
             let live = row.as_ref().filter(|r| r.is_live());
-            if unpushed || disk_differs(live, existing.as_ref()) {
+            let implied = plan::implied_dir(
+                &a,
+                row.as_ref().map(|r| self.index_row(r, None)).as_ref(),
+                disk_facts(live, existing.as_ref()),
+                &self.plan_options(),
+            );
+            if implied.overwrites_local {
                 self.note_overwrite(&a, "ancestor recreated as a directory");
-                if existing.is_some() && self.conflicts.is_some() {
-                    self.keep_conflict_copy(&a, false)?;
-                }
+            }
+            if implied.copy_aside {
+                self.keep_conflict_copy(&a, false)?;
             }
             if let Some(m) = &existing {
                 self.drain()?;
@@ -572,9 +560,9 @@ impl<'a> Apply<'a> {
             }
             self.touched_disk = true;
             std::fs::create_dir(&abs).io_ctx(|| format!("creating directory {a}"))?;
-            let (_, stat) = chmod_dir(&abs, &a, mode)?;
+            let (_, stat) = chmod_dir(&abs, &a, implied.mode)?;
             let mut node = self.node(&a, NodeKind::Dir, stat, None, None)?;
-            if local {
+            if implied.origin == plan::Origin::Local {
                 node.applied_from = None;
             }
             index::put_node(self.db, &node, &[])?;
@@ -637,8 +625,7 @@ impl<'a> Apply<'a> {
         })
     }
 
-    /// Applies one entry. Skips (rule 4) when a peer's entry matches what
-    /// is both indexed and on disk.
+    /// Applies one entry as [`plan::entry`] decides.
     pub fn entry(&mut self, e: &ChangeEntry) -> Result<(), SyncError> {
         // Only file writes overlap (each touches its own path alone); a
         // directory, symlink or delete sees the disk and index complete.
@@ -651,98 +638,63 @@ impl<'a> Apply<'a> {
             .lstat_in_root(&e.path)
             .io_ctx(|| format!("stat {}", e.path))?;
         let disk_kind = disk.as_ref().map(fsutil::kind_of);
-        let unsettled = disk_differs(row.as_ref(), disk.as_ref());
-        if matches!(e.state, EntryState::Delete) && row.is_none() && disk.is_none() {
-            self.outcome.skipped += 1;
-            return Ok(());
-        }
-        if matches!(e.state, EntryState::Delete)
-            && disk_kind == Some(DiskKind::Dir)
-            && row.as_ref().is_some_and(|r| r.kind == NodeKind::Dir)
-            && !self.ignore.is_empty()
-            && let Some(tops) = self
-                .ignore
-                .delete_sparing(&e.path, &self.live_below(&e.path)?)
-        {
-            // The sender excludes something we hold below: delete the rest,
-            // one subtree at a time, and keep the directory.
-            for top in tops {
-                self.entry(&ChangeEntry {
-                    rev: e.rev,
-                    path: top,
-                    state: EntryState::Delete,
-                })?;
+        let planned = plan::entry(
+            e,
+            any_row
+                .as_ref()
+                .map(|r| self.index_row(r, Some(&e.state)))
+                .as_ref(),
+            disk_facts(row.as_ref(), disk.as_ref()),
+            &self.plan_options(),
+            &mut Subtree {
+                apply: self,
+                path: &e.path,
+            },
+        )?;
+        let write = match planned {
+            Plan::Skip => {
+                self.outcome.skipped += 1;
+                return Ok(());
             }
-            return Ok(());
-        }
-        if self.peer && !unsettled && row.as_ref().is_some_and(|r| row_matches(r, &e.state)) {
-            self.outcome.skipped += 1;
-            return Ok(());
-        }
-        let replaces_dir =
-            disk_kind == Some(DiskKind::Dir) && !matches!(e.state, EntryState::Dir { .. });
-        if replaces_dir || matches!(e.state, EntryState::Delete) {
+            Plan::DeleteSparing(tops) => {
+                for top in tops {
+                    self.entry(&ChangeEntry {
+                        rev: e.rev,
+                        path: top,
+                        state: EntryState::Delete,
+                    })?;
+                }
+                return Ok(());
+            }
+            Plan::Write(w) => w,
+        };
+        let is_delete = matches!(e.state, EntryState::Delete);
+        let replaces_dir = write.replaced_dir.is_some();
+        if replaces_dir || is_delete {
             self.forget_dirs(&e.path);
         }
         // Chunk rows exist only for a live file row: a fresh path skips
         // clearing them.
         self.clear_chunks = row.as_ref().is_some_and(|r| r.kind == NodeKind::File);
-        // With conflict copies on (the CLI) the disk below is looked at too:
-        // a file written there since the last settle is kept, not lost.
-        let local_below = (replaces_dir || matches!(e.state, EntryState::Delete))
-            && disk_kind == Some(DiskKind::Dir)
-            && (self.unpushed_local_below(&e.path)?
-                || (self.conflicts.is_some() && self.unsettled_below(&e.path)?));
-        // A file or link replacing a directory must not take the sender's
-        // exclusions below it with it (a delete spares them above).
-        let is_delete = matches!(e.state, EntryState::Delete);
-        let excluded = match replaces_dir && !is_delete && !self.ignore.is_empty() {
-            true => self.excluded_below(&e.path)?,
-            false => None,
-        };
-        if let Some(x) = &excluded
-            && self.conflicts.is_none()
-        {
-            return Err(SyncError::Invalid(format!(
-                "{} replaces directory {} which holds {x}, excluded by the sender: \
-                 remove or rename {} on one side",
-                kind_word(&e.state),
-                e.path,
-                e.path
-            )));
-        }
-        let dir_aside = self.conflicts.is_some()
-            && disk_kind == Some(DiskKind::Dir)
-            && (local_below || excluded.is_some());
-        if unsettled || self.unpushed_local(any_row.as_ref()) || local_below {
+        if write.overwrites_local {
             self.note_overwrite(&e.path, "entry");
-            if self.conflicts.is_some()
-                && matches!(disk_kind, Some(DiskKind::File | DiskKind::Symlink))
-            {
-                self.keep_conflict_copy(&e.path, false)?;
-            }
+        }
+        if write.copy_aside {
+            self.keep_conflict_copy(&e.path, false)?;
         }
         // A replaced directory is moved aside only once the replacement is
-        // ready (`remove_dir_for`): moved earlier, a failed assemble would
-        // leave the index saying its subtree is live while it is gone, and
-        // the next push would delete it on the remote.
+        // ready (`remove_dir_for`).
+        let dir_aside = write.replaced_dir == Some(ReplacedDir::MoveAside);
         self.dir_aside = dir_aside && !is_delete;
         if dir_aside && is_delete {
             self.keep_conflict_copy(&e.path, true)?;
         }
         // A delete never creates parents; its path resolved inside the root
         // already (or does not exist there).
-        if !matches!(e.state, EntryState::Delete) {
+        if !is_delete {
             self.prepare_ancestors(&e.path)?;
         }
-        // The index still holds a directory here that a local write has
-        // replaced on disk, not settled yet: its rows below go as they would
-        // with the directory (`remove_dir_for`). Left live, they would sit
-        // below a file, where no walk looks, and be read for good.
-        if !replaces_dir
-            && !matches!(e.state, EntryState::Dir { .. } | EntryState::Delete)
-            && row.as_ref().is_some_and(|r| r.kind == NodeKind::Dir)
-        {
+        if write.tombstone_rows_below {
             self.drain()?;
             let rev = self.rev()?;
             index::tombstone_descendants(self.db, &e.path, rev, self.applied_from())?;
@@ -1292,16 +1244,6 @@ fn row_matches(row: &Node, state: &EntryState) -> bool {
     }
 }
 
-/// How an error names the kind of entry at fault.
-fn kind_word(state: &EntryState) -> &'static str {
-    match state {
-        EntryState::File { .. } => "a file",
-        EntryState::Dir { .. } => "a directory",
-        EntryState::Symlink { .. } => "a symlink",
-        EntryState::Delete => "a delete",
-    }
-}
-
 /// `PATH.wsd-conflict-<tail>`; when that last segment would exceed
 /// [`wsd_sync::limits::MAX_SEGMENT_BYTES`] (every pull would fail on it),
 /// the original name is cut at a character boundary and a short hash of it
@@ -1394,6 +1336,39 @@ fn disk_differs(row: Option<&Node>, disk: Option<&Metadata>) -> bool {
         (None, None) => false,
         (Some(r), Some(m)) => !scan::stat_matches(r, fsutil::kind_of(m), &Stat::of(m)),
         _ => true,
+    }
+}
+
+/// What the plan is told of the disk at a path, next to its live row.
+fn disk_facts(row: Option<&Node>, disk: Option<&Metadata>) -> plan::Disk {
+    plan::Disk {
+        on_disk: match disk.map(fsutil::kind_of) {
+            None => plan::OnDisk::Absent,
+            Some(DiskKind::File) => plan::OnDisk::File,
+            Some(DiskKind::Dir) => plan::OnDisk::Dir,
+            Some(DiskKind::Symlink) => plan::OnDisk::Symlink,
+            Some(DiskKind::Unsupported) => plan::OnDisk::Other,
+        },
+        differs_from_row: disk_differs(row, disk),
+    }
+}
+
+/// The index and the disk below an entry's path, as the plan asks.
+struct Subtree<'s, 'a> {
+    apply: &'s Apply<'a>,
+    path: &'s SyncPath,
+}
+
+impl plan::Below for Subtree<'_, '_> {
+    type Error = SyncError;
+    fn live(&mut self) -> Result<Vec<(SyncPath, bool)>, SyncError> {
+        self.apply.live_below(self.path)
+    }
+    fn unpushed(&mut self) -> Result<bool, SyncError> {
+        self.apply.unpushed_local_below(self.path)
+    }
+    fn unsettled(&mut self) -> Result<bool, SyncError> {
+        self.apply.unsettled_below(self.path)
     }
 }
 

@@ -1,24 +1,19 @@
 //! `account.create` and `account.list`.
 
+use gsv_protocol::account::{CreateArgs, CreateResult, ListArgs, ListResult};
 use std::sync::Arc;
-
-use serde::Deserialize;
-use serde_json::{Value, json};
 
 use crate::domains::accounts;
 use crate::error::KernelError;
 use crate::kernel::Kernel;
 use crate::session::Session;
 
-#[derive(Debug, Deserialize)]
-pub struct CreateArgs {
-    kind: String,
-    username: String,
-    password: String,
-}
-
 /// Creates a human (gid 100 member with a private group and a home).
-pub async fn create(k: Arc<Kernel>, _s: Arc<Session>, a: CreateArgs) -> Result<Value, KernelError> {
+pub async fn create(
+    k: Arc<Kernel>,
+    _s: Arc<Session>,
+    a: CreateArgs,
+) -> Result<CreateResult, KernelError> {
     if a.kind != "human" {
         return Err(KernelError::BadRequest(format!(
             "Unsupported account kind: {} (only human)",
@@ -36,13 +31,14 @@ pub async fn create(k: Arc<Kernel>, _s: Arc<Session>, a: CreateArgs) -> Result<V
         k.db.call(move |c| accounts::create_human(c, &name, &hash))
             .await?;
     crate::domains::fs::calls::ensure_dir(&k.system, user.home.trim_start_matches('/')).await?;
-    Ok(json!({ "user": user }))
+    Ok(CreateResult { user })
 }
 
-#[derive(Debug, Deserialize)]
-pub struct ListArgs {}
-
-pub async fn list(k: Arc<Kernel>, _s: Arc<Session>, _a: ListArgs) -> Result<Value, KernelError> {
+pub async fn list(
+    k: Arc<Kernel>,
+    _s: Arc<Session>,
+    _a: ListArgs,
+) -> Result<ListResult, KernelError> {
     let accounts = k.db.call(|c| accounts::list_accounts(c)).await?;
-    Ok(json!({ "accounts": accounts }))
+    Ok(ListResult { accounts })
 }

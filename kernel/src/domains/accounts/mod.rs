@@ -9,7 +9,6 @@ use argon2::Argon2;
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use rand::RngCore;
 use rusqlite::{Connection, params};
-use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::caps;
@@ -26,22 +25,7 @@ pub const FIRST_HUMAN_UID: i64 = 1000;
 /// A shadow hash that matches no password.
 const LOCKED: &str = "!";
 
-/// Who a connection or process acts as (the seed's `ProcessIdentity`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ProcessIdentity {
-    pub uid: i64,
-    pub gid: i64,
-    pub gids: Vec<i64>,
-    pub username: String,
-    pub home: String,
-    pub cwd: String,
-}
-
-impl ProcessIdentity {
-    pub fn is_root(&self) -> bool {
-        self.uid == ROOT_UID
-    }
-}
+pub use gsv_protocol::account::{Account, ProcessIdentity};
 
 /// Seeds root, the base groups and their capabilities; idempotent.
 pub fn bootstrap(conn: &mut Connection) -> Result<(), KernelError> {
@@ -257,17 +241,22 @@ pub fn capabilities(conn: &Connection, gids: &[i64]) -> Result<Vec<String>, Kern
 }
 
 /// `{uid, username, gid, home}` of every account, by uid.
-pub fn list_accounts(conn: &Connection) -> Result<Vec<serde_json::Value>, KernelError> {
+pub fn list_accounts(conn: &Connection) -> Result<Vec<Account>, KernelError> {
     let mut stmt = conn.prepare("SELECT uid, username, gid, home FROM passwd ORDER BY uid")?;
     let rows = stmt.query_map([], |r| {
         let uid: i64 = r.get(0)?;
-        Ok(serde_json::json!({
-            "uid": uid,
-            "username": r.get::<_, String>(1)?,
-            "gid": r.get::<_, i64>(2)?,
-            "home": r.get::<_, String>(3)?,
-            "kind": if uid >= FIRST_HUMAN_UID { "human" } else { "system" },
-        }))
+        Ok(Account {
+            uid,
+            username: r.get(1)?,
+            gid: r.get(2)?,
+            home: r.get(3)?,
+            kind: if uid >= FIRST_HUMAN_UID {
+                "human"
+            } else {
+                "system"
+            }
+            .to_owned(),
+        })
     })?;
     Ok(rows.collect::<Result<_, _>>()?)
 }
@@ -295,23 +284,7 @@ pub fn verify_password(stored: &str, pw: &str) -> bool {
 
 // ---- tokens ----
 
-/// A token row as listed (never the raw value).
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct TokenInfo {
-    pub token_id: String,
-    pub uid: i64,
-    pub kind: String,
-    pub label: Option<String>,
-    pub token_prefix: String,
-    pub allowed_role: Option<String>,
-    pub allowed_device_id: Option<String>,
-    pub created_at: i64,
-    pub last_used_at: Option<i64>,
-    pub expires_at: Option<i64>,
-    pub revoked_at: Option<i64>,
-    pub revoked_reason: Option<String>,
-}
+pub use gsv_protocol::sys::TokenInfo;
 
 /// What `sys.token.create` asks for, after checks.
 #[derive(Debug, Clone)]

@@ -1,41 +1,26 @@
 //! `sys.device.list|get|update` (reference `sys/device.test.ts`): devices
 //! the caller can see through ownership or a group in its ACL.
 
+use gsv_protocol::device::{DeviceResult, GetArgs, ListArgs, ListResult, UpdateArgs};
 use std::sync::Arc;
-
-use serde::Deserialize;
-use serde_json::{Value, json};
 
 use crate::error::KernelError;
 use crate::kernel::Kernel;
 use crate::routing;
 use crate::session::Session;
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ListArgs {
-    #[serde(default)]
-    include_offline: bool,
-}
-
 /// Visible devices; online ones only unless `includeOffline`.
-pub async fn list(k: Arc<Kernel>, s: Arc<Session>, a: ListArgs) -> Result<Value, KernelError> {
+pub async fn list(k: Arc<Kernel>, s: Arc<Session>, a: ListArgs) -> Result<ListResult, KernelError> {
     let who = s.identity.clone();
     let mut devices = k.db.call(move |c| routing::list_devices(c, &who)).await?;
     if !a.include_offline {
         devices.retain(|d| d.online);
     }
-    Ok(json!({ "devices": devices }))
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct GetArgs {
-    device_id: String,
+    Ok(ListResult { devices })
 }
 
 /// One device, or `device: null` when the caller cannot see it.
-pub async fn get(k: Arc<Kernel>, s: Arc<Session>, a: GetArgs) -> Result<Value, KernelError> {
+pub async fn get(k: Arc<Kernel>, s: Arc<Session>, a: GetArgs) -> Result<DeviceResult, KernelError> {
     let who = s.identity.clone();
     let device =
         k.db.call(
@@ -46,21 +31,15 @@ pub async fn get(k: Arc<Kernel>, s: Arc<Session>, a: GetArgs) -> Result<Value, K
             },
         )
         .await?;
-    Ok(json!({ "device": device }))
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct UpdateArgs {
-    device_id: String,
-    #[serde(default)]
-    label: Option<String>,
-    #[serde(default)]
-    description: Option<String>,
+    Ok(DeviceResult { device })
 }
 
 /// Changes label and description; only the owner (or root) may.
-pub async fn update(k: Arc<Kernel>, s: Arc<Session>, a: UpdateArgs) -> Result<Value, KernelError> {
+pub async fn update(
+    k: Arc<Kernel>,
+    s: Arc<Session>,
+    a: UpdateArgs,
+) -> Result<DeviceResult, KernelError> {
     let who = s.identity.clone();
     let device =
         k.db.call(move |c| {
@@ -80,5 +59,5 @@ pub async fn update(k: Arc<Kernel>, s: Arc<Session>, a: UpdateArgs) -> Result<Va
             routing::get_device(c, &d.device_id)
         })
         .await?;
-    Ok(json!({ "device": device }))
+    Ok(DeviceResult { device })
 }

@@ -15,23 +15,7 @@ use crate::error::KernelError;
 const MAX_LABEL_CHARS: usize = 120;
 const MAX_DESCRIPTION_CHARS: usize = 500;
 
-/// A device row as `sys.device.*` shows it.
-#[derive(Debug, Clone, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Device {
-    pub device_id: String,
-    pub owner_uid: i64,
-    pub label: String,
-    pub description: String,
-    pub implements: Vec<String>,
-    pub platform: String,
-    pub version: String,
-    pub online: bool,
-    pub first_seen_at: i64,
-    pub last_seen_at: i64,
-    pub connected_at: Option<i64>,
-    pub disconnected_at: Option<i64>,
-}
+pub use gsv_protocol::device::Device;
 
 const DEVICE_COLUMNS: &str = "device_id, owner_uid, label, description, implements, platform, \
      version, online, first_seen_at, last_seen_at, connected_at, disconnected_at";

@@ -2,10 +2,13 @@
 //! shapes. Operation failures (missing file, permission, bad pattern) are
 //! `ok:true, data:{ok:false, error}`; only kernel faults are frame errors.
 
+use gsv_protocol::OpResult;
+use gsv_protocol::fs::{
+    DeleteArgs, DeleteResult, EditArgs, EditResult, ReadArgs, ReadResult, SearchArgs, SearchMatch,
+    SearchResult, WriteArgs, WriteResult,
+};
 use std::sync::{Arc, Mutex};
 
-use serde::Deserialize;
-use serde_json::{Value, json};
 use wsd_dofs::{Dofs, WriteOptions};
 use wsd_sync::{Kind, SyncPath};
 
@@ -42,10 +45,10 @@ impl From<KernelError> for Fail {
 }
 
 /// Folds an operation error into `{ok:false, error}`.
-fn finish(r: Result<Value, Fail>) -> Result<Value, KernelError> {
+fn finish<T>(r: Result<T, Fail>) -> Result<OpResult<T>, KernelError> {
     match r {
-        Ok(v) => Ok(v),
-        Err(Fail::Op(e)) => Ok(json!({"ok": false, "error": e.to_string()})),
+        Ok(v) => Ok(OpResult::done(v)),
+        Err(Fail::Op(e)) => Ok(OpResult::failed(e.to_string())),
         Err(Fail::Kernel(e)) => Err(e),
     }
 }
@@ -142,18 +145,15 @@ fn file_target(r: &Resolved, l: Located) -> Result<FileTarget, Fail> {
     }
 }
 
-#[derive(Debug, Deserialize)]
-pub struct ReadArgs {
-    path: String,
-    offset: Option<u64>,
-    limit: Option<u64>,
-}
-
-pub async fn read(k: Arc<Kernel>, s: Arc<Session>, a: ReadArgs) -> Result<Value, KernelError> {
+pub async fn read(
+    k: Arc<Kernel>,
+    s: Arc<Session>,
+    a: ReadArgs,
+) -> Result<OpResult<ReadResult>, KernelError> {
     finish(read_inner(&k, &s, a).await)
 }
 
-async fn read_inner(k: &Arc<Kernel>, s: &Session, a: ReadArgs) -> Result<Value, Fail> {
+async fn read_inner(k: &Arc<Kernel>, s: &Session, a: ReadArgs) -> Result<ReadResult, Fail> {
     let (r, l) = locate(k, s, &a.path, Access::Read).await?;
     let (store, sub) = match l {
         Located::WorkspacesDir => {
@@ -163,14 +163,18 @@ async fn read_inner(k: &Arc<Kernel>, s: &Session, a: ReadArgs) -> Result<Value, 
                     .await?;
             let mut dirs: Vec<String> = rows.into_iter().map(|w| w.id).collect();
             dirs.sort();
-            return Ok(json!({"ok": true, "path": r.display, "files": [], "directories": dirs}));
+            return Ok(ReadResult::Directory {
+                path: r.display,
+                files: Vec::new(),
+                directories: dirs,
+            });
         }
         Located::Store { store, sub, .. } => (store, sub),
     };
     let display = r.display.clone();
     let at_system_root = matches!(r.place, Place::System(None));
     let (offset, limit) = (a.offset.unwrap_or(0), a.limit);
-    let out = with_store(&store, move |d| -> Result<Value, FsError> {
+    let out = with_store(&store, move |d| -> Result<ReadResult, FsError> {
         let is_dir = match &sub {
             None => true,
             Some(p) => d.stat(p).map_err(|e| FsError::from_dofs(&display, e))?.kind == Kind::Dir,
@@ -191,7 +195,11 @@ async fn read_inner(k: &Arc<Kernel>, s: &Session, a: ReadArgs) -> Result<Value, 
                 dirs.push("workspaces".to_owned());
                 dirs.sort();
             }
-            return Ok(json!({"ok": true, "path": display, "files": files, "directories": dirs}));
+            return Ok(ReadResult::Directory {
+                path: display,
+                files,
+                directories: dirs,
+            });
         }
         let p = sub.expect("a file has a path");
         let size = d
@@ -213,33 +221,27 @@ async fn read_inner(k: &Arc<Kernel>, s: &Session, a: ReadArgs) -> Result<Value, 
             }
             content.push_str(&format!("{:>6}\t{text}", w.first + i as u64 + 1));
         }
-        let mut v = json!({
-            "ok": true,
-            "path": display,
-            "content": content,
-            "lines": w.lines.len(),
-            "size": size,
-        });
-        if w.truncated {
-            v["truncated"] = json!(true);
-        }
-        Ok(v)
+        Ok(ReadResult::File {
+            path: display,
+            content,
+            lines: w.lines.len(),
+            size,
+            truncated: w.truncated,
+        })
     })
     .await??;
     Ok(out)
 }
 
-#[derive(Debug, Deserialize)]
-pub struct WriteArgs {
-    path: String,
-    content: String,
-}
-
-pub async fn write(k: Arc<Kernel>, s: Arc<Session>, a: WriteArgs) -> Result<Value, KernelError> {
+pub async fn write(
+    k: Arc<Kernel>,
+    s: Arc<Session>,
+    a: WriteArgs,
+) -> Result<OpResult<WriteResult>, KernelError> {
     finish(write_inner(&k, &s, a).await)
 }
 
-async fn write_inner(k: &Arc<Kernel>, s: &Session, a: WriteArgs) -> Result<Value, Fail> {
+async fn write_inner(k: &Arc<Kernel>, s: &Session, a: WriteArgs) -> Result<WriteResult, Fail> {
     let (r, l) = locate(k, s, &a.path, Access::Write).await?;
     let (store, p, ws) = file_target(&r, l)?;
     // Holding the bracket keeps this write out of a running push → pull.
@@ -258,24 +260,21 @@ async fn write_inner(k: &Arc<Kernel>, s: &Session, a: WriteArgs) -> Result<Value
             .map_err(|e| FsError::from_dofs(&display, e))
     })
     .await??;
-    Ok(json!({"ok": true, "path": r.display, "size": size}))
+    Ok(WriteResult {
+        path: r.display,
+        size,
+    })
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct EditArgs {
-    path: String,
-    old_string: String,
-    new_string: String,
-    #[serde(default)]
-    replace_all: bool,
-}
-
-pub async fn edit(k: Arc<Kernel>, s: Arc<Session>, a: EditArgs) -> Result<Value, KernelError> {
+pub async fn edit(
+    k: Arc<Kernel>,
+    s: Arc<Session>,
+    a: EditArgs,
+) -> Result<OpResult<EditResult>, KernelError> {
     finish(edit_inner(&k, &s, a).await)
 }
 
-async fn edit_inner(k: &Arc<Kernel>, s: &Session, a: EditArgs) -> Result<Value, Fail> {
+async fn edit_inner(k: &Arc<Kernel>, s: &Session, a: EditArgs) -> Result<EditResult, Fail> {
     if a.old_string.is_empty() {
         return Err(FsError::Operation("oldString must not be empty".into()).into());
     }
@@ -311,19 +310,21 @@ async fn edit_inner(k: &Arc<Kernel>, s: &Session, a: EditArgs) -> Result<Value, 
         Ok(n)
     })
     .await??;
-    Ok(json!({"ok": true, "path": r.display, "replacements": n}))
+    Ok(EditResult {
+        path: r.display,
+        replacements: n,
+    })
 }
 
-#[derive(Debug, Deserialize)]
-pub struct DeleteArgs {
-    path: String,
-}
-
-pub async fn delete(k: Arc<Kernel>, s: Arc<Session>, a: DeleteArgs) -> Result<Value, KernelError> {
+pub async fn delete(
+    k: Arc<Kernel>,
+    s: Arc<Session>,
+    a: DeleteArgs,
+) -> Result<OpResult<DeleteResult>, KernelError> {
     finish(delete_inner(&k, &s, a).await)
 }
 
-async fn delete_inner(k: &Arc<Kernel>, s: &Session, a: DeleteArgs) -> Result<Value, Fail> {
+async fn delete_inner(k: &Arc<Kernel>, s: &Session, a: DeleteArgs) -> Result<DeleteResult, Fail> {
     let (r, l) = locate(k, s, &a.path, Access::Write).await?;
     let (store, p, ws) = match file_target(&r, l) {
         Ok(t) => t,
@@ -347,22 +348,18 @@ async fn delete_inner(k: &Arc<Kernel>, s: &Session, a: DeleteArgs) -> Result<Val
         d.rm(&p, true).map_err(|e| FsError::from_dofs(&display, e))
     })
     .await??;
-    Ok(json!({"ok": true, "path": r.display}))
+    Ok(DeleteResult { path: r.display })
 }
 
-#[derive(Debug, Deserialize)]
-pub struct SearchArgs {
-    #[serde(alias = "pattern")]
-    query: String,
-    path: Option<String>,
-    include: Option<String>,
-}
-
-pub async fn search(k: Arc<Kernel>, s: Arc<Session>, a: SearchArgs) -> Result<Value, KernelError> {
+pub async fn search(
+    k: Arc<Kernel>,
+    s: Arc<Session>,
+    a: SearchArgs,
+) -> Result<OpResult<SearchResult>, KernelError> {
     finish(search_inner(&k, &s, a).await)
 }
 
-async fn search_inner(k: &Arc<Kernel>, s: &Session, a: SearchArgs) -> Result<Value, Fail> {
+async fn search_inner(k: &Arc<Kernel>, s: &Session, a: SearchArgs) -> Result<SearchResult, Fail> {
     if a.query.is_empty() {
         return Err(FsError::Operation("Search query is required.".into()).into());
     }
@@ -400,8 +397,9 @@ async fn search_inner(k: &Arc<Kernel>, s: &Session, a: SearchArgs) -> Result<Val
     let in_system = workspace.is_none();
     let query = a.query;
     let root = sub.clone();
-    let (matches, truncated) =
-        with_store(&store, move |d| -> Result<(Vec<Value>, bool), FsError> {
+    let (matches, truncated) = with_store(
+        &store,
+        move |d| -> Result<(Vec<SearchMatch>, bool), FsError> {
             let display = r.display.clone();
             let keep = |p: &SyncPath| {
                 if in_system {
@@ -445,18 +443,19 @@ async fn search_inner(k: &Arc<Kernel>, s: &Session, a: SearchArgs) -> Result<Val
                     .map(|l| String::from_utf8_lossy(l).into_owned())
                     .unwrap_or_default();
                 let content: String = line.chars().take(MATCH_CONTENT_CHARS).collect();
-                out.push(json!({
-                    "path": format!("{prefix}{}", h.path),
-                    "line": h.line,
-                    "content": content,
-                }));
+                out.push(SearchMatch {
+                    path: format!("{prefix}{}", h.path),
+                    line: h.line,
+                    content,
+                });
             }
             Ok((out, truncated))
-        })
-        .await??;
-    let mut v = json!({"ok": true, "count": matches.len(), "matches": matches});
-    if truncated {
-        v["truncated"] = json!(true);
-    }
-    Ok(v)
+        },
+    )
+    .await??;
+    Ok(SearchResult {
+        count: matches.len(),
+        matches,
+        truncated,
+    })
 }

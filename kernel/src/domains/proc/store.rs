@@ -2,22 +2,19 @@
 //! HIL requests and remembered allow rules. Plain functions on a
 //! connection, called through [`crate::db::Db::call`].
 
+use gsv_protocol::proc::ProcessInfo;
 use rusqlite::{Connection, params};
-use serde::Serialize;
 use serde_json::Value;
 
 use crate::db::{now_ms, opt};
 use crate::error::KernelError;
 
-/// One registry row.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
+/// One registry row (shown as [`ProcessInfo`]).
+#[derive(Debug, Clone)]
 pub struct ProcRow {
     pub pid: String,
     /// The owning human (visibility and signal routing key on it).
-    #[serde(rename = "uid")]
     pub owner_uid: i64,
-    #[serde(skip)]
     pub run_as_uid: i64,
     pub username: String,
     pub interactive: bool,
@@ -30,6 +27,27 @@ pub struct ProcRow {
     pub queued_count: i64,
     pub last_active_at: Option<i64>,
     pub created_at: i64,
+}
+
+impl ProcRow {
+    /// The row as `proc.list` shows it.
+    pub fn to_info(&self) -> ProcessInfo {
+        ProcessInfo {
+            pid: self.pid.clone(),
+            uid: self.owner_uid,
+            username: self.username.clone(),
+            interactive: self.interactive,
+            parent_pid: self.parent_pid.clone(),
+            label: self.label.clone(),
+            cwd: self.cwd.clone(),
+            workspace_id: self.workspace_id.clone(),
+            state: self.state.clone(),
+            active_run_id: self.active_run_id.clone(),
+            queued_count: self.queued_count,
+            last_active_at: self.last_active_at,
+            created_at: self.created_at,
+        }
+    }
 }
 
 const COLS: &str = "pid, owner_uid, uid, username, interactive, parent_pid, label, cwd, \

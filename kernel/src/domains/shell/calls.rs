@@ -12,12 +12,11 @@
 //! (stream broken and re-attach refused, e.g. the child restarted) is a
 //! `failed` outcome, never a silent success.
 
+use gsv_protocol::shell::{ExecArgs, ExecControl, ExecResult, FileChange};
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Deserialize;
-use serde_json::{Value, json};
-use wsd_client::{ExecEventKind, ExecRequest, ResumeFrom, WsdHandle};
+use wsd_client::{ExecEventKind, ExecRequest, ResumeFrom, Signal, WsdHandle};
 use wsd_sync::Kind;
 
 use crate::db::now_ms;
@@ -38,20 +37,7 @@ pub use gsv_node::{
 /// How long a finished session's row is kept.
 const SESSION_ROW_TTL_MS: i64 = 24 * 3600 * 1000;
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ExecArgs {
-    cwd: Option<String>,
-    #[serde(default)]
-    input: String,
-    session_id: Option<String>,
-    /// Milliseconds; 0 disables the timeout.
-    timeout: Option<u64>,
-    /// How long to wait for the command before answering `running`.
-    yield_ms: Option<u64>,
-}
-
-pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<Value, KernelError> {
+pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<ExecResult, KernelError> {
     let budget = a
         .yield_ms
         .map(Duration::from_millis)
@@ -66,7 +52,13 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<Value,
         .map(str::trim)
         .filter(|s| !s.is_empty())
     {
-        return continue_session(&k, &s, sid, &a.input, budget).await;
+        return match &a.control {
+            Some(c) => control_session(&k, &s, sid, c).await,
+            None => continue_session(&k, &s, sid, &a.input, budget, a.stream).await,
+        };
+    }
+    if a.control.is_some() {
+        return Ok(op_error("control needs the sessionId of a running command"));
     }
     if a.input.trim().is_empty() {
         return Ok(op_error("input must not be empty"));
@@ -89,11 +81,11 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<Value,
         command: a.input.clone(),
         cwd: sub.map(|p| p.into_string()),
         id: Some(session_id.clone()),
+        env: a.env.clone().into_iter().collect(),
         // `Some(0)` disables the timeout, as the caller's `timeout: 0`.
         timeout_ms: Some(a.timeout.unwrap_or(DEFAULT_TIMEOUT_MS)),
-        // Kept open so later calls with the sessionId can write to it.
-        stdin_open: true,
-        ..ExecRequest::default()
+        stdin_open: a.open_stdin,
+        stdin: None,
     };
     // The bracket's first half, under the workspace lock.
     let started = {
@@ -125,7 +117,56 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<Value,
         started.0,
         started.1,
     ));
-    Ok(answer(&k, &session, budget).await)
+    Ok(answer(&k, &session, budget, a.stream).await)
+}
+
+/// The live session `sid` of the caller; someone else's looks exactly like
+/// a missing one.
+fn own_live_session(k: &Kernel, s: &Session, sid: &str) -> Option<Arc<ShellSession>> {
+    k.sessions
+        .get(sid)
+        .filter(|session| session.owner_uid == s.identity.uid)
+}
+
+async fn control_session(
+    k: &Arc<Kernel>,
+    s: &Session,
+    sid: &str,
+    c: &ExecControl,
+) -> Result<ExecResult, KernelError> {
+    let signal = match c.signal.as_deref().map(str::parse::<Signal>).transpose() {
+        Ok(sig) => sig,
+        Err(e) => return Ok(op_error(&e.message)),
+    };
+    let Some(session) = own_live_session(k, s, sid) else {
+        return Err(KernelError::UnknownSession(sid.to_owned()));
+    };
+    if let Some(h) = session.handle.as_ref().filter(|_| !session.is_over()) {
+        if let Some(text) = &c.stdin
+            && let Err(e) = h.write_stdin(&session.id, text.as_bytes().to_vec()).await
+        {
+            return Ok(op_error(&format!(
+                "stdin is closed for shell session: {sid} ({e})"
+            )));
+        }
+        // The command may have exited meanwhile: closing or signalling
+        // what is gone changes nothing, so those failures are not errors.
+        if c.close_stdin {
+            let _ = h.close_stdin(&session.id).await;
+        }
+        if let Some(sig) = signal {
+            let _ = h.kill(&session.id, sig).await;
+        }
+    } else if c.stdin.is_some() {
+        return Ok(op_error(&format!(
+            "stdin is closed for shell session: {sid} (the command already exited)"
+        )));
+    }
+    Ok(ExecResult {
+        status: Some(session.status()),
+        session_id: Some(sid.to_owned()),
+        ..Default::default()
+    })
 }
 
 async fn continue_session(
@@ -134,7 +175,8 @@ async fn continue_session(
     sid: &str,
     input: &str,
     budget: Duration,
-) -> Result<Value, KernelError> {
+    stream: bool,
+) -> Result<ExecResult, KernelError> {
     let live = k.sessions.get(sid);
     let Some(session) = live else {
         // Not in memory: finished and already answered, expired, or from
@@ -159,7 +201,10 @@ async fn continue_session(
                     _ => error
                         .unwrap_or_else(|| format!("session {sid} already {status} and answered")),
                 };
-                Ok(json!({"status": "failed", "output": "", "error": error, "sessionId": sid}))
+                Ok(ExecResult {
+                    session_id: Some(sid.to_owned()),
+                    ..ExecResult::failed(error)
+                })
             }
             _ => Err(KernelError::UnknownSession(sid.to_owned())),
         };
@@ -183,12 +228,18 @@ async fn continue_session(
             )));
         }
     }
-    Ok(answer(k, &session, budget).await)
+    Ok(answer(k, &session, budget, stream).await)
 }
 
-/// Waits within `budget` and, when the session is over, forgets it.
-async fn answer(k: &Arc<Kernel>, session: &Arc<ShellSession>, budget: Duration) -> Value {
-    let (v, over) = session.wait(budget).await;
+/// Waits within `budget` (with `stream`, until output) and, when the
+/// session is over, forgets it.
+async fn answer(
+    k: &Arc<Kernel>,
+    session: &Arc<ShellSession>,
+    budget: Duration,
+    stream: bool,
+) -> ExecResult {
+    let (v, over) = session.wait(budget, stream).await;
     if over {
         k.sessions.remove(&session.id);
     }
@@ -251,17 +302,16 @@ async fn drive_session(
                     let changes = report
                         .applied
                         .iter()
-                        .map(|e| {
-                            json!({
-                                "path": format!("/workspaces/{}/{}", w.id, e.path),
-                                "kind": match e.kind {
-                                    None => "deleted",
-                                    Some(Kind::File) => "file",
-                                    Some(Kind::Dir) => "dir",
-                                    Some(Kind::Symlink) => "symlink",
-                                },
-                                "size": e.size,
-                            })
+                        .map(|e| FileChange {
+                            path: format!("/workspaces/{}/{}", w.id, e.path),
+                            kind: match e.kind {
+                                None => "deleted",
+                                Some(Kind::File) => "file",
+                                Some(Kind::Dir) => "dir",
+                                Some(Kind::Symlink) => "symlink",
+                            }
+                            .to_owned(),
+                            size: e.size,
                         })
                         .collect();
                     Outcome::Completed { exit_code, changes }
@@ -333,8 +383,8 @@ async fn remember_row(
     .await
 }
 
-fn op_error(message: &str) -> Value {
-    json!({"ok": false, "error": message})
+fn op_error(message: &str) -> ExecResult {
+    ExecResult::refused(message)
 }
 
 /// A new command whose cwd is not in a workspace (the reference CLI's
@@ -345,21 +395,19 @@ fn op_error(message: &str) -> Value {
 /// operation error (`ok:false, error`) for API callers, and the message on
 /// `stderr`, the field the reference CLI prints, so a `gsv shell` user
 /// reads why and what to do instead of nothing.
-fn no_workspace(cwd: &str) -> Value {
+fn no_workspace(cwd: &str) -> ExecResult {
     let error = format!(
         "shell.exec runs in a workspace or on a device: give a cwd under /workspaces/<id> \
          or a target device (cwd was {cwd})"
     );
-    json!({
-        "ok": false,
-        "status": "failed",
-        "output": "",
-        "stdout": "",
-        "stderr": format!("{error}\n"),
-        "error": error,
-    })
+    ExecResult {
+        ok: Some(false),
+        stdout: Some(String::new()),
+        stderr: Some(format!("{error}\n")),
+        ..ExecResult::failed(error)
+    }
 }
 
-fn failed_before_run(error: &str) -> Value {
-    json!({"status": "failed", "output": "", "error": error})
+fn failed_before_run(error: &str) -> ExecResult {
+    ExecResult::failed(error)
 }

@@ -5,11 +5,11 @@
 //! for callers waiting on it. The syscall that starts and drives it is
 //! [`super::calls`].
 
+use gsv_protocol::shell::{ExecResult, ExecStatus, FileChange};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::{Value, json};
 use tokio::sync::Notify;
 use wsd_client::WsdHandle;
 
@@ -21,7 +21,7 @@ use gsv_node::output::{CappedText, Utf8Stream};
 pub enum Outcome {
     Completed {
         exit_code: i32,
-        changes: Vec<Value>,
+        changes: Vec<FileChange>,
     },
     Failed {
         error: String,
@@ -144,9 +144,11 @@ impl ShellSession {
         self.changed.notify_waiters();
     }
 
-    /// Waits until the command ends or `budget` passes, then answers.
-    /// Returns the result and whether the session is over.
-    pub async fn wait(&self, budget: Duration) -> (Value, bool) {
+    /// Waits until the command ends or `budget` passes, then answers;
+    /// with `until_output`, also as soon as there is output no answer has
+    /// returned yet (a streaming poller's long poll). Returns the result
+    /// and whether the session is over.
+    pub async fn wait(&self, budget: Duration, until_output: bool) -> (ExecResult, bool) {
         let deadline = tokio::time::Instant::now() + budget;
         loop {
             let notified = self.changed.notified();
@@ -157,22 +159,24 @@ impl ShellSession {
                     let mut v = self.final_result(outcome, output, truncated);
                     // Per stream, only what no `running` answer returned:
                     // a poller prints the fields as they come.
-                    v["stdout"] = json!(st.stdout.pending.take());
-                    v["stderr"] = json!(st.stderr.pending.take());
+                    v.stdout = Some(st.stdout.pending.take());
+                    v.stderr = Some(st.stderr.pending.take());
                     return (v, true);
                 }
-                if tokio::time::Instant::now() >= deadline {
+                let fresh = until_output
+                    && !(st.stdout.pending.text().is_empty()
+                        && st.stderr.pending.text().is_empty());
+                if fresh || tokio::time::Instant::now() >= deadline {
                     let (output, truncated) = st.pending.take_flagged();
-                    let mut v = json!({
-                        "status": "running",
-                        "sessionId": self.id,
-                        "output": output,
-                        "stdout": st.stdout.pending.take(),
-                        "stderr": st.stderr.pending.take(),
-                    });
-                    if truncated {
-                        v["truncated"] = json!(true);
-                    }
+                    let v = ExecResult {
+                        status: Some(ExecStatus::Running),
+                        session_id: Some(self.id.clone()),
+                        output: Some(output),
+                        stdout: Some(st.stdout.pending.take()),
+                        stderr: Some(st.stderr.pending.take()),
+                        truncated,
+                        ..Default::default()
+                    };
                     return (v, false);
                 }
             }
@@ -180,32 +184,37 @@ impl ShellSession {
         }
     }
 
-    fn final_result(&self, outcome: Outcome, output: String, truncated: bool) -> Value {
-        let mut v = match outcome {
-            Outcome::Completed { exit_code, changes } => json!({
-                "status": "completed",
-                "exitCode": exit_code,
-                "output": output,
-                "sessionId": self.id,
-                "changes": changes,
-            }),
-            Outcome::Failed { error, exit_code } => {
-                let mut v = json!({
-                    "status": "failed",
-                    "output": output,
-                    "error": error,
-                    "sessionId": self.id,
-                });
-                if let Some(c) = exit_code {
-                    v["exitCode"] = json!(c);
-                }
-                v
-            }
-        };
-        if truncated {
-            v["truncated"] = json!(true);
+    /// The command's state without taking any output: `running`, or how
+    /// it ended (the answer to a control call).
+    pub fn status(&self) -> ExecStatus {
+        match &self.state.lock().unwrap().outcome {
+            None => ExecStatus::Running,
+            Some(Outcome::Completed { .. }) => ExecStatus::Completed,
+            Some(Outcome::Failed { .. }) => ExecStatus::Failed,
         }
-        v
+    }
+
+    fn final_result(&self, outcome: Outcome, output: String, truncated: bool) -> ExecResult {
+        let base = ExecResult {
+            output: Some(output),
+            session_id: Some(self.id.clone()),
+            truncated,
+            ..Default::default()
+        };
+        match outcome {
+            Outcome::Completed { exit_code, changes } => ExecResult {
+                status: Some(ExecStatus::Completed),
+                exit_code: Some(exit_code),
+                changes: Some(changes),
+                ..base
+            },
+            Outcome::Failed { error, exit_code } => ExecResult {
+                status: Some(ExecStatus::Failed),
+                error: Some(error),
+                exit_code,
+                ..base
+            },
+        }
     }
 }
 
@@ -244,6 +253,7 @@ impl Sessions {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn session() -> ShellSession {
         ShellSession::new("sh_t".into(), None, 1000, "ws_t".into())
@@ -266,7 +276,8 @@ mod tests {
         let s = session();
         s.append(b"first ", false);
         s.append(b"oops ", true);
-        let (v, over) = s.wait(Duration::from_millis(10)).await;
+        let (v, over) = s.wait(Duration::from_millis(10), false).await;
+        let v = serde_json::to_value(v).unwrap();
         assert!(!over);
         assert_eq!(
             v,
@@ -278,7 +289,8 @@ mod tests {
             exit_code: 0,
             changes: vec![],
         });
-        let (v, over) = s.wait(Duration::from_secs(5)).await;
+        let (v, over) = s.wait(Duration::from_secs(5), false).await;
+        let v = serde_json::to_value(v).unwrap();
         assert!(over);
         assert_eq!(v["status"], "completed");
         assert_eq!(
@@ -288,5 +300,25 @@ mod tests {
         // The streams carry only what the running answer did not.
         assert_eq!(v["stdout"], "second");
         assert_eq!(v["stderr"], "");
+    }
+
+    #[tokio::test]
+    async fn a_streaming_wait_answers_as_soon_as_output_is_there() {
+        let s = std::sync::Arc::new(session());
+        let waiter = {
+            let s = s.clone();
+            // A budget far beyond the test's patience: only the output can
+            // end this wait.
+            tokio::spawn(async move { s.wait(Duration::from_secs(3600), true).await })
+        };
+        tokio::task::yield_now().await;
+        s.append(b"line\n", false);
+        let (v, over) = tokio::time::timeout(Duration::from_secs(60), waiter)
+            .await
+            .expect("the output ends the wait")
+            .unwrap();
+        assert!(!over);
+        assert_eq!(v.status, Some(ExecStatus::Running));
+        assert_eq!(v.stdout.as_deref(), Some("line\n"));
     }
 }

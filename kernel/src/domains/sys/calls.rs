@@ -1,9 +1,13 @@
 //! `sys.token.*` and `sys.config.*`.
 
+use gsv_protocol::sys::{
+    ConfigEntry, ConfigGetArgs, ConfigGetResult, ConfigSetArgs, ConfigSetResult, CreatedToken,
+    TokenCreateArgs, TokenCreateResult, TokenListResult, TokenRevokeArgs, TokenRevokeResult,
+    UidArgs,
+};
 use std::sync::Arc;
 
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::domains::accounts::{self, NewToken};
 use crate::error::KernelError;
@@ -21,22 +25,11 @@ fn target_uid(s: &Session, uid: Option<i64>) -> Result<i64, KernelError> {
     }
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct TokenCreateArgs {
-    uid: Option<i64>,
-    kind: String,
-    label: Option<String>,
-    allowed_role: Option<String>,
-    allowed_device_id: Option<String>,
-    expires_at: Option<i64>,
-}
-
 pub async fn token_create(
     k: Arc<Kernel>,
     s: Arc<Session>,
     a: TokenCreateArgs,
-) -> Result<Value, KernelError> {
+) -> Result<TokenCreateResult, KernelError> {
     let uid = target_uid(&s, a.uid)?;
     let role_for_kind = match a.kind.as_str() {
         "node" => "driver",
@@ -77,44 +70,30 @@ pub async fn token_create(
             accounts::create_token(c, &t)
         })
         .await?;
-    let mut token = serde_json::to_value(&info).map_err(|e| KernelError::internal("token", e))?;
-    token["token"] = json!(raw);
-    for k in ["lastUsedAt", "revokedAt", "revokedReason"] {
-        if let Some(o) = token.as_object_mut() {
-            o.remove(k);
-        }
-    }
-    Ok(json!({ "token": token }))
+    Ok(TokenCreateResult {
+        token: CreatedToken::new(info, raw),
+    })
 }
 
-#[derive(Debug, Deserialize)]
-pub struct UidArgs {
-    uid: Option<i64>,
-}
-
-pub async fn token_list(k: Arc<Kernel>, s: Arc<Session>, a: UidArgs) -> Result<Value, KernelError> {
+pub async fn token_list(
+    k: Arc<Kernel>,
+    s: Arc<Session>,
+    a: UidArgs,
+) -> Result<TokenListResult, KernelError> {
     let scope = if s.identity.is_root() {
         a.uid
     } else {
         Some(target_uid(&s, a.uid)?)
     };
     let tokens = k.db.call(move |c| accounts::list_tokens(c, scope)).await?;
-    Ok(json!({ "tokens": tokens }))
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct TokenRevokeArgs {
-    token_id: String,
-    reason: Option<String>,
-    uid: Option<i64>,
+    Ok(TokenListResult { tokens })
 }
 
 pub async fn token_revoke(
     k: Arc<Kernel>,
     s: Arc<Session>,
     a: TokenRevokeArgs,
-) -> Result<Value, KernelError> {
+) -> Result<TokenRevokeResult, KernelError> {
     let scope = if s.identity.is_root() {
         a.uid
     } else {
@@ -123,41 +102,30 @@ pub async fn token_revoke(
     let revoked =
         k.db.call(move |c| accounts::revoke_token(c, &a.token_id, scope, a.reason.as_deref()))
             .await?;
-    Ok(json!({ "revoked": revoked }))
-}
-
-#[derive(Debug, Deserialize)]
-pub struct ConfigGetArgs {
-    key: Option<String>,
+    Ok(TokenRevokeResult { revoked })
 }
 
 pub async fn config_get(
     k: Arc<Kernel>,
     s: Arc<Session>,
     a: ConfigGetArgs,
-) -> Result<Value, KernelError> {
+) -> Result<ConfigGetResult, KernelError> {
     let uid = s.identity.uid;
     let entries =
         k.db.call(move |c| accounts::config_get(c, uid, a.key.as_deref()))
             .await?;
-    let entries: Vec<Value> = entries
+    let entries = entries
         .into_iter()
-        .map(|(key, value)| json!({"key": key, "value": value}))
+        .map(|(key, value)| ConfigEntry { key, value })
         .collect();
-    Ok(json!({ "entries": entries }))
-}
-
-#[derive(Debug, Deserialize)]
-pub struct ConfigSetArgs {
-    key: String,
-    value: Value,
+    Ok(ConfigGetResult { entries })
 }
 
 pub async fn config_set(
     k: Arc<Kernel>,
     s: Arc<Session>,
     a: ConfigSetArgs,
-) -> Result<Value, KernelError> {
+) -> Result<ConfigSetResult, KernelError> {
     if a.key.is_empty() {
         return Err(KernelError::BadRequest("Config key required".into()));
     }
@@ -174,5 +142,5 @@ pub async fn config_set(
     };
     k.db.call(move |c| accounts::config_set(c, &a.key, &value))
         .await?;
-    Ok(json!({ "ok": true }))
+    Ok(ConfigSetResult { ok: true })
 }

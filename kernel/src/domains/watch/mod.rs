@@ -140,12 +140,15 @@ impl Live {
     }
 }
 
+/// A store's wake-up channel and the store its listener is installed on.
+type Feed = (Weak<Mutex<Dofs>>, watch::Sender<u64>);
+
 /// Live watches and the per-store wake-up channels.
 #[derive(Debug, Default)]
 pub struct Watches {
     live: Mutex<HashMap<String, Live>>,
     /// Per store: the store the listener is installed on, and the channel.
-    feeds: Mutex<HashMap<StoreKey, (Weak<Mutex<Dofs>>, watch::Sender<u64>)>>,
+    feeds: Mutex<HashMap<StoreKey, Feed>>,
     /// Each store's rev at the previous prune tick: a tombstone is pruned
     /// only once it is a tick old, so a reader polling with `fs.changes`
     /// gets at least one interval to come back.

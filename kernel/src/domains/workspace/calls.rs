@@ -1,45 +1,24 @@
 //! `sys.workspace.create|list|get|archive`.
 
-use std::path::PathBuf;
+use gsv_protocol::workspace::{
+    BackendArg, BackendSpec, CreateArgs, GetResult, IdArgs, ListArgs, ListResult, WorkspaceResult,
+};
 use std::sync::Arc;
-
-use serde::Deserialize;
-use serde_json::{Value, json};
 
 use crate::db::now_ms;
 use crate::domains::accounts;
 use crate::domains::fs::vfs;
+use crate::domains::snapshot;
 use crate::domains::workspace::{self, Backend, WorkspaceRow};
 use crate::error::KernelError;
 use crate::kernel::Kernel;
 use crate::session::Session;
 
-/// `backend`: `"local"`, `{kind:"local"}` or `{kind:"remote", address, tokenFile}`.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum BackendArg {
-    Name(String),
-    Spec(BackendSpec),
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(tag = "kind", rename_all = "lowercase")]
-pub enum BackendSpec {
-    Local,
-    #[serde(rename_all = "camelCase")]
-    Remote {
-        address: String,
-        token_file: PathBuf,
-    },
-}
-
-#[derive(Debug, Deserialize)]
-pub struct CreateArgs {
-    label: Option<String>,
-    backend: Option<BackendArg>,
-}
-
-pub async fn create(k: Arc<Kernel>, s: Arc<Session>, a: CreateArgs) -> Result<Value, KernelError> {
+pub async fn create(
+    k: Arc<Kernel>,
+    s: Arc<Session>,
+    a: CreateArgs,
+) -> Result<WorkspaceResult, KernelError> {
     let backend = match a.backend {
         None => Backend::Local,
         Some(BackendArg::Name(n)) if n == "local" => Backend::Local,
@@ -87,19 +66,24 @@ pub async fn create(k: Arc<Kernel>, s: Arc<Session>, a: CreateArgs) -> Result<Va
     };
     let r = row.clone();
     k.db.call(move |c| workspace::insert_row(c, &r)).await?;
-    k.workspaces.open(&row).await?;
+    let w = k.workspaces.open(&row).await?;
+    if let Some(snapshot_id) = &a.from_snapshot
+        && let Err(e) = snapshot::calls::fork_into(&k, &s, snapshot_id, &w).await
+    {
+        // Nothing half-made stays: the row goes, the store is closed.
+        let id = row.id.clone();
+        k.workspaces.close(&id).await;
+        let _ = k.db.call(move |c| workspace::delete_row(c, &id)).await;
+        let _ = std::fs::remove_dir_all(&w.dir);
+        return Err(e);
+    }
     tracing::info!(workspace = %row.id, owner = row.owner_uid, "workspace created");
-    Ok(json!({ "workspace": row.to_json() }))
+    Ok(WorkspaceResult {
+        workspace: row.to_info(),
+    })
 }
 
-#[derive(Debug, Deserialize)]
-pub struct ListArgs {
-    uid: Option<i64>,
-    state: Option<String>,
-    limit: Option<i64>,
-}
-
-pub async fn list(k: Arc<Kernel>, s: Arc<Session>, a: ListArgs) -> Result<Value, KernelError> {
+pub async fn list(k: Arc<Kernel>, s: Arc<Session>, a: ListArgs) -> Result<ListResult, KernelError> {
     let owner = match a.uid {
         Some(u) if u != s.identity.uid && !s.identity.is_root() => {
             return Err(KernelError::PermissionDenied(format!(
@@ -113,18 +97,16 @@ pub async fn list(k: Arc<Kernel>, s: Arc<Session>, a: ListArgs) -> Result<Value,
     let rows =
         k.db.call(move |c| workspace::list_rows(c, owner, a.state.as_deref(), limit))
             .await?;
-    let ws: Vec<Value> = rows.iter().map(WorkspaceRow::to_json).collect();
-    Ok(json!({ "workspaces": ws }))
+    Ok(ListResult {
+        workspaces: rows.iter().map(WorkspaceRow::to_info).collect(),
+    })
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct IdArgs {
-    workspace_id: String,
-}
-
-/// The row of a workspace the caller may use; unknown and foreign
-/// workspaces look the same (403), so ids cannot be probed.
+/// The row of a workspace the caller may use. One that does not exist is
+/// 404 "Workspace not found" (its owner's typo, or one long gone); someone
+/// else's is still refused (403), as the seed prescribes. Ids are 48
+/// random bits, so the difference tells a prober only about ids it cannot
+/// guess.
 pub async fn visible_row(
     k: &Arc<Kernel>,
     s: &Session,
@@ -133,19 +115,29 @@ pub async fn visible_row(
     let wid = id.to_owned();
     match k.db.call(move |c| workspace::get_row(c, &wid)).await? {
         Some(row) if vfs::check_workspace(&s.identity, row.owner_uid) => Ok(row),
-        _ => Err(KernelError::AccessDenied {
+        Some(_) => Err(KernelError::AccessDenied {
             kind: "workspace",
+            id: id.to_owned(),
+        }),
+        None => Err(KernelError::NotFound {
+            kind: "Workspace",
             id: id.to_owned(),
         }),
     }
 }
 
-pub async fn get(k: Arc<Kernel>, s: Arc<Session>, a: IdArgs) -> Result<Value, KernelError> {
+pub async fn get(k: Arc<Kernel>, s: Arc<Session>, a: IdArgs) -> Result<GetResult, KernelError> {
     let row = visible_row(&k, &s, &a.workspace_id).await.ok();
-    Ok(json!({ "workspace": row.map(|r| r.to_json()) }))
+    Ok(GetResult {
+        workspace: row.map(|r| r.to_info()),
+    })
 }
 
-pub async fn archive(k: Arc<Kernel>, s: Arc<Session>, a: IdArgs) -> Result<Value, KernelError> {
+pub async fn archive(
+    k: Arc<Kernel>,
+    s: Arc<Session>,
+    a: IdArgs,
+) -> Result<WorkspaceResult, KernelError> {
     let row = visible_row(&k, &s, &a.workspace_id).await?;
     let id = row.id.clone();
     k.db.call(move |c| workspace::set_state(c, &id, "archived"))
@@ -156,5 +148,7 @@ pub async fn archive(k: Arc<Kernel>, s: Arc<Session>, a: IdArgs) -> Result<Value
         k.db.call(move |c| workspace::get_row(c, &id))
             .await?
             .ok_or_else(|| KernelError::Internal("archived workspace vanished".into()))?;
-    Ok(json!({ "workspace": row.to_json() }))
+    Ok(WorkspaceResult {
+        workspace: row.to_info(),
+    })
 }

@@ -16,8 +16,8 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use gsv_protocol::workspace::{BackendInfo, Workspace as WorkspaceInfo};
 use rusqlite::{Connection, params};
-use serde_json::{Value, json};
 use wsd_dofs::Dofs;
 
 pub mod backend;
@@ -48,26 +48,29 @@ impl WorkspaceRow {
     }
 
     /// The seed's `sys.workspace.list` entry shape, plus `backend`.
-    pub fn to_json(&self) -> Value {
+    /// The row as `sys.workspace.*` shows it.
+    pub fn to_info(&self) -> WorkspaceInfo {
         let backend = match &self.backend {
-            Backend::Local => json!({"kind": "local"}),
-            Backend::Remote { address, .. } => json!({"kind": "remote", "address": address}),
+            Backend::Local => BackendInfo::Local,
+            Backend::Remote { address, .. } => BackendInfo::Remote {
+                address: address.clone(),
+            },
         };
-        json!({
-            "workspaceId": self.id,
-            "ownerUid": self.owner_uid,
-            "label": self.label,
-            "kind": self.kind,
-            "state": self.state,
-            "createdAt": self.created_at,
-            "updatedAt": self.updated_at,
-            "defaultBranch": "main",
-            "headCommit": null,
-            "activeProcess": null,
-            "processCount": 0,
-            "backend": backend,
-            "path": format!("/workspaces/{}", self.id),
-        })
+        WorkspaceInfo {
+            workspace_id: self.id.clone(),
+            owner_uid: self.owner_uid,
+            label: self.label.clone(),
+            kind: self.kind.clone(),
+            state: self.state.clone(),
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+            default_branch: "main".to_owned(),
+            head_commit: None,
+            active_process: None,
+            process_count: 0,
+            backend,
+            path: format!("/workspaces/{}", self.id),
+        }
     }
 }
 
@@ -149,6 +152,12 @@ pub fn list_rows(
     ))?;
     let rows = stmt.query_map(params![owner, state, limit], row_from_sql)?;
     Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// Removes a workspace row (a create that failed half-way).
+pub fn delete_row(conn: &Connection, id: &str) -> Result<(), KernelError> {
+    conn.execute("DELETE FROM workspaces WHERE workspace_id = ?1", [id])?;
+    Ok(())
 }
 
 pub fn set_state(conn: &Connection, id: &str, state: &str) -> Result<(), KernelError> {

@@ -8,10 +8,13 @@
 pub mod run;
 pub mod signal;
 
+use gsv_protocol::proc::{
+    AbortResult, HilArgs, HilResult, HistoryArgs, HistoryResult, KillArgs, KillResult, ListArgs,
+    ListResult, PidArgs, ResetResult, SendArgs, SendResult, SpawnArgs, SpawnResult,
+};
 use std::io::Write as _;
 use std::sync::Arc;
 
-use serde::Deserialize;
 use serde_json::{Value, json};
 use wsd_sync::SyncPath;
 
@@ -37,27 +40,11 @@ async fn owned(k: &Arc<Kernel>, s: &Session, pid: &str) -> Result<ProcRow, Kerne
     }
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct WorkspaceSpec {
-    #[serde(default)]
-    mode: Option<String>,
-    workspace_id: Option<String>,
-    label: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SpawnArgs {
-    label: Option<String>,
-    prompt: Option<String>,
-    parent_pid: Option<String>,
-    cwd: Option<String>,
-    workspace: Option<WorkspaceSpec>,
-    interactive: Option<bool>,
-}
-
-pub async fn spawn(k: Arc<Kernel>, s: Arc<Session>, a: SpawnArgs) -> Result<Value, KernelError> {
+pub async fn spawn(
+    k: Arc<Kernel>,
+    s: Arc<Session>,
+    a: SpawnArgs,
+) -> Result<SpawnResult, KernelError> {
     if let Some(parent) = &a.parent_pid {
         owned(&k, &s, parent).await.map_err(|_| {
             KernelError::PermissionDenied(format!("Cannot spawn under foreign process {parent}"))
@@ -125,21 +112,22 @@ pub async fn spawn(k: Arc<Kernel>, s: Arc<Session>, a: SpawnArgs) -> Result<Valu
     let r = row.clone();
     k.db.call(move |c| store::insert(c, &r)).await?;
     tracing::info!(pid = %row.pid, owner = row.owner_uid, %cwd, "process spawned");
-    let mut out = json!({"ok": true, "pid": row.pid, "cwd": cwd, "label": label,
-                         "workspaceId": workspace_id});
+    let mut out = SpawnResult {
+        ok: true,
+        pid: row.pid.clone(),
+        cwd,
+        label,
+        workspace_id,
+        run_id: None,
+    };
     if let Some(p) = a.prompt.filter(|p| !p.is_empty()) {
         let sent = run::send(k, row, json!({"role": "user", "content": p}), origin(&s)).await?;
-        out["runId"] = sent["runId"].clone();
+        out.run_id = Some(sent.run_id);
     }
     Ok(out)
 }
 
-#[derive(Debug, Deserialize)]
-pub struct ListArgs {
-    uid: Option<i64>,
-}
-
-pub async fn list(k: Arc<Kernel>, s: Arc<Session>, a: ListArgs) -> Result<Value, KernelError> {
+pub async fn list(k: Arc<Kernel>, s: Arc<Session>, a: ListArgs) -> Result<ListResult, KernelError> {
     let me = s.identity.uid;
     let filter = match a.uid {
         Some(u) if u != me && !s.identity.is_root() => {
@@ -152,19 +140,12 @@ pub async fn list(k: Arc<Kernel>, s: Arc<Session>, a: ListArgs) -> Result<Value,
         None => Some(me),
     };
     let rows = k.db.call(move |c| store::list(c, filter)).await?;
-    Ok(json!({"processes": rows}))
+    Ok(ListResult {
+        processes: rows.iter().map(ProcRow::to_info).collect(),
+    })
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SendArgs {
-    pid: String,
-    message: String,
-    #[allow(dead_code)] // accepted for the reference CLI; one conversation per process
-    conversation_id: Option<String>,
-}
-
-pub async fn send(k: Arc<Kernel>, s: Arc<Session>, a: SendArgs) -> Result<Value, KernelError> {
+pub async fn send(k: Arc<Kernel>, s: Arc<Session>, a: SendArgs) -> Result<SendResult, KernelError> {
     let row = owned(&k, &s, &a.pid).await?;
     if a.message.is_empty() {
         return Err(KernelError::BadRequest("proc.send needs a message".into()));
@@ -184,18 +165,11 @@ fn origin(s: &Session) -> Option<&str> {
     (s.role == Role::User).then_some(s.connection_id.as_str())
 }
 
-#[derive(Debug, Deserialize)]
-pub struct HistoryArgs {
-    pid: String,
-    limit: Option<usize>,
-    offset: Option<usize>,
-}
-
 pub async fn history(
     k: Arc<Kernel>,
     s: Arc<Session>,
     a: HistoryArgs,
-) -> Result<Value, KernelError> {
+) -> Result<HistoryResult, KernelError> {
     let row = owned(&k, &s, &a.pid).await?;
     let p = row.pid.clone();
     let all = k.db.call(move |c| store::messages(c, &p)).await?;
@@ -203,34 +177,31 @@ pub async fn history(
     let offset = a.offset.unwrap_or(0).min(total);
     let limit = a.limit.unwrap_or(total);
     let messages: Vec<Value> = all.into_iter().skip(offset).take(limit).collect();
-    Ok(
-        json!({"ok": true, "pid": row.pid, "messages": messages, "messageCount": total,
-              "truncated": offset + messages.len() < total}),
-    )
+    Ok(HistoryResult {
+        ok: true,
+        pid: row.pid,
+        truncated: offset + messages.len() < total,
+        messages,
+        message_count: total,
+    })
 }
 
-#[derive(Debug, Deserialize)]
-pub struct PidArgs {
-    pid: String,
-}
-
-pub async fn abort(k: Arc<Kernel>, s: Arc<Session>, a: PidArgs) -> Result<Value, KernelError> {
+pub async fn abort(
+    k: Arc<Kernel>,
+    s: Arc<Session>,
+    a: PidArgs,
+) -> Result<AbortResult, KernelError> {
     let row = owned(&k, &s, &a.pid).await?;
     let run_id = k.procs.abort(&row.pid);
-    Ok(json!({"ok": true, "pid": row.pid, "aborted": run_id.is_some(), "runId": run_id}))
+    Ok(AbortResult {
+        ok: true,
+        pid: row.pid,
+        aborted: run_id.is_some(),
+        run_id,
+    })
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct HilArgs {
-    request_id: String,
-    decision: String,
-    #[serde(default)]
-    remember: bool,
-    pid: Option<String>,
-}
-
-pub async fn hil(k: Arc<Kernel>, s: Arc<Session>, a: HilArgs) -> Result<Value, KernelError> {
+pub async fn hil(k: Arc<Kernel>, s: Arc<Session>, a: HilArgs) -> Result<HilResult, KernelError> {
     let approve = match a.decision.as_str() {
         "approve" | "allow" => true,
         "deny" => false,
@@ -261,19 +232,20 @@ pub async fn hil(k: Arc<Kernel>, s: Arc<Session>, a: HilArgs) -> Result<Value, K
     })
     .await?;
     let delivered = k.procs.answer_hil(&row.pid, &a.request_id, approve);
-    Ok(
-        json!({"ok": true, "pid": row.pid, "requestId": a.request_id,
-              "decision": a.decision, "resumed": delivered}),
-    )
+    Ok(HilResult {
+        ok: true,
+        pid: row.pid,
+        request_id: a.request_id,
+        decision: a.decision,
+        resumed: delivered,
+    })
 }
 
-#[derive(Debug, Deserialize)]
-pub struct KillArgs {
-    pid: String,
-    archive: Option<bool>,
-}
-
-pub async fn reset(k: Arc<Kernel>, s: Arc<Session>, a: PidArgs) -> Result<Value, KernelError> {
+pub async fn reset(
+    k: Arc<Kernel>,
+    s: Arc<Session>,
+    a: PidArgs,
+) -> Result<ResetResult, KernelError> {
     let row = owned(&k, &s, &a.pid).await?;
     k.procs.abort(&row.pid);
     let (archive, archived) = archive_history(&k, &row).await?;
@@ -291,13 +263,16 @@ pub async fn reset(k: Arc<Kernel>, s: Arc<Session>, a: PidArgs) -> Result<Value,
         json!({"changes": ["messages", "reset"]}),
     )
     .await;
-    // `archivedMessages`/`archivedTo` are the reference's names (its CLI
-    // prints them); `archivePath` is kept for our own callers.
-    Ok(json!({"ok": true, "pid": row.pid, "archivePath": archive,
-        "archivedMessages": archived, "archivedTo": archive}))
+    Ok(ResetResult {
+        ok: true,
+        pid: row.pid,
+        archive_path: archive.clone(),
+        archived_messages: archived,
+        archived_to: archive,
+    })
 }
 
-pub async fn kill(k: Arc<Kernel>, s: Arc<Session>, a: KillArgs) -> Result<Value, KernelError> {
+pub async fn kill(k: Arc<Kernel>, s: Arc<Session>, a: KillArgs) -> Result<KillResult, KernelError> {
     let row = owned(&k, &s, &a.pid).await?;
     k.procs.abort(&row.pid);
     let archive = if a.archive.unwrap_or(true) {
@@ -308,7 +283,11 @@ pub async fn kill(k: Arc<Kernel>, s: Arc<Session>, a: KillArgs) -> Result<Value,
     let p = row.pid.clone();
     k.db.call(move |c| store::delete(c, &p)).await?;
     tracing::info!(pid = %row.pid, "process killed");
-    Ok(json!({"ok": true, "pid": row.pid, "archivePath": archive}))
+    Ok(KillResult {
+        ok: true,
+        pid: row.pid,
+        archive_path: archive,
+    })
 }
 
 /// Writes the history as gzip JSONL to

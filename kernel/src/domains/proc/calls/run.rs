@@ -4,6 +4,10 @@
 //! → queued messages injected → model again, until an answer without
 //! tool calls. Every step is a row first, then a signal.
 
+use gsv_protocol::proc::SendResult;
+use gsv_protocol::shell::ShellToolArgs;
+use gsv_protocol::{Targeted, fs, tool_parameters};
+use schemars::JsonSchema;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -56,7 +60,7 @@ pub async fn send(
     row: ProcRow,
     message: Value,
     origin: Option<&str>,
-) -> Result<Value, KernelError> {
+) -> Result<SendResult, KernelError> {
     let pid = row.pid.clone();
     if let Some((run_id, cancel)) = k.procs.reserve(&pid) {
         if let Some(conn) = origin {
@@ -75,7 +79,13 @@ pub async fn send(
             return Err(e);
         }
         tokio::spawn(run_task(k, row, run_id.clone(), cancel));
-        return Ok(json!({"ok": true, "status": "started", "runId": run_id}));
+        return Ok(SendResult {
+            ok: true,
+            status: "started".to_owned(),
+            run_id: Some(run_id),
+            queued: None,
+            queued_count: None,
+        });
     }
     let p = pid.clone();
     let queued = k.db.call(move |c| store::enqueue(c, &p, &message)).await?;
@@ -93,13 +103,13 @@ pub async fn send(
         json!({"changes": ["queue"]}),
     )
     .await;
-    Ok(json!({
-        "ok": true,
-        "status": "started",
-        "runId": active.or_else(|| k.procs.active_run(&pid)),
-        "queued": true,
-        "queuedCount": queued,
-    }))
+    Ok(SendResult {
+        ok: true,
+        status: "started".to_owned(),
+        run_id: active.or_else(|| k.procs.active_run(&pid)),
+        queued: Some(true),
+        queued_count: Some(queued),
+    })
 }
 
 /// Starts a run with the oldest queued message when `pid` is idle.
@@ -235,7 +245,7 @@ async fn provider_config(k: &Arc<Kernel>, uid: i64) -> Result<ProviderConfig, St
         ));
     }
     let model = get("model").await?.ok_or(
-        "No model configured: set config/ai/model (and config/ai/base_url) with sys.config.set",
+        "No model configured: run `gsv config set ai.model NAME` and `gsv config set ai.base_url URL` (config/ai/model, config/ai/base_url)",
     )?;
     let base_url = get("base_url")
         .await?
@@ -364,54 +374,25 @@ fn obj(v: Value) -> Map<String, Value> {
     }
 }
 
-/// The tool definitions in OpenAI `tools` form.
+/// The tool definitions in OpenAI `tools` form. Each tool's parameters
+/// are the schema of its syscall's argument type (with `target`), so the
+/// model sees exactly what the call accepts.
 pub fn tool_defs() -> Vec<Value> {
-    let target = json!({"type": "string", "description": "\"gsv\" (default) or a device id"});
-    let s = |d: &str| json!({"type": "string", "description": d});
-    let def = |name: &str, desc: &str, props: Value, req: &[&str]| {
-        let mut props = props;
-        props["target"] = target.clone();
+    fn def<T: JsonSchema>(name: &str, description: &str) -> Value {
         json!({"type": "function", "function": {
-            "name": name, "description": desc,
-            "parameters": {"type": "object", "properties": props, "required": req}}})
-    };
+            "name": name, "description": description,
+            "parameters": tool_parameters::<Targeted<T>>()}})
+    }
     vec![
-        def(
-            "Read",
-            "Read a file (numbered lines) or list a directory.",
-            json!({"path": s("file or directory"), "offset": {"type": "integer"}, "limit": {"type": "integer"}}),
-            &["path"],
-        ),
-        def(
-            "Write",
-            "Create or replace a file.",
-            json!({"path": s("file"), "content": s("the whole new content")}),
-            &["path", "content"],
-        ),
-        def(
-            "Edit",
-            "Replace an exact string in a file.",
-            json!({"path": s("file"), "oldString": s("text to find"), "newString": s("replacement"), "replaceAll": {"type": "boolean"}}),
-            &["path", "oldString", "newString"],
-        ),
-        def(
+        def::<fs::ReadArgs>("Read", "Read a file (numbered lines) or list a directory."),
+        def::<fs::WriteArgs>("Write", "Create or replace a file."),
+        def::<fs::EditArgs>("Edit", "Replace an exact string in a file."),
+        def::<fs::DeleteArgs>(
             "Delete",
             "Delete a file or directory (asks the user first).",
-            json!({"path": s("file or directory")}),
-            &["path"],
         ),
-        def(
-            "Search",
-            "Search file contents for a literal string.",
-            json!({"query": s("literal text"), "path": s("directory"), "include": s("glob filter")}),
-            &["query"],
-        ),
-        def(
-            "Shell",
-            "Run a shell command in the workspace.",
-            json!({"command": s("command line"), "timeout": {"type": "integer"}, "sessionId": s("continue a running command")}),
-            &[],
-        ),
+        def::<fs::SearchArgs>("Search", "Search file contents for a literal string."),
+        def::<ShellToolArgs>("Shell", "Run a shell command in the workspace."),
     ]
 }
 
@@ -791,6 +772,38 @@ pub async fn recover(k: &Arc<Kernel>) -> Result<(), KernelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tool_parameters_are_the_syscall_argument_schemas_with_a_target() {
+        let defs = tool_defs();
+        let names: Vec<_> = defs.iter().map(|d| d["function"]["name"].clone()).collect();
+        assert_eq!(names, TOOLS.iter().map(|t| json!(t.0)).collect::<Vec<_>>());
+        let params = |name: &str| {
+            defs.iter()
+                .find(|d| d["function"]["name"] == name)
+                .map(|d| d["function"]["parameters"].clone())
+                .unwrap()
+        };
+        let read = params("Read");
+        assert_eq!(read["type"], "object");
+        assert_eq!(read["required"], json!(["path"]));
+        for key in ["path", "offset", "limit", "target"] {
+            assert!(read["properties"].get(key).is_some(), "{key}: {read}");
+        }
+        let edit = params("Edit");
+        let mut req: Vec<_> = edit["required"].as_array().unwrap().clone();
+        req.sort_by_key(|v| v.to_string());
+        assert_eq!(
+            req,
+            vec![json!("newString"), json!("oldString"), json!("path")]
+        );
+        assert!(edit["properties"].get("replaceAll").is_some(), "{edit}");
+        let shell = params("Shell");
+        for key in ["command", "timeout", "sessionId", "target"] {
+            assert!(shell["properties"].get(key).is_some(), "{key}: {shell}");
+        }
+        assert!(serde_json::to_string(&defs).unwrap().find("$ref").is_none());
+    }
 
     #[test]
     fn tool_paths_join_the_process_cwd_natively_but_stay_as_given_for_a_device() {

@@ -1,4 +1,4 @@
--- dofs schema, migration 3: a random `incarnation` in `meta`, drawn once
+-- dofs schema, migration 4: a random `incarnation` in `meta`, drawn once
 -- when the database is created (or first migrated). A change cursor names
 -- the incarnation it was read from, so a cursor from a re-created or
 -- replaced store is told apart from one of this store.
