@@ -52,6 +52,7 @@ impl Kernel {
             watches: Default::default(),
             login_failures: Mutex::new(HashMap::new()),
             timers: Default::default(),
+            mcp: Default::default(),
         });
         tokio::spawn(reap_idle_children(Arc::downgrade(&kernel)));
         domains::start(&kernel).await?;

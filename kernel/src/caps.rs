@@ -14,6 +14,8 @@ pub const USER_CAPABILITIES: &[&str] = &[
     "net.fetch",
     "proc.*",
     "sched.*",
+    "codemode.*",
+    "sys.mcp.*",
     "notification.*",
     "repo.*",
     "signal.*",

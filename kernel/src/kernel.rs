@@ -17,6 +17,7 @@ use wsd_dofs::Dofs;
 
 use crate::db::Db;
 use crate::dispatch::Dispatch;
+use crate::domains::mcp::live::McpServers;
 use crate::domains::proc::active::Procs;
 use crate::domains::shell::sessions::Sessions;
 use crate::domains::timers::TimerWake;
@@ -58,7 +59,9 @@ pub struct KernelConfig {
     /// How often the kernel collects garbage in every workspace store
     /// (`None`: only on `sys.gc`).
     pub gc_interval: Option<Duration>,
-    /// How often tombstones are pruned (kernel/PROTOCOL.md §9).
+    /// How long one CodeMode block may run.
+    pub codemode_deadline: Duration,
+    /// How often tombstones are pruned (kernel/PROTOCOL.md §10).
     pub prune_every: Duration,
 }
 
@@ -78,6 +81,7 @@ impl KernelConfig {
             wsd_idle_stop: Duration::from_secs(10 * 60),
             snapshot_limit: 64,
             gc_interval: Some(Duration::from_secs(6 * 60 * 60)),
+            codemode_deadline: Duration::from_secs(60),
             prune_every: Duration::from_secs(10 * 60),
         }
     }
@@ -118,6 +122,8 @@ pub struct Kernel {
     pub(crate) login_failures: Mutex<HashMap<(String, IpAddr), u32>>,
     /// Wakes the timer task when the timer table changes.
     pub(crate) timers: Arc<TimerWake>,
+    /// Live MCP server connections (`sys.mcp.*`).
+    pub(crate) mcp: McpServers,
 }
 
 /// Read access for tests and benchmarks outside the crate: the state

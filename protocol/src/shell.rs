@@ -106,6 +106,10 @@ pub struct ExecResult {
     pub stderr: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The wsd's error code (`ENOENT`, `ELIMIT`, `ETIMEDOUT`, ...) when a
+    /// call to the workspace's wsd is what failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

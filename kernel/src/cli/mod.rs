@@ -2,10 +2,11 @@
 //! driver; `setup`, `login`, `config` and `token` are the first run;
 //! `call`, `workspace`, `exec`, `attach`, `chat` and `watch` drive a kernel over
 //! its WebSocket like any other user client; `sched`, `notify` and
-//! `notifications` are in [`sched`].
+//! `notifications` are in [`sched`], `codemode` and `mcp` in [`codemode`].
 
 mod account;
 mod chat;
+mod codemode;
 mod conn;
 mod exec;
 mod repo;
@@ -103,6 +104,18 @@ enum Command {
     /// approval. Without PID a new process is spawned.
     #[command(after_help = CONFIG_HELP)]
     Chat(chat::ChatArgs),
+    /// Run a JavaScript block (`codemode.run`).
+    #[command(after_help = CONFIG_HELP)]
+    Codemode {
+        #[command(subcommand)]
+        action: Box<codemode::CodemodeAction>,
+    },
+    /// Add, list, remove or call your MCP servers (`sys.mcp.*`).
+    #[command(after_help = CONFIG_HELP)]
+    Mcp {
+        #[command(subcommand)]
+        action: Box<codemode::McpAction>,
+    },
     /// List, add, remove or run schedules (`sched.*`).
     #[command(after_help = CONFIG_HELP)]
     Sched {
@@ -187,6 +200,18 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Exec(a) => exec::exec(&conn, a).await,
         Command::Attach(a) => exec::attach(&conn, a).await,
         Command::Chat(a) => chat::chat(&conn, a).await,
+        Command::Codemode { action } => {
+            let mut c = conn::connect(&conn).await?;
+            let ok = codemode::codemode(&mut c, *action).await?;
+            c.close().await;
+            Ok(exit_code(ok))
+        }
+        Command::Mcp { action } => {
+            let mut c = conn::connect(&conn).await?;
+            let ok = codemode::mcp(&mut c, *action).await?;
+            c.close().await;
+            Ok(exit_code(ok))
+        }
         Command::Watch(a) => watch::watch(&conn, a).await,
         Command::Sched { action } => {
             let mut c = conn::connect(&conn).await?;

@@ -11,8 +11,10 @@
 //! tables, and its lines in [`register`].
 
 pub mod accounts;
+pub mod codemode;
 pub mod device;
 pub mod fs;
+pub mod mcp;
 pub mod notification;
 pub mod proc;
 pub mod repo;
@@ -44,6 +46,7 @@ pub const MIGRATIONS: &[&[Migration]] = &[
     sched::MIGRATIONS,
     watch::MIGRATIONS,
     snapshot::MIGRATIONS,
+    mcp::MIGRATIONS,
 ];
 
 /// [`MIGRATIONS`] as one list, what `Db::open` applies.
@@ -138,6 +141,13 @@ pub fn register(d: &mut Dispatch<Kernel>) {
     d.add("proc.reset", "proc.reset", proc::calls::reset);
     d.add("proc.kill", "proc.kill", proc::calls::kill);
     d.add("shell.exec", "shell.exec", shell::calls::exec);
+    d.add_internal("codemode.exec", "codemode.exec", codemode::calls::exec);
+    d.add("codemode.run", "codemode.run", codemode::calls::run);
+    d.add("sys.mcp.add", "sys.mcp.add", mcp::calls::add);
+    d.add("sys.mcp.list", "sys.mcp.list", mcp::calls::list);
+    d.add("sys.mcp.remove", "sys.mcp.remove", mcp::calls::remove);
+    d.add("sys.mcp.refresh", "sys.mcp.refresh", mcp::calls::refresh);
+    d.add("sys.mcp.call", "sys.mcp.call", mcp::calls::call);
     d.add("sched.list", "sched.list", sched::calls::list);
     d.add("sched.add", "sched.add", sched::calls::add);
     d.add("sched.update", "sched.update", sched::calls::update);

@@ -74,7 +74,7 @@ async fn the_exec_bracket_carries_files_both_ways() {
         )
         .await
         .unwrap();
-    assert_eq!(r["content"], "     1\tmade");
+    assert_eq!(r["content"], "1\tmade");
     let d = exec_in(&mut a, &id, "exit 3", 10000).await;
     let d = until_done(&mut a, d).await;
     assert_eq!(
@@ -235,7 +235,7 @@ async fn a_remote_backend_workspace_runs_on_an_existing_wsd() {
         )
         .await
         .unwrap();
-    assert_eq!(r["content"], "     1\tremote");
+    assert_eq!(r["content"], "1\tremote");
     child.kill().await.unwrap();
 }
 
@@ -301,6 +301,38 @@ async fn a_running_command_reads_what_later_calls_write_to_its_stdin() {
         (d["status"].clone(), d["output"].clone()),
         (json!("completed"), json!("got:hello\n"))
     );
+}
+
+/// A wsd call's typed error reaches the caller as its code (`ELIMIT`
+/// here: a stdin write over the wsd's limit), not only as prose, and
+/// leaves the command running.
+#[tokio::test]
+async fn a_wsd_error_reaches_the_caller_as_its_code() {
+    let k = TestKernel::with_users().await;
+    let mut a = k.alice().await;
+    let id = new_workspace(&mut a).await;
+    let d = exec_in(&mut a, &id, "read line; echo got:$line", 250).await;
+    assert_eq!(d["status"], "running", "{d}");
+    let sid = d["sessionId"].as_str().unwrap().to_owned();
+    let huge = "x".repeat(wsd_client::limits::MAX_STDIN_WRITE_BYTES + 1);
+    let d = a
+        .call("shell.exec", json!({"sessionId": sid, "input": huge}))
+        .await
+        .unwrap();
+    assert_eq!(
+        (&d["ok"], &d["code"]),
+        (&json!(false), &json!("ELIMIT")),
+        "{d}"
+    );
+    let d = a
+        .call(
+            "shell.exec",
+            json!({"sessionId": sid, "input": "hello\n", "yieldMs": 10000}),
+        )
+        .await
+        .unwrap();
+    let d = until_done(&mut a, d).await;
+    assert_eq!(d["output"], "got:hello\n", "{d}");
 }
 
 #[tokio::test]

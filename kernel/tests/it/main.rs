@@ -3,11 +3,14 @@
 
 mod bodies;
 mod cli;
+mod codemode;
 mod devices;
 mod exec;
 mod fs;
+mod fs_contract;
 mod handshake;
 mod harness;
+mod mcp;
 mod node;
 mod notification;
 mod proc;

@@ -20,7 +20,7 @@ use tokio::sync::Notify;
 use crate::harness::{ALICE_PW, TestKernel, err_of};
 
 /// One scripted answer of the model server.
-enum Reply {
+pub(crate) enum Reply {
     /// These chunks, then `[DONE]`.
     Sse(Vec<Value>),
     /// These chunks, then wait for the gate before `[DONE]`.
@@ -41,8 +41,8 @@ struct Script {
     requests: Mutex<Vec<Value>>,
 }
 
-struct ModelServer {
-    base_url: String,
+pub(crate) struct ModelServer {
+    pub(crate) base_url: String,
     script: Arc<Script>,
 }
 
@@ -61,7 +61,7 @@ impl ModelServer {
         ModelServer { base_url, script }
     }
 
-    fn requests(&self) -> Vec<Value> {
+    pub(crate) fn requests(&self) -> Vec<Value> {
         self.script.requests.lock().unwrap().clone()
     }
 }
@@ -127,18 +127,18 @@ fn text(t: &str) -> Value {
     json!({"choices": [{"index": 0, "delta": {"content": t}}]})
 }
 
-fn tool(id: &str, name: &str, args: Value) -> Value {
+pub(crate) fn tool(id: &str, name: &str, args: Value) -> Value {
     json!({"choices": [{"index": 0, "delta": {"tool_calls": [{
         "index": 0, "id": id, "type": "function",
         "function": {"name": name, "arguments": args.to_string()}}]}}]})
 }
 
-fn answer(t: &str) -> Reply {
+pub(crate) fn answer(t: &str) -> Reply {
     Reply::Sse(vec![text(t)])
 }
 
 /// A user client that keeps the signals it sees while waiting for answers.
-struct Watcher {
+pub(crate) struct Watcher {
     c: GsvClient,
     seen: VecDeque<Value>,
 }
@@ -151,7 +151,7 @@ impl Watcher {
         }
     }
 
-    async fn request(&mut self, call: &str, args: Value) -> Value {
+    pub(crate) async fn request(&mut self, call: &str, args: Value) -> Value {
         let id = self.c.fresh_id();
         self.c.send_request(&id, call, args).await.unwrap();
         loop {
@@ -165,7 +165,7 @@ impl Watcher {
         }
     }
 
-    async fn call(&mut self, call: &str, args: Value) -> Value {
+    pub(crate) async fn call(&mut self, call: &str, args: Value) -> Value {
         let f = self.request(call, args).await;
         assert_eq!(f["ok"], true, "{call}: {f}");
         f["data"].clone()
@@ -173,7 +173,7 @@ impl Watcher {
 
     /// The next signal named `name` whose payload satisfies `pred`; earlier
     /// non-matching signals are kept. Bounded by the client's timeout.
-    async fn signal(&mut self, name: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    pub(crate) async fn signal(&mut self, name: &str, pred: impl Fn(&Value) -> bool) -> Value {
         if let Some(i) = self
             .seen
             .iter()
@@ -201,7 +201,7 @@ impl Watcher {
         (pid, sent)
     }
 
-    async fn finished(&mut self, run_id: &Value) -> Value {
+    pub(crate) async fn finished(&mut self, run_id: &Value) -> Value {
         let r = run_id.clone();
         self.signal("proc.run.finished", move |p| p["runId"] == r)
             .await
@@ -227,7 +227,10 @@ async fn configure(k: &TestKernel, base_url: &str, extra: &[(&str, &str)]) {
     root.close().await;
 }
 
-async fn setup(replies: Vec<Reply>, extra: &[(&str, &str)]) -> (TestKernel, ModelServer, Watcher) {
+pub(crate) async fn setup(
+    replies: Vec<Reply>,
+    extra: &[(&str, &str)],
+) -> (TestKernel, ModelServer, Watcher) {
     let k = TestKernel::with_users().await;
     let m = ModelServer::start(replies).await;
     configure(&k, &m.base_url, extra).await;
@@ -282,7 +285,7 @@ async fn a_run_that_writes_a_file_then_answers_leaves_the_file_in_the_workspace(
             json!({"path": format!("/workspaces/{ws}/hello.txt")}),
         )
         .await;
-    assert_eq!(r["content"], "     1\thi from the model");
+    assert_eq!(r["content"], "1\thi from the model");
     let h = a.call("proc.history", json!({"pid": pid})).await;
     let roles: Vec<&str> = h["messages"]
         .as_array()
@@ -941,7 +944,7 @@ async fn shell_runs_inside_the_process_workspace_and_its_files_come_back() {
             json!({"path": format!("/workspaces/{ws}/out.txt")}),
         )
         .await;
-    assert_eq!(r["content"], "     1\tmade-by-shell");
+    assert_eq!(r["content"], "1\tmade-by-shell");
     let seen = m.requests()[1]["messages"]
         .as_array()
         .unwrap()

@@ -27,7 +27,7 @@ async fn a_workspace_is_created_listed_read_and_archived_by_its_owner() {
         .await
         .unwrap();
     let r = a.call("fs.read", json!({"path": path})).await.unwrap();
-    assert_eq!(r["content"], "     1\thi");
+    assert_eq!(r["content"], "1\thi");
     let dir = a
         .call("fs.read", json!({"path": "/workspaces"}))
         .await

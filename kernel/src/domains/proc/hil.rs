@@ -1,6 +1,7 @@
 //! Human-in-the-loop defaults (seed 002): auto-allow most tools, ask
-//! before `fs.delete` and before shell commands tagged destructive or
-//! privileged.
+//! before `fs.delete`, before shell commands tagged destructive or
+//! privileged, and before a call to an MCP server's tool (`sys.mcp.call`:
+//! what a remote tool does is not known here).
 
 use serde_json::Value;
 
@@ -17,6 +18,7 @@ pub enum Decision {
 pub fn decide(call: &str, args: &Value, cwd: &str, home: &str) -> Decision {
     match call {
         "fs.delete" => Decision::Ask(vec!["delete"]),
+        "sys.mcp.call" => Decision::Ask(vec!["mcp"]),
         "shell.exec" => {
             // `input` is the syscall's name for the command line.
             let cmd = args

@@ -16,7 +16,7 @@ use gsv_protocol::shell::{ExecArgs, ExecControl, ExecResult, FileChange};
 use std::sync::Arc;
 use std::time::Duration;
 
-use wsd_client::{ExecEventKind, ExecRequest, ResumeFrom, Signal, WsdHandle};
+use wsd_client::{ExecEventKind, ExecRequest, ResumeFrom, Signal, WsdError, WsdHandle};
 use wsd_sync::Kind;
 
 use crate::db::now_ms;
@@ -95,11 +95,11 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<ExecRe
             Err(e) => return Ok(failed_before_run(&e.to_string())),
         };
         if let Err(e) = handle.push(w.dofs.clone()).await {
-            return Ok(failed_before_run(&format!("push to wsd failed: {e}")));
+            return Ok(wsd_failed_before_run("push to wsd failed", &e));
         }
         match handle.exec(request).await {
             Ok(events) => (handle, events),
-            Err(e) => return Ok(failed_before_run(&format!("wsd refused the command: {e}"))),
+            Err(e) => return Ok(wsd_failed_before_run("wsd refused the command", &e)),
         }
     };
     let session = Arc::new(ShellSession::new(
@@ -219,13 +219,14 @@ async fn continue_session(
             (Some(h), false) => h
                 .write_stdin(&session.id, input.as_bytes().to_vec())
                 .await
-                .map_err(|e| e.to_string()),
-            _ => Err("the command already exited".to_owned()),
+                .map_err(|e| (e.to_string(), Some(e.code))),
+            _ => Err(("the command already exited".to_owned(), None)),
         };
-        if let Err(e) = written {
-            return Ok(op_error(&format!(
-                "stdin is closed for shell session: {sid} ({e})"
-            )));
+        if let Err((e, code)) = written {
+            return Ok(ExecResult {
+                code: code.map(|c| c.as_str().to_owned()),
+                ..op_error(&format!("stdin is closed for shell session: {sid} ({e})"))
+            });
         }
     }
     Ok(answer(k, &session, budget, stream).await)
@@ -267,13 +268,18 @@ async fn drive_session(
                     ExecEventKind::Exit(code) => break Ok(code),
                 }
             }
-            Ok(None) => break Err("the wsd ended the command's events without an exit".to_owned()),
+            Ok(None) => {
+                break Err((
+                    "the wsd ended the command's events without an exit".to_owned(),
+                    None,
+                ));
+            }
             Err(e) => {
                 // The connection broke: the same wsd still has the log, a
                 // restarted one does not (and then refuses the attach).
                 reattaches += 1;
                 if reattaches > 3 {
-                    break Err(format!("lost the command: {e}"));
+                    break Err((format!("lost the command: {e}"), Some(e.code)));
                 }
                 match handle
                     .attach(&session.id, ResumeFrom::After(last_seq))
@@ -281,8 +287,11 @@ async fn drive_session(
                 {
                     Ok(ev) => events = ev,
                     Err(e2) => {
-                        break Err(format!(
-                            "lost the command: the wsd went away ({e}) and does not know it any more ({e2})"
+                        break Err((
+                            format!(
+                                "lost the command: the wsd went away ({e}) and does not know it any more ({e2})"
+                            ),
+                            Some(e2.code),
                         ));
                     }
                 }
@@ -290,9 +299,10 @@ async fn drive_session(
         }
     };
     let outcome = match exit {
-        Err(error) => Outcome::Failed {
+        Err((error, code)) => Outcome::Failed {
             error,
             exit_code: None,
+            code,
         },
         Ok(exit_code) => {
             // The bracket's second half.
@@ -321,6 +331,7 @@ async fn drive_session(
                         "the command exited {exit_code} but pulling its changes failed: {e}"
                     ),
                     exit_code: Some(exit_code),
+                    code: Some(e.code),
                 },
             }
         }
@@ -328,7 +339,9 @@ async fn drive_session(
     let _ = handle.dispose(&session.id).await;
     let (status, code, error) = match &outcome {
         Outcome::Completed { exit_code, .. } => ("completed", Some(*exit_code), None),
-        Outcome::Failed { error, exit_code } => ("failed", *exit_code, Some(error.clone())),
+        Outcome::Failed {
+            error, exit_code, ..
+        } => ("failed", *exit_code, Some(error.clone())),
     };
     if let Err(e) = remember_row(&k, &session, status, code, error).await {
         tracing::warn!(session = %session.id, error = %e, "could not record a session's end");
@@ -410,4 +423,13 @@ fn no_workspace(cwd: &str) -> ExecResult {
 
 fn failed_before_run(error: &str) -> ExecResult {
     ExecResult::failed(error)
+}
+
+/// A wsd call that failed before the command ran: its code goes to the
+/// caller as `code`, not only inside the message.
+fn wsd_failed_before_run(context: &str, e: &WsdError) -> ExecResult {
+    ExecResult {
+        code: Some(e.code.as_str().to_owned()),
+        ..ExecResult::failed(format!("{context}: {e}"))
+    }
 }

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 use wsd_client::WsdHandle;
+use wsd_sync::ErrorCode;
 
 use gsv_node::MAX_OUTPUT_CHARS;
 use gsv_node::output::{CappedText, Utf8Stream};
@@ -26,6 +27,8 @@ pub enum Outcome {
     Failed {
         error: String,
         exit_code: Option<i32>,
+        /// The wsd's error code when a wsd call failed the command.
+        code: Option<ErrorCode>,
     },
 }
 
@@ -208,9 +211,14 @@ impl ShellSession {
                 changes: Some(changes),
                 ..base
             },
-            Outcome::Failed { error, exit_code } => ExecResult {
+            Outcome::Failed {
+                error,
+                exit_code,
+                code,
+            } => ExecResult {
                 status: Some(ExecStatus::Failed),
                 error: Some(error),
+                code: code.map(|c| c.as_str().to_owned()),
                 exit_code,
                 ..base
             },

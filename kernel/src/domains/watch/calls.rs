@@ -11,6 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use gsv_protocol::frames::Outbound;
+use gsv_protocol::fs::FsError;
 use gsv_protocol::watch::{
     AFTER_NOW, CURSOR_EXPIRED, Change, ChangeType, ChangedSignal, ChangesArgs, ChangesResult,
     DEFAULT_DURABLE_TTL_SECONDS, LaggedSignal, UnwatchArgs, UnwatchResult, WatchArgs, WatchResult,
@@ -26,7 +27,7 @@ use super::{Cursor, DurableRow, Registered, StoreKey};
 use crate::db::now_ms;
 use crate::domains::accounts::{self, ProcessIdentity};
 use crate::domains::fs::calls::with_store;
-use crate::domains::fs::vfs::{self, Access, FsError, Place};
+use crate::domains::fs::vfs::{self, Access, Place};
 use crate::domains::workspace;
 use crate::error::KernelError;
 use crate::kernel::Kernel;
@@ -59,9 +60,34 @@ enum Fail {
     Kernel(KernelError),
 }
 
-impl<E: Into<WatchError>> From<E> for Fail {
-    fn from(e: E) -> Self {
+impl From<WatchError> for Fail {
+    fn from(e: WatchError) -> Self {
+        Fail::Op(e)
+    }
+}
+
+impl From<FsError> for Fail {
+    fn from(e: FsError) -> Self {
         Fail::Op(e.into())
+    }
+}
+
+impl From<BadGlob> for Fail {
+    fn from(e: BadGlob) -> Self {
+        Fail::Op(e.into())
+    }
+}
+
+impl WatchError {
+    /// The stable `code` beside the message (`fs.*`'s codes where they
+    /// apply).
+    fn code(&self) -> &'static str {
+        match self {
+            WatchError::Fs(e) => e.code().as_str(),
+            WatchError::Glob(_) | WatchError::Invalid(_) => "invalid_argument",
+            WatchError::UnknownWatch(_) => "not_found",
+            WatchError::CursorExpired(_) => CURSOR_EXPIRED,
+        }
     }
 }
 
@@ -75,7 +101,8 @@ fn store_fail(what: &str, e: impl std::fmt::Display) -> Fail {
 
 /// `{ok:true, …result}`, or the operation error: a cursor the store cannot
 /// serve is `{ok:false, error:{code:"ECURSOR_EXPIRED", message}, code,
-/// resync:true}`, anything else `{ok:false, error:"message"}` as `fs.*`.
+/// resync:true}`, anything else `{ok:false, error:"message", code}` as
+/// `fs.*`.
 fn finish<T: Serialize>(r: Result<T, Fail>) -> Result<Value, KernelError> {
     match r {
         Ok(v) => {
@@ -90,7 +117,7 @@ fn finish<T: Serialize>(r: Result<T, Fail>) -> Result<Value, KernelError> {
             "code": CURSOR_EXPIRED,
             "resync": true,
         })),
-        Err(Fail::Op(e)) => Ok(json!({"ok": false, "error": e.to_string()})),
+        Err(Fail::Op(e)) => Ok(json!({"ok": false, "error": e.to_string(), "code": e.code()})),
         Err(Fail::Kernel(e)) => Err(e),
     }
 }
@@ -133,8 +160,18 @@ async fn locate(k: &Arc<Kernel>, s: &Session, path: &str) -> Result<Source, Fail
                     .map_err(kernel_fail)?;
             let row = match row {
                 Some(row) if vfs::check_workspace(&s.identity, row.owner_uid) => row,
-                Some(_) => return Err(FsError::PermissionDenied(r.display.clone()).into()),
-                None => return Err(FsError::NotFound(r.display.clone()).into()),
+                Some(_) => {
+                    return Err(FsError::PermissionDenied {
+                        path: r.display.clone(),
+                    }
+                    .into());
+                }
+                None => {
+                    return Err(FsError::NotFound {
+                        path: r.display.clone(),
+                    }
+                    .into());
+                }
             };
             let w = k.workspaces.open(&row).await.map_err(kernel_fail)?;
             Ok(Source {

@@ -4,6 +4,7 @@
 //! → queued messages injected → model again, until an answer without
 //! tool calls. Every step is a row first, then a signal.
 
+use gsv_protocol::codemode as codemode_args;
 use gsv_protocol::proc::SendResult;
 use gsv_protocol::shell::ShellToolArgs;
 use gsv_protocol::{Targeted, fs, tool_parameters};
@@ -21,10 +22,10 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::signal::{deliver, emit};
-use crate::domains::accounts;
 use crate::domains::proc::hil::{self, Decision};
 use crate::domains::proc::provider::{self, Completion, Delta, ProviderConfig, ProviderError};
 use crate::domains::proc::store::{self, ProcRow};
+use crate::domains::{accounts, codemode};
 use crate::error::KernelError;
 use crate::kernel::Kernel;
 use crate::session::{Role, Session};
@@ -43,6 +44,7 @@ pub const TOOLS: &[(&str, &str)] = &[
     ("Delete", "fs.delete"),
     ("Search", "fs.search"),
     ("Shell", "shell.exec"),
+    ("CodeMode", "codemode.exec"),
 ];
 
 /// How a run ended when it did not answer.
@@ -207,7 +209,7 @@ async fn run_task(k: Arc<Kernel>, row: ProcRow, run_id: String, cancel: Cancella
 
 /// The session a process's tool calls run as: its run-as account and
 /// that account's capabilities, cwd set to the process's.
-async fn process_session(k: &Arc<Kernel>, row: &ProcRow) -> Result<Session, KernelError> {
+pub async fn process_session(k: &Arc<Kernel>, row: &ProcRow) -> Result<Session, KernelError> {
     let uid = row.run_as_uid;
     let (identity, caps) =
         k.db.call(move |c| {
@@ -218,7 +220,7 @@ async fn process_session(k: &Arc<Kernel>, row: &ProcRow) -> Result<Session, Kern
         })
         .await?;
     Ok(Session {
-        connection_id: format!("process:{}", row.pid),
+        connection_id: crate::session::process_connection_id(&row.pid),
         role: Role::User,
         identity: accounts::ProcessIdentity {
             cwd: row.cwd.clone(),
@@ -286,7 +288,7 @@ pub async fn dispatch_call(
 }
 
 /// A dispatched call's outcome as the model sees it: output or error text.
-async fn syscall(
+pub async fn syscall(
     k: &Arc<Kernel>,
     session: &Arc<Session>,
     call: &str,
@@ -359,7 +361,7 @@ async fn system_prompt(k: &Arc<Kernel>, row: &ProcRow, session: &Arc<Session>) -
     out
 }
 
-/// `fs.read` numbers lines as `{:>6}\t`; the prompt wants the text.
+/// `fs.read` numbers lines as `{n}\t`; the prompt wants the text.
 fn strip_line_numbers(s: &str) -> String {
     s.lines()
         .map(|l| l.split_once('\t').map_or(l, |(_, t)| t))
@@ -393,6 +395,9 @@ pub fn tool_defs() -> Vec<Value> {
         ),
         def::<fs::SearchArgs>("Search", "Search file contents for a literal string."),
         def::<ShellToolArgs>("Shell", "Run a shell command in the workspace."),
+        json!({"type": "function", "function": {
+            "name": "CodeMode", "description": codemode::TOOL_DESCRIPTION,
+            "parameters": tool_parameters::<codemode_args::ExecArgs>()}}),
     ]
 }
 
@@ -461,7 +466,7 @@ async fn run_loop(
             .map_err(|e| End::Failed(e.to_string()))?,
     );
     let system = system_prompt(k, row, &session).await;
-    let tools = tool_defs();
+    let tools = codemode::calls::with_mcp_declarations(k, &session, tool_defs()).await;
     let pid = row.pid.clone();
     for _ in 0..MAX_STEPS {
         let p = pid.clone();
@@ -625,6 +630,60 @@ async fn run_tool(
         }
     };
     let args = with_cwd(args, call, &row.cwd);
+    if let Err(refused) = approve(
+        k,
+        row,
+        session,
+        Some(run_id),
+        ToolRef {
+            call_id: &tc.id,
+            name: &tc.name,
+        },
+        call,
+        &args,
+    )
+    .await
+    {
+        return (json!(refused), true);
+    }
+    emit(
+        k,
+        row.owner_uid,
+        &row.pid,
+        "proc.run.tool.started",
+        json!({"runId": run_id, "toolCallId": tc.id, "toolName": tc.name,
+               "syscall": call, "args": args}),
+    )
+    .await;
+    match syscall(k, session, call, args).await {
+        // A CodeMode block that failed is a failed tool call.
+        Ok(v) => {
+            let failed = v.get("status").and_then(Value::as_str) == Some("failed");
+            (v, call == "codemode.exec" && failed)
+        }
+        Err(e) => (json!(e), true),
+    }
+}
+
+/// The model's tool call an approval request belongs to.
+#[derive(Debug, Clone, Copy)]
+pub struct ToolRef<'a> {
+    pub call_id: &'a str,
+    pub name: &'a str,
+}
+
+/// Asks the process's owner before `call` runs when the approval policy
+/// says so (the tool's own calls and CodeMode's nested ones alike); the
+/// error is the tool-result text. Asking needs an active run.
+pub async fn approve(
+    k: &Arc<Kernel>,
+    row: &ProcRow,
+    session: &Session,
+    run_id: Option<&str>,
+    tool: ToolRef<'_>,
+    call: &str,
+    args: &Map<String, Value>,
+) -> Result<(), String> {
     let (p, c) = (row.pid.clone(), call.to_owned());
     let remembered =
         k.db.call(move |db| store::is_allowed(db, &p, &c))
@@ -642,18 +701,21 @@ async fn run_tool(
     };
     if let Decision::Ask(tags) = decision {
         if !row.interactive {
-            return (
-                json!(format!(
-                    "{call} needs approval ({}) and this process is not interactive",
-                    tags.join(", ")
-                )),
-                true,
-            );
+            return Err(format!(
+                "{call} needs approval ({}) and this process is not interactive",
+                tags.join(", ")
+            ));
         }
+        let Some(run_id) = run_id else {
+            return Err(format!(
+                "{call} needs approval ({}) and no run of this process is active to ask in",
+                tags.join(", ")
+            ));
+        };
         let request_id = format!("hil_{}", accounts::random_hex(12));
         let (tx, rx) = oneshot::channel();
         if !k.procs.await_hil(&row.pid, run_id, request_id.clone(), tx) {
-            return (json!("the run ended before approval"), true);
+            return Err("the run ended before approval".into());
         }
         let (p, r, q, c, a) = (
             row.pid.clone(),
@@ -666,42 +728,30 @@ async fn run_tool(
             k.db.call(move |db| store::insert_hil(db, &q, &p, &r, &c, &a))
                 .await
         {
-            return (json!(e.to_string()), true);
+            return Err(e.to_string());
         }
         emit(
             k,
             row.owner_uid,
             &row.pid,
             "proc.run.hil.requested",
-            json!({"runId": run_id, "requestId": request_id, "toolCallId": tc.id,
-                   "toolName": tc.name, "syscall": call, "args": args, "tags": tags}),
+            json!({"runId": run_id, "requestId": request_id, "toolCallId": tool.call_id,
+                   "toolName": tool.name, "syscall": call, "args": args, "tags": tags}),
         )
         .await;
         // An aborted run drops the sender; that reads as a denial.
         if !rx.await.unwrap_or(false) {
-            return (json!(format!("{call} was denied by the user")), true);
+            return Err(format!("{call} was denied by the user"));
         }
     }
-    emit(
-        k,
-        row.owner_uid,
-        &row.pid,
-        "proc.run.tool.started",
-        json!({"runId": run_id, "toolCallId": tc.id, "toolName": tc.name,
-               "syscall": call, "args": args}),
-    )
-    .await;
-    match syscall(k, session, call, args).await {
-        Ok(v) => (v, false),
-        Err(e) => (json!(e), true),
-    }
+    Ok(())
 }
 
 /// Relative paths are the process's cwd's; `Shell` runs in its cwd (its
 /// workspace) unless the model names another. A call for a device keeps
 /// its paths and cwd as given: the kernel's cwd means nothing there, and
 /// the device resolves relative paths against its own root.
-fn with_cwd(mut args: Map<String, Value>, call: &str, cwd: &str) -> Map<String, Value> {
+pub fn with_cwd(mut args: Map<String, Value>, call: &str, cwd: &str) -> Map<String, Value> {
     let on_device =
         matches!(args.get("target"), Some(Value::String(t)) if !t.is_empty() && t != "gsv");
     if call == "shell.exec"
