@@ -31,7 +31,7 @@ pub use gsv_protocol::PROTOCOL;
 /// Kernel settings (`gsv serve` flags).
 #[derive(Debug, Clone)]
 pub struct KernelConfig {
-    /// Everything lives under here (see ARCHITECTURE.md, "kernel").
+    /// Everything lives under here (see kernel/DESIGN.md, "On disk").
     pub data_dir: PathBuf,
     /// A socket that has not completed `sys.connect` by then is closed.
     pub handshake_timeout: Duration,

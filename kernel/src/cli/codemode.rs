@@ -47,7 +47,9 @@ pub enum McpAction {
     /// Connect an MCP server (streamable HTTP) and print its id.
     Add {
         name: String,
-        /// `https://…`, or `http://` on localhost.
+        /// `https://…`, or `http://` on localhost. (Its own id: the global
+        /// `--url` is the kernel's, and clap would merge the two.)
+        #[arg(id = "server_url", value_name = "URL")]
         url: String,
         /// `NAME: VALUE` sent with every request; repeatable.
         #[arg(long = "header", value_name = "NAME: VALUE")]

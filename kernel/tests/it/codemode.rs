@@ -48,14 +48,14 @@ async fn fs_globals_are_the_callers_fs_calls() {
     )
     .await;
     assert_eq!(r["status"], "completed", "{r}");
-    assert_eq!(r["result"]["content"], "     1\thello\n     2\tthere");
+    assert_eq!(r["result"]["content"], "1\thello\n2\tthere");
     assert_eq!(r["result"]["found"], true);
     // The file is the user's, seen outside the block too.
     let read = a
         .call("fs.read", json!({"path": "~/cm.txt"}))
         .await
         .unwrap();
-    assert_eq!(read["content"], "     1\thello\n     2\tthere");
+    assert_eq!(read["content"], "1\thello\n2\tthere");
     // A failing call throws inside the block; caught, the block goes on.
     let r = run(
         &mut a,
