@@ -49,6 +49,7 @@ impl Kernel {
             sessions: Default::default(),
             dispatch: domains::table(),
             procs: Procs::default(),
+            watches: Default::default(),
             login_failures: Mutex::new(HashMap::new()),
             timers: Default::default(),
             mcp: Default::default(),

@@ -21,6 +21,7 @@ use crate::domains::mcp::live::McpServers;
 use crate::domains::proc::active::Procs;
 use crate::domains::shell::sessions::Sessions;
 use crate::domains::timers::TimerWake;
+use crate::domains::watch::Watches;
 use crate::domains::workspace::Workspaces;
 use crate::routing::router::Router;
 use crate::session::ConnectionPool;
@@ -60,6 +61,8 @@ pub struct KernelConfig {
     pub gc_interval: Option<Duration>,
     /// How long one CodeMode block may run.
     pub codemode_deadline: Duration,
+    /// How often tombstones are pruned (kernel/PROTOCOL.md §10).
+    pub prune_every: Duration,
 }
 
 impl KernelConfig {
@@ -79,6 +82,7 @@ impl KernelConfig {
             snapshot_limit: 64,
             gc_interval: Some(Duration::from_secs(6 * 60 * 60)),
             codemode_deadline: Duration::from_secs(60),
+            prune_every: Duration::from_secs(10 * 60),
         }
     }
 }
@@ -108,6 +112,8 @@ pub struct Kernel {
     pub(crate) dispatch: Dispatch<Kernel>,
     /// Active agent runs (the rest of a process is rows).
     pub(crate) procs: Procs,
+    /// Live `fs.watch` feeds.
+    pub(crate) watches: Watches,
     /// Permits for sockets that have not authenticated yet.
     pub(crate) pending: Arc<Semaphore>,
     /// Permits for authenticated sockets.

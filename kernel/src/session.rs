@@ -167,6 +167,12 @@ impl ConnectionPool {
         }
     }
 
+    /// Connection `id`'s outbound queue, for senders that must notice a
+    /// full one themselves (a watch pauses instead of dropping).
+    pub fn sender(&self, id: &str) -> Option<mpsc::Sender<Outgoing>> {
+        self.live.lock().unwrap().get(id).map(|l| l.tx.clone())
+    }
+
     pub fn len(&self) -> usize {
         self.live.lock().unwrap().len()
     }

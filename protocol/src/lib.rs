@@ -24,6 +24,7 @@ use schemars::generate::SchemaSettings;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 pub mod snapshot;
+pub mod watch;
 
 pub use error::{FrameError, WireError};
 

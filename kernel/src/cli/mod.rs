@@ -1,6 +1,6 @@
 //! The `gsv` command line: `serve` runs the kernel; `node` runs a device
 //! driver; `setup`, `login`, `config` and `token` are the first run;
-//! `call`, `workspace`, `exec`, `attach` and `chat` drive a kernel over
+//! `call`, `workspace`, `exec`, `attach`, `chat` and `watch` drive a kernel over
 //! its WebSocket like any other user client; `sched`, `notify` and
 //! `notifications` are in [`sched`], `codemode` and `mcp` in [`codemode`].
 
@@ -12,6 +12,7 @@ mod exec;
 mod repo;
 mod sched;
 mod serve;
+mod watch;
 mod workspace;
 
 use std::process::ExitCode;
@@ -93,6 +94,11 @@ enum Command {
     /// no one has read it, then its exit code. Ctrl-C detaches.
     #[command(after_help = CONFIG_HELP)]
     Attach(exec::AttachArgs),
+    /// Print a workspace's changes as they happen (`fs.watch`): one line
+    /// per changed path (`TYPE<TAB>PATH[<TAB>SIZE]`), then, on exit, the
+    /// cursor to resume from with `--after` (`cursor<TAB>C`).
+    #[command(after_help = CONFIG_HELP)]
+    Watch(watch::WatchArgs),
     /// Talk to an agent process: send messages (from `-m` or stdin lines),
     /// print its streamed answer, and ask on the terminal when it wants
     /// approval. Without PID a new process is spawned.
@@ -206,6 +212,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             c.close().await;
             Ok(exit_code(ok))
         }
+        Command::Watch(a) => watch::watch(&conn, a).await,
         Command::Sched { action } => {
             let mut c = conn::connect(&conn).await?;
             let ok = sched::sched(&mut c, *action).await?;

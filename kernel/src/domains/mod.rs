@@ -23,6 +23,7 @@ pub mod shell;
 pub mod snapshot;
 pub mod sys;
 pub mod timers;
+pub mod watch;
 pub mod workspace;
 
 use std::sync::{Arc, Mutex};
@@ -43,6 +44,7 @@ pub const MIGRATIONS: &[&[Migration]] = &[
     timers::MIGRATIONS,
     notification::MIGRATIONS,
     sched::MIGRATIONS,
+    watch::MIGRATIONS,
     snapshot::MIGRATIONS,
     mcp::MIGRATIONS,
 ];
@@ -67,6 +69,7 @@ pub async fn start(k: &Arc<Kernel>) -> Result<(), KernelError> {
     proc::calls::run::recover(k).await?;
     sched::calls::recover(k).await?;
     timers::calls::start(k);
+    tokio::spawn(watch::calls::prune_periodically(Arc::downgrade(k)));
     Ok(())
 }
 
@@ -126,6 +129,9 @@ pub fn register(d: &mut Dispatch<Kernel>) {
     d.add("fs.edit", "fs.edit", fs::calls::edit);
     d.add("fs.delete", "fs.delete", fs::calls::delete);
     d.add("fs.search", "fs.search", fs::calls::search);
+    d.add("fs.watch", "fs.watch", watch::calls::watch);
+    d.add("fs.changes", "fs.changes", watch::calls::changes);
+    d.add("fs.unwatch", "fs.unwatch", watch::calls::unwatch);
     d.add("proc.spawn", "proc.spawn", proc::calls::spawn);
     d.add("proc.list", "proc.list", proc::calls::list);
     d.add("proc.send", "proc.send", proc::calls::send);

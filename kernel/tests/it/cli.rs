@@ -811,3 +811,60 @@ fn the_cli_adds_lists_calls_and_removes_mcp_servers() {
     assert!(!ok && err.contains("no MCP server"), "{err}");
     assert_eq!(gsv(&s, &["mcp", "list"]).1, "");
 }
+
+#[test]
+fn gsv_watch_replays_from_a_cursor_and_prints_where_to_resume() {
+    let s = serve();
+    let setup = r#"{"username":"alice","password":"alice-password"}"#;
+    assert!(gsv(&s, &["call", "sys.setup", setup]).0);
+    let (_, ws) = gsv(&s, &["workspace", "create"]);
+    let ws = ws.trim().to_owned();
+    let args = format!(r#"{{"path":"/workspaces/{ws}","after":"now"}}"#);
+    let (ok, out) = gsv(&s, &["call", "fs.changes", &args]);
+    assert!(ok, "{out}");
+    let frame: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let start = frame["data"]["cursor"].as_str().unwrap().to_owned();
+    for (name, body) in [("a.txt", "aa"), ("b.txt", "bbb")] {
+        let args = format!(r#"{{"path":"/workspaces/{ws}/{name}","content":"{body}"}}"#);
+        assert!(gsv(&s, &["call", "fs.write", &args]).0);
+    }
+    let (ok, out) = gsv(&s, &["watch", &ws, "--after", &start, "--count", "2"]);
+    assert!(ok, "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[..2],
+        [
+            format!("file\t/workspaces/{ws}/a.txt\t2"),
+            format!("file\t/workspaces/{ws}/b.txt\t3")
+        ]
+    );
+    let resume = lines[2].strip_prefix("cursor\t").expect(&out).to_owned();
+    let args = format!(r#"{{"path":"/workspaces/{ws}/sub/c.txt","content":"c"}}"#);
+    assert!(gsv(&s, &["call", "fs.write", &args]).0);
+    let (ok, out) = gsv(
+        &s,
+        &[
+            "watch", &ws, "sub", "--after", &resume, "--count", "2", "--json",
+        ],
+    );
+    assert!(ok, "{out}");
+    let batches: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let paths: Vec<&str> = batches
+        .iter()
+        .flat_map(|b| b["changes"].as_array().into_iter().flatten())
+        .map(|c| c["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            format!("/workspaces/{ws}/sub"),
+            format!("/workspaces/{ws}/sub/c.txt")
+        ]
+    );
+    assert!(batches.last().unwrap()["cursor"].is_string());
+    let (ok, _, err) = gsv_err(&s, &["watch", &ws, "--after", "garbage"]);
+    assert!(!ok && err.contains("Cursor expired"), "{err}");
+}

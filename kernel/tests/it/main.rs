@@ -17,4 +17,5 @@ mod proc;
 mod repo;
 mod sched;
 mod snapshots;
+mod watch;
 mod workspaces;
