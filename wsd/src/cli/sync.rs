@@ -155,6 +155,8 @@ impl Session {
                 auto_settle: false,
                 // A pull never silently replaces a local edit.
                 conflict_copies: true,
+                // What an OS crash takes from the index is resent.
+                durable_index: false,
                 ..Default::default()
             },
         )
@@ -164,7 +166,7 @@ impl Session {
             .settle()
             .with_context(|| format!("indexing {}", a.local.display()))?;
         let t_settle = t0.elapsed();
-        let peer = peer_name(&state, index_lost)?;
+        let peer = peer_name(&state, index_lost || store.index_rebuilt())?;
         let mut remote = a.remote.connect(&peer).await?;
         let remote_name = a.remote.remote.clone();
         driver::reconcile(&mut store, &mut remote, &remote_name)
