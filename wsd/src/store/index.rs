@@ -148,20 +148,22 @@ pub(crate) fn open(
     let booted = current_boot_id();
     let recorded = read_boot_id(&boot);
     let mut rebuilt = false;
-    if !durable && path.exists() && (recorded.is_none() || recorded != booted) {
-        if let Some(reason) = check_after_os_crash(path) {
-            let moved_to = wsd_sqlite::set_aside(path).map_err(|source| StoreError::Io {
-                context: format!("setting aside the damaged index {}", path.display()),
-                source,
-            })?;
-            tracing::warn!(
-                index = %path.display(),
-                moved_to = %moved_to.display(),
-                %reason,
-                "the index lost writes in an OS crash: rebuilding it from the tree (peers re-baseline)"
-            );
-            rebuilt = true;
-        }
+    if !durable
+        && path.exists()
+        && (recorded.is_none() || recorded != booted)
+        && let Some(reason) = check_after_os_crash(path)
+    {
+        let moved_to = wsd_sqlite::set_aside(path).map_err(|source| StoreError::Io {
+            context: format!("setting aside the damaged index {}", path.display()),
+            source,
+        })?;
+        tracing::warn!(
+            index = %path.display(),
+            moved_to = %moved_to.display(),
+            %reason,
+            "the index lost writes in an OS crash: rebuilding it from the tree (peers re-baseline)"
+        );
+        rebuilt = true;
     }
     let setup = if durable { &SETUP } else { &SETUP_NOT_DURABLE };
     let opened = wsd_sqlite::open(path, setup).map_err(|e| StoreError::Database(Box::new(e)))?;
