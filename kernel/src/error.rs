@@ -46,6 +46,9 @@ pub enum KernelError {
     InvalidArgs { call: String, reason: String },
     #[error("{0}")]
     BadRequest(String),
+    /// The target's state refuses the call (a closed or busy conversation).
+    #[error("{0}")]
+    Conflict(String),
     #[error("Too many connections: {0}")]
     Overloaded(&'static str),
     #[error("{0}")]
@@ -75,7 +78,9 @@ impl KernelError {
             AuthFailed(_) => code::AUTH_FAILED,
             NotConnected | PermissionDenied(_) | AccessDenied { .. } => code::FORBIDDEN,
             UnknownSyscall(_) | UnknownSession(_) => code::NOT_FOUND,
-            AlreadyConnected | DuplicateRequest(_) | AlreadyInitialized => code::CONFLICT,
+            AlreadyConnected | DuplicateRequest(_) | AlreadyInitialized | Conflict(_) => {
+                code::CONFLICT
+            }
             SetupRequired => code::SETUP_REQUIRED,
             Cancelled(_) => code::CANCELLED,
             Internal(_) => code::INTERNAL,

@@ -292,7 +292,11 @@ fn claim_application_id(tx: &Transaction<'_>, path: &Path, expected: i32) -> Res
 }
 
 /// Moves `set`'s pre-crate record into [`MIGRATIONS_TABLE`].
-fn import_legacy(tx: &Transaction<'_>, path: &Path, set: &MigrationSet<'_>) -> Result<(), OpenError> {
+fn import_legacy(
+    tx: &Transaction<'_>,
+    path: &Path,
+    set: &MigrationSet<'_>,
+) -> Result<(), OpenError> {
     let sql = |source| OpenError::Sqlite {
         path: path.to_owned(),
         doing: format!("importing the migrations of {}", set.owner),

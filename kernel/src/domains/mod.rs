@@ -39,6 +39,7 @@ pub const MIGRATIONS: &[&[Migration]] = &[
     timers::MIGRATIONS,
     notification::MIGRATIONS,
     sched::MIGRATIONS,
+    proc::CONVERSATION_MIGRATIONS,
 ];
 
 /// [`MIGRATIONS`] as one list, what `Db::open` applies.
@@ -128,6 +129,66 @@ pub fn register(d: &mut Dispatch<Kernel>) {
     d.add("proc.hil", "proc.hil", proc::calls::hil);
     d.add("proc.reset", "proc.reset", proc::calls::reset);
     d.add("proc.kill", "proc.kill", proc::calls::kill);
+    d.add(
+        "proc.profile.list",
+        "proc.profile.list",
+        proc::calls::profile_list,
+    );
+    d.add(
+        "proc.conversation.open",
+        "proc.conversation.open",
+        proc::calls::conversation::open,
+    );
+    d.add(
+        "proc.conversation.list",
+        "proc.conversation.list",
+        proc::calls::conversation::list,
+    );
+    d.add(
+        "proc.conversation.get",
+        "proc.conversation.get",
+        proc::calls::conversation::get,
+    );
+    d.add(
+        "proc.conversation.close",
+        "proc.conversation.close",
+        proc::calls::conversation::close,
+    );
+    d.add(
+        "proc.conversation.reset",
+        "proc.conversation.reset",
+        proc::calls::conversation::reset,
+    );
+    d.add(
+        "proc.conversation.policy.get",
+        "proc.conversation.policy.get",
+        proc::calls::conversation::policy_get,
+    );
+    d.add(
+        "proc.conversation.policy.set",
+        "proc.conversation.policy.set",
+        proc::calls::conversation::policy_set,
+    );
+    d.add(
+        "proc.conversation.compact",
+        "proc.conversation.compact",
+        proc::calls::conversation::compact,
+    );
+    d.add(
+        "proc.conversation.fork",
+        "proc.conversation.fork",
+        proc::calls::conversation::fork,
+    );
+    d.add(
+        "proc.conversation.segments",
+        "proc.conversation.segments",
+        proc::calls::conversation::segments,
+    );
+    d.add(
+        "proc.conversation.segment.read",
+        "proc.conversation.segment.read",
+        proc::calls::conversation::segment_read,
+    );
     d.add("shell.exec", "shell.exec", shell::calls::exec);
     d.add("sched.list", "sched.list", sched::calls::list);
     d.add("sched.add", "sched.add", sched::calls::add);

@@ -20,7 +20,7 @@ use tokio::sync::Notify;
 use crate::harness::{ALICE_PW, TestKernel, err_of};
 
 /// One scripted answer of the model server.
-enum Reply {
+pub(crate) enum Reply {
     /// These chunks, then `[DONE]`.
     Sse(Vec<Value>),
     /// These chunks, then wait for the gate before `[DONE]`.
@@ -41,13 +41,13 @@ struct Script {
     requests: Mutex<Vec<Value>>,
 }
 
-struct ModelServer {
-    base_url: String,
+pub(crate) struct ModelServer {
+    pub(crate) base_url: String,
     script: Arc<Script>,
 }
 
 impl ModelServer {
-    async fn start(replies: Vec<Reply>) -> ModelServer {
+    pub(crate) async fn start(replies: Vec<Reply>) -> ModelServer {
         let script = Arc::new(Script {
             replies: Mutex::new(replies.into()),
             requests: Mutex::default(),
@@ -61,7 +61,7 @@ impl ModelServer {
         ModelServer { base_url, script }
     }
 
-    fn requests(&self) -> Vec<Value> {
+    pub(crate) fn requests(&self) -> Vec<Value> {
         self.script.requests.lock().unwrap().clone()
     }
 }
@@ -123,35 +123,35 @@ async fn completions(State(s): State<Arc<Script>>, body: String) -> Response {
     }
 }
 
-fn text(t: &str) -> Value {
+pub(crate) fn text(t: &str) -> Value {
     json!({"choices": [{"index": 0, "delta": {"content": t}}]})
 }
 
-fn tool(id: &str, name: &str, args: Value) -> Value {
+pub(crate) fn tool(id: &str, name: &str, args: Value) -> Value {
     json!({"choices": [{"index": 0, "delta": {"tool_calls": [{
         "index": 0, "id": id, "type": "function",
         "function": {"name": name, "arguments": args.to_string()}}]}}]})
 }
 
-fn answer(t: &str) -> Reply {
+pub(crate) fn answer(t: &str) -> Reply {
     Reply::Sse(vec![text(t)])
 }
 
 /// A user client that keeps the signals it sees while waiting for answers.
-struct Watcher {
-    c: GsvClient,
-    seen: VecDeque<Value>,
+pub(crate) struct Watcher {
+    pub(crate) c: GsvClient,
+    pub(crate) seen: VecDeque<Value>,
 }
 
 impl Watcher {
-    fn new(c: GsvClient) -> Watcher {
+    pub(crate) fn new(c: GsvClient) -> Watcher {
         Watcher {
             c,
             seen: VecDeque::new(),
         }
     }
 
-    async fn request(&mut self, call: &str, args: Value) -> Value {
+    pub(crate) async fn request(&mut self, call: &str, args: Value) -> Value {
         let id = self.c.fresh_id();
         self.c.send_request(&id, call, args).await.unwrap();
         loop {
@@ -165,7 +165,7 @@ impl Watcher {
         }
     }
 
-    async fn call(&mut self, call: &str, args: Value) -> Value {
+    pub(crate) async fn call(&mut self, call: &str, args: Value) -> Value {
         let f = self.request(call, args).await;
         assert_eq!(f["ok"], true, "{call}: {f}");
         f["data"].clone()
@@ -173,7 +173,7 @@ impl Watcher {
 
     /// The next signal named `name` whose payload satisfies `pred`; earlier
     /// non-matching signals are kept. Bounded by the client's timeout.
-    async fn signal(&mut self, name: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    pub(crate) async fn signal(&mut self, name: &str, pred: impl Fn(&Value) -> bool) -> Value {
         if let Some(i) = self
             .seen
             .iter()
@@ -193,7 +193,7 @@ impl Watcher {
     }
 
     /// A new process of this user and the answer to its first `proc.send`.
-    async fn spawn_and_send(&mut self, message: &str) -> (Value, Value) {
+    pub(crate) async fn spawn_and_send(&mut self, message: &str) -> (Value, Value) {
         let pid = self.call("proc.spawn", json!({})).await["pid"].clone();
         let sent = self
             .call("proc.send", json!({"pid": pid, "message": message}))
@@ -201,7 +201,7 @@ impl Watcher {
         (pid, sent)
     }
 
-    async fn finished(&mut self, run_id: &Value) -> Value {
+    pub(crate) async fn finished(&mut self, run_id: &Value) -> Value {
         let r = run_id.clone();
         self.signal("proc.run.finished", move |p| p["runId"] == r)
             .await
@@ -209,7 +209,7 @@ impl Watcher {
 }
 
 /// Points the kernel at `server` (root owns `config/ai/*`).
-async fn configure(k: &TestKernel, base_url: &str, extra: &[(&str, &str)]) {
+pub(crate) async fn configure(k: &TestKernel, base_url: &str, extra: &[(&str, &str)]) {
     let mut root = k.login("root", "root-password").await;
     let mut set = vec![
         ("config/ai/provider", "openai"),
@@ -227,7 +227,10 @@ async fn configure(k: &TestKernel, base_url: &str, extra: &[(&str, &str)]) {
     root.close().await;
 }
 
-async fn setup(replies: Vec<Reply>, extra: &[(&str, &str)]) -> (TestKernel, ModelServer, Watcher) {
+pub(crate) async fn setup(
+    replies: Vec<Reply>,
+    extra: &[(&str, &str)],
+) -> (TestKernel, ModelServer, Watcher) {
     let k = TestKernel::with_users().await;
     let m = ModelServer::start(replies).await;
     configure(&k, &m.base_url, extra).await;
@@ -314,10 +317,29 @@ async fn streamed_text_arrives_as_text_delta_signals() {
     )
     .await;
     let (_, s) = a.spawn_and_send("hi").await;
-    let d1 = a.signal("proc.run.stream", |_| true).await;
-    assert_eq!(d1["event"], json!({"type": "text_delta", "delta": "Hel"}));
-    let d2 = a.signal("proc.run.stream", |_| true).await;
-    assert_eq!(d2["event"]["delta"], "lo");
+    let mut events = Vec::new();
+    loop {
+        let e = a.signal("proc.run.stream", |_| true).await;
+        let done = e["event"]["type"] == "done";
+        events.push(e);
+        if done {
+            break;
+        }
+    }
+    let kinds: Vec<Value> = events.iter().map(|e| e["event"].clone()).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            json!({"type": "text_start", "contentIndex": 0}),
+            json!({"type": "text_delta", "contentIndex": 0, "delta": "Hel"}),
+            json!({"type": "text_delta", "contentIndex": 0, "delta": "lo"}),
+            json!({"type": "text_end", "contentIndex": 0}),
+            json!({"type": "done", "reason": "stop"}),
+        ]
+    );
+    let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, [0, 1, 2, 3, 4]);
+    assert!(events.iter().all(|e| e["conversationId"] == "default"));
     assert_eq!(a.finished(&s["runId"]).await["text"], "Hello");
 }
 
@@ -537,7 +559,9 @@ async fn a_message_sent_during_a_run_is_queued_counted_and_runs_next() {
     )
     .await;
     let (pid, s1) = a.spawn_and_send("one").await;
-    let d1 = a.signal("proc.run.stream", |_| true).await;
+    let d1 = a
+        .signal("proc.run.stream", |p| p["event"]["type"] == "text_delta")
+        .await;
     assert_eq!(d1["queuedCount"], 0, "{d1}");
     let s2 = a
         .call("proc.send", json!({"pid": pid, "message": "two"}))
@@ -545,7 +569,9 @@ async fn a_message_sent_during_a_run_is_queued_counted_and_runs_next() {
     assert_eq!(s2["queued"], true, "{s2}");
     assert_eq!(s2["runId"], s1["runId"]);
     gate.notify_one();
-    let d2 = a.signal("proc.run.stream", |_| true).await;
+    let d2 = a
+        .signal("proc.run.stream", |p| p["event"]["type"] == "text_delta")
+        .await;
     assert_eq!(
         (d2["event"]["delta"].clone(), d2["queuedCount"].clone()),
         (json!("st"), json!(1)),
@@ -687,7 +713,13 @@ async fn another_user_can_neither_see_nor_drive_the_process() {
     let pid = a.call("proc.spawn", json!({"label": "private"})).await["pid"].clone();
     let mut b = Watcher::new(k.bob().await);
     let list = b.call("proc.list", json!({})).await;
-    assert_eq!(list["processes"], json!([]));
+    let pids: Vec<&Value> = list["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| &p["pid"])
+        .collect();
+    assert_eq!(pids, [&json!("init:1001")], "only bob's home process");
     let alice_uid = a.call("proc.list", json!({})).await["processes"][0]["uid"].clone();
     let (code, msg) = err_of(&b.request("proc.list", json!({"uid": alice_uid})).await);
     assert_eq!(code, 403, "{msg}");
@@ -697,6 +729,12 @@ async fn another_user_can_neither_see_nor_drive_the_process() {
         ("proc.abort", json!({"pid": pid})),
         ("proc.reset", json!({"pid": pid})),
         ("proc.kill", json!({"pid": pid})),
+        ("proc.conversation.list", json!({"pid": pid})),
+        (
+            "proc.conversation.compact",
+            json!({"pid": pid, "summary": "x", "keepLast": 1}),
+        ),
+        ("proc.conversation.segments", json!({"pid": pid})),
     ] {
         let f = b.request(call, args).await;
         let (code, msg) = err_of(&f);
@@ -708,7 +746,14 @@ async fn another_user_can_neither_see_nor_drive_the_process() {
     assert_eq!(err_of(&f).0, 403);
     let mut root = Watcher::new(k.login("root", "root-password").await);
     let all = root.call("proc.list", json!({})).await;
-    assert_eq!(all["processes"][0]["pid"], pid);
+    assert!(
+        all["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["pid"] == pid),
+        "{all}"
+    );
 }
 
 #[tokio::test]
@@ -718,10 +763,14 @@ async fn reset_archives_the_history_as_gzip_jsonl_and_clears_it() {
     a.finished(&s["runId"]).await;
     let r = a.call("proc.reset", json!({"pid": pid})).await;
     let path = r["archivePath"].as_str().unwrap().to_owned();
-    // The reference CLI prints these two.
+    // The reference CLI prints these two; every conversation's archive
+    // lies in the one directory.
+    assert_eq!(r["archivedMessages"], 2);
+    let dir = r["archivedTo"].as_str().unwrap();
+    assert_eq!(path, format!("{dir}/default.jsonl.gz"));
     assert_eq!(
-        (&r["archivedMessages"], &r["archivedTo"]),
-        (&json!(2), &json!(path))
+        r["archives"],
+        json!([{"conversationId": "default", "generation": 0, "messages": 2, "path": path}])
     );
     let uuid = pid.as_str().unwrap().trim_start_matches("proc:");
     assert!(
@@ -751,7 +800,16 @@ async fn reset_archives_the_history_as_gzip_jsonl_and_clears_it() {
         .call("proc.kill", json!({"pid": pid, "archive": false}))
         .await;
     assert_eq!(killed["ok"], true);
-    assert_eq!(a.call("proc.list", json!({})).await["processes"], json!([]));
+    // Killing clears the state but keeps the registry row.
+    let list = a.call("proc.list", json!({})).await;
+    assert!(
+        list["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["pid"] == pid),
+        "{list}"
+    );
 }
 
 #[tokio::test]

@@ -457,6 +457,11 @@ async fn due_schedules_fire_both_targets_from_the_timer_table() {
     assert_eq!(fired["state"]["nextRunAtMs"], Value::Null);
     assert_eq!(fired["state"]["runningAtMs"], Value::Null);
     let proc = spawned(&mut a, "nightly-report").await.expect("spawned");
+    // `cron` is not startable by users; a schedule starts it internally.
+    assert_eq!(
+        (&proc["profile"], &proc["interactive"]),
+        (&json!("cron"), &json!(false))
+    );
     let h = a
         .call("proc.history", json!({"pid": proc["pid"]}))
         .await
@@ -563,7 +568,15 @@ async fn sched_run_due_skips_what_is_not_due_and_force_keeps_the_next_run() {
                "target": {"kind": "process.event", "pid": pid, "message": "m"}}),
     )
     .await;
-    a.call("proc.kill", json!({"pid": pid, "archive": false}))
+    // `proc.kill` keeps the registry row (seed 000): the row goes the way
+    // only an explicit removal would take it.
+    let gone = pid.as_str().unwrap().to_owned();
+    k.kernel
+        .db()
+        .call(move |c| {
+            c.execute("DELETE FROM processes WHERE pid = ?1", [&gone])?;
+            Ok(())
+        })
         .await
         .unwrap();
     let r = a

@@ -4,13 +4,14 @@
 //! → queued messages injected → model again, until an answer without
 //! tool calls. Every step is a row first, then a signal.
 
-use gsv_protocol::proc::SendResult;
+use gsv_protocol::proc::{ContextState, Overflow, SendResult};
 use gsv_protocol::shell::ShellToolArgs;
 use gsv_protocol::{Targeted, fs, tool_parameters};
 use schemars::JsonSchema;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
@@ -20,8 +21,10 @@ use serde_json::{Map, Value, json};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
+use super::conversation::{self, Selector, SummaryKind};
 use super::signal::{deliver, emit};
 use crate::domains::accounts;
+use crate::domains::proc::conversations;
 use crate::domains::proc::hil::{self, Decision};
 use crate::domains::proc::provider::{self, Completion, Delta, ProviderConfig, ProviderError};
 use crate::domains::proc::store::{self, ProcRow};
@@ -34,6 +37,8 @@ use crate::session::{Role, Session};
 const MAX_STEPS: usize = 64;
 const DEFAULT_MAX_CONTEXT_BYTES: usize = 64 * 1024;
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+/// Output tokens reserved per answer unless `config/ai/max_tokens` says.
+pub const DEFAULT_MAX_TOKENS: u64 = 8192;
 
 /// The tool names the model sees and the syscall each one is.
 pub const TOOLS: &[(&str, &str)] = &[
@@ -52,25 +57,26 @@ enum End {
     Failed(String),
 }
 
-/// `proc.send`: starts a run with `message`, or queues it behind the
-/// active one. A run started for `origin` (a user connection) sends its
-/// signals there only.
+/// `proc.send`: starts a run with `message` in conversation `conv`, or
+/// queues it behind the active one. A run started for `origin` (a user
+/// connection) sends its signals there only.
 pub async fn send(
     k: Arc<Kernel>,
     row: ProcRow,
+    conv: &str,
     message: Value,
     origin: Option<&str>,
 ) -> Result<SendResult, KernelError> {
     let pid = row.pid.clone();
-    if let Some((run_id, cancel)) = k.procs.reserve(&pid) {
+    if let Some((run_id, cancel)) = k.procs.reserve(&pid, conv) {
         if let Some(conn) = origin {
             k.procs.route(&run_id, conn);
         }
-        let (p, r) = (pid.clone(), run_id.clone());
+        let (p, r, cv) = (pid.clone(), run_id.clone(), conv.to_owned());
         let stored =
             k.db.call(move |c| {
-                store::start_run(c, &p, &r)?;
-                store::append_message(c, &p, Some(&r), &message)
+                store::start_run(c, &p, &cv, &r)?;
+                store::append_message(c, &p, &cv, Some(&r), &message)
             })
             .await;
         if let Err(e) = stored {
@@ -78,7 +84,7 @@ pub async fn send(
             k.procs.end_route(&run_id);
             return Err(e);
         }
-        tokio::spawn(run_task(k, row, run_id.clone(), cancel));
+        tokio::spawn(run_task(k, row, conv.to_owned(), run_id.clone(), cancel));
         return Ok(SendResult {
             ok: true,
             status: "started".to_owned(),
@@ -87,8 +93,10 @@ pub async fn send(
             queued_count: None,
         });
     }
-    let p = pid.clone();
-    let queued = k.db.call(move |c| store::enqueue(c, &p, &message)).await?;
+    let (p, cv) = (pid.clone(), conv.to_owned());
+    let queued =
+        k.db.call(move |c| store::enqueue(c, &p, &cv, &message))
+            .await?;
     let active = k.procs.active_run(&pid);
     if active.is_none() {
         // The run ended between the check and the insert: nobody else
@@ -121,26 +129,29 @@ pub fn promote_queued(k: Arc<Kernel>, pid: String) -> BoxFuture<'static, ()> {
         let Ok(Some(row)) = k.db.call(move |c| store::get(c, &p)).await else {
             return;
         };
-        let Some((run_id, cancel)) = k.procs.reserve(&pid) else {
+        // The run's conversation is the queued message's; reserved under
+        // a placeholder until the message is taken off the queue.
+        let Some((run_id, cancel)) = k.procs.reserve(&pid, "") else {
             return;
         };
         let (p, r) = (pid.clone(), run_id.clone());
         let next =
             k.db.call(move |c| {
-                let mut got = store::dequeue(c, &p, 1)?;
-                let Some(m) = got.pop() else {
-                    return Ok(false);
+                let mut got = store::dequeue(c, &p, None, 1)?;
+                let Some((conv, m)) = got.pop() else {
+                    return Ok(None);
                 };
-                store::start_run(c, &p, &r)?;
-                store::append_message(c, &p, Some(&r), &m)?;
-                Ok(true)
+                store::start_run(c, &p, &conv, &r)?;
+                store::append_message(c, &p, &conv, Some(&r), &m)?;
+                Ok(Some(conv))
             })
             .await;
         match next {
-            Ok(true) => {
-                tokio::spawn(run_task(k, row, run_id, cancel));
+            Ok(Some(conv)) => {
+                k.procs.set_conversation(&pid, &run_id, &conv);
+                tokio::spawn(run_task(k, row, conv, run_id, cancel));
             }
-            Ok(false) => k.procs.release(&pid, &run_id),
+            Ok(None) => k.procs.release(&pid, &run_id),
             Err(e) => {
                 tracing::error!(%pid, error = %e, "promoting a queued message");
                 k.procs.release(&pid, &run_id);
@@ -149,20 +160,26 @@ pub fn promote_queued(k: Arc<Kernel>, pid: String) -> BoxFuture<'static, ()> {
     })
 }
 
-async fn run_task(k: Arc<Kernel>, row: ProcRow, run_id: String, cancel: CancellationToken) {
+async fn run_task(
+    k: Arc<Kernel>,
+    row: ProcRow,
+    conv: String,
+    run_id: String,
+    cancel: CancellationToken,
+) {
     let (pid, owner) = (row.pid.clone(), row.owner_uid);
     emit(
         &k,
         owner,
         &pid,
         "proc.run.started",
-        json!({"runId": run_id}),
+        json!({"runId": run_id, "conversationId": conv}),
     )
     .await;
     // A panic inside the loop must still end the run: otherwise the
     // process stays reserved (every later message queues forever) and its
     // signal route is never forgotten.
-    let result = AssertUnwindSafe(run_loop(&k, &row, &run_id, &cancel))
+    let result = AssertUnwindSafe(run_loop(&k, &row, &conv, &run_id, &cancel))
         .catch_unwind()
         .await
         .unwrap_or_else(|_| {
@@ -174,7 +191,7 @@ async fn run_task(k: Arc<Kernel>, row: ProcRow, run_id: String, cancel: Cancella
         Err(End::Aborted) => ("aborted", String::new(), json!({}), None),
         Err(End::Failed(e)) => ("error", String::new(), json!({}), Some(e.clone())),
     };
-    let (p, r, err) = (pid.clone(), run_id.clone(), error.clone());
+    let (p, r, err, cv) = (pid.clone(), run_id.clone(), error.clone(), conv.clone());
     let db_status = if status == "completed" { "ok" } else { status };
     if let Err(e) =
         k.db.call(move |c| {
@@ -183,6 +200,7 @@ async fn run_task(k: Arc<Kernel>, row: ProcRow, run_id: String, cancel: Cancella
                 store::append_message(
                     c,
                     &p,
+                    &cv,
                     Some(&r),
                     &json!({"role": "system", "content": format!("Run failed: {err}")}),
                 )?;
@@ -194,7 +212,8 @@ async fn run_task(k: Arc<Kernel>, row: ProcRow, run_id: String, cancel: Cancella
         tracing::error!(%pid, run = %run_id, error = %e, "recording a finished run");
     }
     k.procs.release(&pid, &run_id);
-    let mut payload = json!({"runId": run_id, "status": status, "text": text, "usage": usage});
+    let mut payload = json!({"runId": run_id, "conversationId": conv, "status": status,
+                             "text": text, "usage": usage});
     if let Some(e) = error {
         payload["error"] = json!(e);
     }
@@ -232,7 +251,7 @@ async fn process_session(k: &Arc<Kernel>, row: &ProcRow) -> Result<Session, Kern
 }
 
 /// Provider settings for `uid`, or a message naming the missing key.
-async fn provider_config(k: &Arc<Kernel>, uid: i64) -> Result<ProviderConfig, String> {
+pub(crate) async fn provider_config(k: &Arc<Kernel>, uid: i64) -> Result<ProviderConfig, String> {
     let get = |name: &'static str| async move {
         k.db.call(move |c| store::ai_config(c, uid, name))
             .await
@@ -269,6 +288,8 @@ async fn provider_config(k: &Arc<Kernel>, uid: i64) -> Result<ProviderConfig, St
         retry_base: Duration::from_millis(
             num(get("retry_base_ms").await?, "retry_base_ms")?.unwrap_or(500),
         ),
+        context_window_tokens: num(get("context_window_tokens").await?, "context_window_tokens")?,
+        max_tokens: num(get("max_tokens").await?, "max_tokens")?.unwrap_or(DEFAULT_MAX_TOKENS),
     })
 }
 
@@ -304,11 +325,12 @@ async fn syscall(
 
 /// `[section]` blocks joined by `---`, cut at `max` bytes.
 async fn system_prompt(k: &Arc<Kernel>, row: &ProcRow, session: &Arc<Session>) -> String {
-    let uid = row.owner_uid;
-    let (sys, max) =
+    let (uid, profile) = (row.owner_uid, row.profile.clone());
+    let (sys, prof, max) =
         k.db.call(move |c| {
             Ok((
                 store::system_context(c)?,
+                store::profile_context(c, &profile)?,
                 store::ai_config(c, uid, "max_context_bytes")?,
             ))
         })
@@ -321,6 +343,10 @@ async fn system_prompt(k: &Arc<Kernel>, row: &ProcRow, session: &Arc<Session>) -
     for (key, text) in sys {
         let name = key.trim_start_matches("config/ai/context.d/");
         sections.push(format!("[system.{name}]\n{text}"));
+    }
+    for (key, text) in prof {
+        let name = key.rsplit('/').next().unwrap_or(&key);
+        sections.push(format!("[profile.{}.{name}]\n{text}", row.profile));
     }
     // The home's context.d is read through fs.* like any file the account
     // may read; a missing directory is simply no section.
@@ -449,6 +475,7 @@ fn to_openai(system: &str, history: &[Value]) -> Vec<Value> {
 async fn run_loop(
     k: &Arc<Kernel>,
     row: &ProcRow,
+    conv: &str,
     run_id: &str,
     cancel: &CancellationToken,
 ) -> Result<Completion, End> {
@@ -463,31 +490,55 @@ async fn run_loop(
     let system = system_prompt(k, row, &session).await;
     let tools = tool_defs();
     let pid = row.pid.clone();
+    let failed = |e: KernelError| End::Failed(e.to_string());
+    let stream = RunStream {
+        run_id,
+        conversation_id: conv,
+        seq: AtomicU64::new(0),
+    };
     for _ in 0..MAX_STEPS {
-        let p = pid.clone();
-        let history =
-            k.db.call(move |c| store::messages(c, &p))
+        let (p, cv) = (pid.clone(), conv.to_owned());
+        let mut history =
+            k.db.call(move |c| store::messages(c, &p, &cv))
                 .await
-                .map_err(|e| End::Failed(e.to_string()))?;
-        let messages = to_openai(&system, &history);
+                .map_err(failed)?;
+        let mut messages = to_openai(&system, &history);
+        if preflight(k, row, conv, &cfg, &messages).await? {
+            let (p, cv) = (pid.clone(), conv.to_owned());
+            history =
+                k.db.call(move |c| store::messages(c, &p, &cv))
+                    .await
+                    .map_err(failed)?;
+            messages = to_openai(&system, &history);
+        }
         let completion = tokio::select! {
             _ = cancel.cancelled() => return Err(End::Aborted),
-            r = call_with_retries(k, row, run_id, &cfg, &messages, &tools) => r,
+            r = call_with_retries(k, row, &cfg, &messages, &tools, &stream) => r,
         }
         .map_err(|e| End::Failed(e.to_string()))?;
+        record_context(k, row, conv, &cfg, &messages, &completion).await;
         let calls: Vec<Value> = completion
             .tool_calls
             .iter()
             .map(|c| json!({"id": c.id, "name": c.name, "arguments": c.arguments}))
             .collect();
         let mut msg = json!({"role": "assistant", "content": completion.text});
+        if !completion.thinking.is_empty() {
+            msg["thinking"] = json!(completion.thinking);
+        }
         if !calls.is_empty() {
             msg["toolCalls"] = json!(calls);
         }
-        let (p, r) = (pid.clone(), run_id.to_owned());
-        k.db.call(move |c| store::append_message(c, &p, Some(&r), &msg))
+        let (p, r, cv) = (pid.clone(), run_id.to_owned(), conv.to_owned());
+        k.db.call(move |c| store::append_message(c, &p, &cv, Some(&r), &msg))
             .await
-            .map_err(|e| End::Failed(e.to_string()))?;
+            .map_err(failed)?;
+        let mut output = json!({"runId": run_id, "conversationId": conv,
+                                "text": completion.text});
+        if !completion.thinking.is_empty() {
+            output["thinking"] = json!(completion.thinking);
+        }
+        deliver(k, row.owner_uid, "proc.run.output", with_pid(output, &pid));
         if completion.tool_calls.is_empty() {
             return Ok(completion);
         }
@@ -502,35 +553,35 @@ async fn run_loop(
             };
             let result = json!({"role": "toolResult", "toolCallId": tc.id,
                 "toolName": tc.name, "content": content, "isError": is_error});
-            let (p, r) = (pid.clone(), run_id.to_owned());
-            k.db.call(move |c| store::append_message(c, &p, Some(&r), &result))
+            let (p, r, cv) = (pid.clone(), run_id.to_owned(), conv.to_owned());
+            k.db.call(move |c| store::append_message(c, &p, &cv, Some(&r), &result))
                 .await
-                .map_err(|e| End::Failed(e.to_string()))?;
-            let mut payload = json!({"runId": run_id, "toolCallId": tc.id,
-                "toolName": tc.name, "isError": is_error});
+                .map_err(failed)?;
+            let mut payload = json!({"runId": run_id, "conversationId": conv,
+                "toolCallId": tc.id, "toolName": tc.name, "isError": is_error});
             payload[if is_error { "error" } else { "output" }] = output;
             emit(k, row.owner_uid, &pid, "proc.run.tool.finished", payload).await;
         }
-        // The tool-result boundary: follow-ups sent during this run join
-        // it before the next model call.
-        let (p, r) = (pid.clone(), run_id.to_owned());
+        // The tool-result boundary: follow-ups sent to this conversation
+        // during this run join it before the next model call.
+        let (p, r, cv) = (pid.clone(), run_id.to_owned(), conv.to_owned());
         let injected =
             k.db.call(move |c| {
-                let msgs = store::dequeue(c, &p, i64::MAX)?;
-                for m in &msgs {
-                    store::append_message(c, &p, Some(&r), m)?;
+                let msgs = store::dequeue(c, &p, Some(&cv), i64::MAX)?;
+                for (_, m) in &msgs {
+                    store::append_message(c, &p, &cv, Some(&r), m)?;
                 }
                 Ok(msgs.len())
             })
             .await
-            .map_err(|e| End::Failed(e.to_string()))?;
+            .map_err(failed)?;
         if injected > 0 {
             emit(
                 k,
                 row.owner_uid,
                 &pid,
                 "proc.changed",
-                json!({"runId": run_id, "changes": ["messages"]}),
+                json!({"runId": run_id, "conversationId": conv, "changes": ["messages"]}),
             )
             .await;
         }
@@ -540,14 +591,140 @@ async fn run_loop(
     )))
 }
 
+fn with_pid(mut v: Value, pid: &str) -> Value {
+    v["pid"] = json!(pid);
+    v["timestamp"] = json!(crate::db::now_ms());
+    v
+}
+
+/// Input tokens of `messages` by the seed's estimate: JSON characters ÷ 4
+/// × 1.15.
+fn estimate_tokens(messages: &[Value]) -> u64 {
+    let chars: usize = messages.iter().map(|m| m.to_string().len()).sum();
+    ((chars as f64 / 4.0) * 1.15).ceil() as u64
+}
+
+/// Pressure of `tokens` in a window of `window` with `max_output`
+/// reserved for the answer.
+fn pressure(tokens: u64, window: u64, max_output: u64) -> f64 {
+    let room = if window > max_output {
+        window - max_output
+    } else {
+        window
+    };
+    tokens as f64 / room.max(1) as f64
+}
+
+/// Records the pressure the model call saw: the provider's reported
+/// prompt tokens when it sent usage, else the estimate.
+async fn record_context(
+    k: &Arc<Kernel>,
+    row: &ProcRow,
+    conv: &str,
+    cfg: &ProviderConfig,
+    messages: &[Value],
+    completion: &Completion,
+) {
+    let reported = completion.usage["prompt_tokens"].as_u64();
+    let state = ContextState {
+        input_tokens: reported.unwrap_or_else(|| estimate_tokens(messages)),
+        source: if reported.is_some() {
+            "provider"
+        } else {
+            "estimate"
+        }
+        .to_owned(),
+        context_window_tokens: cfg.context_window_tokens,
+        pressure: cfg.context_window_tokens.map(|w| {
+            pressure(
+                reported.unwrap_or_else(|| estimate_tokens(messages)),
+                w,
+                cfg.max_tokens,
+            )
+        }),
+        measured_at: crate::db::now_ms(),
+    };
+    let (p, cv) = (row.pid.clone(), conv.to_owned());
+    if let Err(e) =
+        k.db.call(move |c| conversations::set_context(c, &p, &cv, &state))
+            .await
+    {
+        tracing::warn!(pid = %row.pid, error = %e, "recording context pressure");
+    }
+}
+
+/// The run preflight (seed 000): measures the pressure the next model call
+/// would see and applies the conversation's overflow policy. `fail` ends
+/// the run before any model call, `auto-compact` compacts with a
+/// model-written summary, `manual` does nothing. True when it compacted.
+async fn preflight(
+    k: &Arc<Kernel>,
+    row: &ProcRow,
+    conv: &str,
+    cfg: &ProviderConfig,
+    messages: &[Value],
+) -> Result<bool, End> {
+    let Some(window) = cfg.context_window_tokens else {
+        return Ok(false);
+    };
+    let (p, cv) = (row.pid.clone(), conv.to_owned());
+    let (policy, last) =
+        k.db.call(move |c| {
+            Ok((
+                conversations::policy(c, &p, &cv)?,
+                conversations::context(c, &p, &cv)?,
+            ))
+        })
+        .await
+        .map_err(|e| End::Failed(e.to_string()))?;
+    // The provider's count of an earlier, shorter prompt is a floor for
+    // this one; the estimate covers what was added since.
+    let reported = last
+        .filter(|s| s.source == "provider")
+        .map_or(0, |s| s.input_tokens);
+    let tokens = estimate_tokens(messages).max(reported);
+    let now = pressure(tokens, window, cfg.max_tokens);
+    if now < policy.compact_at_pressure {
+        return Ok(false);
+    }
+    match policy.overflow {
+        Overflow::Manual => Ok(false),
+        Overflow::Fail => Err(End::Failed(format!(
+            "Context pressure {now:.2} reached {:.2} in conversation {conv} \
+             (overflow policy fail): compact or reset it",
+            policy.compact_at_pressure
+        ))),
+        Overflow::AutoCompact => {
+            let selector = Selector::KeepLast(policy.keep_last as usize);
+            match conversation::compact_now(k, row, conv, selector, SummaryKind::Generate).await {
+                Ok(Some(r)) => {
+                    emit(
+                        k,
+                        row.owner_uid,
+                        &row.pid,
+                        "proc.changed",
+                        json!({"conversationId": conv, "changes": ["messages", "compacted"],
+                               "segmentId": r.segment.id}),
+                    )
+                    .await;
+                    Ok(true)
+                }
+                Ok(None) => Ok(false),
+                Err(e) => Err(End::Failed(format!("auto-compaction failed: {e}"))),
+            }
+        }
+    }
+}
+
 async fn call_with_retries(
     k: &Arc<Kernel>,
     row: &ProcRow,
-    run_id: &str,
     cfg: &ProviderConfig,
     messages: &[Value],
     tools: &[Value],
+    stream: &RunStream<'_>,
 ) -> Result<Completion, ProviderError> {
+    let (conv, run_id) = (stream.conversation_id, stream.run_id);
     let mut delays = ExponentialBuilder::default()
         .with_min_delay(cfg.retry_base)
         .with_max_delay(Duration::from_secs(30))
@@ -556,29 +733,36 @@ async fn call_with_retries(
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let on_delta = |d: Delta| {
-            let event = match d {
-                Delta::Text(t) => json!({"type": "text_delta", "delta": t}),
-                Delta::ToolCall {
-                    index,
-                    id,
-                    name,
-                    arguments,
-                } => json!({"type": "toolcall_delta", "contentIndex": index,
-                    "id": id, "name": name, "delta": arguments}),
-            };
+        let send = |event: Value| {
             // Too frequent to project onto the row: the queue length is
             // the one the last projected signal saw.
             deliver(
                 k,
                 row.owner_uid,
                 "proc.run.stream",
-                json!({"pid": row.pid, "runId": run_id, "timestamp": crate::db::now_ms(),
+                json!({"pid": row.pid, "runId": run_id, "conversationId": conv,
+                       "seq": stream.seq.fetch_add(1, Ordering::Relaxed),
+                       "timestamp": crate::db::now_ms(),
                        "event": event, "queuedCount": k.procs.queued(&row.pid)}),
             );
         };
-        match provider::complete(k.procs.http(), cfg, messages, tools, on_delta).await {
-            Ok(c) => return Ok(c),
+        let mut blocks = Blocks::default();
+        let on_delta = |d: Delta| {
+            for event in blocks.events(d) {
+                send(event);
+            }
+        };
+        let result = provider::complete(k.procs.http(), cfg, messages, tools, on_delta).await;
+        if let Some(end) = blocks.close() {
+            send(end);
+        }
+        match result {
+            Ok(c) => {
+                send(
+                    json!({"type": "done", "reason": if c.tool_calls.is_empty() { "stop" } else { "toolUse" }}),
+                );
+                return Ok(c);
+            }
             Err(e) if e.retryable() => match delays.next() {
                 Some(delay) => {
                     tracing::warn!(pid = %row.pid, attempt, error = %e, "model call failed; retrying");
@@ -595,9 +779,67 @@ async fn call_with_retries(
                 }
                 None => return Err(e),
             },
-            Err(e) => return Err(e),
+            Err(e) => {
+                send(json!({"type": "error", "error": e.to_string()}));
+                return Err(e);
+            }
         }
     }
+}
+
+/// The block structure of a streamed answer (seed 002's events): each
+/// text, thinking or tool-call block opens with `*_start`, carries
+/// `*_delta`s and closes with `*_end` when the next block starts or the
+/// answer ends. `contentIndex` numbers the blocks of one answer.
+#[derive(Debug, Default)]
+struct Blocks {
+    /// The open block: its kind and, for a tool call, the provider's index.
+    open: Option<(&'static str, u64)>,
+    next_index: u64,
+}
+
+impl Blocks {
+    fn events(&mut self, d: Delta) -> Vec<Value> {
+        let (kind, key, mut delta) = match d {
+            Delta::Text(t) => ("text", 0, json!({"delta": t})),
+            Delta::Thinking(t) => ("thinking", 0, json!({"delta": t})),
+            Delta::ToolCall {
+                index,
+                id,
+                name,
+                arguments,
+            } => (
+                "toolcall",
+                index,
+                json!({"id": id, "name": name, "delta": arguments}),
+            ),
+        };
+        let mut out = Vec::new();
+        if self.open != Some((kind, key)) {
+            out.extend(self.close());
+            self.open = Some((kind, key));
+            self.next_index += 1;
+            out.push(json!({"type": format!("{kind}_start"), "contentIndex": self.next_index - 1}));
+        }
+        delta["type"] = json!(format!("{kind}_delta"));
+        delta["contentIndex"] = json!(self.next_index - 1);
+        out.push(delta);
+        out
+    }
+
+    fn close(&mut self) -> Option<Value> {
+        let (kind, _) = self.open.take()?;
+        Some(json!({"type": format!("{kind}_end"), "contentIndex": self.next_index - 1}))
+    }
+}
+
+/// Per run: where its `proc.run.stream` signals belong and the sequence
+/// number of the next one.
+#[derive(Debug)]
+struct RunStream<'a> {
+    run_id: &'a str,
+    conversation_id: &'a str,
+    seq: AtomicU64,
 }
 
 /// Runs one tool call: map, approve, dispatch. `(output or error, is_error)`.
@@ -735,7 +977,7 @@ fn with_cwd(mut args: Map<String, Value>, call: &str, cwd: &str) -> Map<String, 
 /// Ends runs a stopped kernel left `running` and restarts queued work.
 pub async fn recover(k: &Arc<Kernel>) -> Result<(), KernelError> {
     let stale = k.db.call(|c| store::interrupted_runs(c)).await?;
-    for (pid, run_id) in stale {
+    for (pid, run_id, conv) in stale {
         let msg = "the kernel stopped during this run".to_owned();
         let (p, r, m) = (pid.clone(), run_id.clone(), msg.clone());
         let owner =
@@ -744,6 +986,7 @@ pub async fn recover(k: &Arc<Kernel>) -> Result<(), KernelError> {
                 store::append_message(
                     c,
                     &p,
+                    &conv,
                     Some(&r),
                     &json!({"role": "system", "content": format!("Run failed: {m}")}),
                 )?;
