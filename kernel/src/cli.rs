@@ -3,6 +3,7 @@
 //! WebSocket like any other user client; `sched`, `notify` and
 //! `notifications` are in [`sched`].
 
+mod proc;
 mod sched;
 
 use std::path::PathBuf;
@@ -84,6 +85,15 @@ enum Command {
         /// Spawn the new process in a new workspace.
         #[arg(long)]
         workspace: bool,
+    },
+    /// A process's conversations: list, compact, fork
+    /// (`proc.conversation.*`; your home process without `--pid`).
+    #[command(after_help = CONFIG_HELP)]
+    Proc {
+        #[command(flatten)]
+        conn: ConnArgs,
+        #[command(subcommand)]
+        action: proc::ProcAction,
     },
     /// List, add, remove or run schedules (`sched.*`).
     #[command(after_help = CONFIG_HELP)]
@@ -313,6 +323,16 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             message,
             workspace,
         } => chat(&conn, pid, message, workspace).await,
+        Command::Proc { conn, action } => {
+            let mut c = connect(&conn).await?;
+            let ok = proc::proc(&mut c, action).await?;
+            c.close().await;
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
         Command::Sched { conn, action } => {
             let mut c = connect(&conn).await?;
             let ok = sched::sched(&mut c, *action).await?;

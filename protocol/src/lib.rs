@@ -7,6 +7,7 @@
 //! HTTP.
 
 pub mod account;
+pub mod ai;
 pub mod device;
 pub mod error;
 pub mod frames;

@@ -11,6 +11,7 @@
 //! tables, and its lines in [`register`].
 
 pub mod accounts;
+pub mod ai;
 pub mod device;
 pub mod fs;
 pub mod notification;
@@ -121,6 +122,8 @@ pub fn register(d: &mut Dispatch<Kernel>) {
     d.add("fs.edit", "fs.edit", fs::calls::edit);
     d.add("fs.delete", "fs.delete", fs::calls::delete);
     d.add("fs.search", "fs.search", fs::calls::search);
+    d.add("ai.tools", "ai.tools", ai::calls::tools);
+    d.add("ai.config", "ai.config", ai::calls::config);
     d.add("proc.spawn", "proc.spawn", proc::calls::spawn);
     d.add("proc.list", "proc.list", proc::calls::list);
     d.add("proc.send", "proc.send", proc::calls::send);

@@ -812,3 +812,108 @@ async fn a_kernel_configured_model_reaches_a_new_users_home_process() {
     let s = b.call("proc.send", json!({"message": "hi"})).await;
     assert_eq!(b.finished(&s["runId"]).await["text"], "hello bob");
 }
+
+#[tokio::test]
+async fn ai_calls_are_internal_and_the_loop_uses_them_with_the_accounts_approval_policy() {
+    let (k, m, mut a) = setup(
+        vec![
+            Reply::Sse(vec![crate::proc::tool(
+                "c1",
+                "Write",
+                json!({"path": "x.txt", "content": "x"}),
+            )]),
+            Reply::Sse(vec![crate::proc::tool(
+                "c2",
+                "Read",
+                json!({"path": "notes.txt"}),
+            )]),
+            answer("done"),
+        ],
+        &[],
+    )
+    .await;
+    // Sockets, root's included, are refused.
+    for call in ["ai.tools", "ai.config"] {
+        let (code, msg) = err_of(&a.request(call, json!({})).await);
+        assert_eq!(
+            (code, msg.as_str()),
+            (403, format!("Permission denied: {call}").as_str())
+        );
+    }
+    let mut root = Watcher::new(k.login("root", "root-password").await);
+    let (code, _) = err_of(&root.request("ai.config", json!({})).await);
+    assert_eq!(code, 403);
+
+    a.call(
+        "fs.write",
+        json!({"path": "~/notes.txt", "content": "secret plan"}),
+    )
+    .await;
+    let uid = a.call("proc.list", json!({})).await["processes"][0]["uid"].clone();
+    let policy = json!({"default": "auto", "rules": [
+        {"match": "fs.*", "action": "auto"},
+        {"match": "fs.write", "action": "deny"},
+        {"match": "fs.read", "action": "ask"}
+    ]});
+    a.call(
+        "sys.config.set",
+        json!({"key": format!("users/{uid}/ai/tools/approval"), "value": policy}),
+    )
+    .await;
+    let (_, s) = a.spawn_and_send("go").await;
+    let denied = a
+        .signal("proc.run.tool.finished", |p| p["toolName"] == "Write")
+        .await;
+    assert_eq!(denied["isError"], true);
+    assert!(
+        denied["error"]
+            .as_str()
+            .unwrap()
+            .contains("denied by the approval policy"),
+        "{denied}"
+    );
+    let ask = a.signal("proc.run.hil.requested", |_| true).await;
+    assert_eq!(
+        (&ask["syscall"], &ask["tags"]),
+        (&json!("fs.read"), &json!(["policy"]))
+    );
+    a.call(
+        "proc.hil",
+        json!({"requestId": ask["requestId"], "decision": "approve"}),
+    )
+    .await;
+    let read = a
+        .signal("proc.run.tool.finished", |p| p["toolName"] == "Read")
+        .await;
+    assert_eq!(read["isError"], false, "{read}");
+    assert_eq!(a.finished(&s["runId"]).await["text"], "done");
+    // The tools came from ai.tools: routable ones require a target.
+    let tools = m.requests()[0]["tools"].clone();
+    let read_def = tools
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["function"]["name"] == "Read")
+        .unwrap()
+        .clone();
+    let required = read_def["function"]["parameters"]["required"].clone();
+    assert!(
+        required.as_array().unwrap().contains(&json!("target")),
+        "{required}"
+    );
+    assert!(!m.requests()[0].to_string().contains("secret plan"));
+
+    // A policy that does not parse ends the run naming the key.
+    a.call(
+        "sys.config.set",
+        json!({"key": format!("users/{uid}/ai/tools/approval"), "value": "{\"rules\": 3}"}),
+    )
+    .await;
+    let (_, s) = a.spawn_and_send("again").await;
+    let fin = a.finished(&s["runId"]).await;
+    assert!(
+        fin["error"].as_str().unwrap().contains("ai/tools/approval"),
+        "{fin}"
+    );
+    assert_eq!(m.requests().len(), 3);
+}

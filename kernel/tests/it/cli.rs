@@ -343,3 +343,62 @@ fn the_cli_adds_lists_runs_and_removes_schedules_and_notifies() {
     let (ok, _, err) = gsv_err(&s, &["notifications", "--dismiss", "nope"]);
     assert!(!ok && err.contains("no notification"), "{err}");
 }
+
+#[test]
+fn the_cli_lists_compacts_and_forks_the_home_process_conversations() {
+    let s = serve();
+    let setup = r#"{"username":"alice","password":"alice-password"}"#;
+    assert!(gsv(&s, &["call", "sys.setup", setup]).0);
+    // No model is configured: each send leaves the message and a failed
+    // run's system message in the home process's `default` conversation.
+    for m in ["one", "two"] {
+        let args = format!(r#"{{"message":"{m}"}}"#);
+        let mut sent = false;
+        for _ in 0..200 {
+            let (_, out) = gsv(&s, &["call", "proc.send", &args]);
+            let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+            if v["data"]["queued"] != true {
+                sent = true;
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        assert!(sent);
+        for _ in 0..200 {
+            let (_, out) = gsv(&s, &["call", "proc.history", "{}"]);
+            let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+            if v["data"]["messages"].as_array().unwrap().last().unwrap()["role"] == "system" {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+    let (ok, list) = gsv(&s, &["proc", "conversations"]);
+    assert!(ok, "{list}");
+    assert_eq!(list, "default\topen\t0\t4\t\n");
+    let (ok, out) = gsv(
+        &s,
+        &[
+            "proc",
+            "compact",
+            "--keep-last",
+            "1",
+            "--summary",
+            "earlier: one, two",
+        ],
+    );
+    assert!(ok, "{out}");
+    let cols: Vec<&str> = out.trim().split('\t').collect();
+    assert!(cols[0].starts_with("seg_"), "{out}");
+    assert_eq!(cols[1], "3");
+    assert!(cols[2].starts_with("/var/sessions/alice/init-"), "{out}");
+    let (ok, out) = gsv(&s, &["proc", "fork", "--segment", cols[0], "--to", "copy"]);
+    assert!(ok, "{out}");
+    assert_eq!(out, "copy\t4\n");
+    let (_, json) = gsv(&s, &["proc", "conversations", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["conversations"].as_array().unwrap().len(), 2);
+    let (ok, _, err) = gsv_err(&s, &["proc", "fork"]);
+    assert!(!ok);
+    assert!(err.contains("--segment"), "{err}");
+}

@@ -474,6 +474,16 @@ pub fn ai_config(c: &Connection, uid: i64, name: &str) -> Result<Option<String>,
     Ok(None)
 }
 
+/// The non-empty value of config key `key`.
+pub fn config_value(c: &Connection, key: &str) -> Result<Option<String>, KernelError> {
+    let v: Option<String> = opt(c.query_row(
+        "SELECT value FROM config_kv WHERE key = ?1",
+        [key],
+        |r| r.get(0),
+    ))?;
+    Ok(v.filter(|v| !v.trim().is_empty()))
+}
+
 /// `config/ai/profile/<profile>/context.d/*.md` entries, by key.
 pub fn profile_context(
     c: &Connection,

@@ -431,7 +431,7 @@ async fn generate_summary(
     row: &ProcRow,
     prefix: &[Value],
 ) -> Result<String, KernelError> {
-    let cfg = super::run::provider_config(k, row.owner_uid)
+    let cfg = super::run::provider_config(k, row)
         .await
         .map_err(KernelError::Unavailable)?;
     let transcript: Vec<String> = prefix

@@ -4,6 +4,7 @@
 //! → queued messages injected → model again, until an answer without
 //! tool calls. Every step is a row first, then a signal.
 
+use gsv_protocol::ai::{ConfigResult, ToolsResult};
 use gsv_protocol::proc::{ContextState, Overflow, SendResult};
 use gsv_protocol::shell::ShellToolArgs;
 use gsv_protocol::{Targeted, fs, tool_parameters};
@@ -24,8 +25,9 @@ use tokio_util::sync::CancellationToken;
 use super::conversation::{self, Selector, SummaryKind};
 use super::signal::{deliver, emit};
 use crate::domains::accounts;
+use crate::domains::ai;
 use crate::domains::proc::conversations;
-use crate::domains::proc::hil::{self, Decision};
+use crate::domains::proc::hil::{self, Decision, Policy};
 use crate::domains::proc::provider::{self, Completion, Delta, ProviderConfig, ProviderError};
 use crate::domains::proc::store::{self, ProcRow};
 use crate::error::KernelError;
@@ -35,10 +37,6 @@ use crate::session::{Role, Session};
 /// Model calls per run at most; a model that never stops calling tools
 /// ends with an error instead of looping forever.
 const MAX_STEPS: usize = 64;
-const DEFAULT_MAX_CONTEXT_BYTES: usize = 64 * 1024;
-const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
-/// Output tokens reserved per answer unless `config/ai/max_tokens` says.
-pub const DEFAULT_MAX_TOKENS: u64 = 8192;
 
 /// The tool names the model sees and the syscall each one is.
 pub const TOOLS: &[(&str, &str)] = &[
@@ -250,47 +248,61 @@ async fn process_session(k: &Arc<Kernel>, row: &ProcRow) -> Result<Session, Kern
     })
 }
 
-/// Provider settings for `uid`, or a message naming the missing key.
-pub(crate) async fn provider_config(k: &Arc<Kernel>, uid: i64) -> Result<ProviderConfig, String> {
-    let get = |name: &'static str| async move {
-        k.db.call(move |c| store::ai_config(c, uid, name))
+/// Provider settings from a run's `ai.config`, or a message naming the
+/// missing or unsupported key.
+pub(crate) fn provider_from(c: &ConfigResult) -> Result<ProviderConfig, String> {
+    if !matches!(c.provider.as_str(), "openai" | "openai-compatible") {
+        return Err(format!(
+            "config/ai/provider is '{}': only \"openai\" (any OpenAI-compatible server) is supported",
+            c.provider
+        ));
+    }
+    if c.model.is_empty() {
+        return Err(
+            "No model configured: set config/ai/model (and config/ai/base_url) with sys.config.set"
+                .into(),
+        );
+    }
+    Ok(ProviderConfig {
+        provider: c.provider.clone(),
+        model: c.model.clone(),
+        api_key: Some(c.api_key.clone()).filter(|k| !k.is_empty()),
+        base_url: c.base_url.clone(),
+        timeout: Duration::from_millis(c.timeout_ms),
+        max_retries: c.max_retries as usize,
+        retry_base: Duration::from_millis(c.retry_base_ms),
+        context_window_tokens: c.context_window_tokens,
+        max_tokens: c.max_tokens,
+    })
+}
+
+/// Provider settings of `row`'s owner and profile, for calls outside a
+/// run (a compaction's summary).
+pub(crate) async fn provider_config(
+    k: &Arc<Kernel>,
+    row: &ProcRow,
+) -> Result<ProviderConfig, String> {
+    let c = ai::calls::resolve(k, row.owner_uid, &row.profile)
+        .await
+        .map_err(|e| e.to_string())?;
+    provider_from(&c)
+}
+
+/// The loop's own `ai.config` and `ai.tools` calls, as the process.
+async fn run_inputs(
+    k: &Arc<Kernel>,
+    session: &Arc<Session>,
+) -> Result<(ConfigResult, ToolsResult), String> {
+    let ask = |call: &'static str| async move {
+        dispatch_call(k, session, call, Map::new())
             .await
             .map_err(|e| e.to_string())
     };
-    let provider = get("provider").await?.unwrap_or_else(|| "openai".into());
-    if !matches!(provider.as_str(), "openai" | "openai-compatible") {
-        return Err(format!(
-            "config/ai/provider is '{provider}': only \"openai\" (any OpenAI-compatible server) is supported"
-        ));
-    }
-    let model = get("model").await?.ok_or(
-        "No model configured: set config/ai/model (and config/ai/base_url) with sys.config.set",
-    )?;
-    let base_url = get("base_url")
-        .await?
-        .unwrap_or_else(|| "https://api.openai.com/v1".into());
-    let num = |v: Option<String>, key: &str| -> Result<Option<u64>, String> {
-        v.map(|s| {
-            s.trim()
-                .parse::<u64>()
-                .map_err(|_| format!("config/ai/{key} must be a whole number, not '{s}'"))
-        })
-        .transpose()
-    };
-    Ok(ProviderConfig {
-        provider,
-        model,
-        api_key: get("api_key").await?,
-        base_url,
-        timeout: num(get("timeout_ms").await?, "timeout_ms")?
-            .map_or(DEFAULT_TIMEOUT, Duration::from_millis),
-        max_retries: num(get("max_retries").await?, "max_retries")?.unwrap_or(3) as usize,
-        retry_base: Duration::from_millis(
-            num(get("retry_base_ms").await?, "retry_base_ms")?.unwrap_or(500),
-        ),
-        context_window_tokens: num(get("context_window_tokens").await?, "context_window_tokens")?,
-        max_tokens: num(get("max_tokens").await?, "max_tokens")?.unwrap_or(DEFAULT_MAX_TOKENS),
-    })
+    let config =
+        serde_json::from_value(ask("ai.config").await?).map_err(|e| format!("ai.config: {e}"))?;
+    let tools =
+        serde_json::from_value(ask("ai.tools").await?).map_err(|e| format!("ai.tools: {e}"))?;
+    Ok((config, tools))
 }
 
 /// A call made on a process's behalf: the same gate and dispatch as a
@@ -323,30 +335,22 @@ async fn syscall(
     }
 }
 
-/// `[section]` blocks joined by `---`, cut at `max` bytes.
-async fn system_prompt(k: &Arc<Kernel>, row: &ProcRow, session: &Arc<Session>) -> String {
-    let (uid, profile) = (row.owner_uid, row.profile.clone());
-    let (sys, prof, max) =
-        k.db.call(move |c| {
-            Ok((
-                store::system_context(c)?,
-                store::profile_context(c, &profile)?,
-                store::ai_config(c, uid, "max_context_bytes")?,
-            ))
-        })
-        .await
-        .unwrap_or_default();
-    let max = max
-        .and_then(|m| m.trim().parse::<usize>().ok())
-        .unwrap_or(DEFAULT_MAX_CONTEXT_BYTES);
+/// `[section]` blocks joined by `---`, cut at `maxContextBytes`: the
+/// system's and the profile's context files of `ai.config`, the home's
+/// `context.d`, the process.
+async fn system_prompt(
+    k: &Arc<Kernel>,
+    row: &ProcRow,
+    session: &Arc<Session>,
+    ai: &ConfigResult,
+) -> String {
+    let max = ai.max_context_bytes as usize;
     let mut sections = Vec::new();
-    for (key, text) in sys {
-        let name = key.trim_start_matches("config/ai/context.d/");
-        sections.push(format!("[system.{name}]\n{text}"));
+    for f in &ai.system_context_files {
+        sections.push(format!("[system.{}]\n{}", f.name, f.text));
     }
-    for (key, text) in prof {
-        let name = key.rsplit('/').next().unwrap_or(&key);
-        sections.push(format!("[profile.{}.{name}]\n{text}", row.profile));
+    for f in &ai.profile_context_files {
+        sections.push(format!("[profile.{}.{}]\n{}", ai.profile, f.name, f.text));
     }
     // The home's context.d is read through fs.* like any file the account
     // may read; a missing directory is simply no section.
@@ -479,16 +483,35 @@ async fn run_loop(
     run_id: &str,
     cancel: &CancellationToken,
 ) -> Result<Completion, End> {
-    let cfg = provider_config(k, row.owner_uid)
-        .await
-        .map_err(End::Failed)?;
     let session = Arc::new(
         process_session(k, row)
             .await
             .map_err(|e| End::Failed(e.to_string()))?,
     );
-    let system = system_prompt(k, row, &session).await;
-    let tools = tool_defs();
+    let (ai, offered) = run_inputs(k, &session).await.map_err(End::Failed)?;
+    let cfg = provider_from(&ai).map_err(End::Failed)?;
+    let policy = match ai
+        .approval_policy
+        .as_ref()
+        .or(ai.profile_approval_policy.as_ref())
+    {
+        None => None,
+        Some(text) => Some(Policy::parse(text).map_err(|e| {
+            End::Failed(format!(
+                "the approval policy (users/{}/ai/tools/approval or the profile's) is invalid: {e}",
+                row.run_as_uid
+            ))
+        })?),
+    };
+    let system = system_prompt(k, row, &session, &ai).await;
+    let tools: Vec<Value> = offered
+        .tools
+        .iter()
+        .map(|t| {
+            json!({"type": "function", "function": {
+                "name": t.name, "description": t.description, "parameters": t.input_schema}})
+        })
+        .collect();
     let pid = row.pid.clone();
     let failed = |e: KernelError| End::Failed(e.to_string());
     let stream = RunStream {
@@ -545,7 +568,7 @@ async fn run_loop(
         for tc in &completion.tool_calls {
             let (output, is_error) = tokio::select! {
                 _ = cancel.cancelled() => return Err(End::Aborted),
-                r = run_tool(k, row, run_id, &session, tc) => r,
+                r = run_tool(k, row, run_id, &session, policy.as_ref(), tc) => r,
             };
             let content = match &output {
                 Value::String(s) => s.clone(),
@@ -848,6 +871,7 @@ async fn run_tool(
     row: &ProcRow,
     run_id: &str,
     session: &Arc<Session>,
+    policy: Option<&Policy>,
     tc: &provider::ToolCall,
 ) -> (Value, bool) {
     let Some(&(_, call)) = TOOLS.iter().find(|(n, _)| *n == tc.name) else {
@@ -875,13 +899,20 @@ async fn run_tool(
     let decision = if remembered {
         Decision::Auto
     } else {
-        hil::decide(
+        hil::decide_with(
+            policy,
             call,
             &Value::Object(args.clone()),
             &row.cwd,
             &session.identity.home,
         )
     };
+    if decision == Decision::Deny {
+        return (
+            json!(format!("{call} is denied by the approval policy")),
+            true,
+        );
+    }
     if let Decision::Ask(tags) = decision {
         if !row.interactive {
             return (
