@@ -147,6 +147,22 @@ pub struct HistoryResult {
     pub truncated: bool,
     /// The context pressure the last model call of this conversation saw.
     pub context: Option<ContextState>,
+    /// The process's approval request still waiting for an answer.
+    pub pending_hil: Option<HilRequest>,
+}
+
+/// A tool call waiting for a human's approval (`proc.hil` answers it).
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HilRequest {
+    pub request_id: String,
+    pub run_id: String,
+    pub conversation_id: String,
+    pub call_id: String,
+    pub tool_name: String,
+    pub syscall: String,
+    pub args: serde_json::Value,
+    pub created_at: i64,
 }
 
 /// How full the model's context was at the last model call.

@@ -877,6 +877,24 @@ async fn ai_calls_are_internal_and_the_loop_uses_them_with_the_accounts_approval
         (&ask["syscall"], &ask["tags"]),
         (&json!("fs.read"), &json!(["policy"]))
     );
+    assert_eq!(ask["conversationId"], "default");
+    let h = a.call("proc.history", json!({"pid": ask["pid"]})).await;
+    let pending = &h["pendingHil"];
+    assert_eq!(
+        (
+            &pending["requestId"],
+            &pending["callId"],
+            &pending["toolName"],
+            &pending["syscall"]
+        ),
+        (
+            &ask["requestId"],
+            &json!("c2"),
+            &json!("Read"),
+            &json!("fs.read")
+        ),
+        "{h}"
+    );
     a.call(
         "proc.hil",
         json!({"requestId": ask["requestId"], "decision": "approve"}),
@@ -887,6 +905,8 @@ async fn ai_calls_are_internal_and_the_loop_uses_them_with_the_accounts_approval
         .await;
     assert_eq!(read["isError"], false, "{read}");
     assert_eq!(a.finished(&s["runId"]).await["text"], "done");
+    let h = a.call("proc.history", json!({"pid": ask["pid"]})).await;
+    assert_eq!(h["pendingHil"], Value::Null);
     // The tools came from ai.tools: routable ones require a target.
     let tools = m.requests()[0]["tools"].clone();
     let read_def = tools

@@ -87,6 +87,9 @@ pub const CONVERSATION_MIGRATIONS: &[Migration] = &[Migration {
          CREATE INDEX proc_messages_conversation ON proc_messages(pid, conversation_id, id);
          ALTER TABLE proc_queue ADD COLUMN conversation_id TEXT NOT NULL DEFAULT 'default';
          ALTER TABLE proc_runs ADD COLUMN conversation_id TEXT NOT NULL DEFAULT 'default';
+         ALTER TABLE proc_hil ADD COLUMN conversation_id TEXT NOT NULL DEFAULT 'default';
+         ALTER TABLE proc_hil ADD COLUMN tool_call_id TEXT NOT NULL DEFAULT '';
+         ALTER TABLE proc_hil ADD COLUMN tool_name TEXT NOT NULL DEFAULT '';
          CREATE TABLE proc_conversations(
             pid TEXT NOT NULL REFERENCES processes(pid) ON DELETE CASCADE,
             id TEXT NOT NULL,

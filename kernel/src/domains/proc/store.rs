@@ -3,7 +3,7 @@
 //! rules. Conversations and segments are [`super::conversations`]. Plain functions on a
 //! connection, called through [`crate::db::Db::call`].
 
-use gsv_protocol::proc::ProcessInfo;
+use gsv_protocol::proc::{HilRequest, ProcessInfo};
 use rusqlite::{Connection, params};
 use serde_json::Value;
 
@@ -395,20 +395,56 @@ pub fn workspace_processes(
     Ok((count, active))
 }
 
-pub fn insert_hil(
-    c: &Connection,
-    request_id: &str,
-    pid: &str,
-    run_id: &str,
-    call: &str,
-    args: &Value,
-) -> Result<(), KernelError> {
+pub fn insert_hil(c: &Connection, pid: &str, h: &HilRequest) -> Result<(), KernelError> {
     c.execute(
-        "INSERT INTO proc_hil(request_id, pid, run_id, call, args, created_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        params![request_id, pid, run_id, call, args.to_string(), now_ms()],
+        "INSERT INTO proc_hil(request_id, pid, run_id, conversation_id, tool_call_id, tool_name,
+         call, args, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        params![
+            h.request_id,
+            pid,
+            h.run_id,
+            h.conversation_id,
+            h.call_id,
+            h.tool_name,
+            h.syscall,
+            h.args.to_string(),
+            h.created_at
+        ],
     )?;
     Ok(())
+}
+
+/// The newest approval request of `pid` still waiting for an answer.
+pub fn pending_hil_of(c: &Connection, pid: &str) -> Result<Option<HilRequest>, KernelError> {
+    // The arguments are parsed after the row is read: a row closure can
+    // only fail with SQLite's error.
+    let got = opt(c.query_row(
+        "SELECT request_id, run_id, conversation_id, tool_call_id, tool_name, call, args,
+         created_at FROM proc_hil WHERE pid = ?1 AND status = 'pending'
+         ORDER BY created_at DESC LIMIT 1",
+        [pid],
+        |r| {
+            Ok((
+                HilRequest {
+                    request_id: r.get(0)?,
+                    run_id: r.get(1)?,
+                    conversation_id: r.get(2)?,
+                    call_id: r.get(3)?,
+                    tool_name: r.get(4)?,
+                    syscall: r.get(5)?,
+                    args: Value::Null,
+                    created_at: r.get(7)?,
+                },
+                r.get::<_, String>(6)?,
+            ))
+        },
+    ))?;
+    got.map(|(mut h, args)| {
+        h.args = serde_json::from_str(&args)
+            .map_err(|e| KernelError::internal("stored approval arguments", e))?;
+        Ok(h)
+    })
+    .transpose()
 }
 
 /// `(pid, call)` of a pending HIL request.

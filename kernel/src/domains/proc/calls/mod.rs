@@ -343,10 +343,15 @@ pub async fn history(
     let offset = a.offset.unwrap_or(0);
     let limit = conversation::page_limit(a.limit);
     let (p, cv) = (row.pid.clone(), conv.clone());
-    let (messages, total, context) =
+    let (messages, total, context, pending_hil) =
         k.db.call(move |c| {
             let (m, total) = store::messages_page(c, &p, &cv, offset, limit)?;
-            Ok((m, total, conversations::context(c, &p, &cv)?))
+            Ok((
+                m,
+                total,
+                conversations::context(c, &p, &cv)?,
+                store::pending_hil_of(c, &p)?,
+            ))
         })
         .await?;
     Ok(HistoryResult {
@@ -357,6 +362,7 @@ pub async fn history(
         messages,
         message_count: total,
         context,
+        pending_hil,
     })
 }
 

@@ -5,7 +5,7 @@
 //! tool calls. Every step is a row first, then a signal.
 
 use gsv_protocol::ai::{ConfigResult, ToolsResult};
-use gsv_protocol::proc::{ContextState, Overflow, SendResult};
+use gsv_protocol::proc::{ContextState, HilRequest, Overflow, SendResult};
 use gsv_protocol::shell::ShellToolArgs;
 use gsv_protocol::{Targeted, fs, tool_parameters};
 use schemars::JsonSchema;
@@ -891,6 +891,10 @@ async fn run_tool(
         }
     };
     let args = with_cwd(args, call, &row.cwd);
+    let conv = k
+        .procs
+        .active_conversation(&row.pid)
+        .unwrap_or_else(|| conversations::DEFAULT.to_owned());
     let (p, c) = (row.pid.clone(), call.to_owned());
     let remembered =
         k.db.call(move |db| store::is_allowed(db, &p, &c))
@@ -928,15 +932,19 @@ async fn run_tool(
         if !k.procs.await_hil(&row.pid, run_id, request_id.clone(), tx) {
             return (json!("the run ended before approval"), true);
         }
-        let (p, r, q, c, a) = (
-            row.pid.clone(),
-            run_id.to_owned(),
-            request_id.clone(),
-            call.to_owned(),
-            Value::Object(args.clone()),
-        );
+        let request = HilRequest {
+            request_id: request_id.clone(),
+            run_id: run_id.to_owned(),
+            conversation_id: conv.clone(),
+            call_id: tc.id.clone(),
+            tool_name: tc.name.clone(),
+            syscall: call.to_owned(),
+            args: Value::Object(args.clone()),
+            created_at: crate::db::now_ms(),
+        };
+        let p = row.pid.clone();
         if let Err(e) =
-            k.db.call(move |db| store::insert_hil(db, &q, &p, &r, &c, &a))
+            k.db.call(move |db| store::insert_hil(db, &p, &request))
                 .await
         {
             return (json!(e.to_string()), true);
@@ -946,7 +954,7 @@ async fn run_tool(
             row.owner_uid,
             &row.pid,
             "proc.run.hil.requested",
-            json!({"runId": run_id, "requestId": request_id, "toolCallId": tc.id,
+            json!({"runId": run_id, "conversationId": conv, "requestId": request_id, "toolCallId": tc.id,
                    "toolName": tc.name, "syscall": call, "args": args, "tags": tags}),
         )
         .await;
@@ -960,8 +968,8 @@ async fn run_tool(
         row.owner_uid,
         &row.pid,
         "proc.run.tool.started",
-        json!({"runId": run_id, "toolCallId": tc.id, "toolName": tc.name,
-               "syscall": call, "args": args}),
+        json!({"runId": run_id, "conversationId": conv, "toolCallId": tc.id,
+               "toolName": tc.name, "syscall": call, "args": args}),
     )
     .await;
     match syscall(k, session, call, args).await {
