@@ -171,12 +171,25 @@ async fn workspace_list_reports_each_workspaces_process_count_and_active_process
 
 #[tokio::test]
 async fn profiles_are_listed_with_their_flags_and_startable_is_enforced() {
+    let write = || {
+        Reply::Sse(vec![crate::proc::tool(
+            "w1",
+            "Write",
+            json!({"path": "out.txt", "content": "x"}),
+        )])
+    };
     let (_k, m, mut a) = setup(
-        vec![answer("reviewed"), answer("tasked")],
-        &[(
-            "config/ai/profile/review/context.d/00-review.md",
-            "Be skeptical.",
-        )],
+        vec![write(), answer("reviewed"), write(), answer("tasked")],
+        &[
+            (
+                "config/ai/profile/review/context.d/00-review.md",
+                "Be skeptical.",
+            ),
+            (
+                "config/ai/profile/review/tools/approval",
+                r#"{"rules": [{"match": "fs.write", "action": "deny"}]}"#,
+            ),
+        ],
     )
     .await;
     let l = a.call("proc.profile.list", json!({})).await;
@@ -225,9 +238,20 @@ async fn profiles_are_listed_with_their_flags_and_startable_is_enforced() {
         .call("proc.spawn", json!({"profile": "review", "prompt": "look"}))
         .await;
     assert_eq!(r["profile"], "review");
+    let denied = a
+        .signal("proc.run.tool.finished", |p| p["pid"] == r["pid"])
+        .await;
+    assert_eq!(
+        denied["isError"], true,
+        "the review profile's policy: {denied}"
+    );
     a.finished(&r["runId"]).await;
     let t = a.call("proc.spawn", json!({"prompt": "do"})).await;
     assert_eq!(t["profile"], "task");
+    let allowed = a
+        .signal("proc.run.tool.finished", |p| p["pid"] == t["pid"])
+        .await;
+    assert_eq!(allowed["isError"], false, "{allowed}");
     a.finished(&t["runId"]).await;
     let sys = |i: usize| {
         m.requests()[i]["messages"][0]["content"]
@@ -240,7 +264,7 @@ async fn profiles_are_listed_with_their_flags_and_startable_is_enforced() {
         "{}",
         sys(0)
     );
-    assert!(!sys(1).contains("Be skeptical."), "{}", sys(1));
+    assert!(!sys(2).contains("Be skeptical."), "{}", sys(2));
 }
 
 #[tokio::test]

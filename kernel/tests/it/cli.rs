@@ -351,27 +351,21 @@ fn the_cli_lists_compacts_and_forks_the_home_process_conversations() {
     assert!(gsv(&s, &["call", "sys.setup", setup]).0);
     // No model is configured: each send leaves the message and a failed
     // run's system message in the home process's `default` conversation.
-    for m in ["one", "two"] {
+    for (n, m) in ["one", "two"].into_iter().enumerate() {
         let args = format!(r#"{{"message":"{m}"}}"#);
-        let mut sent = false;
-        for _ in 0..200 {
-            let (_, out) = gsv(&s, &["call", "proc.send", &args]);
-            let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-            if v["data"]["queued"] != true {
-                sent = true;
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        assert!(sent);
-        for _ in 0..200 {
+        // Sent while the last run is ending, it queues and runs next.
+        assert!(gsv(&s, &["call", "proc.send", &args]).0);
+        let done = (0..200).any(|_| {
             let (_, out) = gsv(&s, &["call", "proc.history", "{}"]);
             let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-            if v["data"]["messages"].as_array().unwrap().last().unwrap()["role"] == "system" {
-                break;
+            let msgs = v["data"]["messages"].as_array().unwrap().clone();
+            if msgs.len() == 2 * (n + 1) && msgs.last().unwrap()["role"] == "system" {
+                return true;
             }
             std::thread::sleep(std::time::Duration::from_millis(50));
-        }
+            false
+        });
+        assert!(done, "the run of {m:?} ended");
     }
     let (ok, list) = gsv(&s, &["proc", "conversations"]);
     assert!(ok, "{list}");
