@@ -26,6 +26,9 @@ pub enum DofsError {
     Open(#[from] wsd_sqlite::OpenError),
     #[error("EIO: integrity check failed: {}", .problems.join("; "))]
     Corrupt { problems: Vec<String> },
+    /// A chunk whose stored bytes do not hash to its name.
+    #[error("EIO: chunk {hash}: stored bytes do not hash to its name")]
+    CorruptChunk { hash: wsd_sync::Hash },
     #[error("EIO: sqlite: {0}")]
     Sqlite(rusqlite::Error),
     /// Path validation, limits, chunking input errors, unknown or
@@ -46,7 +49,10 @@ impl DofsError {
             | DofsError::IsADirectory { .. }
             | DofsError::NotEmpty { .. }
             | DofsError::Invalid { .. } => ErrorCode::Invalid,
-            DofsError::Open(_) | DofsError::Corrupt { .. } | DofsError::Sqlite(_) => ErrorCode::Io,
+            DofsError::Open(_)
+            | DofsError::Corrupt { .. }
+            | DofsError::CorruptChunk { .. }
+            | DofsError::Sqlite(_) => ErrorCode::Io,
             DofsError::Sync(e) => e.code(),
         }
     }

@@ -8,11 +8,13 @@
 mod lines;
 
 use std::io::{Read, Write};
+use std::ops::ControlFlow;
 
 use rusqlite::params;
 use wsd_sync::limits::MAX_SYMLINK_TARGET_BYTES;
 use wsd_sync::{ChunkRef, Hash, Kind, MODE_MASK, SyncError, SyncPath, chunk};
 
+use crate::chunk_store::{ChunkStore, SqliteChunks};
 use crate::rows::{
     self, Mutation, Node, ROW_COLUMNS, Row, ensure_manifest, get_row, has_live_children,
     insert_chunk, live, now_ms, put_node, row_from_sql, subtree_bounds, tombstone_subtree,
@@ -250,19 +252,6 @@ fn write_in(
     Ok(Stat::from_node(rev, node).expect("live"))
 }
 
-fn chunk_bytes(conn: &rusqlite::Connection, hash: &Hash) -> Result<Vec<u8>, DofsError> {
-    let mut stmt = conn.prepare_cached("SELECT data FROM chunks WHERE hash = ?1")?;
-    match stmt.query_row([hash.as_bytes()], |r| r.get(0)) {
-        Ok(bytes) => Ok(bytes),
-        Err(rusqlite::Error::QueryReturnedNoRows) => Err(SyncError::UnknownHash {
-            hash: *hash,
-            path: None,
-        }
-        .into()),
-        Err(e) => Err(e.into()),
-    }
-}
-
 impl Dofs {
     /// Writes a file from `content`, streaming: bytes are cut into chunks as
     /// they arrive and memory stays at about one read window.
@@ -335,7 +324,7 @@ impl Dofs {
             }
         };
         let tail = match chunks.pop() {
-            Some(last) => chunk_bytes(&m, &last.hash)?,
+            Some(last) => SqliteChunks::new(&m).get(&last.hash)?,
             None => Vec::new(),
         };
         chunks.extend(chunk_into_store(
@@ -359,16 +348,17 @@ impl Dofs {
     /// Streams a file's content into `out` one chunk at a time; returns its size.
     pub fn read_file_to(&self, path: &SyncPath, out: &mut impl Write) -> Result<u64, DofsError> {
         let (manifest, chunk) = self.file_content(path)?;
-        let (sql, key) = rows::content_query(&manifest, chunk.as_ref());
-        let mut stmt = self.conn.prepare_cached(sql)?;
-        let mut rows = stmt.query([key])?;
         let mut total = 0u64;
-        while let Some(r) = rows.next()? {
-            let bytes = r.get_ref(0)?.as_blob()?;
-            out.write_all(bytes)
-                .map_err(|e| SyncError::io(format!("writing the content of {path}"), e))?;
-            total += bytes.len() as u64;
-        }
+        SqliteChunks::new(&self.conn).for_each_content_chunk(
+            &manifest,
+            chunk.as_ref(),
+            |bytes| {
+                out.write_all(bytes)
+                    .map_err(|e| SyncError::io(format!("writing the content of {path}"), e))?;
+                total += bytes.len() as u64;
+                Ok(ControlFlow::Continue(()))
+            },
+        )?;
         Ok(total)
     }
 
@@ -696,17 +686,14 @@ impl Dofs {
         hits: &mut Vec<SearchHit>,
     ) -> Result<(), DofsError> {
         let keep = finder.needle().len() - 1;
-        let (sql, key) = rows::content_query(manifest, chunk);
-        let mut stmt = self.conn.prepare_cached(sql)?;
-        let mut rows = stmt.query([key])?;
         // `window` = the last `keep` bytes already scanned (so a match across
         // a chunk boundary is seen) followed by the new chunk. `lines` counts
         // newlines before `window_start`.
         let mut window: Vec<u8> = Vec::new();
         let mut window_start = 0u64;
         let mut lines = 0u64;
-        while let Some(r) = rows.next()? {
-            window.extend_from_slice(r.get_ref(0)?.as_blob()?);
+        SqliteChunks::new(&self.conn).for_each_content_chunk(manifest, chunk, |bytes| {
+            window.extend_from_slice(bytes);
             let mut counted_to = 0usize;
             let mut line = lines;
             for pos in finder.find_iter(&window) {
@@ -718,15 +705,15 @@ impl Dofs {
                     offset: window_start + pos as u64,
                 });
                 if hits.len() >= limit {
-                    return Ok(());
+                    return Ok(ControlFlow::Break(()));
                 }
             }
             let cut = window.len().saturating_sub(keep);
             lines += memchr::memchr_iter(b'\n', &window[..cut]).count() as u64;
             window.drain(..cut);
             window_start += cut as u64;
-        }
-        Ok(())
+            Ok(ControlFlow::Continue(()))
+        })
     }
 }
 

@@ -197,6 +197,27 @@ impl Dofs {
                 parent_kind.map_or("missing".to_owned(), |k| format!("a {k}, not a live dir"))
             ));
         }
+        // Snapshots: every file they name has its chunk or its list held.
+        let mut stmt = conn.prepare(
+            "SELECT s.snapshot, s.path, s.chunk FROM snapshot_entries s
+               LEFT JOIN chunks c ON c.hash = s.chunk
+               LEFT JOIN manifests m ON m.hash = s.manifest
+              WHERE s.kind = 'file'
+                AND ((s.chunk IS NOT NULL AND c.hash IS NULL)
+                  OR (s.chunk IS NULL AND m.hash IS NULL))",
+        )?;
+        let missing: Vec<(String, String, Option<Vec<u8>>)> = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+            .collect::<Result<_, _>>()?;
+        for (snapshot, path, chunk) in missing {
+            let what = match chunk {
+                Some(c) => format!("chunk {}", hash_from_sql(c, 2)?),
+                None => "manifest".to_owned(),
+            };
+            problems.push(format!(
+                "snapshot {snapshot}: {path}: its {what} is not held"
+            ));
+        }
         let mut stmt = conn.prepare("SELECT name, push_rev FROM remotes WHERE push_rev > ?1")?;
         let ahead: Vec<(String, u64)> = stmt
             .query_map([counter], |r| Ok((r.get(0)?, r.get(1)?)))?

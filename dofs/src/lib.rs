@@ -20,23 +20,27 @@
 //! is explicit).
 
 mod checkpoint;
+mod chunk_store;
 mod error;
 mod fs;
 mod integrity;
 mod rows;
 mod schema;
+mod snapshot;
 mod sync;
 
 use std::path::Path;
 
 use rusqlite::Connection;
 
+pub use chunk_store::{ChunkStore, SqliteChunks};
 pub use error::DofsError;
 pub use fs::{
     DEFAULT_DIR_MODE, DEFAULT_FILE_MODE, DEFAULT_SYMLINK_MODE, DirEntry, LineWindow, SearchHit,
     Stat, WriteOptions,
 };
 pub use schema::SCHEMA_VERSION;
+pub use snapshot::{DiffKind, RestoreOutcome, SnapshotSummary};
 pub use sync::{GcOutcome, PruneOutcome};
 pub use wsd_sqlite::OnDamage;
 

@@ -7,6 +7,7 @@ use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, 
 use wsd_sync::{ChangeCursor, ChangeEntry, ChunkRef, EntryState, Hash, Kind, SyncPath, manifest};
 
 use crate::DofsError;
+use crate::chunk_store::{ChunkStore, SqliteChunks};
 
 /// The state a row records for its path.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -334,25 +335,6 @@ pub(crate) fn file_chunks(
     }
 }
 
-/// The statement listing a file's chunk bytes in order, and its one
-/// parameter: the chunk itself, or the manifest whose list it walks.
-pub(crate) fn content_query<'h>(
-    manifest: &'h Hash,
-    chunk: Option<&'h Hash>,
-) -> (&'static str, &'h [u8]) {
-    match chunk {
-        Some(hash) => (
-            "SELECT data FROM chunks WHERE hash = ?1",
-            &hash.as_bytes()[..],
-        ),
-        None => (
-            "SELECT c.data FROM manifest_chunks mc JOIN chunks c ON c.hash = mc.chunk
-             WHERE mc.manifest = ?1 ORDER BY mc.idx",
-            &manifest.as_bytes()[..],
-        ),
-    }
-}
-
 /// The ordered chunk list of a recorded manifest.
 pub(crate) fn manifest_chunks(conn: &Connection, hash: &Hash) -> Result<Vec<ChunkRef>, DofsError> {
     let mut stmt = conn.prepare_cached(
@@ -410,16 +392,14 @@ pub(crate) fn ensure_manifest(conn: &Connection, chunks: &[ChunkRef]) -> Result<
 
 /// Stores one chunk whose bytes the caller has already named correctly.
 pub(crate) fn insert_chunk(conn: &Connection, hash: &Hash, bytes: &[u8]) -> Result<(), DofsError> {
-    conn.prepare_cached(
-        "INSERT INTO chunks (hash, size, data) VALUES (?1, ?2, ?3) ON CONFLICT (hash) DO NOTHING",
-    )?
-    .execute(params![hash.as_bytes(), bytes.len() as u64, bytes])?;
+    SqliteChunks::new(conn).put_if_absent(hash, bytes)?;
     Ok(())
 }
 
 pub(crate) fn has_chunk(conn: &Connection, hash: &Hash) -> Result<bool, DofsError> {
-    let mut stmt = conn.prepare_cached("SELECT EXISTS (SELECT 1 FROM chunks WHERE hash = ?1)")?;
-    Ok(stmt.query_row([hash.as_bytes()], |r| r.get(0))?)
+    Ok(!SqliteChunks::new(conn)
+        .has(std::slice::from_ref(hash))?
+        .is_empty())
 }
 
 /// Builds the wire entry for a row from its current state.

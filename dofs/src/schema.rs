@@ -19,6 +19,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "direct chunk",
         sql: include_str!("schema/002_direct_chunk.sql"),
     },
+    Migration {
+        version: 3,
+        name: "snapshots",
+        sql: include_str!("schema/003_snapshots.sql"),
+    },
 ];
 
 /// The schema version this build writes.

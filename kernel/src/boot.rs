@@ -54,6 +54,9 @@ impl Kernel {
         });
         tokio::spawn(reap_idle_children(Arc::downgrade(&kernel)));
         domains::start(&kernel).await?;
+        if let Some(every) = kernel.config.gc_interval {
+            tokio::spawn(collect_garbage_now_and_then(Arc::downgrade(&kernel), every));
+        }
         Ok(kernel)
     }
 }
@@ -72,5 +75,82 @@ async fn reap_idle_children(kernel: std::sync::Weak<Kernel>) {
         k.workspaces
             .stop_idle(idle, |id| k.sessions.running_in(id))
             .await;
+    }
+}
+
+/// Collects garbage in every workspace store every `every`; ends with the
+/// kernel. A failed round is logged and retried at the next one.
+async fn collect_garbage_now_and_then(kernel: std::sync::Weak<Kernel>, every: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(k) = kernel.upgrade() else { return };
+        if let Err(e) = domains::snapshot::calls::collect_all(&k).await {
+            tracing::warn!(error = %e, "scheduled garbage collection failed");
+        }
+    }
+}
+
+/// One kernel per data directory: an advisory lock (`flock`) on the
+/// directory itself, held as long as this value lives, so a second
+/// `gsv serve --data DIR` fails at start instead of sharing the database
+/// and the workspaces' wsd children with the first. The operating system
+/// drops it when the process dies, however it dies, so nothing stale is
+/// left to clean up. `gsv serve` takes it before [`Kernel::open`]; a
+/// library caller opening a kernel takes it the same way if it wants it.
+#[derive(Debug)]
+pub struct DataDirLock {
+    _dir: std::fs::File,
+}
+
+/// Why the data directory could not be locked.
+#[derive(Debug, thiserror::Error)]
+pub enum DataDirLockError {
+    #[error(
+        "another kernel already serves {}: stop it, or give this one a data directory of its own with --data",
+        path.display()
+    )]
+    AlreadyServed { path: std::path::PathBuf },
+    #[error("locking the data directory {}: {source}", path.display())]
+    Io {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+}
+
+impl DataDirLock {
+    /// Creates `dir` if needed and locks it, or says who holds it.
+    pub fn acquire(dir: &std::path::Path) -> Result<DataDirLock, DataDirLockError> {
+        let io = |source| DataDirLockError::Io {
+            path: dir.to_path_buf(),
+            source,
+        };
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let f = std::fs::File::open(dir).map_err(io)?;
+        match f.try_lock() {
+            Ok(()) => Ok(DataDirLock { _dir: f }),
+            Err(std::fs::TryLockError::WouldBlock) => Err(DataDirLockError::AlreadyServed {
+                path: dir.to_path_buf(),
+            }),
+            Err(std::fs::TryLockError::Error(e)) => Err(io(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_data_directory_is_locked_once_until_its_lock_is_dropped() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("data");
+        let first = DataDirLock::acquire(&dir).unwrap();
+        let second = DataDirLock::acquire(&dir).unwrap_err();
+        assert!(
+            matches!(&second, DataDirLockError::AlreadyServed { path } if *path == dir),
+            "{second}"
+        );
+        drop(first);
+        DataDirLock::acquire(&dir).expect("free again once the first is gone");
     }
 }

@@ -17,12 +17,14 @@ pub const USER_CAPABILITIES: &[&str] = &[
     "ai.*",
     "sched.*",
     "notification.*",
+    "repo.*",
     "signal.*",
     "sys.config.get",
     "sys.config.set",
     "sys.device.*",
     "sys.token.*",
     "sys.workspace.*",
+    "workspace.*",
     "account.list",
 ];
 

@@ -157,17 +157,35 @@ impl GsvClient {
         }
     }
 
-    /// `sys.connect` as a user.
+    /// `sys.connect` as a user, with the client id `gsv-cli` (a second
+    /// login of the same user with it replaces this one: see
+    /// [`GsvClient::login_as`]).
     pub async fn login(
         &mut self,
         username: &str,
         creds: &Credentials,
     ) -> Result<Value, ClientError> {
-        let auth = match creds {
-            Credentials::Password(p) => json!({"username": username, "password": p}),
-            Credentials::Token(t) => json!({"username": username, "token": t}),
+        self.login_as("gsv-cli", Some(username), creds).await
+    }
+
+    /// `sys.connect` as a user under `client_id`. The kernel replaces an
+    /// older connection of the same user and client id, so clients that
+    /// must not knock each other off use ids of their own. `username` may
+    /// be left out with a token, which names its account.
+    pub async fn login_as(
+        &mut self,
+        client_id: &str,
+        username: Option<&str>,
+        creds: &Credentials,
+    ) -> Result<Value, ClientError> {
+        let mut auth = match creds {
+            Credentials::Password(p) => json!({"password": p}),
+            Credentials::Token(t) => json!({"token": t}),
         };
-        self.call("sys.connect", connect_args("gsv-cli", "user", auth))
+        if let Some(u) = username {
+            auth["username"] = json!(u);
+        }
+        self.call("sys.connect", connect_args(client_id, "user", auth))
             .await
     }
 

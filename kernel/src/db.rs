@@ -147,8 +147,21 @@ pub fn opt<T>(r: rusqlite::Result<T>) -> Result<Option<T>, KernelError> {
 mod tests {
     use super::*;
 
+    /// Two migrations in the shape of the domains' (the second holds the
+    /// `config_kv` table the legacy test writes to).
     fn migrations() -> Vec<Migration> {
-        crate::domains::migrations()
+        vec![
+            Migration {
+                version: 1,
+                name: "one",
+                sql: "CREATE TABLE one(a INTEGER);",
+            },
+            Migration {
+                version: 2,
+                name: "config",
+                sql: "CREATE TABLE config_kv(key TEXT PRIMARY KEY, value TEXT NOT NULL);",
+            },
+        ]
     }
 
     #[test]

@@ -28,6 +28,10 @@ pub enum KernelError {
     PermissionDenied(String),
     #[error("Access denied to {kind}: {id}")]
     AccessDenied { kind: &'static str, id: String },
+    /// Something that does not exist (for anyone): its ids are random, so
+    /// saying so tells a prober nothing it could have guessed.
+    #[error("{kind} not found: {id}")]
+    NotFound { kind: &'static str, id: String },
     #[error("Unknown syscall: {0}")]
     UnknownSyscall(String),
     #[error("Unknown shell session: {0}")]
@@ -46,9 +50,16 @@ pub enum KernelError {
     InvalidArgs { call: String, reason: String },
     #[error("{0}")]
     BadRequest(String),
-    /// The target's state refuses the call (a closed or busy conversation).
+    /// A named thing (a repository's ref, commit or path) does not exist;
+    /// the message names it.
+    #[error("{0}")]
+    Missing(String),
+    /// A compare-and-swap lost: the state moved since the caller looked.
     #[error("{0}")]
     Conflict(String),
+    /// A peer the kernel fetched from (an import's upstream) failed.
+    #[error("{0}")]
+    Upstream(String),
     #[error("Too many connections: {0}")]
     Overloaded(&'static str),
     #[error("{0}")]
@@ -77,7 +88,7 @@ impl KernelError {
             InvalidClient(_) => code::INVALID_CLIENT,
             AuthFailed(_) => code::AUTH_FAILED,
             NotConnected | PermissionDenied(_) | AccessDenied { .. } => code::FORBIDDEN,
-            UnknownSyscall(_) | UnknownSession(_) => code::NOT_FOUND,
+            UnknownSyscall(_) | UnknownSession(_) | NotFound { .. } | Missing(_) => code::NOT_FOUND,
             AlreadyConnected | DuplicateRequest(_) | AlreadyInitialized | Conflict(_) => {
                 code::CONFLICT
             }
@@ -86,7 +97,7 @@ impl KernelError {
             Internal(_) => code::INTERNAL,
             Overloaded(_) | Unavailable(_) => code::UNAVAILABLE,
             DeviceTimeout { .. } => code::GATEWAY_TIMEOUT,
-            BadDeviceResponse { .. } => code::BAD_GATEWAY,
+            BadDeviceResponse { .. } | Upstream(_) => code::BAD_GATEWAY,
             Device { code, .. } => *code,
         }
     }

@@ -52,6 +52,11 @@ pub struct KernelConfig {
     pub routed_call_ttl: Duration,
     /// A local wsd unused this long (and running nothing) is stopped.
     pub wsd_idle_stop: Duration,
+    /// Snapshots one workspace may hold; one more is `ELIMIT`.
+    pub snapshot_limit: u64,
+    /// How often the kernel collects garbage in every workspace store
+    /// (`None`: only on `sys.gc`).
+    pub gc_interval: Option<Duration>,
 }
 
 impl KernelConfig {
@@ -68,6 +73,8 @@ impl KernelConfig {
             exec_wait: Duration::from_secs(5),
             routed_call_ttl: Duration::from_secs(60),
             wsd_idle_stop: Duration::from_secs(10 * 60),
+            snapshot_limit: 64,
+            gc_interval: Some(Duration::from_secs(6 * 60 * 60)),
         }
     }
 }

@@ -14,7 +14,7 @@ use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{ConnectInfo, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response as HttpResponse};
-use axum::routing::get;
+use axum::routing::{any, get};
 use futures::{FutureExt, SinkExt, StreamExt};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -51,6 +51,10 @@ pub async fn serve(
     let app = Router::new()
         .route("/health", get(health))
         .route("/ws", get(upgrade))
+        .route(
+            "/repos/{owner}/{repo}/{*rest}",
+            any(crate::domains::repo::calls::http::serve),
+        )
         .with_state(kernel);
     axum::serve(
         listener,

@@ -1,8 +1,9 @@
 //! `fs.read`, `fs.write`, `fs.edit`, `fs.delete` and `fs.search` on the
 //! node's own filesystem, every path opened beneath the [`NodeRoot`].
-//! These are blocking calls; the dispatcher runs them on the blocking pool.
+//! Arguments, results, errors and the output format are the one `fs.*`
+//! contract of `gsv_protocol::fs`. These are blocking calls; the
+//! dispatcher runs them on the blocking pool.
 
-use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
@@ -10,98 +11,72 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use base64::Engine;
+use gsv_protocol::fs::{
+    DeleteArgs, DeleteResult, DirectoryListing, EditArgs, EditResult, FsError, ImageFile,
+    MAX_EDIT_BYTES, MAX_IMAGE_BYTES, MAX_READ_CONTENT_BYTES, MAX_SEARCH_MATCHES, ReadArgs,
+    ReadResult, SNIFF_BYTES, SearchArgs, SearchMatch, SearchResult, TextWindow, WriteArgs,
+    WriteResult, content_type,
+};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
-use serde::Deserialize;
-use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::{NodeRoot, OpError, PathError};
+use super::{NodeRoot, PathError};
 
-/// At most this many bytes of line content come back from one `fs.read`;
-/// a longer window stops early with `truncated: true` and `nextOffset`.
-pub const MAX_READ_CONTENT_BYTES: usize = 256 * 1024;
-/// Images are returned inline (base64), so they are capped (the reference
-/// node's image cap).
-pub const MAX_IMAGE_BYTES: u64 = 10 * 1024 * 1024;
-/// `fs.edit` loads the whole file; larger files are refused.
-pub const MAX_EDIT_BYTES: u64 = 16 * 1024 * 1024;
 /// `fs.search` skips files larger than this.
 pub const MAX_SEARCH_FILE_BYTES: u64 = 16 * 1024 * 1024;
-/// `fs.search` stops after this many matches and says `truncated: true`.
-pub const MAX_SEARCH_MATCHES: usize = 100;
-/// Matching lines are cut to this many characters.
-pub const MAX_SEARCH_LINE_CHARS: usize = 200;
-/// A line is cut to this many bytes, leaving room for its number.
-const MAX_LINE_BYTES: usize = MAX_READ_CONTENT_BYTES - 32;
-/// How much of a file is sniffed for its type.
-const SNIFF_BYTES: usize = 8192;
 
-#[derive(Debug, Deserialize)]
-pub(crate) struct ReadArgs {
-    path: String,
-    #[serde(default)]
-    offset: Option<u64>,
-    #[serde(default)]
-    limit: Option<u64>,
-}
-
-#[derive(Debug, Deserialize)]
-pub(crate) struct WriteArgs {
-    path: String,
-    content: String,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub(crate) struct EditArgs {
-    path: String,
-    old_string: String,
-    new_string: String,
-    #[serde(default)]
-    replace_all: bool,
-}
-
-#[derive(Debug, Deserialize)]
-pub(crate) struct DeleteArgs {
-    path: String,
-}
-
-#[derive(Debug, Deserialize)]
-pub(crate) struct SearchArgs {
-    /// `pattern` is the older tools' name for the same thing.
-    #[serde(default, alias = "pattern")]
-    query: String,
-    #[serde(default)]
-    path: Option<String>,
-    #[serde(default)]
-    include: Option<String>,
-}
-
-fn io_err(op: &'static str, path: &Path, source: io::Error) -> OpError {
-    OpError::Io {
-        op,
-        path: path.display().to_string(),
-        source,
+/// An I/O failure at `path`; a missing file or a refused permission keep
+/// their own codes.
+fn io_err(op: &'static str, path: &Path, source: io::Error) -> FsError {
+    let path = path.display().to_string();
+    match source.kind() {
+        io::ErrorKind::NotFound => FsError::NotFound { path },
+        io::ErrorKind::PermissionDenied => FsError::PermissionDenied { path },
+        _ => FsError::io(op, path, source),
     }
 }
 
-pub(crate) fn read(root: &NodeRoot, args: ReadArgs) -> Result<Value, OpError> {
+impl From<PathError> for FsError {
+    fn from(e: PathError) -> FsError {
+        match e {
+            PathError::Empty => FsError::InvalidArgs("path is empty".into()),
+            PathError::Outside { path, root } => FsError::PathEscape {
+                path,
+                root: root.display().to_string(),
+                how: String::new(),
+            },
+            PathError::Escapes { path, root } => FsError::PathEscape {
+                path,
+                root: root.display().to_string(),
+                how: " (through '..' or a symlink)".into(),
+            },
+            PathError::NotFound { path } => FsError::NotFound { path },
+            PathError::NotADirectory { path } => FsError::NotADirectory { path },
+            PathError::IsRoot { path } => FsError::InvalidPath {
+                path,
+                reason: "it names the node root itself".into(),
+            },
+            PathError::Io { path, source } => io_err("open", Path::new(&path), source),
+        }
+    }
+}
+
+pub(crate) fn read(root: &NodeRoot, args: ReadArgs) -> Result<ReadResult, FsError> {
     // O_NONBLOCK: opening a FIFO must not hang the tool; it has no effect
     // on regular files and directories.
     let fd = root.open_beneath(&args.path, OFlags::RDONLY | OFlags::NONBLOCK, Mode::empty())?;
     let path = root.real_path(&fd);
     let st = rustix::fs::fstat(&fd).map_err(|e| io_err("stat", &path, e.into()))?;
     match FileType::from_raw_mode(st.st_mode) {
-        FileType::Directory => list_dir(fd, &path),
+        FileType::Directory => list_dir(fd, &path).map(ReadResult::Directory),
         FileType::RegularFile => read_file(File::from(fd), &path, st.st_size as u64, &args),
-        _ => Err(OpError::Invalid(format!(
-            "'{}' is not a regular file or directory",
-            path.display()
-        ))),
+        _ => Err(FsError::NotAFile {
+            path: path.display().to_string(),
+        }),
     }
 }
 
-fn list_dir(fd: OwnedFd, path: &Path) -> Result<Value, OpError> {
+fn list_dir(fd: OwnedFd, path: &Path) -> Result<DirectoryListing, FsError> {
     let mut files = Vec::new();
     let mut directories = Vec::new();
     let dir = rustix::fs::Dir::read_from(&fd).map_err(|e| io_err("list", path, e.into()))?;
@@ -126,52 +101,30 @@ fn list_dir(fd: OwnedFd, path: &Path) -> Result<Value, OpError> {
             files.push(name);
         }
     }
-    files.sort();
-    directories.sort();
-    Ok(json!({"ok": true, "path": path, "files": files, "directories": directories}))
+    Ok(DirectoryListing::sorted(
+        path.display().to_string(),
+        files,
+        directories,
+    ))
 }
 
-/// The content type by the file's first bytes, else by its extension.
-/// Returns `(type, is_text)`.
-fn sniff(head: &[u8], path: &Path) -> (String, bool) {
-    if let Some(kind) = infer::get(head) {
-        let mime = kind.mime_type();
-        let text = mime.starts_with("text/") || mime == "image/svg+xml";
-        return (mime.to_owned(), text);
-    }
-    let ext = path
-        .extension()
-        .and_then(OsStr::to_str)
-        .map(str::to_ascii_lowercase);
-    let mime = match ext.as_deref() {
-        Some("json") => "application/json",
-        Some("yaml" | "yml") => "application/yaml",
-        Some("toml") => "application/toml",
-        Some("xml") => "application/xml",
-        Some("js" | "mjs" | "cjs") => "text/javascript",
-        Some("ts" | "tsx") => "application/typescript",
-        Some("svg") => "image/svg+xml",
-        Some("md") => "text/markdown",
-        Some("html" | "htm") => "text/html",
-        Some("css") => "text/css",
-        Some("csv") => "text/csv",
-        _ => "text/plain",
-    };
-    // A NUL byte in the sniffed head means binary whatever the name says.
-    (mime.to_owned(), !head.contains(&0))
-}
-
-fn read_file(mut file: File, path: &Path, size: u64, args: &ReadArgs) -> Result<Value, OpError> {
+fn read_file(
+    mut file: File,
+    path: &Path,
+    size: u64,
+    args: &ReadArgs,
+) -> Result<ReadResult, FsError> {
+    let shown = path.display().to_string();
     let mut head = Vec::with_capacity(SNIFF_BYTES);
     (&mut file)
         .take(SNIFF_BYTES as u64)
         .read_to_end(&mut head)
         .map_err(|e| io_err("read", path, e))?;
-    let (mime, is_text) = sniff(&head, path);
-    if mime.starts_with("image/") && !is_text {
+    let ty = content_type(&head, &shown);
+    if ty.is_image() {
         if size > MAX_IMAGE_BYTES {
-            return Err(OpError::TooLarge {
-                path: path.display().to_string(),
+            return Err(FsError::TooLarge {
+                path: shown,
                 size,
                 limit: MAX_IMAGE_BYTES,
             });
@@ -180,28 +133,26 @@ fn read_file(mut file: File, path: &Path, size: u64, args: &ReadArgs) -> Result<
         file.read_to_end(&mut bytes)
             .map_err(|e| io_err("read", path, e))?;
         let data = base64::engine::general_purpose::STANDARD.encode(&bytes);
-        return Ok(json!({
-            "ok": true, "path": path, "size": size, "kind": "image", "contentType": mime,
-            "content": [{"type": "image", "data": data, "mimeType": mime}],
-        }));
+        return Ok(ReadResult::Image(ImageFile::new(
+            shown, size, ty.mime, data,
+        )));
     }
-    if !is_text {
-        return Err(OpError::Binary {
-            path: path.display().to_string(),
-            content_type: mime,
+    if !ty.is_text {
+        return Err(FsError::Binary {
+            path: shown,
+            content_type: ty.mime,
             size,
         });
     }
     let offset = args.offset.unwrap_or(0);
     let limit = args.limit.unwrap_or(u64::MAX);
     let mut reader = BufReader::new(io::Cursor::new(head).chain(file));
-    let mut content = String::new();
+    let mut window = TextWindow::new(offset);
     let mut line = Vec::new();
     let mut index: u64 = 0;
-    let mut returned: u64 = 0;
-    let mut truncated = false;
-    while returned < limit {
-        let Some(cut) = read_line_capped(&mut reader, &mut line, MAX_LINE_BYTES)
+    while window.lines() < limit {
+        // No line longer than the window's cap can fit, so none is held.
+        let Some(cut) = read_line_capped(&mut reader, &mut line, MAX_READ_CONTENT_BYTES)
             .map_err(|e| io_err("read", path, e))?
         else {
             break;
@@ -218,46 +169,25 @@ fn read_file(mut file: File, path: &Path, size: u64, args: &ReadArgs) -> Result<
                 std::str::from_utf8(&line[..e.valid_up_to()]).unwrap_or_default()
             }
             Err(_) => {
-                return Err(OpError::Binary {
-                    path: path.display().to_string(),
-                    content_type: format!("{mime}, not valid UTF-8 at line {}", here + 1),
+                return Err(FsError::Binary {
+                    path: shown,
+                    content_type: format!("{}, not valid UTF-8 at line {}", ty.mime, here + 1),
                     size,
                 });
             }
         };
-        let sep = usize::from(returned > 0);
-        let numbered = format!("{}\t{}", here + 1, text);
-        if returned > 0 && content.len() + sep + numbered.len() > MAX_READ_CONTENT_BYTES {
-            truncated = true;
-            break;
-        }
-        if returned > 0 {
-            content.push('\n');
-        }
-        content.push_str(&numbered);
-        returned += 1;
-        if cut {
-            // One enormous line: its start is all that fits.
-            truncated = true;
+        if !window.push(text, cut) {
             break;
         }
     }
-    let mut out = json!({
-        "ok": true, "path": path, "size": size, "kind": "text", "contentType": mime,
-        "content": content, "lines": returned,
-    });
-    if truncated {
-        out["truncated"] = json!(true);
-        out["nextOffset"] = json!(offset + returned);
-    }
-    Ok(out)
+    Ok(ReadResult::Text(window.finish(shown, size, ty.mime)))
 }
 
 /// Replaces the file at `request` with `content`: written to a temporary
 /// name in the same directory, then renamed over the target, so a reader
 /// never sees half a file. An existing file keeps its permission bits. A
 /// final symlink (inside the root) is written through, in place.
-fn write_whole(root: &NodeRoot, request: &str, content: &[u8]) -> Result<PathBuf, OpError> {
+fn write_whole(root: &NodeRoot, request: &str, content: &[u8]) -> Result<PathBuf, FsError> {
     let (parent, name) = root.open_parent(request, true)?;
     let parent_path = root.real_path(&parent);
     let target = parent_path.join(&name);
@@ -275,10 +205,9 @@ fn write_whole(root: &NodeRoot, request: &str, content: &[u8]) -> Result<PathBuf
         return Ok(real);
     }
     if existing.is_some_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Directory) {
-        return Err(OpError::Invalid(format!(
-            "'{}' is a directory",
-            target.display()
-        )));
+        return Err(FsError::IsADirectory {
+            path: target.display().to_string(),
+        });
     }
     // An `O_PATH` descriptor serves as the directory of the `*at` calls.
     let dir = parent;
@@ -310,26 +239,28 @@ fn write_whole(root: &NodeRoot, request: &str, content: &[u8]) -> Result<PathBuf
     Ok(target)
 }
 
-pub(crate) fn write(root: &NodeRoot, args: WriteArgs) -> Result<Value, OpError> {
+pub(crate) fn write(root: &NodeRoot, args: WriteArgs) -> Result<WriteResult, FsError> {
     let path = write_whole(root, &args.path, args.content.as_bytes())?;
-    Ok(json!({"ok": true, "path": path, "size": args.content.len()}))
+    Ok(WriteResult {
+        path: path.display().to_string(),
+        size: args.content.len() as u64,
+    })
 }
 
-pub(crate) fn edit(root: &NodeRoot, args: EditArgs) -> Result<Value, OpError> {
+pub(crate) fn edit(root: &NodeRoot, args: EditArgs) -> Result<EditResult, FsError> {
     if args.old_string.is_empty() {
-        return Err(OpError::Invalid("oldString must not be empty".into()));
+        return Err(FsError::EmptyOldString);
     }
     let fd = root.open_beneath(&args.path, OFlags::RDONLY | OFlags::NONBLOCK, Mode::empty())?;
     let path = root.real_path(&fd);
     let st = rustix::fs::fstat(&fd).map_err(|e| io_err("stat", &path, e.into()))?;
     if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
-        return Err(OpError::Invalid(format!(
-            "'{}' is not a regular file",
-            path.display()
-        )));
+        return Err(FsError::NotAFile {
+            path: path.display().to_string(),
+        });
     }
     if st.st_size as u64 > MAX_EDIT_BYTES {
-        return Err(OpError::TooLarge {
+        return Err(FsError::TooLarge {
             path: path.display().to_string(),
             size: st.st_size as u64,
             limit: MAX_EDIT_BYTES,
@@ -339,7 +270,7 @@ pub(crate) fn edit(root: &NodeRoot, args: EditArgs) -> Result<Value, OpError> {
     File::from(fd)
         .read_to_end(&mut bytes)
         .map_err(|e| io_err("read", &path, e))?;
-    let text = String::from_utf8(bytes).map_err(|_| OpError::Binary {
+    let text = String::from_utf8(bytes).map_err(|_| FsError::Binary {
         path: path.display().to_string(),
         content_type: "not valid UTF-8".into(),
         size: st.st_size as u64,
@@ -347,10 +278,13 @@ pub(crate) fn edit(root: &NodeRoot, args: EditArgs) -> Result<Value, OpError> {
     let count = text.matches(&args.old_string).count();
     let shown = path.display().to_string();
     if count == 0 {
-        return Err(OpError::NoMatch { path: shown });
+        return Err(FsError::NoMatch { path: shown });
     }
     if count > 1 && !args.replace_all {
-        return Err(OpError::MultipleMatches { path: shown, count });
+        return Err(FsError::MultipleMatches {
+            path: shown,
+            count: count as u64,
+        });
     }
     let updated = if args.replace_all {
         text.replace(&args.old_string, &args.new_string)
@@ -358,17 +292,18 @@ pub(crate) fn edit(root: &NodeRoot, args: EditArgs) -> Result<Value, OpError> {
         text.replacen(&args.old_string, &args.new_string, 1)
     };
     write_whole(root, &args.path, updated.as_bytes())?;
-    Ok(json!({"ok": true, "path": path, "replacements": count}))
+    Ok(EditResult {
+        path: shown,
+        replacements: count as u64,
+    })
 }
 
-pub(crate) fn delete(root: &NodeRoot, args: DeleteArgs) -> Result<Value, OpError> {
+pub(crate) fn delete(root: &NodeRoot, args: DeleteArgs) -> Result<DeleteResult, FsError> {
     let (parent, name) = root.open_parent(&args.path, false)?;
     let target = root.real_path(&parent).join(&name);
     let st = rustix::fs::statat(&parent, &name, AtFlags::SYMLINK_NOFOLLOW).map_err(|e| {
         if e == rustix::io::Errno::NOENT {
-            OpError::Path(PathError::NotFound {
-                path: args.path.clone(),
-            })
+            FsError::not_found(&args.path)
         } else {
             io_err("stat", &target, e.into())
         }
@@ -387,7 +322,9 @@ pub(crate) fn delete(root: &NodeRoot, args: DeleteArgs) -> Result<Value, OpError
         rustix::fs::unlinkat(&parent, &name, AtFlags::empty())
             .map_err(|e| io_err("delete", &target, e.into()))?;
     }
-    Ok(json!({"ok": true, "path": target}))
+    Ok(DeleteResult {
+        path: target.display().to_string(),
+    })
 }
 
 /// Where `include` is matched: the file name, or (when the pattern has a
@@ -398,11 +335,11 @@ struct Include {
 }
 
 impl Include {
-    fn new(pattern: &str) -> Result<Self, OpError> {
+    fn new(pattern: &str) -> Result<Self, FsError> {
         let glob = globset::GlobBuilder::new(pattern)
             .literal_separator(true)
             .build()
-            .map_err(|e| OpError::InvalidInclude {
+            .map_err(|e| FsError::InvalidInclude {
                 pattern: pattern.to_owned(),
                 reason: e.kind().to_string(),
             })?;
@@ -425,9 +362,9 @@ pub(crate) fn search(
     root: &NodeRoot,
     args: SearchArgs,
     cancel: &CancellationToken,
-) -> Result<Value, OpError> {
+) -> Result<SearchResult, FsError> {
     if args.query.is_empty() {
-        return Err(OpError::Invalid("Search query is required.".into()));
+        return Err(FsError::EmptyQuery);
     }
     let include = args.include.as_deref().map(Include::new).transpose()?;
     let request = args
@@ -448,11 +385,11 @@ pub(crate) fn search(
                 || std::fs::canonicalize(e.path()).is_ok_and(|p| p.starts_with(&root_path))
         })
         .build();
+    let cancelled = FsError::Cancelled { call: "fs.search" };
     let mut matches = Vec::new();
-    let mut truncated = false;
     'files: for entry in walker {
         if cancel.is_cancelled() {
-            return Err(OpError::Cancelled);
+            return Err(cancelled);
         }
         let Ok(entry) = entry else { continue };
         if !entry.file_type().is_some_and(|t| t.is_file()) {
@@ -479,24 +416,20 @@ pub(crate) fn search(
         };
         for (i, line) in text.lines().enumerate() {
             if i % 4096 == 0 && cancel.is_cancelled() {
-                return Err(OpError::Cancelled);
+                return Err(cancelled);
             }
             if !line.contains(&args.query) {
                 continue;
             }
-            if matches.len() == MAX_SEARCH_MATCHES {
-                truncated = true;
+            // One past the cap says whether there were more.
+            if matches.len() > MAX_SEARCH_MATCHES {
                 break 'files;
             }
-            let content: String = line.chars().take(MAX_SEARCH_LINE_CHARS).collect();
-            matches.push(json!({"path": walked, "line": i + 1, "content": content}));
+            let shown = walked.display().to_string();
+            matches.push(SearchMatch::new(shown, i as u64 + 1, line));
         }
     }
-    let mut out = json!({"ok": true, "matches": matches, "count": matches.len()});
-    if truncated {
-        out["truncated"] = json!(true);
-    }
-    Ok(out)
+    Ok(SearchResult::capped(matches))
 }
 
 /// The file's text, or `None` for a file search skips: not regular, too

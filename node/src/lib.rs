@@ -7,6 +7,8 @@
 //! an unknown shell session, bad arguments — are `Ok({ok:false, error,
 //! code})`, the reference's second error level; [`ToolError`] is only for
 //! what is not an operation result (an unknown call, a cancelled request).
+//! The `fs.*` calls answer in the one contract of `gsv_protocol::fs`
+//! (shapes, output format, [`gsv_protocol::fs::FsError`]).
 //!
 //! Every path resolves inside one [`NodeRoot`]; see `root.rs` for how. This
 //! module knows nothing of frames or sockets: the driver connection owns
@@ -20,6 +22,9 @@ mod shell;
 
 use std::sync::Arc;
 
+use gsv_protocol::OpResult;
+use gsv_protocol::fs::FsError;
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -31,10 +36,7 @@ pub use shell::{
     MIN_YIELD_MS, ShellConfig, TAIL_CHARS,
 };
 
-pub use fs::{
-    MAX_EDIT_BYTES, MAX_IMAGE_BYTES, MAX_READ_CONTENT_BYTES, MAX_SEARCH_FILE_BYTES,
-    MAX_SEARCH_LINE_CHARS, MAX_SEARCH_MATCHES,
-};
+pub use fs::MAX_SEARCH_FILE_BYTES;
 
 /// The calls a node answers, as `driver.implements` patterns.
 pub const IMPLEMENTS: [&str; 6] = [
@@ -71,7 +73,8 @@ impl ToolError {
     }
 }
 
-/// An operation failure, reported as `data: {ok:false, error, code}`.
+/// A `shell.exec` operation failure, reported as `data: {ok:false, error,
+/// code}` (`fs.*` failures are [`FsError`]s).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub(crate) enum OpError {
@@ -81,28 +84,6 @@ pub(crate) enum OpError {
     Invalid(String),
     #[error(transparent)]
     Path(#[from] PathError),
-    #[error("Failed to {op} '{path}': {source}")]
-    Io {
-        op: &'static str,
-        path: String,
-        source: std::io::Error,
-    },
-    #[error("Binary file ({content_type}, {size} bytes) - not a text file: '{path}'")]
-    Binary {
-        path: String,
-        content_type: String,
-        size: u64,
-    },
-    #[error("'{path}' is {size} bytes, over the {limit}-byte limit")]
-    TooLarge { path: String, size: u64, limit: u64 },
-    #[error("oldString not found in '{path}'")]
-    NoMatch { path: String },
-    #[error(
-        "oldString found {count} times in '{path}'. Use replaceAll: true or provide more context to make it unique."
-    )]
-    MultipleMatches { path: String, count: usize },
-    #[error("Invalid include pattern '{pattern}': {reason}")]
-    InvalidInclude { pattern: String, reason: String },
     #[error("Unknown shell session: {0}")]
     UnknownSession(String),
     #[error("stdin is closed for shell session: {0}")]
@@ -114,27 +95,17 @@ pub(crate) enum OpError {
         shell: String,
         source: std::io::Error,
     },
-    #[error("Search cancelled")]
-    Cancelled,
 }
 
 impl OpError {
     fn code(&self) -> &'static str {
         match self {
-            Self::InvalidArgs(_) | Self::Invalid(_) | Self::InvalidInclude { .. } => {
-                "invalid_argument"
-            }
+            Self::InvalidArgs(_) | Self::Invalid(_) => "invalid_argument",
             Self::Path(e) => e.code(),
-            Self::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => "not_found",
-            Self::Io { .. } | Self::Spawn { .. } => "io",
-            Self::Binary { .. } => "binary_file",
-            Self::TooLarge { .. } => "too_large",
-            Self::NoMatch { .. } => "no_match",
-            Self::MultipleMatches { .. } => "multiple_matches",
+            Self::Spawn { .. } => "io",
             Self::UnknownSession(_) => "unknown_session",
             Self::StdinClosed(_) => "stdin_closed",
             Self::TooManySessions(_) => "too_many_sessions",
-            Self::Cancelled => "cancelled",
         }
     }
 
@@ -211,14 +182,15 @@ impl NodeTools {
         cancel: &CancellationToken,
     ) -> Result<Value, ToolError> {
         let outcome = match call {
-            "fs.read" => self.blocking(call, args, fs::read).await?,
-            "fs.write" => self.blocking(call, args, fs::write).await?,
-            "fs.edit" => self.blocking(call, args, fs::edit).await?,
-            "fs.delete" => self.blocking(call, args, fs::delete).await?,
+            "fs.read" => return self.fs(call, args, fs::read).await,
+            "fs.write" => return self.fs(call, args, fs::write).await,
+            "fs.edit" => return self.fs(call, args, fs::edit).await,
+            "fs.delete" => return self.fs(call, args, fs::delete).await,
             "fs.search" => {
                 let cancel = cancel.clone();
-                self.blocking(call, args, move |root, a| fs::search(root, a, &cancel))
-                    .await?
+                return self
+                    .fs(call, args, move |root, a| fs::search(root, a, &cancel))
+                    .await;
             }
             "shell.exec" => match parse(args) {
                 Ok(a) => self.shells.exec(&self.root, a).await,
@@ -228,7 +200,6 @@ impl NodeTools {
         };
         match outcome {
             Ok(data) => Ok(data),
-            Err(OpError::Cancelled) => Err(ToolError::Cancelled),
             Err(e) => {
                 tracing::debug!(event = "node.tool.failed", call, error = %e);
                 Ok(e.into_data())
@@ -236,27 +207,35 @@ impl NodeTools {
         }
     }
 
-    /// Runs a filesystem tool on the blocking pool.
-    async fn blocking<A, F>(
-        &self,
-        call: &str,
-        args: Value,
-        f: F,
-    ) -> Result<Result<Value, OpError>, ToolError>
+    /// Runs a filesystem tool on the blocking pool; its answer is the
+    /// contract's `OpResult` (a cancelled search answers nothing).
+    async fn fs<A, T, F>(&self, call: &str, args: Value, f: F) -> Result<Value, ToolError>
     where
         A: DeserializeOwned + Send + 'static,
-        F: FnOnce(&NodeRoot, A) -> Result<Value, OpError> + Send + 'static,
+        T: Serialize + Send + 'static,
+        F: FnOnce(&NodeRoot, A) -> Result<T, FsError> + Send + 'static,
     {
-        let args: A = match parse(args) {
-            Ok(a) => a,
-            Err(e) => return Ok(Err(e)),
+        let outcome = match serde_json::from_value::<A>(args) {
+            Err(e) => Err(FsError::InvalidArgs(e.to_string())),
+            Ok(args) => {
+                let root = self.root.clone();
+                tokio::task::spawn_blocking(move || f(&root, args))
+                    .await
+                    .map_err(|e| ToolError::Internal {
+                        call: call.to_owned(),
+                        message: e.to_string(),
+                    })?
+            }
         };
-        let root = self.root.clone();
-        tokio::task::spawn_blocking(move || f(&root, args))
-            .await
-            .map_err(|e| ToolError::Internal {
-                call: call.to_owned(),
-                message: e.to_string(),
-            })
+        if let Err(e) = &outcome {
+            if matches!(e, FsError::Cancelled { .. }) {
+                return Err(ToolError::Cancelled);
+            }
+            tracing::debug!(event = "node.tool.failed", call, error = %e);
+        }
+        serde_json::to_value(OpResult::from(outcome)).map_err(|e| ToolError::Internal {
+            call: call.to_owned(),
+            message: e.to_string(),
+        })
     }
 }

@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use gsv_node::{
-    ExecEventKind, MAX_OUTPUT_CHARS, MAX_SEARCH_MATCHES, NodeRoot, NodeTools, ShellConfig,
-    TAIL_CHARS, ToolError,
+    ExecEventKind, MAX_OUTPUT_CHARS, NodeRoot, NodeTools, ShellConfig, TAIL_CHARS, ToolError,
 };
+use gsv_protocol::fs::{MAX_READ_CONTENT_BYTES, MAX_SEARCH_LINE_CHARS, MAX_SEARCH_MATCHES};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -210,7 +210,7 @@ async fn reading_a_fifo_is_an_error_not_a_hang() {
     )
     .unwrap();
     let v = n.call("fs.read", json!({"path": "pipe"})).await;
-    assert_op_error(&v, "invalid_argument", "not a regular file");
+    assert_op_error(&v, "not_a_file", "pipe");
     let v = n.call("fs.search", json!({"query": "x"})).await;
     assert_eq!(v["count"], json!(0), "{v}");
 }
@@ -226,7 +226,7 @@ async fn a_read_window_larger_than_the_cap_stops_at_a_line_and_says_where_to_go_
     let got = v["lines"].as_u64().unwrap();
     assert!(got > 0 && got < 400);
     assert_eq!(v["nextOffset"], json!(got));
-    assert!(v["content"].as_str().unwrap().len() <= gsv_node::MAX_READ_CONTENT_BYTES);
+    assert!(v["content"].as_str().unwrap().len() <= MAX_READ_CONTENT_BYTES);
     let rest = n
         .call(
             "fs.read",
@@ -239,7 +239,7 @@ async fn a_read_window_larger_than_the_cap_stops_at_a_line_and_says_where_to_go_
 #[tokio::test]
 async fn a_file_without_newlines_is_read_as_one_cut_line_not_loaded_whole() {
     let n = node();
-    let cap = gsv_node::MAX_READ_CONTENT_BYTES;
+    let cap = MAX_READ_CONTENT_BYTES;
     n.write("one.txt", "é".repeat(cap));
     let v = n.call("fs.read", json!({"path": "one.txt"})).await;
     assert_eq!(v["ok"], json!(true), "{}", v["error"]);
@@ -419,7 +419,7 @@ async fn search_stops_at_the_match_cap_and_says_truncated() {
     assert_eq!(v["truncated"], json!(true));
     assert_eq!(v["count"], json!(MAX_SEARCH_MATCHES));
     let first = v["matches"][0]["content"].as_str().unwrap();
-    assert_eq!(first.chars().count(), gsv_node::MAX_SEARCH_LINE_CHARS);
+    assert_eq!(first.chars().count(), MAX_SEARCH_LINE_CHARS);
 }
 
 // ---- path escapes ----
@@ -925,4 +925,50 @@ async fn a_cancelled_request_answers_cancelled_and_a_cancelled_poll_leaves_the_s
         .call("shell.exec", json!({"sessionId": id, "action": "kill"}))
         .await;
     assert_eq!(v["status"], json!("failed"));
+}
+
+/// The `fs.*` contract suite (`gsv_protocol::fs::testkit`) on the node's
+/// disk tools, through `NodeTools::handle` as the driver calls them.
+mod fs_contract {
+    use gsv_protocol::fs::testkit::FsTarget;
+    use gsv_protocol::fs::*;
+    use serde::Serialize;
+    use serde::de::DeserializeOwned;
+
+    use super::{Node, node};
+
+    async fn call<A: Serialize, T: DeserializeOwned>(n: &Node, call: &str, args: A) -> FsResult<T> {
+        let v = n.call(call, serde_json::to_value(args).unwrap()).await;
+        serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("{call} answered {v}: {e}"))
+    }
+
+    impl FsTarget for Node {
+        fn path(&self, rel: &str) -> String {
+            rel.to_owned()
+        }
+        async fn put(&self, rel: &str, bytes: &[u8]) {
+            self.write(rel, bytes);
+        }
+        async fn read(&self, a: ReadArgs) -> FsResult<ReadResult> {
+            call(self, "fs.read", a).await
+        }
+        async fn write(&self, a: WriteArgs) -> FsResult<WriteResult> {
+            call(self, "fs.write", a).await
+        }
+        async fn edit(&self, a: EditArgs) -> FsResult<EditResult> {
+            call(self, "fs.edit", a).await
+        }
+        async fn delete(&self, a: DeleteArgs) -> FsResult<DeleteResult> {
+            call(self, "fs.delete", a).await
+        }
+        async fn search(&self, a: SearchArgs) -> FsResult<SearchResult> {
+            call(self, "fs.search", a).await
+        }
+    }
+
+    async fn target() -> Node {
+        node()
+    }
+
+    gsv_protocol::fs_contract_tests!(target);
 }

@@ -13,6 +13,7 @@ pub mod error;
 pub mod frames;
 pub mod fs;
 pub mod proc;
+pub mod repo;
 pub mod shell;
 pub mod sys;
 pub mod workspace;
@@ -21,6 +22,7 @@ use schemars::JsonSchema;
 use schemars::generate::SchemaSettings;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+pub mod snapshot;
 
 pub use error::{FrameError, WireError};
 
@@ -45,11 +47,14 @@ pub struct Done<T> {
     pub result: T,
 }
 
-/// A failed operation: `{ok:false, error}`.
+/// A failed operation: `{ok:false, error}`, and for the families that
+/// have them a stable `code` (`fs.*`: [`fs::FsErrorCode`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct OpFailure {
     pub ok: bool,
     pub error: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
 }
 
 impl<T> OpResult<T> {
@@ -61,6 +66,7 @@ impl<T> OpResult<T> {
         OpResult::Failed(OpFailure {
             ok: false,
             error: error.into(),
+            code: None,
         })
     }
 }
@@ -108,24 +114,32 @@ mod tests {
             serde_json::to_value(failed).unwrap(),
             json!({"ok": false, "error": "nope"})
         );
+        let missing = OpResult::<fs::DeleteResult>::from(Err(fs::FsError::not_found("/a")));
+        assert_eq!(
+            serde_json::to_value(missing).unwrap(),
+            json!({"ok": false, "error": "Path not found: /a", "code": "not_found"})
+        );
     }
 
     #[test]
     fn truncated_is_sent_only_when_true() {
-        let file = |truncated| fs::ReadResult::File {
-            path: "/f".into(),
-            content: "     1\tx".into(),
-            lines: 1,
-            size: 1,
-            truncated,
+        let file = |cap| {
+            let mut w = fs::TextWindow::with_cap(0, cap);
+            w.push_text("xy\nz\n", false);
+            fs::ReadResult::Text(w.finish("/f".into(), 5, "text/plain".into()))
         };
-        assert!(
-            serde_json::to_value(file(false))
-                .unwrap()
-                .get("truncated")
-                .is_none()
+        let whole = serde_json::to_value(file(100)).unwrap();
+        assert!(whole.get("truncated").is_none(), "{whole}");
+        assert!(whole.get("nextOffset").is_none(), "{whole}");
+        assert_eq!(whole["kind"], "text");
+        assert_eq!(whole["contentType"], "text/plain");
+        let cut = serde_json::to_value(file(5)).unwrap();
+        assert_eq!(
+            (&cut["truncated"], &cut["nextOffset"]),
+            (&json!(true), &json!(1))
         );
-        assert_eq!(serde_json::to_value(file(true)).unwrap()["truncated"], true);
+        let back: fs::ReadResult = serde_json::from_value(cut).unwrap();
+        assert!(matches!(back, fs::ReadResult::Text(t) if t.content == "1\txy"));
     }
 
     #[test]

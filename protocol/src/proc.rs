@@ -74,6 +74,10 @@ pub struct HilArgs {
 pub struct KillArgs {
     pub pid: String,
     pub archive: Option<bool>,
+    /// Extension: also delete the registry row (the explicit removal;
+    /// refused for a home process).
+    #[serde(default)]
+    pub remove: bool,
 }
 
 /// One process as `proc.list` shows it.

@@ -1,6 +1,8 @@
 //! `shell.exec`: run a command (in a workspace, or on a device), or poll
 //! or feed a running one by `sessionId`.
 
+use std::collections::BTreeMap;
+
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -18,6 +20,35 @@ pub struct ExecArgs {
     pub timeout: Option<u64>,
     /// How long to wait for the command before answering `running`.
     pub yield_ms: Option<u64>,
+    /// Added to a new command's environment.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Keeps a new command's stdin open for later writes (`input` or
+    /// `control.stdin` with its `sessionId`). Without it the command reads
+    /// end of file at once, so nothing waits for input nobody sends.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub open_stdin: bool,
+    /// Answers `running` as soon as there is output no answer has returned
+    /// yet, instead of waiting out the budget (a streaming long poll).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stream: bool,
+    /// With `sessionId`: acts on the command and answers at once with its
+    /// status, taking none of its output (which stays for the next poll).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control: Option<ExecControl>,
+}
+
+/// What a control call does to a running command, in this order.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExecControl {
+    /// Written to its stdin (opened with `openStdin`).
+    pub stdin: Option<String>,
+    /// Closes its stdin: it reads end of file after what was written.
+    #[serde(default)]
+    pub close_stdin: bool,
+    /// `TERM`, `INT`, `KILL` or `HUP`, to its process group.
+    pub signal: Option<String>,
 }
 
 /// The model's `Shell` tool: `shell.exec` with the command named
@@ -75,6 +106,10 @@ pub struct ExecResult {
     pub stderr: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The wsd's error code (`ENOENT`, `ELIMIT`, `ETIMEDOUT`, ...) when a
+    /// call to the workspace's wsd is what failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -27,9 +27,13 @@ pub enum BackendSpec {
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
 pub struct CreateArgs {
     pub label: Option<String>,
     pub backend: Option<BackendArg>,
+    /// Fork: start with the tree of this snapshot (of a workspace the
+    /// caller may use).
+    pub from_snapshot: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]

@@ -3,6 +3,8 @@
 //! so a 10-line read of a large file touches only the chunks before and in
 //! the window (the kernel's `fs.read` with `offset`/`limit`).
 
+use std::ops::ControlFlow;
+
 use wsd_sync::SyncPath;
 
 use crate::{Dofs, DofsError};
@@ -34,9 +36,6 @@ impl Dofs {
         max_bytes: usize,
     ) -> Result<LineWindow, DofsError> {
         let (manifest, chunk) = self.file_content(path)?;
-        let (sql, key) = crate::rows::content_query(&manifest, chunk.as_ref());
-        let mut stmt = self.conn.prepare_cached(sql)?;
-        let mut rows = stmt.query([key])?;
         let mut out = LineWindow {
             first: skip,
             ..LineWindow::default()
@@ -50,8 +49,9 @@ impl Dofs {
         let mut held = 0usize;
         // Whether bytes of an unterminated line `line_no` have been seen.
         let mut open = false;
-        while let Some(r) = rows.next()? {
-            let mut bytes = r.get_ref(0)?.as_blob()?;
+        let mut done = false;
+        let chunks = crate::chunk_store::SqliteChunks::new(&self.conn);
+        chunks.for_each_content_chunk(&manifest, chunk.as_ref(), |mut bytes| {
             while !bytes.is_empty() {
                 let (piece, ended) = match memchr::memchr(b'\n', bytes) {
                     Some(i) => (&bytes[..i], true),
@@ -61,15 +61,17 @@ impl Dofs {
                 if line_no >= skip {
                     if out.lines.len() as u64 >= want {
                         out.more = true;
-                        return Ok(out);
+                        done = true;
+                        return Ok(ControlFlow::Break(()));
                     }
                     let room = max_bytes.saturating_sub(held);
                     if piece.len() > room {
                         current.extend_from_slice(&piece[..room]);
-                        out.lines.push(current);
+                        out.lines.push(std::mem::take(&mut current));
                         out.truncated = true;
                         out.more = true;
-                        return Ok(out);
+                        done = true;
+                        return Ok(ControlFlow::Break(()));
                     }
                     current.extend_from_slice(piece);
                     held += piece.len();
@@ -82,6 +84,10 @@ impl Dofs {
                     line_no += 1;
                 }
             }
+            Ok(ControlFlow::Continue(()))
+        })?;
+        if done {
+            return Ok(out);
         }
         if open && line_no >= skip && (out.lines.len() as u64) < want {
             out.lines.push(current);

@@ -1,16 +1,10 @@
 //! The chunk store as the sync core sees it: probe, read, stage, collect.
 
-use std::collections::HashSet;
-
 use rusqlite::TransactionBehavior;
-use rusqlite::types::Value;
 use wsd_sync::{Hash, Object, SyncError, chunk};
 
-use crate::rows::hash_from_sql;
+use crate::chunk_store::{ChunkStore, SqliteChunks};
 use crate::{Dofs, DofsError};
-
-/// Hashes per `IN (...)` probe: bounded statements whatever the request.
-const PROBE_WINDOW: usize = 256;
 
 /// What [`Dofs::collect_garbage`] freed.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -21,43 +15,11 @@ pub struct GcOutcome {
 
 impl Dofs {
     pub(crate) fn has_objects_inner(&self, hashes: &[Hash]) -> Result<Vec<Hash>, DofsError> {
-        let mut out = Vec::with_capacity(hashes.len());
-        for window in hashes.chunks(PROBE_WINDOW) {
-            let placeholders = vec!["?"; window.len()].join(",");
-            let mut stmt = self.conn.prepare_cached(&format!(
-                "SELECT hash FROM chunks WHERE hash IN ({placeholders}) AND length(data) = size"
-            ))?;
-            let params: Vec<Value> = window.iter().map(|h| Value::Blob(h.0.to_vec())).collect();
-            let held: HashSet<Hash> = stmt
-                .query_map(rusqlite::params_from_iter(params), |r| {
-                    hash_from_sql(r.get(0)?, 0)
-                })?
-                .collect::<Result<_, _>>()?;
-            // Input order and duplicates are kept: the caller zips answers
-            // with its own list.
-            out.extend(window.iter().filter(|h| held.contains(h)));
-        }
-        Ok(out)
+        SqliteChunks::new(&self.conn).has(hashes)
     }
 
     pub(crate) fn read_object_inner(&self, hash: &Hash) -> Result<Vec<u8>, DofsError> {
-        let mut stmt = self
-            .conn
-            .prepare_cached("SELECT data, size FROM chunks WHERE hash = ?1")?;
-        let found: Option<(Vec<u8>, u64)> = rusqlite::OptionalExtension::optional(
-            stmt.query_row([hash.as_bytes()], |r| Ok((r.get(0)?, r.get(1)?))),
-        )?;
-        match found {
-            Some((bytes, size)) if bytes.len() as u64 == size => Ok(bytes),
-            Some(_) => Err(DofsError::Corrupt {
-                problems: vec![format!("chunk {hash} has bytes of the wrong length")],
-            }),
-            None => Err(SyncError::UnknownHash {
-                hash: *hash,
-                path: None,
-            }
-            .into()),
-        }
+        SqliteChunks::new(&self.conn).get(hash)
     }
 
     /// Verifies every object first and stores them in one transaction, so a
@@ -77,8 +39,8 @@ impl Dofs {
         Ok(())
     }
 
-    /// Deletes manifests no path references, then chunks no manifest
-    /// references. Staged objects not yet linked by an apply count as
+    /// Deletes manifests no path or snapshot references, then chunks no
+    /// manifest, path or snapshot references. Staged objects not yet linked by an apply count as
     /// garbage, so run this only when no push into this store is between
     /// its `pushObjects` and its `push`.
     pub fn collect_garbage(&mut self) -> Result<GcOutcome, DofsError> {
@@ -90,12 +52,14 @@ impl Dofs {
         // would be two more hash-keyed B-trees for every write to update.
         let manifests = tx.execute(
             "DELETE FROM manifests WHERE hash NOT IN
-               (SELECT manifest FROM entries WHERE manifest IS NOT NULL)",
+               (SELECT manifest FROM entries WHERE manifest IS NOT NULL)
+               AND hash NOT IN (SELECT manifest FROM snapshot_entries WHERE manifest IS NOT NULL)",
             [],
         )?;
         let chunks = tx.execute(
             "DELETE FROM chunks WHERE hash NOT IN (SELECT chunk FROM manifest_chunks)
-               AND hash NOT IN (SELECT chunk FROM entries WHERE chunk IS NOT NULL)",
+               AND hash NOT IN (SELECT chunk FROM entries WHERE chunk IS NOT NULL)
+               AND hash NOT IN (SELECT chunk FROM snapshot_entries WHERE chunk IS NOT NULL)",
             [],
         )?;
         tx.commit()?;

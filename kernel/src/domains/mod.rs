@@ -16,8 +16,10 @@ pub mod device;
 pub mod fs;
 pub mod notification;
 pub mod proc;
+pub mod repo;
 pub mod sched;
 pub mod shell;
+pub mod snapshot;
 pub mod sys;
 pub mod timers;
 pub mod workspace;
@@ -40,6 +42,7 @@ pub const MIGRATIONS: &[&[Migration]] = &[
     timers::MIGRATIONS,
     notification::MIGRATIONS,
     sched::MIGRATIONS,
+    snapshot::MIGRATIONS,
     proc::CONVERSATION_MIGRATIONS,
 ];
 
@@ -218,6 +221,48 @@ pub fn register(d: &mut Dispatch<Kernel>) {
         "notification.dismiss",
         notification::calls::dismiss,
     );
+    d.add(
+        "workspace.snapshot.create",
+        "workspace.snapshot.create",
+        snapshot::calls::create,
+    );
+    d.add(
+        "workspace.snapshot.list",
+        "workspace.snapshot.list",
+        snapshot::calls::list,
+    );
+    d.add(
+        "workspace.snapshot.get",
+        "workspace.snapshot.get",
+        snapshot::calls::get,
+    );
+    d.add(
+        "workspace.snapshot.diff",
+        "workspace.snapshot.diff",
+        snapshot::calls::diff,
+    );
+    d.add(
+        "workspace.snapshot.restore",
+        "workspace.snapshot.restore",
+        snapshot::calls::restore,
+    );
+    d.add(
+        "workspace.snapshot.delete",
+        "workspace.snapshot.delete",
+        snapshot::calls::delete,
+    );
+    // Root only: it walks every workspace store.
+    d.add("sys.gc", "sys.gc", snapshot::calls::gc);
+    d.add("repo.list", "repo.list", repo::calls::list);
+    d.add("repo.create", "repo.create", repo::calls::create);
+    d.add("repo.refs", "repo.refs", repo::calls::refs);
+    d.add("repo.read", "repo.read", repo::calls::read);
+    d.add("repo.search", "repo.search", repo::calls::search);
+    d.add("repo.log", "repo.log", repo::calls::log);
+    d.add("repo.diff", "repo.diff", repo::calls::diff);
+    d.add("repo.compare", "repo.compare", repo::calls::compare);
+    d.add("repo.apply", "repo.apply", repo::calls::apply);
+    d.add("repo.import", "repo.import", repo::calls::import);
 }
 
 #[cfg(test)]

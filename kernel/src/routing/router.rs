@@ -15,10 +15,14 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::body::{Body, BodyError, BodyInbox, Descriptor};
 use crate::db::Db;
-use crate::domains::fs::vfs::MAX_READ_BYTES;
 use crate::error::KernelError;
 use crate::session::{Outgoing, Session};
-use gsv_node::MAX_IMAGE_BYTES;
+use gsv_protocol::OpResult;
+use gsv_protocol::fs::{FsError, MAX_IMAGE_BYTES, MAX_READ_CONTENT_BYTES, TextWindow};
+
+/// Most bytes of a routed `net.fetch` body relayed inline; the rest is
+/// counted and `truncated`.
+pub const MAX_FETCH_BODY_BYTES: usize = 1 << 20;
 
 /// How long a routed answer's binary body may take to arrive in full
 /// (the reference gateway's stream timeout).
@@ -235,7 +239,9 @@ impl Router {
 fn body_keep(call: &str, data: &Value) -> Option<usize> {
     match call {
         "fs.read" if data["kind"] == "image" => Some(MAX_IMAGE_BYTES as usize + 1),
-        "fs.read" | "net.fetch" => Some(MAX_READ_BYTES),
+        // A text body past the read cap cannot fit the numbered window.
+        "fs.read" => Some(MAX_READ_CONTENT_BYTES + 1),
+        "net.fetch" => Some(MAX_FETCH_BODY_BYTES),
         "fs.transfer.send" => Some(MAX_TRANSFER_BYTES as usize),
         _ => None,
     }
@@ -254,7 +260,7 @@ fn inline_body(call: &str, data: Value, body: Body, read_offset: u64) -> Value {
 /// A routed `net.fetch` (reference: `data{ok, url, status, statusText,
 /// headers, redirected}` + the response body): the body as `data.body`
 /// when it is UTF-8 text, else as `data.bodyBase64`; `bodyBytes` is what
-/// the device sent in all, and past [`MAX_READ_BYTES`] it is cut with
+/// the device sent in all, and past [`MAX_FETCH_BODY_BYTES`] it is cut with
 /// `truncated:true`, as `fs.read` is.
 fn inline_fetch_body(mut data: Value, body: Body) -> Value {
     if !data.is_object() {
@@ -314,21 +320,23 @@ fn utf8_prefix(bytes: Vec<u8>, truncated: bool) -> Result<String, Vec<u8>> {
 }
 
 /// Puts a routed `fs.read`'s body where every other `fs.read` has it, so a
-/// caller sees one shape whichever target answered: text as numbered lines
-/// in `data.content` (the reference node sends the selected lines bare),
-/// an image as `content:[{type:"image", data, mimeType}]`.
+/// caller sees the one `fs.*` contract whichever target answered: text as
+/// numbered lines in `data.content` through the same [`TextWindow`] (the
+/// reference node sends the selected lines bare), an image as
+/// `content:[{type:"image", data, mimeType}]`, failures as `FsError`s.
 fn inline_read_body(mut data: Value, body: Body, offset: u64) -> Value {
     if !data.is_object() {
         data = json!({"ok": true});
     }
+    let path = data["path"].as_str().unwrap_or("?").to_owned();
+    let failed =
+        |e: FsError| serde_json::to_value(OpResult::<()>::Failed(e.into())).unwrap_or_default();
     if data["kind"] == "image" {
         if body.total > MAX_IMAGE_BYTES {
-            return json!({
-                "ok": false,
-                "error": format!(
-                    "Image too large: {} bytes (limit {MAX_IMAGE_BYTES})",
-                    body.total
-                ),
+            return failed(FsError::TooLarge {
+                path,
+                size: body.total,
+                limit: MAX_IMAGE_BYTES,
             });
         }
         let mime = data["contentType"]
@@ -340,31 +348,35 @@ fn inline_read_body(mut data: Value, body: Body, offset: u64) -> Value {
         return data;
     }
     let truncated = body.truncated();
+    let total = body.total;
     let text = match utf8_prefix(body.bytes, truncated) {
         Ok(t) => t,
         Err(_) => {
-            let path = data["path"].as_str().unwrap_or("?").to_owned();
-            return json!({"ok": false, "error": format!("Binary file - not a text file: {path}")});
+            let content_type = data["contentType"].as_str().unwrap_or("unknown").to_owned();
+            return failed(FsError::Binary {
+                path,
+                content_type,
+                size: data["size"].as_u64().unwrap_or(total),
+            });
         }
     };
-    // The reference splits on every `\n`, so a final newline shows as an
-    // extra empty line; other targets count lines, not separators.
-    let text = text.strip_suffix('\n').unwrap_or(&text);
-    let mut content = String::with_capacity(text.len() + text.len() / 8);
-    let mut lines = 0u64;
-    if !text.is_empty() {
-        for (i, line) in text.split('\n').enumerate() {
-            if i > 0 {
-                content.push('\n');
-            }
-            content.push_str(&format!("{}\t{line}", offset + i as u64 + 1));
-            lines += 1;
-        }
-    }
-    data["content"] = Value::String(content);
-    data["lines"] = json!(lines);
-    if truncated {
-        data["truncated"] = json!(true);
+    let mut window = TextWindow::new(offset);
+    window.push_text(&text, truncated);
+    let content_type = data["contentType"]
+        .as_str()
+        .unwrap_or("text/plain")
+        .to_owned();
+    let size = data["size"].as_u64().unwrap_or(total);
+    let file = window.finish(path, size, content_type);
+    let shaped = match serde_json::to_value(OpResult::done(file)) {
+        Ok(Value::Object(m)) => m,
+        _ => return data,
+    };
+    // The device's other fields stay; the contract's replace its own.
+    if let Value::Object(d) = &mut data {
+        d.remove("truncated");
+        d.remove("nextOffset");
+        d.extend(shaped);
     }
     data
 }
@@ -387,6 +399,10 @@ mod tests {
         let d = inline_read_body(json!({"ok": true}), body(b""), 0);
         assert_eq!((&d["content"], &d["lines"]), (&json!(""), &json!(0)));
         let d = inline_read_body(json!({"ok": true, "path": "/x"}), body(&[0xff, 0xfe]), 0);
-        assert_eq!(d["ok"], false, "{d}");
+        assert_eq!(
+            (&d["ok"], &d["code"]),
+            (&json!(false), &json!("binary_file")),
+            "{d}"
+        );
     }
 }

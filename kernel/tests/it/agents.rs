@@ -102,6 +102,13 @@ async fn the_home_process_takes_calls_without_a_pid_and_outlives_kill_and_restar
     assert_eq!(a.finished(&s["runId"]).await["text"], "again");
     assert_eq!(m.requests().len(), 2);
 
+    // The home process is never removed.
+    let (code, msg) = err_of(
+        &a.request("proc.kill", json!({"pid": pid, "remove": true}))
+            .await,
+    );
+    assert_eq!(code, 400, "{msg}");
+    assert!(msg.contains("remove"), "{msg}");
     // Kill clears the state and keeps the row.
     let killed = a.call("proc.kill", json!({"pid": pid})).await;
     assert_eq!(killed["archivedMessages"], 4, "{killed}");

@@ -1,6 +1,6 @@
 //! The `gsv` binary: `serve` plus the user CLI against it.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write as _};
 use std::process::{Child, Command, Stdio};
 
 use crate::harness::wsd_bin;
@@ -42,8 +42,14 @@ fn serve_in(dir: tempfile::TempDir) -> Served {
 }
 
 fn serve_with(dir: tempfile::TempDir, extra: &[&str]) -> Served {
+    let listen: &[&str] = if extra.contains(&"--listen") {
+        &[]
+    } else {
+        &["--listen", "127.0.0.1:0"]
+    };
     let mut child = Command::new(env!("CARGO_BIN_EXE_gsv"))
-        .args(["serve", "--listen", "127.0.0.1:0"])
+        .arg("serve")
+        .args(listen)
         .args(extra)
         .arg("--data")
         .arg(dir.path().join("data"))
@@ -74,16 +80,21 @@ fn gsv(s: &Served, args: &[&str]) -> (bool, String) {
     (ok, out)
 }
 
-/// [`gsv`] with its stderr too.
-fn gsv_err(s: &Served, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_gsv"))
-        .args(args)
-        .env("GSV_URL", &s.url)
+/// `gsv` against `s` as alice, with a client config directory of the
+/// test's own (never the user's).
+fn gsv_cmd(s: &Served) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_gsv"));
+    c.env("GSV_URL", &s.url)
         .env("GSV_USER", "alice")
         .env("GSV_PASSWORD", "alice-password")
-        .env_remove("GSV_TOKEN")
-        .output()
-        .unwrap();
+        .env("XDG_CONFIG_HOME", s._dir.path().join("config"))
+        .env_remove("GSV_TOKEN");
+    c
+}
+
+/// [`gsv`] with its stderr too.
+fn gsv_err(s: &Served, args: &[&str]) -> (bool, String, String) {
+    let out = gsv_cmd(s).args(args).output().unwrap();
     (
         out.status.success(),
         String::from_utf8(out.stdout).unwrap(),
@@ -183,6 +194,7 @@ fn a_reader_that_closed_its_pipe_does_not_make_gsv_call_panic() {
             r#"{"username":"alice","password":"alice-password"}"#,
         ])
         .env("GSV_URL", &s.url)
+        .env("XDG_CONFIG_HOME", s._dir.path().join("config"))
         .env_remove("GSV_TOKEN")
         .stdout(writer)
         .stderr(Stdio::piped())
@@ -395,4 +407,358 @@ fn the_cli_lists_compacts_and_forks_the_home_process_conversations() {
     let (ok, _, err) = gsv_err(&s, &["proc", "fork"]);
     assert!(!ok);
     assert!(err.contains("--segment"), "{err}");
+}
+
+/// Runs `gsv` with `stdin` as its input; (exit code, stdout, stderr).
+fn gsv_with_input(s: &Served, args: &[&str], stdin: &str) -> (Option<i32>, String, String) {
+    let mut child = gsv_cmd(s)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+#[test]
+fn exec_dash_i_streams_our_stdin_and_without_it_the_command_reads_end_of_file() {
+    let (s, ws) = served_workspace();
+    let (code, out, err) = gsv_with_input(&s, &["exec", "-i", &ws, "--", "cat"], "piped\n");
+    assert_eq!((code, out.as_str()), (Some(0), "piped\n"), "{err}");
+    // Without -i our stdin stays ours: held open here, yet `cat` ends.
+    let mut child = gsv_cmd(&s)
+        .args(["exec", &ws, "--", "cat; echo done"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let held_open = child.stdin.take();
+    let out = child.wait_with_output().unwrap();
+    drop(held_open);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), "done\n");
+}
+
+/// The first line is printed while the command still runs: it cannot end
+/// before a second `gsv exec` (another connection of the same user, which
+/// must not knock the first off) creates the file it waits for, and the
+/// test only runs that after reading the first line.
+#[test]
+fn exec_prints_output_as_it_comes_and_two_commands_of_one_user_run_side_by_side() {
+    let (s, ws) = served_workspace();
+    let mut first = gsv_cmd(&s)
+        .args([
+            "exec",
+            "--timeout",
+            "120",
+            &ws,
+            "--",
+            "echo first; while [ ! -e go ]; do sleep 0.05; done; echo second",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(first.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "first");
+    let (ok, out, err) = gsv_err(&s, &["exec", &ws, "--", "touch go"]);
+    assert!(ok, "{out} {err}");
+    assert_eq!(lines.next().unwrap().unwrap(), "second");
+    assert!(lines.next().is_none());
+    let status = first.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut first.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "{err}");
+}
+
+#[test]
+fn exec_exits_with_the_commands_code_and_says_when_its_timeout_killed_it() {
+    let (s, ws) = served_workspace();
+    let status = gsv_cmd(&s)
+        .args(["exec", &ws, "--", "exit", "7"])
+        .output()
+        .unwrap();
+    assert_eq!(status.status.code(), Some(7));
+    let out = gsv_cmd(&s)
+        .args(["exec", "--timeout", "1", &ws, "--", "exec sleep 60"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(143), "{err}");
+    assert!(err.contains("timed out after 1s"), "{err}");
+    let out = gsv_cmd(&s)
+        .args([
+            "exec",
+            "-e",
+            "GREETING=hi there",
+            &ws,
+            "--",
+            "echo \"$GREETING\"",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hi there\n");
+}
+
+#[test]
+fn ctrl_c_sends_term_to_the_command_and_detach_then_attach_follows_it() {
+    let (s, ws) = served_workspace();
+    let mut child = gsv_cmd(&s)
+        .args(["exec", &ws, "--", "echo up; exec sleep 60"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "up");
+    Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(143), "the command's TERM exit: {err}");
+    assert!(err.contains("interrupted"), "{err}");
+
+    let (ok, sid, err) = gsv_err(
+        &s,
+        &[
+            "exec",
+            "--detach",
+            &ws,
+            "--",
+            "while [ ! -e go2 ]; do sleep 0.05; done; echo later; exit 3",
+        ],
+    );
+    assert!(ok, "{err}");
+    let sid = sid.trim().to_owned();
+    assert!(sid.starts_with("sh_"), "{sid}");
+    assert!(gsv(&s, &["exec", &ws, "--", "touch go2"]).0);
+    let out = gsv_cmd(&s).args(["attach", &sid]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "later\n");
+    assert_eq!(out.status.code(), Some(3));
+}
+
+#[test]
+fn a_second_kernel_on_the_same_data_directory_is_refused_at_start() {
+    let s = serve();
+    let out = Command::new(env!("CARGO_BIN_EXE_gsv"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(s._dir.path().join("data"))
+        .arg("--wsd-bin")
+        .arg(wsd_bin())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("another kernel already serves") && err.contains("--data"),
+        "{err}"
+    );
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("listening"),
+        "it never listened"
+    );
+}
+
+#[test]
+fn gsv_call_fails_when_the_operation_fails_inside_an_ok_frame() {
+    let (s, _ws) = served_workspace();
+    let (ok, out) = gsv(
+        &s,
+        &["call", "fs.read", r#"{"path":"/home/alice/nope.txt"}"#],
+    );
+    assert!(out.contains("\"ok\": false"), "{out}");
+    assert!(!ok, "an operation error is a failure: {out}");
+    let (ok, out) = gsv(&s, &["call", "fs.read", r#"{"path":"/home/alice"}"#]);
+    assert!(ok, "{out}");
+}
+
+/// The first run as the README gives it, from an empty data directory:
+/// errors name `gsv setup`, setup logs in (a config file with a token, no
+/// password), later commands need no credentials, a token alone logs in,
+/// `gsv config set` writes the user's model, `--user` after the
+/// subcommand is taken.
+#[test]
+fn setup_login_and_config_set_from_an_empty_data_directory() {
+    let s = serve();
+    let bare = || {
+        let mut c = gsv_cmd(&s);
+        c.env_remove("GSV_USER").env_remove("GSV_PASSWORD");
+        c
+    };
+    let out = gsv_cmd(&s).args(["workspace", "list"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("run `gsv setup`"), "{err}");
+
+    let out = bare()
+        .args(["setup", "--user", "carol", "--password", "carol-password"])
+        .args(["--model", "tiny", "--base-url", "http://127.0.0.1:9/v1"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let config = std::fs::read_to_string(s._dir.path().join("config/gsv/config.json")).unwrap();
+    assert!(
+        config.contains("\"username\": \"carol\"") && config.contains("\"token\""),
+        "{config}"
+    );
+    assert!(
+        !config.contains("carol-password"),
+        "no password stored: {config}"
+    );
+
+    let (ok, ws) = {
+        let out = bare().args(["workspace", "create"]).output().unwrap();
+        (out.status.success(), String::from_utf8(out.stdout).unwrap())
+    };
+    assert!(ok && ws.starts_with("ws_"), "{ws}");
+    let out = bare()
+        .args(["config", "set", "ai.model", "bigger"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = bare().args(["config", "get", "ai.model"]).output().unwrap();
+    let got = String::from_utf8(out.stdout).unwrap();
+    assert!(got.contains("users/1000/ai/model\tbigger"), "{got}");
+    assert!(
+        got.contains("config/ai/model\ttiny"),
+        "setup's model: {got}"
+    );
+
+    // A token names its account: `gsv login --token` needs no username.
+    let out = bare().args(["token", "create"]).output().unwrap();
+    let token = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    std::fs::remove_file(s._dir.path().join("config/gsv/config.json")).unwrap();
+    let out = bare().args(["login", "--token", &token]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = bare().args(["workspace", "list"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains(ws.trim()));
+
+    // The global flags after the subcommand; a wrong one is refused with
+    // the command to run.
+    let out = bare()
+        .args([
+            "workspace",
+            "list",
+            "--user",
+            "carol",
+            "--password",
+            "wrong",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("gsv login"));
+
+    let out = bare()
+        .args(["token", "create", "--node", "laptop", "--out"])
+        .arg(s._dir.path().join("laptop.token"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t = std::fs::read_to_string(s._dir.path().join("laptop.token")).unwrap();
+    assert!(!t.trim().is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("gsv node --kernel"));
+
+    let out = bare()
+        .args(["workspace", "rm", ws.trim()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = bare().args(["workspace", "list"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("archived"));
+}
+
+#[test]
+fn a_chat_whose_first_turn_fails_removes_the_process_and_workspace_it_made() {
+    let (s, _ws) = served_workspace();
+    let out = gsv_cmd(&s)
+        .args(["chat", "--workspace", "-m", "hello"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "no model is configured: {err}");
+    assert!(
+        err.contains("gsv config set ai.model"),
+        "names the fix: {err}"
+    );
+    let pid = err
+        .split_whitespace()
+        .find(|w| w.starts_with("proc:"))
+        .expect(&err)
+        .to_owned();
+    let (ok, procs) = gsv(&s, &["call", "proc.list"]);
+    assert!(ok, "{procs}");
+    assert!(!procs.contains(&pid), "the process is gone: {procs}");
+    let (_, list) = gsv(&s, &["workspace", "list"]);
+    let active: Vec<&str> = list.lines().filter(|l| l.contains("\tactive\t")).collect();
+    assert_eq!(active.len(), 1, "only the test's own workspace: {list}");
+}
+
+/// A kernel killed and started again on the same data directory (its lock
+/// went with the killed process) while `gsv exec` follows a command: the
+/// CLI logs in again, learns the result was lost, and exits 255 saying so.
+#[test]
+fn exec_reconnects_after_a_kernel_restart_and_reports_a_lost_command_as_255() {
+    let (mut s, ws) = served_workspace();
+    let addr = s
+        .url
+        .trim_start_matches("ws://")
+        .trim_end_matches("/ws")
+        .to_owned();
+    let mut child = gsv_cmd(&s)
+        .args(["exec", &ws, "--", "echo up; exec sleep 60"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "up");
+    s.child.kill().unwrap();
+    s.child.wait().unwrap();
+    let dir = std::mem::replace(&mut s._dir, tempfile::tempdir().unwrap());
+    let s2 = serve_with(dir, &["--listen", &addr]);
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(255), "{err}");
+    assert!(err.contains("result is lost"), "{err}");
+    drop(s2);
 }

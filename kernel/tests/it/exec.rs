@@ -74,7 +74,7 @@ async fn the_exec_bracket_carries_files_both_ways() {
         )
         .await
         .unwrap();
-    assert_eq!(r["content"], "     1\tmade");
+    assert_eq!(r["content"], "1\tmade");
     let d = exec_in(&mut a, &id, "exit 3", 10000).await;
     let d = until_done(&mut a, d).await;
     assert_eq!(
@@ -235,7 +235,7 @@ async fn a_remote_backend_workspace_runs_on_an_existing_wsd() {
         )
         .await
         .unwrap();
-    assert_eq!(r["content"], "     1\tremote");
+    assert_eq!(r["content"], "1\tremote");
     child.kill().await.unwrap();
 }
 
@@ -270,7 +270,14 @@ async fn a_running_command_reads_what_later_calls_write_to_its_stdin() {
     let k = TestKernel::with_users().await;
     let mut a = k.alice().await;
     let id = new_workspace(&mut a).await;
-    let d = exec_in(&mut a, &id, "read line; echo got:$line", 250).await;
+    let d = a
+        .call(
+            "shell.exec",
+            json!({"cwd": format!("/workspaces/{id}"), "input": "read line; echo got:$line",
+                   "yieldMs": 250, "openStdin": true}),
+        )
+        .await
+        .unwrap();
     assert_eq!(d["status"], "running", "{d}");
     let sid = d["sessionId"].as_str().unwrap().to_owned();
     let mut b = k.bob().await;
@@ -294,6 +301,38 @@ async fn a_running_command_reads_what_later_calls_write_to_its_stdin() {
         (d["status"].clone(), d["output"].clone()),
         (json!("completed"), json!("got:hello\n"))
     );
+}
+
+/// A wsd call's typed error reaches the caller as its code (`ELIMIT`
+/// here: a stdin write over the wsd's limit), not only as prose, and
+/// leaves the command running.
+#[tokio::test]
+async fn a_wsd_error_reaches_the_caller_as_its_code() {
+    let k = TestKernel::with_users().await;
+    let mut a = k.alice().await;
+    let id = new_workspace(&mut a).await;
+    let d = exec_in(&mut a, &id, "read line; echo got:$line", 250).await;
+    assert_eq!(d["status"], "running", "{d}");
+    let sid = d["sessionId"].as_str().unwrap().to_owned();
+    let huge = "x".repeat(wsd_client::limits::MAX_STDIN_WRITE_BYTES + 1);
+    let d = a
+        .call("shell.exec", json!({"sessionId": sid, "input": huge}))
+        .await
+        .unwrap();
+    assert_eq!(
+        (&d["ok"], &d["code"]),
+        (&json!(false), &json!("ELIMIT")),
+        "{d}"
+    );
+    let d = a
+        .call(
+            "shell.exec",
+            json!({"sessionId": sid, "input": "hello\n", "yieldMs": 10000}),
+        )
+        .await
+        .unwrap();
+    let d = until_done(&mut a, d).await;
+    assert_eq!(d["output"], "got:hello\n", "{d}");
 }
 
 #[tokio::test]
@@ -382,4 +421,104 @@ async fn local_workspace_commands_are_sandboxed_unless_turned_off() {
             assert_ne!(lines.last(), Some(&"0"), "{d}");
         }
     }
+}
+
+#[tokio::test]
+async fn a_command_reads_end_of_file_unless_its_stdin_was_asked_open() {
+    let k = TestKernel::with_users().await;
+    let mut a = k.alice().await;
+    let id = new_workspace(&mut a).await;
+    // `cat` with an open stdin would wait for input for ever.
+    let d = exec_in(&mut a, &id, "cat; echo eof", 10000).await;
+    let d = until_done(&mut a, d).await;
+    assert_eq!(d["status"], "completed", "{d}");
+    assert_eq!(d["output"], "eof\n");
+}
+
+/// The calls `gsv exec -i` makes: the command started with its stdin
+/// open, bytes written and the pipe closed by control calls that take no
+/// output, streamed polls that answer as soon as output is there.
+#[tokio::test]
+async fn control_calls_write_and_close_stdin_and_streamed_polls_return_each_output() {
+    let k = TestKernel::with_users().await;
+    let mut a = k.alice().await;
+    let id = new_workspace(&mut a).await;
+    let d = a
+        .call(
+            "shell.exec",
+            json!({"cwd": format!("/workspaces/{id}"), "input": "echo ready; cat; echo \"$GREETING\"",
+                   "yieldMs": 250, "openStdin": true, "stream": true,
+                   "env": {"GREETING": "bye"}}),
+        )
+        .await
+        .unwrap();
+    let sid = d["sessionId"].as_str().unwrap().to_owned();
+    // Long polls: only the first line can end them, the command waits on
+    // its stdin.
+    let mut seen = d["stdout"].as_str().unwrap_or("").to_owned();
+    while !seen.contains("ready") {
+        let d = a
+            .call(
+                "shell.exec",
+                json!({"sessionId": sid, "input": "", "yieldMs": 30000, "stream": true}),
+            )
+            .await
+            .unwrap();
+        assert_eq!(d["status"], "running", "{d}");
+        seen.push_str(d["stdout"].as_str().unwrap());
+    }
+    let c = a
+        .call(
+            "shell.exec",
+            json!({"sessionId": sid, "control": {"stdin": "piped\n", "closeStdin": true}}),
+        )
+        .await
+        .unwrap();
+    // Running, or (if the command was quick) already over; either way it
+    // carries no output, which the polls return.
+    assert_eq!(c["sessionId"], sid.as_str(), "{c}");
+    assert!(
+        c.get("stdout").is_none() && c.get("output").is_none(),
+        "{c}"
+    );
+    let d = until_done(&mut a, json!({"status": "running", "sessionId": sid})).await;
+    assert_eq!(d["status"], "completed", "{d}");
+    seen.push_str(d["stdout"].as_str().unwrap());
+    assert_eq!(seen, "ready\npiped\nbye\n");
+    let mut b = k.bob().await;
+    let f = b
+        .request(
+            "shell.exec",
+            json!({"sessionId": sid, "control": {"signal": "KILL"}}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(err_of(&f).0, 404, "nobody else controls the session");
+}
+
+#[tokio::test]
+async fn a_control_signal_stops_the_command() {
+    let k = TestKernel::with_users().await;
+    let mut a = k.alice().await;
+    let id = new_workspace(&mut a).await;
+    let d = exec_in(&mut a, &id, "echo started; exec sleep 600", 250).await;
+    let sid = d["sessionId"].as_str().unwrap().to_owned();
+    let c = a
+        .call(
+            "shell.exec",
+            json!({"sessionId": sid, "control": {"signal": "TERM"}}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(c["sessionId"], sid.as_str());
+    let d = until_done(&mut a, json!({"status": "running", "sessionId": sid})).await;
+    assert_eq!(d["exitCode"], 143, "{d}");
+    let bad = a
+        .call(
+            "shell.exec",
+            json!({"sessionId": sid, "control": {"signal": "STOP"}}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(bad["ok"], false, "{bad}");
 }

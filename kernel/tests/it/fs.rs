@@ -23,10 +23,7 @@ async fn write_then_read_returns_numbered_lines_with_offset_and_limit() {
         .call("fs.read", json!({"path": "~/notes/todo.txt"}))
         .await
         .unwrap();
-    assert_eq!(
-        r["content"],
-        "     1\tone\n     2\ttwo\n     3\tthree\n     4\tfour"
-    );
+    assert_eq!(r["content"], "1\tone\n2\ttwo\n3\tthree\n4\tfour");
     assert_eq!(
         (r["lines"].clone(), r["size"].clone()),
         (json!(4), json!(19))
@@ -38,7 +35,7 @@ async fn write_then_read_returns_numbered_lines_with_offset_and_limit() {
         )
         .await
         .unwrap();
-    assert_eq!(r["content"], "     2\ttwo\n     3\tthree");
+    assert_eq!(r["content"], "2\ttwo\n3\tthree");
     let dir = a.call("fs.read", json!({"path": "~"})).await.unwrap();
     assert_eq!(
         dir,
@@ -137,7 +134,7 @@ async fn edit_replaces_exactly_once_refuses_ambiguity_and_honours_replace_all() 
         .unwrap();
     assert!(d["error"].as_str().unwrap().contains("not found"), "{d}");
     let r = a.call("fs.read", json!({"path": "f.txt"})).await.unwrap();
-    assert_eq!(r["content"], "     1\tc B c");
+    assert_eq!(r["content"], "1\tc B c");
 }
 
 #[tokio::test]

@@ -16,10 +16,10 @@ use tokio_util::sync::CancellationToken;
 use crate::harness::{ScriptedDriver, TestKernel, node_token};
 
 /// A `gsv node` running in this process; stopped when dropped.
-struct Node {
+pub(crate) struct Node {
     stop: CancellationToken,
     task: Option<JoinHandle<Result<(), driver::DriverError>>>,
-    root: TempDir,
+    pub(crate) root: TempDir,
 }
 
 impl Drop for Node {
@@ -31,7 +31,7 @@ impl Drop for Node {
     }
 }
 
-async fn start_node(k: &TestKernel, alice: &mut GsvClient, device: &str) -> Node {
+pub(crate) async fn start_node(k: &TestKernel, alice: &mut GsvClient, device: &str) -> Node {
     let root = tempfile::tempdir().unwrap();
     let token = node_token(alice, device).await;
     let tools = NodeTools::with_config(

@@ -285,7 +285,7 @@ async fn a_run_that_writes_a_file_then_answers_leaves_the_file_in_the_workspace(
             json!({"path": format!("/workspaces/{ws}/hello.txt")}),
         )
         .await;
-    assert_eq!(r["content"], "     1\thi from the model");
+    assert_eq!(r["content"], "1\thi from the model");
     let h = a.call("proc.history", json!({"pid": pid})).await;
     let roles: Vec<&str> = h["messages"]
         .as_array()
@@ -999,7 +999,7 @@ async fn shell_runs_inside_the_process_workspace_and_its_files_come_back() {
             json!({"path": format!("/workspaces/{ws}/out.txt")}),
         )
         .await;
-    assert_eq!(r["content"], "     1\tmade-by-shell");
+    assert_eq!(r["content"], "1\tmade-by-shell");
     let seen = m.requests()[1]["messages"]
         .as_array()
         .unwrap()

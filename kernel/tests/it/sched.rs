@@ -568,17 +568,13 @@ async fn sched_run_due_skips_what_is_not_due_and_force_keeps_the_next_run() {
                "target": {"kind": "process.event", "pid": pid, "message": "m"}}),
     )
     .await;
-    // `proc.kill` keeps the registry row (seed 000): the row goes the way
-    // only an explicit removal would take it.
-    let gone = pid.as_str().unwrap().to_owned();
-    k.kernel
-        .db()
-        .call(move |c| {
-            c.execute("DELETE FROM processes WHERE pid = ?1", [&gone])?;
-            Ok(())
-        })
-        .await
-        .unwrap();
+    // `proc.kill` keeps the registry row (seed 000) unless told to remove it.
+    a.call(
+        "proc.kill",
+        json!({"pid": pid, "archive": false, "remove": true}),
+    )
+    .await
+    .unwrap();
     let r = a
         .call("sched.run", json!({"id": ev["id"], "mode": "force"}))
         .await

@@ -27,7 +27,7 @@ async fn a_workspace_is_created_listed_read_and_archived_by_its_owner() {
         .await
         .unwrap();
     let r = a.call("fs.read", json!({"path": path})).await.unwrap();
-    assert_eq!(r["content"], "     1\thi");
+    assert_eq!(r["content"], "1\thi");
     let dir = a
         .call("fs.read", json!({"path": "/workspaces"}))
         .await
@@ -110,4 +110,37 @@ async fn a_second_user_cannot_see_or_touch_the_first_users_workspace() {
         403,
         "only root names files for the kernel to read"
     );
+}
+
+#[tokio::test]
+async fn a_workspace_that_does_not_exist_is_not_found_and_anothers_is_still_refused() {
+    let k = TestKernel::with_users().await;
+    let mut a = k.alice().await;
+    let id = crate::harness::new_workspace(&mut a).await;
+    let f = a
+        .request(
+            "sys.workspace.archive",
+            json!({"workspaceId": "ws_000000000000000000000000"}),
+        )
+        .await
+        .unwrap();
+    let (code, msg) = err_of(&f);
+    assert_eq!(
+        (code, msg.as_str()),
+        (404, "Workspace not found: ws_000000000000000000000000")
+    );
+    let f = a
+        .request(
+            "shell.exec",
+            json!({"cwd": "/workspaces/ws_000000000000000000000000", "input": "true"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(err_of(&f).0, 404);
+    let mut b = k.bob().await;
+    let f = b
+        .request("sys.workspace.archive", json!({"workspaceId": id}))
+        .await
+        .unwrap();
+    assert_eq!(err_of(&f).0, 403, "someone else's is refused, as before");
 }

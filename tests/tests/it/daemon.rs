@@ -452,11 +452,14 @@ fn damage_pages(path: &Path) {
     f.write_all(&[0xA5; 8192]).unwrap();
 }
 
+/// The set-aside databases named `name.corrupt-<time>` (their `-wal` and
+/// `-shm`, moved with them, are not counted).
 fn set_aside_files(dir: &Path, name: &str) -> Vec<String> {
     std::fs::read_dir(dir)
         .unwrap()
         .map(|d| d.unwrap().file_name().to_string_lossy().into_owned())
         .filter(|n| n.starts_with(&format!("{name}.corrupt-")))
+        .filter(|n| !n.ends_with("-wal") && !n.ends_with("-shm"))
         .collect()
 }
 

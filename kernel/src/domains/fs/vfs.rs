@@ -8,58 +8,28 @@
 //! caller's home; `..` is refused outright (never clamped), so no spelling
 //! of a path can leave the place it names.
 
+use gsv_protocol::fs::FsError;
 use wsd_dofs::DofsError;
 use wsd_sync::SyncPath;
 
 use crate::domains::accounts::ProcessIdentity;
 
-/// Most line bytes one `fs.read` returns; the rest is `truncated` (a
-/// routed read's body is cut at the same size).
-pub const MAX_READ_BYTES: usize = 1 << 20;
-
-/// An operation failure, reported as `ok:true, data:{ok:false, error}`.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum FsError {
-    #[error("Path not found: {0}")]
-    NotFound(String),
-    #[error("Permission denied: {0}")]
-    PermissionDenied(String),
-    #[error("Invalid path '{path}': {reason}")]
-    InvalidPath { path: String, reason: String },
-    #[error("Is a directory: {0}")]
-    IsADirectory(String),
-    #[error("Not a directory: {0}")]
-    NotADirectory(String),
-    #[error("Already exists: {0}")]
-    AlreadyExists(String),
-    #[error("Workspace {0} is archived")]
-    Archived(String),
-    #[error("{0}")]
-    Operation(String),
-    #[error("filesystem error at {path}: {message}")]
-    Store { path: String, message: String },
-}
-
-impl FsError {
-    /// Maps a store error to one naming the caller's path, not the store's.
-    pub fn from_dofs(shown: &str, e: DofsError) -> FsError {
-        match e {
-            DofsError::NotFound { .. } => FsError::NotFound(shown.to_owned()),
-            DofsError::IsADirectory { .. } => FsError::IsADirectory(shown.to_owned()),
-            DofsError::NotADirectory { .. } => FsError::NotADirectory(shown.to_owned()),
-            DofsError::AlreadyExists { .. } => FsError::AlreadyExists(shown.to_owned()),
-            DofsError::Invalid { reason, .. } => FsError::InvalidPath {
-                path: shown.to_owned(),
-                reason: reason.to_owned(),
-            },
-            other => {
-                tracing::error!(path = shown, error = %other, "store failure");
-                FsError::Store {
-                    path: shown.to_owned(),
-                    message: other.to_string(),
-                }
-            }
+/// Maps a store error to the `fs.*` error naming the caller's path, not
+/// the store's.
+pub fn from_dofs(shown: &str, e: DofsError) -> FsError {
+    let path = shown.to_owned();
+    match e {
+        DofsError::NotFound { .. } => FsError::NotFound { path },
+        DofsError::IsADirectory { .. } => FsError::IsADirectory { path },
+        DofsError::NotADirectory { .. } => FsError::NotADirectory { path },
+        DofsError::AlreadyExists { .. } => FsError::AlreadyExists { path },
+        DofsError::Invalid { reason, .. } => FsError::InvalidPath {
+            path,
+            reason: reason.to_owned(),
+        },
+        other => {
+            tracing::error!(path = shown, error = %other, "store failure");
+            FsError::io("access", path, other)
         }
     }
 }
@@ -165,7 +135,9 @@ pub fn check_system(who: &ProcessIdentity, r: &Resolved, access: Access) -> Resu
     if allowed {
         Ok(())
     } else {
-        Err(FsError::PermissionDenied(r.display.clone()))
+        Err(FsError::PermissionDenied {
+            path: r.display.clone(),
+        })
     }
 }
 

@@ -12,11 +12,11 @@
 //! (stream broken and re-attach refused, e.g. the child restarted) is a
 //! `failed` outcome, never a silent success.
 
-use gsv_protocol::shell::{ExecArgs, ExecResult, FileChange};
+use gsv_protocol::shell::{ExecArgs, ExecControl, ExecResult, FileChange};
 use std::sync::Arc;
 use std::time::Duration;
 
-use wsd_client::{ExecEventKind, ExecRequest, ResumeFrom, WsdHandle};
+use wsd_client::{ExecEventKind, ExecRequest, ResumeFrom, Signal, WsdError, WsdHandle};
 use wsd_sync::Kind;
 
 use crate::db::now_ms;
@@ -52,7 +52,13 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<ExecRe
         .map(str::trim)
         .filter(|s| !s.is_empty())
     {
-        return continue_session(&k, &s, sid, &a.input, budget).await;
+        return match &a.control {
+            Some(c) => control_session(&k, &s, sid, c).await,
+            None => continue_session(&k, &s, sid, &a.input, budget, a.stream).await,
+        };
+    }
+    if a.control.is_some() {
+        return Ok(op_error("control needs the sessionId of a running command"));
     }
     if a.input.trim().is_empty() {
         return Ok(op_error("input must not be empty"));
@@ -75,11 +81,11 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<ExecRe
         command: a.input.clone(),
         cwd: sub.map(|p| p.into_string()),
         id: Some(session_id.clone()),
+        env: a.env.clone().into_iter().collect(),
         // `Some(0)` disables the timeout, as the caller's `timeout: 0`.
         timeout_ms: Some(a.timeout.unwrap_or(DEFAULT_TIMEOUT_MS)),
-        // Kept open so later calls with the sessionId can write to it.
-        stdin_open: true,
-        ..ExecRequest::default()
+        stdin_open: a.open_stdin,
+        stdin: None,
     };
     // The bracket's first half, under the workspace lock.
     let started = {
@@ -89,11 +95,11 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<ExecRe
             Err(e) => return Ok(failed_before_run(&e.to_string())),
         };
         if let Err(e) = handle.push(w.dofs.clone()).await {
-            return Ok(failed_before_run(&format!("push to wsd failed: {e}")));
+            return Ok(wsd_failed_before_run("push to wsd failed", &e));
         }
         match handle.exec(request).await {
             Ok(events) => (handle, events),
-            Err(e) => return Ok(failed_before_run(&format!("wsd refused the command: {e}"))),
+            Err(e) => return Ok(wsd_failed_before_run("wsd refused the command", &e)),
         }
     };
     let session = Arc::new(ShellSession::new(
@@ -111,7 +117,56 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<ExecRe
         started.0,
         started.1,
     ));
-    Ok(answer(&k, &session, budget).await)
+    Ok(answer(&k, &session, budget, a.stream).await)
+}
+
+/// The live session `sid` of the caller; someone else's looks exactly like
+/// a missing one.
+fn own_live_session(k: &Kernel, s: &Session, sid: &str) -> Option<Arc<ShellSession>> {
+    k.sessions
+        .get(sid)
+        .filter(|session| session.owner_uid == s.identity.uid)
+}
+
+async fn control_session(
+    k: &Arc<Kernel>,
+    s: &Session,
+    sid: &str,
+    c: &ExecControl,
+) -> Result<ExecResult, KernelError> {
+    let signal = match c.signal.as_deref().map(str::parse::<Signal>).transpose() {
+        Ok(sig) => sig,
+        Err(e) => return Ok(op_error(&e.message)),
+    };
+    let Some(session) = own_live_session(k, s, sid) else {
+        return Err(KernelError::UnknownSession(sid.to_owned()));
+    };
+    if let Some(h) = session.handle.as_ref().filter(|_| !session.is_over()) {
+        if let Some(text) = &c.stdin
+            && let Err(e) = h.write_stdin(&session.id, text.as_bytes().to_vec()).await
+        {
+            return Ok(op_error(&format!(
+                "stdin is closed for shell session: {sid} ({e})"
+            )));
+        }
+        // The command may have exited meanwhile: closing or signalling
+        // what is gone changes nothing, so those failures are not errors.
+        if c.close_stdin {
+            let _ = h.close_stdin(&session.id).await;
+        }
+        if let Some(sig) = signal {
+            let _ = h.kill(&session.id, sig).await;
+        }
+    } else if c.stdin.is_some() {
+        return Ok(op_error(&format!(
+            "stdin is closed for shell session: {sid} (the command already exited)"
+        )));
+    }
+    Ok(ExecResult {
+        status: Some(session.status()),
+        session_id: Some(sid.to_owned()),
+        ..Default::default()
+    })
 }
 
 async fn continue_session(
@@ -120,6 +175,7 @@ async fn continue_session(
     sid: &str,
     input: &str,
     budget: Duration,
+    stream: bool,
 ) -> Result<ExecResult, KernelError> {
     let live = k.sessions.get(sid);
     let Some(session) = live else {
@@ -163,21 +219,28 @@ async fn continue_session(
             (Some(h), false) => h
                 .write_stdin(&session.id, input.as_bytes().to_vec())
                 .await
-                .map_err(|e| e.to_string()),
-            _ => Err("the command already exited".to_owned()),
+                .map_err(|e| (e.to_string(), Some(e.code))),
+            _ => Err(("the command already exited".to_owned(), None)),
         };
-        if let Err(e) = written {
-            return Ok(op_error(&format!(
-                "stdin is closed for shell session: {sid} ({e})"
-            )));
+        if let Err((e, code)) = written {
+            return Ok(ExecResult {
+                code: code.map(|c| c.as_str().to_owned()),
+                ..op_error(&format!("stdin is closed for shell session: {sid} ({e})"))
+            });
         }
     }
-    Ok(answer(k, &session, budget).await)
+    Ok(answer(k, &session, budget, stream).await)
 }
 
-/// Waits within `budget` and, when the session is over, forgets it.
-async fn answer(k: &Arc<Kernel>, session: &Arc<ShellSession>, budget: Duration) -> ExecResult {
-    let (v, over) = session.wait(budget).await;
+/// Waits within `budget` (with `stream`, until output) and, when the
+/// session is over, forgets it.
+async fn answer(
+    k: &Arc<Kernel>,
+    session: &Arc<ShellSession>,
+    budget: Duration,
+    stream: bool,
+) -> ExecResult {
+    let (v, over) = session.wait(budget, stream).await;
     if over {
         k.sessions.remove(&session.id);
     }
@@ -205,13 +268,18 @@ async fn drive_session(
                     ExecEventKind::Exit(code) => break Ok(code),
                 }
             }
-            Ok(None) => break Err("the wsd ended the command's events without an exit".to_owned()),
+            Ok(None) => {
+                break Err((
+                    "the wsd ended the command's events without an exit".to_owned(),
+                    None,
+                ));
+            }
             Err(e) => {
                 // The connection broke: the same wsd still has the log, a
                 // restarted one does not (and then refuses the attach).
                 reattaches += 1;
                 if reattaches > 3 {
-                    break Err(format!("lost the command: {e}"));
+                    break Err((format!("lost the command: {e}"), Some(e.code)));
                 }
                 match handle
                     .attach(&session.id, ResumeFrom::After(last_seq))
@@ -219,8 +287,11 @@ async fn drive_session(
                 {
                     Ok(ev) => events = ev,
                     Err(e2) => {
-                        break Err(format!(
-                            "lost the command: the wsd went away ({e}) and does not know it any more ({e2})"
+                        break Err((
+                            format!(
+                                "lost the command: the wsd went away ({e}) and does not know it any more ({e2})"
+                            ),
+                            Some(e2.code),
                         ));
                     }
                 }
@@ -228,9 +299,10 @@ async fn drive_session(
         }
     };
     let outcome = match exit {
-        Err(error) => Outcome::Failed {
+        Err((error, code)) => Outcome::Failed {
             error,
             exit_code: None,
+            code,
         },
         Ok(exit_code) => {
             // The bracket's second half.
@@ -259,6 +331,7 @@ async fn drive_session(
                         "the command exited {exit_code} but pulling its changes failed: {e}"
                     ),
                     exit_code: Some(exit_code),
+                    code: Some(e.code),
                 },
             }
         }
@@ -266,7 +339,9 @@ async fn drive_session(
     let _ = handle.dispose(&session.id).await;
     let (status, code, error) = match &outcome {
         Outcome::Completed { exit_code, .. } => ("completed", Some(*exit_code), None),
-        Outcome::Failed { error, exit_code } => ("failed", *exit_code, Some(error.clone())),
+        Outcome::Failed {
+            error, exit_code, ..
+        } => ("failed", *exit_code, Some(error.clone())),
     };
     if let Err(e) = remember_row(&k, &session, status, code, error).await {
         tracing::warn!(session = %session.id, error = %e, "could not record a session's end");
@@ -348,4 +423,13 @@ fn no_workspace(cwd: &str) -> ExecResult {
 
 fn failed_before_run(error: &str) -> ExecResult {
     ExecResult::failed(error)
+}
+
+/// A wsd call that failed before the command ran: its code goes to the
+/// caller as `code`, not only inside the message.
+fn wsd_failed_before_run(context: &str, e: &WsdError) -> ExecResult {
+    ExecResult {
+        code: Some(e.code.as_str().to_owned()),
+        ..ExecResult::failed(format!("{context}: {e}"))
+    }
 }

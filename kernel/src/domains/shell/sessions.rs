@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 use wsd_client::WsdHandle;
+use wsd_sync::ErrorCode;
 
 use gsv_node::MAX_OUTPUT_CHARS;
 use gsv_node::output::{CappedText, Utf8Stream};
@@ -26,6 +27,8 @@ pub enum Outcome {
     Failed {
         error: String,
         exit_code: Option<i32>,
+        /// The wsd's error code when a wsd call failed the command.
+        code: Option<ErrorCode>,
     },
 }
 
@@ -144,9 +147,11 @@ impl ShellSession {
         self.changed.notify_waiters();
     }
 
-    /// Waits until the command ends or `budget` passes, then answers.
-    /// Returns the result and whether the session is over.
-    pub async fn wait(&self, budget: Duration) -> (ExecResult, bool) {
+    /// Waits until the command ends or `budget` passes, then answers;
+    /// with `until_output`, also as soon as there is output no answer has
+    /// returned yet (a streaming poller's long poll). Returns the result
+    /// and whether the session is over.
+    pub async fn wait(&self, budget: Duration, until_output: bool) -> (ExecResult, bool) {
         let deadline = tokio::time::Instant::now() + budget;
         loop {
             let notified = self.changed.notified();
@@ -161,7 +166,10 @@ impl ShellSession {
                     v.stderr = Some(st.stderr.pending.take());
                     return (v, true);
                 }
-                if tokio::time::Instant::now() >= deadline {
+                let fresh = until_output
+                    && !(st.stdout.pending.text().is_empty()
+                        && st.stderr.pending.text().is_empty());
+                if fresh || tokio::time::Instant::now() >= deadline {
                     let (output, truncated) = st.pending.take_flagged();
                     let v = ExecResult {
                         status: Some(ExecStatus::Running),
@@ -179,6 +187,16 @@ impl ShellSession {
         }
     }
 
+    /// The command's state without taking any output: `running`, or how
+    /// it ended (the answer to a control call).
+    pub fn status(&self) -> ExecStatus {
+        match &self.state.lock().unwrap().outcome {
+            None => ExecStatus::Running,
+            Some(Outcome::Completed { .. }) => ExecStatus::Completed,
+            Some(Outcome::Failed { .. }) => ExecStatus::Failed,
+        }
+    }
+
     fn final_result(&self, outcome: Outcome, output: String, truncated: bool) -> ExecResult {
         let base = ExecResult {
             output: Some(output),
@@ -193,9 +211,14 @@ impl ShellSession {
                 changes: Some(changes),
                 ..base
             },
-            Outcome::Failed { error, exit_code } => ExecResult {
+            Outcome::Failed {
+                error,
+                exit_code,
+                code,
+            } => ExecResult {
                 status: Some(ExecStatus::Failed),
                 error: Some(error),
+                code: code.map(|c| c.as_str().to_owned()),
                 exit_code,
                 ..base
             },
@@ -261,7 +284,7 @@ mod tests {
         let s = session();
         s.append(b"first ", false);
         s.append(b"oops ", true);
-        let (v, over) = s.wait(Duration::from_millis(10)).await;
+        let (v, over) = s.wait(Duration::from_millis(10), false).await;
         let v = serde_json::to_value(v).unwrap();
         assert!(!over);
         assert_eq!(
@@ -274,7 +297,7 @@ mod tests {
             exit_code: 0,
             changes: vec![],
         });
-        let (v, over) = s.wait(Duration::from_secs(5)).await;
+        let (v, over) = s.wait(Duration::from_secs(5), false).await;
         let v = serde_json::to_value(v).unwrap();
         assert!(over);
         assert_eq!(v["status"], "completed");
@@ -285,5 +308,25 @@ mod tests {
         // The streams carry only what the running answer did not.
         assert_eq!(v["stdout"], "second");
         assert_eq!(v["stderr"], "");
+    }
+
+    #[tokio::test]
+    async fn a_streaming_wait_answers_as_soon_as_output_is_there() {
+        let s = std::sync::Arc::new(session());
+        let waiter = {
+            let s = s.clone();
+            // A budget far beyond the test's patience: only the output can
+            // end this wait.
+            tokio::spawn(async move { s.wait(Duration::from_secs(3600), true).await })
+        };
+        tokio::task::yield_now().await;
+        s.append(b"line\n", false);
+        let (v, over) = tokio::time::timeout(Duration::from_secs(60), waiter)
+            .await
+            .expect("the output ends the wait")
+            .unwrap();
+        assert!(!over);
+        assert_eq!(v.status, Some(ExecStatus::Running));
+        assert_eq!(v.stdout.as_deref(), Some("line\n"));
     }
 }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use crate::db::now_ms;
 use crate::domains::accounts;
 use crate::domains::fs::vfs;
+use crate::domains::snapshot;
 use crate::domains::workspace::{self, Backend, WorkspaceRow};
 use crate::error::KernelError;
 use crate::kernel::Kernel;
@@ -65,7 +66,17 @@ pub async fn create(
     };
     let r = row.clone();
     k.db.call(move |c| workspace::insert_row(c, &r)).await?;
-    k.workspaces.open(&row).await?;
+    let w = k.workspaces.open(&row).await?;
+    if let Some(snapshot_id) = &a.from_snapshot
+        && let Err(e) = snapshot::calls::fork_into(&k, &s, snapshot_id, &w).await
+    {
+        // Nothing half-made stays: the row goes, the store is closed.
+        let id = row.id.clone();
+        k.workspaces.close(&id).await;
+        let _ = k.db.call(move |c| workspace::delete_row(c, &id)).await;
+        let _ = std::fs::remove_dir_all(&w.dir);
+        return Err(e);
+    }
     tracing::info!(workspace = %row.id, owner = row.owner_uid, "workspace created");
     Ok(WorkspaceResult {
         workspace: row.to_info(),
@@ -109,8 +120,11 @@ pub async fn list(k: Arc<Kernel>, s: Arc<Session>, a: ListArgs) -> Result<ListRe
     })
 }
 
-/// The row of a workspace the caller may use; unknown and foreign
-/// workspaces look the same (403), so ids cannot be probed.
+/// The row of a workspace the caller may use. One that does not exist is
+/// 404 "Workspace not found" (its owner's typo, or one long gone); someone
+/// else's is still refused (403), as the seed prescribes. Ids are 48
+/// random bits, so the difference tells a prober only about ids it cannot
+/// guess.
 pub async fn visible_row(
     k: &Arc<Kernel>,
     s: &Session,
@@ -119,8 +133,12 @@ pub async fn visible_row(
     let wid = id.to_owned();
     match k.db.call(move |c| workspace::get_row(c, &wid)).await? {
         Some(row) if vfs::check_workspace(&s.identity, row.owner_uid) => Ok(row),
-        _ => Err(KernelError::AccessDenied {
+        Some(_) => Err(KernelError::AccessDenied {
             kind: "workspace",
+            id: id.to_owned(),
+        }),
+        None => Err(KernelError::NotFound {
+            kind: "Workspace",
             id: id.to_owned(),
         }),
     }

@@ -154,6 +154,12 @@ pub fn list_rows(
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
+/// Removes a workspace row (a create that failed half-way).
+pub fn delete_row(conn: &Connection, id: &str) -> Result<(), KernelError> {
+    conn.execute("DELETE FROM workspaces WHERE workspace_id = ?1", [id])?;
+    Ok(())
+}
+
 pub fn set_state(conn: &Connection, id: &str, state: &str) -> Result<(), KernelError> {
     conn.execute(
         "UPDATE workspaces SET state = ?2, updated_at = ?3 WHERE workspace_id = ?1",

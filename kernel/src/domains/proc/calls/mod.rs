@@ -442,8 +442,18 @@ pub async fn reset(
 /// `archive: false`); the registry row stays (seed 000).
 pub async fn kill(k: Arc<Kernel>, s: Arc<Session>, a: KillArgs) -> Result<KillResult, KernelError> {
     let row = owned(&k, &s, &a.pid).await?;
+    if a.remove && row.profile == INIT {
+        return Err(KernelError::InvalidArgs {
+            call: "proc.kill".into(),
+            reason: format!("remove: the home process {} is never removed", row.pid),
+        });
+    }
     let cleared = clear_process(&k, &row, a.archive.unwrap_or(true)).await?;
-    tracing::info!(pid = %row.pid, "process killed");
+    if a.remove {
+        let p = row.pid.clone();
+        k.db.call(move |c| store::delete(c, &p)).await?;
+    }
+    tracing::info!(pid = %row.pid, removed = a.remove, "process killed");
     Ok(KillResult {
         ok: true,
         pid: row.pid,

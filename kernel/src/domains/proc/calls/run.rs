@@ -259,7 +259,7 @@ pub(crate) fn provider_from(c: &ConfigResult) -> Result<ProviderConfig, String> 
     }
     if c.model.is_empty() {
         return Err(
-            "No model configured: set config/ai/model (and config/ai/base_url) with sys.config.set"
+            "No model configured: run `gsv config set ai.model NAME` and `gsv config set ai.base_url URL` (config/ai/model, config/ai/base_url)"
                 .into(),
         );
     }
@@ -389,7 +389,7 @@ async fn system_prompt(
     out
 }
 
-/// `fs.read` numbers lines as `{:>6}\t`; the prompt wants the text.
+/// `fs.read` numbers lines as `{n}\t`; the prompt wants the text.
 fn strip_line_numbers(s: &str) -> String {
     s.lines()
         .map(|l| l.split_once('\t').map_or(l, |(_, t)| t))

@@ -1,0 +1,436 @@
+//! Snapshots: the live tree's rows at one rev, kept in `snapshot_entries`
+//! over the same manifests and chunks (nothing is copied), restored as one
+//! mutation at a new rev, and copied into another store to fork it.
+
+use rusqlite::{OptionalExtension, TransactionBehavior, params};
+use wsd_sync::SyncPath;
+
+use crate::chunk_store::{ChunkStore, SqliteChunks};
+use crate::rows::{self, Mutation, Node, ensure_manifest, file_chunks, hash_from_sql, put_node};
+use crate::{Dofs, DofsError};
+
+/// What [`Dofs::create_snapshot`] recorded.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct SnapshotSummary {
+    /// The rev the snapshot is consistent at.
+    pub rev: u64,
+    /// Regular files in it.
+    pub files: u64,
+    /// Bytes of those files.
+    pub bytes: u64,
+    /// Bytes of the chunks that no other snapshot in this store holds.
+    pub new_bytes: u64,
+}
+
+/// What [`Dofs::restore_snapshot`] changed.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct RestoreOutcome {
+    /// The rev of the restore, `None` when the tree already matched.
+    pub rev: Option<u64>,
+    /// Paths written (created or changed in kind, mode, content or target).
+    pub changed: u64,
+    /// Live paths the snapshot does not have, now deleted.
+    pub removed: u64,
+}
+
+/// How a path differs between two trees ([`Dofs::diff_snapshot`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum DiffKind {
+    Added,
+    Removed,
+    Modified,
+}
+
+impl DiffKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DiffKind::Added => "added",
+            DiffKind::Removed => "removed",
+            DiffKind::Modified => "modified",
+        }
+    }
+}
+
+/// The chunks each snapshot references, with their sizes (a view used by
+/// `new_bytes`).
+const SNAPSHOT_CHUNKS: &str = "
+    snap_chunks (snapshot, chunk, size) AS (
+        SELECT snapshot, chunk, size FROM snapshot_entries WHERE chunk IS NOT NULL
+        UNION ALL
+        SELECT se.snapshot, mc.chunk, mc.size FROM snapshot_entries se
+          JOIN manifest_chunks mc ON mc.manifest = se.manifest
+         WHERE se.kind = 'file' AND se.chunk IS NULL)";
+
+/// Whether two rows' states differ the way sync sees it: kind, mode,
+/// content or target (never mtime).
+const DIFFERS: &str = "(a.kind <> b.kind OR a.mode IS NOT b.mode
+    OR a.manifest IS NOT b.manifest OR a.target IS NOT b.target)";
+
+impl Dofs {
+    /// Records the live tree as snapshot `id` at the current rev.
+    pub fn create_snapshot(&mut self, id: &str) -> Result<SnapshotSummary, DofsError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let rev = rows::current_rev(&tx)?;
+        let inserted = tx.execute(
+            "INSERT INTO snapshots (id, rev, created_at) VALUES (?1, ?2, ?3)
+             ON CONFLICT (id) DO NOTHING",
+            params![id, rev, rows::now_ms()],
+        )?;
+        if inserted == 0 {
+            return Err(DofsError::AlreadyExists {
+                path: format!("snapshot {id}"),
+            });
+        }
+        tx.execute(
+            "INSERT INTO snapshot_entries
+                (snapshot, path, parent, kind, mode, mtime, size, target, manifest, chunk)
+             SELECT ?1, path, parent, kind, mode, mtime, size, target, manifest, chunk
+               FROM entries WHERE kind <> 'delete'",
+            [id],
+        )?;
+        let (files, bytes): (u64, u64) = tx.query_row(
+            "SELECT count(*), coalesce(sum(size), 0) FROM snapshot_entries
+              WHERE snapshot = ?1 AND kind = 'file'",
+            [id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        let new_bytes: u64 = tx.query_row(
+            &format!(
+                "WITH {SNAPSHOT_CHUNKS}
+                 SELECT coalesce(sum(size), 0) FROM
+                   (SELECT DISTINCT chunk, size FROM snap_chunks WHERE snapshot = ?1)
+                  WHERE chunk NOT IN (SELECT chunk FROM snap_chunks WHERE snapshot <> ?1)"
+            ),
+            [id],
+            |r| r.get(0),
+        )?;
+        tx.commit()?;
+        Ok(SnapshotSummary {
+            rev,
+            files,
+            bytes,
+            new_bytes,
+        })
+    }
+
+    /// The ids of this store's snapshots, oldest first.
+    pub fn snapshot_ids(&self) -> Result<Vec<String>, DofsError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT id FROM snapshots ORDER BY created_at, id")?;
+        let ids = stmt.query_map([], |r| r.get(0))?;
+        Ok(ids.collect::<Result<_, _>>()?)
+    }
+
+    fn require_snapshot(conn: &rusqlite::Connection, id: &str) -> Result<u64, DofsError> {
+        conn.query_row("SELECT rev FROM snapshots WHERE id = ?1", [id], |r| {
+            r.get(0)
+        })
+        .optional()?
+        .ok_or_else(|| DofsError::not_found(format!("snapshot {id}")))
+    }
+
+    /// Forgets snapshot `id`; its chunks become garbage unless something
+    /// else references them.
+    pub fn delete_snapshot(&mut self, id: &str) -> Result<(), DofsError> {
+        Dofs::require_snapshot(&self.conn, id)?;
+        self.conn
+            .execute("DELETE FROM snapshots WHERE id = ?1", [id])?;
+        Ok(())
+    }
+
+    /// Rewrites the tree to snapshot `id` in one mutation at one new rev:
+    /// paths the snapshot lacks are deleted, paths that differ are written
+    /// back (as local writes, so the next push sends them), the rest stay.
+    pub fn restore_snapshot(&mut self, id: &str) -> Result<RestoreOutcome, DofsError> {
+        let mut m = Mutation::begin(&mut self.conn)?;
+        Dofs::require_snapshot(&m, id)?;
+        let removed: u64 = m.query_row(
+            "SELECT count(*) FROM entries WHERE kind <> 'delete'
+               AND path NOT IN (SELECT path FROM snapshot_entries WHERE snapshot = ?1)",
+            [id],
+            |r| r.get(0),
+        )?;
+        let changed_filter = format!(
+            "FROM snapshot_entries a LEFT JOIN entries b ON b.path = a.path
+             WHERE a.snapshot = ?1 AND (b.path IS NULL OR {DIFFERS})"
+        );
+        let changed: u64 =
+            m.query_row(&format!("SELECT count(*) {changed_filter}"), [id], |r| {
+                r.get(0)
+            })?;
+        if removed == 0 && changed == 0 {
+            m.commit()?;
+            return Ok(RestoreOutcome {
+                rev: None,
+                changed,
+                removed,
+            });
+        }
+        let rev = m.rev()?;
+        m.execute(
+            "UPDATE entries SET kind = 'delete', rev = ?2, mode = NULL, mtime = NULL, size = NULL,
+                    target = NULL, manifest = NULL, chunk = NULL, applied_from = NULL
+              WHERE kind <> 'delete'
+                AND path NOT IN (SELECT path FROM snapshot_entries WHERE snapshot = ?1)",
+            params![id, rev],
+        )?;
+        m.execute(
+            &format!(
+                "INSERT INTO entries
+                    (path, parent, rev, kind, mode, mtime, size, target, manifest, applied_from, chunk)
+                 SELECT a.path, a.parent, ?2, a.kind, a.mode, a.mtime, a.size, a.target,
+                        a.manifest, NULL, a.chunk
+                 {changed_filter}
+                 ON CONFLICT (path) DO UPDATE SET
+                    rev = excluded.rev, kind = excluded.kind, mode = excluded.mode,
+                    mtime = excluded.mtime, size = excluded.size, target = excluded.target,
+                    manifest = excluded.manifest, applied_from = NULL, chunk = excluded.chunk"
+            ),
+            params![id, rev],
+        )?;
+        m.commit()?;
+        Ok(RestoreOutcome {
+            rev: Some(rev),
+            changed,
+            removed,
+        })
+    }
+
+    /// The paths that differ from snapshot `from` to snapshot `to` (the
+    /// live tree when `None`), in path order.
+    pub fn diff_snapshot(
+        &self,
+        from: &str,
+        to: Option<&str>,
+    ) -> Result<Vec<(String, DiffKind)>, DofsError> {
+        Dofs::require_snapshot(&self.conn, from)?;
+        if let Some(to) = to {
+            Dofs::require_snapshot(&self.conn, to)?;
+        }
+        let target = match to {
+            Some(_) => {
+                "SELECT path, kind, mode, manifest, target FROM snapshot_entries
+                         WHERE snapshot = ?2"
+            }
+            None => {
+                "SELECT path, kind, mode, manifest, target FROM entries
+                      WHERE kind <> 'delete' AND ?2 IS NULL"
+            }
+        };
+        let sql = format!(
+            "WITH a AS (SELECT path, kind, mode, manifest, target FROM snapshot_entries
+                         WHERE snapshot = ?1),
+                  b AS ({target})
+             SELECT path, 'removed' FROM a WHERE path NOT IN (SELECT path FROM b)
+             UNION ALL
+             SELECT path, 'added' FROM b WHERE path NOT IN (SELECT path FROM a)
+             UNION ALL
+             SELECT a.path, 'modified' FROM a JOIN b ON b.path = a.path WHERE {DIFFERS}
+             ORDER BY 1"
+        );
+        let mut stmt = self.conn.prepare(&sql)?;
+        let rows = stmt.query_map(params![from, to], |r| {
+            let kind: String = r.get(1)?;
+            Ok((
+                r.get::<_, String>(0)?,
+                match kind.as_str() {
+                    "added" => DiffKind::Added,
+                    "removed" => DiffKind::Removed,
+                    _ => DiffKind::Modified,
+                },
+            ))
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Writes the tree of `source`'s snapshot `id` into this store (which
+    /// must be empty) as one mutation, with every chunk it needs: a fork.
+    pub fn fork_from(&mut self, source: &Dofs, id: &str) -> Result<Option<u64>, DofsError> {
+        if rows::current_rev(&self.conn)? != 0 {
+            return Err(DofsError::invalid(
+                "",
+                "a fork is written into an empty store only",
+            ));
+        }
+        Dofs::require_snapshot(&source.conn, id)?;
+        let mut stmt = source.conn.prepare(
+            "SELECT path, kind, mode, mtime, size, target, manifest, chunk
+               FROM snapshot_entries WHERE snapshot = ?1 ORDER BY path",
+        )?;
+        let mut rows = stmt.query([id])?;
+        let from = SqliteChunks::new(&source.conn);
+        let mut m = Mutation::begin(&mut self.conn)?;
+        while let Some(r) = rows.next()? {
+            let path = SyncPath::new(r.get::<_, String>(0)?)?;
+            let kind: String = r.get(1)?;
+            let (mode, mtime): (u32, i64) = (r.get(2)?, r.get(3)?);
+            let node = match kind.as_str() {
+                "file" => {
+                    let size: u64 = r.get(4)?;
+                    let manifest = hash_from_sql(r.get(6)?, 6)?;
+                    let chunk = r
+                        .get::<_, Option<Vec<u8>>>(7)?
+                        .map(|b| hash_from_sql(b, 7))
+                        .transpose()?;
+                    let list = file_chunks(&source.conn, &manifest, chunk.as_ref(), size)?;
+                    let into = SqliteChunks::new(&m);
+                    for c in &list {
+                        if into.has(std::slice::from_ref(&c.hash))?.is_empty() {
+                            into.put_if_absent(&c.hash, &from.get(&c.hash)?)?;
+                        }
+                    }
+                    ensure_manifest(&m, &list)?;
+                    Node::File {
+                        mode,
+                        mtime,
+                        size,
+                        manifest,
+                        chunk,
+                    }
+                }
+                "dir" => Node::Dir { mode, mtime },
+                _ => Node::Symlink {
+                    mode,
+                    mtime,
+                    target: r.get(5)?,
+                },
+            };
+            let rev = m.rev()?;
+            put_node(&m, &path, rev, &node, None)?;
+        }
+        m.commit()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use wsd_sync::Store;
+
+    use super::*;
+    use crate::test_util::{noise, p, put, store};
+
+    #[test]
+    fn a_snapshot_records_the_tree_and_a_second_one_of_an_unchanged_tree_is_all_shared() {
+        let mut d = store();
+        put(&mut d, "a/one", b"first");
+        let big = noise(700 * 1024, 1);
+        put(&mut d, "a/big", &big);
+        d.symlink("one", &p("a/link")).unwrap();
+        let s1 = d.create_snapshot("s1").unwrap();
+        assert_eq!(s1.rev, d.current_rev().unwrap());
+        assert_eq!((s1.files, s1.bytes), (2, 5 + big.len() as u64));
+        assert_eq!(s1.new_bytes, s1.bytes, "the first snapshot holds it all");
+        let s2 = d.create_snapshot("s2").unwrap();
+        assert_eq!((s2.files, s2.bytes, s2.new_bytes), (s1.files, s1.bytes, 0));
+        put(&mut d, "a/one", b"second");
+        let s3 = d.create_snapshot("s3").unwrap();
+        assert_eq!(s3.new_bytes, 6, "only the changed file's chunk is new");
+        assert_eq!(d.snapshot_ids().unwrap(), ["s1", "s2", "s3"]);
+        assert_eq!(d.create_snapshot("s1").unwrap_err().posix_name(), "EEXIST");
+        d.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn restore_brings_back_old_content_removes_newer_paths_at_one_rev() {
+        let mut d = store();
+        put(&mut d, "f", b"old");
+        put(&mut d, "keep/x", b"same");
+        let big = noise(600 * 1024, 2);
+        put(&mut d, "big", &big);
+        d.create_snapshot("s").unwrap();
+        put(&mut d, "f", b"new");
+        put(&mut d, "later/made", b"after");
+        d.rm(&p("big"), false).unwrap();
+        d.chmod(&p("keep/x"), 0o600).unwrap();
+        let before = d.current_rev().unwrap();
+        let out = d.restore_snapshot("s").unwrap();
+        assert_eq!(out.rev, Some(before + 1));
+        assert_eq!(
+            (out.changed, out.removed),
+            (3, 2),
+            "f, big, keep/x; later, later/made"
+        );
+        assert_eq!(d.read_file(&p("f")).unwrap(), b"old");
+        assert_eq!(d.read_file(&p("big")).unwrap(), big);
+        assert_eq!(d.stat(&p("keep/x")).unwrap().mode, 0o644);
+        assert!(!d.exists(&p("later")).unwrap());
+        for path in ["f", "big", "keep/x", "later", "later/made"] {
+            let rev = d.read_entry(&p(path)).unwrap().unwrap().rev;
+            assert_eq!(rev, before + 1, "{path}");
+        }
+        assert!(d.read_entry(&p("keep")).unwrap().unwrap().rev < before);
+        let again = d.restore_snapshot("s").unwrap();
+        assert_eq!((again.rev, again.changed, again.removed), (None, 0, 0));
+        d.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn diff_lists_added_removed_and_modified_paths() {
+        let mut d = store();
+        put(&mut d, "a", b"1");
+        put(&mut d, "b", b"2");
+        d.create_snapshot("s1").unwrap();
+        put(&mut d, "b", b"changed");
+        put(&mut d, "c", b"3");
+        d.rm(&p("a"), false).unwrap();
+        let want = vec![
+            ("a".to_owned(), DiffKind::Removed),
+            ("b".to_owned(), DiffKind::Modified),
+            ("c".to_owned(), DiffKind::Added),
+        ];
+        assert_eq!(d.diff_snapshot("s1", None).unwrap(), want);
+        d.create_snapshot("s2").unwrap();
+        assert_eq!(d.diff_snapshot("s1", Some("s2")).unwrap(), want);
+        assert!(d.diff_snapshot("s2", None).unwrap().is_empty());
+        let err = d.diff_snapshot("nope", None).unwrap_err();
+        assert_eq!(err.posix_name(), "ENOENT");
+        assert!(err.to_string().contains("nope"), "{err}");
+    }
+
+    #[test]
+    fn a_deleted_snapshot_is_no_root_and_a_kept_one_is() {
+        let mut d = store();
+        put(&mut d, "f", b"only the snapshot holds this");
+        let big = noise(600 * 1024, 3);
+        put(&mut d, "big", &big);
+        d.create_snapshot("s").unwrap();
+        put(&mut d, "f", b"new");
+        d.rm(&p("big"), false).unwrap();
+        d.collect_garbage().unwrap();
+        d.check_integrity().unwrap();
+        d.restore_snapshot("s").unwrap();
+        assert_eq!(d.read_file(&p("big")).unwrap(), big, "kept by the snapshot");
+        put(&mut d, "f", b"newer");
+        d.rm(&p("big"), false).unwrap();
+        d.delete_snapshot("s").unwrap();
+        assert_eq!(d.delete_snapshot("s").unwrap_err().posix_name(), "ENOENT");
+        let freed = d.collect_garbage().unwrap();
+        assert!(freed.chunks > 1, "{freed:?}");
+        d.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn a_fork_copies_the_snapshot_tree_and_its_chunks() {
+        let mut d = store();
+        put(&mut d, "dir/f", b"shared");
+        let big = noise(600 * 1024, 4);
+        put(&mut d, "big", &big);
+        d.symlink("dir/f", &p("link")).unwrap();
+        d.create_snapshot("s").unwrap();
+        put(&mut d, "dir/f", b"after the snapshot");
+        let mut fork = store();
+        assert!(fork.fork_from(&d, "s").unwrap().is_some());
+        assert_eq!(fork.read_file(&p("dir/f")).unwrap(), b"shared");
+        assert_eq!(fork.read_file(&p("big")).unwrap(), big);
+        assert_eq!(fork.readlink(&p("link")).unwrap(), "dir/f");
+        fork.check_integrity().unwrap();
+        assert_eq!(
+            fork.fork_from(&d, "s").unwrap_err().posix_name(),
+            "EINVAL",
+            "not into a non-empty store"
+        );
+    }
+}

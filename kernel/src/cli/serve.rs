@@ -1,0 +1,133 @@
+//! `gsv serve` (the kernel) and `gsv node` (a device driver).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use gsv_kernel::boot::DataDirLock;
+use gsv_kernel::{Kernel, KernelConfig};
+use gsv_node::driver::{self, DriverConfig};
+use gsv_node::{NodeRoot, NodeTools};
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8787")]
+    listen: String,
+    /// Data directory (default: the per-user data dir, e.g.
+    /// ~/.local/share/gsv). One kernel at a time serves it: a second
+    /// `gsv serve` on it refuses to start.
+    #[arg(long, value_name = "DIR")]
+    data: Option<PathBuf>,
+    /// The `wsd` binary for local workspaces (default: beside `gsv`, else PATH).
+    #[arg(long, value_name = "FILE", env = "GSV_WSD_BIN")]
+    wsd_bin: Option<PathBuf>,
+    /// Run local workspaces' commands on the host instead of in `wsd serve
+    /// --sandbox` (bubblewrap: only the workspace and a read-only system
+    /// are visible; needs `bwrap`, Debian package bubblewrap).
+    #[arg(long)]
+    no_sandbox: bool,
+    /// Seconds a socket may take to complete `sys.connect`.
+    #[arg(long, default_value_t = 10)]
+    handshake_timeout: u64,
+    /// Largest text frame in bytes.
+    #[arg(long, default_value_t = 16 << 20)]
+    max_frame_bytes: usize,
+    /// Milliseconds `shell.exec` waits before answering `running`.
+    #[arg(long, default_value_t = 5000)]
+    exec_wait_ms: u64,
+    /// Seconds after which an unused local wsd (running nothing) is stopped.
+    #[arg(long, default_value_t = 600)]
+    wsd_idle_secs: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct NodeArgs {
+    /// The kernel's WebSocket address, e.g. ws://127.0.0.1:8787/ws.
+    #[arg(long, value_name = "URL")]
+    kernel: String,
+    /// This device's id (the node token must be bound to it).
+    #[arg(long)]
+    device_id: String,
+    /// A file holding the node token (`gsv token create --node DEVICE`
+    /// writes one).
+    #[arg(long, value_name = "FILE")]
+    token_file: PathBuf,
+    /// Every path the node touches resolves inside this directory.
+    #[arg(long, value_name = "DIR")]
+    root: PathBuf,
+}
+
+pub async fn serve(a: ServeArgs) -> Result<ExitCode> {
+    let data = match a.data {
+        Some(d) => d,
+        None => dirs::data_dir()
+            .context("no per-user data directory on this platform: pass --data")?
+            .join("gsv"),
+    };
+    // Before anything is opened: a second kernel must not touch the
+    // database or the workspaces' wsd children of the first.
+    let _lock = DataDirLock::acquire(&data)?;
+    let mut config = KernelConfig::new(data.clone());
+    if let Some(b) = a.wsd_bin {
+        config.wsd_bin = b;
+    }
+    config.wsd_sandbox = !a.no_sandbox;
+    config.handshake_timeout = std::time::Duration::from_secs(a.handshake_timeout);
+    config.max_frame_bytes = a.max_frame_bytes;
+    config.exec_wait = std::time::Duration::from_millis(a.exec_wait_ms);
+    config.wsd_idle_stop = std::time::Duration::from_secs(a.wsd_idle_secs);
+    let kernel: Arc<Kernel> = Kernel::open(config)
+        .await
+        .with_context(|| format!("opening {}", data.display()))?;
+    let listener = tokio::net::TcpListener::bind(&a.listen)
+        .await
+        .with_context(|| format!("listening on {}", a.listen))?;
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, data = %data.display(), "gsv listening");
+    // Scripts and tests read the bound address from this line.
+    println!("listening on {addr}");
+    gsv_kernel::server::serve(listener, kernel.clone(), shutdown_signal()).await?;
+    kernel.shutdown().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `user`: the account the node token belongs to (the global `--user`;
+/// default: the token's own account, as the kernel knows it).
+pub async fn node(a: NodeArgs, user: Option<String>) -> Result<ExitCode> {
+    let token = std::fs::read_to_string(&a.token_file)
+        .with_context(|| format!("reading the token file {}", a.token_file.display()))?
+        .trim()
+        .to_owned();
+    if token.is_empty() {
+        bail!("the token file {} is empty", a.token_file.display());
+    }
+    let root = NodeRoot::new(&a.root)
+        .with_context(|| format!("opening the node root {}", a.root.display()))?;
+    let tools = NodeTools::new(root);
+    let config = DriverConfig::new(a.kernel, a.device_id, user.unwrap_or_default(), token);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let s = stop.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        s.cancel();
+    });
+    driver::run(config, tools, stop).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

@@ -1,0 +1,271 @@
+//! `workspace.snapshot.create|list|get|diff|restore|delete`, the fork half
+//! of `sys.workspace.create {fromSnapshot}`, and `sys.gc`.
+//!
+//! Unknown and foreign snapshot ids look the same (403, as for
+//! workspaces), so ids cannot be probed. Refusals of an operation (the
+//! per-workspace limit, a restore while a command runs) are results
+//! `{ok:false, code, error}`.
+
+use std::sync::Arc;
+
+use gsv_protocol::snapshot::{
+    ChangeKind, CreateArgs, DeleteResult, DiffArgs, DiffEntry, DiffResult, GcResult, IdArgs,
+    ListArgs, ListResult, OpError, RestoreResult, SnapshotInfo,
+};
+use serde::Serialize;
+use serde_json::Value;
+use wsd_dofs::{DiffKind, Dofs};
+
+use crate::db::now_ms;
+use crate::domains::accounts;
+use crate::domains::fs::calls::with_store;
+use crate::domains::fs::vfs;
+use crate::domains::snapshot::{self, SnapshotRow};
+use crate::domains::workspace::calls::visible_row;
+use crate::domains::workspace::{self, Workspace, WorkspaceRow};
+use crate::error::KernelError;
+use crate::kernel::Kernel;
+use crate::session::Session;
+
+fn to_value(v: impl Serialize) -> Result<Value, KernelError> {
+    serde_json::to_value(v).map_err(|e| KernelError::internal("snapshot result", e))
+}
+
+fn refuse(code: &str, error: String) -> Result<Value, KernelError> {
+    to_value(OpError {
+        ok: false,
+        code: code.to_owned(),
+        error: format!("{code}: {error}"),
+    })
+}
+
+fn store_error(context: &str, e: wsd_dofs::DofsError) -> KernelError {
+    KernelError::internal(context, e)
+}
+
+/// The snapshot row `id` if the caller may use its workspace.
+async fn visible_snapshot(
+    k: &Arc<Kernel>,
+    s: &Session,
+    id: &str,
+) -> Result<SnapshotRow, KernelError> {
+    let sid = id.to_owned();
+    match k.db.call(move |c| snapshot::get(c, &sid)).await? {
+        Some(row) if vfs::check_workspace(&s.identity, row.owner_uid) => Ok(row),
+        _ => Err(KernelError::AccessDenied {
+            kind: "snapshot",
+            id: id.to_owned(),
+        }),
+    }
+}
+
+/// The open workspace behind a usable, not archived workspace row.
+async fn open_workspace(
+    k: &Arc<Kernel>,
+    s: &Session,
+    id: &str,
+) -> Result<(WorkspaceRow, Arc<Workspace>), KernelError> {
+    let row = visible_row(k, s, id).await?;
+    if row.is_archived() {
+        return Err(KernelError::BadRequest(format!(
+            "workspace {id} is archived"
+        )));
+    }
+    let w = k.workspaces.open(&row).await?;
+    Ok((row, w))
+}
+
+pub async fn create(k: Arc<Kernel>, s: Arc<Session>, a: CreateArgs) -> Result<Value, KernelError> {
+    let (row, w) = open_workspace(&k, &s, &a.workspace_id).await?;
+    // Between brackets: the tree is consistent at the rev it records.
+    let _bracket = w.bracket.lock().await;
+    let wid = row.id.clone();
+    let held = k.db.call(move |c| snapshot::count(c, &wid)).await?;
+    let limit = k.config.snapshot_limit;
+    if held >= limit {
+        return refuse(
+            "ELIMIT",
+            format!(
+                "workspace {} already has {held} snapshots (limit {limit}); delete one first",
+                row.id
+            ),
+        );
+    }
+    let id = format!("snap_{}", accounts::random_hex(12));
+    let sid = id.clone();
+    let summary = with_store(&w.dofs, move |d| d.create_snapshot(&sid))
+        .await?
+        .map_err(|e| store_error("creating a snapshot", e))?;
+    let info = SnapshotInfo {
+        snapshot_id: id.clone(),
+        workspace_id: row.id.clone(),
+        rev: summary.rev,
+        label: a
+            .label
+            .map(|l| l.trim().chars().take(120).collect::<String>())
+            .filter(|l| !l.is_empty()),
+        files: summary.files,
+        bytes: summary.bytes,
+        new_bytes: summary.new_bytes,
+        created_at: now_ms(),
+    };
+    let new_row = SnapshotRow {
+        owner_uid: row.owner_uid,
+        info: info.clone(),
+    };
+    if let Err(e) = k.db.call(move |c| snapshot::insert(c, &new_row)).await {
+        // No row, no snapshot: the store's copy would be a root nobody sees.
+        let sid = id.clone();
+        let _ = with_store(&w.dofs, move |d| d.delete_snapshot(&sid)).await;
+        return Err(e);
+    }
+    tracing::info!(snapshot = %id, workspace = %row.id, rev = info.rev, new_bytes = info.new_bytes, "snapshot created");
+    to_value(info)
+}
+
+pub async fn list(k: Arc<Kernel>, s: Arc<Session>, a: ListArgs) -> Result<Value, KernelError> {
+    let row = visible_row(&k, &s, &a.workspace_id).await?;
+    let rows = k.db.call(move |c| snapshot::list(c, &row.id)).await?;
+    to_value(ListResult {
+        snapshots: rows.into_iter().map(|r| r.info).collect(),
+    })
+}
+
+pub async fn get(k: Arc<Kernel>, s: Arc<Session>, a: IdArgs) -> Result<Value, KernelError> {
+    to_value(visible_snapshot(&k, &s, &a.snapshot_id).await?.info)
+}
+
+pub async fn diff(k: Arc<Kernel>, s: Arc<Session>, a: DiffArgs) -> Result<Value, KernelError> {
+    let from = visible_snapshot(&k, &s, &a.from).await?;
+    if let Some(to) = &a.to {
+        let to = visible_snapshot(&k, &s, to).await?;
+        if to.info.workspace_id != from.info.workspace_id {
+            return Err(KernelError::BadRequest(format!(
+                "snapshots {} and {} are of different workspaces",
+                a.from, to.info.snapshot_id
+            )));
+        }
+    }
+    let (_, w) = open_workspace(&k, &s, &from.info.workspace_id).await?;
+    let (f, t) = (a.from.clone(), a.to.clone());
+    let changes = with_store(&w.dofs, move |d| d.diff_snapshot(&f, t.as_deref()))
+        .await?
+        .map_err(|e| store_error("diffing snapshots", e))?;
+    to_value(DiffResult {
+        changes: changes
+            .into_iter()
+            .map(|(path, kind)| DiffEntry {
+                path,
+                change: match kind {
+                    DiffKind::Added => ChangeKind::Added,
+                    DiffKind::Removed => ChangeKind::Removed,
+                    DiffKind::Modified => ChangeKind::Modified,
+                },
+            })
+            .collect(),
+    })
+}
+
+/// Refused, not queued, while a command runs in the workspace: the
+/// command's changes would land on top of (or under) the restored tree.
+pub async fn restore(k: Arc<Kernel>, s: Arc<Session>, a: IdArgs) -> Result<Value, KernelError> {
+    let snap = visible_snapshot(&k, &s, &a.snapshot_id).await?;
+    let (row, w) = open_workspace(&k, &s, &snap.info.workspace_id).await?;
+    let _bracket = w.bracket.lock().await;
+    if k.sessions.running_in(&row.id) {
+        return refuse(
+            "EBUSY",
+            format!(
+                "a command is running in workspace {}; wait for it (or kill it) and restore again",
+                row.id
+            ),
+        );
+    }
+    let sid = a.snapshot_id.clone();
+    let out = with_store(&w.dofs, move |d| {
+        d.restore_snapshot(&sid)
+            .and_then(|out| Ok((out, d.current_rev()?)))
+    })
+    .await?
+    .map_err(|e| store_error("restoring a snapshot", e))?;
+    let (out, current) = out;
+    tracing::info!(snapshot = %a.snapshot_id, workspace = %row.id, changed = out.changed, removed = out.removed, "snapshot restored");
+    to_value(RestoreResult {
+        rev: out.rev.unwrap_or(current),
+        changed: out.changed,
+        removed: out.removed,
+    })
+}
+
+pub async fn delete(k: Arc<Kernel>, s: Arc<Session>, a: IdArgs) -> Result<Value, KernelError> {
+    let snap = visible_snapshot(&k, &s, &a.snapshot_id).await?;
+    let sid = a.snapshot_id.clone();
+    k.db.call(move |c| snapshot::delete(c, &sid)).await?;
+    let wid = snap.info.workspace_id.clone();
+    if let Some(row) = k.db.call(move |c| workspace::get_row(c, &wid)).await? {
+        let w = k.workspaces.open(&row).await?;
+        let sid = a.snapshot_id.clone();
+        with_store(&w.dofs, move |d| d.delete_snapshot(&sid))
+            .await?
+            .map_err(|e| store_error("deleting a snapshot", e))?;
+    }
+    to_value(DeleteResult { deleted: true })
+}
+
+/// Writes snapshot `snapshot_id` (which the caller must be able to use)
+/// into the new, empty workspace `into`.
+pub async fn fork_into(
+    k: &Arc<Kernel>,
+    s: &Session,
+    snapshot_id: &str,
+    into: &Arc<Workspace>,
+) -> Result<(), KernelError> {
+    let snap = visible_snapshot(k, s, snapshot_id).await?;
+    let (_, source) = open_workspace(k, s, &snap.info.workspace_id).await?;
+    let (from, to) = (source.dofs.clone(), into.dofs.clone());
+    let sid = snapshot_id.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let from = from.lock().unwrap_or_else(|p| p.into_inner());
+        let mut to = to.lock().unwrap_or_else(|p| p.into_inner());
+        to.fork_from(&from, &sid)
+    })
+    .await
+    .map_err(|e| KernelError::internal("forking a workspace", e))?
+    .map_err(|e| store_error("forking a workspace", e))?;
+    Ok(())
+}
+
+/// Collects garbage in one workspace store, under its bracket lock so no
+/// push is between its objects and its apply.
+pub async fn collect_one(w: &Arc<Workspace>) -> Result<wsd_dofs::GcOutcome, KernelError> {
+    let _bracket = w.bracket.lock().await;
+    with_store(&w.dofs, Dofs::collect_garbage)
+        .await?
+        .map_err(|e| store_error("collecting garbage", e))
+}
+
+/// `sys.gc`: collects every workspace store, reporting what it freed.
+pub async fn gc(k: Arc<Kernel>, _s: Arc<Session>, _a: Value) -> Result<Value, KernelError> {
+    to_value(collect_all(&k).await?)
+}
+
+pub async fn collect_all(k: &Arc<Kernel>) -> Result<GcResult, KernelError> {
+    let rows =
+        k.db.call(|c| workspace::list_rows(c, None, None, i64::MAX))
+            .await?;
+    let mut out = GcResult::default();
+    for row in rows.iter().filter(|r| !r.is_archived()) {
+        let w = k.workspaces.open(row).await?;
+        let freed = collect_one(&w).await?;
+        out.workspaces += 1;
+        out.manifests += freed.manifests as u64;
+        out.chunks += freed.chunks as u64;
+    }
+    tracing::info!(
+        workspaces = out.workspaces,
+        manifests = out.manifests,
+        chunks = out.chunks,
+        "garbage collected"
+    );
+    Ok(out)
+}
