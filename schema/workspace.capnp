@@ -165,7 +165,7 @@ struct Object {
 }
 
 enum Baseline {
-  # How an applied batch takes part in a full baseline (protocol rule 10).
+  # How an applied batch takes part in a full baseline (sync rule 10).
   off @0;     # an ordinary incremental batch
   mark @1;    # part of a baseline: the receiver remembers the listed paths
   sweep @2;   # the baseline's last batch: remember its paths, then delete

@@ -50,6 +50,7 @@ impl Daemon {
             exec_log_cap: None,
             handshake_timeout: None,
             sandbox: None,
+            prune_every: None,
         };
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();

@@ -211,6 +211,7 @@ impl Daemon {
             exec_log_cap: None,
             handshake_timeout: None,
             sandbox: None,
+            prune_every: None,
         };
         let (addr_tx, addr_rx) = mpsc::channel();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -1,7 +1,7 @@
 //! Measures what a `WsdHandle` costs: the threads and resident memory of N
 //! open handles to one daemon, and the wall time of N concurrent
-//! `watermarks` calls through them. The numbers in ARCHITECTURE.md
-//! ("Client threading model") come from this.
+//! `watermarks` calls through them. The numbers in client/DESIGN.md
+//! ("Threading model") come from this.
 //!
 //! ```text
 //! wsd serve --root /tmp/ws --state /tmp/ws-state &

@@ -8,7 +8,7 @@
 //! bounded channel and await its answer on a oneshot. Clones share the
 //! thread; it exits once every clone and every [`ExecEvents`] is dropped.
 //! Cost per connection: one thread (its stack is reserved, not committed)
-//! and one small runtime; see ARCHITECTURE.md for the measurement and why
+//! and one small runtime; see client/DESIGN.md for the measurement and why
 //! not a shared pool.
 
 use std::cell::{Cell, RefCell};

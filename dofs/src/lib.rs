@@ -94,6 +94,27 @@ impl Dofs {
     pub fn current_rev(&self) -> Result<u64, DofsError> {
         rows::current_rev(&self.conn)
     }
+
+    /// This database's incarnation: a random number drawn when it was
+    /// created, so readers can tell a re-created store (whose revs start
+    /// over) from this one.
+    pub fn incarnation(&self) -> Result<u64, DofsError> {
+        rows::meta(&self.conn, "incarnation")
+    }
+
+    /// Calls `f` whenever a transaction on this store commits (a new rev,
+    /// or bookkeeping such as watermarks), replacing any earlier listener.
+    /// It runs inside the commit, under the caller's lock on this store:
+    /// it must only wake someone (who then reads the store when the lock
+    /// is free), never touch the store itself.
+    pub fn on_commit(&mut self, mut f: impl FnMut() + Send + 'static) -> Result<(), DofsError> {
+        self.conn.commit_hook(Some(move || {
+            f();
+            // `false` lets the commit go ahead.
+            false
+        }))?;
+        Ok(())
+    }
 }
 
 #[cfg(test)]

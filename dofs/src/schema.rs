@@ -24,6 +24,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "snapshots",
         sql: include_str!("schema/003_snapshots.sql"),
     },
+    Migration {
+        version: 4,
+        name: "incarnation",
+        sql: include_str!("schema/004_incarnation.sql"),
+    },
 ];
 
 /// The schema version this build writes.

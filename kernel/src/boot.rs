@@ -49,8 +49,10 @@ impl Kernel {
             sessions: Default::default(),
             dispatch: domains::table(),
             procs: Procs::default(),
+            watches: Default::default(),
             login_failures: Mutex::new(HashMap::new()),
             timers: Default::default(),
+            mcp: Default::default(),
         });
         tokio::spawn(reap_idle_children(Arc::downgrade(&kernel)));
         domains::start(&kernel).await?;

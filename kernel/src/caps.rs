@@ -16,6 +16,8 @@ pub const USER_CAPABILITIES: &[&str] = &[
     // Process-internal: the handlers refuse every caller but a process.
     "ai.*",
     "sched.*",
+    "codemode.*",
+    "sys.mcp.*",
     "notification.*",
     "repo.*",
     "signal.*",

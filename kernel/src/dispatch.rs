@@ -31,6 +31,8 @@ type Handler<K> = Arc<
 /// One registered syscall.
 pub struct Entry<K> {
     pub capability: &'static str,
+    /// Only a process may call it (`codemode.exec`); a socket gets 403.
+    pub internal: bool,
     handler: Handler<K>,
 }
 
@@ -39,6 +41,7 @@ impl<K> Clone for Entry<K> {
     fn clone(&self) -> Self {
         Entry {
             capability: self.capability,
+            internal: self.internal,
             handler: self.handler.clone(),
         }
     }
@@ -60,6 +63,7 @@ impl<K> std::fmt::Debug for Entry<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Entry")
             .field("capability", &self.capability)
+            .field("internal", &self.internal)
             .finish()
     }
 }
@@ -97,6 +101,33 @@ impl<K: Send + Sync + 'static> Dispatch<K> {
         F: Fn(Arc<K>, Arc<Session>, A) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<R, KernelError>> + Send + 'static,
     {
+        self.insert(call, capability, false, f);
+    }
+
+    /// [`Dispatch::add`] for a call only a process may make: a socket
+    /// asking for it gets 403 like a call it lacks the capability for.
+    pub fn add_internal<A, R, F, Fut>(&mut self, call: &'static str, capability: &'static str, f: F)
+    where
+        A: DeserializeOwned + Send + 'static,
+        R: Serialize + 'static,
+        F: Fn(Arc<K>, Arc<Session>, A) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R, KernelError>> + Send + 'static,
+    {
+        self.insert(call, capability, true, f);
+    }
+
+    fn insert<A, R, F, Fut>(
+        &mut self,
+        call: &'static str,
+        capability: &'static str,
+        internal: bool,
+        f: F,
+    ) where
+        A: DeserializeOwned + Send + 'static,
+        R: Serialize + 'static,
+        F: Fn(Arc<K>, Arc<Session>, A) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R, KernelError>> + Send + 'static,
+    {
         let f = Arc::new(f);
         let handler: Handler<K> = Arc::new(move |k, s, raw| {
             let f = f.clone();
@@ -122,6 +153,7 @@ impl<K: Send + Sync + 'static> Dispatch<K> {
             call,
             Entry {
                 capability,
+                internal,
                 handler,
             },
         );
@@ -142,7 +174,9 @@ impl<K: Send + Sync + 'static> Dispatch<K> {
             .table
             .get(call)
             .ok_or_else(|| KernelError::UnknownSyscall(call.to_owned()))?;
-        if !has_capability(&session.capabilities, entry.capability) {
+        if !has_capability(&session.capabilities, entry.capability)
+            || (entry.internal && !session.is_process())
+        {
             return Err(KernelError::PermissionDenied(call.to_owned()));
         }
         Ok(entry)

@@ -28,8 +28,9 @@ pub enum KernelError {
     PermissionDenied(String),
     #[error("Access denied to {kind}: {id}")]
     AccessDenied { kind: &'static str, id: String },
-    /// Something that does not exist (for anyone): its ids are random, so
-    /// saying so tells a prober nothing it could have guessed.
+    /// Something that does not exist (for anyone: its ids are random, so
+    /// saying so tells a prober nothing it could have guessed), or that does
+    /// not exist for the caller (another user's MCP server looks the same).
     #[error("{kind} not found: {id}")]
     NotFound { kind: &'static str, id: String },
     #[error("Unknown syscall: {0}")]

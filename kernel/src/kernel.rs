@@ -17,9 +17,11 @@ use wsd_dofs::Dofs;
 
 use crate::db::Db;
 use crate::dispatch::Dispatch;
+use crate::domains::mcp::live::McpServers;
 use crate::domains::proc::active::Procs;
 use crate::domains::shell::sessions::Sessions;
 use crate::domains::timers::TimerWake;
+use crate::domains::watch::Watches;
 use crate::domains::workspace::Workspaces;
 use crate::routing::router::Router;
 use crate::session::ConnectionPool;
@@ -29,7 +31,7 @@ pub use gsv_protocol::PROTOCOL;
 /// Kernel settings (`gsv serve` flags).
 #[derive(Debug, Clone)]
 pub struct KernelConfig {
-    /// Everything lives under here (see ARCHITECTURE.md, "kernel").
+    /// Everything lives under here (see kernel/DESIGN.md, "On disk").
     pub data_dir: PathBuf,
     /// A socket that has not completed `sys.connect` by then is closed.
     pub handshake_timeout: Duration,
@@ -57,6 +59,10 @@ pub struct KernelConfig {
     /// How often the kernel collects garbage in every workspace store
     /// (`None`: only on `sys.gc`).
     pub gc_interval: Option<Duration>,
+    /// How long one CodeMode block may run.
+    pub codemode_deadline: Duration,
+    /// How often tombstones are pruned (kernel/PROTOCOL.md §10).
+    pub prune_every: Duration,
 }
 
 impl KernelConfig {
@@ -75,6 +81,8 @@ impl KernelConfig {
             wsd_idle_stop: Duration::from_secs(10 * 60),
             snapshot_limit: 64,
             gc_interval: Some(Duration::from_secs(6 * 60 * 60)),
+            codemode_deadline: Duration::from_secs(60),
+            prune_every: Duration::from_secs(10 * 60),
         }
     }
 }
@@ -104,6 +112,8 @@ pub struct Kernel {
     pub(crate) dispatch: Dispatch<Kernel>,
     /// Active agent runs (the rest of a process is rows).
     pub(crate) procs: Procs,
+    /// Live `fs.watch` feeds.
+    pub(crate) watches: Watches,
     /// Permits for sockets that have not authenticated yet.
     pub(crate) pending: Arc<Semaphore>,
     /// Permits for authenticated sockets.
@@ -112,6 +122,8 @@ pub struct Kernel {
     pub(crate) login_failures: Mutex<HashMap<(String, IpAddr), u32>>,
     /// Wakes the timer task when the timer table changes.
     pub(crate) timers: Arc<TimerWake>,
+    /// Live MCP server connections (`sys.mcp.*`).
+    pub(crate) mcp: McpServers,
 }
 
 /// Read access for tests and benchmarks outside the crate: the state

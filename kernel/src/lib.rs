@@ -16,8 +16,8 @@
 //! syscalls, dispatched through the same capability and routing path.
 //!
 //! State ([`kernel::Kernel`] and everything it holds) sits below the
-//! operations that take it; [`boot`] wires the two (ARCHITECTURE.md,
-//! "kernel", lists the layers).
+//! operations that take it; [`boot`] wires the two (kernel/DESIGN.md,
+//! "Layers in the code", lists the layers).
 //!
 //! It deliberately does not (yet): accept binary
 //! bodies, or talk capnp itself (the wsd side goes through `wsd-client`).

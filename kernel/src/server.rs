@@ -187,6 +187,7 @@ impl Connection {
         if let Some((device, _)) = conn.session.as_ref().and_then(|s| s.device.clone()) {
             routing::driver_disconnected(&conn.kernel.router, &conn.id, &device).await;
         }
+        conn.kernel.watches.connection_closed(&conn.id);
         conn.kernel.pool.remove(&conn.id);
         tracing::debug!(conn = %conn.id, "socket closed");
     }
@@ -285,8 +286,9 @@ impl Connection {
                 let task = tokio::spawn(async move {
                     // A panicking handler still answers (500) and frees its id.
                     let router = k.router.clone();
+                    let kernel = k.clone();
                     let r = std::panic::AssertUnwindSafe(routing::run_call(
-                        &router, entry, k, session, &call, args,
+                        &router, entry, kernel, session, &call, args,
                     ))
                     .catch_unwind()
                     .await
@@ -298,8 +300,16 @@ impl Connection {
                     if map.lock().unwrap().remove(&rid).is_none() {
                         return;
                     }
+                    // A watch's first `fs.changed` must follow its answer.
+                    let watch_started = match (&r, call.as_str()) {
+                        (Ok(v), "fs.watch") => v["watchId"].as_str().map(str::to_owned),
+                        _ => None,
+                    };
                     let res = Response::from_result(rid, r);
                     let _ = tx.send(Outgoing::Text(Outbound::Res(res).to_text())).await;
+                    if let Some(w) = watch_started {
+                        k.watches.start(&w);
+                    }
                 });
                 inflight.insert(id.clone(), task.abort_handle());
                 false
@@ -545,6 +555,8 @@ fn signals_for(role: Role) -> Vec<&'static str> {
             "proc.run.finished",
             "process.exit",
             "device.status",
+            "fs.changed",
+            "fs.watch.lagged",
         ],
         Role::Driver => vec!["device.status", "device.pong"],
         Role::Service => vec![],

@@ -45,6 +45,19 @@ pub struct Session {
     pub device: Option<(String, Vec<String>)>,
 }
 
+/// The connection id of the session a process's calls run as.
+pub fn process_connection_id(pid: &str) -> String {
+    format!("process:{pid}")
+}
+
+impl Session {
+    /// Whether this is a process's session (its tool calls, CodeMode)
+    /// rather than a socket's.
+    pub fn is_process(&self) -> bool {
+        self.connection_id.starts_with("process:")
+    }
+}
+
 /// What goes out on a socket: a text frame or a close with a code.
 #[derive(Debug, Clone)]
 pub enum Outgoing {
@@ -152,6 +165,12 @@ impl ConnectionPool {
             }
             Ok(()) => Ok(()),
         }
+    }
+
+    /// Connection `id`'s outbound queue, for senders that must notice a
+    /// full one themselves (a watch pauses instead of dropping).
+    pub fn sender(&self, id: &str) -> Option<mpsc::Sender<Outgoing>> {
+        self.live.lock().unwrap().get(id).map(|l| l.tx.clone())
     }
 
     pub fn len(&self) -> usize {

@@ -8,10 +8,12 @@
 
 pub mod account;
 pub mod ai;
+pub mod codemode;
 pub mod device;
 pub mod error;
 pub mod frames;
 pub mod fs;
+pub mod mcp;
 pub mod proc;
 pub mod repo;
 pub mod shell;
@@ -23,6 +25,7 @@ use schemars::generate::SchemaSettings;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 pub mod snapshot;
+pub mod watch;
 
 pub use error::{FrameError, WireError};
 

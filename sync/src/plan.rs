@@ -1,5 +1,5 @@
-//! The per-entry decision of an apply, as a plan (the Store contract's
-//! rules 3, 4 and 6 in ARCHITECTURE.md).
+//! The per-entry decision of an apply, as a plan (sync rules 3–6 and 11,
+//! numbered in sync/DESIGN.md).
 //!
 //! [`entry`] decides what one entry of a push or pull does to one path, and
 //! [`implied_dir`] what a parent directory apply creates for it is, from
@@ -100,7 +100,7 @@ pub struct Options<'a> {
     /// A local version an entry overwrites or deletes while it holds
     /// changes not yet pushed is kept beside it as a conflict copy.
     pub conflict_copies: bool,
-    /// The sender's exclusions: no apply deletes what they match (rule 6).
+    /// The sender's exclusions: no apply deletes what they match (rule 11).
     pub ignore: &'a IgnoreRules,
     pub implied_dirs: ImpliedDirs,
     /// A file or symlink replacing a directory that holds a path `ignore`
@@ -167,7 +167,7 @@ pub enum ReplacedDir {
 /// Whose state a row apply writes is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Origin {
-    /// The sender's: not sent back to it (echo exclusion, rule 5).
+    /// The sender's: not sent back to it (echo exclusion, rule 14).
     Sender,
     /// A local write: ships back to the sender.
     Local,
@@ -294,7 +294,7 @@ pub fn implied_dir(
             // holds only when its mode changed later): the sender's state.
             // Except where it overwrites a local change not yet pushed, or
             // stands on our own delete of the directory (pushed or not: the
-            // sender kept it, sparing paths it excludes, rule 6, and sends
+            // sender kept it, sparing paths it excludes, rule 11, and sends
             // no entry for it): then it is a local write and ships back, so
             // both sides agree on one mode.
             let own_delete = row.is_some_and(|r| r.kind.is_none() && !r.from_sender);

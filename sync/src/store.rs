@@ -54,7 +54,7 @@ pub struct ApplyBatch<'a> {
     pub sender: Option<ChangeCursor>,
     pub entries: &'a [ChangeEntry],
     pub baseline: Baseline,
-    /// The sender's exclusions, which no apply deletes: a `Sweep` (rule 10)
+    /// The sender's exclusions, which no apply deletes (rule 11): a `Sweep`
     /// leaves alone every live path they match, and that path's ancestors,
     /// since the sender never lists what it excludes; a delete of a
     /// directory removes only what holds nothing they match
@@ -98,8 +98,8 @@ pub struct ChangesQuery<'a> {
 }
 
 /// A sync peer's storage: everything the driver and the RPC server need.
-/// The rules every implementation keeps are stated once in ARCHITECTURE.md
-/// ("The Store contract") and checked by `testkit` (feature `testkit`).
+/// The rules every implementation keeps are numbered once in sync/DESIGN.md
+/// ("The sync rules") and checked by `testkit` (feature `testkit`).
 ///
 /// Implementations: `wsd_dofs::Dofs` (all in SQLite) and `wsd`'s workspace
 /// store (a real directory plus a SQLite index). Every method that mutates
@@ -157,7 +157,7 @@ pub trait Store {
         self.stage_objects(&objects)
     }
 
-    /// Applies a batch atomically (rules 3–6, 10): all entries or none; a
+    /// Applies a batch atomically (rules 3–6, 10, 11, 13): all entries or none; a
     /// chunk that is not held fails with `EUNKNOWN_HASH` and changes
     /// nothing. With a sender cursor, the remote's fetch cursor advances to
     /// it (never backwards) in the same transaction.

@@ -144,6 +144,11 @@ pub struct InProcessDaemon {
 
 impl InProcessDaemon {
     pub fn start(root: &Path, state: &Path) -> InProcessDaemon {
+        InProcessDaemon::start_with(root, state, None)
+    }
+
+    /// [`InProcessDaemon::start`] pruning tombstones every `prune_every`.
+    pub fn start_with(root: &Path, state: &Path, prune_every: Option<Duration>) -> InProcessDaemon {
         std::fs::create_dir_all(root).unwrap();
         let config = wsd::daemon::DaemonConfig {
             root: root.canonicalize().unwrap(),
@@ -153,6 +158,7 @@ impl InProcessDaemon {
             exec_log_cap: None,
             handshake_timeout: None,
             sandbox: None,
+            prune_every,
             store: wsd::store::StoreOptions::default(),
         };
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();

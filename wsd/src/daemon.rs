@@ -30,6 +30,8 @@ pub struct DaemonConfig {
     /// Run every exec under bubblewrap (`wsd serve --sandbox`). The state
     /// directory and unix-socket listeners are added to its hidden paths.
     pub sandbox: Option<exec::SandboxConfig>,
+    /// How often acknowledged tombstones are pruned; `None`: [`PRUNE_EVERY`].
+    pub prune_every: Option<std::time::Duration>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -161,6 +163,10 @@ pub async fn run(
         source,
     })?;
     let backend = backend.with_exec(ExecAdapter(manager.clone()));
+    let pruner = tokio::task::spawn_local(prune_periodically(
+        backend.store_caller(),
+        config.prune_every.unwrap_or(PRUNE_EVERY),
+    ));
     on_listening(&bound);
     let mut server_config = ServerConfig {
         token: config.token.clone(),
@@ -171,8 +177,34 @@ pub async fn run(
     }
     tracing::info!(root = %config.root.display(), state = %config.state_dir.display(), "serving");
     let result = crate::rpc::serve(listeners, backend, server_config, shutdown).await;
+    pruner.abort();
     manager.close().await;
     result.map(|_| ()).map_err(DaemonError::from)
+}
+
+/// How often the daemon prunes the tombstones every registered peer has
+/// acknowledged (never one a peer still needs: `prune_tombstones`).
+pub const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(10 * 60);
+
+/// Prunes every `every` on the store thread, until the server stops (then
+/// the store calls fail and the task is aborted).
+async fn prune_periodically(
+    store: crate::rpc::StoreCaller<WorkspaceStore>,
+    every: std::time::Duration,
+) {
+    loop {
+        tokio::time::sleep(every).await;
+        let caller = store.clone();
+        let done =
+            tokio::task::spawn_blocking(move || caller.call_blocking(|s| s.prune_tombstones()))
+                .await;
+        match done {
+            Ok(Ok(0)) => {}
+            Ok(Ok(pruned)) => tracing::info!(pruned, "pruned tombstones"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "pruning tombstones"),
+            Err(e) => tracing::warn!(error = %e, "pruning tombstones"),
+        }
+    }
 }
 
 /// The exec runner as the RPC server's shell half sees it.

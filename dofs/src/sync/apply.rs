@@ -1,5 +1,6 @@
 //! Applying a batch of entries from a peer or an external writer
-//! (`sync-protocol.md` rules 3–6 and 10), all in one transaction.
+//! (sync rules 3–6, 10, 11 and 13 in sync/DESIGN.md), all in one
+//! transaction.
 
 use rusqlite::{Connection, OptionalExtension, params};
 use wsd_sync::plan::{self, Disk, Plan};

@@ -111,6 +111,17 @@ impl Dofs {
     /// prune horizon to match. With no registered remote nothing is pruned:
     /// nobody is known to have seen anything.
     pub fn prune_tombstones(&mut self) -> Result<PruneOutcome, DofsError> {
+        self.prune(None)
+    }
+
+    /// [`Dofs::prune_tombstones`], never past `hold` (what other readers,
+    /// such as durable change feeds, still need). With no registered remote
+    /// the bound is `hold` alone.
+    pub fn prune_tombstones_holding(&mut self, hold: u64) -> Result<PruneOutcome, DofsError> {
+        self.prune(Some(hold))
+    }
+
+    fn prune(&mut self, hold: Option<u64>) -> Result<PruneOutcome, DofsError> {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -127,6 +138,10 @@ impl Dofs {
                 min = Some(min.map_or(complete, |m| m.min(complete)));
             }
             min
+        };
+        let acked = match (acked, hold) {
+            (Some(a), Some(h)) => Some(a.min(h)),
+            (a, h) => a.or(h),
         };
         let Some(acked) = acked else {
             return Ok(PruneOutcome {
@@ -264,6 +279,59 @@ mod tests {
         );
         assert_eq!(d.prune_horizon().unwrap(), 4);
         d.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn a_hold_bounds_pruning_with_or_without_registered_remotes() {
+        let mut d = store();
+        put(&mut d, "a", b"1"); // 1
+        d.rm(&p("a"), false).unwrap(); // 2
+        put(&mut d, "b", b"1"); // 3
+        d.rm(&p("b"), false).unwrap(); // 4
+        // No remote: the hold alone decides.
+        assert_eq!(
+            d.prune_tombstones_holding(3).unwrap(),
+            PruneOutcome {
+                pruned: 1,
+                horizon: 3
+            }
+        );
+        assert_eq!(tombstone_count(&d), 1);
+        // A remote behind the hold wins.
+        put(&mut d, "c", b"1"); // 5
+        d.rm(&p("c"), false).unwrap(); // 6
+        d.set_push_cursor("R", &ChangeCursor::at(4)).unwrap();
+        assert_eq!(d.prune_tombstones_holding(10).unwrap().horizon, 4);
+        assert_eq!(tombstone_count(&d), 1, "c's tombstone at 6 stays");
+        // A hold behind the remote wins, and the horizon never goes back.
+        d.set_push_cursor("R", &ChangeCursor::at(6)).unwrap();
+        assert_eq!(d.prune_tombstones_holding(2).unwrap().horizon, 4);
+        assert_eq!(tombstone_count(&d), 1);
+        d.check_integrity().unwrap();
+    }
+
+    #[test]
+    fn every_store_has_its_own_incarnation_kept_across_opens() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.dofs");
+        let first = Dofs::open(&path).unwrap().incarnation().unwrap();
+        assert_eq!(Dofs::open(&path).unwrap().incarnation().unwrap(), first);
+        let other = Dofs::open(dir.path().join("b.dofs")).unwrap();
+        assert_ne!(other.incarnation().unwrap(), first);
+    }
+
+    #[test]
+    fn the_commit_listener_hears_each_committed_mutation() {
+        let mut d = store();
+        let heard = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let h = heard.clone();
+        d.on_commit(move || {
+            h.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        })
+        .unwrap();
+        put(&mut d, "a", b"1");
+        put(&mut d, "b", b"1");
+        assert!(heard.load(std::sync::atomic::Ordering::SeqCst) >= 2);
     }
 
     #[test]

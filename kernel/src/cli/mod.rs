@@ -1,17 +1,20 @@
 //! The `gsv` command line: `serve` runs the kernel; `node` runs a device
 //! driver; `setup`, `login`, `config` and `token` are the first run;
-//! `call`, `workspace`, `exec`, `attach` and `chat` drive a kernel over
+//! `call`, `workspace`, `exec`, `attach`, `chat` and `watch` drive a kernel over
 //! its WebSocket like any other user client; `sched`, `notify` and
-//! `notifications` are in [`sched`]; `proc` (conversations) in [`proc`].
+//! `notifications` are in [`sched`], `codemode` and `mcp` in [`codemode`];
+//! `proc` (conversations) in [`proc`].
 
 mod account;
 mod chat;
+mod codemode;
 mod conn;
 mod exec;
 mod proc;
 mod repo;
 mod sched;
 mod serve;
+mod watch;
 mod workspace;
 
 use std::process::ExitCode;
@@ -93,6 +96,11 @@ enum Command {
     /// no one has read it, then its exit code. Ctrl-C detaches.
     #[command(after_help = CONFIG_HELP)]
     Attach(exec::AttachArgs),
+    /// Print a workspace's changes as they happen (`fs.watch`): one line
+    /// per changed path (`TYPE<TAB>PATH[<TAB>SIZE]`), then, on exit, the
+    /// cursor to resume from with `--after` (`cursor<TAB>C`).
+    #[command(after_help = CONFIG_HELP)]
+    Watch(watch::WatchArgs),
     /// Talk to an agent process: send messages (from `-m` or stdin lines),
     /// print its streamed answer, and ask on the terminal when it wants
     /// approval. Without PID a new process is spawned.
@@ -104,6 +112,18 @@ enum Command {
     Proc {
         #[command(subcommand)]
         action: proc::ProcAction,
+    },
+    /// Run a JavaScript block (`codemode.run`).
+    #[command(after_help = CONFIG_HELP)]
+    Codemode {
+        #[command(subcommand)]
+        action: Box<codemode::CodemodeAction>,
+    },
+    /// Add, list, remove or call your MCP servers (`sys.mcp.*`).
+    #[command(after_help = CONFIG_HELP)]
+    Mcp {
+        #[command(subcommand)]
+        action: Box<codemode::McpAction>,
     },
     /// List, add, remove or run schedules (`sched.*`).
     #[command(after_help = CONFIG_HELP)]
@@ -195,6 +215,19 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             c.close().await;
             Ok(exit_code(ok))
         }
+        Command::Codemode { action } => {
+            let mut c = conn::connect(&conn).await?;
+            let ok = codemode::codemode(&mut c, *action).await?;
+            c.close().await;
+            Ok(exit_code(ok))
+        }
+        Command::Mcp { action } => {
+            let mut c = conn::connect(&conn).await?;
+            let ok = codemode::mcp(&mut c, *action).await?;
+            c.close().await;
+            Ok(exit_code(ok))
+        }
+        Command::Watch(a) => watch::watch(&conn, a).await,
         Command::Sched { action } => {
             let mut c = conn::connect(&conn).await?;
             let ok = sched::sched(&mut c, *action).await?;

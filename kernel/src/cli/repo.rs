@@ -52,6 +52,9 @@ pub enum RepoAction {
     /// Fetch an upstream (file:// or git://) into OWNER/NAME's --ref.
     Import {
         repo: String,
+        /// `file://…` or `git://…`. (Its own id: the global `--url` is the
+        /// kernel's, and clap would merge the two.)
+        #[arg(id = "upstream_url", value_name = "URL")]
         url: String,
         #[arg(long = "ref")]
         branch: Option<String>,

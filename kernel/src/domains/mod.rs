@@ -12,8 +12,10 @@
 
 pub mod accounts;
 pub mod ai;
+pub mod codemode;
 pub mod device;
 pub mod fs;
+pub mod mcp;
 pub mod notification;
 pub mod proc;
 pub mod repo;
@@ -22,6 +24,7 @@ pub mod shell;
 pub mod snapshot;
 pub mod sys;
 pub mod timers;
+pub mod watch;
 pub mod workspace;
 
 use std::sync::{Arc, Mutex};
@@ -42,8 +45,10 @@ pub const MIGRATIONS: &[&[Migration]] = &[
     timers::MIGRATIONS,
     notification::MIGRATIONS,
     sched::MIGRATIONS,
+    watch::MIGRATIONS,
     snapshot::MIGRATIONS,
     proc::CONVERSATION_MIGRATIONS,
+    mcp::MIGRATIONS,
 ];
 
 /// [`MIGRATIONS`] as one list, what `Db::open` applies.
@@ -66,6 +71,7 @@ pub async fn start(k: &Arc<Kernel>) -> Result<(), KernelError> {
     proc::calls::run::recover(k).await?;
     sched::calls::recover(k).await?;
     timers::calls::start(k);
+    tokio::spawn(watch::calls::prune_periodically(Arc::downgrade(k)));
     Ok(())
 }
 
@@ -127,6 +133,9 @@ pub fn register(d: &mut Dispatch<Kernel>) {
     d.add("fs.search", "fs.search", fs::calls::search);
     d.add("ai.tools", "ai.tools", ai::calls::tools);
     d.add("ai.config", "ai.config", ai::calls::config);
+    d.add("fs.watch", "fs.watch", watch::calls::watch);
+    d.add("fs.changes", "fs.changes", watch::calls::changes);
+    d.add("fs.unwatch", "fs.unwatch", watch::calls::unwatch);
     d.add("proc.spawn", "proc.spawn", proc::calls::spawn);
     d.add("proc.list", "proc.list", proc::calls::list);
     d.add("proc.send", "proc.send", proc::calls::send);
@@ -196,6 +205,13 @@ pub fn register(d: &mut Dispatch<Kernel>) {
         proc::calls::conversation::segment_read,
     );
     d.add("shell.exec", "shell.exec", shell::calls::exec);
+    d.add_internal("codemode.exec", "codemode.exec", codemode::calls::exec);
+    d.add("codemode.run", "codemode.run", codemode::calls::run);
+    d.add("sys.mcp.add", "sys.mcp.add", mcp::calls::add);
+    d.add("sys.mcp.list", "sys.mcp.list", mcp::calls::list);
+    d.add("sys.mcp.remove", "sys.mcp.remove", mcp::calls::remove);
+    d.add("sys.mcp.refresh", "sys.mcp.refresh", mcp::calls::refresh);
+    d.add("sys.mcp.call", "sys.mcp.call", mcp::calls::call);
     d.add("sched.list", "sched.list", sched::calls::list);
     d.add("sched.add", "sched.add", sched::calls::add);
     d.add("sched.update", "sched.update", sched::calls::update);

@@ -762,3 +762,162 @@ fn exec_reconnects_after_a_kernel_restart_and_reports_a_lost_command_as_255() {
     assert!(err.contains("result is lost"), "{err}");
     drop(s2);
 }
+
+#[test]
+fn the_cli_runs_codemode_scripts_from_a_file_or_stdin() {
+    let s = serve();
+    let setup = r#"{"username":"alice","password":"alice-password"}"#;
+    assert!(gsv(&s, &["call", "sys.setup", setup]).0);
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("s.js");
+    std::fs::write(
+        &script,
+        "console.log('hello from js'); return {argv, n: args.n, who: args.who};",
+    )
+    .unwrap();
+    let path = script.to_str().unwrap();
+    let (ok, out, err) = gsv_err(
+        &s,
+        &[
+            "codemode", "run", path, "--arg", "n=2", "--arg", "who=me", "--", "x", "y",
+        ],
+    );
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        v,
+        serde_json::json!({"argv": ["x", "y"], "n": 2, "who": "me"})
+    );
+    assert_eq!(err, "hello from js\n");
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gsv"))
+        .args(["codemode", "run", "-", "--json"])
+        .env("GSV_URL", &s.url)
+        .env("GSV_USER", "alice")
+        .env("GSV_PASSWORD", "alice-password")
+        .env_remove("GSV_TOKEN")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"throw new Error('from stdin');")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success(), "a failed block exits 1");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v,
+        serde_json::json!({"status": "failed", "error": "Error: from stdin", "logs": []})
+    );
+}
+
+#[test]
+fn the_cli_adds_lists_calls_and_removes_mcp_servers() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(mcp) = rt.block_on(crate::mcp::McpServer::start()) else {
+        return;
+    };
+    let s = serve();
+    let setup = r#"{"username":"alice","password":"alice-password"}"#;
+    assert!(gsv(&s, &["call", "sys.setup", setup]).0);
+    let (ok, id, err) = gsv_err(&s, &["mcp", "add", "Math", &mcp.url]);
+    assert!(ok, "{err}");
+    let id = id.trim().to_owned();
+    assert!(id.starts_with("mcp_"), "{id}");
+    let (ok, list) = gsv(&s, &["mcp", "list"]);
+    assert!(ok);
+    let row: Vec<&str> = list.lines().next().unwrap().split('\t').collect();
+    assert_eq!(&row[..4], &[id.as_str(), "ready", "Math", mcp.url.as_str()]);
+    assert!(row[4].split(',').any(|t| t == "get-sum"), "{list}");
+    let (ok, out) = gsv(
+        &s,
+        &["mcp", "call", &id, "get-sum", "--args", r#"{"a":1,"b":2}"#],
+    );
+    assert!(ok, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v, serde_json::json!({"sum": 3}));
+    let (ok, out) = gsv(
+        &s,
+        &["mcp", "call", &id, "echo", "--args", r#"{"message":"yo"}"#],
+    );
+    assert!(ok);
+    assert_eq!(out, "yo\n");
+    let (ok, _, err) = gsv_err(
+        &s,
+        &[
+            "mcp",
+            "call",
+            &id,
+            "explode",
+            "--args",
+            r#"{"reason":"cli"}"#,
+        ],
+    );
+    assert!(!ok && err.contains("exploded: cli"), "{err}");
+    assert!(gsv(&s, &["mcp", "rm", &id]).0);
+    let (ok, _, err) = gsv_err(&s, &["mcp", "rm", &id]);
+    assert!(!ok && err.contains("no MCP server"), "{err}");
+    assert_eq!(gsv(&s, &["mcp", "list"]).1, "");
+}
+
+#[test]
+fn gsv_watch_replays_from_a_cursor_and_prints_where_to_resume() {
+    let s = serve();
+    let setup = r#"{"username":"alice","password":"alice-password"}"#;
+    assert!(gsv(&s, &["call", "sys.setup", setup]).0);
+    let (_, ws) = gsv(&s, &["workspace", "create"]);
+    let ws = ws.trim().to_owned();
+    let args = format!(r#"{{"path":"/workspaces/{ws}","after":"now"}}"#);
+    let (ok, out) = gsv(&s, &["call", "fs.changes", &args]);
+    assert!(ok, "{out}");
+    let frame: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let start = frame["data"]["cursor"].as_str().unwrap().to_owned();
+    for (name, body) in [("a.txt", "aa"), ("b.txt", "bbb")] {
+        let args = format!(r#"{{"path":"/workspaces/{ws}/{name}","content":"{body}"}}"#);
+        assert!(gsv(&s, &["call", "fs.write", &args]).0);
+    }
+    let (ok, out) = gsv(&s, &["watch", &ws, "--after", &start, "--count", "2"]);
+    assert!(ok, "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[..2],
+        [
+            format!("file\t/workspaces/{ws}/a.txt\t2"),
+            format!("file\t/workspaces/{ws}/b.txt\t3")
+        ]
+    );
+    let resume = lines[2].strip_prefix("cursor\t").expect(&out).to_owned();
+    let args = format!(r#"{{"path":"/workspaces/{ws}/sub/c.txt","content":"c"}}"#);
+    assert!(gsv(&s, &["call", "fs.write", &args]).0);
+    let (ok, out) = gsv(
+        &s,
+        &[
+            "watch", &ws, "sub", "--after", &resume, "--count", "2", "--json",
+        ],
+    );
+    assert!(ok, "{out}");
+    let batches: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let paths: Vec<&str> = batches
+        .iter()
+        .flat_map(|b| b["changes"].as_array().into_iter().flatten())
+        .map(|c| c["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            format!("/workspaces/{ws}/sub"),
+            format!("/workspaces/{ws}/sub/c.txt")
+        ]
+    );
+    assert!(batches.last().unwrap()["cursor"].is_string());
+    let (ok, _, err) = gsv_err(&s, &["watch", &ws, "--after", "garbage"]);
+    assert!(!ok && err.contains("Cursor expired"), "{err}");
+}

@@ -311,7 +311,14 @@ async fn a_wsd_error_reaches_the_caller_as_its_code() {
     let k = TestKernel::with_users().await;
     let mut a = k.alice().await;
     let id = new_workspace(&mut a).await;
-    let d = exec_in(&mut a, &id, "read line; echo got:$line", 250).await;
+    let d = a
+        .call(
+            "shell.exec",
+            json!({"cwd": format!("/workspaces/{id}"), "input": "read line; echo got:$line",
+                   "yieldMs": 250, "openStdin": true}),
+        )
+        .await
+        .unwrap();
     assert_eq!(d["status"], "running", "{d}");
     let sid = d["sessionId"].as_str().unwrap().to_owned();
     let huge = "x".repeat(wsd_client::limits::MAX_STDIN_WRITE_BYTES + 1);

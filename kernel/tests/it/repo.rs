@@ -1,6 +1,7 @@
 //! `repo.*` over a real WebSocket, checked against real `git`: fsck, log,
 //! ls-tree, a `git daemon` upstream and `git clone` over the kernel's HTTP.
 
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 
@@ -698,6 +699,9 @@ impl GitDaemon {
                 ],
             )
             .stderr(std::process::Stdio::null())
+            // `git daemon` runs `git-daemon` as its child: a group of their
+            // own lets Drop end both, not only the wrapper.
+            .process_group(0)
             .spawn()
             .unwrap();
             let mut d = GitDaemon { child, port };
@@ -718,7 +722,8 @@ impl GitDaemon {
 
 impl Drop for GitDaemon {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        let group = rustix::process::Pid::from_child(&self.child);
+        let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
         let _ = self.child.wait();
     }
 }

@@ -85,10 +85,7 @@ async fn restore_brings_back_old_content_for_fs_read_and_the_next_exec() {
 
     write(&mut a, &ws, "f.txt", "new").await;
     assert_eq!(run(&mut a, &ws, "echo later > made.txt").await, "");
-    assert_eq!(
-        read(&mut a, &ws, "made.txt").await["content"],
-        "     1\tlater"
-    );
+    assert_eq!(read(&mut a, &ws, "made.txt").await["content"], "1\tlater");
     let diff = a
         .call("workspace.snapshot.diff", json!({"from": sid}))
         .await
@@ -107,7 +104,7 @@ async fn restore_brings_back_old_content_for_fs_read_and_the_next_exec() {
         (Some(1), Some(1)),
         "{r}"
     );
-    assert_eq!(read(&mut a, &ws, "f.txt").await["content"], "     1\told");
+    assert_eq!(read(&mut a, &ws, "f.txt").await["content"], "1\told");
     let gone = read(&mut a, &ws, "made.txt").await;
     assert_eq!(gone["ok"], false, "{gone}");
     assert_eq!(
@@ -158,7 +155,7 @@ async fn snapshots_survive_a_kernel_restart() {
     a.call("workspace.snapshot.restore", json!({"snapshotId": sid}))
         .await
         .unwrap();
-    assert_eq!(read(&mut a, &ws, "f").await["content"], "     1\tkept");
+    assert_eq!(read(&mut a, &ws, "f").await["content"], "1\tkept");
     assert_eq!(run(&mut a, &ws, "cat f").await, "kept");
 }
 
@@ -182,13 +179,13 @@ async fn a_fork_and_its_source_are_independent_both_ways() {
     assert_ne!(fork, src);
     assert_eq!(
         read(&mut a, &fork, "shared.txt").await["content"],
-        "     1\tfrom the source"
+        "1\tfrom the source"
     );
     write(&mut a, &fork, "shared.txt", "fork edit").await;
     write(&mut a, &src, "only-source.txt", "s").await;
     assert_eq!(
         read(&mut a, &src, "shared.txt").await["content"],
-        "     1\tfrom the source"
+        "1\tfrom the source"
     );
     assert_eq!(read(&mut a, &fork, "only-source.txt").await["ok"], false);
     assert_eq!(run(&mut a, &fork, "cat shared.txt").await, "fork edit");
@@ -257,7 +254,7 @@ async fn another_users_and_unknown_snapshots_are_refused_and_the_limit_is_elimit
     assert_eq!(r["ok"], false, "{r}");
     assert_eq!(r["code"], "ELIMIT", "{r}");
     assert!(r["error"].as_str().unwrap().contains(&ws), "{r}");
-    assert_eq!(read(&mut a, &ws, "f").await["content"], "     1\talice's");
+    assert_eq!(read(&mut a, &ws, "f").await["content"], "1\talice's");
 }
 
 #[tokio::test]
@@ -274,7 +271,7 @@ async fn a_restore_while_a_command_runs_is_refused() {
     let d = a
         .call(
             "shell.exec",
-            json!({"cwd": format!("/workspaces/{ws}"), "input": "read line; echo $line", "yieldMs": 200}),
+            json!({"cwd": format!("/workspaces/{ws}"), "input": "read line; echo $line", "yieldMs": 200, "openStdin": true}),
         )
         .await
         .unwrap();
@@ -286,7 +283,7 @@ async fn a_restore_while_a_command_runs_is_refused() {
     assert_eq!(r["code"], "EBUSY", "{r}");
     assert_eq!(
         read(&mut a, &ws, "f").await["content"],
-        "     1\tv2",
+        "1\tv2",
         "nothing changed"
     );
     let sess = d["sessionId"].as_str().unwrap().to_owned();
@@ -347,7 +344,7 @@ async fn deleting_a_snapshot_and_collecting_frees_only_its_unshared_chunks() {
     assert_eq!(gc["chunks"], 1, "{gc}");
     assert_eq!(
         read(&mut a, &ws, "shared").await["content"],
-        "     1\tin the tree and in the snapshot"
+        "1\tin the tree and in the snapshot"
     );
     let row = gsv_kernel::domains::workspace::WorkspaceRow {
         id: ws.clone(),

@@ -1,6 +1,6 @@
-//! The plan, table-style: one case per rule (ARCHITECTURE.md, "The Store
-//! contract", and the fixes `git log -- wsd/src/store/apply.rs` records),
-//! each naming its rule, so that reverting a rule fails its case.
+//! The plan, table-style: one case per rule (the sync rules numbered in
+//! sync/DESIGN.md, and the fixes `git log -- wsd/src/store/apply.rs`
+//! records), each named by its rule, so that reverting a rule fails its case.
 
 use super::*;
 use crate::{ChunkRef, ErrorCode, Hash};
@@ -261,7 +261,7 @@ fn entry_cases() -> Vec<Case> {
     };
     vec![
         c(
-            "3: a delete of an absent path is skipped",
+            "4: a delete of an absent path is skipped",
             WSD,
             EntryState::Delete,
             None,
@@ -270,7 +270,7 @@ fn entry_cases() -> Vec<Case> {
             Plan::Skip,
         ),
         c(
-            "3: a delete where the index holds only a tombstone and the disk nothing is skipped",
+            "4: a delete where the index holds only a tombstone and the disk nothing is skipped",
             WSD,
             EntryState::Delete,
             Some(tomb(UNPUSHED_REV)),
@@ -279,7 +279,7 @@ fn entry_cases() -> Vec<Case> {
             Plan::Skip,
         ),
         c(
-            "a delete of a file not settled yet removes it, a local change lost",
+            "6: a delete of a file not settled yet removes it, a local change lost",
             WSD,
             EntryState::Delete,
             None,
@@ -288,7 +288,7 @@ fn entry_cases() -> Vec<Case> {
             write(true),
         ),
         c(
-            "3: a peer's entry equal to the row, with the disk as indexed, is skipped",
+            "4: a peer's entry equal to the row, with the disk as indexed, is skipped",
             WSD,
             file(),
             Some(row(Kind::File, UNPUSHED_REV).matching()),
@@ -297,7 +297,7 @@ fn entry_cases() -> Vec<Case> {
             Plan::Skip,
         ),
         c(
-            "3: equal to the row but not to the disk (an edit not settled) applies and counts",
+            "4: equal to the row but not to the disk (an edit not settled) applies and counts",
             WSD,
             file(),
             Some(row(Kind::File, PUSHED_REV).matching()),
@@ -306,7 +306,7 @@ fn entry_cases() -> Vec<Case> {
             write(true),
         ),
         c(
-            "3: an external writer's entry equal to local state still applies",
+            "5: an external writer's entry equal to local state still applies",
             Batch { peer: false, ..WSD },
             file(),
             Some(row(Kind::File, PUSHED_REV).matching()),
@@ -315,7 +315,7 @@ fn entry_cases() -> Vec<Case> {
             write(false),
         ),
         c(
-            "6: a delete of a directory holding excluded paths deletes the rest below, keeps it",
+            "11: a delete of a directory holding excluded paths deletes the rest below, keeps it",
             WSD.excluding_logs(),
             EntryState::Delete,
             Some(row(Kind::Dir, PUSHED_REV)),
@@ -324,7 +324,7 @@ fn entry_cases() -> Vec<Case> {
             Plan::DeleteSparing(vec![SyncPath::new("d/a").unwrap()]),
         ),
         c(
-            "6: a delete of a directory with nothing excluded below removes it whole",
+            "11: a delete of a directory with nothing excluded below removes it whole",
             WSD.excluding_logs(),
             EntryState::Delete,
             Some(row(Kind::Dir, PUSHED_REV)),
@@ -336,7 +336,7 @@ fn entry_cases() -> Vec<Case> {
             replacing_dir(write(false), Remove),
         ),
         c(
-            "6: with conflict copies, a directory holding an excluded path is moved aside",
+            "11: with conflict copies, a directory holding an excluded path is moved aside",
             CLI.excluding_logs(),
             file(),
             Some(row(Kind::Dir, PUSHED_REV)),
@@ -345,7 +345,7 @@ fn entry_cases() -> Vec<Case> {
             replacing_dir(write(false), MoveAside),
         ),
         c(
-            "6: dofs replaces a subtree holding an excluded path",
+            "11: dofs replaces a subtree holding an excluded path",
             DOFS.excluding_logs(),
             link(),
             Some(row(Kind::Dir, PUSHED_REV)),
@@ -354,7 +354,7 @@ fn entry_cases() -> Vec<Case> {
             replacing_dir(write(false), Remove),
         ),
         c(
-            "a file replacing a directory with an unpushed change below overwrites local state",
+            "6: a file replacing a directory with an unpushed change below overwrites local state",
             WSD,
             file(),
             Some(row(Kind::Dir, PUSHED_REV)),
@@ -363,7 +363,7 @@ fn entry_cases() -> Vec<Case> {
             replacing_dir(write(true), Remove),
         ),
         c(
-            "with conflict copies, a replaced directory holding unpushed changes moves aside",
+            "6: with conflict copies, a replaced directory holding unpushed changes moves aside",
             CLI,
             link(),
             Some(row(Kind::Dir, PUSHED_REV)),
@@ -372,7 +372,7 @@ fn entry_cases() -> Vec<Case> {
             replacing_dir(write(true), MoveAside),
         ),
         c(
-            "with conflict copies, a deleted directory holding an unsettled write moves aside",
+            "6: with conflict copies, a deleted directory holding an unsettled write moves aside",
             CLI,
             EntryState::Delete,
             Some(row(Kind::Dir, PUSHED_REV)),
@@ -381,7 +381,7 @@ fn entry_cases() -> Vec<Case> {
             replacing_dir(write(true), MoveAside),
         ),
         c(
-            "without conflict copies, the disk below a deleted directory is not looked at",
+            "6: without conflict copies, the disk below a deleted directory is not looked at",
             WSD,
             EntryState::Delete,
             Some(row(Kind::Dir, PUSHED_REV)),
@@ -390,7 +390,7 @@ fn entry_cases() -> Vec<Case> {
             replacing_dir(write(false), Remove),
         ),
         c(
-            "a directory entry over a directory replaces nothing and asks nothing below",
+            "6: a directory entry over a directory replaces nothing and asks nothing below",
             WSD,
             dir(),
             Some(row(Kind::Dir, PUSHED_REV)),
@@ -399,7 +399,7 @@ fn entry_cases() -> Vec<Case> {
             write(false),
         ),
         c(
-            "overwriting an unpushed local row counts",
+            "6: overwriting an unpushed local row counts",
             WSD,
             file(),
             Some(row(Kind::File, UNPUSHED_REV)),
@@ -408,7 +408,7 @@ fn entry_cases() -> Vec<Case> {
             write(true),
         ),
         c(
-            "overwriting the sender's own state does not count",
+            "6: overwriting the sender's own state does not count",
             WSD,
             file(),
             Some(row(Kind::File, UNPUSHED_REV).sent_by_the_sender()),
@@ -417,7 +417,7 @@ fn entry_cases() -> Vec<Case> {
             write(false),
         ),
         c(
-            "overwriting a local change the remote acknowledged does not count",
+            "6: overwriting a local change the remote acknowledged does not count",
             WSD,
             file(),
             Some(row(Kind::File, PUSHED_REV)),
@@ -426,7 +426,7 @@ fn entry_cases() -> Vec<Case> {
             write(false),
         ),
         c(
-            "writing where we deleted and have not pushed counts",
+            "6: writing where we deleted and have not pushed counts",
             WSD,
             file(),
             Some(tomb(UNPUSHED_REV)),
@@ -435,7 +435,7 @@ fn entry_cases() -> Vec<Case> {
             write(true),
         ),
         c(
-            "an external writer overwrites nothing a remote has not seen",
+            "5: an external writer overwrites nothing a remote has not seen",
             Batch {
                 external_writer: true,
                 peer: false,
@@ -448,7 +448,7 @@ fn entry_cases() -> Vec<Case> {
             write(false),
         ),
         c(
-            "with conflict copies, an overwritten unpushed file is kept beside it",
+            "6: with conflict copies, an overwritten unpushed file is kept beside it",
             CLI,
             file(),
             Some(row(Kind::File, UNPUSHED_REV)),
@@ -457,7 +457,7 @@ fn entry_cases() -> Vec<Case> {
             copied_aside(write(true)),
         ),
         c(
-            "with conflict copies, an unsettled symlink deleted is kept beside it",
+            "6: with conflict copies, an unsettled symlink deleted is kept beside it",
             CLI,
             EntryState::Delete,
             Some(row(Kind::Symlink, PUSHED_REV)),
@@ -466,7 +466,7 @@ fn entry_cases() -> Vec<Case> {
             copied_aside(write(true)),
         ),
         c(
-            "with conflict copies, nothing on disk is nothing to keep",
+            "6: with conflict copies, nothing on disk is nothing to keep",
             CLI,
             file(),
             Some(row(Kind::File, PUSHED_REV)),
@@ -475,7 +475,7 @@ fn entry_cases() -> Vec<Case> {
             write(true),
         ),
         c(
-            "with conflict copies, a node sync does not carry is not kept",
+            "6: with conflict copies, a node sync does not carry is not kept",
             CLI,
             file(),
             None,
@@ -484,7 +484,7 @@ fn entry_cases() -> Vec<Case> {
             write(true),
         ),
         c(
-            "with conflict copies, acknowledged local state is not kept",
+            "6: with conflict copies, acknowledged local state is not kept",
             CLI,
             file(),
             Some(row(Kind::File, PUSHED_REV)),
@@ -493,7 +493,7 @@ fn entry_cases() -> Vec<Case> {
             write(false),
         ),
         c(
-            "a file over a directory row a local write replaced on disk takes the rows below",
+            "6: a file over a directory row a local write replaced on disk takes the rows below",
             WSD,
             file(),
             Some(row(Kind::Dir, PUSHED_REV)),
@@ -502,7 +502,7 @@ fn entry_cases() -> Vec<Case> {
             tombstoning_rows_below(write(true)),
         ),
         c(
-            "a directory entry over that keeps the rows below",
+            "6: a directory entry over that keeps the rows below",
             WSD,
             dir(),
             Some(row(Kind::Dir, PUSHED_REV)),
@@ -511,7 +511,7 @@ fn entry_cases() -> Vec<Case> {
             write(true),
         ),
         Case {
-            rule: "6: a file replacing a directory holding an excluded path is refused",
+            rule: "11: a file replacing a directory holding an excluded path is refused",
             batch: WSD.excluding_logs(),
             entry: file(),
             row: Some(row(Kind::Dir, PUSHED_REV)),

@@ -1303,6 +1303,7 @@ fn embedded_daemon(args: &[String]) -> Result<ExitCode> {
         exec_log_cap: None,
         handshake_timeout: None,
         sandbox: None,
+        prune_every: None,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

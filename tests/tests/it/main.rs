@@ -9,4 +9,5 @@ mod daemon;
 mod exec;
 mod hostile_rpc;
 mod parsers;
+mod prune;
 mod state_loss;

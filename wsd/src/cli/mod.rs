@@ -363,6 +363,7 @@ fn serve(a: ServeArgs) -> Result<ExitCode> {
         exec_log_cap: a.exec_log_cap,
         handshake_timeout: Some(std::time::Duration::from_secs(a.handshake_timeout)),
         sandbox: a.sandbox.config(a.token_file.as_deref()),
+        prune_every: None,
     };
     block_on_local(wsd::daemon::run(config, |_| {}, shutdown_signal()))??;
     Ok(ExitCode::SUCCESS)

@@ -154,8 +154,15 @@ impl<S: Store + Send + 'static> wire::sync::Server for SyncServer<S> {
                 .store
                 .call(move |s| {
                     let window = s.open_changes(&open_after)?;
-                    let applied = s.watermarks(&peer)?.fetch_cursor;
-                    Ok((window, applied))
+                    let wm = s.watermarks(&peer)?;
+                    // Asking for what follows `after` acknowledges all up
+                    // to it: recorded (forward only) as this peer's push
+                    // cursor, it lets the scheduled prune drop the
+                    // tombstones the peer has, and none it still needs.
+                    if !window.baseline && open_after > wm.push_cursor {
+                        s.set_push_cursor(&peer, &open_after)?;
+                    }
+                    Ok((window, wm.fetch_cursor))
                 })
                 .await?;
             let start = if window.baseline {

@@ -1,6 +1,6 @@
 //! The single writer: the store lives on its own OS thread and the event
 //! loop sends it closures over a bounded channel, each answered on a
-//! oneshot. Calls therefore run one at a time in arrival order (protocol
+//! oneshot. Calls therefore run one at a time in arrival order (sync
 //! rule 12), and a slow SQLite transaction never blocks the `LocalSet`.
 
 use std::sync::{Arc, Mutex};

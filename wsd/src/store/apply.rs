@@ -1,5 +1,5 @@
-//! Applying a batch of entries to the directory and the index (rules 3–6,
-//! 10 of `sync-protocol.md`).
+//! Applying a batch of entries to the directory and the index (sync rules
+//! 3–6, 10, 11 and 13 in sync/DESIGN.md).
 //!
 //! Order of work: everything that can reject the batch runs before the
 //! directory is touched (entry validation, the state-directory guard,

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use gsv_protocol::ai::{ConfigArgs, ConfigResult, ContextFile, ToolDevice, ToolInfo, ToolsResult};
 use serde_json::{Map, Value, json};
 
+use crate::domains::codemode;
 use crate::domains::proc::calls::run::{self, tool_defs};
 use crate::domains::proc::{profiles, store};
 use crate::error::KernelError;
@@ -47,7 +48,9 @@ pub async fn tools(
                 platform: Some(d.platform).filter(|t| !t.is_empty()),
             })
             .collect();
-    let tools = tool_defs()
+    // The CodeMode tool's description lists the user's connected MCP tools.
+    let tools = codemode::calls::with_mcp_declarations(&k, &s, tool_defs())
+        .await
         .into_iter()
         .map(|d| {
             let f = &d["function"];

@@ -1,6 +1,7 @@
 //! Human-in-the-loop approval. Without a policy, seed 002's defaults:
-//! auto-allow most tools, ask before `fs.delete` and before shell commands
-//! tagged destructive or privileged. An account's policy
+//! auto-allow most tools, ask before `fs.delete`, before shell commands
+//! tagged destructive or privileged, and before a call to an MCP server's
+//! tool (`sys.mcp.call`: what a remote tool does is not known here). An account's policy
 //! (`users/{uid}/ai/tools/approval`, else the profile's
 //! `config/ai/profile/<p>/tools/approval`) is `{default?, rules: [{match,
 //! target?, action}]}`: the most specific matching rule wins (a target
@@ -181,6 +182,7 @@ pub fn facts(call: &str, args: &Value, cwd: &str, home: &str) -> Vec<&'static st
 pub fn decide(call: &str, args: &Value, cwd: &str, home: &str) -> Decision {
     match call {
         "fs.delete" => Decision::Ask(vec!["delete"]),
+        "sys.mcp.call" => Decision::Ask(vec!["mcp"]),
         "shell.exec" => {
             // `input` is the syscall's name for the command line.
             let cmd = args

@@ -281,6 +281,11 @@ impl Workspaces {
         w.bracket.lock().await.child_pid()
     }
 
+    /// Every open workspace.
+    pub fn open_list(&self) -> Vec<Arc<Workspace>> {
+        self.open.lock().unwrap().values().cloned().collect()
+    }
+
     pub fn open_count(&self) -> usize {
         self.open.lock().unwrap().len()
     }

@@ -5,6 +5,7 @@
 //! tool calls. Every step is a row first, then a signal.
 
 use gsv_protocol::ai::{ConfigResult, ToolsResult};
+use gsv_protocol::codemode as codemode_args;
 use gsv_protocol::proc::{ContextState, HilRequest, Overflow, SendResult};
 use gsv_protocol::shell::ShellToolArgs;
 use gsv_protocol::{Targeted, fs, tool_parameters};
@@ -24,12 +25,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::conversation::{self, Selector, SummaryKind};
 use super::signal::{deliver, emit};
-use crate::domains::accounts;
 use crate::domains::ai;
 use crate::domains::proc::conversations;
 use crate::domains::proc::hil::{self, Decision, Policy};
 use crate::domains::proc::provider::{self, Completion, Delta, ProviderConfig, ProviderError};
 use crate::domains::proc::store::{self, ProcRow};
+use crate::domains::{accounts, codemode};
 use crate::error::KernelError;
 use crate::kernel::Kernel;
 use crate::session::{Role, Session};
@@ -46,6 +47,7 @@ pub const TOOLS: &[(&str, &str)] = &[
     ("Delete", "fs.delete"),
     ("Search", "fs.search"),
     ("Shell", "shell.exec"),
+    ("CodeMode", "codemode.exec"),
 ];
 
 /// How a run ended when it did not answer.
@@ -224,7 +226,7 @@ async fn run_task(
 
 /// The session a process's tool calls run as: its run-as account and
 /// that account's capabilities, cwd set to the process's.
-async fn process_session(k: &Arc<Kernel>, row: &ProcRow) -> Result<Session, KernelError> {
+pub async fn process_session(k: &Arc<Kernel>, row: &ProcRow) -> Result<Session, KernelError> {
     let uid = row.run_as_uid;
     let (identity, caps) =
         k.db.call(move |c| {
@@ -235,7 +237,7 @@ async fn process_session(k: &Arc<Kernel>, row: &ProcRow) -> Result<Session, Kern
         })
         .await?;
     Ok(Session {
-        connection_id: format!("process:{}", row.pid),
+        connection_id: crate::session::process_connection_id(&row.pid),
         role: Role::User,
         identity: accounts::ProcessIdentity {
             cwd: row.cwd.clone(),
@@ -319,7 +321,7 @@ pub async fn dispatch_call(
 }
 
 /// A dispatched call's outcome as the model sees it: output or error text.
-async fn syscall(
+pub async fn syscall(
     k: &Arc<Kernel>,
     session: &Arc<Session>,
     call: &str,
@@ -423,6 +425,9 @@ pub fn tool_defs() -> Vec<Value> {
         ),
         def::<fs::SearchArgs>("Search", "Search file contents for a literal string."),
         def::<ShellToolArgs>("Shell", "Run a shell command in the workspace."),
+        json!({"type": "function", "function": {
+            "name": "CodeMode", "description": codemode::TOOL_DESCRIPTION,
+            "parameters": tool_parameters::<codemode_args::ExecArgs>()}}),
     ]
 }
 
@@ -490,19 +495,7 @@ async fn run_loop(
     );
     let (ai, offered) = run_inputs(k, &session).await.map_err(End::Failed)?;
     let cfg = provider_from(&ai).map_err(End::Failed)?;
-    let policy = match ai
-        .approval_policy
-        .as_ref()
-        .or(ai.profile_approval_policy.as_ref())
-    {
-        None => None,
-        Some(text) => Some(Policy::parse(text).map_err(|e| {
-            End::Failed(format!(
-                "the approval policy (users/{}/ai/tools/approval or the profile's) is invalid: {e}",
-                row.run_as_uid
-            ))
-        })?),
-    };
+    let policy = approval_policy(row, &ai).map_err(End::Failed)?;
     let system = system_prompt(k, row, &session, &ai).await;
     let tools: Vec<Value> = offered
         .tools
@@ -891,10 +884,89 @@ async fn run_tool(
         }
     };
     let args = with_cwd(args, call, &row.cwd);
-    let conv = k
-        .procs
+    if let Err(refused) = approve(
+        k,
+        row,
+        session,
+        Some(run_id),
+        policy,
+        ToolRef {
+            call_id: &tc.id,
+            name: &tc.name,
+        },
+        call,
+        &args,
+    )
+    .await
+    {
+        return (json!(refused), true);
+    }
+    let conv = active_conversation(k, row);
+    emit(
+        k,
+        row.owner_uid,
+        &row.pid,
+        "proc.run.tool.started",
+        json!({"runId": run_id, "conversationId": conv, "toolCallId": tc.id,
+               "toolName": tc.name, "syscall": call, "args": args}),
+    )
+    .await;
+    match syscall(k, session, call, args).await {
+        // A CodeMode block that failed is a failed tool call.
+        Ok(v) => {
+            let failed = v.get("status").and_then(Value::as_str) == Some("failed");
+            (v, call == "codemode.exec" && failed)
+        }
+        Err(e) => (json!(e), true),
+    }
+}
+
+fn active_conversation(k: &Kernel, row: &ProcRow) -> String {
+    k.procs
         .active_conversation(&row.pid)
-        .unwrap_or_else(|| conversations::DEFAULT.to_owned());
+        .unwrap_or_else(|| conversations::DEFAULT.to_owned())
+}
+
+/// The approval policy a run applies: the account's
+/// (`users/{uid}/ai/tools/approval`), else its profile's; none means the
+/// built-in rules.
+pub fn approval_policy(row: &ProcRow, ai: &ConfigResult) -> Result<Option<Policy>, String> {
+    let Some(text) = ai
+        .approval_policy
+        .as_ref()
+        .or(ai.profile_approval_policy.as_ref())
+    else {
+        return Ok(None);
+    };
+    Policy::parse(text).map(Some).map_err(|e| {
+        format!(
+            "the approval policy (users/{}/ai/tools/approval or the profile's) is invalid: {e}",
+            row.run_as_uid
+        )
+    })
+}
+
+/// The model's tool call an approval request belongs to.
+#[derive(Debug, Clone, Copy)]
+pub struct ToolRef<'a> {
+    pub call_id: &'a str,
+    pub name: &'a str,
+}
+
+/// Asks the process's owner before `call` runs when the approval policy
+/// says so (the tool's own calls and CodeMode's nested ones alike); the
+/// error is the tool-result text. Asking needs an active run.
+#[allow(clippy::too_many_arguments)]
+pub async fn approve(
+    k: &Arc<Kernel>,
+    row: &ProcRow,
+    session: &Session,
+    run_id: Option<&str>,
+    policy: Option<&Policy>,
+    tool: ToolRef<'_>,
+    call: &str,
+    args: &Map<String, Value>,
+) -> Result<(), String> {
     let (p, c) = (row.pid.clone(), call.to_owned());
     let remembered =
         k.db.call(move |db| store::is_allowed(db, &p, &c))
@@ -912,77 +984,64 @@ async fn run_tool(
         )
     };
     if decision == Decision::Deny {
-        return (
-            json!(format!("{call} is denied by the approval policy")),
-            true,
-        );
+        return Err(format!("{call} is denied by the approval policy"));
     }
     if let Decision::Ask(tags) = decision {
         if !row.interactive {
-            return (
-                json!(format!(
-                    "{call} needs approval ({}) and this process is not interactive",
-                    tags.join(", ")
-                )),
-                true,
-            );
+            return Err(format!(
+                "{call} needs approval ({}) and this process is not interactive",
+                tags.join(", ")
+            ));
         }
+        let Some(run_id) = run_id else {
+            return Err(format!(
+                "{call} needs approval ({}) and no run of this process is active to ask in",
+                tags.join(", ")
+            ));
+        };
+        let conv = active_conversation(k, row);
         let request_id = format!("hil_{}", accounts::random_hex(12));
         let (tx, rx) = oneshot::channel();
         if !k.procs.await_hil(&row.pid, run_id, request_id.clone(), tx) {
-            return (json!("the run ended before approval"), true);
+            return Err("the run ended before approval".into());
         }
         let request = HilRequest {
             request_id: request_id.clone(),
             run_id: run_id.to_owned(),
             conversation_id: conv.clone(),
-            call_id: tc.id.clone(),
-            tool_name: tc.name.clone(),
+            call_id: tool.call_id.to_owned(),
+            tool_name: tool.name.to_owned(),
             syscall: call.to_owned(),
             args: Value::Object(args.clone()),
             created_at: crate::db::now_ms(),
         };
         let p = row.pid.clone();
-        if let Err(e) =
-            k.db.call(move |db| store::insert_hil(db, &p, &request))
-                .await
-        {
-            return (json!(e.to_string()), true);
-        }
+        k.db.call(move |db| store::insert_hil(db, &p, &request))
+            .await
+            .map_err(|e| e.to_string())?;
         emit(
             k,
             row.owner_uid,
             &row.pid,
             "proc.run.hil.requested",
-            json!({"runId": run_id, "conversationId": conv, "requestId": request_id, "toolCallId": tc.id,
-                   "toolName": tc.name, "syscall": call, "args": args, "tags": tags}),
+            json!({"runId": run_id, "conversationId": conv, "requestId": request_id,
+                   "toolCallId": tool.call_id, "toolName": tool.name, "syscall": call,
+                   "args": args, "tags": tags}),
         )
         .await;
         // An aborted run drops the sender; that reads as a denial.
         if !rx.await.unwrap_or(false) {
-            return (json!(format!("{call} was denied by the user")), true);
+            return Err(format!("{call} was denied by the user"));
         }
     }
-    emit(
-        k,
-        row.owner_uid,
-        &row.pid,
-        "proc.run.tool.started",
-        json!({"runId": run_id, "conversationId": conv, "toolCallId": tc.id,
-               "toolName": tc.name, "syscall": call, "args": args}),
-    )
-    .await;
-    match syscall(k, session, call, args).await {
-        Ok(v) => (v, false),
-        Err(e) => (json!(e), true),
-    }
+    Ok(())
 }
 
 /// Relative paths are the process's cwd's; `Shell` runs in its cwd (its
 /// workspace) unless the model names another. A call for a device keeps
 /// its paths and cwd as given: the kernel's cwd means nothing there, and
 /// the device resolves relative paths against its own root.
-fn with_cwd(mut args: Map<String, Value>, call: &str, cwd: &str) -> Map<String, Value> {
+pub fn with_cwd(mut args: Map<String, Value>, call: &str, cwd: &str) -> Map<String, Value> {
     let on_device =
         matches!(args.get("target"), Some(Value::String(t)) if !t.is_empty() && t != "gsv");
     if call == "shell.exec"
