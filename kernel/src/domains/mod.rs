@@ -11,6 +11,7 @@
 //! tables, and its lines in [`register`].
 
 pub mod accounts;
+pub mod ai;
 pub mod codemode;
 pub mod device;
 pub mod fs;
@@ -46,6 +47,7 @@ pub const MIGRATIONS: &[&[Migration]] = &[
     sched::MIGRATIONS,
     watch::MIGRATIONS,
     snapshot::MIGRATIONS,
+    proc::CONVERSATION_MIGRATIONS,
     mcp::MIGRATIONS,
 ];
 
@@ -129,6 +131,8 @@ pub fn register(d: &mut Dispatch<Kernel>) {
     d.add("fs.edit", "fs.edit", fs::calls::edit);
     d.add("fs.delete", "fs.delete", fs::calls::delete);
     d.add("fs.search", "fs.search", fs::calls::search);
+    d.add("ai.tools", "ai.tools", ai::calls::tools);
+    d.add("ai.config", "ai.config", ai::calls::config);
     d.add("fs.watch", "fs.watch", watch::calls::watch);
     d.add("fs.changes", "fs.changes", watch::calls::changes);
     d.add("fs.unwatch", "fs.unwatch", watch::calls::unwatch);
@@ -140,6 +144,66 @@ pub fn register(d: &mut Dispatch<Kernel>) {
     d.add("proc.hil", "proc.hil", proc::calls::hil);
     d.add("proc.reset", "proc.reset", proc::calls::reset);
     d.add("proc.kill", "proc.kill", proc::calls::kill);
+    d.add(
+        "proc.profile.list",
+        "proc.profile.list",
+        proc::calls::profile_list,
+    );
+    d.add(
+        "proc.conversation.open",
+        "proc.conversation.open",
+        proc::calls::conversation::open,
+    );
+    d.add(
+        "proc.conversation.list",
+        "proc.conversation.list",
+        proc::calls::conversation::list,
+    );
+    d.add(
+        "proc.conversation.get",
+        "proc.conversation.get",
+        proc::calls::conversation::get,
+    );
+    d.add(
+        "proc.conversation.close",
+        "proc.conversation.close",
+        proc::calls::conversation::close,
+    );
+    d.add(
+        "proc.conversation.reset",
+        "proc.conversation.reset",
+        proc::calls::conversation::reset,
+    );
+    d.add(
+        "proc.conversation.policy.get",
+        "proc.conversation.policy.get",
+        proc::calls::conversation::policy_get,
+    );
+    d.add(
+        "proc.conversation.policy.set",
+        "proc.conversation.policy.set",
+        proc::calls::conversation::policy_set,
+    );
+    d.add(
+        "proc.conversation.compact",
+        "proc.conversation.compact",
+        proc::calls::conversation::compact,
+    );
+    d.add(
+        "proc.conversation.fork",
+        "proc.conversation.fork",
+        proc::calls::conversation::fork,
+    );
+    d.add(
+        "proc.conversation.segments",
+        "proc.conversation.segments",
+        proc::calls::conversation::segments,
+    );
+    d.add(
+        "proc.conversation.segment.read",
+        "proc.conversation.segment.read",
+        proc::calls::conversation::segment_read,
+    );
     d.add("shell.exec", "shell.exec", shell::calls::exec);
     d.add_internal("codemode.exec", "codemode.exec", codemode::calls::exec);
     d.add("codemode.run", "codemode.run", codemode::calls::run);
