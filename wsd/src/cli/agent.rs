@@ -48,10 +48,9 @@ pub(crate) struct PushRequest {
 pub(crate) enum Reply {
     /// The push ran; its summary, as `--json` prints it.
     Pushed(serde_json::Value),
-    /// Not a push the agent makes the same way: the client walks itself.
+    /// Not a push the agent makes the same way, or its push failed: the
+    /// client pushes by itself.
     Refused(String),
-    /// The push failed.
-    Failed(String),
 }
 
 /// The agent's listening socket.
@@ -153,6 +152,5 @@ pub(crate) fn ask_push(state: &Path, req: &PushRequest) -> Result<Option<serde_j
             tracing::debug!(%why, "the agent refused; pushing directly");
             Ok(None)
         }
-        Reply::Failed(e) => anyhow::bail!("push failed (through {}): {e}", path.display()),
     }
 }

@@ -814,7 +814,15 @@ async fn serve_push(
     s.settled = false;
     match s.push(&Progress::hidden()).await {
         Ok(report) => agent::Reply::Pushed(summary_json("push", &report, &[], started.elapsed())),
-        Err(e) => agent::Reply::Failed(format!("{e:#}")),
+        // The client pushes by itself then (a fresh connection, its own
+        // error if that fails too); a push is idempotent.
+        Err(e) => {
+            tracing::warn!(
+                error = format!("{e:#}"),
+                "a push asked of this session failed"
+            );
+            agent::Reply::Refused(format!("its push failed: {e:#}"))
+        }
     }
 }
 
