@@ -86,28 +86,33 @@ impl Agent {
         Ok(Some(Agent { listener, path }))
     }
 
-    /// The next client's request; a connection that sends no valid
-    /// request in time is answered `Refused` and dropped here.
-    pub(crate) async fn next(&self) -> Result<(tokio::net::UnixStream, PushRequest)> {
-        loop {
-            let (mut conn, _) = self
-                .listener
-                .accept()
-                .await
-                .with_context(|| format!("accepting on {}", self.path.display()))?;
-            let mut line = String::new();
-            let read = tokio::time::timeout(
-                REQUEST_TIMEOUT,
-                tokio::io::BufReader::new((&mut conn).take(MAX_REQUEST)).read_line(&mut line),
-            )
-            .await;
-            match read.map(|r| r.map(|_| serde_json::from_str::<PushRequest>(&line))) {
-                Ok(Ok(Ok(req))) => return Ok((conn, req)),
-                other => {
-                    tracing::debug!(?other, "an agent client sent no valid request");
-                    let _ = answer(&mut conn, &Reply::Refused("no valid request".into())).await;
-                }
-            }
+    /// The next client. Cancel-safe (only the accept), so it can race the
+    /// session's other wake-ups; read its request with [`read_request`].
+    pub(crate) async fn accept(&self) -> Result<tokio::net::UnixStream> {
+        let (conn, _) = self
+            .listener
+            .accept()
+            .await
+            .with_context(|| format!("accepting on {}", self.path.display()))?;
+        Ok(conn)
+    }
+}
+
+/// A connected client's request; one that sends no valid request in time
+/// is answered `Refused` (`None`).
+pub(crate) async fn read_request(conn: &mut tokio::net::UnixStream) -> Option<PushRequest> {
+    let mut line = String::new();
+    let read = tokio::time::timeout(
+        REQUEST_TIMEOUT,
+        tokio::io::BufReader::new((&mut *conn).take(MAX_REQUEST)).read_line(&mut line),
+    )
+    .await;
+    match read.map(|r| r.map(|_| serde_json::from_str::<PushRequest>(&line))) {
+        Ok(Ok(Ok(req))) => Some(req),
+        other => {
+            tracing::debug!(?other, "an agent client sent no valid request");
+            let _ = answer(conn, &Reply::Refused("no valid request".into())).await;
+            None
         }
     }
 }

@@ -763,7 +763,7 @@ pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
         loop {
             let asked = async {
                 match &agent {
-                    Some(agent) => agent.next().await,
+                    Some(agent) => agent.accept().await,
                     None => std::future::pending().await,
                 }
             };
@@ -773,7 +773,12 @@ pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
                     break;
                 }
                 asked = asked => {
-                    let (mut conn, req) = asked?;
+                    // Read here, not in the select: a wake-up winning the
+                    // race must not drop a half-read request.
+                    let mut conn = asked?;
+                    let Some(req) = agent::read_request(&mut conn).await else {
+                        continue;
+                    };
                     let reply = serve_push(&mut s, &a.transfer, &started_with, req).await;
                     if let Err(e) = agent::answer(&mut conn, &reply).await {
                         tracing::debug!(error = %e, "the pushing client went away");
