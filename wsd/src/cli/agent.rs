@@ -14,6 +14,7 @@
 //! own (mode 0600, in the state directory).
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -58,6 +59,9 @@ pub(crate) enum Reply {
 pub(crate) struct Agent {
     listener: tokio::net::UnixListener,
     path: PathBuf,
+    /// The socket file's inode: removed at exit only if it is still ours
+    /// (another agent may have replaced a socket it took for dead).
+    ino: Option<u64>,
 }
 
 impl Agent {
@@ -83,7 +87,12 @@ impl Agent {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
             .with_context(|| format!("restricting {}", path.display()))?;
-        Ok(Some(Agent { listener, path }))
+        let ino = std::fs::symlink_metadata(&path).ok().map(|m| m.ino());
+        Ok(Some(Agent {
+            listener,
+            path,
+            ino,
+        }))
     }
 
     /// The next client. Cancel-safe (only the accept), so it can race the
@@ -119,7 +128,12 @@ pub(crate) async fn read_request(conn: &mut tokio::net::UnixStream) -> Option<Pu
 
 impl Drop for Agent {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        let ours = std::fs::symlink_metadata(&self.path)
+            .ok()
+            .is_some_and(|m| Some(m.ino()) == self.ino);
+        if ours {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
