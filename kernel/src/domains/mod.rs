@@ -49,6 +49,7 @@ pub const MIGRATIONS: &[&[Migration]] = &[
     snapshot::MIGRATIONS,
     proc::CONVERSATION_MIGRATIONS,
     mcp::MIGRATIONS,
+    proc::IPC_MIGRATIONS,
 ];
 
 /// [`MIGRATIONS`] as one list, what `Db::open` applies.
@@ -69,6 +70,7 @@ pub async fn prepare(db: &Db, system: &Arc<Mutex<Dofs>>) -> Result<(), KernelErr
 /// `running` end, and queued work starts.
 pub async fn start(k: &Arc<Kernel>) -> Result<(), KernelError> {
     proc::calls::run::recover(k).await?;
+    proc::calls::ipc::recover(k).await?;
     sched::calls::recover(k).await?;
     timers::calls::start(k);
     tokio::spawn(watch::calls::prune_periodically(Arc::downgrade(k)));
@@ -144,6 +146,23 @@ pub fn register(d: &mut Dispatch<Kernel>) {
     d.add("proc.hil", "proc.hil", proc::calls::hil);
     d.add("proc.reset", "proc.reset", proc::calls::reset);
     d.add("proc.kill", "proc.kill", proc::calls::kill);
+    d.add("proc.ipc.send", "proc.ipc.send", proc::calls::ipc::send);
+    d.add("proc.ipc.call", "proc.ipc.call", proc::calls::ipc::call);
+    d.add_internal(
+        "proc.ipc.deliver",
+        "proc.ipc.deliver",
+        proc::calls::ipc::deliver,
+    );
+    d.add(
+        "signal.watch",
+        "signal.watch",
+        proc::calls::signal_watch::watch,
+    );
+    d.add(
+        "signal.unwatch",
+        "signal.unwatch",
+        proc::calls::signal_watch::unwatch,
+    );
     d.add(
         "proc.profile.list",
         "proc.profile.list",

@@ -11,6 +11,7 @@ mod fs;
 mod fs_contract;
 mod handshake;
 mod harness;
+mod ipc;
 mod mcp;
 mod node;
 mod notification;
