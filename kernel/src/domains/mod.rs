@@ -17,6 +17,7 @@ pub mod device;
 pub mod fs;
 pub mod mcp;
 pub mod notification;
+pub mod oauth;
 pub mod proc;
 pub mod repo;
 pub mod sched;
@@ -50,6 +51,7 @@ pub const MIGRATIONS: &[&[Migration]] = &[
     proc::CONVERSATION_MIGRATIONS,
     mcp::MIGRATIONS,
     proc::IPC_MIGRATIONS,
+    oauth::MIGRATIONS,
 ];
 
 /// [`MIGRATIONS`] as one list, what `Db::open` applies.
@@ -231,6 +233,9 @@ pub fn register(d: &mut Dispatch<Kernel>) {
     d.add("sys.mcp.remove", "sys.mcp.remove", mcp::calls::remove);
     d.add("sys.mcp.refresh", "sys.mcp.refresh", mcp::calls::refresh);
     d.add("sys.mcp.call", "sys.mcp.call", mcp::calls::call);
+    d.add("sys.oauth.start", "sys.oauth.start", oauth::calls::start);
+    d.add("sys.oauth.list", "sys.oauth.list", oauth::calls::list);
+    d.add("sys.oauth.forget", "sys.oauth.forget", oauth::calls::forget);
     d.add("sched.list", "sched.list", sched::calls::list);
     d.add("sched.add", "sched.add", sched::calls::add);
     d.add("sched.update", "sched.update", sched::calls::update);

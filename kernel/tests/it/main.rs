@@ -15,6 +15,7 @@ mod ipc;
 mod mcp;
 mod node;
 mod notification;
+mod oauth;
 mod proc;
 mod repo;
 mod sched;
