@@ -49,7 +49,14 @@ pub async fn serve(
     kernel: Arc<Kernel>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    if let Ok(addr) = listener.local_addr() {
+    if let Ok(mut addr) = listener.local_addr() {
+        // A browser cannot open 0.0.0.0; on this host, loopback works.
+        if addr.ip().is_unspecified() {
+            addr.set_ip(match addr.ip() {
+                std::net::IpAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                std::net::IpAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
+        }
         kernel.oauth.set_bound_origin(format!("http://{addr}"));
     }
     let app = Router::new()
