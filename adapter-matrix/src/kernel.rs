@@ -416,6 +416,7 @@ async fn pump_inbound(
 }
 
 async fn update_state(calls: &Calls, status: AccountStatus) {
+    tracing::debug!(?status, "adapter.state.update");
     let args = StateUpdateArgs {
         adapter: ADAPTER.into(),
         account_id: status.account_id.clone(),

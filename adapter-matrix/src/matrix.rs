@@ -18,7 +18,7 @@ use matrix_sdk::ruma::events::room::message::{
 use matrix_sdk::ruma::events::{AnySyncMessageLikeEvent, AnySyncTimelineEvent};
 use matrix_sdk::ruma::{EventId, OwnedTransactionId, OwnedUserId, RoomId};
 use matrix_sdk::sync::SyncResponse;
-use matrix_sdk::{Client, Room, RoomState};
+use matrix_sdk::{Client, Room, RoomMemberships, RoomState};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -282,6 +282,12 @@ impl MatrixBot {
                     continue;
                 }
             };
+            tracing::debug!(
+                joined = response.rooms.joined.len(),
+                invited = response.rooms.invited.len(),
+                relay,
+                "synced"
+            );
             self.join_invites(&response).await;
             if relay && !self.relay(&response, &inbound, &stop).await {
                 return;
@@ -376,7 +382,7 @@ impl MatrixBot {
         if msg.sender == self.inner.user_id {
             return None;
         }
-        let is_dm = room.is_direct().await.unwrap_or(false) || room.active_members_count() <= 2;
+        let is_dm = room.is_direct().await.unwrap_or(false) || active_members(room).await <= 2;
         let name = match room.get_member_no_sync(&msg.sender).await {
             Ok(Some(m)) => m.display_name().map(str::to_owned),
             _ => None,
@@ -468,6 +474,18 @@ impl MatrixBot {
                 tracing::warn!(room = %message.surface.id, error = %f.error, "cannot post the kernel's answer");
             }
         }
+    }
+}
+
+/// Joined and invited members. The sync summary has the counts only
+/// with lazy-loaded members; without it the members are all in the store.
+async fn active_members(room: &Room) -> u64 {
+    match room.active_members_count() {
+        0 => room
+            .members_no_sync(RoomMemberships::ACTIVE)
+            .await
+            .map_or(0, |m| m.len() as u64),
+        n => n,
     }
 }
 
