@@ -8,6 +8,7 @@
 
 pub mod account;
 pub mod adapter;
+pub mod ai;
 pub mod codemode;
 pub mod device;
 pub mod error;
