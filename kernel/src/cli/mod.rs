@@ -1,11 +1,13 @@
 //! The `gsv` command line: `serve` runs the kernel; `node` runs a device
-//! driver; `setup`, `login`, `config` and `token` are the first run;
-//! `call`, `workspace`, `exec`, `attach`, `chat` and `watch` drive a kernel over
-//! its WebSocket like any other user client; `sched`, `notify` and
-//! `notifications` are in [`sched`], `codemode` and `mcp` in [`codemode`];
-//! `proc` (conversations) in [`proc`]; `oauth` in [`oauth`].
+//! driver; `adapter` runs a chat adapter; `setup`, `login`, `config` and
+//! `token` are the first run; `call`, `workspace`, `exec`, `attach`, `chat`
+//! and `watch` drive a kernel over its WebSocket like any other user
+//! client; `sched`, `notify` and `notifications` are in [`sched`],
+//! `codemode` and `mcp` in [`codemode`]; `proc` (conversations) in
+//! [`proc`]; `oauth` in [`oauth`].
 
 mod account;
+mod adapter;
 mod chat;
 mod codemode;
 mod conn;
@@ -47,6 +49,12 @@ enum Command {
     /// Run a device driver: answer `fs.*` and `shell.exec` routed to this
     /// device, inside `--root`, until SIGTERM or Ctrl-C.
     Node(serve::NodeArgs),
+    /// Run a chat adapter: `gsv adapter matrix --kernel URL --token-file
+    /// FILE --homeserver URL --user @bot:SERVER --password-file FILE`.
+    Adapter {
+        #[command(subcommand)]
+        action: adapter::AdapterAction,
+    },
     /// Set up a new kernel: its first user (and optionally root's password
     /// and the model), then log in as that user. Asks for what no flag
     /// gives when run at a terminal.
@@ -201,6 +209,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Serve(a) => serve::serve(a).await,
         Command::Node(a) => serve::node(a, conn.user).await,
+        Command::Adapter { action } => adapter::run(action, conn.user).await,
         Command::Setup(a) => account::setup(&conn, a).await,
         Command::Login(a) => account::login(&conn, a).await,
         Command::Config { action } => account::config(&conn, action).await,

@@ -971,3 +971,35 @@ fn the_cli_lists_and_forgets_oauth_accounts() {
     assert!(err.contains("no OAuth account of yours"), "{err}");
     assert_eq!(gsv(&s, &["oauth", "list"]), (true, String::new()));
 }
+
+#[test]
+fn gsv_adapter_matrix_refuses_a_user_that_is_no_matrix_id_and_an_empty_secret_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (token, password) = (dir.path().join("token"), dir.path().join("password"));
+    std::fs::write(&token, "gsv_service_token\n").unwrap();
+    std::fs::write(&password, "").unwrap();
+    let run = |user: &str| {
+        Command::new(env!("CARGO_BIN_EXE_gsv"))
+            .args(["adapter", "matrix", "--kernel", "ws://127.0.0.1:9/ws"])
+            .arg("--token-file")
+            .arg(&token)
+            .args(["--homeserver", "http://127.0.0.1:9", "--user", user])
+            .arg("--password-file")
+            .arg(&password)
+            .env_remove("GSV_USER")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let out = run("bot");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--user @bot:SERVER"), "{err}");
+    let out = run("@bot:localhost");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--password-file") && err.contains("empty"),
+        "{err}"
+    );
+}
