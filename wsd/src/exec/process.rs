@@ -110,6 +110,43 @@ pub(crate) fn signal_sandboxed_group(pgid: i32, sig: i32) -> std::io::Result<()>
     Ok(())
 }
 
+/// Sends `sig` to every process of the session `sid` (a terminal's: its
+/// leader and every job an interactive shell put in a group of its own),
+/// found in `/proc` (field 6 of `stat`). With `skip_leader`, every signal
+/// but SIGKILL spares the leader (a sandboxed terminal's is `bwrap`, which
+/// has no handlers; see [`signal_sandboxed_group`]). A process forked
+/// while `/proc` is read can miss it; the runner's SIGKILL escalation
+/// reads it again.
+pub(crate) fn signal_session(sid: i32, sig: i32, skip_leader: bool) -> std::io::Result<()> {
+    if sid <= 1 {
+        return Err(Errno::EINVAL.into());
+    }
+    let kill = sig == Signal::SIGKILL as i32;
+    let sig = Signal::try_from(sig)?;
+    for entry in std::fs::read_dir("/proc")? {
+        let Some(pid) = entry?
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if pid == sid && skip_leader && !kill {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        if parse_stat_field(&stat, 6) == Some(sid as u64) {
+            match nix::sys::signal::kill(Pid::from_raw(pid), sig) {
+                Ok(()) | Err(Errno::ESRCH) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The start time of process `pid`: field 22 of `/proc/<pid>/stat`, in
 /// clock ticks since boot. With the pid it names one process for the life of
 /// the machine, so a recycled pid is told apart from the process it once

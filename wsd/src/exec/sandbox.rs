@@ -219,6 +219,31 @@ impl Sandbox {
     }
 }
 
+impl Sandbox {
+    /// `bwrap ... --chdir CWD -- ARGV...` for a terminal. pty-process makes
+    /// the child a session leader with the terminal as its controlling
+    /// terminal before this runs; bwrap keeps that session (it is not
+    /// given `--new-session`), so job control works inside. A program can
+    /// then push input into that terminal (`TIOCSTI`), but only into its
+    /// own, which its user types into anyway.
+    pub(crate) fn pty_command(&self, cwd: &Path, argv: &[String]) -> pty_process::Command {
+        let cmd = pty_process::Command::new(&self.bwrap)
+            .args(&self.args)
+            .arg("--chdir")
+            .arg(cwd)
+            .arg("--")
+            .args(argv);
+        let limits = self.limits;
+        // SAFETY: between fork and exec the closure only makes the
+        // async-signal-safe syscall setrlimit(2), on values copied in before
+        // the fork; it allocates nothing.
+        #[allow(unsafe_code)]
+        unsafe {
+            cmd.pre_exec(move || apply_limits(&limits))
+        }
+    }
+}
+
 fn apply_limits(limits: &SandboxLimits) -> std::io::Result<()> {
     for (resource, value) in [
         (Resource::RLIMIT_AS, limits.memory_bytes),
