@@ -50,6 +50,7 @@ impl Kernel {
             dispatch: domains::table(),
             procs: Procs::default(),
             watches: Default::default(),
+            ptys: Default::default(),
             login_failures: Mutex::new(HashMap::new()),
             timers: Default::default(),
             mcp: Default::default(),

@@ -14,6 +14,7 @@ pub mod frames;
 pub mod fs;
 pub mod mcp;
 pub mod proc;
+pub mod pty;
 pub mod repo;
 pub mod shell;
 pub mod sys;

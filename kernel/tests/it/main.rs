@@ -14,6 +14,7 @@ mod mcp;
 mod node;
 mod notification;
 mod proc;
+mod pty;
 mod repo;
 mod sched;
 mod snapshots;

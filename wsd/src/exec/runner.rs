@@ -27,7 +27,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-use super::process::{process_start_time, signal_group, signal_sandboxed_group, signal_session};
+use super::process::{process_start_time, signal_group, signal_sandboxed_group, signal_terminal};
 use super::{EXIT_LOST, EventKind, ExecError, ExecEvent, PIPELINE_DEPTH, READ_CHUNK_BYTES, Shared};
 
 /// Kill and dispose requests queued for a runner. Senders wait when it is
@@ -195,17 +195,17 @@ impl LiveExec {
 /// runtime drops the task mid-flight.
 struct GroupGuard {
     pgid: i32,
-    terminal: bool,
+    /// A terminal's (whether sandboxed): signal what belongs to it.
+    terminal: Option<bool>,
     armed: bool,
 }
 
 impl GroupGuard {
     fn kill(&self) {
         let kill = nix::sys::signal::Signal::SIGKILL as i32;
-        let _ = if self.terminal {
-            signal_session(self.pgid, kill, false)
-        } else {
-            signal_group(self.pgid, kill)
+        let _ = match self.terminal {
+            Some(sandboxed) => signal_terminal(self.pgid, kill, sandboxed),
+            None => signal_group(self.pgid, kill),
         };
     }
 }
@@ -289,7 +289,7 @@ pub(crate) async fn run(
         .expect("a child that was not waited for has a pid") as i32;
     let mut guard = GroupGuard {
         pgid,
-        terminal: live.terminal,
+        terminal: live.terminal.then_some(shared.config.sandbox.is_some()),
         armed: true,
     };
     let _ = started.send(Ok(()));
@@ -470,17 +470,32 @@ fn spawn_pty(
     let (pty, pts) = pty_process::open().map_err(|e| pty_err("opening a pseudo-terminal", e))?;
     pty.resize(pty_process::Size::new(size.rows, size.cols))
         .map_err(|e| pty_err("setting the terminal size", e))?;
-    let cmd = match &shared.config.sandbox {
-        Some(sandbox) => sandbox.pty_command(cwd, argv),
+    let child = match &shared.config.sandbox {
+        Some(sandbox) => {
+            use std::os::fd::AsFd;
+            let stdio = || {
+                pts.as_fd()
+                    .try_clone_to_owned()
+                    .map(Stdio::from)
+                    .map_err(|e| ExecError::io("duplicating the terminal", e))
+            };
+            let mut cmd = Command::from(sandbox.pty_command(cwd, argv));
+            cmd.env_clear()
+                .envs(env)
+                .stdin(stdio()?)
+                .stdout(stdio()?)
+                .stderr(stdio()?);
+            cmd.spawn()
+                .map_err(|e| ExecError::io("spawning bwrap for a terminal", e))?
+        }
         None => pty_process::Command::new(&argv[0])
             .args(&argv[1..])
-            .current_dir(cwd),
+            .current_dir(cwd)
+            .env_clear()
+            .envs(env)
+            .spawn(pts)
+            .map_err(|e| pty_err(&format!("spawning {:?} on a terminal", argv[0]), e))?,
     };
-    let child = cmd
-        .env_clear()
-        .envs(env)
-        .spawn(pts)
-        .map_err(|e| pty_err(&format!("spawning {:?} on a terminal", argv[0]), e))?;
     let (read, mut write) = pty.into_split();
     let mut queue = open_input_queue(live);
     let input_task = tokio::spawn(async move {
@@ -616,7 +631,7 @@ async fn pump(
     let terminal = live.terminal;
     let signal = |sig: i32| {
         let sent = if terminal {
-            signal_session(pgid, sig, sandboxed)
+            signal_terminal(pgid, sig, sandboxed)
         } else if sandboxed {
             signal_sandboxed_group(pgid, sig)
         } else {
