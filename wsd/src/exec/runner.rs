@@ -314,7 +314,6 @@ pub(crate) async fn run(
         &live,
         &mut child,
         (out, err),
-        pgid,
         &mut control_rx,
         timeout,
         &mut seq,
@@ -607,13 +606,17 @@ async fn pump(
     live: &LiveExec,
     child: &mut Child,
     (mut stdout, mut stderr): (Option<OutputStream>, Option<OutputStream>),
-    pgid: i32,
     control_rx: &mut mpsc::Receiver<Control>,
     timeout: Option<Duration>,
     seq: &mut u64,
 ) -> Outcome {
     let grace = shared.config.kill_grace;
     let id = live.id.as_str();
+    // The leader is its group's (and a terminal's session's) id; it has a
+    // pid until it is waited for, below.
+    let pgid = child
+        .id()
+        .expect("a child that was not waited for has a pid") as i32;
     let mut out_buf = vec![0u8; READ_CHUNK_BYTES];
     let mut err_buf = vec![0u8; READ_CHUNK_BYTES];
     let mut pipeline = FuturesOrdered::new();
