@@ -76,7 +76,9 @@ async fn reap_idle_children(kernel: std::sync::Weak<Kernel>) {
         let Some(k) = kernel.upgrade() else { return };
         let idle = k.config.wsd_idle_stop;
         k.workspaces
-            .stop_idle(idle, |id| k.sessions.running_in(id))
+            .stop_idle(idle, |id| {
+                k.sessions.running_in(id) || k.ptys.running_in(id)
+            })
             .await;
     }
 }

@@ -411,3 +411,21 @@ async fn bad_terminal_calls_get_typed_errors_and_change_nothing() {
         "closed"
     );
 }
+
+#[tokio::test]
+async fn a_running_terminal_keeps_its_workspaces_wsd_from_being_stopped_as_idle() {
+    let k = TestKernel::with_users_tuned(|c| {
+        c.wsd_idle_stop = std::time::Duration::from_millis(200);
+    })
+    .await;
+    let mut a = k.alice().await;
+    let ws = new_workspace(&mut a).await;
+    let mut t = alice_term(&k, "term").await;
+    t.open(json!({"workspaceId": ws})).await;
+    // Several idle-stop periods with nothing typed.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    t.input("echo alive-$((1+1))\n").await;
+    t.until("alive-2").await;
+    t.input("exit 0\n").await;
+    assert_eq!(t.until_exit().await["exitCode"], 0);
+}

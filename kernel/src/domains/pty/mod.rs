@@ -214,6 +214,16 @@ impl Ptys {
             .cloned()
     }
 
+    /// Whether a terminal still runs in workspace `id` (its wsd must not
+    /// be stopped as idle).
+    pub fn running_in(&self, id: &str) -> bool {
+        self.live
+            .lock()
+            .unwrap()
+            .values()
+            .any(|p| p.workspace_id == id && p.exit_code().is_none())
+    }
+
     /// `uid`'s terminals, oldest first.
     pub fn list(&self, uid: i64) -> Vec<Arc<Pty>> {
         let mut v: Vec<Arc<Pty>> = self
