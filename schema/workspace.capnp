@@ -349,6 +349,18 @@ struct ExecEvent {
   }
 }
 
+struct PtyRequest {
+  # A program on a new pseudo-terminal (`Shell.startPty`). Its output (the
+  # terminal's, one stream) arrives as `stdout` events in the exec log.
+  argv @0 :List(Text);  # program and arguments; null or empty = /bin/sh
+  cwd @1 :Text;         # relative to the workspace root; null = the root
+  id @2 :Text;          # null = a fresh unique id chosen by the server
+  env @3 :List(EnvVar); # added to the allowlisted environment (TERM is
+                        # xterm-256color unless given here)
+  cols @4 :UInt16;      # the window size, 1 ..= 1000 each
+  rows @5 :UInt16;
+}
+
 struct ResumePoint {
   union {
     start @0 :Void;     # every retained event from the beginning
@@ -423,6 +435,31 @@ interface Shell {
   # reads end of file). Idempotent: closing a closed stdin, or the stdin of
   # an exited exec, succeeds. Unknown id: ENOENT.
   # Errors: ENOENT, EIO.
+
+  startPty @6 (request :PtyRequest, events :ExecEventSink)
+      -> (id :Text, subscription :ExecSubscription);
+  # Starts `argv` on a new pseudo-terminal as the leader of a session of
+  # its own (the terminal is its controlling terminal), with no timeout.
+  # Everything it writes to the terminal is logged as `stdout` events, so
+  # `getExec` replays and resumes it like any exec; the last event is
+  # `exit`. `killExec` on it signals every process of that session (an
+  # interactive shell puts jobs in groups of their own), not one group;
+  # `hup` is what closing a terminal sends. Limits and ids as `exec`.
+  # Errors: EINVAL (argv with NUL, id, env name, cwd, cols or rows 0),
+  # ELIMIT (cols or rows over 1000, argv, env, concurrency), EEXEC_BUSY,
+  # EIO (no pty could be opened, spawn, log).
+
+  ptyWrite @7 (id :Text, data :Data) -> ();
+  # Queues `data` (at most 1 MiB, ELIMIT "terminal input bytes per write")
+  # as typed input of terminal `id`, in call order with `ptyResize`; waits
+  # while 4 earlier inputs are queued. Unknown id: ENOENT. An exec that is
+  # not a terminal, or a terminal that exited: EINVAL.
+  # Errors: ENOENT, EINVAL, ELIMIT, EIO.
+
+  ptyResize @8 (id :Text, cols :UInt16, rows :UInt16) -> ();
+  # Sets the window size of terminal `id` (the program gets SIGWINCH),
+  # queued in order with `ptyWrite`. 0 is EINVAL, over 1000 ELIMIT.
+  # Errors: ENOENT, EINVAL, ELIMIT, EIO.
 }
 
 interface ExecEventSink {

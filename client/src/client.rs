@@ -23,11 +23,12 @@ use wsd_sync::{
 use crate::convert::{
     baseline_to, cursor_from, cursor_to, entries_from, entries_to, exec_event_from,
     exec_request_to, hashes_from, hashes_to, ignore_to, maybe_entry_from, objects_from, objects_to,
-    resume_to, signal_to, status_from, watermarks_from, wire_error_from,
+    pty_request_to, resume_to, signal_to, status_from, watermarks_from, wire_error_from,
 };
-use crate::exec::{ExecEvent, ExecRequest, ResumeFrom, Signal};
+use crate::exec::{ExecEvent, ExecRequest, PtyRequest, ResumeFrom, Signal};
 use crate::limits::{
-    CLIENT_EXEC_EVENT_BUFFER, MAX_CHANGES_PER_NEXT, MAX_STDIN_WRITE_BYTES, OBJECT_WRITE_BYTES,
+    CLIENT_EXEC_EVENT_BUFFER, MAX_CHANGES_PER_NEXT, MAX_PTY_WRITE_BYTES, MAX_STDIN_WRITE_BYTES,
+    OBJECT_WRITE_BYTES,
 };
 use crate::options::timed_out;
 use crate::status::DaemonStatus;
@@ -467,6 +468,57 @@ impl Client {
             rx,
             self.conn.clone(),
         ))
+    }
+
+    /// Starts a program on a new pseudo-terminal; its output arrives on
+    /// the returned stream as `stdout` events.
+    pub async fn start_pty(&self, request: &PtyRequest) -> Result<ExecStream, WsdError> {
+        self.check_alive()?;
+        let (sink, rx) = EventSink::new();
+        let mut req = self.shell.start_pty_request();
+        {
+            let mut p = req.get();
+            pty_request_to(p.reborrow().init_request(), request);
+            p.set_events(capnp_rpc::new_client(sink));
+        }
+        let response = self.conn.deadline("startPty", req.send().promise).await?;
+        let r = response.get()?;
+        Ok(ExecStream::new(
+            r.get_id()?
+                .to_string()
+                .map_err(|e| WsdError::new(ErrorCode::Protocol, e.to_string()))?,
+            r.get_subscription()?,
+            rx,
+            self.conn.clone(),
+        ))
+    }
+
+    /// Queues `bytes` (at most [`MAX_PTY_WRITE_BYTES`]) as typed input of
+    /// terminal `id`. Checked here too, so an oversized write fails before
+    /// it is sent.
+    pub async fn pty_write(&self, id: &str, bytes: &[u8]) -> Result<(), WsdError> {
+        self.check_alive()?;
+        WsdError::check_limit(
+            "terminal input bytes per write",
+            MAX_PTY_WRITE_BYTES,
+            bytes.len(),
+        )?;
+        let mut req = self.shell.pty_write_request();
+        req.get().set_id(id);
+        req.get().set_data(bytes);
+        self.conn.deadline("ptyWrite", req.send().promise).await?;
+        Ok(())
+    }
+
+    /// Sets the window size of terminal `id`.
+    pub async fn pty_resize(&self, id: &str, cols: u16, rows: u16) -> Result<(), WsdError> {
+        self.check_alive()?;
+        let mut req = self.shell.pty_resize_request();
+        req.get().set_id(id);
+        req.get().set_cols(cols);
+        req.get().set_rows(rows);
+        self.conn.deadline("ptyResize", req.send().promise).await?;
+        Ok(())
     }
 
     /// Re-attaches to an exec from `from`.

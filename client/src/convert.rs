@@ -12,7 +12,7 @@ use wsd_sync::{
 };
 
 use crate::WsdError;
-use crate::exec::{ExecEvent, ExecEventKind, ExecRequest, ResumeFrom, Signal};
+use crate::exec::{ExecEvent, ExecEventKind, ExecRequest, PtyRequest, ResumeFrom, Signal};
 use crate::limits::MAX_OBJECT_WRITE_BYTES;
 use crate::status::{DaemonStatus, PeerStatus};
 
@@ -413,12 +413,7 @@ pub fn exec_request_to(mut b: wire::exec_request::Builder<'_>, r: &ExecRequest) 
         b.set_id(id.as_str());
     }
     if !r.env.is_empty() {
-        let mut env = b.reborrow().init_env(r.env.len() as u32);
-        for (i, (name, value)) in r.env.iter().enumerate() {
-            let mut v = env.reborrow().get(i as u32);
-            v.set_name(name.as_str());
-            v.set_value(value.as_str());
-        }
+        env_to(b.reborrow().init_env(r.env.len() as u32), &r.env);
     }
     if let Some(stdin) = &r.stdin {
         b.set_stdin(stdin);
@@ -427,20 +422,34 @@ pub fn exec_request_to(mut b: wire::exec_request::Builder<'_>, r: &ExecRequest) 
     b.set_stdin_open(r.stdin_open);
 }
 
+fn env_to(b: capnp::struct_list::Builder<'_, wire::env_var::Owned>, env: &[(String, String)]) {
+    let mut b = b;
+    for (i, (name, value)) in env.iter().enumerate() {
+        let mut v = b.reborrow().get(i as u32);
+        v.set_name(name.as_str());
+        v.set_value(value.as_str());
+    }
+}
+
+fn env_from(
+    has: bool,
+    r: capnp::Result<capnp::struct_list::Reader<'_, wire::env_var::Owned>>,
+) -> Result<Vec<(String, String)>, WsdError> {
+    if !has {
+        return Ok(Vec::new());
+    }
+    r?.iter()
+        .map(|v| {
+            Ok((
+                text(v.get_name(), "env name")?,
+                text(v.get_value(), "env value")?,
+            ))
+        })
+        .collect()
+}
+
 pub fn exec_request_from(r: wire::exec_request::Reader<'_>) -> Result<ExecRequest, WsdError> {
-    let env = if r.has_env() {
-        r.get_env()?
-            .iter()
-            .map(|v| {
-                Ok((
-                    text(v.get_name(), "env name")?,
-                    text(v.get_value(), "env value")?,
-                ))
-            })
-            .collect::<Result<Vec<_>, WsdError>>()?
-    } else {
-        Vec::new()
-    };
+    let env = env_from(r.has_env(), r.get_env())?;
     Ok(ExecRequest {
         command: text(r.get_command(), "command")?,
         cwd: opt_text(r.has_cwd(), r.get_cwd(), "cwd")?,
@@ -456,6 +465,52 @@ pub fn exec_request_from(r: wire::exec_request::Reader<'_>) -> Result<ExecReques
             ms => Some(ms),
         },
         stdin_open: r.get_stdin_open(),
+    })
+}
+
+pub fn pty_request_to(mut b: wire::pty_request::Builder<'_>, r: &PtyRequest) {
+    if !r.argv.is_empty() {
+        let mut argv = b.reborrow().init_argv(r.argv.len() as u32);
+        for (i, arg) in r.argv.iter().enumerate() {
+            argv.set(i as u32, arg.as_str());
+        }
+    }
+    if let Some(cwd) = &r.cwd {
+        b.set_cwd(cwd.as_str());
+    }
+    if let Some(id) = &r.id {
+        b.set_id(id.as_str());
+    }
+    if !r.env.is_empty() {
+        env_to(b.reborrow().init_env(r.env.len() as u32), &r.env);
+    }
+    b.set_cols(r.cols);
+    b.set_rows(r.rows);
+}
+
+/// Decodes a terminal request; the argv count is checked before the
+/// arguments are read (the runner checks their sizes).
+pub fn pty_request_from(r: wire::pty_request::Reader<'_>) -> Result<PtyRequest, WsdError> {
+    let argv = if r.has_argv() {
+        let list = r.get_argv()?;
+        WsdError::check_limit(
+            "argv entries",
+            crate::limits::MAX_PTY_ARGV,
+            list.len() as usize,
+        )?;
+        list.iter()
+            .map(|a| text(a, "argv entry"))
+            .collect::<Result<Vec<_>, WsdError>>()?
+    } else {
+        Vec::new()
+    };
+    Ok(PtyRequest {
+        argv,
+        cwd: opt_text(r.has_cwd(), r.get_cwd(), "cwd")?,
+        id: opt_text(r.has_id(), r.get_id(), "exec id")?,
+        env: env_from(r.has_env(), r.get_env())?,
+        cols: r.get_cols(),
+        rows: r.get_rows(),
     })
 }
 

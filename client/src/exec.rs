@@ -28,6 +28,22 @@ pub struct ExecRequest {
     pub stdin_open: bool,
 }
 
+/// A program to start on a new pseudo-terminal (`Shell.startPty`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PtyRequest {
+    /// Program and arguments; empty is `/bin/sh`.
+    pub argv: Vec<String>,
+    /// Relative to the workspace root; `None` is the root.
+    pub cwd: Option<String>,
+    /// `None`: the runner picks a fresh unique id. A live id is `EEXEC_BUSY`.
+    pub id: Option<String>,
+    /// Added to the runner's allowlisted environment.
+    pub env: Vec<(String, String)>,
+    /// The window size, 1 ..= [`crate::limits::MAX_PTY_DIMENSION`] each.
+    pub cols: u16,
+    pub rows: u16,
+}
+
 /// Where a re-attaching reader starts (`Shell.getExec`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ResumeFrom {

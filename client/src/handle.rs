@@ -26,7 +26,9 @@ use wsd_sync::{ErrorCode, IgnoreRules, Kind, Store, SyncPath, Watermarks};
 
 use crate::client::{Client, connect_with, dial_with_backoff};
 use crate::limits::CLIENT_EXEC_EVENT_BUFFER;
-use crate::{ClientOptions, Endpoint, ExecEvent, ExecRequest, ResumeFrom, Signal, WsdError};
+use crate::{
+    ClientOptions, Endpoint, ExecEvent, ExecRequest, PtyRequest, ResumeFrom, Signal, WsdError,
+};
 
 /// Jobs queued for a connection thread before `send` waits. Jobs run
 /// concurrently on the thread (each is a local task), so this only bounds
@@ -341,6 +343,50 @@ impl WsdHandle {
                 })
                 .await?;
             Ok(ExecEvents::pump(stream, keep))
+        })
+        .await
+    }
+
+    /// Starts a program on a new pseudo-terminal; its output arrives as
+    /// `stdout` events. Not retried: a lost answer may have started it.
+    pub async fn start_pty(&self, req: PtyRequest) -> Result<ExecEvents, WsdError> {
+        let keep = self.jobs.clone();
+        self.run(move |conn| async move {
+            let stream = conn
+                .call(false, |c| {
+                    let req = req.clone();
+                    async move { c.start_pty(&req).await }
+                })
+                .await?;
+            Ok(ExecEvents::pump(stream, keep))
+        })
+        .await
+    }
+
+    /// Queues typed input for terminal `id`, in order with
+    /// [`WsdHandle::pty_resize`]. Not retried after a lost connection: the
+    /// bytes may have arrived.
+    pub async fn pty_write(&self, id: &str, bytes: Vec<u8>) -> Result<(), WsdError> {
+        let id = id.to_owned();
+        self.run(move |conn| async move {
+            conn.call(false, |c| {
+                let (id, bytes) = (id.clone(), bytes.clone());
+                async move { c.pty_write(&id, &bytes).await }
+            })
+            .await
+        })
+        .await
+    }
+
+    /// Sets the window size of terminal `id` (idempotent, so retried).
+    pub async fn pty_resize(&self, id: &str, cols: u16, rows: u16) -> Result<(), WsdError> {
+        let id = id.to_owned();
+        self.run(move |conn| async move {
+            conn.call(true, |c| {
+                let id = id.clone();
+                async move { c.pty_resize(&id, cols, rows).await }
+            })
+            .await
         })
         .await
     }

@@ -38,7 +38,7 @@ pub mod stream;
 pub mod transport;
 
 pub use error::WsdError;
-pub use exec::{ExecEvent, ExecEventKind, ExecRequest, ResumeFrom, Signal};
+pub use exec::{ExecEvent, ExecEventKind, ExecRequest, PtyRequest, ResumeFrom, Signal};
 pub use handle::{AppliedEntry, ExecEvents, PullReport, PushReport, WsdHandle};
 pub use options::{
     ClientOptions, DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HANDSHAKE_TIMEOUT,

@@ -38,3 +38,10 @@ pub const MAX_STDIN_WRITE_BYTES: usize = 1024 * 1024;
 /// The longest `Sync.waitChanges` waits before answering; a longer
 /// `timeoutMs` is cut to it, so a forgotten long poll ends by itself.
 pub const MAX_WAIT_CHANGES: std::time::Duration = std::time::Duration::from_secs(60);
+/// Most bytes one `Shell.ptyWrite` may carry.
+pub const MAX_PTY_WRITE_BYTES: usize = 1024 * 1024;
+/// Largest terminal width or height (`startPty`, `ptyResize`); 0 is
+/// `EINVAL`, more is `ELIMIT`.
+pub const MAX_PTY_DIMENSION: u16 = 1000;
+/// Most `argv` entries of one `startPty`.
+pub const MAX_PTY_ARGV: usize = 4096;

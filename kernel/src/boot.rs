@@ -52,6 +52,7 @@ impl Kernel {
             dispatch: domains::table(),
             procs: Procs::default(),
             watches: Default::default(),
+            ptys: Default::default(),
             login_failures: Mutex::new(HashMap::new()),
             timers: Default::default(),
             mcp: Default::default(),
@@ -78,7 +79,9 @@ async fn reap_idle_children(kernel: std::sync::Weak<Kernel>) {
         let Some(k) = kernel.upgrade() else { return };
         let idle = k.config.wsd_idle_stop;
         k.workspaces
-            .stop_idle(idle, |id| k.sessions.running_in(id))
+            .stop_idle(idle, |id| {
+                k.sessions.running_in(id) || k.ptys.running_in(id)
+            })
             .await;
     }
 }

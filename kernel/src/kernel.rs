@@ -119,6 +119,8 @@ pub struct Kernel {
     pub(crate) procs: Procs,
     /// Live `fs.watch` feeds.
     pub(crate) watches: Watches,
+    /// Terminals (`shell.pty.*`) and their attachments.
+    pub(crate) ptys: crate::domains::pty::Ptys,
     /// Permits for sockets that have not authenticated yet.
     pub(crate) pending: Arc<Semaphore>,
     /// Permits for authenticated sockets.

@@ -295,6 +295,7 @@ impl Connection {
             self.inflight.clone(),
             id.clone(),
         );
+        let conn_id = session.connection_id.clone();
         let duplicate = {
             // Spawning under the lock: the task's own removal takes the same
             // lock, so it always finds its entry unless a cancel took it.
@@ -324,10 +325,20 @@ impl Connection {
                         (Ok(v), "fs.watch") => v["watchId"].as_str().map(str::to_owned),
                         _ => None,
                     };
+                    // Likewise a terminal's first `shell.pty.output`.
+                    let pty_attached = match (&r, call.as_str()) {
+                        (Ok(v), "shell.pty.open" | "shell.pty.attach") => {
+                            v["ptyId"].as_str().map(str::to_owned)
+                        }
+                        _ => None,
+                    };
                     let res = Response::from_result(rid, r);
                     let _ = tx.send(Outgoing::Text(Outbound::Res(res).to_text())).await;
                     if let Some(w) = watch_started {
                         k.watches.start(&w);
+                    }
+                    if let Some(p) = pty_attached {
+                        k.ptys.start(&p, &conn_id);
                     }
                 });
                 inflight.insert(id.clone(), task.abort_handle());

@@ -17,6 +17,7 @@ pub mod fs;
 pub mod mcp;
 pub mod oauth;
 pub mod proc;
+pub mod pty;
 pub mod repo;
 pub mod shell;
 pub mod sys;

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use crate::exec::{self, ExecConfig, ExecManager, SettleHook};
 use crate::rpc::{
-    Backend, ExecBackend, ExecEvent, ExecEvents, ExecRequest, ExecSignal, Listener, ResumeFrom,
-    ServeError, ServerConfig, Token, WireError,
+    Backend, ExecBackend, ExecEvent, ExecEvents, ExecRequest, ExecSignal, Listener, PtyRequest,
+    ResumeFrom, ServeError, ServerConfig, Token, WireError,
 };
 use crate::store::{StoreError, StoreOptions, WorkspaceStore};
 
@@ -360,6 +360,19 @@ impl ExecBackend for ExecAdapter {
 
     async fn live(&self) -> Vec<String> {
         self.0.live_ids()
+    }
+
+    async fn start_pty(&self, r: PtyRequest) -> Result<(String, EventsAdapter), WireError> {
+        let (id, sub) = self.0.start_pty(r).await.map_err(wire)?;
+        Ok((id, EventsAdapter(sub)))
+    }
+
+    async fn pty_write(&self, id: &str, bytes: Vec<u8>) -> Result<(), WireError> {
+        self.0.pty_write(id, bytes).await.map_err(wire)
+    }
+
+    async fn pty_resize(&self, id: &str, cols: u16, rows: u16) -> Result<(), WireError> {
+        self.0.pty_resize(id, cols, rows).await.map_err(wire)
     }
 }
 

@@ -44,6 +44,10 @@ pub struct ExecArgs {
     /// of file at once).
     #[arg(short = 'i', long = "interactive", conflicts_with = "detach")]
     interactive: bool,
+    /// Run the command on a terminal, interactively (`gsv shell` with a
+    /// command): raw mode, window size, Ctrl-] detaches.
+    #[arg(short = 't', long = "tty", conflicts_with_all = ["detach", "interactive", "timeout"])]
+    tty: bool,
     /// The command after `--`: one word is a shell line (`'a | b'`); two
     /// or more are a program and its arguments, each quoted for the shell,
     /// as `wsd exec` does.
@@ -113,6 +117,20 @@ const REATTACH_FOR: Duration = Duration::from_secs(30);
 const MAX_STDIN_PER_CALL: usize = 512 * 1024;
 
 pub async fn exec(conn: &ConnArgs, a: ExecArgs) -> Result<ExitCode> {
+    if a.tty {
+        // One word is a shell line, as without -t; more are an argv.
+        let argv = match a.command.as_slice() {
+            [line] => vec!["/bin/sh".to_owned(), "-c".to_owned(), line.clone()],
+            words => words.to_vec(),
+        };
+        let cmd = super::shell::TerminalCommand {
+            workspace: a.workspace,
+            cwd: a.cwd,
+            env: a.env,
+            argv,
+        };
+        return super::shell::exec_tty(conn, cmd).await;
+    }
     let mut interrupts = interrupts()?;
     let input = command_line(&a.command)?;
     let login = conn.resolve()?;

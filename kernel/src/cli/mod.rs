@@ -17,6 +17,7 @@ mod proc;
 mod repo;
 mod sched;
 mod serve;
+mod shell;
 mod watch;
 mod workspace;
 
@@ -105,6 +106,12 @@ enum Command {
     /// no one has read it, then its exit code. Ctrl-C detaches.
     #[command(after_help = CONFIG_HELP)]
     Attach(exec::AttachArgs),
+    /// An interactive terminal in a workspace (`shell.pty.*`), like
+    /// `docker exec -it`: raw mode, window resize, Ctrl-] detaches (it
+    /// prints how to re-attach), a lost connection re-attaches where it
+    /// left off; the program's exit code is ours.
+    #[command(after_help = CONFIG_HELP)]
+    Shell(shell::ShellArgs),
     /// Print a workspace's changes as they happen (`fs.watch`): one line
     /// per changed path (`TYPE<TAB>PATH[<TAB>SIZE]`), then, on exit, the
     /// cursor to resume from with `--after` (`cursor<TAB>C`).
@@ -250,6 +257,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             Ok(exit_code(ok))
         }
         Command::Watch(a) => watch::watch(&conn, a).await,
+        Command::Shell(a) => shell::shell(&conn, a).await,
         Command::Sched { action } => {
             let mut c = conn::connect(&conn).await?;
             let ok = sched::sched(&mut c, *action).await?;

@@ -19,6 +19,7 @@ pub mod mcp;
 pub mod notification;
 pub mod oauth;
 pub mod proc;
+pub mod pty;
 pub mod repo;
 pub mod sched;
 pub mod shell;
@@ -153,6 +154,12 @@ pub fn register(d: &mut Dispatch<Kernel>) {
         proc::calls::conversation::segment_read,
     );
     d.add("shell.exec", shell::calls::exec);
+    d.add("shell.pty.open", pty::calls::open);
+    d.add("shell.pty.input", pty::calls::input);
+    d.add("shell.pty.resize", pty::calls::resize);
+    d.add("shell.pty.attach", pty::calls::attach);
+    d.add("shell.pty.list", pty::calls::list);
+    d.add("shell.pty.close", pty::calls::close);
     d.add_internal("codemode.exec", codemode::calls::exec);
     d.add("codemode.run", codemode::calls::run);
     d.add("sys.mcp.add", mcp::calls::add);

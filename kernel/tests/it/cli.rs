@@ -1003,3 +1003,36 @@ fn gsv_adapter_matrix_refuses_a_user_that_is_no_matrix_id_and_an_empty_secret_fi
         "{err}"
     );
 }
+
+#[test]
+fn gsv_shell_runs_a_terminal_from_piped_input_and_exits_with_its_code() {
+    let (s, ws) = served_workspace();
+    let (code, out, err) = gsv_with_input(&s, &["shell", &ws], "echo hi-$((40+2)); exit 3\n");
+    assert_eq!(code, Some(3), "{out}\n{err}");
+    assert!(out.contains("hi-42"), "{out}");
+    // `exec -t`: one word is a shell line, on a terminal (80x24 without one).
+    let (code, out, err) = gsv_with_input(&s, &["exec", "-t", &ws, "--", "stty size; exit 4"], "");
+    assert_eq!(code, Some(4), "{out}\n{err}");
+    assert!(out.contains("24 80"), "{out}");
+}
+
+#[test]
+fn gsv_shell_detaches_on_ctrl_bracket_and_reattaches_from_an_offset() {
+    let (s, ws) = served_workspace();
+    let (code, _, err) = gsv_with_input(&s, &["shell", &ws], "echo one-$((0+1))\n\x1d");
+    assert_eq!(code, Some(0), "{err}");
+    let hint = err
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("[detached: gsv shell "))
+        .unwrap_or_else(|| panic!("no re-attach hint: {err}"));
+    let words: Vec<&str> = hint.trim_end_matches(']').split_whitespace().collect();
+    assert_eq!((words[0], words[2]), ("--attach", "--after"), "{hint}");
+    let pty = words[1].to_owned();
+    // From 0: the whole output again, then the program's end.
+    let (code, out, err) =
+        gsv_with_input(&s, &["shell", "--attach", &pty, "--after", "0"], "exit 5\n");
+    assert_eq!(code, Some(5), "{out}\n{err}");
+    assert!(out.contains("one-1"), "{out}");
+    let (ok, _, err) = gsv_err(&s, &["shell", "--attach", "pty_nope"]);
+    assert!(!ok && err.contains("Unknown ptyId"), "{err}");
+}

@@ -17,6 +17,7 @@ mod node;
 mod notification;
 mod oauth;
 mod proc;
+mod pty;
 mod repo;
 mod sched;
 mod snapshots;

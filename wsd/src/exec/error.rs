@@ -29,6 +29,11 @@ pub enum ExecError {
     /// `write_stdin` on an exec whose stdin is not open (started without
     /// `stdin_open`, closed, or exited).
     StdinClosed { id: String },
+    /// `ptyWrite` or `ptyResize` on an exec that was not started on a
+    /// terminal.
+    NotATerminal { id: String },
+    /// `ptyWrite` or `ptyResize` on a terminal whose program has exited.
+    TerminalClosed { id: String },
     /// A malformed argument (command, id, env name, signal, ...).
     Invalid(String),
     /// `cwd` is not a directory inside the workspace root.
@@ -86,6 +91,8 @@ impl ExecError {
             | ExecError::Busy { id }
             | ExecError::Truncated { id, .. }
             | ExecError::StdinClosed { id }
+            | ExecError::NotATerminal { id }
+            | ExecError::TerminalClosed { id }
             | ExecError::RunnerStopped { id, .. } => Some(id),
             ExecError::InvalidCwd { cwd, .. } => Some(cwd),
             ExecError::Limit { limit, .. } => Some(limit),
@@ -108,6 +115,10 @@ impl ExecError {
                 "exec {id:?}: cannot resume after seq {after}, the oldest retained event is seq {first_retained}"
             ),
             ExecError::StdinClosed { id } => write!(f, "stdin of exec {id:?} is closed"),
+            ExecError::NotATerminal { id } => write!(f, "exec {id:?} is not a terminal"),
+            ExecError::TerminalClosed { id } => {
+                write!(f, "terminal {id:?} has exited; it takes no more input")
+            }
             ExecError::Invalid(m) => f.write_str(m),
             ExecError::InvalidCwd { cwd, reason } => write!(f, "cwd {cwd:?}: {reason}"),
             ExecError::Limit { limit, max, got } => write!(f, "{limit} is {max}, got {got}"),
@@ -131,7 +142,9 @@ impl ExecError {
             ExecError::Truncated { .. } => ErrorCode::LogTruncated,
             ExecError::Invalid(_)
             | ExecError::InvalidCwd { .. }
-            | ExecError::StdinClosed { .. } => ErrorCode::Invalid,
+            | ExecError::StdinClosed { .. }
+            | ExecError::NotATerminal { .. }
+            | ExecError::TerminalClosed { .. } => ErrorCode::Invalid,
             ExecError::Limit { .. } => ErrorCode::Limit,
             ExecError::ShuttingDown => ErrorCode::Shutdown,
             ExecError::Io { .. } | ExecError::Storage(_) | ExecError::RunnerStopped { .. } => {

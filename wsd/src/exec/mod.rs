@@ -50,7 +50,7 @@ pub use sandbox::{Sandbox, SandboxConfig, SandboxError, SandboxLimits, SandboxNe
 pub use subscription::Subscription;
 
 use log::{DeleteOutcome, ExecLogReader, ExecLogWriter, LogCaps};
-use runner::{Control, ExecSpec, LiveExec};
+use runner::{Control, ExecSpec, Input, LiveExec, Program, PtySize};
 
 /// Exit code of an exec whose runner died with the daemon (or could not
 /// write its log): the real status is unknown. Real codes are `0..=255`
@@ -154,6 +154,16 @@ impl ExecConfig {
 
 /// One `exec` call: the type the wire, the client and the CLI share.
 pub use wsd_client::ExecRequest;
+/// One `startPty` call, likewise.
+pub use wsd_client::PtyRequest;
+/// The largest terminal width or height; 0 is `EINVAL`.
+pub use wsd_client::limits::MAX_PTY_DIMENSION;
+/// Most bytes one `pty_write` may pass (the wire's limit).
+pub const MAX_PTY_WRITE_BYTES: usize = wsd_client::limits::MAX_PTY_WRITE_BYTES;
+/// A terminal's program when the request names none.
+pub const DEFAULT_PTY_PROGRAM: &str = "/bin/sh";
+/// `TERM` of a terminal's program unless the request sets it.
+pub const DEFAULT_PTY_TERM: &str = "xterm-256color";
 
 /// The exec's events: the types the wire, the client and the CLI share.
 /// An exit code is the command's, `128 + n` if it was killed by signal `n`,
@@ -329,34 +339,90 @@ impl ExecManager {
         if let Some(stdin) = &req.stdin {
             ExecError::check_limit("stdin size (bytes)", MAX_STDIN_BYTES, stdin.len())?;
         }
-        let cwd = match req.cwd.as_deref() {
-            // The root itself needs no filesystem check: skip the hop to a
-            // blocking thread, whose wake-up dominates a short command's
-            // latency on a busy machine.
-            None | Some("" | ".") => shared.root.clone(),
-            Some(_) => {
-                let root = shared.root.clone();
-                let cwd_arg = req.cwd.clone();
-                tokio::task::spawn_blocking(move || process::resolve_cwd(&root, cwd_arg.as_deref()))
-                    .await
-                    .map_err(|e| ExecError::Storage(format!("cwd check task failed: {e}")))??
-            }
-        };
+        let cwd = self.resolve_cwd(req.cwd.as_deref()).await?;
         let timeout = match req.timeout_ms {
             Some(0) => None,
             Some(ms) => Some(Duration::from_millis(ms)),
             None => shared.config.default_timeout,
         };
         let spec = ExecSpec {
-            command: req.command,
+            program: Program::Shell {
+                command: req.command,
+                stdin: req.stdin,
+                stdin_open: req.stdin_open,
+            },
             cwd,
             env: process::command_env(&shared.config.daemon_env, &req.env),
-            stdin: req.stdin,
-            stdin_open: req.stdin_open,
             timeout,
         };
+        self.launch(id, spec, false).await
+    }
 
-        let (live, control_rx, done_tx) = LiveExec::new(id.clone());
+    /// Starts `argv` (empty: [`DEFAULT_PTY_PROGRAM`]) on a new
+    /// pseudo-terminal of `cols` x `rows`, as the leader of a session of
+    /// its own, with no timeout; its output is logged as stdout events.
+    /// Errors as [`ExecManager::exec`], and `EINVAL` for a size of 0 or an
+    /// argument with NUL, `ELIMIT` over [`MAX_PTY_DIMENSION`] or
+    /// [`MAX_COMMAND_BYTES`] of arguments.
+    pub async fn start_pty(&self, req: PtyRequest) -> Result<(String, Subscription), ExecError> {
+        let shared = &self.shared;
+        if shared.shutdown.is_cancelled() {
+            return Err(ExecError::ShuttingDown);
+        }
+        let argv = if req.argv.is_empty() {
+            vec![DEFAULT_PTY_PROGRAM.to_owned()]
+        } else {
+            req.argv
+        };
+        validate_argv(&argv)?;
+        let size = validate_size(req.cols, req.rows)?;
+        let id = match req.id {
+            Some(id) => {
+                validate_id(&id)?;
+                id
+            }
+            None => uuid::Uuid::new_v4().simple().to_string(),
+        };
+        validate_env(&req.env)?;
+        let cwd = self.resolve_cwd(req.cwd.as_deref()).await?;
+        let mut env = vec![("TERM".to_owned(), DEFAULT_PTY_TERM.to_owned())];
+        env.extend(req.env);
+        let spec = ExecSpec {
+            program: Program::Pty { argv, size },
+            cwd,
+            env: process::command_env(&shared.config.daemon_env, &env),
+            timeout: None,
+        };
+        self.launch(id, spec, true).await
+    }
+
+    /// `cwd` checked and resolved under the root (`None`, `""`, `"."`: the
+    /// root).
+    async fn resolve_cwd(&self, cwd: Option<&str>) -> Result<PathBuf, ExecError> {
+        match cwd {
+            // The root itself needs no filesystem check: skip the hop to a
+            // blocking thread, whose wake-up dominates a short command's
+            // latency on a busy machine.
+            None | Some("" | ".") => Ok(self.shared.root.clone()),
+            Some(cwd) => {
+                let root = self.shared.root.clone();
+                let cwd = cwd.to_owned();
+                tokio::task::spawn_blocking(move || process::resolve_cwd(&root, Some(&cwd)))
+                    .await
+                    .map_err(|e| ExecError::Storage(format!("cwd check task failed: {e}")))?
+            }
+        }
+    }
+
+    /// Registers exec `id` and starts its runner; answers once it runs.
+    async fn launch(
+        &self,
+        id: String,
+        spec: ExecSpec,
+        terminal: bool,
+    ) -> Result<(String, Subscription), ExecError> {
+        let shared = &self.shared;
+        let (live, control_rx, done_tx) = LiveExec::new(id.clone(), terminal);
         let subscription = {
             let mut map = shared.live.lock().expect("live map poisoned");
             if map.contains_key(&id) {
@@ -480,7 +546,45 @@ impl ExecManager {
         };
         let queue = live.stdin.lock().expect("stdin lock poisoned").clone();
         let queue = queue.ok_or_else(closed)?;
-        queue.send(bytes).await.map_err(|_| closed())
+        queue.send(Input::Bytes(bytes)).await.map_err(|_| closed())
+    }
+
+    /// Queues `bytes` as typed input of terminal `id`, in order with
+    /// [`ExecManager::pty_resize`], waiting while [`STDIN_QUEUE_DEPTH`]
+    /// inputs are queued. Errors: `ELIMIT` ([`MAX_PTY_WRITE_BYTES`]),
+    /// `ENOENT` (unknown id), `EINVAL` (not a terminal, or exited).
+    pub async fn pty_write(&self, id: &str, bytes: Vec<u8>) -> Result<(), ExecError> {
+        ExecError::check_limit(
+            "terminal input bytes per write",
+            MAX_PTY_WRITE_BYTES,
+            bytes.len(),
+        )?;
+        self.terminal_input(id, Input::Bytes(bytes)).await
+    }
+
+    /// Sets the window size of terminal `id` (its program gets SIGWINCH),
+    /// queued in order with [`ExecManager::pty_write`]. Errors: `EINVAL`
+    /// (a size of 0, not a terminal, exited), `ELIMIT`
+    /// ([`MAX_PTY_DIMENSION`]), `ENOENT` (unknown id).
+    pub async fn pty_resize(&self, id: &str, cols: u16, rows: u16) -> Result<(), ExecError> {
+        let size = validate_size(cols, rows)?;
+        self.terminal_input(id, Input::Resize(size)).await
+    }
+
+    async fn terminal_input(&self, id: &str, input: Input) -> Result<(), ExecError> {
+        let closed = || ExecError::TerminalClosed { id: id.to_owned() };
+        let Some(live) = self.live(id) else {
+            return match read_meta(&self.shared.reader, id).await? {
+                Some(_) => Err(closed()),
+                None => Err(ExecError::NotFound { id: id.to_owned() }),
+            };
+        };
+        if !live.terminal {
+            return Err(ExecError::NotATerminal { id: id.to_owned() });
+        }
+        let queue = live.stdin.lock().expect("stdin lock poisoned").clone();
+        let queue = queue.ok_or_else(closed)?;
+        queue.send(input).await.map_err(|_| closed())
     }
 
     /// Closes the stdin of a live exec once the queued writes reached it.
@@ -621,6 +725,29 @@ fn validate_command(command: &str) -> Result<(), ExecError> {
         return Err(ExecError::Invalid("command contains NUL".into()));
     }
     ExecError::check_limit("command length (bytes)", MAX_COMMAND_BYTES, command.len())
+}
+
+fn validate_argv(argv: &[String]) -> Result<(), ExecError> {
+    if argv[0].is_empty() {
+        return Err(ExecError::Invalid("argv[0] (the program) is empty".into()));
+    }
+    if argv.iter().any(|a| a.contains('\0')) {
+        return Err(ExecError::Invalid("argv contains NUL".into()));
+    }
+    let bytes: usize = argv.iter().map(|a| a.len() + 1).sum();
+    ExecError::check_limit("argv length (bytes)", MAX_COMMAND_BYTES, bytes)
+}
+
+fn validate_size(cols: u16, rows: u16) -> Result<PtySize, ExecError> {
+    if cols == 0 || rows == 0 {
+        return Err(ExecError::Invalid(format!(
+            "terminal size {cols}x{rows}: columns and rows must be at least 1"
+        )));
+    }
+    let max = usize::from(MAX_PTY_DIMENSION);
+    ExecError::check_limit("terminal columns", max, usize::from(cols))?;
+    ExecError::check_limit("terminal rows", max, usize::from(rows))?;
+    Ok(PtySize { cols, rows })
 }
 
 fn validate_id(id: &str) -> Result<(), ExecError> {

@@ -27,7 +27,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-use super::process::{process_start_time, signal_group, signal_sandboxed_group};
+use super::process::{process_start_time, signal_group, signal_sandboxed_group, signal_terminal};
 use super::{EXIT_LOST, EventKind, ExecError, ExecEvent, PIPELINE_DEPTH, READ_CHUNK_BYTES, Shared};
 
 /// Kill and dispose requests queued for a runner. Senders wait when it is
@@ -37,13 +37,40 @@ const CONTROL_CAPACITY: usize = 8;
 /// A command the runner has validated and resolved.
 #[derive(Debug)]
 pub(crate) struct ExecSpec {
-    pub command: String,
+    pub program: Program,
     pub cwd: PathBuf,
     pub env: Vec<(OsString, OsString)>,
-    pub stdin: Option<Vec<u8>>,
-    /// Keep the pipe open after `stdin` for `write_stdin`.
-    pub stdin_open: bool,
     pub timeout: Option<Duration>,
+}
+
+/// What the runner starts, and how it talks to it.
+#[derive(Debug)]
+pub(crate) enum Program {
+    /// `/bin/sh -c command` with its stdout and stderr on pipes.
+    Shell {
+        command: String,
+        stdin: Option<Vec<u8>>,
+        /// Keep the pipe open after `stdin` for `write_stdin`.
+        stdin_open: bool,
+    },
+    /// `argv` on a new pseudo-terminal, as the leader of a session of its
+    /// own; the terminal's output is one stream (logged as stdout).
+    Pty { argv: Vec<String>, size: PtySize },
+}
+
+/// A terminal's window size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PtySize {
+    pub cols: u16,
+    pub rows: u16,
+}
+
+/// One item of an exec's input queue; items reach the command in order.
+#[derive(Debug)]
+pub(crate) enum Input {
+    Bytes(Vec<u8>),
+    /// A terminal's new window size (only queued for terminals).
+    Resize(PtySize),
 }
 
 #[derive(Debug)]
@@ -83,7 +110,9 @@ pub(crate) struct LiveExec {
     pub disposing: AtomicBool,
     /// The queue to the stdin writer while stdin is open; taking it closes
     /// stdin after the queued writes.
-    pub stdin: Mutex<Option<mpsc::Sender<Vec<u8>>>>,
+    pub stdin: Mutex<Option<mpsc::Sender<Input>>>,
+    /// Started on a pseudo-terminal: signals reach its whole session.
+    pub terminal: bool,
     pub state: Mutex<LiveState>,
     done: watch::Receiver<bool>,
     /// Most events ever in the pipeline at once (for the tests'
@@ -94,7 +123,10 @@ pub(crate) struct LiveExec {
 type Delivery = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 impl LiveExec {
-    pub(crate) fn new(id: String) -> (Arc<LiveExec>, mpsc::Receiver<Control>, watch::Sender<bool>) {
+    pub(crate) fn new(
+        id: String,
+        terminal: bool,
+    ) -> (Arc<LiveExec>, mpsc::Receiver<Control>, watch::Sender<bool>) {
         let (control, control_rx) = mpsc::channel(CONTROL_CAPACITY);
         let (done_tx, done) = watch::channel(false);
         let live = Arc::new(LiveExec {
@@ -103,6 +135,7 @@ impl LiveExec {
             control,
             disposing: AtomicBool::new(false),
             stdin: Mutex::new(None),
+            terminal,
             state: Mutex::new(LiveState {
                 delivered_through: 0,
                 subscribers: Vec::new(),
@@ -157,19 +190,43 @@ impl LiveExec {
     }
 }
 
-/// SIGKILLs the process group when dropped while armed, so no command
-/// outlives its runner, even if the runtime drops the task mid-flight.
+/// SIGKILLs the process group (a terminal's: its whole session) when
+/// dropped while armed, so no command outlives its runner, even if the
+/// runtime drops the task mid-flight.
 struct GroupGuard {
     pgid: i32,
+    /// A terminal's (whether sandboxed): signal what belongs to it.
+    terminal: Option<bool>,
     armed: bool,
+}
+
+impl GroupGuard {
+    fn kill(&self) {
+        let kill = nix::sys::signal::Signal::SIGKILL as i32;
+        let _ = match self.terminal {
+            Some(sandboxed) => signal_terminal(self.pgid, kill, sandboxed),
+            None => signal_group(self.pgid, kill),
+        };
+    }
 }
 
 impl Drop for GroupGuard {
     fn drop(&mut self) {
         if self.armed {
-            let _ = signal_group(self.pgid, nix::sys::signal::Signal::SIGKILL as i32);
+            self.kill();
         }
     }
+}
+
+/// A command's output streams: a pipe each, or one terminal as `out`.
+type OutputStream = Pin<Box<dyn AsyncRead + Send>>;
+
+struct Started {
+    child: Child,
+    generation: u64,
+    stdin_task: AbortOnDrop,
+    out: Option<OutputStream>,
+    err: Option<OutputStream>,
 }
 
 /// Publishes "done" when dropped, whatever path the runner took.
@@ -212,7 +269,13 @@ pub(crate) async fn run(
 ) {
     let done = DoneGuard(done_tx);
     let timeout = spec.timeout;
-    let (mut child, generation, _stdin_task) = match start(&shared, &live, spec).await {
+    let Started {
+        mut child,
+        generation,
+        stdin_task: _stdin_task,
+        out,
+        err,
+    } = match start(&shared, &live, spec).await {
         Ok(started) => started,
         Err(e) => {
             live.end(EndReason::Failed(e.to_string()));
@@ -224,7 +287,11 @@ pub(crate) async fn run(
     let pgid = child
         .id()
         .expect("a child that was not waited for has a pid") as i32;
-    let mut guard = GroupGuard { pgid, armed: true };
+    let mut guard = GroupGuard {
+        pgid,
+        terminal: live.terminal.then_some(shared.config.sandbox.is_some()),
+        armed: true,
+    };
     let _ = started.send(Ok(()));
     // Recorded so that a daemon started after this one crashed can kill the
     // group. The leader is not reaped yet (nobody waited), so its /proc
@@ -246,7 +313,7 @@ pub(crate) async fn run(
         &shared,
         &live,
         &mut child,
-        pgid,
+        (out, err),
         &mut control_rx,
         timeout,
         &mut seq,
@@ -261,7 +328,7 @@ pub(crate) async fn run(
         Outcome::Exited(code) => {
             // Members of the group that closed their output and kept running
             // would write behind the settle; an exec is one unit.
-            let _ = signal_group(pgid, nix::sys::signal::Signal::SIGKILL as i32);
+            guard.kill();
             guard.armed = false;
             finish(&shared, &live, seq, code, done).await;
         }
@@ -289,63 +356,89 @@ pub(crate) async fn run(
     }
 }
 
-async fn start(
-    shared: &Shared,
-    live: &LiveExec,
-    spec: ExecSpec,
-) -> Result<(Child, u64, AbortOnDrop), ExecError> {
+async fn start(shared: &Shared, live: &LiveExec, spec: ExecSpec) -> Result<Started, ExecError> {
     let generation = shared.writer.begin(&live.id).await?;
     let _ = live.generation.set(generation);
+    let spawned = match spec.program {
+        Program::Shell {
+            command,
+            stdin,
+            stdin_open,
+        } => spawn_shell(
+            shared, live, &spec.cwd, spec.env, &command, stdin, stdin_open,
+        ),
+        Program::Pty { argv, size } => spawn_pty(shared, live, &spec.cwd, spec.env, &argv, size),
+    };
+    match spawned {
+        Ok((child, stdin_task, out, err)) => Ok(Started {
+            child,
+            generation,
+            stdin_task,
+            out,
+            err,
+        }),
+        Err(e) => {
+            // Leave no half-begun log behind: the call fails as a whole.
+            let _ = shared.writer.delete_generation(&live.id, generation).await;
+            Err(e)
+        }
+    }
+}
+
+type Spawned = (
+    Child,
+    AbortOnDrop,
+    Option<OutputStream>,
+    Option<OutputStream>,
+);
+
+fn spawn_shell(
+    shared: &Shared,
+    live: &LiveExec,
+    cwd: &std::path::Path,
+    env: Vec<(OsString, OsString)>,
+    command: &str,
+    stdin: Option<Vec<u8>>,
+    stdin_open: bool,
+) -> Result<Spawned, ExecError> {
     let mut cmd = match &shared.config.sandbox {
         // bwrap enters the cwd inside; it starts a session of its own.
-        Some(sandbox) => Command::from(sandbox.command(&spec.cwd, &spec.command)),
+        Some(sandbox) => Command::from(sandbox.command(cwd, command)),
         None => {
             let mut cmd = Command::new("/bin/sh");
-            cmd.arg("-c")
-                .arg(&spec.command)
-                .current_dir(&spec.cwd)
-                .process_group(0);
+            cmd.arg("-c").arg(command).current_dir(cwd).process_group(0);
             cmd
         }
     };
     cmd.env_clear()
-        .envs(spec.env)
-        .stdin(if spec.stdin.is_some() || spec.stdin_open {
+        .envs(env)
+        .stdin(if stdin.is_some() || stdin_open {
             Stdio::piped()
         } else {
             Stdio::null()
         })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = match cmd.spawn() {
-        Ok(child) => child,
-        Err(e) => {
-            // Leave no half-begun log behind: the call fails as a whole.
-            let _ = shared.writer.delete_generation(&live.id, generation).await;
-            let what = match &shared.config.sandbox {
-                Some(_) => "spawning bwrap /bin/sh",
-                None => "spawning /bin/sh",
-            };
-            return Err(ExecError::io(what, e));
-        }
-    };
-    let queue = if spec.stdin_open {
-        let (tx, rx) = mpsc::channel(super::STDIN_QUEUE_DEPTH);
-        *live.stdin.lock().expect("stdin lock poisoned") = Some(tx);
-        Some(rx)
-    } else {
-        None
-    };
+    let mut child = cmd.spawn().map_err(|e| {
+        let what = match &shared.config.sandbox {
+            Some(_) => "spawning bwrap /bin/sh",
+            None => "spawning /bin/sh",
+        };
+        ExecError::io(what, e)
+    })?;
+    let queue = stdin_open.then(|| open_input_queue(live));
     let stdin_task = child.stdin.take().map(|mut pipe| {
         tokio::spawn(async move {
             // EPIPE just means the command exited without reading it all.
-            if let Some(bytes) = spec.stdin
+            if let Some(bytes) = stdin
                 && pipe.write_all(&bytes).await.is_err()
             {
                 return;
             }
             if let Some(mut queue) = queue {
-                while let Some(bytes) = queue.recv().await {
+                while let Some(input) = queue.recv().await {
+                    // Only terminals get resizes queued.
+                    let Input::Bytes(bytes) = input else { continue };
                     if pipe.write_all(&bytes).await.is_err() {
                         return;
                     }
@@ -354,7 +447,106 @@ async fn start(
             let _ = pipe.shutdown().await;
         })
     });
-    Ok((child, generation, AbortOnDrop(stdin_task)))
+    let out = child.stdout.take().map(|p| Box::pin(p) as OutputStream);
+    let err = child.stderr.take().map(|p| Box::pin(p) as OutputStream);
+    Ok((child, AbortOnDrop(stdin_task), out, err))
+}
+
+/// Opens a pseudo-terminal of `size` and starts `argv` on it (sandboxed:
+/// under bwrap, which keeps the terminal's session). The master's read
+/// half is the output; its write half serves the input queue.
+fn spawn_pty(
+    shared: &Shared,
+    live: &LiveExec,
+    cwd: &std::path::Path,
+    env: Vec<(OsString, OsString)>,
+    argv: &[String],
+    size: PtySize,
+) -> Result<Spawned, ExecError> {
+    let pty_err = |what: &str, e: pty_process::Error| {
+        ExecError::io(what, std::io::Error::other(e.to_string()))
+    };
+    let (pty, pts) = pty_process::open().map_err(|e| pty_err("opening a pseudo-terminal", e))?;
+    pty.resize(pty_process::Size::new(size.rows, size.cols))
+        .map_err(|e| pty_err("setting the terminal size", e))?;
+    let child = match &shared.config.sandbox {
+        Some(sandbox) => {
+            use std::os::fd::AsFd;
+            let stdio = || {
+                pts.as_fd()
+                    .try_clone_to_owned()
+                    .map(Stdio::from)
+                    .map_err(|e| ExecError::io("duplicating the terminal", e))
+            };
+            let mut cmd = Command::from(sandbox.pty_command(cwd, argv));
+            cmd.env_clear()
+                .envs(env)
+                .stdin(stdio()?)
+                .stdout(stdio()?)
+                .stderr(stdio()?);
+            cmd.spawn()
+                .map_err(|e| ExecError::io("spawning bwrap for a terminal", e))?
+        }
+        None => pty_process::Command::new(&argv[0])
+            .args(&argv[1..])
+            .current_dir(cwd)
+            .env_clear()
+            .envs(env)
+            .spawn(pts)
+            .map_err(|e| pty_err(&format!("spawning {:?} on a terminal", argv[0]), e))?,
+    };
+    let (read, mut write) = pty.into_split();
+    let mut queue = open_input_queue(live);
+    let input_task = tokio::spawn(async move {
+        while let Some(input) = queue.recv().await {
+            let done = match input {
+                Input::Bytes(bytes) => write.write_all(&bytes).await.is_err(),
+                Input::Resize(s) => write
+                    .resize(pty_process::Size::new(s.rows, s.cols))
+                    .is_err(),
+            };
+            // The terminal hung up: the program is gone.
+            if done {
+                return;
+            }
+        }
+    });
+    Ok((
+        child,
+        AbortOnDrop(Some(input_task)),
+        Some(Box::pin(TerminalOutput(read)) as OutputStream),
+        None,
+    ))
+}
+
+/// Opens the exec's input queue (`write_stdin`, `pty_write`, `pty_resize`)
+/// and returns its receiving end.
+fn open_input_queue(live: &LiveExec) -> mpsc::Receiver<Input> {
+    let (tx, rx) = mpsc::channel(super::STDIN_QUEUE_DEPTH);
+    *live.stdin.lock().expect("stdin lock poisoned") = Some(tx);
+    rx
+}
+
+/// A terminal master's read half, where `EIO` (every slave descriptor is
+/// closed: the session is gone) is the end of the output, as EOF is on a
+/// pipe.
+struct TerminalOutput(pty_process::OwnedReadPty);
+
+impl AsyncRead for TerminalOutput {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match Pin::new(&mut self.0).poll_read(cx, buf) {
+            std::task::Poll::Ready(Err(e))
+                if e.raw_os_error() == Some(nix::errno::Errno::EIO as i32) =>
+            {
+                std::task::Poll::Ready(Ok(()))
+            }
+            other => other,
+        }
+    }
 }
 
 fn exit_code(status: std::process::ExitStatus) -> i32 {
@@ -413,15 +605,18 @@ async fn pump(
     shared: &Shared,
     live: &LiveExec,
     child: &mut Child,
-    pgid: i32,
+    (mut stdout, mut stderr): (Option<OutputStream>, Option<OutputStream>),
     control_rx: &mut mpsc::Receiver<Control>,
     timeout: Option<Duration>,
     seq: &mut u64,
 ) -> Outcome {
     let grace = shared.config.kill_grace;
     let id = live.id.as_str();
-    let mut stdout = child.stdout.take();
-    let mut stderr = child.stderr.take();
+    // The leader is its group's (and a terminal's session's) id; it has a
+    // pid until it is waited for, below.
+    let pgid = child
+        .id()
+        .expect("a child that was not waited for has a pid") as i32;
     let mut out_buf = vec![0u8; READ_CHUNK_BYTES];
     let mut err_buf = vec![0u8; READ_CHUNK_BYTES];
     let mut pipeline = FuturesOrdered::new();
@@ -436,8 +631,11 @@ async fn pump(
     let mut shutdown_seen = false;
     let mut control_open = true;
     let sandboxed = shared.config.sandbox.is_some();
+    let terminal = live.terminal;
     let signal = |sig: i32| {
-        let sent = if sandboxed {
+        let sent = if terminal {
+            signal_terminal(pgid, sig, sandboxed)
+        } else if sandboxed {
             signal_sandboxed_group(pgid, sig)
         } else {
             signal_group(pgid, sig)
@@ -537,6 +735,13 @@ async fn pump(
                         EXIT_LOST
                     }
                 });
+                if terminal {
+                    // The session leader is gone: what is left of its
+                    // session (background jobs) holds the terminal open,
+                    // and the output ends only when nothing does.
+                    signal(nix::sys::signal::Signal::SIGKILL as i32);
+                    abandon_at.get_or_insert(Instant::now() + grace);
+                }
             }
         }
     }

@@ -154,6 +154,10 @@ pub enum SandboxError {
 #[derive(Debug, Clone)]
 pub struct Sandbox {
     bwrap: PathBuf,
+    /// util-linux `setsid`, which gives a terminal's program its session
+    /// inside the sandbox (see [`Sandbox::pty_command`]); `/usr` is bound
+    /// read-only, so the host's path is valid inside.
+    setsid: PathBuf,
     /// Everything before `--chdir CWD -- /bin/sh -c COMMAND`.
     args: Vec<OsString>,
     limits: SandboxLimits,
@@ -168,6 +172,8 @@ impl Sandbox {
         let root = canonical(root)?;
         let sandbox = Sandbox {
             bwrap,
+            // Only terminals need it; without it they fail to spawn, naming it.
+            setsid: find_on_path("setsid").unwrap_or_else(|| PathBuf::from("/usr/bin/setsid")),
             args: layout(&root, config)?,
             limits: config.limits,
         };
@@ -197,12 +203,39 @@ impl Sandbox {
     /// its own process group, without the daemon's terminal) with the
     /// limits set. The caller adds the environment and the stdio.
     pub(crate) fn command(&self, cwd: &Path, command: &str) -> std::process::Command {
+        self.argv_command(cwd, ["/bin/sh", "-c", command])
+    }
+
+    /// `bwrap ... --chdir CWD -- setsid --ctty --wait ARGV...` for a
+    /// terminal, whose slave the caller makes the stdio. bwrap starts in a
+    /// session of its own without a controlling terminal; inside, `setsid`
+    /// (util-linux) starts another one that takes the terminal. So the
+    /// program's session, its process groups and the terminal's foreground
+    /// group are all visible in the sandbox's pid namespace: a job-control
+    /// shell that restores the foreground group at exit (dash does) would
+    /// otherwise fail on a group of the host's and exit 2.
+    pub(crate) fn pty_command(&self, cwd: &Path, argv: &[String]) -> std::process::Command {
+        let setsid: &std::ffi::OsStr = self.setsid.as_os_str();
+        let wrapper = [setsid, "--ctty".as_ref(), "--wait".as_ref()];
+        self.argv_command(
+            cwd,
+            wrapper
+                .into_iter()
+                .chain(argv.iter().map(|a| std::ffi::OsStr::new(a.as_str()))),
+        )
+    }
+
+    fn argv_command<I, S>(&self, cwd: &Path, argv: I) -> std::process::Command
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
         let mut cmd = std::process::Command::new(&self.bwrap);
         cmd.args(&self.args)
             .arg("--chdir")
             .arg(cwd)
-            .args(["--", "/bin/sh", "-c"])
-            .arg(command);
+            .arg("--")
+            .args(argv);
         let limits = self.limits;
         // SAFETY: between fork and exec the closure only makes the
         // async-signal-safe syscalls setsid(2) and setrlimit(2), on values

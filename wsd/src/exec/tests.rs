@@ -969,3 +969,193 @@ fn the_public_futures_are_send(m: &ExecManager, sub: &mut Subscription) {
     send(m.shutdown());
     send(sub.next());
 }
+
+// ---------------------------------------------------------------------------
+// Terminals (`start_pty`)
+
+fn pty_req(argv: &[&str], cols: u16, rows: u16) -> PtyRequest {
+    PtyRequest {
+        argv: argv.iter().map(|a| a.to_string()).collect(),
+        cols,
+        rows,
+        ..PtyRequest::default()
+    }
+}
+
+/// Reads a terminal's output until it holds `needle`; returns all of it.
+async fn read_terminal_until(sub: &mut Subscription, seen: &mut Vec<u8>, needle: &str) {
+    while !String::from_utf8_lossy(seen).contains(needle) {
+        match next_event(sub).await.kind {
+            EventKind::Stdout(d) => seen.extend_from_slice(&d),
+            other => panic!(
+                "expected {needle:?} before {other:?}; output: {}",
+                String::from_utf8_lossy(seen)
+            ),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_terminal_runs_a_shell_that_reads_typed_input_and_names_its_pts() {
+    let f = fixture();
+    let (id, mut sub) = f
+        .manager
+        .start_pty(pty_req(&["/bin/sh"], 80, 24))
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    // The sum appears only in the shell's answer, not in the echo of the line.
+    f.manager
+        .pty_write(&id, b"echo hi-$((40+2)); tty\n".to_vec())
+        .await
+        .unwrap();
+    read_terminal_until(&mut sub, &mut out, "hi-42").await;
+    read_terminal_until(&mut sub, &mut out, "/dev/pts/").await;
+    f.manager
+        .pty_write(&id, b"echo $TERM; exit 3\n".to_vec())
+        .await
+        .unwrap();
+    read_terminal_until(&mut sub, &mut out, DEFAULT_PTY_TERM).await;
+    let rest = collect(&mut sub).await;
+    assert_eq!(rest.last().unwrap().kind, EventKind::Exit(3));
+    // The log replays the same bytes, in one stream.
+    let mut replay = f.manager.get(&id, After::All).await.unwrap();
+    let all = collect(&mut replay).await;
+    let text = String::from_utf8_lossy(&stdout_of(&all)).into_owned();
+    assert!(
+        text.contains("hi-42") && text.contains("/dev/pts/"),
+        "{text}"
+    );
+    assert!(stderr_of(&all).is_empty());
+}
+
+#[tokio::test]
+async fn a_resize_reaches_the_program_in_order_with_its_input() {
+    let f = fixture();
+    let (id, mut sub) = f
+        .manager
+        .start_pty(pty_req(&["/bin/sh"], 80, 24))
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    f.manager
+        .pty_write(&id, b"stty size\n".to_vec())
+        .await
+        .unwrap();
+    read_terminal_until(&mut sub, &mut out, "24 80").await;
+    f.manager.pty_resize(&id, 132, 43).await.unwrap();
+    f.manager
+        .pty_write(&id, b"stty size\n".to_vec())
+        .await
+        .unwrap();
+    read_terminal_until(&mut sub, &mut out, "43 132").await;
+    f.manager.kill(&id, Some("HUP")).await.unwrap();
+    let rest = collect(&mut sub).await;
+    assert!(rest.last().unwrap().is_exit());
+}
+
+#[tokio::test]
+async fn closing_a_terminal_ends_its_whole_session_background_jobs_included() {
+    let f = fixture();
+    let (id, mut sub) = f
+        .manager
+        .start_pty(pty_req(&["/bin/sh"], 80, 24))
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    // `set -m`: the job gets a process group of its own, as in an
+    // interactive shell; it holds the terminal open while it lives.
+    f.manager
+        .pty_write(
+            &id,
+            b"set -m; sleep 1000 & echo \"job-\"$!\"-x\"\n".to_vec(),
+        )
+        .await
+        .unwrap();
+    // The echoed line has a quote before the line end; the answer not.
+    read_terminal_until(&mut sub, &mut out, "-x\r\n").await;
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let pid: i32 = text
+        .split("job-")
+        .last()
+        .unwrap()
+        .split(|c: char| !c.is_ascii_digit())
+        .find(|s| !s.is_empty())
+        .unwrap_or_else(|| panic!("no job pid in {text:?}"))
+        .parse()
+        .unwrap();
+    f.manager.kill(&id, Some("HUP")).await.unwrap();
+    // The exit comes only once nothing holds the terminal: the job is gone.
+    let rest = collect(&mut sub).await;
+    assert!(rest.last().unwrap().is_exit());
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    assert!(
+        stat.is_empty() || stat.contains(") Z "),
+        "the background job {pid} outlived its terminal: {stat}"
+    );
+}
+
+#[tokio::test]
+async fn bad_terminal_input_is_refused_with_its_code_and_changes_nothing() {
+    let f = fixture();
+    let code = |r: Result<(String, Subscription), ExecError>| r.err().map(|e| e.code());
+    assert_eq!(
+        code(f.manager.start_pty(pty_req(&["/bin/sh"], 0, 0)).await),
+        Some(ErrorCode::Invalid)
+    );
+    assert_eq!(
+        code(f.manager.start_pty(pty_req(&["/bin/sh"], 10_000, 24)).await),
+        Some(ErrorCode::Limit)
+    );
+    assert_eq!(
+        code(f.manager.start_pty(pty_req(&["sh\0x"], 80, 24)).await),
+        Some(ErrorCode::Invalid)
+    );
+    assert_eq!(
+        f.manager
+            .pty_write("nope", b"x".to_vec())
+            .await
+            .unwrap_err()
+            .code(),
+        ErrorCode::NotFound
+    );
+    // A command on pipes is not a terminal.
+    let (plain, _sub) = f
+        .manager
+        .exec(ExecRequest {
+            command: "sleep 1000".into(),
+            stdin_open: true,
+            ..ExecRequest::default()
+        })
+        .await
+        .unwrap();
+    let e = f.manager.pty_resize(&plain, 80, 24).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Invalid, "{e}");
+    f.manager.kill(&plain, Some("KILL")).await.unwrap();
+
+    let (id, mut sub) = f
+        .manager
+        .start_pty(pty_req(&["/bin/sh"], 80, 24))
+        .await
+        .unwrap();
+    let big = vec![b'x'; MAX_PTY_WRITE_BYTES + 1];
+    let e = f.manager.pty_write(&id, big).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Limit, "{e}");
+    let e = f.manager.pty_resize(&id, 0, 24).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Invalid, "{e}");
+    let e = f.manager.pty_resize(&id, 80, 10_000).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Limit, "{e}");
+    // Still serving: the terminal works after every refusal.
+    let mut out = Vec::new();
+    f.manager
+        .pty_write(&id, b"echo still-$((1+1)); exit 0\n".to_vec())
+        .await
+        .unwrap();
+    read_terminal_until(&mut sub, &mut out, "still-2").await;
+    assert_eq!(
+        collect(&mut sub).await.last().unwrap().kind,
+        EventKind::Exit(0)
+    );
+    let e = f.manager.pty_write(&id, b"x".to_vec()).await.unwrap_err();
+    assert_eq!(e.code(), ErrorCode::Invalid, "input after the exit: {e}");
+}

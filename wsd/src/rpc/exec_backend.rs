@@ -10,7 +10,8 @@
 use futures::future::LocalBoxFuture;
 
 use super::WireError;
-use wsd_client::{ExecEvent, ExecRequest, ResumeFrom, Signal as ExecSignal};
+use wsd_client::{ExecEvent, ExecRequest, PtyRequest, ResumeFrom, Signal as ExecSignal};
+use wsd_sync::ErrorCode;
 
 /// A live subscription to one exec's events.
 #[allow(async_fn_in_trait)]
@@ -51,6 +52,29 @@ pub trait ExecBackend: 'static {
 
     /// The ids of the commands still running, in any order (for `status`).
     async fn live(&self) -> Vec<String>;
+
+    /// Starts a program on a new pseudo-terminal; returns its id and a
+    /// subscription from seq 1. A runner without terminals answers `EIO`.
+    async fn start_pty(&self, request: PtyRequest) -> Result<(String, Self::Events), WireError> {
+        let _ = request;
+        Err(no_terminals())
+    }
+
+    /// Queues typed input for a terminal.
+    async fn pty_write(&self, id: &str, bytes: Vec<u8>) -> Result<(), WireError> {
+        let _ = (id, bytes);
+        Err(no_terminals())
+    }
+
+    /// Sets a terminal's window size.
+    async fn pty_resize(&self, id: &str, cols: u16, rows: u16) -> Result<(), WireError> {
+        let _ = (id, cols, rows);
+        Err(no_terminals())
+    }
+}
+
+fn no_terminals() -> WireError {
+    WireError::new(ErrorCode::Io, "this exec runner has no terminals")
 }
 
 /// The object-safe face of [`ExecBackend`] the server stores, so the server
@@ -78,6 +102,18 @@ pub(crate) trait DynExecBackend {
     ) -> LocalBoxFuture<'a, Result<(), WireError>>;
     fn close_stdin<'a>(&'a self, id: &'a str) -> LocalBoxFuture<'a, Result<(), WireError>>;
     fn live(&self) -> LocalBoxFuture<'_, Vec<String>>;
+    fn start_pty(&self, request: PtyRequest) -> LocalBoxFuture<'_, Result<Started, WireError>>;
+    fn pty_write<'a>(
+        &'a self,
+        id: &'a str,
+        bytes: Vec<u8>,
+    ) -> LocalBoxFuture<'a, Result<(), WireError>>;
+    fn pty_resize<'a>(
+        &'a self,
+        id: &'a str,
+        cols: u16,
+        rows: u16,
+    ) -> LocalBoxFuture<'a, Result<(), WireError>>;
 }
 
 pub(crate) trait DynExecEvents {
@@ -135,5 +171,29 @@ impl<T: ExecBackend> DynExecBackend for T {
 
     fn live(&self) -> LocalBoxFuture<'_, Vec<String>> {
         Box::pin(ExecBackend::live(self))
+    }
+
+    fn start_pty(&self, request: PtyRequest) -> LocalBoxFuture<'_, Result<Started, WireError>> {
+        Box::pin(async move {
+            let (id, events) = ExecBackend::start_pty(self, request).await?;
+            Ok((id, Box::new(events) as Box<dyn DynExecEvents>))
+        })
+    }
+
+    fn pty_write<'a>(
+        &'a self,
+        id: &'a str,
+        bytes: Vec<u8>,
+    ) -> LocalBoxFuture<'a, Result<(), WireError>> {
+        Box::pin(ExecBackend::pty_write(self, id, bytes))
+    }
+
+    fn pty_resize<'a>(
+        &'a self,
+        id: &'a str,
+        cols: u16,
+        rows: u16,
+    ) -> LocalBoxFuture<'a, Result<(), WireError>> {
+        Box::pin(ExecBackend::pty_resize(self, id, cols, rows))
     }
 }

@@ -37,7 +37,8 @@ pub use server::{Backend, Listener, ServeError, ServerConfig, serve};
 pub use store_thread::StoreCaller;
 pub use wsd_client::WsdError as WireError;
 pub use wsd_client::{
-    ExecEvent, ExecEventKind, ExecRequest, PROTOCOL_VERSION, ResumeFrom, Signal as ExecSignal,
+    ExecEvent, ExecEventKind, ExecRequest, PROTOCOL_VERSION, PtyRequest, ResumeFrom,
+    Signal as ExecSignal,
 };
 
 /// The default TCP port of `wsd serve`.

@@ -11,10 +11,11 @@ use wsd_sync::ErrorCode;
 use super::WireError;
 use super::conn::{Conn, run_call};
 use super::convert::{
-    exec_event_to, exec_request_from, resume_from, signal_from, text, wire_error_to,
+    exec_event_to, exec_request_from, pty_request_from, resume_from, signal_from, text,
+    wire_error_to,
 };
 use super::exec_backend::{DynExecBackend, DynExecEvents};
-use super::limits::MAX_STDIN_WRITE_BYTES;
+use super::limits::{MAX_PTY_WRITE_BYTES, MAX_STDIN_WRITE_BYTES};
 use super::stream::{self, StreamWindow, message_bytes};
 
 pub(crate) struct ShellServer {
@@ -186,6 +187,60 @@ impl wire::shell::Server for ShellServer {
             let backend = self.backend()?;
             let id = text(params.get()?.get_id(), "exec id")?;
             backend.close_stdin(&id).await
+        })
+        .await
+    }
+
+    async fn start_pty(
+        self: Rc<Self>,
+        params: wire::shell::StartPtyParams,
+        mut results: wire::shell::StartPtyResults,
+    ) -> Result<(), capnp::Error> {
+        run_call(&self.conn, "startPty", async {
+            let backend = self.backend()?;
+            let p = params.get()?;
+            let request = pty_request_from(p.get_request()?)?;
+            let sink = p.get_events()?;
+            let (id, events) = backend.start_pty(request).await?;
+            tracing::debug!(id, "terminal started");
+            let mut r = results.get();
+            r.set_id(id.as_str());
+            r.set_subscription(subscribe(events, sink));
+            Ok(())
+        })
+        .await
+    }
+
+    async fn pty_write(
+        self: Rc<Self>,
+        params: wire::shell::PtyWriteParams,
+        _: wire::shell::PtyWriteResults,
+    ) -> Result<(), capnp::Error> {
+        run_call(&self.conn, "ptyWrite", async {
+            let backend = self.backend()?;
+            let p = params.get()?;
+            let id = text(p.get_id(), "exec id")?;
+            let data = p.get_data()?;
+            WireError::check_limit(
+                "terminal input bytes per write",
+                MAX_PTY_WRITE_BYTES,
+                data.len(),
+            )?;
+            backend.pty_write(&id, data.to_vec()).await
+        })
+        .await
+    }
+
+    async fn pty_resize(
+        self: Rc<Self>,
+        params: wire::shell::PtyResizeParams,
+        _: wire::shell::PtyResizeResults,
+    ) -> Result<(), capnp::Error> {
+        run_call(&self.conn, "ptyResize", async {
+            let backend = self.backend()?;
+            let p = params.get()?;
+            let id = text(p.get_id(), "exec id")?;
+            backend.pty_resize(&id, p.get_cols(), p.get_rows()).await
         })
         .await
     }

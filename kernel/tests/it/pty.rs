@@ -1,0 +1,431 @@
+//! `shell.pty.*` over the real WebSocket on workspaces backed by real `wsd`
+//! children (sandboxed under bwrap where it is installed, as the kernel
+//! runs them by default): typed input and output, resize, re-attaching
+//! after a dropped socket with the missed output exactly once, close and
+//! exit, and bad input that changes nothing.
+
+use std::collections::VecDeque;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use gsv_kernel::client::GsvClient;
+use serde_json::{Value, json};
+
+use crate::harness::{ALICE_PW, TestKernel, bwrap_available, new_workspace};
+
+/// A socket attached to one terminal: it keeps the signals it reads while
+/// waiting for answers and the output bytes in order.
+struct Term {
+    c: GsvClient,
+    pty_id: String,
+    signals: VecDeque<Value>,
+    /// Output received, from offset `base`.
+    out: Vec<u8>,
+    base: u64,
+    exit: Option<Value>,
+}
+
+impl Term {
+    fn new(c: GsvClient) -> Term {
+        Term {
+            c,
+            pty_id: String::new(),
+            signals: VecDeque::new(),
+            out: Vec::new(),
+            base: 0,
+            exit: None,
+        }
+    }
+
+    /// The answer's `data` (signals read meanwhile are kept).
+    async fn call(&mut self, call: &str, args: Value) -> Value {
+        let id = self.c.fresh_id();
+        self.c.send_request(&id, call, args).await.unwrap();
+        loop {
+            let f = self.c.recv().await.unwrap();
+            if f["type"] == "sig" {
+                self.signals.push_back(f);
+            } else if f["type"] == "res" && f["id"] == id.as_str() {
+                assert_eq!(f["ok"], true, "{call}: {f}");
+                return f["data"].clone();
+            }
+        }
+    }
+
+    async fn open(&mut self, args: Value) -> Value {
+        let d = self.call("shell.pty.open", args).await;
+        assert_eq!(d["ok"], true, "{d}");
+        assert_eq!(d["status"], "running", "{d}");
+        assert!(
+            self.signals.is_empty(),
+            "output came before the answer: {:?}",
+            self.signals
+        );
+        self.pty_id = d["ptyId"].as_str().unwrap().to_owned();
+        d
+    }
+
+    async fn attach(&mut self, pty_id: &str, after: u64) -> Value {
+        let d = self
+            .call("shell.pty.attach", json!({"ptyId": pty_id, "after": after}))
+            .await;
+        assert_eq!(d["ok"], true, "{d}");
+        assert_eq!(d["offset"], after);
+        self.pty_id = pty_id.to_owned();
+        self.out.clear();
+        self.base = after;
+        d
+    }
+
+    async fn input(&mut self, text: &str) {
+        let d = self
+            .call(
+                "shell.pty.input",
+                json!({"ptyId": self.pty_id, "data": text}),
+            )
+            .await;
+        assert_eq!(d["ok"], true, "{d}");
+        assert_eq!(d["bytes"], text.len());
+    }
+
+    /// Takes one signal of this terminal into `out` / `exit`.
+    async fn pump(&mut self) {
+        let s = match self.signals.pop_front() {
+            Some(s) => s,
+            None => loop {
+                let f = self.c.recv().await.unwrap();
+                if f["type"] == "sig" {
+                    break f;
+                }
+            },
+        };
+        let p = &s["payload"];
+        assert_eq!(p["ptyId"], self.pty_id.as_str(), "{s}");
+        match s["signal"].as_str().unwrap() {
+            "shell.pty.output" => {
+                let at = p["offset"].as_u64().unwrap();
+                assert_eq!(
+                    at,
+                    self.base + self.out.len() as u64,
+                    "output offsets follow on without gap or overlap: {s}"
+                );
+                let bytes = STANDARD.decode(p["dataBase64"].as_str().unwrap()).unwrap();
+                self.out.extend_from_slice(&bytes);
+            }
+            "shell.pty.exit" => self.exit = Some(p.clone()),
+            other => panic!("unexpected signal {other}: {s}"),
+        }
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.out).into_owned()
+    }
+
+    /// Reads output until it holds `needle` (the client's own recv timeout
+    /// bounds each wait).
+    async fn until(&mut self, needle: &str) {
+        while !self.text().contains(needle) {
+            assert!(
+                self.exit.is_none(),
+                "exited before {needle:?}: {}",
+                self.text()
+            );
+            self.pump().await;
+        }
+    }
+
+    async fn until_exit(&mut self) -> Value {
+        while self.exit.is_none() {
+            self.pump().await;
+        }
+        self.exit.clone().unwrap()
+    }
+
+    /// The offset just past the output received.
+    fn offset(&self) -> u64 {
+        self.base + self.out.len() as u64
+    }
+}
+
+async fn alice_term(k: &TestKernel, client_id: &str) -> Term {
+    Term::new(k.login_from(client_id, "alice", ALICE_PW).await)
+}
+
+/// `{ok:false, code}` of a call.
+async fn refused(t: &mut Term, call: &str, args: Value) -> String {
+    let d = t.call(call, args).await;
+    assert_eq!(d["ok"], false, "{call} should fail: {d}");
+    assert!(d["error"].as_str().is_some_and(|e| !e.is_empty()), "{d}");
+    d["code"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn a_terminal_echoes_typed_input_follows_a_resize_and_ends_on_close() {
+    let sandboxed = bwrap_available();
+    let k = TestKernel::with_users().await;
+    let mut a = k.alice().await;
+    let ws = new_workspace(&mut a).await;
+    let mut t = alice_term(&k, "term").await;
+    let d = t
+        .open(json!({"workspaceId": ws, "cols": 80, "rows": 24}))
+        .await;
+    assert_eq!(d["workspaceId"], ws.as_str());
+    // The sum shows only in the shell's answer, not in the echoed line.
+    t.input("echo hi-$((40+2))\n").await;
+    t.until("hi-42").await;
+    t.input("stty size\n").await;
+    t.until("24 80").await;
+    let r = t
+        .call(
+            "shell.pty.resize",
+            json!({"ptyId": t.pty_id, "cols": 100, "rows": 30}),
+        )
+        .await;
+    assert_eq!(
+        (r["cols"].as_u64(), r["rows"].as_u64()),
+        (Some(100), Some(30))
+    );
+    t.input("stty size\n").await;
+    t.until("30 100").await;
+    if !sandboxed {
+        // bwrap's fresh /dev has no entry for the host's pts.
+        t.input("tty\n").await;
+        t.until("/dev/pts/").await;
+    }
+    // What the terminal writes reaches the workspace once it exits.
+    t.input("echo typed > made.txt; echo made-$((0+1))\n").await;
+    t.until("made-1").await;
+    let list = t.call("shell.pty.list", json!({})).await;
+    let mine = &list["ptys"][0];
+    assert_eq!(mine["ptyId"], t.pty_id.as_str(), "{list}");
+    assert_eq!(mine["status"], "running");
+    assert_eq!(
+        (mine["cols"].as_u64(), mine["rows"].as_u64()),
+        (Some(100), Some(30))
+    );
+    let c = t.call("shell.pty.close", json!({"ptyId": t.pty_id})).await;
+    assert_eq!(c["ok"], true, "{c}");
+    let exit = t.until_exit().await;
+    assert_eq!(exit["exitCode"], 129, "SIGHUP ends the shell: {exit}");
+    assert_eq!(exit["signal"], "HUP", "{exit}");
+    // The pull follows the exit; poll for it (bounded).
+    let path = format!("/workspaces/{ws}/made.txt");
+    let mut read = Value::Null;
+    for _ in 0..300 {
+        read = a.call("fs.read", json!({"path": path})).await.unwrap();
+        if read["ok"] == true {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(
+        read["content"].as_str().unwrap().contains("typed"),
+        "{read}"
+    );
+    let list = t.call("shell.pty.list", json!({})).await;
+    assert_eq!(list["ptys"][0]["status"], "exited", "{list}");
+    assert_eq!(list["ptys"][0]["exitCode"], 129, "{list}");
+}
+
+#[tokio::test]
+async fn a_dropped_socket_reattaches_after_its_offset_and_gets_the_missed_output_once() {
+    let k = TestKernel::with_users().await;
+    let mut a = k.alice().await;
+    let ws = new_workspace(&mut a).await;
+    let mut t = alice_term(&k, "term-1").await;
+    t.open(json!({"workspaceId": ws})).await;
+    let pty = t.pty_id.clone();
+    t.input("echo one-$((0+1))\n").await;
+    t.until("one-1").await;
+    let first = t.out.clone();
+    let cut = t.offset();
+    drop(t);
+
+    // Typed from another connection while the first is gone.
+    let mut other = alice_term(&k, "term-2").await;
+    other.pty_id = pty.clone();
+    other
+        .call(
+            "shell.pty.input",
+            json!({"ptyId": pty, "data": "seq 1 300; echo two-$((1+1))\n"}),
+        )
+        .await;
+
+    let mut back = alice_term(&k, "term-3").await;
+    back.attach(&pty, cut).await;
+    back.until("two-2").await;
+    let missed = back.text();
+    assert_eq!(missed.matches("two-2").count(), 1, "{missed}");
+    assert!(
+        !missed.contains("one-1"),
+        "output before the offset came again: {missed}"
+    );
+    assert!(
+        missed.contains("\n300\r\n") || missed.contains("300\r\n"),
+        "{missed}"
+    );
+
+    // What the two attachments got, joined, is the terminal's output.
+    let mut whole = alice_term(&k, "term-4").await;
+    whole.attach(&pty, 0).await;
+    let total = first.len() + back.out.len();
+    while whole.out.len() < total {
+        whole.pump().await;
+    }
+    let mut joined = first.clone();
+    joined.extend_from_slice(&back.out);
+    assert_eq!(whole.out[..total], joined[..], "replay from 0 agrees");
+
+    // Input typed on one attachment reaches every attached connection.
+    back.input("exit 3\n").await;
+    assert_eq!(back.until_exit().await["exitCode"], 3);
+    assert_eq!(whole.until_exit().await["exitCode"], 3);
+}
+
+#[tokio::test]
+async fn bad_terminal_calls_get_typed_errors_and_change_nothing() {
+    let k = TestKernel::with_users().await;
+    let mut a = k.alice().await;
+    let ws = new_workspace(&mut a).await;
+    let mut t = alice_term(&k, "term").await;
+    assert_eq!(
+        refused(
+            &mut t,
+            "shell.pty.open",
+            json!({"workspaceId": ws, "cols": 0, "rows": 0})
+        )
+        .await,
+        "invalid_argument"
+    );
+    assert_eq!(
+        refused(
+            &mut t,
+            "shell.pty.open",
+            json!({"workspaceId": ws, "cols": 10000})
+        )
+        .await,
+        "invalid_argument"
+    );
+    assert_eq!(
+        refused(
+            &mut t,
+            "shell.pty.input",
+            json!({"ptyId": "pty_nope", "data": "x"})
+        )
+        .await,
+        "not_found"
+    );
+    assert_eq!(
+        refused(&mut t, "shell.pty.attach", json!({"ptyId": "pty_nope"})).await,
+        "not_found"
+    );
+    t.open(json!({"workspaceId": ws})).await;
+    let pty = t.pty_id.clone();
+    let big = "x".repeat(gsv_protocol::pty::MAX_INPUT_BYTES + 1);
+    assert_eq!(
+        refused(
+            &mut t,
+            "shell.pty.input",
+            json!({"ptyId": pty, "data": big})
+        )
+        .await,
+        "too_large"
+    );
+    assert_eq!(
+        refused(
+            &mut t,
+            "shell.pty.input",
+            json!({"ptyId": pty, "dataBase64": "%%%not"})
+        )
+        .await,
+        "invalid_argument"
+    );
+    assert_eq!(
+        refused(&mut t, "shell.pty.input", json!({"ptyId": pty})).await,
+        "invalid_argument"
+    );
+    assert_eq!(
+        refused(
+            &mut t,
+            "shell.pty.resize",
+            json!({"ptyId": pty, "cols": 0, "rows": 0})
+        )
+        .await,
+        "invalid_argument"
+    );
+    assert_eq!(
+        refused(
+            &mut t,
+            "shell.pty.resize",
+            json!({"ptyId": pty, "cols": 10000, "rows": 24})
+        )
+        .await,
+        "invalid_argument"
+    );
+    assert_eq!(
+        refused(
+            &mut t,
+            "shell.pty.close",
+            json!({"ptyId": pty, "signal": "USR9"})
+        )
+        .await,
+        "invalid_argument"
+    );
+
+    // Another user can neither see, attach to, type into nor close it.
+    let mut bob = Term::new(k.bob().await);
+    for (call, args) in [
+        ("shell.pty.attach", json!({"ptyId": pty})),
+        (
+            "shell.pty.input",
+            json!({"ptyId": pty, "data": "echo bob\n"}),
+        ),
+        (
+            "shell.pty.resize",
+            json!({"ptyId": pty, "cols": 10, "rows": 10}),
+        ),
+        ("shell.pty.close", json!({"ptyId": pty})),
+    ] {
+        assert_eq!(refused(&mut bob, call, args).await, "not_found", "{call}");
+    }
+    assert_eq!(
+        bob.call("shell.pty.list", json!({})).await["ptys"],
+        json!([])
+    );
+
+    // The terminal still works, bytes in base64 too.
+    let line = STANDARD.encode("echo fine-$((2+3))\n");
+    t.call("shell.pty.input", json!({"ptyId": pty, "dataBase64": line}))
+        .await;
+    t.until("fine-5").await;
+    assert!(!t.text().contains("bob"), "{}", t.text());
+    t.input("exit 7\n").await;
+    assert_eq!(t.until_exit().await["exitCode"], 7);
+    assert_eq!(
+        refused(
+            &mut t,
+            "shell.pty.input",
+            json!({"ptyId": pty, "data": "x"})
+        )
+        .await,
+        "closed"
+    );
+}
+
+#[tokio::test]
+async fn a_running_terminal_keeps_its_workspaces_wsd_from_being_stopped_as_idle() {
+    let k = TestKernel::with_users_tuned(|c| {
+        c.wsd_idle_stop = std::time::Duration::from_millis(200);
+    })
+    .await;
+    let mut a = k.alice().await;
+    let ws = new_workspace(&mut a).await;
+    let mut t = alice_term(&k, "term").await;
+    t.open(json!({"workspaceId": ws})).await;
+    // Several idle-stop periods with nothing typed.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    t.input("echo alive-$((1+1))\n").await;
+    t.until("alive-2").await;
+    t.input("exit 0\n").await;
+    assert_eq!(t.until_exit().await["exitCode"], 0);
+}
