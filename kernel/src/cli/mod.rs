@@ -3,9 +3,11 @@
 //! `call`, `workspace`, `exec`, `attach`, `chat` and `watch` drive a kernel over
 //! its WebSocket like any other user client; `sched`, `notify` and
 //! `notifications` are in [`sched`], `codemode` and `mcp` in [`codemode`];
-//! `proc` (conversations) in [`proc`].
+//! `proc` (conversations) in [`proc`]; `adapter` and `auth` (chat
+//! adapters, identity links) in [`adapter`].
 
 mod account;
+mod adapter;
 mod chat;
 mod codemode;
 mod conn;
@@ -139,6 +141,19 @@ enum Command {
     /// one read or dismissed.
     #[command(after_help = CONFIG_HELP)]
     Notifications(Box<sched::NotificationsArgs>),
+    /// Connect, disconnect or show a chat adapter's accounts (`adapter.*`).
+    #[command(after_help = CONFIG_HELP)]
+    Adapter {
+        #[command(subcommand)]
+        action: adapter::AdapterAction,
+    },
+    /// Link a chat identity to your account (`gsv auth link CODE`), list
+    /// or remove links (`sys.link*`).
+    #[command(after_help = CONFIG_HELP)]
+    Auth {
+        #[command(subcommand)]
+        action: adapter::AuthAction,
+    },
 }
 
 /// The largest page a list call returns (`sched.list`, `notification.list`).
@@ -243,6 +258,18 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Notifications(a) => {
             let mut c = conn::connect(&conn).await?;
             let ok = sched::notifications(&mut c, *a).await?;
+            c.close().await;
+            Ok(exit_code(ok))
+        }
+        Command::Adapter { action } => {
+            let mut c = conn::connect(&conn).await?;
+            let ok = adapter::adapter(&mut c, action).await?;
+            c.close().await;
+            Ok(exit_code(ok))
+        }
+        Command::Auth { action } => {
+            let mut c = conn::connect(&conn).await?;
+            let ok = adapter::auth(&mut c, action).await?;
             c.close().await;
             Ok(exit_code(ok))
         }

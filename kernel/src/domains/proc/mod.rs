@@ -17,7 +17,7 @@ pub mod profiles;
 pub mod provider;
 pub mod store;
 
-pub use active::{Active, Procs};
+pub use active::{Active, Procs, RunRoute};
 
 use crate::db::Migration;
 
