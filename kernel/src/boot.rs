@@ -13,6 +13,7 @@ use wsd_dofs::Dofs;
 
 use crate::db::Db;
 use crate::domains;
+use crate::domains::oauth::OAuth;
 use crate::domains::proc::Procs;
 use crate::domains::workspace::Workspaces;
 use crate::error::KernelError;
@@ -40,6 +41,7 @@ impl Kernel {
             config.routed_call_ttl,
             config.adapter_timeout,
         ));
+        let oauth = OAuth::open(&dir, config.public_url.as_deref())?;
         let kernel = Arc::new(Kernel {
             workspaces: Workspaces::new(dir.join("workspaces"), config.wsd_bin.clone())
                 .with_wsd_sandbox(config.wsd_sandbox),
@@ -57,6 +59,7 @@ impl Kernel {
             login_failures: Mutex::new(HashMap::new()),
             timers: Default::default(),
             mcp: Default::default(),
+            oauth,
         });
         tokio::spawn(reap_idle_children(Arc::downgrade(&kernel)));
         domains::start(&kernel).await?;

@@ -16,6 +16,7 @@ pub mod frames;
 pub mod fs;
 pub mod link;
 pub mod mcp;
+pub mod oauth;
 pub mod proc;
 pub mod repo;
 pub mod shell;

@@ -45,6 +45,11 @@ pub struct ServeArgs {
     /// Seconds after which an unused local wsd (running nothing) is stopped.
     #[arg(long, default_value_t = 600)]
     wsd_idle_secs: u64,
+    /// The origin browsers reach this kernel at (e.g. https://gsv.example),
+    /// for OAuth redirects (`/oauth/callback`); the listen address when
+    /// absent.
+    #[arg(long, value_name = "URL")]
+    public_url: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -92,6 +97,7 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode> {
                 a.adapter_timeout
             )
         })?;
+    config.public_url = a.public_url;
     let kernel: Arc<Kernel> = Kernel::open(config)
         .await
         .with_context(|| format!("opening {}", data.display()))?;
