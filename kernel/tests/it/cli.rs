@@ -1072,6 +1072,7 @@ fn the_cli_drives_an_adapter_and_links_a_chat_identity_with_a_code() {
     );
     assert!(ok && out == "unlinked\n", "{out}");
     adapter.abort();
+}
 
 #[test]
 fn the_cli_lists_and_forgets_oauth_accounts() {
