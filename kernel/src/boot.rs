@@ -36,7 +36,11 @@ impl Kernel {
             .map_err(|e| KernelError::internal("opening system.dofs", e))?;
         let system = Arc::new(Mutex::new(system));
         domains::prepare(&db, &system).await?;
-        let router = Arc::new(Router::new(db.clone(), config.routed_call_ttl));
+        let router = Arc::new(Router::new(
+            db.clone(),
+            config.routed_call_ttl,
+            config.adapter_timeout,
+        ));
         let oauth = OAuth::open(&dir, config.public_url.as_deref())?;
         let kernel = Arc::new(Kernel {
             workspaces: Workspaces::new(dir.join("workspaces"), config.wsd_bin.clone())

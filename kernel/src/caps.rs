@@ -29,6 +29,15 @@ pub const USER_CAPABILITIES: &[&str] = &[
     "sys.workspace.*",
     "workspace.*",
     "account.list",
+    // The adapter plane a user drives; `adapter.inbound` and
+    // `adapter.state.update` are the services' (gid 102).
+    "adapter.connect",
+    "adapter.disconnect",
+    "adapter.send",
+    "adapter.status",
+    "sys.link",
+    "sys.link.*",
+    "sys.unlink",
 ];
 
 /// Capabilities of gid 101 (`drivers`); unused at connect, as in the

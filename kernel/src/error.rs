@@ -70,6 +70,10 @@ pub enum KernelError {
     /// A routed call's device did not answer within the route's TTL.
     #[error("Syscall {call} timed out (device: {device})")]
     DeviceTimeout { call: String, device: String },
+    /// A call forwarded to an adapter got no answer within its TTL
+    /// (`gsv serve --adapter-timeout`).
+    #[error("Syscall {call} timed out (adapter: {adapter})")]
+    AdapterTimeout { call: String, adapter: String },
     /// A device answered with a frame the kernel cannot relay.
     #[error("Invalid response from device {device}: {reason}")]
     BadDeviceResponse { device: String, reason: String },
@@ -97,7 +101,7 @@ impl KernelError {
             Cancelled(_) => code::CANCELLED,
             Internal(_) => code::INTERNAL,
             Overloaded(_) | Unavailable(_) => code::UNAVAILABLE,
-            DeviceTimeout { .. } => code::GATEWAY_TIMEOUT,
+            DeviceTimeout { .. } | AdapterTimeout { .. } => code::GATEWAY_TIMEOUT,
             BadDeviceResponse { .. } | Upstream(_) => code::BAD_GATEWAY,
             Device { code, .. } => *code,
         }

@@ -53,6 +53,9 @@ pub struct KernelConfig {
     pub exec_wait: Duration,
     /// TTL of a routed call other than `shell.exec` (reference §3.5: 60 s).
     pub routed_call_ttl: Duration,
+    /// TTL of a call forwarded to an adapter's service connection
+    /// (`gsv serve --adapter-timeout`): 504 after it.
+    pub adapter_timeout: Duration,
     /// A local wsd unused this long (and running nothing) is stopped.
     pub wsd_idle_stop: Duration,
     /// Snapshots one workspace may hold; one more is `ELIMIT`.
@@ -82,6 +85,7 @@ impl KernelConfig {
             wsd_sandbox: true,
             exec_wait: Duration::from_secs(5),
             routed_call_ttl: Duration::from_secs(60),
+            adapter_timeout: Duration::from_secs(30),
             wsd_idle_stop: Duration::from_secs(10 * 60),
             snapshot_limit: 64,
             gc_interval: Some(Duration::from_secs(6 * 60 * 60)),

@@ -206,6 +206,9 @@ impl Connection {
         if let Some((device, _)) = conn.session.as_ref().and_then(|s| s.device.clone()) {
             routing::driver_disconnected(&conn.kernel.router, &conn.id, &device).await;
         }
+        if let Some(adapter) = conn.session.as_ref().and_then(|s| s.channel.clone()) {
+            routing::adapter_disconnected(&conn.kernel.router, &conn.id, &adapter);
+        }
         conn.kernel.watches.connection_closed(&conn.id);
         conn.kernel.pool.remove(&conn.id);
         tracing::debug!(conn = %conn.id, "socket closed");
@@ -252,8 +255,10 @@ impl Connection {
                 }
                 _ => tracing::debug!(conn = %self.id, %signal, "ignoring a signal"),
             },
+            // Drivers answer routed device calls, services (adapters) the
+            // `adapter.*` calls forwarded to them.
             Inbound::Res { id, ok, frame } => match &self.session {
-                Some(s) if s.role == Role::Driver => {
+                Some(s) if matches!(s.role, Role::Driver | Role::Service) => {
                     self.kernel
                         .router
                         .on_response(s, &self.bodies, &id, ok, frame);
@@ -379,6 +384,7 @@ impl Connection {
         let identity = self.authenticate(role, &a).await?;
         let mut extras = Map::new();
         let mut device = None;
+        let mut channel = None;
         match role {
             Role::Driver => {
                 let implements = a.driver.map(|d| d.implements).unwrap_or_default();
@@ -400,12 +406,21 @@ impl Connection {
                 device = Some((a.client.id.clone(), implements));
             }
             Role::Service => {
-                let Some(channel) = a.client.channel.clone().filter(|c| !c.is_empty()) else {
+                let Some(name) = a.client.channel.clone().filter(|c| !c.is_empty()) else {
                     return Err(KernelError::InvalidClient(
                         "Service role requires channel field".into(),
                     ));
                 };
-                extras.insert("channel".into(), json!(channel));
+                // The adapter's name, as `adapter.*` calls spell it.
+                let name = name.trim().to_lowercase();
+                if !crate::domains::adapter::valid_adapter_name(&name) {
+                    return Err(KernelError::InvalidClient(format!(
+                        "Invalid channel: {name} (lowercase letters, digits, '-' and '_', \
+                         at most 64)"
+                    )));
+                }
+                extras.insert("channel".into(), json!(name));
+                channel = Some(name);
             }
             // A user's home process exists from its first connection on.
             Role::User => {
@@ -436,6 +451,7 @@ impl Connection {
             client_id: a.client.id.clone(),
             peer: self.peer,
             device,
+            channel,
         });
         if let Some((device_id, implements)) = &session.device {
             let reg = routing::Registration {
@@ -445,6 +461,9 @@ impl Connection {
                 version: a.client.version.clone(),
             };
             routing::register_driver(&k.router, &self.id, self.tx.clone(), &identity, reg).await?;
+        }
+        if let Some(adapter) = &session.channel {
+            routing::register_adapter(&k.router, &self.id, self.tx.clone(), adapter);
         }
         k.pool
             .connected(&self.id, (identity.uid, role, a.client.id.clone()));
@@ -589,7 +608,7 @@ fn signals_for(role: Role) -> Vec<&'static str> {
             "fs.watch.lagged",
         ],
         Role::Driver => vec!["device.status", "device.pong"],
-        Role::Service => vec![],
+        Role::Service => vec!["adapter.status"],
     }
 }
 

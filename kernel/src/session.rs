@@ -43,6 +43,8 @@ pub struct Session {
     pub peer: SocketAddr,
     /// A driver's device id and its `implements` patterns.
     pub device: Option<(String, Vec<String>)>,
+    /// A service's `client.channel` (lowercased): the adapter it is.
+    pub channel: Option<String>,
 }
 
 /// The connection id of the session a process's calls run as.
@@ -132,6 +134,23 @@ impl ConnectionPool {
         let live = self.live.lock().unwrap();
         for l in live.values() {
             if matches!(&l.key, Some((u, r, _)) if *u == uid && *r == role) {
+                let _ = l.tx.try_send(Outgoing::Text(text.clone()));
+            }
+        }
+    }
+
+    /// Sends a signal to every live socket of `role` (adapters' service
+    /// sockets get `adapter.status`); a full queue misses it.
+    pub fn signal_role(&self, role: Role, signal: &str, payload: serde_json::Value) {
+        let text = gsv_protocol::frames::Outbound::Sig {
+            signal: signal.to_owned(),
+            payload,
+            seq: None,
+        }
+        .to_text();
+        let live = self.live.lock().unwrap();
+        for l in live.values() {
+            if matches!(&l.key, Some((_, r, _)) if *r == role) {
                 let _ = l.tx.try_send(Outgoing::Text(text.clone()));
             }
         }

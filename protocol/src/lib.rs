@@ -14,6 +14,7 @@ pub mod device;
 pub mod error;
 pub mod frames;
 pub mod fs;
+pub mod link;
 pub mod mcp;
 pub mod oauth;
 pub mod proc;

@@ -63,14 +63,19 @@ pub enum ConfigAction {
 #[derive(Debug, Subcommand)]
 pub enum TokenAction {
     /// Create a token. With `--node DEVICE`: a node token bound to DEVICE,
-    /// written to a file for `gsv node --token-file`; without: a user token
-    /// for `gsv login --token`, printed.
+    /// written to a file for `gsv node --token-file`; with `--service`: a
+    /// chat adapter's token (role service), written to a file; without: a
+    /// user token for `gsv login --token`, printed.
     Create {
         /// The device the node token is for.
-        #[arg(long, value_name = "DEVICE")]
+        #[arg(long, value_name = "DEVICE", conflicts_with = "service")]
         node: Option<String>,
-        /// Where to write a node token [default: ./DEVICE.token].
-        #[arg(long, value_name = "FILE", requires = "node")]
+        /// A service token, for a chat adapter's `--token-file`.
+        #[arg(long)]
+        service: bool,
+        /// Where to write a node or service token [default: ./DEVICE.token,
+        /// ./service.token].
+        #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
         /// A label (shown by `sys.token.list`).
         #[arg(long)]
@@ -341,12 +346,21 @@ pub async fn config(conn: &ConnArgs, action: ConfigAction) -> Result<ExitCode> {
 }
 
 pub async fn token(conn: &ConnArgs, action: TokenAction) -> Result<ExitCode> {
-    let TokenAction::Create { node, out, label } = action;
+    let TokenAction::Create {
+        node,
+        service,
+        out,
+        label,
+    } = action;
+    if out.is_some() && node.is_none() && !service {
+        bail!("--out is for a node (--node) or service (--service) token");
+    }
     let r = conn.resolve()?;
     let mut c = connect_resolved(&r).await?;
     let args = match &node {
         Some(device) => json!({"kind": "node", "allowedRole": "driver",
                                "allowedDeviceId": device, "label": label}),
+        None if service => json!({"kind": "service", "label": label}),
         None => json!({"kind": "user", "label": label}),
     };
     let d = c.call("sys.token.create", args).await.map_err(explain)?;
@@ -354,6 +368,17 @@ pub async fn token(conn: &ConnArgs, action: TokenAction) -> Result<ExitCode> {
     let token = d["token"]["token"]
         .as_str()
         .context("sys.token.create answered without a token")?;
+    if service {
+        let path = out.unwrap_or_else(|| PathBuf::from("service.token"));
+        write_private(&path, token)?;
+        eprintln!(
+            "gsv: wrote the service token to {}; an adapter connects with it as role \
+             service (e.g. `gsv adapter matrix --token-file {}`)",
+            path.display(),
+            path.display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     let Some(device) = node else {
         println!("{token}");
         return Ok(ExitCode::SUCCESS);

@@ -1,13 +1,15 @@
 //! The `gsv` command line: `serve` runs the kernel; `node` runs a device
-//! driver; `adapter` runs a chat adapter; `setup`, `login`, `config` and
-//! `token` are the first run; `call`, `workspace`, `exec`, `attach`, `chat`
-//! and `watch` drive a kernel over its WebSocket like any other user
-//! client; `sched`, `notify` and `notifications` are in [`sched`],
-//! `codemode` and `mcp` in [`codemode`]; `proc` (conversations) in
-//! [`proc`]; `oauth` in [`oauth`].
+//! driver; `setup`, `login`, `config` and `token` are the first run;
+//! `call`, `workspace`, `exec`, `attach`, `chat` and `watch` drive a kernel over
+//! its WebSocket like any other user client; `sched`, `notify` and
+//! `notifications` are in [`sched`], `codemode` and `mcp` in [`codemode`];
+//! `proc` (conversations) in [`proc`]; `oauth` in [`oauth`]; `adapter`
+//! and `auth` (chat adapters, identity links) in [`adapter`], and
+//! `adapter matrix` (runs one) in [`adapter_matrix`].
 
 mod account;
 mod adapter;
+mod adapter_matrix;
 mod chat;
 mod codemode;
 mod conn;
@@ -50,12 +52,6 @@ enum Command {
     /// Run a device driver: answer `fs.*` and `shell.exec` routed to this
     /// device, inside `--root`, until SIGTERM or Ctrl-C.
     Node(serve::NodeArgs),
-    /// Run a chat adapter: `gsv adapter matrix --kernel URL --token-file
-    /// FILE --homeserver URL --user @bot:SERVER --password-file FILE`.
-    Adapter {
-        #[command(subcommand)]
-        action: adapter::AdapterAction,
-    },
     /// Set up a new kernel: its first user (and optionally root's password
     /// and the model), then log in as that user. Asks for what no flag
     /// gives when run at a terminal.
@@ -161,6 +157,21 @@ enum Command {
     /// one read or dismissed.
     #[command(after_help = CONFIG_HELP)]
     Notifications(Box<sched::NotificationsArgs>),
+    /// Run a chat adapter (`gsv adapter matrix --kernel URL --token-file
+    /// FILE --homeserver URL --user @bot:SERVER --password-file FILE`), or
+    /// connect, disconnect or show an adapter's accounts (`adapter.*`).
+    #[command(after_help = CONFIG_HELP)]
+    Adapter {
+        #[command(subcommand)]
+        action: adapter::AdapterAction,
+    },
+    /// Link a chat identity to your account (`gsv auth link CODE`), list
+    /// or remove links (`sys.link*`).
+    #[command(after_help = CONFIG_HELP)]
+    Auth {
+        #[command(subcommand)]
+        action: adapter::AuthAction,
+    },
 }
 
 /// The largest page a list call returns (`sched.list`, `notification.list`).
@@ -216,7 +227,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Serve(a) => serve::serve(a).await,
         Command::Node(a) => serve::node(a, conn.user).await,
-        Command::Adapter { action } => adapter::run(action, conn.user).await,
+        Command::Adapter {
+            action: adapter::AdapterAction::Matrix(a),
+        } => adapter_matrix::run(a, conn.user).await,
         Command::Setup(a) => account::setup(&conn, a).await,
         Command::Login(a) => account::login(&conn, a).await,
         Command::Config { action } => account::config(&conn, action).await,
@@ -273,6 +286,20 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Notifications(a) => {
             let mut c = conn::connect(&conn).await?;
             let ok = sched::notifications(&mut c, *a).await?;
+            c.close().await;
+            Ok(exit_code(ok))
+        }
+        Command::Adapter {
+            action: adapter::AdapterAction::Call(action),
+        } => {
+            let mut c = conn::connect(&conn).await?;
+            let ok = adapter::adapter(&mut c, action).await?;
+            c.close().await;
+            Ok(exit_code(ok))
+        }
+        Command::Auth { action } => {
+            let mut c = conn::connect(&conn).await?;
+            let ok = adapter::auth(&mut c, action).await?;
             c.close().await;
             Ok(exit_code(ok))
         }

@@ -38,6 +38,10 @@ pub struct ServeArgs {
     /// Milliseconds `shell.exec` waits before answering `running`.
     #[arg(long, default_value_t = 5000)]
     exec_wait_ms: u64,
+    /// Seconds a call forwarded to an adapter (`adapter.send`, …) waits for
+    /// its answer before failing with 504.
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    adapter_timeout: f64,
     /// Seconds after which an unused local wsd (running nothing) is stopped.
     #[arg(long, default_value_t = 600)]
     wsd_idle_secs: u64,
@@ -84,6 +88,15 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode> {
     config.max_frame_bytes = a.max_frame_bytes;
     config.exec_wait = std::time::Duration::from_millis(a.exec_wait_ms);
     config.wsd_idle_stop = std::time::Duration::from_secs(a.wsd_idle_secs);
+    config.adapter_timeout = std::time::Duration::try_from_secs_f64(a.adapter_timeout)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .with_context(|| {
+            format!(
+                "--adapter-timeout must be a positive number of seconds, not {}",
+                a.adapter_timeout
+            )
+        })?;
     config.public_url = a.public_url;
     let kernel: Arc<Kernel> = Kernel::open(config)
         .await

@@ -11,6 +11,7 @@
 //! tables, and its lines in [`register`].
 
 pub mod accounts;
+pub mod adapter;
 pub mod ai;
 pub mod codemode;
 pub mod device;
@@ -51,6 +52,7 @@ pub const MIGRATIONS: &[&[Migration]] = &[
     snapshot::MIGRATIONS,
     proc::CONVERSATION_MIGRATIONS,
     mcp::MIGRATIONS,
+    adapter::MIGRATIONS,
     proc::IPC_MIGRATIONS,
     oauth::MIGRATIONS,
 ];
@@ -197,6 +199,18 @@ pub fn register(d: &mut Dispatch<Kernel>) {
     d.add("repo.compare", repo::calls::compare);
     d.add("repo.apply", repo::calls::apply);
     d.add("repo.import", repo::calls::import);
+    d.add("adapter.connect", adapter::calls::connect);
+    d.add("adapter.disconnect", adapter::calls::disconnect);
+    d.add("adapter.send", adapter::calls::send);
+    d.add("adapter.status", adapter::calls::status);
+    // Service role only (the handlers refuse anyone else).
+    d.add("adapter.inbound", adapter::calls::inbound);
+    d.add("adapter.state.update", adapter::calls::state_update);
+    // User role only (the handlers refuse services and processes).
+    d.add("sys.link", adapter::calls::link);
+    d.add("sys.unlink", adapter::calls::unlink);
+    d.add("sys.link.list", adapter::calls::link_list);
+    d.add("sys.link.consume", adapter::calls::link_consume);
 }
 
 #[cfg(test)]

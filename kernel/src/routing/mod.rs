@@ -38,8 +38,8 @@ pub use crate::domains::device::{
     Device, Registration, can_access, check_device_owner, get_device, list_devices, reset_at_start,
     update_device, visible_device,
 };
-pub use router::Router;
 use router::{Driver, Pending};
+pub use router::{Peer, Router};
 
 /// TTL of a routed `shell.exec` without a timeout: above the node's
 /// 10-minute process watchdog.
@@ -179,6 +179,31 @@ pub async fn driver_disconnected(r: &Arc<Router>, connection_id: &str, device_id
         tracing::warn!(device = %device_id, error = %e, "recording a driver disconnect");
     }
     tracing::info!(device = %device_id, conn = %connection_id, "driver disconnected");
+}
+
+/// Makes a service connection that has just completed `sys.connect` the
+/// live connection of the adapter its `client.channel` names; an older
+/// one's forwarded calls fail with 503 now.
+pub fn register_adapter(
+    r: &Arc<Router>,
+    connection_id: &str,
+    tx: mpsc::Sender<Outgoing>,
+    adapter: &str,
+) {
+    r.install_adapter(
+        adapter,
+        Driver {
+            connection_id: connection_id.to_owned(),
+            tx,
+        },
+    );
+    tracing::info!(%adapter, conn = %connection_id, "adapter connected");
+}
+
+/// A service connection closed: the calls forwarded to it fail with 503.
+pub fn adapter_disconnected(r: &Arc<Router>, connection_id: &str, adapter: &str) {
+    r.remove_adapter(connection_id, adapter);
+    tracing::info!(%adapter, conn = %connection_id, "adapter disconnected");
 }
 
 /// A signal from a driver connection: `exec.status` updates the device's
@@ -408,7 +433,7 @@ impl Drop for RouteGuard {
         }
         let p = self.r.forget(&self.id);
         if let Some(p) = p
-            && let Some(d) = self.r.driver(&p.device_id)
+            && let Some(d) = self.r.live(&p.peer)
             && d.connection_id == p.driver_connection_id
         {
             let out = Outbound::Sig {
@@ -456,6 +481,75 @@ async fn route(
         )));
     };
     let ttl = ttl(r.routed_call_ttl, call, &args);
+    let origin = Origin::Connection(&session.connection_id);
+    let data = forward(
+        r,
+        origin,
+        call,
+        Peer::Device(dev.clone()),
+        driver,
+        ttl,
+        args,
+    )
+    .await?;
+    if call == "shell.exec" {
+        remember_session(r, &session.identity, &dev, &data).await?;
+    }
+    Ok(data)
+}
+
+/// Who waits for a forwarded call (`routing_table.origin_type`/`origin_id`).
+#[derive(Debug, Clone, Copy)]
+pub enum Origin<'a> {
+    /// A socket's request (its connection id).
+    Connection(&'a str),
+    /// The kernel itself (an adapter delivery for a run; the run id).
+    Kernel(&'a str),
+}
+
+/// Forwards `call` to the live service connection of `adapter` as a
+/// request frame and waits for its answer, as a device route does: 503
+/// when no adapter is connected or it goes away, 504 at
+/// [`Router::adapter_ttl`], `request.cancel` to the adapter when the
+/// caller gives up.
+pub async fn route_to_adapter(
+    r: &Arc<Router>,
+    origin: Origin<'_>,
+    call: &str,
+    adapter: &str,
+    args: Map<String, Value>,
+) -> Result<Value, KernelError> {
+    let Some(service) = r.adapter(adapter) else {
+        return Err(KernelError::Unavailable(format!(
+            "No adapter connected: {adapter} (an adapter connects as role service with \
+             client.channel \"{adapter}\")"
+        )));
+    };
+    let ttl = r.adapter_ttl;
+    forward(
+        r,
+        origin,
+        call,
+        Peer::Adapter(adapter.to_owned()),
+        service,
+        ttl,
+        args,
+    )
+    .await
+}
+
+/// Sends `call` to `peer`'s live connection under the kernel's own
+/// request id and waits for the answer until `ttl`: the one route every
+/// device call and adapter call takes.
+async fn forward(
+    r: &Arc<Router>,
+    origin: Origin<'_>,
+    call: &str,
+    peer: Peer,
+    driver: Driver,
+    ttl: Duration,
+    args: Map<String, Value>,
+) -> Result<Value, KernelError> {
     let id = format!("rt_{}", accounts::random_hex(12));
     // Armed before the row exists: a caller dropped at any await below
     // leaves neither a row nor a waiting entry behind.
@@ -467,21 +561,26 @@ async fn route(
     };
     let deadline = tokio::time::Instant::now() + ttl;
     let now = now_ms();
+    let (origin_type, origin_id) = match origin {
+        Origin::Connection(c) => ("connection", c.to_owned()),
+        Origin::Kernel(k) => ("kernel", k.to_owned()),
+    };
     let row = (
         id.clone(),
         call.to_owned(),
-        session.connection_id.clone(),
-        dev.clone(),
+        origin_id,
+        peer.row_id(),
         driver.connection_id.clone(),
     );
     r.db.call(move |c| {
         c.execute(
             "INSERT OR REPLACE INTO routing_table(id, call, origin_type, origin_id, device_id,
                  driver_connection_id, created_at, expires_at)
-             VALUES (?1, ?2, 'connection', ?3, ?4, ?5, ?6, ?7)",
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
             params![
                 row.0,
                 row.1,
+                origin_type,
                 row.2,
                 row.3,
                 row.4,
@@ -496,7 +595,7 @@ async fn route(
     r.expect(
         id.clone(),
         Pending {
-            device_id: dev.clone(),
+            peer: peer.clone(),
             driver_connection_id: driver.connection_id.clone(),
             call: call.to_owned(),
             read_offset: args.get("offset").and_then(Value::as_u64).unwrap_or(0),
@@ -504,38 +603,26 @@ async fn route(
         },
     );
     let frame = json!({"type": "req", "id": id, "call": call, "args": args});
-    // The driver's queue is bounded; a driver that stops reading costs
-    // this caller its TTL, never more.
+    // The peer's queue is bounded; a peer that stops reading costs this
+    // caller its TTL, never more.
     match tokio::time::timeout_at(deadline, driver.tx.send(Outgoing::Text(frame.to_string()))).await
     {
         Ok(Ok(())) => {}
-        Ok(Err(_)) => {
-            return Err(KernelError::Unavailable(format!(
-                "Device disconnected: {dev}"
-            )));
-        }
+        Ok(Err(_)) => return Err(peer.disconnected()),
         Err(_) => {
             guard.reason = "Request timed out";
-            return Err(KernelError::DeviceTimeout {
-                call: call.to_owned(),
-                device: dev,
-            });
+            return Err(peer.timed_out(call));
         }
     }
-    tracing::debug!(route = %id, %call, device = %dev, ?ttl, "routed");
+    tracing::debug!(route = %id, %call, peer = %peer.row_id(), ?ttl, "routed");
     let answer = match tokio::time::timeout_at(deadline, answer_rx).await {
         Err(_) => {
             guard.reason = "Request timed out";
-            return Err(KernelError::DeviceTimeout {
-                call: call.to_owned(),
-                device: dev,
-            });
+            return Err(peer.timed_out(call));
         }
         // The sender is dropped only with the pending entry, which every
-        // ending answers first; treat it as the driver going away.
-        Ok(Err(_)) => Err(KernelError::Unavailable(format!(
-            "Device disconnected: {dev}"
-        ))),
+        // ending answers first; treat it as the peer going away.
+        Ok(Err(_)) => Err(peer.disconnected()),
         Ok(Ok(a)) => a,
     };
     guard.done = true;
@@ -547,11 +634,7 @@ async fn route(
             Ok(())
         })
         .await;
-    let data = answer?;
-    if call == "shell.exec" {
-        remember_session(r, &session.identity, &dev, &data).await?;
-    }
-    Ok(data)
+    answer
 }
 
 /// Records `sessionId → device` with its owner when a routed `shell.exec`

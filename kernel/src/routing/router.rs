@@ -1,9 +1,10 @@
 //! The in-memory half of routing: each device's one live driver
-//! connection, and the callers waiting for a routed answer. A waiting
-//! route ends exactly once, by whoever takes its entry out first: its
-//! answer ([`Router::on_response`]), its driver going away
-//! ([`Router::fail_connection`]) or its caller (`routing::route`'s guard).
-//! The durable half is the `routing_table` and `devices` rows.
+//! connection, each adapter's one live service connection, and the callers
+//! waiting for a routed answer. A waiting route ends exactly once, by
+//! whoever takes its entry out first: its answer
+//! ([`Router::on_response`]), its peer going away
+//! ([`Router::fail_connection`]) or its caller (`routing::forward`'s
+//! guard). The durable half is the `routing_table` and `devices` rows.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -35,10 +36,51 @@ pub const MAX_TRANSFER_BYTES: u64 = MAX_IMAGE_BYTES;
 /// How a route ended, as seen by the waiting caller.
 pub type Answer = Result<Value, KernelError>;
 
-/// One route waiting for its device.
+/// Who answers a route: a device's driver connection or an adapter's
+/// service connection (`client.channel`). Their names live apart, so a
+/// device id can never stand in for an adapter.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Peer {
+    Device(String),
+    Adapter(String),
+}
+
+impl Peer {
+    /// The failure of a route whose peer went away.
+    pub fn disconnected(&self) -> KernelError {
+        KernelError::Unavailable(match self {
+            Peer::Device(d) => format!("Device disconnected: {d}"),
+            Peer::Adapter(a) => format!("Adapter disconnected: {a}"),
+        })
+    }
+
+    /// The failure of a route whose TTL passed (504).
+    pub fn timed_out(&self, call: &str) -> KernelError {
+        match self {
+            Peer::Device(d) => KernelError::DeviceTimeout {
+                call: call.to_owned(),
+                device: d.clone(),
+            },
+            Peer::Adapter(a) => KernelError::AdapterTimeout {
+                call: call.to_owned(),
+                adapter: a.clone(),
+            },
+        }
+    }
+
+    /// How `routing_table.device_id` names it.
+    pub fn row_id(&self) -> String {
+        match self {
+            Peer::Device(d) => d.clone(),
+            Peer::Adapter(a) => format!("adapter:{a}"),
+        }
+    }
+}
+
+/// One route waiting for its peer.
 #[derive(Debug)]
 pub struct Pending {
-    pub device_id: String,
+    pub peer: Peer,
     pub driver_connection_id: String,
     pub call: String,
     /// `args.offset` of a routed `fs.read`: numbers the lines of a body.
@@ -46,31 +88,37 @@ pub struct Pending {
     pub answer: oneshot::Sender<Answer>,
 }
 
-/// The live driver connection of a device.
+/// The live connection of a device (or of an adapter).
 #[derive(Debug, Clone)]
 pub struct Driver {
     pub connection_id: String,
     pub tx: mpsc::Sender<Outgoing>,
 }
 
-/// What routing works with: the database its rows live in, the TTL of a
-/// routed call, and in memory the live drivers and waiting callers. The
-/// kernel holds one; the routes in `routing` need nothing else of it.
+/// What routing works with: the database its rows live in, the TTLs of
+/// routed calls, and in memory the live drivers and adapters and the
+/// waiting callers. The kernel holds one; the routes in `routing` need
+/// nothing else of it.
 #[derive(Debug)]
 pub struct Router {
     pub db: Db,
     /// TTL of a routed call other than `shell.exec` (reference §3.5).
     pub routed_call_ttl: Duration,
+    /// TTL of a call forwarded to an adapter (`gsv serve --adapter-timeout`).
+    pub adapter_ttl: Duration,
     drivers: Mutex<HashMap<String, Driver>>,
+    adapters: Mutex<HashMap<String, Driver>>,
     pending: Mutex<HashMap<String, Pending>>,
 }
 
 impl Router {
-    pub fn new(db: Db, routed_call_ttl: Duration) -> Router {
+    pub fn new(db: Db, routed_call_ttl: Duration, adapter_ttl: Duration) -> Router {
         Router {
             db,
             routed_call_ttl,
+            adapter_ttl,
             drivers: Mutex::default(),
+            adapters: Mutex::default(),
             pending: Mutex::default(),
         }
     }
@@ -86,14 +134,14 @@ impl Router {
             .unwrap()
             .insert(device_id.to_owned(), driver);
         if let Some(old) = old.filter(|o| o.connection_id != connection_id) {
-            self.fail_connection(&old.connection_id, device_id);
+            self.fail_connection(&old.connection_id);
         }
     }
 
     /// Forgets `connection_id` as the driver of `device_id` after failing
     /// its routes; false when a newer connection had already taken over.
     pub fn remove_driver(&self, connection_id: &str, device_id: &str) -> bool {
-        self.fail_connection(connection_id, device_id);
+        self.fail_connection(connection_id);
         let mut drivers = self.drivers.lock().unwrap();
         if drivers
             .get(device_id)
@@ -103,6 +151,49 @@ impl Router {
             true
         } else {
             false
+        }
+    }
+
+    /// Makes `adapter` the live service connection of an adapter; routes
+    /// of a superseded one fail with 503 now.
+    pub fn install_adapter(&self, adapter: &str, service: Driver) {
+        let connection_id = service.connection_id.clone();
+        let old = self
+            .adapters
+            .lock()
+            .unwrap()
+            .insert(adapter.to_owned(), service);
+        if let Some(old) = old.filter(|o| o.connection_id != connection_id) {
+            self.fail_connection(&old.connection_id);
+        }
+    }
+
+    /// Forgets `connection_id` as the service of `adapter` after failing
+    /// its routes; false when a newer connection had already taken over.
+    pub fn remove_adapter(&self, connection_id: &str, adapter: &str) -> bool {
+        self.fail_connection(connection_id);
+        let mut adapters = self.adapters.lock().unwrap();
+        if adapters
+            .get(adapter)
+            .is_some_and(|d| d.connection_id == connection_id)
+        {
+            adapters.remove(adapter);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// The live service connection of `adapter`.
+    pub fn adapter(&self, adapter: &str) -> Option<Driver> {
+        self.adapters.lock().unwrap().get(adapter).cloned()
+    }
+
+    /// The live connection of `peer`.
+    pub fn live(&self, peer: &Peer) -> Option<Driver> {
+        match peer {
+            Peer::Device(d) => self.driver(d),
+            Peer::Adapter(a) => self.adapter(a),
         }
     }
 
@@ -117,7 +208,7 @@ impl Router {
     }
 
     /// Fails every route bound to `connection_id` with 503.
-    pub fn fail_connection(&self, connection_id: &str, device_id: &str) {
+    pub fn fail_connection(&self, connection_id: &str) {
         let gone: Vec<Pending> = {
             let mut p = self.pending.lock().unwrap();
             let ids: Vec<String> = p
@@ -128,9 +219,7 @@ impl Router {
             ids.into_iter().filter_map(|id| p.remove(&id)).collect()
         };
         for p in gone {
-            let _ = p.answer.send(Err(KernelError::Unavailable(format!(
-                "Device disconnected: {device_id}"
-            ))));
+            let _ = p.answer.send(Err(p.peer.disconnected()));
         }
     }
 
@@ -158,7 +247,7 @@ impl Router {
             return;
         };
         let bad = |reason: String| KernelError::BadDeviceResponse {
-            device: p.device_id.clone(),
+            device: p.peer.row_id(),
             reason,
         };
         if let Some(desc) = frame.get("body").filter(|b| !b.is_null()) {
@@ -196,11 +285,9 @@ impl Router {
                                 };
                                 let answer = match got {
                                     Ok(body) => Ok(inline_body(&p.call, data, body, p.read_offset)),
-                                    Err(BodyError::Closed(_)) => Err(KernelError::Unavailable(
-                                        format!("Device disconnected: {}", p.device_id),
-                                    )),
+                                    Err(BodyError::Closed(_)) => Err(p.peer.disconnected()),
                                     Err(e) => Err(KernelError::BadDeviceResponse {
-                                        device: p.device_id.clone(),
+                                        device: p.peer.row_id(),
                                         reason: e.to_string(),
                                     }),
                                 };

@@ -922,6 +922,158 @@ fn gsv_watch_replays_from_a_cursor_and_prints_where_to_resume() {
     assert!(!ok && err.contains("Cursor expired"), "{err}");
 }
 
+/// A scripted chat adapter on `url` (role service, channel `matrix`):
+/// answers `adapter.connect` and `adapter.status`, never
+/// `adapter.disconnect` (a hung adapter); it sends one DM from
+/// `@alice:x` when told and hands the kernel's answer back.
+async fn cli_adapter(
+    url: String,
+    token: String,
+    mut dm: tokio::sync::mpsc::Receiver<tokio::sync::oneshot::Sender<serde_json::Value>>,
+) {
+    use serde_json::json;
+    let mut ws = gsv_kernel::client::GsvClient::connect(&url).await.unwrap();
+    let mut args =
+        gsv_kernel::client::connect_args("matrix-adapter", "service", json!({"token": token}));
+    args["client"]["channel"] = json!("matrix");
+    ws.call("sys.connect", args).await.unwrap();
+    let mut asked: Option<tokio::sync::oneshot::Sender<serde_json::Value>> = None;
+    loop {
+        tokio::select! {
+            Some(reply) = dm.recv() => {
+                let req = json!({"type": "req", "id": "dm1", "call": "adapter.inbound",
+                    "args": {"adapter": "matrix", "accountId": "@bot:x", "message": {
+                        "messageId": "$1", "surface": {"kind": "dm", "id": "!r:x"},
+                        "actor": {"id": "@alice:x"}, "text": "hi"}}});
+                ws.send_text(req.to_string()).await.unwrap();
+                asked = Some(reply);
+            }
+            f = ws.recv() => {
+                let Ok(f) = f else { return };
+                if f["type"] == "res" && f["id"] == "dm1" {
+                    if let Some(r) = asked.take() {
+                        let _ = r.send(f["data"].clone());
+                    }
+                    continue;
+                }
+                let data = match f["call"].as_str() {
+                    Some("adapter.connect") => json!({"ok": true, "adapter": "matrix",
+                        "accountId": f["args"]["accountId"], "connected": true,
+                        "authenticated": true, "message": "logged in"}),
+                    Some("adapter.status") => json!({"adapter": "matrix", "accounts": [
+                        {"accountId": "@bot:x", "connected": true, "authenticated": true,
+                         "mode": "sync", "lastActivity": 0}]}),
+                    _ => continue,
+                };
+                let res = json!({"type": "res", "id": f["id"], "ok": true, "data": data});
+                ws.send_text(res.to_string()).await.unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn the_cli_drives_an_adapter_and_links_a_chat_identity_with_a_code() {
+    let s = serve_with(tempfile::tempdir().unwrap(), &["--adapter-timeout", "1"]);
+    let setup =
+        r#"{"username":"alice","password":"alice-password","rootPassword":"root-password"}"#;
+    assert!(gsv(&s, &["call", "sys.setup", setup]).0);
+    let (ok, out) = gsv(&s, &["adapter", "status", "--adapter", "Matrix"]);
+    assert!(ok, "{out}");
+    assert_eq!(out, "adapter=matrix (no accounts)\n");
+    let (ok, _, err) = gsv_err(&s, &["adapter", "connect", "--adapter", "matrix"]);
+    assert!(!ok);
+    assert!(
+        err.contains("503") && err.contains("No adapter connected"),
+        "{err}"
+    );
+
+    let token_file = s._dir.path().join("service.token");
+    let out = gsv_cmd(&s)
+        .env("GSV_USER", "root")
+        .env("GSV_PASSWORD", "root-password")
+        .args(["token", "create", "--service", "--out"])
+        .arg(&token_file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let token = std::fs::read_to_string(&token_file)
+        .unwrap()
+        .trim()
+        .to_owned();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (dm_tx, dm_rx) = tokio::sync::mpsc::channel(1);
+    let adapter = rt.spawn(cli_adapter(s.url.clone(), token, dm_rx));
+    let connected = (0..200).find_map(|_| {
+        let (ok, out) = gsv(
+            &s,
+            &[
+                "adapter",
+                "connect",
+                "--adapter",
+                "matrix",
+                "--account-id",
+                "@bot:x",
+            ],
+        );
+        if ok {
+            return Some(out);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        None
+    });
+    assert_eq!(
+        connected.as_deref(),
+        Some("Adapter matrix:@bot:x connected=true authenticated=true\nmessage: logged in\n")
+    );
+    let (ok, out) = gsv(&s, &["adapter", "status", "--adapter", "matrix"]);
+    assert!(ok, "{out}");
+    assert_eq!(
+        out,
+        "matrix:@bot:x connected=true authenticated=true mode=sync \
+         last_activity=1970-01-01T00:00:00+00:00 error=-\n"
+    );
+    // The hung adapter: 504 after --adapter-timeout, and the kernel serves on.
+    let (ok, _, err) = gsv_err(&s, &["adapter", "disconnect", "--adapter", "matrix"]);
+    assert!(!ok);
+    assert!(err.contains("504"), "{err}");
+
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    dm_tx.blocking_send(tx).unwrap();
+    let answer = rx.blocking_recv().unwrap();
+    let code = answer["challenge"]["code"].as_str().unwrap().to_owned();
+    let (ok, out) = gsv(&s, &["auth", "link", &code]);
+    assert!(ok, "{out}");
+    assert_eq!(out, "Linked matrix:@bot:x:@alice:x -> uid 1000\n");
+    let (ok, _, err) = gsv_err(&s, &["auth", "link", &code]);
+    assert!(!ok);
+    assert!(err.contains("already used"), "{err}");
+    let (ok, out) = gsv(&s, &["auth", "link-list"]);
+    assert!(ok);
+    assert!(
+        out.starts_with("matrix:@bot:x:@alice:x -> uid=1000 created="),
+        "{out}"
+    );
+    assert!(out.ends_with(" linked_by=1000\n"), "{out}");
+    let (ok, _, err) = gsv_err(&s, &["auth", "link", &code, "--adapter", "matrix"]);
+    assert!(!ok && err.contains("either"), "{err}");
+    let (ok, out) = gsv(
+        &s,
+        &[
+            "auth",
+            "unlink",
+            "--adapter",
+            "matrix",
+            "--account-id",
+            "@bot:x",
+            "--actor-id",
+            "@alice:x",
+        ],
+    );
+    assert!(ok && out == "unlinked\n", "{out}");
+    adapter.abort();
+}
+
 #[test]
 fn the_cli_lists_and_forgets_oauth_accounts() {
     let rt = tokio::runtime::Runtime::new().unwrap();

@@ -10,6 +10,18 @@ use std::sync::Mutex;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
+use crate::domains::adapter::SurfaceRoute;
+
+/// Where a run's signals go (reference §6.3, `run_routes`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunRoute {
+    /// The user connection whose `proc.send` started it.
+    Connection(String),
+    /// The chat surface whose message started it: the answer and approval
+    /// requests are posted there through `adapter.send`.
+    Surface(SurfaceRoute),
+}
+
 /// The active run of one process.
 #[derive(Debug)]
 pub struct Active {
@@ -28,9 +40,9 @@ pub struct Active {
 #[derive(Debug, Default)]
 pub struct Procs {
     active: Mutex<HashMap<String, Active>>,
-    /// Run id → the user connection whose `proc.send` started it. Lives
-    /// from the start of the run to its `proc.run.finished`.
-    routes: Mutex<HashMap<String, String>>,
+    /// Run id → where its signals go. Lives from the start of the run to
+    /// its `proc.run.finished`.
+    routes: Mutex<HashMap<String, RunRoute>>,
     http: reqwest::Client,
 }
 
@@ -105,16 +117,13 @@ impl Procs {
         self.active.lock().unwrap().get(pid).map_or(0, |a| a.queued)
     }
 
-    /// Sends the signals of run `run_id` to `connection_id` only.
-    pub fn route(&self, run_id: &str, connection_id: &str) {
-        self.routes
-            .lock()
-            .unwrap()
-            .insert(run_id.to_owned(), connection_id.to_owned());
+    /// Sends the signals of run `run_id` along `route` only.
+    pub fn route(&self, run_id: &str, route: RunRoute) {
+        self.routes.lock().unwrap().insert(run_id.to_owned(), route);
     }
 
-    /// The connection run `run_id`'s signals go to, if it has a route.
-    pub fn route_of(&self, run_id: &str) -> Option<String> {
+    /// Where run `run_id`'s signals go, if it has a route.
+    pub fn route_of(&self, run_id: &str) -> Option<RunRoute> {
         self.routes.lock().unwrap().get(run_id).cloned()
     }
 

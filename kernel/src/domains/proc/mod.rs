@@ -19,7 +19,7 @@ pub mod provider;
 pub mod signal_watches;
 pub mod store;
 
-pub use active::{Active, Procs};
+pub use active::{Active, Procs, RunRoute};
 
 use crate::db::Migration;
 

@@ -387,6 +387,7 @@ async fn owner_session(k: &Kernel, s: &ScheduleRecord) -> Result<Session, String
         client_id: format!("schedule:{}", s.id),
         peer: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
         device: None,
+        channel: None,
     })
 }
 

@@ -28,6 +28,7 @@ use wsd_sync::SyncPath;
 use crate::db::now_ms;
 use crate::domains::accounts::{self, ProcessIdentity};
 use crate::domains::fs::calls::{ensure_dir, with_store};
+use crate::domains::proc::RunRoute;
 use crate::domains::proc::conversations::{self, DEFAULT};
 use crate::domains::proc::profiles::{self, INIT};
 use crate::domains::proc::store::{self, ProcRow};
@@ -299,6 +300,18 @@ pub async fn list(k: Arc<Kernel>, s: Arc<Session>, a: ListArgs) -> Result<ListRe
 }
 
 pub async fn send(k: Arc<Kernel>, s: Arc<Session>, a: SendArgs) -> Result<SendResult, KernelError> {
+    let route = origin(&s);
+    send_routed(k, s, a, route).await
+}
+
+/// `proc.send` whose run reports along `route` (an adapter's message: its
+/// chat surface, which the stored message names as its `origin`).
+pub async fn send_routed(
+    k: Arc<Kernel>,
+    s: Arc<Session>,
+    a: SendArgs,
+    route: Option<RunRoute>,
+) -> Result<SendResult, KernelError> {
     if a.message.is_empty() {
         return Err(KernelError::InvalidArgs {
             call: "proc.send".into(),
@@ -319,20 +332,17 @@ pub async fn send(k: Arc<Kernel>, s: Arc<Session>, a: SendArgs) -> Result<SendRe
             "Conversation is closed: {conv} (reopen it with proc.conversation.open)"
         )));
     }
-    run::send(
-        k.clone(),
-        row,
-        &conv,
-        json!({"role": "user", "content": a.message}),
-        origin(&s),
-    )
-    .await
+    let mut message = json!({"role": "user", "content": a.message});
+    if let Some(RunRoute::Surface(surface)) = &route {
+        message["origin"] = surface.to_origin();
+    }
+    run::send(k.clone(), row, &conv, message, route).await
 }
 
-/// The connection a run started by `s` reports to: a user's socket; a
-/// process or service caller has no socket of its own to watch.
-fn origin(s: &Session) -> Option<&str> {
-    (s.role == Role::User).then_some(s.connection_id.as_str())
+/// Where a run started by `s` reports: a user's socket; a process or
+/// service caller has no socket of its own to watch.
+fn origin(s: &Session) -> Option<RunRoute> {
+    (s.role == Role::User).then(|| RunRoute::Connection(s.connection_id.clone()))
 }
 
 pub async fn history(

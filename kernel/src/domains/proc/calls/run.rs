@@ -25,7 +25,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::conversation::{self, Selector, SummaryKind};
 use super::signal::{deliver, emit};
+use crate::domains::adapter::SurfaceRoute;
 use crate::domains::ai;
+use crate::domains::proc::RunRoute;
 use crate::domains::proc::conversations;
 use crate::domains::proc::hil::{self, Decision, Policy};
 use crate::domains::proc::provider::{self, Completion, Delta, ProviderConfig, ProviderError};
@@ -59,18 +61,20 @@ enum End {
 
 /// `proc.send`: starts a run with `message` in conversation `conv`, or
 /// queues it behind the active one. A run started for `origin` (a user
-/// connection) sends its signals there only.
+/// connection, a chat surface) sends its signals there only; a queued
+/// message from a surface names it in its `origin`, so the run it starts
+/// later answers there too.
 pub async fn send(
     k: Arc<Kernel>,
     row: ProcRow,
     conv: &str,
     message: Value,
-    origin: Option<&str>,
+    origin: Option<RunRoute>,
 ) -> Result<SendResult, KernelError> {
     let pid = row.pid.clone();
     if let Some((run_id, cancel)) = k.procs.reserve(&pid, conv) {
-        if let Some(conn) = origin {
-            k.procs.route(&run_id, conn);
+        if let Some(route) = origin {
+            k.procs.route(&run_id, route);
         }
         let (p, r, cv) = (pid.clone(), run_id.clone(), conv.to_owned());
         let stored =
@@ -143,12 +147,15 @@ pub fn promote_queued(k: Arc<Kernel>, pid: String) -> BoxFuture<'static, ()> {
                 };
                 store::start_run(c, &p, &conv, &r)?;
                 store::append_message(c, &p, &conv, Some(&r), &m)?;
-                Ok(Some(conv))
+                Ok(Some((conv, SurfaceRoute::from_origin(&m["origin"]))))
             })
             .await;
         match next {
-            Ok(Some(conv)) => {
+            Ok(Some((conv, origin))) => {
                 k.procs.set_conversation(&pid, &run_id, &conv);
+                if let Some(surface) = origin {
+                    k.procs.route(&run_id, RunRoute::Surface(surface));
+                }
                 tokio::spawn(run_task(k, row, conv, run_id, cancel));
             }
             Ok(None) => k.procs.release(&pid, &run_id),
@@ -247,6 +254,7 @@ pub async fn process_session(k: &Arc<Kernel>, row: &ProcRow) -> Result<Session, 
         client_id: row.pid.clone(),
         peer: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
         device: None,
+        channel: None,
     })
 }
 

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use crate::db::now_ms;
-use crate::domains::proc::store;
+use crate::domains::adapter;
+use crate::domains::proc::{RunRoute, store};
 use crate::kernel::Kernel;
 use crate::session::Role;
 
@@ -64,28 +65,37 @@ pub async fn emit(k: &Arc<Kernel>, owner_uid: i64, pid: &str, signal: &str, mut 
     .await;
 }
 
-/// Sends a signal of a run to the socket whose `proc.send` started it
-/// (reference §6.3: its run route), or to every user socket of
-/// `owner_uid` when the run has no route, that socket is gone, or the
-/// signal asks for approval (any of the owner's clients may answer). The
-/// route ends with `proc.run.finished`.
+/// Sends a signal of a run along its run route (reference §6.3): to the
+/// socket whose `proc.send` started it, or for a run a chat message
+/// started, its answer and approval requests to that chat surface
+/// ([`adapter::calls::on_run_signal`]). A run without a route, one whose
+/// socket is gone, and every approval request (any of the owner's
+/// clients may answer) go to every user socket of `owner_uid`. The route
+/// ends with `proc.run.finished`.
 pub fn deliver(k: &Kernel, owner_uid: i64, signal: &str, payload: Value) {
     let run_id = payload["runId"].as_str().map(str::to_owned);
-    let route = run_id
-        .as_deref()
-        .filter(|_| signal != "proc.run.hil.requested")
-        .and_then(|r| k.procs.route_of(r));
+    let route = run_id.as_deref().and_then(|r| k.procs.route_of(r));
     if signal == "proc.run.finished"
         && let Some(r) = &run_id
     {
         k.procs.end_route(r);
     }
+    let hil = signal == "proc.run.hil.requested";
     let payload = match route {
-        Some(conn) => match k.pool.signal_connection(&conn, signal, payload) {
-            Ok(()) => return,
-            Err(payload) => payload,
-        },
-        None => payload,
+        Some(RunRoute::Surface(surface)) => {
+            adapter::calls::on_run_signal(k, &surface, signal, &payload);
+            if !hil {
+                return;
+            }
+            payload
+        }
+        Some(RunRoute::Connection(conn)) if !hil => {
+            match k.pool.signal_connection(&conn, signal, payload) {
+                Ok(()) => return,
+                Err(payload) => payload,
+            }
+        }
+        _ => payload,
     };
     k.pool.signal_user(owner_uid, Role::User, signal, payload);
 }
