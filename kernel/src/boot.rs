@@ -14,6 +14,7 @@ use wsd_dofs::Dofs;
 use crate::db::Db;
 use crate::domains;
 use crate::domains::proc::Procs;
+use crate::domains::snapshot::mirror::SnapshotMirror;
 use crate::domains::workspace::Workspaces;
 use crate::error::KernelError;
 use crate::kernel::{Kernel, KernelConfig};
@@ -36,6 +37,10 @@ impl Kernel {
         let system = Arc::new(Mutex::new(system));
         domains::prepare(&db, &system).await?;
         let router = Arc::new(Router::new(db.clone(), config.routed_call_ttl));
+        let mirror = match &config.chunk_store {
+            Some(store) => Some(SnapshotMirror::connect(store).await?),
+            None => None,
+        };
         let kernel = Arc::new(Kernel {
             workspaces: Workspaces::new(dir.join("workspaces"), config.wsd_bin.clone())
                 .with_wsd_sandbox(config.wsd_sandbox),
@@ -53,6 +58,7 @@ impl Kernel {
             login_failures: Mutex::new(HashMap::new()),
             timers: Default::default(),
             mcp: Default::default(),
+            mirror,
         });
         tokio::spawn(reap_idle_children(Arc::downgrade(&kernel)));
         domains::start(&kernel).await?;

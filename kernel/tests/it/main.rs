@@ -2,6 +2,7 @@
 //! WebSocket clients, real SQLite files in a temp dir per test.
 
 mod bodies;
+mod chunk_store;
 mod cli;
 mod codemode;
 mod devices;
