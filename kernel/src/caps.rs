@@ -13,6 +13,8 @@ pub const USER_CAPABILITIES: &[&str] = &[
     "shell.*",
     "net.fetch",
     "proc.*",
+    // Process-internal: the handlers refuse every caller but a process.
+    "ai.*",
     "sched.*",
     "codemode.*",
     "sys.mcp.*",

@@ -377,7 +377,10 @@ impl Connection {
                 };
                 extras.insert("channel".into(), json!(channel));
             }
-            Role::User => {}
+            // A user's home process exists from its first connection on.
+            Role::User => {
+                crate::domains::proc::calls::ensure_init(&k, &identity).await?;
+            }
         }
         let capabilities = match role {
             Role::Driver => vec![],

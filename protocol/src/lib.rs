@@ -7,6 +7,7 @@
 //! HTTP.
 
 pub mod account;
+pub mod ai;
 pub mod codemode;
 pub mod device;
 pub mod error;

@@ -1,4 +1,7 @@
-//! `proc.spawn|list|send|history|abort|hil|reset|kill`.
+//! `proc.*`: the registry calls (`spawn|list|profile.list`), the calls a
+//! process answers (`send|history|abort|hil|reset|kill`) and its
+//! conversations (`proc.conversation.*`). `pid` is optional wherever the
+//! seed has it optional: the caller's home process `init:{uid}`.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -17,6 +20,8 @@ pub struct WorkspaceSpec {
 #[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SpawnArgs {
+    /// A system profile (`proc.profile.list`); `task` when absent.
+    pub profile: Option<String>,
     pub label: Option<String>,
     pub prompt: Option<String>,
     pub parent_pid: Option<String>,
@@ -33,22 +38,25 @@ pub struct ListArgs {
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SendArgs {
-    pub pid: String,
+    pub pid: Option<String>,
     pub message: String,
-    /// Accepted for the reference CLI; one conversation per process.
+    /// `default` when absent; opened if new, refused if closed.
     pub conversation_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
 pub struct HistoryArgs {
-    pub pid: String,
+    pub pid: Option<String>,
+    pub conversation_id: Option<String>,
+    /// Clamped to 1..=500; all (up to 500) when absent.
     pub limit: Option<usize>,
     pub offset: Option<usize>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 pub struct PidArgs {
-    pub pid: String,
+    pub pid: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
@@ -66,6 +74,10 @@ pub struct HilArgs {
 pub struct KillArgs {
     pub pid: String,
     pub archive: Option<bool>,
+    /// Extension: also delete the registry row (the explicit removal;
+    /// refused for a home process).
+    #[serde(default)]
+    pub remove: bool,
 }
 
 /// One process as `proc.list` shows it.
@@ -83,6 +95,8 @@ pub struct ProcessInfo {
     pub workspace_id: Option<String>,
     /// `idle` or `running`.
     pub state: String,
+    /// The system profile it was spawned with.
+    pub profile: String,
     pub active_run_id: Option<String>,
     pub queued_count: i64,
     pub last_active_at: Option<i64>,
@@ -99,6 +113,7 @@ pub struct ListResult {
 pub struct SpawnResult {
     pub ok: bool,
     pub pid: String,
+    pub profile: String,
     pub cwd: String,
     pub label: Option<String>,
     pub workspace_id: Option<String>,
@@ -127,11 +142,44 @@ pub struct SendResult {
 pub struct HistoryResult {
     pub ok: bool,
     pub pid: String,
+    pub conversation_id: String,
     /// Stored messages (`user`, `assistant` with `toolCalls`,
-    /// `toolResult`, `system`), each as the model loop wrote it.
+    /// `toolResult`, `system`), each as the model loop wrote it, with its
+    /// integer `id` and `timestamp`.
     pub messages: Vec<serde_json::Value>,
     pub message_count: usize,
     pub truncated: bool,
+    /// The context pressure the last model call of this conversation saw.
+    pub context: Option<ContextState>,
+    /// The process's approval request still waiting for an answer.
+    pub pending_hil: Option<HilRequest>,
+}
+
+/// A tool call waiting for a human's approval (`proc.hil` answers it).
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HilRequest {
+    pub request_id: String,
+    pub run_id: String,
+    pub conversation_id: String,
+    pub call_id: String,
+    pub tool_name: String,
+    pub syscall: String,
+    pub args: serde_json::Value,
+    pub created_at: i64,
+}
+
+/// How full the model's context was at the last model call.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ContextState {
+    pub input_tokens: u64,
+    /// `provider` (reported usage) or `estimate` (characters / 4 × 1.15).
+    pub source: String,
+    pub context_window_tokens: Option<u64>,
+    /// input / (window − max output); `null` without a window.
+    pub pressure: Option<f64>,
+    pub measured_at: i64,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
@@ -164,12 +212,293 @@ pub struct ResetResult {
     pub archive_path: Option<String>,
     pub archived_messages: usize,
     pub archived_to: Option<String>,
+    pub archives: Vec<ArchiveEntry>,
 }
 
+/// `proc.kill`: the state is cleared, the registry row stays.
 #[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct KillResult {
     pub ok: bool,
     pub pid: String,
     pub archive_path: Option<String>,
+    pub archived_messages: usize,
+    pub archived_to: Option<String>,
+    pub archives: Vec<ArchiveEntry>,
+}
+
+/// One conversation's archive written by a reset or kill.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ArchiveEntry {
+    pub conversation_id: String,
+    pub generation: i64,
+    pub messages: usize,
+    pub path: String,
+}
+
+/// One entry of `proc.profile.list`.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProfileInfo {
+    pub id: String,
+    /// `system`.
+    pub kind: String,
+    pub display_name: String,
+    pub description: Option<String>,
+    pub interactive: bool,
+    pub startable: bool,
+    pub background: bool,
+    /// `singleton` or `new`.
+    pub spawn_mode: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+pub struct ProfileListResult {
+    pub profiles: Vec<ProfileInfo>,
+}
+
+/// A process-local conversation.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Conversation {
+    pub id: String,
+    pub generation: i64,
+    /// `open` or `closed`.
+    pub status: String,
+    pub title: Option<String>,
+    pub message_count: i64,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// A recorded compaction: which messages went to which archive.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConversationSegment {
+    pub id: String,
+    pub conversation_id: String,
+    pub generation: i64,
+    /// `compaction`.
+    pub kind: String,
+    pub from_message_id: i64,
+    pub to_message_id: i64,
+    pub archive_path: String,
+    pub summary_message_id: Option<i64>,
+    pub created_at: i64,
+}
+
+/// What the run preflight does when the context is too full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Overflow {
+    Manual,
+    AutoCompact,
+    Fail,
+}
+
+impl Overflow {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Overflow::Manual => "manual",
+            Overflow::AutoCompact => "auto-compact",
+            Overflow::Fail => "fail",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Overflow> {
+        match s {
+            "manual" => Some(Overflow::Manual),
+            "auto-compact" => Some(Overflow::AutoCompact),
+            "fail" => Some(Overflow::Fail),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ContextPolicy {
+    pub conversation_id: String,
+    pub overflow: Overflow,
+    pub compact_at_pressure: f64,
+    pub keep_last: u64,
+    pub updated_at: i64,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConversationArgs {
+    pub pid: Option<String>,
+    pub conversation_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConversationOpenArgs {
+    pub pid: Option<String>,
+    pub conversation_id: Option<String>,
+    pub title: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConversationListArgs {
+    pub pid: Option<String>,
+    #[serde(default)]
+    pub include_closed: bool,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConversationCloseArgs {
+    pub pid: Option<String>,
+    pub conversation_id: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConversationResetArgs {
+    pub pid: Option<String>,
+    pub conversation_id: Option<String>,
+    /// Default true.
+    pub archive: Option<bool>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicySetArgs {
+    pub pid: Option<String>,
+    pub conversation_id: Option<String>,
+    pub overflow: Option<Overflow>,
+    /// In (0, 1].
+    pub compact_at_pressure: Option<f64>,
+    pub keep_last: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CompactArgs {
+    pub pid: Option<String>,
+    pub conversation_id: Option<String>,
+    /// Exactly one of `summary` and `generateSummary: true`.
+    pub summary: Option<String>,
+    pub generate_summary: Option<bool>,
+    /// Exactly one of `keepLast` and `throughMessageId`.
+    pub keep_last: Option<u64>,
+    pub through_message_id: Option<i64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ForkArgs {
+    pub pid: Option<String>,
+    pub conversation_id: Option<String>,
+    /// Exactly one of `segmentId` and `throughMessageId`.
+    pub segment_id: Option<String>,
+    pub through_message_id: Option<i64>,
+    pub target_conversation_id: Option<String>,
+    pub title: Option<String>,
+    pub include_live_suffix: Option<bool>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SegmentReadArgs {
+    pub pid: Option<String>,
+    pub conversation_id: Option<String>,
+    pub segment_id: String,
+    pub limit: Option<usize>,
+    pub offset: Option<usize>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConversationOpenResult {
+    pub pid: String,
+    pub conversation: Conversation,
+    pub created: bool,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConversationListResult {
+    pub pid: String,
+    pub conversations: Vec<Conversation>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConversationGetResult {
+    pub pid: String,
+    pub conversation: Option<Conversation>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConversationCloseResult {
+    pub pid: String,
+    pub conversation_id: String,
+    pub closed: bool,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConversationResetResult {
+    pub pid: String,
+    pub conversation_id: String,
+    pub generation: i64,
+    pub archived_messages: usize,
+    pub archived_to: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyResult {
+    pub pid: String,
+    pub policy: ContextPolicy,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CompactResult {
+    pub pid: String,
+    pub conversation_id: String,
+    pub segment: ConversationSegment,
+    pub archived_messages: usize,
+    pub archived_to: String,
+    pub summary_message_id: i64,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ForkResult {
+    pub pid: String,
+    pub source_conversation_id: String,
+    pub target_conversation: Conversation,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segment: Option<ConversationSegment>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub through_message_id: Option<i64>,
+    pub restored_messages: usize,
+    pub included_live_suffix: bool,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SegmentReadResult {
+    pub pid: String,
+    pub conversation_id: String,
+    pub segment: ConversationSegment,
+    pub messages: Vec<serde_json::Value>,
+    pub message_count: usize,
+    pub truncated: bool,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SegmentsResult {
+    pub pid: String,
+    pub conversation_id: String,
+    pub segments: Vec<ConversationSegment>,
 }

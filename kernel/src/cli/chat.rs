@@ -105,7 +105,10 @@ pub async fn chat(conn: &ConnArgs, a: ChatArgs) -> Result<ExitCode> {
 /// and what is left when that fails.
 async fn clean_up(c: &mut GsvClient, created: &Created) {
     match c
-        .call("proc.kill", json!({"pid": created.pid, "archive": false}))
+        .call(
+            "proc.kill",
+            json!({"pid": created.pid, "archive": false, "remove": true}),
+        )
         .await
     {
         Ok(_) => eprintln!("gsv: removed the process {} this chat made", created.pid),

@@ -2,13 +2,15 @@
 //! driver; `setup`, `login`, `config` and `token` are the first run;
 //! `call`, `workspace`, `exec`, `attach`, `chat` and `watch` drive a kernel over
 //! its WebSocket like any other user client; `sched`, `notify` and
-//! `notifications` are in [`sched`], `codemode` and `mcp` in [`codemode`].
+//! `notifications` are in [`sched`], `codemode` and `mcp` in [`codemode`];
+//! `proc` (conversations) in [`proc`].
 
 mod account;
 mod chat;
 mod codemode;
 mod conn;
 mod exec;
+mod proc;
 mod repo;
 mod sched;
 mod serve;
@@ -112,6 +114,13 @@ enum Command {
     /// approval. Without PID a new process is spawned.
     #[command(after_help = CONFIG_HELP)]
     Chat(chat::ChatArgs),
+    /// A process's conversations: list, compact, fork
+    /// (`proc.conversation.*`; your home process without `--pid`).
+    #[command(after_help = CONFIG_HELP)]
+    Proc {
+        #[command(subcommand)]
+        action: proc::ProcAction,
+    },
     /// Run a JavaScript block (`codemode.run`).
     #[command(after_help = CONFIG_HELP)]
     Codemode {
@@ -209,6 +218,12 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Exec(a) => exec::exec(&conn, a).await,
         Command::Attach(a) => exec::attach(&conn, a).await,
         Command::Chat(a) => chat::chat(&conn, a).await,
+        Command::Proc { action } => {
+            let mut c = conn::connect(&conn).await?;
+            let ok = proc::proc(&mut c, action).await?;
+            c.close().await;
+            Ok(exit_code(ok))
+        }
         Command::Codemode { action } => {
             let mut c = conn::connect(&conn).await?;
             let ok = codemode::codemode(&mut c, *action).await?;

@@ -356,6 +356,59 @@ fn the_cli_adds_lists_runs_and_removes_schedules_and_notifies() {
     assert!(!ok && err.contains("no notification"), "{err}");
 }
 
+#[test]
+fn the_cli_lists_compacts_and_forks_the_home_process_conversations() {
+    let s = serve();
+    let setup = r#"{"username":"alice","password":"alice-password"}"#;
+    assert!(gsv(&s, &["call", "sys.setup", setup]).0);
+    // No model is configured: each send leaves the message and a failed
+    // run's system message in the home process's `default` conversation.
+    for (n, m) in ["one", "two"].into_iter().enumerate() {
+        let args = format!(r#"{{"message":"{m}"}}"#);
+        // Sent while the last run is ending, it queues and runs next.
+        assert!(gsv(&s, &["call", "proc.send", &args]).0);
+        let done = (0..200).any(|_| {
+            let (_, out) = gsv(&s, &["call", "proc.history", "{}"]);
+            let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+            let msgs = v["data"]["messages"].as_array().unwrap().clone();
+            if msgs.len() == 2 * (n + 1) && msgs.last().unwrap()["role"] == "system" {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            false
+        });
+        assert!(done, "the run of {m:?} ended");
+    }
+    let (ok, list) = gsv(&s, &["proc", "conversations"]);
+    assert!(ok, "{list}");
+    assert_eq!(list, "default\topen\t0\t4\t\n");
+    let (ok, out) = gsv(
+        &s,
+        &[
+            "proc",
+            "compact",
+            "--keep-last",
+            "1",
+            "--summary",
+            "earlier: one, two",
+        ],
+    );
+    assert!(ok, "{out}");
+    let cols: Vec<&str> = out.trim().split('\t').collect();
+    assert!(cols[0].starts_with("seg_"), "{out}");
+    assert_eq!(cols[1], "3");
+    assert!(cols[2].starts_with("/var/sessions/alice/init-"), "{out}");
+    let (ok, out) = gsv(&s, &["proc", "fork", "--segment", cols[0], "--to", "copy"]);
+    assert!(ok, "{out}");
+    assert_eq!(out, "copy\t4\n");
+    let (_, json) = gsv(&s, &["proc", "conversations", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["conversations"].as_array().unwrap().len(), 2);
+    let (ok, _, err) = gsv_err(&s, &["proc", "fork"]);
+    assert!(!ok);
+    assert!(err.contains("--segment"), "{err}");
+}
+
 /// Runs `gsv` with `stdin` as its input; (exit code, stdout, stderr).
 fn gsv_with_input(s: &Served, args: &[&str], stdin: &str) -> (Option<i32>, String, String) {
     let mut child = gsv_cmd(s)

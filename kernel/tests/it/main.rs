@@ -1,6 +1,7 @@
 //! Kernel integration tests: the real server on 127.0.0.1:0, real
 //! WebSocket clients, real SQLite files in a temp dir per test.
 
+mod agents;
 mod bodies;
 mod chunk_store;
 mod cli;

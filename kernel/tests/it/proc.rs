@@ -47,7 +47,7 @@ pub(crate) struct ModelServer {
 }
 
 impl ModelServer {
-    async fn start(replies: Vec<Reply>) -> ModelServer {
+    pub(crate) async fn start(replies: Vec<Reply>) -> ModelServer {
         let script = Arc::new(Script {
             replies: Mutex::new(replies.into()),
             requests: Mutex::default(),
@@ -123,7 +123,7 @@ async fn completions(State(s): State<Arc<Script>>, body: String) -> Response {
     }
 }
 
-fn text(t: &str) -> Value {
+pub(crate) fn text(t: &str) -> Value {
     json!({"choices": [{"index": 0, "delta": {"content": t}}]})
 }
 
@@ -139,12 +139,12 @@ pub(crate) fn answer(t: &str) -> Reply {
 
 /// A user client that keeps the signals it sees while waiting for answers.
 pub(crate) struct Watcher {
-    c: GsvClient,
-    seen: VecDeque<Value>,
+    pub(crate) c: GsvClient,
+    pub(crate) seen: VecDeque<Value>,
 }
 
 impl Watcher {
-    fn new(c: GsvClient) -> Watcher {
+    pub(crate) fn new(c: GsvClient) -> Watcher {
         Watcher {
             c,
             seen: VecDeque::new(),
@@ -193,7 +193,7 @@ impl Watcher {
     }
 
     /// A new process of this user and the answer to its first `proc.send`.
-    async fn spawn_and_send(&mut self, message: &str) -> (Value, Value) {
+    pub(crate) async fn spawn_and_send(&mut self, message: &str) -> (Value, Value) {
         let pid = self.call("proc.spawn", json!({})).await["pid"].clone();
         let sent = self
             .call("proc.send", json!({"pid": pid, "message": message}))
@@ -209,7 +209,7 @@ impl Watcher {
 }
 
 /// Points the kernel at `server` (root owns `config/ai/*`).
-async fn configure(k: &TestKernel, base_url: &str, extra: &[(&str, &str)]) {
+pub(crate) async fn configure(k: &TestKernel, base_url: &str, extra: &[(&str, &str)]) {
     let mut root = k.login("root", "root-password").await;
     let mut set = vec![
         ("config/ai/provider", "openai"),
@@ -317,10 +317,29 @@ async fn streamed_text_arrives_as_text_delta_signals() {
     )
     .await;
     let (_, s) = a.spawn_and_send("hi").await;
-    let d1 = a.signal("proc.run.stream", |_| true).await;
-    assert_eq!(d1["event"], json!({"type": "text_delta", "delta": "Hel"}));
-    let d2 = a.signal("proc.run.stream", |_| true).await;
-    assert_eq!(d2["event"]["delta"], "lo");
+    let mut events = Vec::new();
+    loop {
+        let e = a.signal("proc.run.stream", |_| true).await;
+        let done = e["event"]["type"] == "done";
+        events.push(e);
+        if done {
+            break;
+        }
+    }
+    let kinds: Vec<Value> = events.iter().map(|e| e["event"].clone()).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            json!({"type": "text_start", "contentIndex": 0}),
+            json!({"type": "text_delta", "contentIndex": 0, "delta": "Hel"}),
+            json!({"type": "text_delta", "contentIndex": 0, "delta": "lo"}),
+            json!({"type": "text_end", "contentIndex": 0}),
+            json!({"type": "done", "reason": "stop"}),
+        ]
+    );
+    let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, [0, 1, 2, 3, 4]);
+    assert!(events.iter().all(|e| e["conversationId"] == "default"));
     assert_eq!(a.finished(&s["runId"]).await["text"], "Hello");
 }
 
@@ -540,7 +559,9 @@ async fn a_message_sent_during_a_run_is_queued_counted_and_runs_next() {
     )
     .await;
     let (pid, s1) = a.spawn_and_send("one").await;
-    let d1 = a.signal("proc.run.stream", |_| true).await;
+    let d1 = a
+        .signal("proc.run.stream", |p| p["event"]["type"] == "text_delta")
+        .await;
     assert_eq!(d1["queuedCount"], 0, "{d1}");
     let s2 = a
         .call("proc.send", json!({"pid": pid, "message": "two"}))
@@ -548,7 +569,9 @@ async fn a_message_sent_during_a_run_is_queued_counted_and_runs_next() {
     assert_eq!(s2["queued"], true, "{s2}");
     assert_eq!(s2["runId"], s1["runId"]);
     gate.notify_one();
-    let d2 = a.signal("proc.run.stream", |_| true).await;
+    let d2 = a
+        .signal("proc.run.stream", |p| p["event"]["type"] == "text_delta")
+        .await;
     assert_eq!(
         (d2["event"]["delta"].clone(), d2["queuedCount"].clone()),
         (json!("st"), json!(1)),
@@ -690,7 +713,13 @@ async fn another_user_can_neither_see_nor_drive_the_process() {
     let pid = a.call("proc.spawn", json!({"label": "private"})).await["pid"].clone();
     let mut b = Watcher::new(k.bob().await);
     let list = b.call("proc.list", json!({})).await;
-    assert_eq!(list["processes"], json!([]));
+    let pids: Vec<&Value> = list["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| &p["pid"])
+        .collect();
+    assert_eq!(pids, [&json!("init:1001")], "only bob's home process");
     let alice_uid = a.call("proc.list", json!({})).await["processes"][0]["uid"].clone();
     let (code, msg) = err_of(&b.request("proc.list", json!({"uid": alice_uid})).await);
     assert_eq!(code, 403, "{msg}");
@@ -700,6 +729,12 @@ async fn another_user_can_neither_see_nor_drive_the_process() {
         ("proc.abort", json!({"pid": pid})),
         ("proc.reset", json!({"pid": pid})),
         ("proc.kill", json!({"pid": pid})),
+        ("proc.conversation.list", json!({"pid": pid})),
+        (
+            "proc.conversation.compact",
+            json!({"pid": pid, "summary": "x", "keepLast": 1}),
+        ),
+        ("proc.conversation.segments", json!({"pid": pid})),
     ] {
         let f = b.request(call, args).await;
         let (code, msg) = err_of(&f);
@@ -711,7 +746,14 @@ async fn another_user_can_neither_see_nor_drive_the_process() {
     assert_eq!(err_of(&f).0, 403);
     let mut root = Watcher::new(k.login("root", "root-password").await);
     let all = root.call("proc.list", json!({})).await;
-    assert_eq!(all["processes"][0]["pid"], pid);
+    assert!(
+        all["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["pid"] == pid),
+        "{all}"
+    );
 }
 
 #[tokio::test]
@@ -721,10 +763,14 @@ async fn reset_archives_the_history_as_gzip_jsonl_and_clears_it() {
     a.finished(&s["runId"]).await;
     let r = a.call("proc.reset", json!({"pid": pid})).await;
     let path = r["archivePath"].as_str().unwrap().to_owned();
-    // The reference CLI prints these two.
+    // The reference CLI prints these two; every conversation's archive
+    // lies in the one directory.
+    assert_eq!(r["archivedMessages"], 2);
+    let dir = r["archivedTo"].as_str().unwrap();
+    assert_eq!(path, format!("{dir}/default.jsonl.gz"));
     assert_eq!(
-        (&r["archivedMessages"], &r["archivedTo"]),
-        (&json!(2), &json!(path))
+        r["archives"],
+        json!([{"conversationId": "default", "generation": 0, "messages": 2, "path": path}])
     );
     let uuid = pid.as_str().unwrap().trim_start_matches("proc:");
     assert!(
@@ -754,7 +800,16 @@ async fn reset_archives_the_history_as_gzip_jsonl_and_clears_it() {
         .call("proc.kill", json!({"pid": pid, "archive": false}))
         .await;
     assert_eq!(killed["ok"], true);
-    assert_eq!(a.call("proc.list", json!({})).await["processes"], json!([]));
+    // Killing clears the state but keeps the registry row.
+    let list = a.call("proc.list", json!({})).await;
+    assert!(
+        list["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["pid"] == pid),
+        "{list}"
+    );
 }
 
 #[tokio::test]

@@ -457,6 +457,11 @@ async fn due_schedules_fire_both_targets_from_the_timer_table() {
     assert_eq!(fired["state"]["nextRunAtMs"], Value::Null);
     assert_eq!(fired["state"]["runningAtMs"], Value::Null);
     let proc = spawned(&mut a, "nightly-report").await.expect("spawned");
+    // `cron` is not startable by users; a schedule starts it internally.
+    assert_eq!(
+        (&proc["profile"], &proc["interactive"]),
+        (&json!("cron"), &json!(false))
+    );
     let h = a
         .call("proc.history", json!({"pid": proc["pid"]}))
         .await
@@ -563,9 +568,13 @@ async fn sched_run_due_skips_what_is_not_due_and_force_keeps_the_next_run() {
                "target": {"kind": "process.event", "pid": pid, "message": "m"}}),
     )
     .await;
-    a.call("proc.kill", json!({"pid": pid, "archive": false}))
-        .await
-        .unwrap();
+    // `proc.kill` keeps the registry row (seed 000) unless told to remove it.
+    a.call(
+        "proc.kill",
+        json!({"pid": pid, "archive": false, "remove": true}),
+    )
+    .await
+    .unwrap();
     let r = a
         .call("sched.run", json!({"id": ev["id"], "mode": "force"}))
         .await

@@ -5,12 +5,14 @@
 
 use std::sync::Arc;
 
+use gsv_protocol::ai::ConfigResult;
 use gsv_protocol::codemode::{CodeModeResult, ExecArgs, RunArgs};
 use serde_json::{Map, Value, json};
 
 use super::sandbox::{self, Globals, Host, Limits, McpBinding};
 use crate::domains::accounts;
 use crate::domains::proc::calls::run as proc_run;
+use crate::domains::proc::hil::Policy;
 use crate::domains::proc::store::{self as proc_store, ProcRow};
 use crate::error::KernelError;
 use crate::kernel::Kernel;
@@ -24,6 +26,7 @@ enum Approval {
     Policy {
         row: Box<ProcRow>,
         run_id: Option<String>,
+        policy: Option<Policy>,
     },
     /// A user wrote it (`codemode.run`): running it is their approval.
     Author,
@@ -46,9 +49,14 @@ pub async fn exec(
             })?;
     let run_id = k.procs.active_run(&pid);
     let cwd = row.cwd.clone();
+    let config: ConfigResult =
+        serde_json::from_value(proc_run::dispatch_call(&k, &s, "ai.config", Map::new()).await?)
+            .map_err(|e| KernelError::Internal(format!("ai.config: {e}")))?;
+    let policy = proc_run::approval_policy(&row, &config).map_err(KernelError::Internal)?;
     let approval = Approval::Policy {
         row: Box::new(row),
         run_id,
+        policy,
     };
     let globals = Globals {
         args: json!({}),
@@ -123,13 +131,19 @@ fn host(k: Arc<Kernel>, session: Arc<Session>, cwd: String, approval: Approval) 
                 return Err(format!("{call} cannot be called from inside CodeMode"));
             }
             let args = proc_run::with_cwd(args, &call, cwd);
-            if let Approval::Policy { row, run_id } = approval {
+            if let Approval::Policy {
+                row,
+                run_id,
+                policy,
+            } = approval
+            {
                 let tool_call_id = format!("codemode_{}", accounts::random_hex(6));
                 proc_run::approve(
                     k,
                     row,
                     session,
                     run_id.as_deref(),
+                    policy.as_ref(),
                     proc_run::ToolRef {
                         call_id: &tool_call_id,
                         name: "CodeMode",

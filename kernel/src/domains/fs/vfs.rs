@@ -107,7 +107,8 @@ pub enum Access {
 }
 
 /// Whether `who` may access a system-store path. Root may do anything;
-/// others read everything except other users' homes and `/root`, and write
+/// others read everything except other users' homes, other users'
+/// conversation archives (`/var/sessions/<user>`) and `/root`, and write
 /// only inside their own home.
 pub fn check_system(who: &ProcessIdentity, r: &Resolved, access: Access) -> Result<(), FsError> {
     if who.is_root() {
@@ -126,6 +127,8 @@ pub fn check_system(who: &ProcessIdentity, r: &Resolved, access: Access) -> Resu
     let allowed = match (segs.as_slice(), access) {
         (_, Access::Write) => in_own_home && sub.as_ref().is_some_and(|p| p.as_str() != own_home),
         (["home", _user, ..], Access::Read) => in_own_home,
+        // Conversation archives are their owner's (issue 26).
+        (["var", "sessions", user, ..], Access::Read) => *user == who.username,
         (["root", ..], Access::Read) => false,
         (_, Access::Read) => true,
     };

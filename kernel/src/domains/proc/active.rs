@@ -14,6 +14,8 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug)]
 pub struct Active {
     pub run_id: String,
+    /// The conversation the run answers in.
+    pub conversation_id: String,
     pub cancel: CancellationToken,
     /// Waiting approvals of this run by request id.
     pub hil: HashMap<String, oneshot::Sender<bool>>,
@@ -35,7 +37,7 @@ pub struct Procs {
 impl Procs {
     /// Makes a new run of `pid` active, unless one already is: its run id
     /// and the token that aborts it.
-    pub fn reserve(&self, pid: &str) -> Option<(String, CancellationToken)> {
+    pub fn reserve(&self, pid: &str, conversation_id: &str) -> Option<(String, CancellationToken)> {
         let mut live = self.active.lock().unwrap();
         if live.contains_key(pid) {
             return None;
@@ -46,12 +48,22 @@ impl Procs {
             pid.to_owned(),
             Active {
                 run_id: run_id.clone(),
+                conversation_id: conversation_id.to_owned(),
                 cancel: cancel.clone(),
                 hil: Default::default(),
                 queued: 0,
             },
         );
         Some((run_id, cancel))
+    }
+
+    /// Sets the conversation of run `run_id` of `pid` (a promoted run
+    /// learns it from the queued message it takes).
+    pub fn set_conversation(&self, pid: &str, run_id: &str, conversation_id: &str) {
+        let mut live = self.active.lock().unwrap();
+        if let Some(a) = live.get_mut(pid).filter(|a| a.run_id == run_id) {
+            a.conversation_id = conversation_id.to_owned();
+        }
     }
 
     /// Ends run `run_id` of `pid`; a newer run of it is left alone.
@@ -114,6 +126,15 @@ impl Procs {
     /// The HTTP client model calls share (one connection pool).
     pub fn http(&self) -> &reqwest::Client {
         &self.http
+    }
+
+    /// The conversation of `pid`'s active run.
+    pub fn active_conversation(&self, pid: &str) -> Option<String> {
+        self.active
+            .lock()
+            .unwrap()
+            .get(pid)
+            .map(|a| a.conversation_id.clone())
     }
 
     pub fn active_run(&self, pid: &str) -> Option<String> {

@@ -11,7 +11,9 @@
 
 pub mod active;
 pub mod calls;
+pub mod conversations;
 pub mod hil;
+pub mod profiles;
 pub mod provider;
 pub mod store;
 
@@ -73,4 +75,46 @@ pub const MIGRATIONS: &[Migration] = &[Migration {
             pid TEXT NOT NULL REFERENCES processes(pid) ON DELETE CASCADE,
             call TEXT NOT NULL,
             PRIMARY KEY(pid, call));",
+}];
+
+/// Profiles and conversations (issue 26): listed after the domains whose
+/// ids lie between 4 and 60.
+pub const CONVERSATION_MIGRATIONS: &[Migration] = &[Migration {
+        version: 60,
+        name: "proc_conversations",
+        sql: "ALTER TABLE processes ADD COLUMN profile TEXT NOT NULL DEFAULT 'task';
+         ALTER TABLE proc_messages ADD COLUMN conversation_id TEXT NOT NULL DEFAULT 'default';
+         CREATE INDEX proc_messages_conversation ON proc_messages(pid, conversation_id, id);
+         ALTER TABLE proc_queue ADD COLUMN conversation_id TEXT NOT NULL DEFAULT 'default';
+         ALTER TABLE proc_runs ADD COLUMN conversation_id TEXT NOT NULL DEFAULT 'default';
+         ALTER TABLE proc_hil ADD COLUMN conversation_id TEXT NOT NULL DEFAULT 'default';
+         ALTER TABLE proc_hil ADD COLUMN tool_call_id TEXT NOT NULL DEFAULT '';
+         ALTER TABLE proc_hil ADD COLUMN tool_name TEXT NOT NULL DEFAULT '';
+         CREATE TABLE proc_conversations(
+            pid TEXT NOT NULL REFERENCES processes(pid) ON DELETE CASCADE,
+            id TEXT NOT NULL,
+            generation INTEGER NOT NULL DEFAULT 0,
+            status TEXT NOT NULL DEFAULT 'open',
+            title TEXT,
+            overflow TEXT NOT NULL DEFAULT 'manual',
+            compact_at_pressure REAL NOT NULL DEFAULT 0.9,
+            keep_last INTEGER NOT NULL DEFAULT 80,
+            policy_updated_at INTEGER,
+            context TEXT,
+            created_at INTEGER NOT NULL,
+            updated_at INTEGER NOT NULL,
+            PRIMARY KEY(pid, id));
+         CREATE TABLE proc_segments(
+            id TEXT PRIMARY KEY,
+            pid TEXT NOT NULL REFERENCES processes(pid) ON DELETE CASCADE,
+            conversation_id TEXT NOT NULL,
+            generation INTEGER NOT NULL,
+            kind TEXT NOT NULL,
+            from_message_id INTEGER NOT NULL,
+            to_message_id INTEGER NOT NULL,
+            live_through_id INTEGER NOT NULL,
+            archive_path TEXT NOT NULL,
+            summary_message_id INTEGER,
+            created_at INTEGER NOT NULL);
+         CREATE INDEX proc_segments_conversation ON proc_segments(pid, conversation_id, created_at);",
 }];

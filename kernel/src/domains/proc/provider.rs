@@ -19,6 +19,11 @@ pub struct ProviderConfig {
     pub timeout: Duration,
     pub max_retries: usize,
     pub retry_base: Duration,
+    /// The model's context window, when configured
+    /// (`config/ai/context_window_tokens`); context pressure needs it.
+    pub context_window_tokens: Option<u64>,
+    /// Output tokens reserved for the answer (`config/ai/max_tokens`).
+    pub max_tokens: u64,
 }
 
 /// A failed model call.
@@ -53,6 +58,8 @@ impl ProviderError {
 #[derive(Debug, Clone)]
 pub enum Delta {
     Text(String),
+    /// Reasoning text (`reasoning_content` or `reasoning` deltas).
+    Thinking(String),
     ToolCall {
         index: u64,
         id: Option<String>,
@@ -73,6 +80,7 @@ pub struct ToolCall {
 #[derive(Debug, Clone, Default)]
 pub struct Completion {
     pub text: String,
+    pub thinking: String,
     pub tool_calls: Vec<ToolCall>,
     pub usage: Value,
 }
@@ -147,6 +155,14 @@ pub async fn complete(
         let Some(delta) = chunk.pointer("/choices/0/delta") else {
             continue;
         };
+        for key in ["reasoning_content", "reasoning"] {
+            if let Some(t) = delta.get(key).and_then(Value::as_str)
+                && !t.is_empty()
+            {
+                out.thinking.push_str(t);
+                on_delta(Delta::Thinking(t.to_owned()));
+            }
+        }
         if let Some(t) = delta.get("content").and_then(Value::as_str)
             && !t.is_empty()
         {

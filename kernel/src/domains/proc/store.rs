@@ -1,8 +1,9 @@
-//! The process rows (migration 4): registry, messages, runs, the queue,
-//! HIL requests and remembered allow rules. Plain functions on a
+//! The process rows (migrations 4 and 60): registry, messages (each in a
+//! conversation), runs, the queue, HIL requests and remembered allow
+//! rules. Conversations and segments are [`super::conversations`]. Plain functions on a
 //! connection, called through [`crate::db::Db::call`].
 
-use gsv_protocol::proc::ProcessInfo;
+use gsv_protocol::proc::{HilRequest, ProcessInfo};
 use rusqlite::{Connection, params};
 use serde_json::Value;
 
@@ -27,6 +28,8 @@ pub struct ProcRow {
     pub queued_count: i64,
     pub last_active_at: Option<i64>,
     pub created_at: i64,
+    /// A system profile id (`super::profiles`).
+    pub profile: String,
 }
 
 impl ProcRow {
@@ -42,6 +45,7 @@ impl ProcRow {
             cwd: self.cwd.clone(),
             workspace_id: self.workspace_id.clone(),
             state: self.state.clone(),
+            profile: self.profile.clone(),
             active_run_id: self.active_run_id.clone(),
             queued_count: self.queued_count,
             last_active_at: self.last_active_at,
@@ -51,7 +55,7 @@ impl ProcRow {
 }
 
 const COLS: &str = "pid, owner_uid, uid, username, interactive, parent_pid, label, cwd, \
-                    workspace_id, state, active_run_id, queued_count, last_active_at, created_at";
+                    workspace_id, state, active_run_id, queued_count, last_active_at, created_at, profile";
 
 fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ProcRow> {
     Ok(ProcRow {
@@ -69,13 +73,14 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ProcRow> {
         queued_count: r.get(11)?,
         last_active_at: r.get(12)?,
         created_at: r.get(13)?,
+        profile: r.get(14)?,
     })
 }
 
 pub fn insert(c: &Connection, p: &ProcRow) -> Result<(), KernelError> {
     c.execute(
         &format!(
-            "INSERT INTO processes({COLS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14)"
+            "INSERT INTO processes({COLS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15)"
         ),
         params![
             p.pid,
@@ -91,7 +96,8 @@ pub fn insert(c: &Connection, p: &ProcRow) -> Result<(), KernelError> {
             p.active_run_id,
             p.queued_count,
             p.last_active_at,
-            p.created_at
+            p.created_at,
+            p.profile
         ],
     )?;
     Ok(())
@@ -136,44 +142,149 @@ pub fn project(
     Ok(())
 }
 
+/// Appends `body` to conversation `conv` of `pid`; its message id.
 pub fn append_message(
     c: &Connection,
     pid: &str,
+    conv: &str,
     run_id: Option<&str>,
+    body: &Value,
+) -> Result<i64, KernelError> {
+    c.execute(
+        "INSERT INTO proc_messages(pid, conversation_id, run_id, body, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5)",
+        params![pid, conv, run_id, body.to_string(), now_ms()],
+    )?;
+    let id = c.last_insert_rowid();
+    super::conversations::touch(c, pid, conv)?;
+    Ok(id)
+}
+
+/// Inserts `body` with the given id (a compaction's summary takes the
+/// id of the last archived message, so it sorts at the boundary).
+pub fn insert_message_at(
+    c: &Connection,
+    id: i64,
+    pid: &str,
+    conv: &str,
     body: &Value,
 ) -> Result<(), KernelError> {
     c.execute(
-        "INSERT INTO proc_messages(pid, run_id, body, created_at) VALUES (?1, ?2, ?3, ?4)",
-        params![pid, run_id, body.to_string(), now_ms()],
+        "INSERT INTO proc_messages(id, pid, conversation_id, run_id, body, created_at)
+         VALUES (?1, ?2, ?3, NULL, ?4, ?5)",
+        params![id, pid, conv, body.to_string(), now_ms()],
     )?;
     Ok(())
 }
 
-/// Every message of `pid`, oldest first.
-pub fn messages(c: &Connection, pid: &str) -> Result<Vec<Value>, KernelError> {
-    let mut stmt =
-        c.prepare_cached("SELECT body, created_at FROM proc_messages WHERE pid = ?1 ORDER BY id")?;
-    let rows = stmt.query_map([pid], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+fn message_row(body: String, id: i64, at: i64) -> Result<Value, KernelError> {
+    let mut v: Value = serde_json::from_str(&body)
+        .map_err(|e| KernelError::internal("stored process message", e))?;
+    v["id"] = Value::from(id);
+    v["timestamp"] = Value::from(at);
+    Ok(v)
+}
+
+/// Messages of conversation `conv` of `pid` with `id` in
+/// `(after, through]`, oldest first, each with its `id` and `timestamp`.
+pub fn messages_between(
+    c: &Connection,
+    pid: &str,
+    conv: &str,
+    after: i64,
+    through: i64,
+) -> Result<Vec<Value>, KernelError> {
+    let mut stmt = c.prepare_cached(
+        "SELECT body, id, created_at FROM proc_messages
+         WHERE pid = ?1 AND conversation_id = ?2 AND id > ?3 AND id <= ?4 ORDER BY id",
+    )?;
+    let rows = stmt.query_map(params![pid, conv, after, through], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, i64>(1)?,
+            r.get::<_, i64>(2)?,
+        ))
+    })?;
     let mut out = Vec::new();
     for r in rows {
-        let (body, at) = r?;
-        let mut v: Value = serde_json::from_str(&body)
-            .map_err(|e| KernelError::internal("stored process message", e))?;
-        v["timestamp"] = Value::from(at);
-        out.push(v);
+        let (body, id, at) = r?;
+        out.push(message_row(body, id, at)?);
     }
     Ok(out)
 }
 
-pub fn clear_messages(c: &Connection, pid: &str) -> Result<(), KernelError> {
-    c.execute("DELETE FROM proc_messages WHERE pid = ?1", [pid])?;
+/// Every message of conversation `conv` of `pid`, oldest first.
+pub fn messages(c: &Connection, pid: &str, conv: &str) -> Result<Vec<Value>, KernelError> {
+    messages_between(c, pid, conv, i64::MIN, i64::MAX)
+}
+
+/// One page of a conversation (reads only the page) and the total count.
+pub fn messages_page(
+    c: &Connection,
+    pid: &str,
+    conv: &str,
+    offset: usize,
+    limit: usize,
+) -> Result<(Vec<Value>, usize), KernelError> {
+    let total = message_count(c, pid, conv)? as usize;
+    let mut stmt = c.prepare_cached(
+        "SELECT body, id, created_at FROM proc_messages
+         WHERE pid = ?1 AND conversation_id = ?2 ORDER BY id LIMIT ?3 OFFSET ?4",
+    )?;
+    let rows = stmt.query_map(params![pid, conv, limit as i64, offset as i64], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, i64>(1)?,
+            r.get::<_, i64>(2)?,
+        ))
+    })?;
+    let mut out = Vec::new();
+    for r in rows {
+        let (body, id, at) = r?;
+        out.push(message_row(body, id, at)?);
+    }
+    Ok((out, total))
+}
+
+pub fn message_count(c: &Connection, pid: &str, conv: &str) -> Result<i64, KernelError> {
+    Ok(c.query_row(
+        "SELECT count(*) FROM proc_messages WHERE pid = ?1 AND conversation_id = ?2",
+        params![pid, conv],
+        |r| r.get(0),
+    )?)
+}
+
+/// Deletes messages of `conv` with `id <= through`.
+pub fn delete_messages_through(
+    c: &Connection,
+    pid: &str,
+    conv: &str,
+    through: i64,
+) -> Result<(), KernelError> {
+    c.execute(
+        "DELETE FROM proc_messages WHERE pid = ?1 AND conversation_id = ?2 AND id <= ?3",
+        params![pid, conv, through],
+    )?;
     Ok(())
 }
 
-pub fn start_run(c: &Connection, pid: &str, run_id: &str) -> Result<(), KernelError> {
+pub fn clear_conversation(c: &Connection, pid: &str, conv: &str) -> Result<(), KernelError> {
     c.execute(
-        "INSERT INTO proc_runs(run_id, pid, status, started_at) VALUES (?1, ?2, 'running', ?3)",
-        params![run_id, pid, now_ms()],
+        "DELETE FROM proc_messages WHERE pid = ?1 AND conversation_id = ?2",
+        params![pid, conv],
+    )?;
+    c.execute(
+        "DELETE FROM proc_queue WHERE pid = ?1 AND conversation_id = ?2",
+        params![pid, conv],
+    )?;
+    Ok(())
+}
+
+pub fn start_run(c: &Connection, pid: &str, conv: &str, run_id: &str) -> Result<(), KernelError> {
+    c.execute(
+        "INSERT INTO proc_runs(run_id, pid, conversation_id, status, started_at)
+         VALUES (?1, ?2, ?3, 'running', ?4)",
+        params![run_id, pid, conv, now_ms()],
     )?;
     Ok(())
 }
@@ -191,10 +302,11 @@ pub fn finish_run(
     Ok(())
 }
 
-/// Runs left `running` by a kernel that stopped: `(pid, run_id)`.
-pub fn interrupted_runs(c: &Connection) -> Result<Vec<(String, String)>, KernelError> {
-    let mut stmt = c.prepare("SELECT pid, run_id FROM proc_runs WHERE status = 'running'")?;
-    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+/// Runs left `running` by a kernel that stopped: `(pid, run_id, conversation)`.
+pub fn interrupted_runs(c: &Connection) -> Result<Vec<(String, String, String)>, KernelError> {
+    let mut stmt =
+        c.prepare("SELECT pid, run_id, conversation_id FROM proc_runs WHERE status = 'running'")?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
@@ -205,10 +317,10 @@ pub fn pids_with_queue(c: &Connection) -> Result<Vec<String>, KernelError> {
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
-pub fn enqueue(c: &Connection, pid: &str, body: &Value) -> Result<i64, KernelError> {
+pub fn enqueue(c: &Connection, pid: &str, conv: &str, body: &Value) -> Result<i64, KernelError> {
     c.execute(
-        "INSERT INTO proc_queue(pid, body, created_at) VALUES (?1, ?2, ?3)",
-        params![pid, body.to_string(), now_ms()],
+        "INSERT INTO proc_queue(pid, conversation_id, body, created_at) VALUES (?1, ?2, ?3, ?4)",
+        params![pid, conv, body.to_string(), now_ms()],
     )?;
     queued_count(c, pid)
 }
@@ -221,45 +333,118 @@ pub fn queued_count(c: &Connection, pid: &str) -> Result<i64, KernelError> {
     )?)
 }
 
-/// Removes and returns up to `n` queued messages, oldest first.
-pub fn dequeue(c: &mut Connection, pid: &str, n: i64) -> Result<Vec<Value>, KernelError> {
+/// Removes and returns up to `n` queued messages, oldest first, with
+/// their conversations: of `conv` only when given.
+pub fn dequeue(
+    c: &mut Connection,
+    pid: &str,
+    conv: Option<&str>,
+    n: i64,
+) -> Result<Vec<(String, Value)>, KernelError> {
     let tx = c.transaction()?;
-    let got: Vec<(i64, String)> = {
-        let mut stmt =
-            tx.prepare("SELECT id, body FROM proc_queue WHERE pid = ?1 ORDER BY id LIMIT ?2")?;
-        stmt.query_map(params![pid, n], |r| Ok((r.get(0)?, r.get(1)?)))?
-            .collect::<Result<_, _>>()?
+    let got: Vec<(i64, String, String)> = {
+        let mut stmt = tx.prepare(
+            "SELECT id, conversation_id, body FROM proc_queue
+             WHERE pid = ?1 AND (?2 IS NULL OR conversation_id = ?2) ORDER BY id LIMIT ?3",
+        )?;
+        stmt.query_map(params![pid, conv, n], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })?
+        .collect::<Result<_, _>>()?
     };
-    for (id, _) in &got {
+    for (id, _, _) in &got {
         tx.execute("DELETE FROM proc_queue WHERE id = ?1", [id])?;
     }
     tx.commit()?;
     got.into_iter()
-        .map(|(_, b)| {
-            serde_json::from_str(&b).map_err(|e| KernelError::internal("stored queued message", e))
+        .map(|(_, conv, b)| {
+            let v = serde_json::from_str(&b)
+                .map_err(|e| KernelError::internal("stored queued message", e))?;
+            Ok((conv, v))
         })
         .collect()
 }
 
-pub fn clear_queue(c: &Connection, pid: &str) -> Result<(), KernelError> {
+/// Clears every conversation's messages and the queue of `pid`.
+pub fn clear_state(c: &Connection, pid: &str) -> Result<(), KernelError> {
+    c.execute("DELETE FROM proc_messages WHERE pid = ?1", [pid])?;
     c.execute("DELETE FROM proc_queue WHERE pid = ?1", [pid])?;
+    c.execute("DELETE FROM proc_allow WHERE pid = ?1", [pid])?;
+    expire_hil(c, pid)?;
     Ok(())
 }
 
-pub fn insert_hil(
+/// Per workspace: the number of processes in it and its active process
+/// (one with a run if any, else the one active or spawned last).
+pub fn workspace_processes(
     c: &Connection,
-    request_id: &str,
-    pid: &str,
-    run_id: &str,
-    call: &str,
-    args: &Value,
-) -> Result<(), KernelError> {
+    workspace_id: &str,
+) -> Result<(i64, Option<String>), KernelError> {
+    let count = c.query_row(
+        "SELECT count(*) FROM processes WHERE workspace_id = ?1",
+        [workspace_id],
+        |r| r.get(0),
+    )?;
+    let active = opt(c.query_row(
+        "SELECT pid FROM processes WHERE workspace_id = ?1
+         ORDER BY active_run_id IS NOT NULL DESC, coalesce(last_active_at, created_at) DESC
+         LIMIT 1",
+        [workspace_id],
+        |r| r.get(0),
+    ))?;
+    Ok((count, active))
+}
+
+pub fn insert_hil(c: &Connection, pid: &str, h: &HilRequest) -> Result<(), KernelError> {
     c.execute(
-        "INSERT INTO proc_hil(request_id, pid, run_id, call, args, created_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        params![request_id, pid, run_id, call, args.to_string(), now_ms()],
+        "INSERT INTO proc_hil(request_id, pid, run_id, conversation_id, tool_call_id, tool_name,
+         call, args, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        params![
+            h.request_id,
+            pid,
+            h.run_id,
+            h.conversation_id,
+            h.call_id,
+            h.tool_name,
+            h.syscall,
+            h.args.to_string(),
+            h.created_at
+        ],
     )?;
     Ok(())
+}
+
+/// The newest approval request of `pid` still waiting for an answer.
+pub fn pending_hil_of(c: &Connection, pid: &str) -> Result<Option<HilRequest>, KernelError> {
+    // The arguments are parsed after the row is read: a row closure can
+    // only fail with SQLite's error.
+    let got = opt(c.query_row(
+        "SELECT request_id, run_id, conversation_id, tool_call_id, tool_name, call, args,
+         created_at FROM proc_hil WHERE pid = ?1 AND status = 'pending'
+         ORDER BY created_at DESC LIMIT 1",
+        [pid],
+        |r| {
+            Ok((
+                HilRequest {
+                    request_id: r.get(0)?,
+                    run_id: r.get(1)?,
+                    conversation_id: r.get(2)?,
+                    call_id: r.get(3)?,
+                    tool_name: r.get(4)?,
+                    syscall: r.get(5)?,
+                    args: Value::Null,
+                    created_at: r.get(7)?,
+                },
+                r.get::<_, String>(6)?,
+            ))
+        },
+    ))?;
+    got.map(|(mut h, args)| {
+        h.args = serde_json::from_str(&args)
+            .map_err(|e| KernelError::internal("stored approval arguments", e))?;
+        Ok(h)
+    })
+    .transpose()
 }
 
 /// `(pid, call)` of a pending HIL request.
@@ -325,6 +510,30 @@ pub fn ai_config(c: &Connection, uid: i64, name: &str) -> Result<Option<String>,
     Ok(None)
 }
 
+/// The non-empty value of config key `key`.
+pub fn config_value(c: &Connection, key: &str) -> Result<Option<String>, KernelError> {
+    let v: Option<String> = opt(c.query_row(
+        "SELECT value FROM config_kv WHERE key = ?1",
+        [key],
+        |r| r.get(0),
+    ))?;
+    Ok(v.filter(|v| !v.trim().is_empty()))
+}
+
+/// `config/ai/profile/<profile>/context.d/*.md` entries, by key.
+pub fn profile_context(
+    c: &Connection,
+    profile: &str,
+) -> Result<Vec<(String, String)>, KernelError> {
+    let prefix = format!("config/ai/profile/{profile}/context.d/");
+    let mut stmt = c.prepare(
+        "SELECT key, value FROM config_kv WHERE substr(key, 1, length(?1)) = ?1
+         AND key LIKE '%.md' ORDER BY key",
+    )?;
+    let rows = stmt.query_map([&prefix], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
 /// `config/ai/context.d/*.md` entries, by key.
 pub fn system_context(c: &Connection) -> Result<Vec<(String, String)>, KernelError> {
     let mut stmt = c.prepare(
@@ -332,4 +541,14 @@ pub fn system_context(c: &Connection) -> Result<Vec<(String, String)>, KernelErr
     )?;
     let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
     Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// Brings an existing home process in line with its account: the name
+/// (accounts can be renamed) and the `init` profile.
+pub fn reconcile_init(c: &Connection, pid: &str, username: &str) -> Result<(), KernelError> {
+    c.execute(
+        "UPDATE processes SET username = ?2, profile = 'init' WHERE pid = ?1",
+        params![pid, username],
+    )?;
+    Ok(())
 }

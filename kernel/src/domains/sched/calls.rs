@@ -453,9 +453,21 @@ async fn dispatch_target(k: &Arc<Kernel>, s: &ScheduleRecord) -> Result<String, 
             ("proc.send", args)
         }
     };
-    let out = dispatch_call(k, &session, call, args)
-        .await
-        .map_err(|e| e.to_string())?;
+    let out = if call == "proc.spawn" {
+        // The owner's gate, then the kernel-internal spawn: `cron` is not
+        // a profile users may start themselves.
+        k.dispatch.gate(&session, call).map_err(|e| e.to_string())?;
+        let a: gsv_protocol::proc::SpawnArgs =
+            serde_json::from_value(Value::Object(args)).map_err(|e| e.to_string())?;
+        let r = crate::domains::proc::calls::spawn_internal(k.clone(), session.clone(), a)
+            .await
+            .map_err(|e| e.to_string())?;
+        serde_json::to_value(r).map_err(|e| e.to_string())?
+    } else {
+        dispatch_call(k, &session, call, args)
+            .await
+            .map_err(|e| e.to_string())?
+    };
     if out.get("ok") == Some(&Value::Bool(false)) {
         return Err(out["error"]
             .as_str()

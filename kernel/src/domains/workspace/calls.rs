@@ -97,8 +97,26 @@ pub async fn list(k: Arc<Kernel>, s: Arc<Session>, a: ListArgs) -> Result<ListRe
     let rows =
         k.db.call(move |c| workspace::list_rows(c, owner, a.state.as_deref(), limit))
             .await?;
+    // Each workspace's process count and active process (issue 26).
+    let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
+    let procs =
+        k.db.call(move |c| {
+            ids.iter()
+                .map(|id| crate::domains::proc::store::workspace_processes(c, id))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .await?;
     Ok(ListResult {
-        workspaces: rows.iter().map(WorkspaceRow::to_info).collect(),
+        workspaces: rows
+            .iter()
+            .zip(procs)
+            .map(|(r, (count, active))| {
+                let mut info = r.to_info();
+                info.process_count = count;
+                info.active_process = active;
+                info
+            })
+            .collect(),
     })
 }
 

@@ -1,16 +1,21 @@
 //! `proc.*`: the process registry and the calls forwarded to a process's
 //! loop, which runs here too: [`run`] is the agent loop a `proc.send`
 //! starts (as `shell.exec` starts a session's driver), [`signal`] what it
-//! tells the owner. Every call that names a pid checks that the caller owns it (root
+//! tells the owner, [`conversation`] the `proc.conversation.*` calls.
+//! Every call that names a pid checks that the caller owns it (root
 //! owns everything); a pid that does not exist and one the caller may not
-//! see answer the same 403, so existence does not leak.
+//! see answer the same 403, so existence does not leak. A call without
+//! `pid` goes to the caller's home process `init:{uid}`, which
+//! `sys.connect` starts or reconciles ([`ensure_init`]).
 
+pub mod conversation;
 pub mod run;
 pub mod signal;
 
 use gsv_protocol::proc::{
-    AbortResult, HilArgs, HilResult, HistoryArgs, HistoryResult, KillArgs, KillResult, ListArgs,
-    ListResult, PidArgs, ResetResult, SendArgs, SendResult, SpawnArgs, SpawnResult,
+    AbortResult, ArchiveEntry, HilArgs, HilResult, HistoryArgs, HistoryResult, KillArgs,
+    KillResult, ListArgs, ListResult, PidArgs, ProfileListResult, ResetResult, SendArgs,
+    SendResult, SpawnArgs, SpawnResult,
 };
 use std::io::Write as _;
 use std::sync::Arc;
@@ -19,8 +24,10 @@ use serde_json::{Value, json};
 use wsd_sync::SyncPath;
 
 use crate::db::now_ms;
-use crate::domains::accounts;
+use crate::domains::accounts::{self, ProcessIdentity};
 use crate::domains::fs::calls::{ensure_dir, with_store};
+use crate::domains::proc::conversations::{self, DEFAULT};
+use crate::domains::proc::profiles::{self, INIT};
 use crate::domains::proc::store::{self, ProcRow};
 use crate::error::KernelError;
 use crate::kernel::Kernel;
@@ -40,11 +47,141 @@ async fn owned(k: &Arc<Kernel>, s: &Session, pid: &str) -> Result<ProcRow, Kerne
     }
 }
 
+/// The home process id of `uid`.
+pub fn init_pid(uid: i64) -> String {
+    format!("init:{uid}")
+}
+
+/// Starts the home process of `identity` or reconciles it (its account
+/// name, its profile, its `default` conversation); its row.
+pub async fn ensure_init(
+    k: &Arc<Kernel>,
+    identity: &ProcessIdentity,
+) -> Result<ProcRow, KernelError> {
+    let fresh = ProcRow {
+        pid: init_pid(identity.uid),
+        owner_uid: identity.uid,
+        run_as_uid: identity.uid,
+        username: identity.username.clone(),
+        interactive: true,
+        parent_pid: None,
+        label: Some("init".to_owned()),
+        cwd: identity.home.clone(),
+        workspace_id: None,
+        state: "idle".into(),
+        active_run_id: None,
+        queued_count: 0,
+        last_active_at: None,
+        created_at: now_ms(),
+        profile: INIT.to_owned(),
+    };
+    k.db.call(move |c| {
+        let tx = c.transaction()?;
+        match store::get(&tx, &fresh.pid)? {
+            None => store::insert(&tx, &fresh)?,
+            Some(_) => store::reconcile_init(&tx, &fresh.pid, &fresh.username)?,
+        }
+        conversations::ensure(&tx, &fresh.pid, DEFAULT)?;
+        let row = store::get(&tx, &fresh.pid)?
+            .ok_or_else(|| KernelError::Internal("home process row vanished".into()))?;
+        tx.commit()?;
+        Ok(row)
+    })
+    .await
+}
+
+/// The process a call names, or the caller's home process without `pid`.
+pub async fn target(
+    k: &Arc<Kernel>,
+    s: &Session,
+    pid: Option<&str>,
+) -> Result<ProcRow, KernelError> {
+    match pid {
+        Some(p) => owned(k, s, p).await,
+        None => ensure_init(k, &s.identity).await,
+    }
+}
+
+pub async fn profile_list(
+    _k: Arc<Kernel>,
+    _s: Arc<Session>,
+    _a: serde_json::Map<String, Value>,
+) -> Result<ProfileListResult, KernelError> {
+    Ok(ProfileListResult {
+        profiles: profiles::SYSTEM.iter().map(|p| p.info()).collect(),
+    })
+}
+
 pub async fn spawn(
     k: Arc<Kernel>,
     s: Arc<Session>,
     a: SpawnArgs,
 ) -> Result<SpawnResult, KernelError> {
+    spawn_as(k, s, a, false).await
+}
+
+/// `proc.spawn` on the kernel's own behalf (a schedule's `process.spawn`
+/// target): the caller's capability was checked by its gate, and a
+/// profile users may not start (`cron`) is allowed.
+pub async fn spawn_internal(
+    k: Arc<Kernel>,
+    s: Arc<Session>,
+    a: SpawnArgs,
+) -> Result<SpawnResult, KernelError> {
+    spawn_as(k, s, a, true).await
+}
+
+async fn spawn_as(
+    k: Arc<Kernel>,
+    s: Arc<Session>,
+    a: SpawnArgs,
+    internal: bool,
+) -> Result<SpawnResult, KernelError> {
+    let profile_id = a
+        .profile
+        .clone()
+        .unwrap_or_else(|| profiles::TASK.to_owned());
+    let profile = profiles::get(&profile_id).ok_or_else(|| KernelError::InvalidArgs {
+        call: "proc.spawn".into(),
+        reason: format!(
+            "profile: unknown profile '{profile_id}' (one of {})",
+            profiles::SYSTEM
+                .iter()
+                .map(|p| p.id)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    })?;
+    if !profile.startable && !internal {
+        return Err(KernelError::PermissionDenied(format!(
+            "proc.spawn: profile {} is not startable",
+            profile.id
+        )));
+    }
+    if profile.singleton {
+        let row = ensure_init(&k, &s.identity).await?;
+        let mut out = SpawnResult {
+            ok: true,
+            pid: row.pid.clone(),
+            profile: row.profile.clone(),
+            cwd: row.cwd.clone(),
+            label: row.label.clone(),
+            workspace_id: row.workspace_id.clone(),
+            run_id: None,
+        };
+        if let Some(p) = a.prompt.filter(|p| !p.is_empty()) {
+            let sent = run::send(
+                k,
+                row,
+                DEFAULT,
+                json!({"role": "user", "content": p}),
+                origin(&s),
+            )
+            .await?;
+            out.run_id = Some(sent.run_id);
+        }
+        return Ok(out);
+    }
     if let Some(parent) = &a.parent_pid {
         owned(&k, &s, parent).await.map_err(|_| {
             KernelError::PermissionDenied(format!("Cannot spawn under foreign process {parent}"))
@@ -98,7 +235,7 @@ pub async fn spawn(
         owner_uid: s.identity.uid,
         run_as_uid: s.identity.uid,
         username: s.identity.username.clone(),
-        interactive: a.interactive.unwrap_or(true),
+        interactive: a.interactive.unwrap_or(profile.interactive),
         parent_pid: a.parent_pid,
         label: label.clone(),
         cwd: cwd.clone(),
@@ -108,20 +245,34 @@ pub async fn spawn(
         queued_count: 0,
         last_active_at: None,
         created_at: now_ms(),
+        profile: profile.id.to_owned(),
     };
     let r = row.clone();
-    k.db.call(move |c| store::insert(c, &r)).await?;
+    k.db.call(move |c| {
+        store::insert(c, &r)?;
+        conversations::ensure(c, &r.pid, DEFAULT)?;
+        Ok(())
+    })
+    .await?;
     tracing::info!(pid = %row.pid, owner = row.owner_uid, %cwd, "process spawned");
     let mut out = SpawnResult {
         ok: true,
         pid: row.pid.clone(),
+        profile: row.profile.clone(),
         cwd,
         label,
         workspace_id,
         run_id: None,
     };
     if let Some(p) = a.prompt.filter(|p| !p.is_empty()) {
-        let sent = run::send(k, row, json!({"role": "user", "content": p}), origin(&s)).await?;
+        let sent = run::send(
+            k,
+            row,
+            DEFAULT,
+            json!({"role": "user", "content": p}),
+            origin(&s),
+        )
+        .await?;
         out.run_id = Some(sent.run_id);
     }
     Ok(out)
@@ -146,13 +297,30 @@ pub async fn list(k: Arc<Kernel>, s: Arc<Session>, a: ListArgs) -> Result<ListRe
 }
 
 pub async fn send(k: Arc<Kernel>, s: Arc<Session>, a: SendArgs) -> Result<SendResult, KernelError> {
-    let row = owned(&k, &s, &a.pid).await?;
     if a.message.is_empty() {
-        return Err(KernelError::BadRequest("proc.send needs a message".into()));
+        return Err(KernelError::InvalidArgs {
+            call: "proc.send".into(),
+            reason: "message: must not be empty".into(),
+        });
+    }
+    let conv = conversation::conversation_arg("proc.send", a.conversation_id.as_deref())?;
+    let row = target(&k, &s, a.pid.as_deref()).await?;
+    let (p, cv) = (row.pid.clone(), conv.clone());
+    let status =
+        k.db.call(move |c| {
+            conversations::ensure(c, &p, &cv)?;
+            Ok(conversations::get(c, &p, &cv)?.map(|c| c.status))
+        })
+        .await?;
+    if status.as_deref() == Some("closed") {
+        return Err(KernelError::Conflict(format!(
+            "Conversation is closed: {conv} (reopen it with proc.conversation.open)"
+        )));
     }
     run::send(
         k.clone(),
         row,
+        &conv,
         json!({"role": "user", "content": a.message}),
         origin(&s),
     )
@@ -170,19 +338,31 @@ pub async fn history(
     s: Arc<Session>,
     a: HistoryArgs,
 ) -> Result<HistoryResult, KernelError> {
-    let row = owned(&k, &s, &a.pid).await?;
-    let p = row.pid.clone();
-    let all = k.db.call(move |c| store::messages(c, &p)).await?;
-    let total = all.len();
-    let offset = a.offset.unwrap_or(0).min(total);
-    let limit = a.limit.unwrap_or(total);
-    let messages: Vec<Value> = all.into_iter().skip(offset).take(limit).collect();
+    let conv = conversation::conversation_arg("proc.history", a.conversation_id.as_deref())?;
+    let row = target(&k, &s, a.pid.as_deref()).await?;
+    let offset = a.offset.unwrap_or(0);
+    let limit = conversation::page_limit(a.limit);
+    let (p, cv) = (row.pid.clone(), conv.clone());
+    let (messages, total, context, pending_hil) =
+        k.db.call(move |c| {
+            let (m, total) = store::messages_page(c, &p, &cv, offset, limit)?;
+            Ok((
+                m,
+                total,
+                conversations::context(c, &p, &cv)?,
+                store::pending_hil_of(c, &p)?,
+            ))
+        })
+        .await?;
     Ok(HistoryResult {
         ok: true,
         pid: row.pid,
+        conversation_id: conv,
         truncated: offset + messages.len() < total,
         messages,
         message_count: total,
+        context,
+        pending_hil,
     })
 }
 
@@ -191,7 +371,7 @@ pub async fn abort(
     s: Arc<Session>,
     a: PidArgs,
 ) -> Result<AbortResult, KernelError> {
-    let row = owned(&k, &s, &a.pid).await?;
+    let row = target(&k, &s, a.pid.as_deref()).await?;
     let run_id = k.procs.abort(&row.pid);
     Ok(AbortResult {
         ok: true,
@@ -246,81 +426,165 @@ pub async fn reset(
     s: Arc<Session>,
     a: PidArgs,
 ) -> Result<ResetResult, KernelError> {
+    let row = target(&k, &s, a.pid.as_deref()).await?;
+    let cleared = clear_process(&k, &row, true).await?;
+    Ok(ResetResult {
+        ok: true,
+        pid: row.pid,
+        archive_path: cleared.first_path(),
+        archived_messages: cleared.messages(),
+        archived_to: cleared.dir,
+        archives: cleared.archives,
+    })
+}
+
+/// `proc.kill`: clears the process's state like a reset (archiving unless
+/// `archive: false`); the registry row stays (seed 000).
+pub async fn kill(k: Arc<Kernel>, s: Arc<Session>, a: KillArgs) -> Result<KillResult, KernelError> {
     let row = owned(&k, &s, &a.pid).await?;
+    if a.remove && row.profile == INIT {
+        return Err(KernelError::InvalidArgs {
+            call: "proc.kill".into(),
+            reason: format!("remove: the home process {} is never removed", row.pid),
+        });
+    }
+    let cleared = clear_process(&k, &row, a.archive.unwrap_or(true)).await?;
+    if a.remove {
+        let p = row.pid.clone();
+        k.db.call(move |c| store::delete(c, &p)).await?;
+    }
+    tracing::info!(pid = %row.pid, removed = a.remove, "process killed");
+    Ok(KillResult {
+        ok: true,
+        pid: row.pid,
+        archive_path: cleared.first_path(),
+        archived_messages: cleared.messages(),
+        archived_to: cleared.dir,
+        archives: cleared.archives,
+    })
+}
+
+/// What a reset or kill archived.
+struct Cleared {
+    dir: Option<String>,
+    archives: Vec<ArchiveEntry>,
+}
+
+impl Cleared {
+    fn messages(&self) -> usize {
+        self.archives.iter().map(|a| a.messages).sum()
+    }
+
+    /// The `default` conversation's archive, else the first.
+    fn first_path(&self) -> Option<String> {
+        self.archives
+            .iter()
+            .find(|a| a.conversation_id == DEFAULT)
+            .or(self.archives.first())
+            .map(|a| a.path.clone())
+    }
+}
+
+/// Aborts the run, archives every non-empty conversation under one
+/// `/var/sessions/<user>/<pid>/<archiveId>/` (when `archive`), clears
+/// messages, queue, approvals and remembered rules, and bumps every
+/// conversation's generation.
+async fn clear_process(
+    k: &Arc<Kernel>,
+    row: &ProcRow,
+    archive: bool,
+) -> Result<Cleared, KernelError> {
     k.procs.abort(&row.pid);
-    let (archive, archived) = archive_history(&k, &row).await?;
+    let p = row.pid.clone();
+    let convs = k.db.call(move |c| conversations::list(c, &p, true)).await?;
+    let mut archives = Vec::new();
+    let archive_dir = format!("{}/{}", sessions_dir(row), accounts::random_hex(8));
+    if archive {
+        for conv in convs.iter().filter(|c| c.message_count > 0) {
+            let (p, cv) = (row.pid.clone(), conv.id.clone());
+            let messages = k.db.call(move |c| store::messages(c, &p, &cv)).await?;
+            let path =
+                write_archive(k, &archive_dir, &format!("{}.jsonl.gz", conv.id), &messages).await?;
+            archives.push(ArchiveEntry {
+                conversation_id: conv.id.clone(),
+                generation: conv.generation,
+                messages: messages.len(),
+                path,
+            });
+        }
+    }
     let p = row.pid.clone();
     k.db.call(move |c| {
-        store::clear_messages(c, &p)?;
-        store::clear_queue(c, &p)
+        let tx = c.transaction()?;
+        store::clear_state(&tx, &p)?;
+        for conv in &convs {
+            conversations::next_generation(&tx, &p, &conv.id)?;
+        }
+        store::project(&tx, &p, "idle", None, 0)?;
+        tx.commit()?;
+        Ok(())
     })
     .await?;
     emit(
-        &k,
+        k,
         row.owner_uid,
         &row.pid,
         "proc.changed",
         json!({"changes": ["messages", "reset"]}),
     )
     .await;
-    Ok(ResetResult {
-        ok: true,
-        pid: row.pid,
-        archive_path: archive.clone(),
-        archived_messages: archived,
-        archived_to: archive,
+    Ok(Cleared {
+        dir: (!archives.is_empty()).then(|| format!("/{archive_dir}")),
+        archives,
     })
 }
 
-pub async fn kill(k: Arc<Kernel>, s: Arc<Session>, a: KillArgs) -> Result<KillResult, KernelError> {
-    let row = owned(&k, &s, &a.pid).await?;
-    k.procs.abort(&row.pid);
-    let archive = if a.archive.unwrap_or(true) {
-        archive_history(&k, &row).await?.0
-    } else {
-        None
-    };
-    let p = row.pid.clone();
-    k.db.call(move |c| store::delete(c, &p)).await?;
-    tracing::info!(pid = %row.pid, "process killed");
-    Ok(KillResult {
-        ok: true,
-        pid: row.pid,
-        archive_path: archive,
-    })
+/// `var/sessions/<user>/<pid>` in the system store. `:` is legal in dofs
+/// names but awkward in shells: `proc:` is dropped, other `:` become `-`.
+pub fn sessions_dir(row: &ProcRow) -> String {
+    format!(
+        "var/sessions/{}/{}",
+        row.username,
+        row.pid.trim_start_matches("proc:").replace(':', "-")
+    )
 }
 
-/// Writes the history as gzip JSONL to
-/// `/var/sessions/<user>/<pid>/<archiveId>.jsonl.gz`, with how many
-/// messages it holds; `None` when empty.
-async fn archive_history(
+/// Writes `messages` as gzip JSONL to `<dir>/<name>` in the system store;
+/// its absolute path.
+pub async fn write_archive(
     k: &Arc<Kernel>,
-    row: &ProcRow,
-) -> Result<(Option<String>, usize), KernelError> {
-    let p = row.pid.clone();
-    let messages = k.db.call(move |c| store::messages(c, &p)).await?;
-    if messages.is_empty() {
-        return Ok((None, 0));
-    }
+    dir: &str,
+    name: &str,
+    messages: &[Value],
+) -> Result<String, KernelError> {
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    for m in &messages {
+    for m in messages {
         writeln!(gz, "{m}").map_err(|e| KernelError::internal("compressing history", e))?;
     }
     let bytes = gz
         .finish()
         .map_err(|e| KernelError::internal("compressing history", e))?;
-    // `:` is legal in dofs names but awkward in shells; the archive keeps
-    // the pid's uuid part.
-    let dir = format!(
-        "var/sessions/{}/{}",
-        row.username,
-        row.pid.trim_start_matches("proc:")
-    );
-    ensure_dir(&k.system, &dir).await?;
-    let file = format!("{dir}/{}.jsonl.gz", accounts::random_hex(8));
+    ensure_dir(&k.system, dir).await?;
+    let file = format!("{dir}/{name}");
     let path = SyncPath::canonicalize(&file).map_err(|e| KernelError::internal(&file, e))?;
     with_store(&k.system, move |d| d.write_file(&path, &bytes[..]))
         .await?
         .map_err(|e| KernelError::internal(&format!("writing /{file}"), e))?;
-    Ok((Some(format!("/{file}")), messages.len()))
+    Ok(format!("/{file}"))
+}
+
+/// Reads a gzip JSONL archive written by [`write_archive`].
+pub async fn read_archive(k: &Arc<Kernel>, path: &str) -> Result<Vec<Value>, KernelError> {
+    let file = path.trim_start_matches('/').to_owned();
+    let p = SyncPath::canonicalize(&file).map_err(|e| KernelError::internal(&file, e))?;
+    let bytes = with_store(&k.system, move |d| d.read_file(&p))
+        .await?
+        .map_err(|e| KernelError::internal(&format!("reading {path}"), e))?;
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&bytes[..]), &mut text)
+        .map_err(|e| KernelError::internal(&format!("decompressing {path}"), e))?;
+    text.lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_str(l).map_err(|e| KernelError::internal(path, e)))
+        .collect()
 }

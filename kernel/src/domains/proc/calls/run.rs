@@ -4,14 +4,16 @@
 //! → queued messages injected → model again, until an answer without
 //! tool calls. Every step is a row first, then a signal.
 
+use gsv_protocol::ai::{ConfigResult, ToolsResult};
 use gsv_protocol::codemode as codemode_args;
-use gsv_protocol::proc::SendResult;
+use gsv_protocol::proc::{ContextState, HilRequest, Overflow, SendResult};
 use gsv_protocol::shell::ShellToolArgs;
 use gsv_protocol::{Targeted, fs, tool_parameters};
 use schemars::JsonSchema;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
@@ -21,8 +23,11 @@ use serde_json::{Map, Value, json};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
+use super::conversation::{self, Selector, SummaryKind};
 use super::signal::{deliver, emit};
-use crate::domains::proc::hil::{self, Decision};
+use crate::domains::ai;
+use crate::domains::proc::conversations;
+use crate::domains::proc::hil::{self, Decision, Policy};
 use crate::domains::proc::provider::{self, Completion, Delta, ProviderConfig, ProviderError};
 use crate::domains::proc::store::{self, ProcRow};
 use crate::domains::{accounts, codemode};
@@ -33,8 +38,6 @@ use crate::session::{Role, Session};
 /// Model calls per run at most; a model that never stops calling tools
 /// ends with an error instead of looping forever.
 const MAX_STEPS: usize = 64;
-const DEFAULT_MAX_CONTEXT_BYTES: usize = 64 * 1024;
-const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The tool names the model sees and the syscall each one is.
 pub const TOOLS: &[(&str, &str)] = &[
@@ -54,25 +57,26 @@ enum End {
     Failed(String),
 }
 
-/// `proc.send`: starts a run with `message`, or queues it behind the
-/// active one. A run started for `origin` (a user connection) sends its
-/// signals there only.
+/// `proc.send`: starts a run with `message` in conversation `conv`, or
+/// queues it behind the active one. A run started for `origin` (a user
+/// connection) sends its signals there only.
 pub async fn send(
     k: Arc<Kernel>,
     row: ProcRow,
+    conv: &str,
     message: Value,
     origin: Option<&str>,
 ) -> Result<SendResult, KernelError> {
     let pid = row.pid.clone();
-    if let Some((run_id, cancel)) = k.procs.reserve(&pid) {
+    if let Some((run_id, cancel)) = k.procs.reserve(&pid, conv) {
         if let Some(conn) = origin {
             k.procs.route(&run_id, conn);
         }
-        let (p, r) = (pid.clone(), run_id.clone());
+        let (p, r, cv) = (pid.clone(), run_id.clone(), conv.to_owned());
         let stored =
             k.db.call(move |c| {
-                store::start_run(c, &p, &r)?;
-                store::append_message(c, &p, Some(&r), &message)
+                store::start_run(c, &p, &cv, &r)?;
+                store::append_message(c, &p, &cv, Some(&r), &message)
             })
             .await;
         if let Err(e) = stored {
@@ -80,7 +84,7 @@ pub async fn send(
             k.procs.end_route(&run_id);
             return Err(e);
         }
-        tokio::spawn(run_task(k, row, run_id.clone(), cancel));
+        tokio::spawn(run_task(k, row, conv.to_owned(), run_id.clone(), cancel));
         return Ok(SendResult {
             ok: true,
             status: "started".to_owned(),
@@ -89,8 +93,10 @@ pub async fn send(
             queued_count: None,
         });
     }
-    let p = pid.clone();
-    let queued = k.db.call(move |c| store::enqueue(c, &p, &message)).await?;
+    let (p, cv) = (pid.clone(), conv.to_owned());
+    let queued =
+        k.db.call(move |c| store::enqueue(c, &p, &cv, &message))
+            .await?;
     let active = k.procs.active_run(&pid);
     if active.is_none() {
         // The run ended between the check and the insert: nobody else
@@ -123,26 +129,29 @@ pub fn promote_queued(k: Arc<Kernel>, pid: String) -> BoxFuture<'static, ()> {
         let Ok(Some(row)) = k.db.call(move |c| store::get(c, &p)).await else {
             return;
         };
-        let Some((run_id, cancel)) = k.procs.reserve(&pid) else {
+        // The run's conversation is the queued message's; reserved under
+        // a placeholder until the message is taken off the queue.
+        let Some((run_id, cancel)) = k.procs.reserve(&pid, "") else {
             return;
         };
         let (p, r) = (pid.clone(), run_id.clone());
         let next =
             k.db.call(move |c| {
-                let mut got = store::dequeue(c, &p, 1)?;
-                let Some(m) = got.pop() else {
-                    return Ok(false);
+                let mut got = store::dequeue(c, &p, None, 1)?;
+                let Some((conv, m)) = got.pop() else {
+                    return Ok(None);
                 };
-                store::start_run(c, &p, &r)?;
-                store::append_message(c, &p, Some(&r), &m)?;
-                Ok(true)
+                store::start_run(c, &p, &conv, &r)?;
+                store::append_message(c, &p, &conv, Some(&r), &m)?;
+                Ok(Some(conv))
             })
             .await;
         match next {
-            Ok(true) => {
-                tokio::spawn(run_task(k, row, run_id, cancel));
+            Ok(Some(conv)) => {
+                k.procs.set_conversation(&pid, &run_id, &conv);
+                tokio::spawn(run_task(k, row, conv, run_id, cancel));
             }
-            Ok(false) => k.procs.release(&pid, &run_id),
+            Ok(None) => k.procs.release(&pid, &run_id),
             Err(e) => {
                 tracing::error!(%pid, error = %e, "promoting a queued message");
                 k.procs.release(&pid, &run_id);
@@ -151,20 +160,26 @@ pub fn promote_queued(k: Arc<Kernel>, pid: String) -> BoxFuture<'static, ()> {
     })
 }
 
-async fn run_task(k: Arc<Kernel>, row: ProcRow, run_id: String, cancel: CancellationToken) {
+async fn run_task(
+    k: Arc<Kernel>,
+    row: ProcRow,
+    conv: String,
+    run_id: String,
+    cancel: CancellationToken,
+) {
     let (pid, owner) = (row.pid.clone(), row.owner_uid);
     emit(
         &k,
         owner,
         &pid,
         "proc.run.started",
-        json!({"runId": run_id}),
+        json!({"runId": run_id, "conversationId": conv}),
     )
     .await;
     // A panic inside the loop must still end the run: otherwise the
     // process stays reserved (every later message queues forever) and its
     // signal route is never forgotten.
-    let result = AssertUnwindSafe(run_loop(&k, &row, &run_id, &cancel))
+    let result = AssertUnwindSafe(run_loop(&k, &row, &conv, &run_id, &cancel))
         .catch_unwind()
         .await
         .unwrap_or_else(|_| {
@@ -176,7 +191,7 @@ async fn run_task(k: Arc<Kernel>, row: ProcRow, run_id: String, cancel: Cancella
         Err(End::Aborted) => ("aborted", String::new(), json!({}), None),
         Err(End::Failed(e)) => ("error", String::new(), json!({}), Some(e.clone())),
     };
-    let (p, r, err) = (pid.clone(), run_id.clone(), error.clone());
+    let (p, r, err, cv) = (pid.clone(), run_id.clone(), error.clone(), conv.clone());
     let db_status = if status == "completed" { "ok" } else { status };
     if let Err(e) =
         k.db.call(move |c| {
@@ -185,6 +200,7 @@ async fn run_task(k: Arc<Kernel>, row: ProcRow, run_id: String, cancel: Cancella
                 store::append_message(
                     c,
                     &p,
+                    &cv,
                     Some(&r),
                     &json!({"role": "system", "content": format!("Run failed: {err}")}),
                 )?;
@@ -196,7 +212,8 @@ async fn run_task(k: Arc<Kernel>, row: ProcRow, run_id: String, cancel: Cancella
         tracing::error!(%pid, run = %run_id, error = %e, "recording a finished run");
     }
     k.procs.release(&pid, &run_id);
-    let mut payload = json!({"runId": run_id, "status": status, "text": text, "usage": usage});
+    let mut payload = json!({"runId": run_id, "conversationId": conv, "status": status,
+                             "text": text, "usage": usage});
     if let Some(e) = error {
         payload["error"] = json!(e);
     }
@@ -233,45 +250,61 @@ pub async fn process_session(k: &Arc<Kernel>, row: &ProcRow) -> Result<Session, 
     })
 }
 
-/// Provider settings for `uid`, or a message naming the missing key.
-async fn provider_config(k: &Arc<Kernel>, uid: i64) -> Result<ProviderConfig, String> {
-    let get = |name: &'static str| async move {
-        k.db.call(move |c| store::ai_config(c, uid, name))
+/// Provider settings from a run's `ai.config`, or a message naming the
+/// missing or unsupported key.
+pub(crate) fn provider_from(c: &ConfigResult) -> Result<ProviderConfig, String> {
+    if !matches!(c.provider.as_str(), "openai" | "openai-compatible") {
+        return Err(format!(
+            "config/ai/provider is '{}': only \"openai\" (any OpenAI-compatible server) is supported",
+            c.provider
+        ));
+    }
+    if c.model.is_empty() {
+        return Err(
+            "No model configured: run `gsv config set ai.model NAME` and `gsv config set ai.base_url URL` (config/ai/model, config/ai/base_url)"
+                .into(),
+        );
+    }
+    Ok(ProviderConfig {
+        provider: c.provider.clone(),
+        model: c.model.clone(),
+        api_key: Some(c.api_key.clone()).filter(|k| !k.is_empty()),
+        base_url: c.base_url.clone(),
+        timeout: Duration::from_millis(c.timeout_ms),
+        max_retries: c.max_retries as usize,
+        retry_base: Duration::from_millis(c.retry_base_ms),
+        context_window_tokens: c.context_window_tokens,
+        max_tokens: c.max_tokens,
+    })
+}
+
+/// Provider settings of `row`'s owner and profile, for calls outside a
+/// run (a compaction's summary).
+pub(crate) async fn provider_config(
+    k: &Arc<Kernel>,
+    row: &ProcRow,
+) -> Result<ProviderConfig, String> {
+    let c = ai::calls::resolve(k, row.owner_uid, &row.profile)
+        .await
+        .map_err(|e| e.to_string())?;
+    provider_from(&c)
+}
+
+/// The loop's own `ai.config` and `ai.tools` calls, as the process.
+async fn run_inputs(
+    k: &Arc<Kernel>,
+    session: &Arc<Session>,
+) -> Result<(ConfigResult, ToolsResult), String> {
+    let ask = |call: &'static str| async move {
+        dispatch_call(k, session, call, Map::new())
             .await
             .map_err(|e| e.to_string())
     };
-    let provider = get("provider").await?.unwrap_or_else(|| "openai".into());
-    if !matches!(provider.as_str(), "openai" | "openai-compatible") {
-        return Err(format!(
-            "config/ai/provider is '{provider}': only \"openai\" (any OpenAI-compatible server) is supported"
-        ));
-    }
-    let model = get("model").await?.ok_or(
-        "No model configured: run `gsv config set ai.model NAME` and `gsv config set ai.base_url URL` (config/ai/model, config/ai/base_url)",
-    )?;
-    let base_url = get("base_url")
-        .await?
-        .unwrap_or_else(|| "https://api.openai.com/v1".into());
-    let num = |v: Option<String>, key: &str| -> Result<Option<u64>, String> {
-        v.map(|s| {
-            s.trim()
-                .parse::<u64>()
-                .map_err(|_| format!("config/ai/{key} must be a whole number, not '{s}'"))
-        })
-        .transpose()
-    };
-    Ok(ProviderConfig {
-        provider,
-        model,
-        api_key: get("api_key").await?,
-        base_url,
-        timeout: num(get("timeout_ms").await?, "timeout_ms")?
-            .map_or(DEFAULT_TIMEOUT, Duration::from_millis),
-        max_retries: num(get("max_retries").await?, "max_retries")?.unwrap_or(3) as usize,
-        retry_base: Duration::from_millis(
-            num(get("retry_base_ms").await?, "retry_base_ms")?.unwrap_or(500),
-        ),
-    })
+    let config =
+        serde_json::from_value(ask("ai.config").await?).map_err(|e| format!("ai.config: {e}"))?;
+    let tools =
+        serde_json::from_value(ask("ai.tools").await?).map_err(|e| format!("ai.tools: {e}"))?;
+    Ok((config, tools))
 }
 
 /// A call made on a process's behalf: the same gate and dispatch as a
@@ -304,25 +337,22 @@ pub async fn syscall(
     }
 }
 
-/// `[section]` blocks joined by `---`, cut at `max` bytes.
-async fn system_prompt(k: &Arc<Kernel>, row: &ProcRow, session: &Arc<Session>) -> String {
-    let uid = row.owner_uid;
-    let (sys, max) =
-        k.db.call(move |c| {
-            Ok((
-                store::system_context(c)?,
-                store::ai_config(c, uid, "max_context_bytes")?,
-            ))
-        })
-        .await
-        .unwrap_or_default();
-    let max = max
-        .and_then(|m| m.trim().parse::<usize>().ok())
-        .unwrap_or(DEFAULT_MAX_CONTEXT_BYTES);
+/// `[section]` blocks joined by `---`, cut at `maxContextBytes`: the
+/// system's and the profile's context files of `ai.config`, the home's
+/// `context.d`, the process.
+async fn system_prompt(
+    k: &Arc<Kernel>,
+    row: &ProcRow,
+    session: &Arc<Session>,
+    ai: &ConfigResult,
+) -> String {
+    let max = ai.max_context_bytes as usize;
     let mut sections = Vec::new();
-    for (key, text) in sys {
-        let name = key.trim_start_matches("config/ai/context.d/");
-        sections.push(format!("[system.{name}]\n{text}"));
+    for f in &ai.system_context_files {
+        sections.push(format!("[system.{}]\n{}", f.name, f.text));
+    }
+    for f in &ai.profile_context_files {
+        sections.push(format!("[profile.{}.{}]\n{}", ai.profile, f.name, f.text));
     }
     // The home's context.d is read through fs.* like any file the account
     // may read; a missing directory is simply no section.
@@ -454,52 +484,84 @@ fn to_openai(system: &str, history: &[Value]) -> Vec<Value> {
 async fn run_loop(
     k: &Arc<Kernel>,
     row: &ProcRow,
+    conv: &str,
     run_id: &str,
     cancel: &CancellationToken,
 ) -> Result<Completion, End> {
-    let cfg = provider_config(k, row.owner_uid)
-        .await
-        .map_err(End::Failed)?;
     let session = Arc::new(
         process_session(k, row)
             .await
             .map_err(|e| End::Failed(e.to_string()))?,
     );
-    let system = system_prompt(k, row, &session).await;
-    let tools = codemode::calls::with_mcp_declarations(k, &session, tool_defs()).await;
+    let (ai, offered) = run_inputs(k, &session).await.map_err(End::Failed)?;
+    let cfg = provider_from(&ai).map_err(End::Failed)?;
+    let policy = approval_policy(row, &ai).map_err(End::Failed)?;
+    let system = system_prompt(k, row, &session, &ai).await;
+    let tools: Vec<Value> = offered
+        .tools
+        .iter()
+        .map(|t| {
+            json!({"type": "function", "function": {
+                "name": t.name, "description": t.description, "parameters": t.input_schema}})
+        })
+        .collect();
     let pid = row.pid.clone();
+    let failed = |e: KernelError| End::Failed(e.to_string());
+    let stream = RunStream {
+        run_id,
+        conversation_id: conv,
+        seq: AtomicU64::new(0),
+    };
     for _ in 0..MAX_STEPS {
-        let p = pid.clone();
-        let history =
-            k.db.call(move |c| store::messages(c, &p))
+        let (p, cv) = (pid.clone(), conv.to_owned());
+        let mut history =
+            k.db.call(move |c| store::messages(c, &p, &cv))
                 .await
-                .map_err(|e| End::Failed(e.to_string()))?;
-        let messages = to_openai(&system, &history);
+                .map_err(failed)?;
+        let mut messages = to_openai(&system, &history);
+        if preflight(k, row, conv, &cfg, &messages).await? {
+            let (p, cv) = (pid.clone(), conv.to_owned());
+            history =
+                k.db.call(move |c| store::messages(c, &p, &cv))
+                    .await
+                    .map_err(failed)?;
+            messages = to_openai(&system, &history);
+        }
         let completion = tokio::select! {
             _ = cancel.cancelled() => return Err(End::Aborted),
-            r = call_with_retries(k, row, run_id, &cfg, &messages, &tools) => r,
+            r = call_with_retries(k, row, &cfg, &messages, &tools, &stream) => r,
         }
         .map_err(|e| End::Failed(e.to_string()))?;
+        record_context(k, row, conv, &cfg, &messages, &completion).await;
         let calls: Vec<Value> = completion
             .tool_calls
             .iter()
             .map(|c| json!({"id": c.id, "name": c.name, "arguments": c.arguments}))
             .collect();
         let mut msg = json!({"role": "assistant", "content": completion.text});
+        if !completion.thinking.is_empty() {
+            msg["thinking"] = json!(completion.thinking);
+        }
         if !calls.is_empty() {
             msg["toolCalls"] = json!(calls);
         }
-        let (p, r) = (pid.clone(), run_id.to_owned());
-        k.db.call(move |c| store::append_message(c, &p, Some(&r), &msg))
+        let (p, r, cv) = (pid.clone(), run_id.to_owned(), conv.to_owned());
+        k.db.call(move |c| store::append_message(c, &p, &cv, Some(&r), &msg))
             .await
-            .map_err(|e| End::Failed(e.to_string()))?;
+            .map_err(failed)?;
+        let mut output = json!({"runId": run_id, "conversationId": conv,
+                                "text": completion.text});
+        if !completion.thinking.is_empty() {
+            output["thinking"] = json!(completion.thinking);
+        }
+        deliver(k, row.owner_uid, "proc.run.output", with_pid(output, &pid));
         if completion.tool_calls.is_empty() {
             return Ok(completion);
         }
         for tc in &completion.tool_calls {
             let (output, is_error) = tokio::select! {
                 _ = cancel.cancelled() => return Err(End::Aborted),
-                r = run_tool(k, row, run_id, &session, tc) => r,
+                r = run_tool(k, row, run_id, &session, policy.as_ref(), tc) => r,
             };
             let content = match &output {
                 Value::String(s) => s.clone(),
@@ -507,35 +569,35 @@ async fn run_loop(
             };
             let result = json!({"role": "toolResult", "toolCallId": tc.id,
                 "toolName": tc.name, "content": content, "isError": is_error});
-            let (p, r) = (pid.clone(), run_id.to_owned());
-            k.db.call(move |c| store::append_message(c, &p, Some(&r), &result))
+            let (p, r, cv) = (pid.clone(), run_id.to_owned(), conv.to_owned());
+            k.db.call(move |c| store::append_message(c, &p, &cv, Some(&r), &result))
                 .await
-                .map_err(|e| End::Failed(e.to_string()))?;
-            let mut payload = json!({"runId": run_id, "toolCallId": tc.id,
-                "toolName": tc.name, "isError": is_error});
+                .map_err(failed)?;
+            let mut payload = json!({"runId": run_id, "conversationId": conv,
+                "toolCallId": tc.id, "toolName": tc.name, "isError": is_error});
             payload[if is_error { "error" } else { "output" }] = output;
             emit(k, row.owner_uid, &pid, "proc.run.tool.finished", payload).await;
         }
-        // The tool-result boundary: follow-ups sent during this run join
-        // it before the next model call.
-        let (p, r) = (pid.clone(), run_id.to_owned());
+        // The tool-result boundary: follow-ups sent to this conversation
+        // during this run join it before the next model call.
+        let (p, r, cv) = (pid.clone(), run_id.to_owned(), conv.to_owned());
         let injected =
             k.db.call(move |c| {
-                let msgs = store::dequeue(c, &p, i64::MAX)?;
-                for m in &msgs {
-                    store::append_message(c, &p, Some(&r), m)?;
+                let msgs = store::dequeue(c, &p, Some(&cv), i64::MAX)?;
+                for (_, m) in &msgs {
+                    store::append_message(c, &p, &cv, Some(&r), m)?;
                 }
                 Ok(msgs.len())
             })
             .await
-            .map_err(|e| End::Failed(e.to_string()))?;
+            .map_err(failed)?;
         if injected > 0 {
             emit(
                 k,
                 row.owner_uid,
                 &pid,
                 "proc.changed",
-                json!({"runId": run_id, "changes": ["messages"]}),
+                json!({"runId": run_id, "conversationId": conv, "changes": ["messages"]}),
             )
             .await;
         }
@@ -545,14 +607,140 @@ async fn run_loop(
     )))
 }
 
+fn with_pid(mut v: Value, pid: &str) -> Value {
+    v["pid"] = json!(pid);
+    v["timestamp"] = json!(crate::db::now_ms());
+    v
+}
+
+/// Input tokens of `messages` by the seed's estimate: JSON characters ÷ 4
+/// × 1.15.
+fn estimate_tokens(messages: &[Value]) -> u64 {
+    let chars: usize = messages.iter().map(|m| m.to_string().len()).sum();
+    ((chars as f64 / 4.0) * 1.15).ceil() as u64
+}
+
+/// Pressure of `tokens` in a window of `window` with `max_output`
+/// reserved for the answer.
+fn pressure(tokens: u64, window: u64, max_output: u64) -> f64 {
+    let room = if window > max_output {
+        window - max_output
+    } else {
+        window
+    };
+    tokens as f64 / room.max(1) as f64
+}
+
+/// Records the pressure the model call saw: the provider's reported
+/// prompt tokens when it sent usage, else the estimate.
+async fn record_context(
+    k: &Arc<Kernel>,
+    row: &ProcRow,
+    conv: &str,
+    cfg: &ProviderConfig,
+    messages: &[Value],
+    completion: &Completion,
+) {
+    let reported = completion.usage["prompt_tokens"].as_u64();
+    let state = ContextState {
+        input_tokens: reported.unwrap_or_else(|| estimate_tokens(messages)),
+        source: if reported.is_some() {
+            "provider"
+        } else {
+            "estimate"
+        }
+        .to_owned(),
+        context_window_tokens: cfg.context_window_tokens,
+        pressure: cfg.context_window_tokens.map(|w| {
+            pressure(
+                reported.unwrap_or_else(|| estimate_tokens(messages)),
+                w,
+                cfg.max_tokens,
+            )
+        }),
+        measured_at: crate::db::now_ms(),
+    };
+    let (p, cv) = (row.pid.clone(), conv.to_owned());
+    if let Err(e) =
+        k.db.call(move |c| conversations::set_context(c, &p, &cv, &state))
+            .await
+    {
+        tracing::warn!(pid = %row.pid, error = %e, "recording context pressure");
+    }
+}
+
+/// The run preflight (seed 000): measures the pressure the next model call
+/// would see and applies the conversation's overflow policy. `fail` ends
+/// the run before any model call, `auto-compact` compacts with a
+/// model-written summary, `manual` does nothing. True when it compacted.
+async fn preflight(
+    k: &Arc<Kernel>,
+    row: &ProcRow,
+    conv: &str,
+    cfg: &ProviderConfig,
+    messages: &[Value],
+) -> Result<bool, End> {
+    let Some(window) = cfg.context_window_tokens else {
+        return Ok(false);
+    };
+    let (p, cv) = (row.pid.clone(), conv.to_owned());
+    let (policy, last) =
+        k.db.call(move |c| {
+            Ok((
+                conversations::policy(c, &p, &cv)?,
+                conversations::context(c, &p, &cv)?,
+            ))
+        })
+        .await
+        .map_err(|e| End::Failed(e.to_string()))?;
+    // The provider's count of an earlier, shorter prompt is a floor for
+    // this one; the estimate covers what was added since.
+    let reported = last
+        .filter(|s| s.source == "provider")
+        .map_or(0, |s| s.input_tokens);
+    let tokens = estimate_tokens(messages).max(reported);
+    let now = pressure(tokens, window, cfg.max_tokens);
+    if now < policy.compact_at_pressure {
+        return Ok(false);
+    }
+    match policy.overflow {
+        Overflow::Manual => Ok(false),
+        Overflow::Fail => Err(End::Failed(format!(
+            "Context pressure {now:.2} reached {:.2} in conversation {conv} \
+             (overflow policy fail): compact or reset it",
+            policy.compact_at_pressure
+        ))),
+        Overflow::AutoCompact => {
+            let selector = Selector::KeepLast(policy.keep_last as usize);
+            match conversation::compact_now(k, row, conv, selector, SummaryKind::Generate).await {
+                Ok(Some(r)) => {
+                    emit(
+                        k,
+                        row.owner_uid,
+                        &row.pid,
+                        "proc.changed",
+                        json!({"conversationId": conv, "changes": ["messages", "compacted"],
+                               "segmentId": r.segment.id}),
+                    )
+                    .await;
+                    Ok(true)
+                }
+                Ok(None) => Ok(false),
+                Err(e) => Err(End::Failed(format!("auto-compaction failed: {e}"))),
+            }
+        }
+    }
+}
+
 async fn call_with_retries(
     k: &Arc<Kernel>,
     row: &ProcRow,
-    run_id: &str,
     cfg: &ProviderConfig,
     messages: &[Value],
     tools: &[Value],
+    stream: &RunStream<'_>,
 ) -> Result<Completion, ProviderError> {
+    let (conv, run_id) = (stream.conversation_id, stream.run_id);
     let mut delays = ExponentialBuilder::default()
         .with_min_delay(cfg.retry_base)
         .with_max_delay(Duration::from_secs(30))
@@ -561,29 +749,36 @@ async fn call_with_retries(
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let on_delta = |d: Delta| {
-            let event = match d {
-                Delta::Text(t) => json!({"type": "text_delta", "delta": t}),
-                Delta::ToolCall {
-                    index,
-                    id,
-                    name,
-                    arguments,
-                } => json!({"type": "toolcall_delta", "contentIndex": index,
-                    "id": id, "name": name, "delta": arguments}),
-            };
+        let send = |event: Value| {
             // Too frequent to project onto the row: the queue length is
             // the one the last projected signal saw.
             deliver(
                 k,
                 row.owner_uid,
                 "proc.run.stream",
-                json!({"pid": row.pid, "runId": run_id, "timestamp": crate::db::now_ms(),
+                json!({"pid": row.pid, "runId": run_id, "conversationId": conv,
+                       "seq": stream.seq.fetch_add(1, Ordering::Relaxed),
+                       "timestamp": crate::db::now_ms(),
                        "event": event, "queuedCount": k.procs.queued(&row.pid)}),
             );
         };
-        match provider::complete(k.procs.http(), cfg, messages, tools, on_delta).await {
-            Ok(c) => return Ok(c),
+        let mut blocks = Blocks::default();
+        let on_delta = |d: Delta| {
+            for event in blocks.events(d) {
+                send(event);
+            }
+        };
+        let result = provider::complete(k.procs.http(), cfg, messages, tools, on_delta).await;
+        if let Some(end) = blocks.close() {
+            send(end);
+        }
+        match result {
+            Ok(c) => {
+                send(
+                    json!({"type": "done", "reason": if c.tool_calls.is_empty() { "stop" } else { "toolUse" }}),
+                );
+                return Ok(c);
+            }
             Err(e) if e.retryable() => match delays.next() {
                 Some(delay) => {
                     tracing::warn!(pid = %row.pid, attempt, error = %e, "model call failed; retrying");
@@ -600,9 +795,67 @@ async fn call_with_retries(
                 }
                 None => return Err(e),
             },
-            Err(e) => return Err(e),
+            Err(e) => {
+                send(json!({"type": "error", "error": e.to_string()}));
+                return Err(e);
+            }
         }
     }
+}
+
+/// The block structure of a streamed answer (seed 002's events): each
+/// text, thinking or tool-call block opens with `*_start`, carries
+/// `*_delta`s and closes with `*_end` when the next block starts or the
+/// answer ends. `contentIndex` numbers the blocks of one answer.
+#[derive(Debug, Default)]
+struct Blocks {
+    /// The open block: its kind and, for a tool call, the provider's index.
+    open: Option<(&'static str, u64)>,
+    next_index: u64,
+}
+
+impl Blocks {
+    fn events(&mut self, d: Delta) -> Vec<Value> {
+        let (kind, key, mut delta) = match d {
+            Delta::Text(t) => ("text", 0, json!({"delta": t})),
+            Delta::Thinking(t) => ("thinking", 0, json!({"delta": t})),
+            Delta::ToolCall {
+                index,
+                id,
+                name,
+                arguments,
+            } => (
+                "toolcall",
+                index,
+                json!({"id": id, "name": name, "delta": arguments}),
+            ),
+        };
+        let mut out = Vec::new();
+        if self.open != Some((kind, key)) {
+            out.extend(self.close());
+            self.open = Some((kind, key));
+            self.next_index += 1;
+            out.push(json!({"type": format!("{kind}_start"), "contentIndex": self.next_index - 1}));
+        }
+        delta["type"] = json!(format!("{kind}_delta"));
+        delta["contentIndex"] = json!(self.next_index - 1);
+        out.push(delta);
+        out
+    }
+
+    fn close(&mut self) -> Option<Value> {
+        let (kind, _) = self.open.take()?;
+        Some(json!({"type": format!("{kind}_end"), "contentIndex": self.next_index - 1}))
+    }
+}
+
+/// Per run: where its `proc.run.stream` signals belong and the sequence
+/// number of the next one.
+#[derive(Debug)]
+struct RunStream<'a> {
+    run_id: &'a str,
+    conversation_id: &'a str,
+    seq: AtomicU64,
 }
 
 /// Runs one tool call: map, approve, dispatch. `(output or error, is_error)`.
@@ -611,6 +864,7 @@ async fn run_tool(
     row: &ProcRow,
     run_id: &str,
     session: &Arc<Session>,
+    policy: Option<&Policy>,
     tc: &provider::ToolCall,
 ) -> (Value, bool) {
     let Some(&(_, call)) = TOOLS.iter().find(|(n, _)| *n == tc.name) else {
@@ -635,6 +889,7 @@ async fn run_tool(
         row,
         session,
         Some(run_id),
+        policy,
         ToolRef {
             call_id: &tc.id,
             name: &tc.name,
@@ -646,13 +901,14 @@ async fn run_tool(
     {
         return (json!(refused), true);
     }
+    let conv = active_conversation(k, row);
     emit(
         k,
         row.owner_uid,
         &row.pid,
         "proc.run.tool.started",
-        json!({"runId": run_id, "toolCallId": tc.id, "toolName": tc.name,
-               "syscall": call, "args": args}),
+        json!({"runId": run_id, "conversationId": conv, "toolCallId": tc.id,
+               "toolName": tc.name, "syscall": call, "args": args}),
     )
     .await;
     match syscall(k, session, call, args).await {
@@ -665,6 +921,31 @@ async fn run_tool(
     }
 }
 
+fn active_conversation(k: &Kernel, row: &ProcRow) -> String {
+    k.procs
+        .active_conversation(&row.pid)
+        .unwrap_or_else(|| conversations::DEFAULT.to_owned())
+}
+
+/// The approval policy a run applies: the account's
+/// (`users/{uid}/ai/tools/approval`), else its profile's; none means the
+/// built-in rules.
+pub fn approval_policy(row: &ProcRow, ai: &ConfigResult) -> Result<Option<Policy>, String> {
+    let Some(text) = ai
+        .approval_policy
+        .as_ref()
+        .or(ai.profile_approval_policy.as_ref())
+    else {
+        return Ok(None);
+    };
+    Policy::parse(text).map(Some).map_err(|e| {
+        format!(
+            "the approval policy (users/{}/ai/tools/approval or the profile's) is invalid: {e}",
+            row.run_as_uid
+        )
+    })
+}
+
 /// The model's tool call an approval request belongs to.
 #[derive(Debug, Clone, Copy)]
 pub struct ToolRef<'a> {
@@ -675,11 +956,13 @@ pub struct ToolRef<'a> {
 /// Asks the process's owner before `call` runs when the approval policy
 /// says so (the tool's own calls and CodeMode's nested ones alike); the
 /// error is the tool-result text. Asking needs an active run.
+#[allow(clippy::too_many_arguments)]
 pub async fn approve(
     k: &Arc<Kernel>,
     row: &ProcRow,
     session: &Session,
     run_id: Option<&str>,
+    policy: Option<&Policy>,
     tool: ToolRef<'_>,
     call: &str,
     args: &Map<String, Value>,
@@ -692,13 +975,17 @@ pub async fn approve(
     let decision = if remembered {
         Decision::Auto
     } else {
-        hil::decide(
+        hil::decide_with(
+            policy,
             call,
             &Value::Object(args.clone()),
             &row.cwd,
             &session.identity.home,
         )
     };
+    if decision == Decision::Deny {
+        return Err(format!("{call} is denied by the approval policy"));
+    }
     if let Decision::Ask(tags) = decision {
         if !row.interactive {
             return Err(format!(
@@ -712,31 +999,34 @@ pub async fn approve(
                 tags.join(", ")
             ));
         };
+        let conv = active_conversation(k, row);
         let request_id = format!("hil_{}", accounts::random_hex(12));
         let (tx, rx) = oneshot::channel();
         if !k.procs.await_hil(&row.pid, run_id, request_id.clone(), tx) {
             return Err("the run ended before approval".into());
         }
-        let (p, r, q, c, a) = (
-            row.pid.clone(),
-            run_id.to_owned(),
-            request_id.clone(),
-            call.to_owned(),
-            Value::Object(args.clone()),
-        );
-        if let Err(e) =
-            k.db.call(move |db| store::insert_hil(db, &q, &p, &r, &c, &a))
-                .await
-        {
-            return Err(e.to_string());
-        }
+        let request = HilRequest {
+            request_id: request_id.clone(),
+            run_id: run_id.to_owned(),
+            conversation_id: conv.clone(),
+            call_id: tool.call_id.to_owned(),
+            tool_name: tool.name.to_owned(),
+            syscall: call.to_owned(),
+            args: Value::Object(args.clone()),
+            created_at: crate::db::now_ms(),
+        };
+        let p = row.pid.clone();
+        k.db.call(move |db| store::insert_hil(db, &p, &request))
+            .await
+            .map_err(|e| e.to_string())?;
         emit(
             k,
             row.owner_uid,
             &row.pid,
             "proc.run.hil.requested",
-            json!({"runId": run_id, "requestId": request_id, "toolCallId": tool.call_id,
-                   "toolName": tool.name, "syscall": call, "args": args, "tags": tags}),
+            json!({"runId": run_id, "conversationId": conv, "requestId": request_id,
+                   "toolCallId": tool.call_id, "toolName": tool.name, "syscall": call,
+                   "args": args, "tags": tags}),
         )
         .await;
         // An aborted run drops the sender; that reads as a denial.
@@ -785,7 +1075,7 @@ pub fn with_cwd(mut args: Map<String, Value>, call: &str, cwd: &str) -> Map<Stri
 /// Ends runs a stopped kernel left `running` and restarts queued work.
 pub async fn recover(k: &Arc<Kernel>) -> Result<(), KernelError> {
     let stale = k.db.call(|c| store::interrupted_runs(c)).await?;
-    for (pid, run_id) in stale {
+    for (pid, run_id, conv) in stale {
         let msg = "the kernel stopped during this run".to_owned();
         let (p, r, m) = (pid.clone(), run_id.clone(), msg.clone());
         let owner =
@@ -794,6 +1084,7 @@ pub async fn recover(k: &Arc<Kernel>) -> Result<(), KernelError> {
                 store::append_message(
                     c,
                     &p,
+                    &conv,
                     Some(&r),
                     &json!({"role": "system", "content": format!("Run failed: {m}")}),
                 )?;
