@@ -7,7 +7,6 @@
 //! `weed` is not installed, and panics instead when `GSV_REQUIRE_S3` is set
 //! (CI installs it and sets it).
 
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -37,18 +36,6 @@ pub struct SeaweedFs {
     dir: tempfile::TempDir,
 }
 
-/// `count` distinct free loopback ports (held together while picked, so
-/// they differ; another process could take one before the server binds
-/// it, which start-up then reports).
-fn free_ports(count: usize) -> Vec<u16> {
-    let held: Vec<TcpListener> = (0..count)
-        .map(|_| TcpListener::bind("127.0.0.1:0").expect("binding a free loopback port"))
-        .collect();
-    held.iter()
-        .map(|l| l.local_addr().expect("a bound port").port())
-        .collect()
-}
-
 fn weed_installed() -> bool {
     Command::new("weed")
         .arg("version")
@@ -76,7 +63,9 @@ impl SeaweedFs {
             return None;
         }
         let dir = tempfile::tempdir().expect("a temp dir for SeaweedFS");
-        let ports = free_ports(10);
+        // Another process could take one before the server binds it:
+        // start-up then fails and says so.
+        let ports = wsd_test_support::free_ports(10);
         let flag = |name: &str, port: u16| format!("-{name}={port}");
         let log = dir.path().join("weed.log");
         let data = dir.path().join("data");
