@@ -13,6 +13,7 @@ use wsd_dofs::Dofs;
 
 use crate::db::Db;
 use crate::domains;
+use crate::domains::oauth::OAuth;
 use crate::domains::proc::Procs;
 use crate::domains::snapshot::mirror::SnapshotMirror;
 use crate::domains::workspace::Workspaces;
@@ -41,6 +42,7 @@ impl Kernel {
             Some(store) => Some(SnapshotMirror::connect(store).await?),
             None => None,
         };
+        let oauth = OAuth::open(&dir, config.public_url.as_deref())?;
         let kernel = Arc::new(Kernel {
             workspaces: Workspaces::new(dir.join("workspaces"), config.wsd_bin.clone())
                 .with_wsd_sandbox(config.wsd_sandbox),
@@ -59,6 +61,7 @@ impl Kernel {
             timers: Default::default(),
             mcp: Default::default(),
             mirror,
+            oauth,
         });
         tokio::spawn(reap_idle_children(Arc::downgrade(&kernel)));
         domains::start(&kernel).await?;

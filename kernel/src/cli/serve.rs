@@ -56,6 +56,11 @@ pub struct ServeArgs {
     /// `30m`.
     #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = humantime::parse_duration)]
     gc_grace: std::time::Duration,
+    /// The origin browsers reach this kernel at (e.g. https://gsv.example),
+    /// for OAuth redirects (`/oauth/callback`); the listen address when
+    /// absent.
+    #[arg(long, value_name = "URL")]
+    public_url: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -99,6 +104,7 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode> {
         url,
         credentials: None,
     });
+    config.public_url = a.public_url;
     let kernel: Arc<Kernel> = Kernel::open(config)
         .await
         .with_context(|| format!("opening {}", data.display()))?;

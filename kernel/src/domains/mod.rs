@@ -17,6 +17,7 @@ pub mod device;
 pub mod fs;
 pub mod mcp;
 pub mod notification;
+pub mod oauth;
 pub mod proc;
 pub mod repo;
 pub mod sched;
@@ -49,6 +50,8 @@ pub const MIGRATIONS: &[&[Migration]] = &[
     snapshot::MIGRATIONS,
     proc::CONVERSATION_MIGRATIONS,
     mcp::MIGRATIONS,
+    proc::IPC_MIGRATIONS,
+    oauth::MIGRATIONS,
 ];
 
 /// [`MIGRATIONS`] as one list, what `Db::open` applies.
@@ -69,6 +72,7 @@ pub async fn prepare(db: &Db, system: &Arc<Mutex<Dofs>>) -> Result<(), KernelErr
 /// `running` end, and queued work starts.
 pub async fn start(k: &Arc<Kernel>) -> Result<(), KernelError> {
     proc::calls::run::recover(k).await?;
+    proc::calls::ipc::recover(k).await?;
     sched::calls::recover(k).await?;
     timers::calls::start(k);
     tokio::spawn(watch::calls::prune_periodically(Arc::downgrade(k)));
@@ -116,6 +120,11 @@ pub fn register(d: &mut Dispatch<Kernel>) {
     d.add("proc.hil", proc::calls::hil);
     d.add("proc.reset", proc::calls::reset);
     d.add("proc.kill", proc::calls::kill);
+    d.add("proc.ipc.send", proc::calls::ipc::send);
+    d.add("proc.ipc.call", proc::calls::ipc::call);
+    d.add_internal("proc.ipc.deliver", proc::calls::ipc::deliver);
+    d.add("signal.watch", proc::calls::signal_watch::watch);
+    d.add("signal.unwatch", proc::calls::signal_watch::unwatch);
     d.add("proc.profile.list", proc::calls::profile_list);
     d.add("proc.conversation.open", proc::calls::conversation::open);
     d.add("proc.conversation.list", proc::calls::conversation::list);
@@ -151,6 +160,9 @@ pub fn register(d: &mut Dispatch<Kernel>) {
     d.add("sys.mcp.remove", mcp::calls::remove);
     d.add("sys.mcp.refresh", mcp::calls::refresh);
     d.add("sys.mcp.call", mcp::calls::call);
+    d.add("sys.oauth.start", oauth::calls::start);
+    d.add("sys.oauth.list", oauth::calls::list);
+    d.add("sys.oauth.forget", oauth::calls::forget);
     d.add("sched.list", sched::calls::list);
     d.add("sched.add", sched::calls::add);
     d.add("sched.update", sched::calls::update);
