@@ -92,15 +92,39 @@ impl<'c> SqliteChunks<'c> {
     }
 }
 
+impl SqliteChunks<'_> {
+    /// Stamps the held chunks among `hashes` as stored at `now` (an
+    /// in-place write of the row's last column).
+    pub(crate) fn touch(&self, hashes: &[Hash], now: i64) -> Result<(), DofsError> {
+        for window in hashes.chunks(PROBE_WINDOW) {
+            let placeholders = vec!["?"; window.len()].join(",");
+            let mut stmt = self.conn.prepare_cached(&format!(
+                "UPDATE chunks SET stored_at = ?1 WHERE stored_at < ?1 AND hash IN ({placeholders})"
+            ))?;
+            let params: Vec<Value> = std::iter::once(Value::Integer(now))
+                .chain(window.iter().map(|h| Value::Blob(h.0.to_vec())))
+                .collect();
+            stmt.execute(rusqlite::params_from_iter(params))?;
+        }
+        Ok(())
+    }
+}
+
 impl ChunkStore for SqliteChunks<'_> {
+    /// A chunk already held is stamped fresh instead (`stored_at`), so
+    /// the grace window of garbage collection covers it again.
     fn put_if_absent(&self, hash: &Hash, bytes: &[u8]) -> Result<bool, DofsError> {
+        let now = crate::rows::now_ms();
         let inserted = self
             .conn
             .prepare_cached(
-                "INSERT INTO chunks (hash, size, data) VALUES (?1, ?2, ?3)
+                "INSERT INTO chunks (hash, size, data, stored_at) VALUES (?1, ?2, ?3, ?4)
                  ON CONFLICT (hash) DO NOTHING",
             )?
-            .execute(params![hash.as_bytes(), bytes.len() as u64, bytes])?;
+            .execute(params![hash.as_bytes(), bytes.len() as u64, bytes, now])?;
+        if inserted == 0 {
+            self.touch(std::slice::from_ref(hash), now)?;
+        }
         Ok(inserted == 1)
     }
 

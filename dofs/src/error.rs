@@ -31,6 +31,24 @@ pub enum DofsError {
     CorruptChunk { hash: wsd_sync::Hash },
     #[error("EIO: sqlite: {0}")]
     Sqlite(rusqlite::Error),
+    /// A chunk-store URL (`--chunk-store`) that cannot be used.
+    #[error("EINVAL: chunk store {url}: {reason}")]
+    ChunkStoreUrl { url: String, reason: String },
+    /// A request to an object chunk store failed: names the store (bucket
+    /// and endpoint) and what was asked of it.
+    #[error("EIO: chunk store {store}: {op}: {source}")]
+    ChunkStore {
+        store: String,
+        op: String,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A request to an object chunk store got no answer in time.
+    #[error("EIO: chunk store {store}: {op}: no answer within {after:?}")]
+    ChunkStoreDeadline {
+        store: String,
+        op: String,
+        after: std::time::Duration,
+    },
     /// Path validation, limits, chunking input errors, unknown or
     /// mismatching objects: the sync core's own typed errors.
     #[error(transparent)]
@@ -48,11 +66,14 @@ impl DofsError {
             | DofsError::NotADirectory { .. }
             | DofsError::IsADirectory { .. }
             | DofsError::NotEmpty { .. }
-            | DofsError::Invalid { .. } => ErrorCode::Invalid,
+            | DofsError::Invalid { .. }
+            | DofsError::ChunkStoreUrl { .. } => ErrorCode::Invalid,
             DofsError::Open(_)
             | DofsError::Corrupt { .. }
             | DofsError::CorruptChunk { .. }
-            | DofsError::Sqlite(_) => ErrorCode::Io,
+            | DofsError::Sqlite(_)
+            | DofsError::ChunkStore { .. }
+            | DofsError::ChunkStoreDeadline { .. } => ErrorCode::Io,
             DofsError::Sync(e) => e.code(),
         }
     }
@@ -161,6 +182,23 @@ mod tests {
                 }),
                 ErrorCode::UnknownHash,
                 "EUNKNOWN_HASH",
+            ),
+            (
+                DofsError::ChunkStoreUrl {
+                    url: "s3://a/b".into(),
+                    reason: "no endpoint".into(),
+                },
+                ErrorCode::Invalid,
+                "EINVAL",
+            ),
+            (
+                DofsError::ChunkStoreDeadline {
+                    store: "s3://a/b".into(),
+                    op: "listing".into(),
+                    after: std::time::Duration::from_secs(1),
+                },
+                ErrorCode::Io,
+                "EIO",
             ),
         ];
         for (err, code, posix) in cases {

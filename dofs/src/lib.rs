@@ -24,8 +24,12 @@ mod chunk_store;
 mod error;
 mod fs;
 mod integrity;
+#[cfg(feature = "s3")]
+mod object_chunks;
 mod rows;
 mod schema;
+#[cfg(all(feature = "s3", any(test, feature = "testkit")))]
+pub mod seaweedfs;
 mod snapshot;
 mod sync;
 
@@ -39,6 +43,8 @@ pub use fs::{
     DEFAULT_DIR_MODE, DEFAULT_FILE_MODE, DEFAULT_SYMLINK_MODE, DirEntry, LineWindow, SearchHit,
     Stat, WriteOptions,
 };
+#[cfg(feature = "s3")]
+pub use object_chunks::{Credentials, DEFAULT_DEADLINE, ObjectChunks, SweepOutcome};
 pub use schema::SCHEMA_VERSION;
 pub use snapshot::{DiffKind, RestoreOutcome, SnapshotSummary};
 pub use sync::{GcOutcome, PruneOutcome};

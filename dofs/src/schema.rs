@@ -29,6 +29,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "incarnation",
         sql: include_str!("schema/004_incarnation.sql"),
     },
+    Migration {
+        version: 5,
+        name: "chunk stored_at",
+        sql: include_str!("schema/005_chunk_stored_at.sql"),
+    },
 ];
 
 /// The schema version this build writes.

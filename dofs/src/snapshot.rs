@@ -2,8 +2,10 @@
 //! over the same manifests and chunks (nothing is copied), restored as one
 //! mutation at a new rev, and copied into another store to fork it.
 
+use std::collections::HashSet;
+
 use rusqlite::{OptionalExtension, TransactionBehavior, params};
-use wsd_sync::SyncPath;
+use wsd_sync::{Hash, SyncPath};
 
 use crate::chunk_store::{ChunkStore, SqliteChunks};
 use crate::rows::{self, Mutation, Node, ensure_manifest, file_chunks, hash_from_sql, put_node};
@@ -130,6 +132,26 @@ impl Dofs {
         })
         .optional()?
         .ok_or_else(|| DofsError::not_found(format!("snapshot {id}")))
+    }
+
+    /// The distinct chunks snapshot `id` references.
+    pub fn snapshot_chunks(&self, id: &str) -> Result<Vec<Hash>, DofsError> {
+        Dofs::require_snapshot(&self.conn, id)?;
+        let mut stmt = self.conn.prepare(&format!(
+            "WITH {SNAPSHOT_CHUNKS} SELECT DISTINCT chunk FROM snap_chunks WHERE snapshot = ?1"
+        ))?;
+        let rows = stmt.query_map([id], |r| hash_from_sql(r.get(0)?, 0))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Every chunk any snapshot of this store references (what a copy of
+    /// the snapshots elsewhere must keep).
+    pub fn all_snapshot_chunks(&self) -> Result<HashSet<Hash>, DofsError> {
+        let mut stmt = self.conn.prepare(&format!(
+            "WITH {SNAPSHOT_CHUNKS} SELECT DISTINCT chunk FROM snap_chunks"
+        ))?;
+        let rows = stmt.query_map([], |r| hash_from_sql(r.get(0)?, 0))?;
+        Ok(rows.collect::<Result<_, _>>()?)
     }
 
     /// Forgets snapshot `id`; its chunks become garbage unless something
@@ -329,6 +351,15 @@ mod tests {
         let s3 = d.create_snapshot("s3").unwrap();
         assert_eq!(s3.new_bytes, 6, "only the changed file's chunk is new");
         assert_eq!(d.snapshot_ids().unwrap(), ["s1", "s2", "s3"]);
+        let s1_chunks = d.snapshot_chunks("s1").unwrap();
+        assert_eq!(
+            s1_chunks.len(),
+            1 + wsd_sync::chunk::chunk_slice(&big).len()
+        );
+        assert!(s1_chunks.contains(&Hash::of(b"first")));
+        let all = d.all_snapshot_chunks().unwrap();
+        assert_eq!(all.len(), s1_chunks.len() + 1, "s3 adds `second`");
+        assert!(all.contains(&Hash::of(b"second")));
         assert_eq!(d.create_snapshot("s1").unwrap_err().posix_name(), "EEXIST");
         d.check_integrity().unwrap();
     }

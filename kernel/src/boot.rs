@@ -15,6 +15,7 @@ use crate::db::Db;
 use crate::domains;
 use crate::domains::oauth::OAuth;
 use crate::domains::proc::Procs;
+use crate::domains::snapshot::mirror::SnapshotMirror;
 use crate::domains::workspace::Workspaces;
 use crate::error::KernelError;
 use crate::kernel::{Kernel, KernelConfig};
@@ -41,6 +42,10 @@ impl Kernel {
             config.routed_call_ttl,
             config.adapter_timeout,
         ));
+        let mirror = match &config.chunk_store {
+            Some(store) => Some(SnapshotMirror::connect(store).await?),
+            None => None,
+        };
         let oauth = OAuth::open(&dir, config.public_url.as_deref())?;
         let kernel = Arc::new(Kernel {
             workspaces: Workspaces::new(dir.join("workspaces"), config.wsd_bin.clone())
@@ -60,6 +65,7 @@ impl Kernel {
             login_failures: Mutex::new(HashMap::new()),
             timers: Default::default(),
             mcp: Default::default(),
+            mirror,
             oauth,
         });
         tokio::spawn(reap_idle_children(Arc::downgrade(&kernel)));

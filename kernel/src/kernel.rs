@@ -21,6 +21,7 @@ use crate::domains::mcp::live::McpServers;
 use crate::domains::oauth::OAuth;
 use crate::domains::proc::active::Procs;
 use crate::domains::shell::sessions::Sessions;
+use crate::domains::snapshot::mirror::{ChunkStoreConfig, SnapshotMirror};
 use crate::domains::timers::TimerWake;
 use crate::domains::watch::Watches;
 use crate::domains::workspace::Workspaces;
@@ -63,6 +64,13 @@ pub struct KernelConfig {
     /// How often the kernel collects garbage in every workspace store
     /// (`None`: only on `sys.gc`).
     pub gc_interval: Option<Duration>,
+    /// Chunks stored more recently than this are never collected: a push
+    /// or snapshot that stored (or found) a chunk and has not recorded
+    /// its reference yet cannot lose it to a collection running meanwhile.
+    pub gc_grace: Duration,
+    /// An object store snapshots are mirrored to (`None`: the workspaces'
+    /// own stores only, the embedded default).
+    pub chunk_store: Option<ChunkStoreConfig>,
     /// How long one CodeMode block may run.
     pub codemode_deadline: Duration,
     /// How often tombstones are pruned (kernel/PROTOCOL.md §10).
@@ -89,6 +97,8 @@ impl KernelConfig {
             wsd_idle_stop: Duration::from_secs(10 * 60),
             snapshot_limit: 64,
             gc_interval: Some(Duration::from_secs(6 * 60 * 60)),
+            gc_grace: Duration::from_secs(60 * 60),
+            chunk_store: None,
             codemode_deadline: Duration::from_secs(60),
             prune_every: Duration::from_secs(10 * 60),
             public_url: None,
@@ -135,6 +145,8 @@ pub struct Kernel {
     pub(crate) timers: Arc<TimerWake>,
     /// Live MCP server connections (`sys.mcp.*`).
     pub(crate) mcp: McpServers,
+    /// The object store snapshots are mirrored to, when configured.
+    pub(crate) mirror: Option<SnapshotMirror>,
     /// The token seal, HTTP client and public origin of `sys.oauth.*`.
     pub(crate) oauth: OAuth,
 }

@@ -35,5 +35,6 @@ pub mod routing;
 pub mod server;
 pub mod session;
 
+pub use domains::snapshot::mirror::ChunkStoreConfig;
 pub use error::KernelError;
 pub use kernel::{Kernel, KernelConfig};

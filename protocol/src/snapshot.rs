@@ -113,6 +113,12 @@ pub struct GcResult {
     pub workspaces: u64,
     pub manifests: u64,
     pub chunks: u64,
+    /// Chunks deleted from the object store snapshots are mirrored to
+    /// (`gsv serve --chunk-store`; 0 without one), and their bytes.
+    #[serde(default)]
+    pub store_chunks: u64,
+    #[serde(default)]
+    pub store_bytes: u64,
 }
 
 /// An operation refused by the snapshot calls, carried as `{ok:false,

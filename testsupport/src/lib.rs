@@ -57,6 +57,18 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// `count` distinct loopback ports that were free a moment ago (held
+/// together while picked, so no two are the same; for a server that binds
+/// several, such as SeaweedFS).
+pub fn free_ports(count: usize) -> Vec<u16> {
+    let held: Vec<std::net::TcpListener> = (0..count)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0"))
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().expect("local address").port())
+        .collect()
+}
+
 /// `127.0.0.1:<free port>`.
 pub fn free_addr() -> String {
     format!("127.0.0.1:{}", free_port())

@@ -14,8 +14,19 @@ pub struct GcOutcome {
 }
 
 impl Dofs {
+    /// A sync probe: the chunks found are stamped fresh, since the
+    /// prober will not send them and will name them in its next apply
+    /// (the grace window of garbage collection must cover them till then).
     pub(crate) fn has_objects_inner(&self, hashes: &[Hash]) -> Result<Vec<Hash>, DofsError> {
-        SqliteChunks::new(&self.conn).has(hashes)
+        let chunks = SqliteChunks::new(&self.conn);
+        let held = chunks.has(hashes)?;
+        chunks.touch(&held, crate::rows::now_ms())?;
+        Ok(held)
+    }
+
+    /// The verified bytes of chunk `hash` (`EUNKNOWN_HASH` when not held).
+    pub fn read_chunk(&self, hash: &Hash) -> Result<Vec<u8>, DofsError> {
+        self.read_object_inner(hash)
     }
 
     pub(crate) fn read_object_inner(&self, hash: &Hash) -> Result<Vec<u8>, DofsError> {
@@ -40,10 +51,29 @@ impl Dofs {
     }
 
     /// Deletes manifests no path or snapshot references, then chunks no
-    /// manifest, path or snapshot references. Staged objects not yet linked by an apply count as
-    /// garbage, so run this only when no push into this store is between
-    /// its `pushObjects` and its `push`.
+    /// manifest, path or snapshot references, whatever their age. Staged
+    /// objects not yet linked by an apply count as garbage, so run this
+    /// only when no push into this store is between its `pushObjects` and
+    /// its `push`; [`Dofs::collect_garbage_stored_before`] need not.
     pub fn collect_garbage(&mut self) -> Result<GcOutcome, DofsError> {
+        self.collect_garbage_before_ms(i64::MAX)
+    }
+
+    /// [`Dofs::collect_garbage`] sparing every chunk stored (or found by a
+    /// sync probe, or stored again) at or after `cutoff`: with `cutoff` =
+    /// now − a grace window longer than any push takes from its probe to
+    /// its apply, a collection can run while pushes are in flight.
+    pub fn collect_garbage_stored_before(
+        &mut self,
+        cutoff: std::time::SystemTime,
+    ) -> Result<GcOutcome, DofsError> {
+        let cutoff_ms = cutoff
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        self.collect_garbage_before_ms(cutoff_ms)
+    }
+
+    fn collect_garbage_before_ms(&mut self, cutoff_ms: i64) -> Result<GcOutcome, DofsError> {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -57,10 +87,11 @@ impl Dofs {
             [],
         )?;
         let chunks = tx.execute(
-            "DELETE FROM chunks WHERE hash NOT IN (SELECT chunk FROM manifest_chunks)
+            "DELETE FROM chunks WHERE stored_at < ?1
+               AND hash NOT IN (SELECT chunk FROM manifest_chunks)
                AND hash NOT IN (SELECT chunk FROM entries WHERE chunk IS NOT NULL)
                AND hash NOT IN (SELECT chunk FROM snapshot_entries WHERE chunk IS NOT NULL)",
-            [],
+            [cutoff_ms],
         )?;
         tx.commit()?;
         Ok(GcOutcome { manifests, chunks })

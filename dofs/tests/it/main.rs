@@ -2,5 +2,6 @@
 //! (`sync`) and the hub-topology property test (`convergence`).
 
 mod convergence;
+mod gc_race;
 mod sync;
 mod util;

@@ -82,12 +82,20 @@ enum Command {
         /// Its arguments as a JSON object (default `{}`).
         args: Option<String>,
     },
-    /// Create, list or remove workspaces.
+    /// Create, list or remove workspaces; snapshot, restore and fork them.
     #[command(after_help = CONFIG_HELP)]
     Workspace {
         #[command(subcommand)]
         action: workspace::WorkspaceAction,
     },
+    /// Collect garbage now (root only): free the content no workspace,
+    /// file or snapshot uses any more, in every workspace (and in the
+    /// object store with `gsv serve --chunk-store`), and print what was
+    /// freed. Content stored within the grace window (`gsv serve
+    /// --gc-grace`, 1 hour) stays, so commands and pulls in flight lose
+    /// nothing. The kernel also collects every 6 hours on its own.
+    #[command(after_help = CONFIG_HELP)]
+    Gc(workspace::GcArgs),
     /// Versioned repositories (`repo.*`): list, create, log, show, diff, import.
     #[command(after_help = CONFIG_HELP)]
     Repo {
@@ -236,6 +244,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Token { action } => account::token(&conn, action).await,
         Command::Call { call, args } => call_once(&conn, &call, args).await,
         Command::Workspace { action } => workspace::run(&conn, action).await,
+        Command::Gc(a) => workspace::gc(&conn, a).await,
         Command::Repo { action } => {
             let mut c = conn::connect(&conn).await?;
             let out = repo::run(&mut c, action).await;

@@ -45,6 +45,21 @@ pub struct ServeArgs {
     /// Seconds after which an unused local wsd (running nothing) is stopped.
     #[arg(long, default_value_t = 600)]
     wsd_idle_secs: u64,
+    /// Also keep every snapshot's chunks in an S3-compatible object store,
+    /// so snapshots outlive this machine: `s3://BUCKET[/PREFIX]?endpoint=URL`
+    /// (options: `region=R`, default us-east-1; `deadline=30s`, the longest
+    /// any one request may take). Credentials come from the usual AWS
+    /// environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+    /// AWS_SESSION_TOKEN). The store is checked at start: unreachable or
+    /// refusing, the kernel does not start. Without it, chunks live only in
+    /// each workspace's own store (the embedded SQLite default).
+    #[arg(long, value_name = "URL", env = "GSV_CHUNK_STORE")]
+    chunk_store: Option<String>,
+    /// Garbage collection never frees a chunk stored more recently than
+    /// this (a push or snapshot in flight may still need it), e.g. `1h`,
+    /// `30m`.
+    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = humantime::parse_duration)]
+    gc_grace: std::time::Duration,
     /// The origin browsers reach this kernel at (e.g. https://gsv.example),
     /// for OAuth redirects (`/oauth/callback`); the listen address when
     /// absent.
@@ -97,6 +112,11 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode> {
                 a.adapter_timeout
             )
         })?;
+    config.gc_grace = a.gc_grace;
+    config.chunk_store = a.chunk_store.map(|url| gsv_kernel::ChunkStoreConfig {
+        url,
+        credentials: None,
+    });
     config.public_url = a.public_url;
     let kernel: Arc<Kernel> = Kernel::open(config)
         .await

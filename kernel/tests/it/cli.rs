@@ -1074,6 +1074,107 @@ fn the_cli_drives_an_adapter_and_links_a_chat_identity_with_a_code() {
     adapter.abort();
 }
 
+/// `gsv workspace snapshot|snapshots|restore|fork|snapshot-rm` and
+/// `gsv gc` as a person would run them: ids on stdout, refusals as
+/// failures with the kernel's reason, root-only collection.
+#[test]
+fn the_cli_snapshots_restores_forks_and_collects() {
+    let s = serve_with(tempfile::tempdir().unwrap(), &["--gc-grace", "0s"]);
+    let setup =
+        r#"{"username":"alice","password":"alice-password","rootPassword":"root-password"}"#;
+    assert!(gsv(&s, &["call", "sys.setup", setup]).0);
+    let (_, ws) = gsv(&s, &["workspace", "create"]);
+    let ws = ws.trim().to_owned();
+    let write = |content: &str| {
+        let args = format!(r#"{{"path":"/workspaces/{ws}/f.txt","content":"{content}"}}"#);
+        assert!(gsv(&s, &["call", "fs.write", &args]).0);
+    };
+    write("before");
+    let (ok, snap) = gsv(&s, &["workspace", "snapshot", &ws, "--label", "first"]);
+    assert!(ok, "{snap}");
+    let snap = snap.trim().to_owned();
+    assert!(snap.starts_with("snap_"), "{snap}");
+    let (ok, again) = gsv(&s, &["workspace", "snapshot", &ws, "--json"]);
+    assert!(ok, "{again}");
+    let again: serde_json::Value = serde_json::from_str(&again).unwrap();
+    assert_eq!(again["newBytes"], 0, "an unchanged tree: {again}");
+
+    let (ok, list) = gsv(&s, &["workspace", "snapshots", &ws]);
+    assert!(ok, "{list}");
+    let lines: Vec<&str> = list.lines().collect();
+    assert_eq!(lines.len(), 2, "{list}");
+    let first: Vec<&str> = lines[0].split('\t').collect();
+    assert_eq!(first[0], snap, "{list}");
+    assert_eq!(&first[2..], ["1", "6", "6", "first"], "{list}");
+
+    write("after");
+    let (ok, out) = gsv(&s, &["workspace", "restore", &snap]);
+    assert!(ok, "{out}");
+    assert!(out.contains("1 changed, 0 removed"), "{out}");
+    let (ok, out) = gsv(&s, &["exec", &ws, "--", "cat f.txt"]);
+    assert!(ok, "{out}");
+    assert_eq!(out, "before");
+
+    let (ok, fork) = gsv(&s, &["workspace", "fork", &snap, "--label", "copy"]);
+    assert!(ok, "{fork}");
+    let fork = fork.trim().to_owned();
+    assert!(fork.starts_with("ws_") && fork != ws, "{fork}");
+    let (ok, out) = gsv(&s, &["exec", &fork, "--", "cat f.txt"]);
+    assert!(ok && out == "before", "{out}");
+
+    let (ok, _, err) = gsv_err(&s, &["gc"]);
+    assert!(!ok, "alice may not collect");
+    assert!(err.contains("403") || err.contains("ermission"), "{err}");
+    let root = |args: &[&str]| {
+        let out = gsv_cmd(&s)
+            .args(["--user", "root", "--password", "root-password"])
+            .args(args)
+            .output()
+            .unwrap();
+        (out.status.success(), String::from_utf8(out.stdout).unwrap())
+    };
+    let (ok, out) = root(&["gc", "--json"]);
+    assert!(ok, "{out}");
+    let gc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(gc["chunks"], 1, "`after`, overwritten by the restore: {gc}");
+
+    write("third");
+    let (ok, _) = gsv(&s, &["workspace", "snapshot-rm", &snap]);
+    assert!(ok);
+    let (_, list) = gsv(&s, &["workspace", "snapshots", &ws]);
+    assert_eq!(list.lines().count(), 1, "{list}");
+    // `before` is still held by the other snapshot: nothing to free.
+    let (ok, out) = root(&["gc"]);
+    assert!(ok && out.starts_with("freed 0 chunks"), "{out}");
+
+    let (ok, _, err) = gsv_err(&s, &["workspace", "restore", "snap_nope"]);
+    assert!(!ok && err.contains("snap_nope"), "{err}");
+}
+
+#[test]
+fn gsv_help_explains_snapshots_and_collection() {
+    let help = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_gsv"))
+            .args(args)
+            .arg("--help")
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let ws = help(&["workspace"]);
+    for sub in ["snapshot", "snapshots", "snapshot-rm", "restore", "fork"] {
+        assert!(ws.contains(sub), "{sub} in:\n{ws}");
+    }
+    assert!(help(&["workspace", "restore"]).contains("Refused while a command runs"));
+    assert!(help(&["gc"]).contains("grace window"));
+    let serve = help(&["serve"]);
+    assert!(
+        serve.contains("--chunk-store") && serve.contains("AWS_ACCESS_KEY_ID"),
+        "{serve}"
+    );
+}
+
 #[test]
 fn the_cli_lists_and_forgets_oauth_accounts() {
     let rt = tokio::runtime::Runtime::new().unwrap();

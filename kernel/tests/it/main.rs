@@ -4,6 +4,7 @@
 mod adapters;
 mod agents;
 mod bodies;
+mod chunk_store;
 mod cli;
 mod codemode;
 mod devices;

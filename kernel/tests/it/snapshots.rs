@@ -316,7 +316,8 @@ async fn a_restore_while_a_command_runs_is_refused() {
 
 #[tokio::test]
 async fn deleting_a_snapshot_and_collecting_frees_only_its_unshared_chunks() {
-    let k = TestKernel::with_users().await;
+    // No grace window: what was stored a moment ago is collectable.
+    let k = TestKernel::with_users_tuned(|c| c.gc_grace = std::time::Duration::ZERO).await;
     let mut a = k.alice().await;
     let ws = new_workspace(&mut a).await;
     write(&mut a, &ws, "shared", "in the tree and in the snapshot").await;

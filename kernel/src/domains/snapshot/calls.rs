@@ -14,12 +14,13 @@ use gsv_protocol::snapshot::{
 };
 use serde::Serialize;
 use serde_json::Value;
-use wsd_dofs::{DiffKind, Dofs};
+use wsd_dofs::DiffKind;
 
 use crate::db::now_ms;
 use crate::domains::accounts;
 use crate::domains::fs::calls::with_store;
 use crate::domains::fs::vfs;
+use crate::domains::snapshot::mirror::Uploaded;
 use crate::domains::snapshot::{self, SnapshotRow};
 use crate::domains::workspace::calls::visible_row;
 use crate::domains::workspace::{self, Workspace, WorkspaceRow};
@@ -113,14 +114,47 @@ pub async fn create(k: Arc<Kernel>, s: Arc<Session>, a: CreateArgs) -> Result<Va
         owner_uid: row.owner_uid,
         info: info.clone(),
     };
-    if let Err(e) = k.db.call(move |c| snapshot::insert(c, &new_row)).await {
-        // No row, no snapshot: the store's copy would be a root nobody sees.
-        let sid = id.clone();
-        let _ = with_store(&w.dofs, move |d| d.delete_snapshot(&sid)).await;
-        return Err(e);
-    }
-    tracing::info!(snapshot = %id, workspace = %row.id, rev = info.rev, new_bytes = info.new_bytes, "snapshot created");
+    let uploaded = match record(&k, &w, new_row).await {
+        Ok(uploaded) => uploaded,
+        Err(e) => {
+            // No row, no snapshot: the store's copy would be a root nobody sees.
+            let sid = id.clone();
+            let _ = with_store(&w.dofs, move |d| d.delete_snapshot(&sid)).await;
+            return Err(e);
+        }
+    };
+    tracing::info!(
+        snapshot = %id,
+        workspace = %row.id,
+        rev = info.rev,
+        new_bytes = info.new_bytes,
+        uploaded_chunks = uploaded.map(|u| u.chunks),
+        uploaded_bytes = uploaded.map(|u| u.bytes),
+        "snapshot created"
+    );
     to_value(info)
+}
+
+/// Records a snapshot the workspace store holds: its row, then its copy in
+/// the object store when one is configured. Not mirrored, not recorded:
+/// the snapshot would not outlive this machine as configured.
+async fn record(
+    k: &Arc<Kernel>,
+    w: &Arc<Workspace>,
+    row: SnapshotRow,
+) -> Result<Option<Uploaded>, KernelError> {
+    let id = row.info.snapshot_id.clone();
+    k.db.call(move |c| snapshot::insert(c, &row)).await?;
+    let Some(mirror) = &k.mirror else {
+        return Ok(None);
+    };
+    match mirror.upload(&w.dofs, &id).await {
+        Ok(uploaded) => Ok(Some(uploaded)),
+        Err(e) => {
+            let _ = k.db.call(move |c| snapshot::delete(c, &id)).await;
+            Err(e)
+        }
+    }
 }
 
 pub async fn list(k: Arc<Kernel>, s: Arc<Session>, a: ListArgs) -> Result<Value, KernelError> {
@@ -235,11 +269,15 @@ pub async fn fork_into(
     Ok(())
 }
 
-/// Collects garbage in one workspace store, under its bracket lock so no
-/// push is between its objects and its apply.
-pub async fn collect_one(w: &Arc<Workspace>) -> Result<wsd_dofs::GcOutcome, KernelError> {
-    let _bracket = w.bracket.lock().await;
-    with_store(&w.dofs, Dofs::collect_garbage)
+/// Collects garbage in one workspace store beside whatever runs there
+/// (no bracket lock: a command may hold it for hours): the grace window
+/// spares every chunk a pull in flight has staged or probed.
+pub async fn collect_one(
+    w: &Arc<Workspace>,
+    grace: std::time::Duration,
+) -> Result<wsd_dofs::GcOutcome, KernelError> {
+    let cutoff = std::time::SystemTime::now() - grace;
+    with_store(&w.dofs, move |d| d.collect_garbage_stored_before(cutoff))
         .await?
         .map_err(|e| store_error("collecting garbage", e))
 }
@@ -256,15 +294,34 @@ pub async fn collect_all(k: &Arc<Kernel>) -> Result<GcResult, KernelError> {
     let mut out = GcResult::default();
     for row in rows.iter().filter(|r| !r.is_archived()) {
         let w = k.workspaces.open(row).await?;
-        let freed = collect_one(&w).await?;
+        let freed = collect_one(&w, k.config.gc_grace).await?;
         out.workspaces += 1;
         out.manifests += freed.manifests as u64;
         out.chunks += freed.chunks as u64;
+    }
+    if let Some(mirror) = &k.mirror {
+        // The mark covers every workspace's snapshots, archived ones too
+        // (reopened for it, closed again): a store that cannot be read
+        // fails the sweep rather than shrinking the mark.
+        let mut stores = Vec::with_capacity(rows.len());
+        for row in &rows {
+            stores.push(k.workspaces.open(row).await?.dofs.clone());
+        }
+        let stored_before = std::time::SystemTime::now() - k.config.gc_grace;
+        let swept = mirror.sweep(stores, stored_before).await;
+        for row in rows.iter().filter(|r| r.is_archived()) {
+            k.workspaces.close(&row.id).await;
+        }
+        let swept = swept?;
+        out.store_chunks = swept.chunks;
+        out.store_bytes = swept.bytes;
     }
     tracing::info!(
         workspaces = out.workspaces,
         manifests = out.manifests,
         chunks = out.chunks,
+        store_chunks = out.store_chunks,
+        store_bytes = out.store_bytes,
         "garbage collected"
     );
     Ok(out)

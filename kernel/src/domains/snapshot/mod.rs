@@ -7,6 +7,7 @@
 use rusqlite::{Connection, params};
 
 pub mod calls;
+pub mod mirror;
 
 use gsv_protocol::snapshot::SnapshotInfo;
 

@@ -1,0 +1,228 @@
+//! Property test of garbage collection racing pushes: pushes are split at
+//! the point a real one is exposed (probe and stage its chunks, ... later,
+//! apply the entry naming them), and collections, local writes, deletes
+//! and snapshots happen in between, in any order, on a real SQLite file.
+//!
+//! Each collection's cutoff is the start of the oldest push in flight: a
+//! grace window just as long as the pushes take. Old garbage (deleted
+//! files, dropped snapshots, earlier staged chunks) really is collected;
+//! what must hold is that no apply ever misses a chunk, every live file and
+//! every kept snapshot reads back exactly, and the integrity check passes.
+//!
+//! Cases: `PROPTEST_CASES` or 32.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use proptest::prelude::*;
+use wsd_dofs::{Dofs, WriteOptions};
+use wsd_sync::{
+    ApplyBatch, Baseline, ChangeEntry, ChunkRef, EntryState, Hash, IgnoreRules, Object, Store,
+    chunk,
+};
+
+use crate::util::{noise, p};
+
+const PATHS: usize = 4;
+
+/// Small and multi-chunk contents; 2 and 3 share most of their chunks,
+/// so a push finds some already held (perhaps as garbage).
+fn content(i: usize) -> Vec<u8> {
+    static BIG: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    let big = || BIG.get_or_init(|| noise(200 * 1024, 7)).clone();
+    match i {
+        0 => b"alpha".to_vec(),
+        1 => b"beta".to_vec(),
+        2 => big(),
+        _ => {
+            let mut b = big();
+            b.extend_from_slice(b"a different tail");
+            b
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// Probe and stage the chunks of `content` for a push to `path`.
+    Begin {
+        content: usize,
+        path: usize,
+    },
+    /// Apply the `n`-th push in flight.
+    Finish(usize),
+    Write {
+        content: usize,
+        path: usize,
+    },
+    Remove(usize),
+    Snapshot,
+    DropSnapshot(usize),
+    Collect,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (0usize..4, 0..PATHS).prop_map(|(content, path)| Op::Begin { content, path }),
+        3 => (0usize..4).prop_map(Op::Finish),
+        2 => (0usize..4, 0..PATHS).prop_map(|(content, path)| Op::Write { content, path }),
+        2 => (0..PATHS).prop_map(Op::Remove),
+        1 => Just(Op::Snapshot),
+        1 => (0usize..4).prop_map(Op::DropSnapshot),
+        4 => Just(Op::Collect),
+    ]
+}
+
+struct InFlight {
+    started: SystemTime,
+    path: usize,
+    content: usize,
+    chunks: Vec<ChunkRef>,
+}
+
+fn path(i: usize) -> String {
+    format!("p{i}")
+}
+
+/// What a real push does before its apply: asks which chunks the store
+/// holds and sends only the others.
+fn begin(d: &mut Dofs, content_index: usize, path: usize) -> InFlight {
+    // Whatever was stored before this push is strictly older than its start.
+    std::thread::sleep(Duration::from_millis(2));
+    let started = SystemTime::now();
+    let bytes = content(content_index);
+    let cut = chunk::chunk_slice(&bytes);
+    let hashes: Vec<Hash> = cut.iter().map(|(_, c)| c.hash).collect();
+    let held = d.has_objects(&hashes).unwrap();
+    let objects: Vec<Object> = cut
+        .iter()
+        .filter(|(_, c)| !held.contains(&c.hash))
+        .map(|(off, c)| Object {
+            hash: c.hash,
+            bytes: bytes[*off..*off + c.size as usize].to_vec(),
+        })
+        .collect();
+    d.stage_objects(&objects).unwrap();
+    InFlight {
+        started,
+        path,
+        content: content_index,
+        chunks: cut.into_iter().map(|(_, c)| c).collect(),
+    }
+}
+
+fn finish(d: &mut Dofs, push: InFlight) {
+    let size = push.chunks.iter().map(|c| u64::from(c.size)).sum();
+    let entry = ChangeEntry {
+        rev: 1,
+        path: p(&path(push.path)),
+        state: EntryState::File {
+            mode: 0o644,
+            mtime: 1,
+            size,
+            chunks: push.chunks,
+        },
+    };
+    d.apply(ApplyBatch {
+        remote: "peer",
+        sender: None,
+        entries: &[entry],
+        baseline: Baseline::Off,
+        ignore: &IgnoreRules::none(),
+    })
+    .unwrap_or_else(|e| panic!("a push in flight lost a chunk to a collection: {e}"));
+}
+
+type Model = BTreeMap<usize, usize>;
+
+fn check_tree(d: &Dofs, model: &Model) {
+    for i in 0..PATHS {
+        match model.get(&i) {
+            Some(c) => assert_eq!(
+                d.read_file(&p(&path(i))).unwrap(),
+                content(*c),
+                "{}",
+                path(i)
+            ),
+            None => assert!(!d.exists(&p(&path(i))).unwrap(), "{}", path(i)),
+        }
+    }
+}
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(32)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_collection_racing_pushes_and_snapshots_never_frees_a_chunk_they_need(
+        ops in prop::collection::vec(op(), 1..40),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut d = Dofs::open(dir.path().join("gc.dofs")).unwrap();
+        let mut model = Model::new();
+        let mut in_flight: Vec<InFlight> = Vec::new();
+        let mut snapshots: Vec<(String, Model)> = Vec::new();
+        let mut taken = 0;
+        let opts = WriteOptions { create_parents: true, ..WriteOptions::default() };
+        for op in ops {
+            match op {
+                Op::Begin { content, path } => in_flight.push(begin(&mut d, content, path)),
+                Op::Finish(n) if !in_flight.is_empty() => {
+                    let push = in_flight.remove(n % in_flight.len());
+                    model.insert(push.path, push.content);
+                    finish(&mut d, push);
+                }
+                Op::Finish(_) => {}
+                Op::Write { content: c, path: i } => {
+                    d.write_file_with(&p(&path(i)), content(c).as_slice(), opts).unwrap();
+                    model.insert(i, c);
+                }
+                Op::Remove(i) => {
+                    if model.remove(&i).is_some() {
+                        d.rm(&p(&path(i)), false).unwrap();
+                    }
+                }
+                Op::Snapshot => {
+                    taken += 1;
+                    let id = format!("s{taken}");
+                    d.create_snapshot(&id).unwrap();
+                    snapshots.push((id, model.clone()));
+                }
+                Op::DropSnapshot(n) if !snapshots.is_empty() => {
+                    let (id, _) = snapshots.remove(n % snapshots.len());
+                    d.delete_snapshot(&id).unwrap();
+                }
+                Op::DropSnapshot(_) => {}
+                Op::Collect => {
+                    let cutoff = in_flight
+                        .iter()
+                        .map(|f| f.started)
+                        .min()
+                        .unwrap_or_else(SystemTime::now);
+                    d.collect_garbage_stored_before(cutoff).unwrap();
+                }
+            }
+            check_tree(&d, &model);
+        }
+        for push in in_flight.drain(..) {
+            model.insert(push.path, push.content);
+            finish(&mut d, push);
+        }
+        check_tree(&d, &model);
+        d.check_integrity().unwrap();
+        // Every kept snapshot still has every chunk it names.
+        for (id, at) in &snapshots {
+            d.restore_snapshot(id).unwrap();
+            check_tree(&d, at);
+        }
+        // And with nothing in flight, everything unreferenced goes.
+        d.collect_garbage_stored_before(SystemTime::now() + Duration::from_secs(1)).unwrap();
+        d.check_integrity().unwrap();
+    }
+}
