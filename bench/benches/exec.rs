@@ -28,11 +28,10 @@ use wsd_client::client::{self, Client};
 
 /// A daemon serving a temp workspace on a loopback port, on its own thread.
 struct Daemon {
-    _tmp: tempfile::TempDir,
     root: PathBuf,
     addr: String,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    _daemon: wsd::daemon::Background,
+    _tmp: tempfile::TempDir,
 }
 
 impl Daemon {
@@ -41,55 +40,13 @@ impl Daemon {
         let root = tmp.path().join("ws");
         std::fs::create_dir_all(&root).unwrap();
         let root = root.canonicalize().unwrap();
-        let config = wsd::daemon::DaemonConfig {
-            root: root.clone(),
-            state_dir: tmp.path().join("state"),
-            listen: vec!["127.0.0.1:0".into()],
-            token: None,
-            store: wsd::store::StoreOptions::default(),
-            exec_log_cap: None,
-            handshake_timeout: None,
-            sandbox: None,
-            prune_every: None,
-        };
-        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            LocalSet::new()
-                .block_on(
-                    &rt,
-                    wsd::daemon::run(
-                        config,
-                        |bound| addr_tx.send(bound[0].clone()).unwrap(),
-                        async {
-                            let _ = stop_rx.await;
-                        },
-                    ),
-                )
-                .unwrap();
-        });
-        let addr = addr_rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("the daemon did not listen");
+        let config = wsd::daemon::DaemonConfig::local(root.clone(), tmp.path().join("state"));
+        let daemon = wsd::daemon::Background::start(config).expect("the daemon did not listen");
         Daemon {
-            _tmp: tmp,
             root,
-            addr,
-            stop: Some(stop),
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        drop(self.stop.take());
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            addr: daemon.addr().to_owned(),
+            _daemon: daemon,
+            _tmp: tmp,
         }
     }
 }

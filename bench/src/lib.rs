@@ -9,7 +9,6 @@
 //! sync driver.
 
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
 
 use tempfile::TempDir;
 use wsd::store::{StoreOptions, WorkspaceStore};
@@ -193,8 +192,7 @@ impl Scratch {
 pub struct Daemon {
     pub addr: String,
     pub root: PathBuf,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    _daemon: wsd::daemon::Background,
 }
 
 impl Daemon {
@@ -202,55 +200,12 @@ impl Daemon {
     pub fn start(root: &Path, state: &Path) -> Daemon {
         std::fs::create_dir_all(root).expect("creating the workspace root");
         let root = root.canonicalize().expect("canonical root");
-        let config = wsd::daemon::DaemonConfig {
-            root: root.clone(),
-            state_dir: state.to_owned(),
-            listen: vec!["127.0.0.1:0".to_owned()],
-            token: None,
-            store: StoreOptions::default(),
-            exec_log_cap: None,
-            handshake_timeout: None,
-            sandbox: None,
-            prune_every: None,
-        };
-        let (addr_tx, addr_rx) = mpsc::channel();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name("bench-daemon".into())
-            .spawn(move || {
-                let rt = runtime();
-                tokio::task::LocalSet::new().block_on(&rt, async move {
-                    wsd::daemon::run(
-                        config,
-                        |addrs| {
-                            let _ = addr_tx.send(addrs[0].clone());
-                        },
-                        async {
-                            let _ = stopped.await;
-                        },
-                    )
-                    .await
-                    .expect("the bench daemon failed");
-                });
-            })
-            .expect("spawning the daemon thread");
-        let addr = addr_rx.recv().expect("the daemon did not start");
+        let config = wsd::daemon::DaemonConfig::local(root.clone(), state.to_owned());
+        let daemon = wsd::daemon::Background::start(config).expect("the bench daemon failed");
         Daemon {
-            addr,
+            addr: daemon.addr().to_owned(),
             root,
-            stop: Some(stop),
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            _daemon: daemon,
         }
     }
 }

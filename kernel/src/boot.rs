@@ -13,6 +13,7 @@ use wsd_dofs::Dofs;
 
 use crate::db::Db;
 use crate::domains;
+use crate::domains::oauth::OAuth;
 use crate::domains::proc::Procs;
 use crate::domains::workspace::Workspaces;
 use crate::error::KernelError;
@@ -36,6 +37,7 @@ impl Kernel {
         let system = Arc::new(Mutex::new(system));
         domains::prepare(&db, &system).await?;
         let router = Arc::new(Router::new(db.clone(), config.routed_call_ttl));
+        let oauth = OAuth::open(&dir, config.public_url.as_deref())?;
         let kernel = Arc::new(Kernel {
             workspaces: Workspaces::new(dir.join("workspaces"), config.wsd_bin.clone())
                 .with_wsd_sandbox(config.wsd_sandbox),
@@ -53,6 +55,7 @@ impl Kernel {
             login_failures: Mutex::new(HashMap::new()),
             timers: Default::default(),
             mcp: Default::default(),
+            oauth,
         });
         tokio::spawn(reap_idle_children(Arc::downgrade(&kernel)));
         domains::start(&kernel).await?;

@@ -18,6 +18,7 @@ pub const USER_CAPABILITIES: &[&str] = &[
     "sched.*",
     "codemode.*",
     "sys.mcp.*",
+    "sys.oauth.*",
     "notification.*",
     "repo.*",
     "signal.*",

@@ -93,27 +93,28 @@ impl<K> std::fmt::Debug for Dispatch<K> {
 const ROUTABLE_DOMAINS: &[&str] = &["fs", "shell", "net"];
 
 impl<K: Send + Sync + 'static> Dispatch<K> {
-    /// Registers `call`, needing `capability`, handled by `f`.
-    pub fn add<A, R, F, Fut>(&mut self, call: &'static str, capability: &'static str, f: F)
+    /// Registers `call`, handled by `f`. The capability a call needs is
+    /// its own name (matched by `has_capability`'s wildcards: `fs.*`, `*`).
+    pub fn add<A, R, F, Fut>(&mut self, call: &'static str, f: F)
     where
         A: DeserializeOwned + Send + 'static,
         R: Serialize + 'static,
         F: Fn(Arc<K>, Arc<Session>, A) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<R, KernelError>> + Send + 'static,
     {
-        self.insert(call, capability, false, f);
+        self.insert(call, call, false, f);
     }
 
     /// [`Dispatch::add`] for a call only a process may make: a socket
     /// asking for it gets 403 like a call it lacks the capability for.
-    pub fn add_internal<A, R, F, Fut>(&mut self, call: &'static str, capability: &'static str, f: F)
+    pub fn add_internal<A, R, F, Fut>(&mut self, call: &'static str, f: F)
     where
         A: DeserializeOwned + Send + 'static,
         R: Serialize + 'static,
         F: Fn(Arc<K>, Arc<Session>, A) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<R, KernelError>> + Send + 'static,
     {
-        self.insert(call, capability, true, f);
+        self.insert(call, call, true, f);
     }
 
     fn insert<A, R, F, Fut>(

@@ -18,6 +18,7 @@ use wsd_dofs::Dofs;
 use crate::db::Db;
 use crate::dispatch::Dispatch;
 use crate::domains::mcp::live::McpServers;
+use crate::domains::oauth::OAuth;
 use crate::domains::proc::active::Procs;
 use crate::domains::shell::sessions::Sessions;
 use crate::domains::timers::TimerWake;
@@ -63,6 +64,9 @@ pub struct KernelConfig {
     pub codemode_deadline: Duration,
     /// How often tombstones are pruned (kernel/PROTOCOL.md §10).
     pub prune_every: Duration,
+    /// The origin browsers reach this kernel at (`--public-url`), for
+    /// the OAuth callback; the bound address when absent.
+    pub public_url: Option<String>,
 }
 
 impl KernelConfig {
@@ -83,6 +87,7 @@ impl KernelConfig {
             gc_interval: Some(Duration::from_secs(6 * 60 * 60)),
             codemode_deadline: Duration::from_secs(60),
             prune_every: Duration::from_secs(10 * 60),
+            public_url: None,
         }
     }
 }
@@ -124,6 +129,8 @@ pub struct Kernel {
     pub(crate) timers: Arc<TimerWake>,
     /// Live MCP server connections (`sys.mcp.*`).
     pub(crate) mcp: McpServers,
+    /// The token seal, HTTP client and public origin of `sys.oauth.*`.
+    pub(crate) oauth: OAuth,
 }
 
 /// Read access for tests and benchmarks outside the crate: the state

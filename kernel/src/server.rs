@@ -1,4 +1,5 @@
-//! HTTP and WebSocket transport: `GET /health`, `GET /ws`, and the life of
+//! HTTP and WebSocket transport: `GET /health`, `GET /ws`, the OAuth
+//! callback and client metadata (the `oauth` domain's), and the life of
 //! one connection (handshake deadline, frame checks, in-flight requests,
 //! cancellation). One writer task per socket drains a bounded queue, so a
 //! slow client only ever blocks itself.
@@ -48,9 +49,27 @@ pub async fn serve(
     kernel: Arc<Kernel>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    if let Ok(mut addr) = listener.local_addr() {
+        // A browser cannot open 0.0.0.0; on this host, loopback works.
+        if addr.ip().is_unspecified() {
+            addr.set_ip(match addr.ip() {
+                std::net::IpAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                std::net::IpAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
+        }
+        kernel.oauth.set_bound_origin(format!("http://{addr}"));
+    }
     let app = Router::new()
         .route("/health", get(health))
         .route("/ws", get(upgrade))
+        .route(
+            crate::domains::oauth::CALLBACK_PATH,
+            get(crate::domains::oauth::calls::callback),
+        )
+        .route(
+            crate::domains::oauth::CLIENT_METADATA_PATH,
+            get(crate::domains::oauth::calls::client_metadata),
+        )
         .route(
             "/repos/{owner}/{repo}/{*rest}",
             any(crate::domains::repo::calls::http::serve),

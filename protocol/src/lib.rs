@@ -14,6 +14,7 @@ pub mod error;
 pub mod frames;
 pub mod fs;
 pub mod mcp;
+pub mod oauth;
 pub mod proc;
 pub mod repo;
 pub mod shell;

@@ -502,3 +502,121 @@ pub struct SegmentsResult {
     pub conversation_id: String,
     pub segments: Vec<ConversationSegment>,
 }
+
+/// `proc.ipc.send`: a message from the calling process to another process
+/// of the same owner.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IpcSendArgs {
+    pub pid: String,
+    /// The target's conversation; `default` when absent.
+    pub conversation_id: Option<String>,
+    pub message: String,
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// `proc.ipc.call`: [`IpcSendArgs`] with a deadline for the reply.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IpcCallArgs {
+    #[serde(flatten)]
+    pub send: IpcSendArgs,
+    /// 60 000 when absent; clamped to 1 000..=600 000.
+    pub timeout_ms: Option<i64>,
+}
+
+/// The call half of an IPC envelope.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IpcDeliverCall {
+    pub call_id: String,
+    pub reply_to_pid: String,
+    pub deadline_at: i64,
+}
+
+/// `proc.ipc.deliver` (kernel-only): the validated envelope the kernel
+/// hands the target process.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IpcDeliverArgs {
+    pub source_pid: String,
+    pub source: serde_json::Value,
+    pub conversation_id: Option<String>,
+    pub message: String,
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    pub sent_at: i64,
+    pub call: Option<IpcDeliverCall>,
+}
+
+/// `proc.ipc.send`: the message started a run of the target or queued
+/// behind its active one.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IpcSendResult {
+    pub ok: bool,
+    /// `started`.
+    pub status: String,
+    pub pid: String,
+    pub source_pid: String,
+    pub conversation_id: String,
+    pub run_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queued: Option<bool>,
+}
+
+/// `proc.ipc.call`: accepted; `ipc.reply` or `ipc.timeout` follows.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IpcCallResult {
+    pub ok: bool,
+    /// `started`.
+    pub status: String,
+    pub call_id: String,
+    pub pid: String,
+    pub source_pid: String,
+    pub conversation_id: String,
+    pub run_id: Option<String>,
+    pub deadline_at: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queued: Option<bool>,
+}
+
+/// `signal.watch`: run the calling process when process `processId`
+/// emits `signal`.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SignalWatchArgs {
+    pub signal: String,
+    /// The watched process; a process must name another one.
+    pub process_id: Option<String>,
+    /// Watching again with the same key replaces the watch.
+    pub key: Option<String>,
+    /// Handed back with every firing.
+    pub state: Option<serde_json::Value>,
+    /// Removed after its first firing; true when absent.
+    pub once: Option<bool>,
+    /// 24 h when absent; clamped to 1 s..=30 d.
+    pub ttl_ms: Option<i64>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SignalWatchResult {
+    pub watch_id: String,
+    pub created: bool,
+    pub created_at: i64,
+    pub expires_at: Option<i64>,
+}
+
+/// `signal.unwatch`: exactly one of `watchId` and `key`.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SignalUnwatchArgs {
+    pub watch_id: Option<String>,
+    pub key: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
+pub struct SignalUnwatchResult {
+    pub removed: u64,
+}

@@ -21,6 +21,11 @@ pub enum Synchronous {
     Normal,
     /// Every commit is on disk when it returns.
     Full,
+    /// Never waits for the disk, not even to checkpoint: a process crash
+    /// loses nothing, an OS crash or power loss may lose or tear any write
+    /// since the last one the kernel flushed. Only for a database its
+    /// owner can check and rebuild (wsd's client index).
+    Off,
 }
 
 /// The settings of every connection to one database. Each owner writes its
@@ -59,6 +64,7 @@ impl Pragmas {
         let sync = match self.synchronous {
             Synchronous::Normal => "NORMAL",
             Synchronous::Full => "FULL",
+            Synchronous::Off => "OFF",
         };
         conn.pragma_update(None, "synchronous", sync)?;
         conn.pragma_update(None, "foreign_keys", self.foreign_keys)?;

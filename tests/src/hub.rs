@@ -131,6 +131,22 @@ impl Hub {
             assert!(rounds < 20, "no convergence after 20 rounds");
         }
     }
+
+    /// [`Hub::converge`], then asserts that the authority and the daemon's
+    /// tree at `served` are equal and the authority is intact; `what`
+    /// names the scenario in a failure.
+    pub async fn converge_and_compare(&mut self, served: &Path, what: &str) {
+        self.converge()
+            .await
+            .unwrap_or_else(|e| panic!("{what}: no convergence: {e}"));
+        let (a, b) = (crate::dofs_digest(&self.dofs), crate::tree_digest(served));
+        assert!(
+            a == b,
+            "{what}: trees differ after convergence:\n{}",
+            crate::digest_diff(&a, &b, 20).join("\n")
+        );
+        self.dofs.check_integrity().unwrap();
+    }
 }
 
 /// `wsd::daemon::run` on its own thread in this process (so a test can arm
@@ -138,8 +154,7 @@ impl Hub {
 #[derive(Debug)]
 pub struct InProcessDaemon {
     pub addr: String,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    _daemon: wsd::daemon::Background,
 }
 
 impl InProcessDaemon {
@@ -150,50 +165,13 @@ impl InProcessDaemon {
     /// [`InProcessDaemon::start`] pruning tombstones every `prune_every`.
     pub fn start_with(root: &Path, state: &Path, prune_every: Option<Duration>) -> InProcessDaemon {
         std::fs::create_dir_all(root).unwrap();
-        let config = wsd::daemon::DaemonConfig {
-            root: root.canonicalize().unwrap(),
-            state_dir: state.to_owned(),
-            listen: vec!["127.0.0.1:0".into()],
-            token: None,
-            exec_log_cap: None,
-            handshake_timeout: None,
-            sandbox: None,
-            prune_every,
-            store: wsd::store::StoreOptions::default(),
-        };
-        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            block_on_local(async move {
-                wsd::daemon::run(
-                    config,
-                    |addrs| addr_tx.send(addrs[0].clone()).unwrap(),
-                    async move {
-                        let _ = stopped.await;
-                    },
-                )
-                .await
-                .expect("in-process daemon");
-            })
-        });
-        let addr = addr_rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("the in-process daemon listens");
+        let mut config =
+            wsd::daemon::DaemonConfig::local(root.canonicalize().unwrap(), state.to_owned());
+        config.prune_every = prune_every;
+        let daemon = wsd::daemon::Background::start(config).expect("in-process daemon");
         InProcessDaemon {
-            addr,
-            stop: Some(stop),
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for InProcessDaemon {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            addr: daemon.addr().to_owned(),
+            _daemon: daemon,
         }
     }
 }

@@ -3,43 +3,18 @@
 //! `wsd` CLI, build deterministic trees and compare them byte for byte.
 
 use std::collections::BTreeMap;
-use std::ffi::OsString;
-use std::net::TcpStream;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
 pub mod hub;
 pub mod parsers;
 
-/// The `wsd` binary of this workspace's target directory. `cargo test`
-/// builds it because the `wsd` package has integration tests of its own.
-pub fn wsd_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("WSD_BIN") {
-        return PathBuf::from(p);
-    }
-    let exe = std::env::current_exe().expect("test executable path");
-    // target/<profile>/deps/<test> → target/<profile>/wsd
-    let dir = exe.parent().and_then(Path::parent).expect("target dir");
-    let bin = dir.join("wsd");
-    assert!(
-        bin.exists(),
-        "{} is missing: run `cargo build -p wsd` (or set WSD_BIN)",
-        bin.display()
-    );
-    bin
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+pub use wsd_test_support::{
+    Daemon, DaemonBuilder, STEP, bin, free_addr, free_port, run_bounded, show, text, tree_digest,
+    wait_until, wsd_bin, wsd_command,
+};
 
 /// A CLI-side directory and a real daemon serving another, all in one
 /// temp dir (`local/`, `served/`, `state/`). Fields drop in order: the
@@ -69,202 +44,6 @@ impl Env {
             served,
             state,
             tmp,
-        }
-    }
-}
-
-/// A `wsd serve` child process; killed (SIGKILL) when dropped.
-#[derive(Debug)]
-pub struct Daemon {
-    pub root: PathBuf,
-    pub state: PathBuf,
-    pub addr: String,
-    pub token_file: Option<PathBuf>,
-    /// The program and its leading arguments (default: the `wsd` binary).
-    pub program: Vec<OsString>,
-    /// Where the daemon's stderr goes (default: discarded).
-    pub log: Option<PathBuf>,
-    child: Option<Child>,
-}
-
-impl Daemon {
-    /// Starts `wsd serve --root root --state state` on a free loopback port
-    /// and waits until it accepts connections.
-    pub fn start(root: &Path, state: &Path, token_file: Option<&Path>) -> Daemon {
-        Daemon::start_with(vec![wsd_bin().into()], root, state, token_file, None)
-    }
-
-    /// Like [`Daemon::start`] with another program (e.g. a binary that
-    /// embeds the daemon, followed by its leading arguments) and a file for
-    /// the daemon's stderr.
-    pub fn start_with(
-        program: Vec<OsString>,
-        root: &Path,
-        state: &Path,
-        token_file: Option<&Path>,
-        log: Option<&Path>,
-    ) -> Daemon {
-        let addr = format!("127.0.0.1:{}", free_port());
-        let mut d = Daemon {
-            root: root.to_owned(),
-            state: state.to_owned(),
-            addr,
-            token_file: token_file.map(Path::to_owned),
-            program,
-            log: log.map(Path::to_owned),
-            child: None,
-        };
-        d.spawn();
-        d
-    }
-
-    fn spawn(&mut self) {
-        let mut cmd = Command::new(&self.program[0]);
-        cmd.args(&self.program[1..])
-            .args(["serve", "--listen", &self.addr])
-            .arg("--root")
-            .arg(&self.root)
-            .arg("--state")
-            .arg(&self.state)
-            .env_remove("WSD_TOKEN")
-            .env_remove("WSD_TOKEN_FILE")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        if let Some(log) = &self.log {
-            let f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(log)
-                .expect("open the daemon log");
-            cmd.stderr(f);
-        }
-        if let Some(t) = &self.token_file {
-            cmd.arg("--token-file").arg(t);
-        }
-        let mut child = cmd.spawn().expect("spawn wsd serve");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while TcpStream::connect(&self.addr).is_err() {
-            if let Some(status) = child.try_wait().unwrap() {
-                panic!("wsd serve exited early: {status}");
-            }
-            assert!(
-                Instant::now() < deadline,
-                "wsd serve did not listen on {}",
-                self.addr
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        self.child = Some(child);
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.as_ref().expect("running").id()
-    }
-
-    /// True while the child process has not exited.
-    pub fn is_running(&mut self) -> bool {
-        match self.child.as_mut() {
-            Some(c) => c.try_wait().map(|s| s.is_none()).unwrap_or(false),
-            None => false,
-        }
-    }
-
-    /// SIGKILL, as a crash.
-    pub fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    /// SIGTERM and wait: a graceful stop.
-    pub fn stop(&mut self) -> std::process::ExitStatus {
-        let mut c = self.child.take().expect("running");
-        let status = Command::new("kill")
-            .arg(c.id().to_string())
-            .status()
-            .unwrap();
-        assert!(status.success());
-        c.wait().unwrap()
-    }
-
-    /// Starts the daemon again on the same root, state and address.
-    pub fn restart(&mut self) {
-        self.kill9();
-        self.spawn();
-    }
-
-    /// Runs a `wsd` client subcommand against this daemon.
-    pub fn cli(&self, args: &[&str]) -> Output {
-        let mut cmd = Command::new(wsd_bin());
-        cmd.args(args)
-            .args(["--remote", &self.addr])
-            .env_remove("WSD_TOKEN_FILE");
-        if let Some(t) = &self.token_file {
-            cmd.arg("--token-file").arg(t);
-        }
-        cmd.output().expect("run wsd")
-    }
-
-    /// `wsd push|pull LOCAL --json`, asserting success; returns the summary.
-    pub fn transfer(&self, verb: &str, local: &Path) -> serde_json::Value {
-        let out = self.cli(&[verb, local.to_str().unwrap(), "--json", "--create"]);
-        assert!(
-            out.status.success(),
-            "wsd {verb} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let stdout = String::from_utf8(out.stdout).unwrap();
-        serde_json::from_str(stdout.lines().last().expect("a JSON summary")).unwrap()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
-
-/// One path's state, as compared between trees (mtimes excluded).
-pub fn tree_digest(root: &Path) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    walk(root, root, &mut out);
-    out
-}
-
-fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let entry = entry.unwrap();
-        let path = entry.path();
-        let rel = path
-            .strip_prefix(root)
-            .unwrap()
-            .to_str()
-            .unwrap()
-            .to_owned();
-        if rel == ".wsd" {
-            continue;
-        }
-        let meta = std::fs::symlink_metadata(&path).unwrap();
-        let mode = meta.permissions().mode() & 0o7777;
-        if meta.file_type().is_symlink() {
-            out.insert(
-                rel,
-                format!("l {}", std::fs::read_link(&path).unwrap().display()),
-            );
-        } else if meta.is_dir() {
-            out.insert(rel, format!("d {mode:o}"));
-            walk(root, &path, out);
-        } else {
-            let bytes = std::fs::read(&path).unwrap();
-            out.insert(
-                rel,
-                format!(
-                    "f {mode:o} {} {}",
-                    bytes.len(),
-                    hex::encode(Sha256::digest(&bytes))
-                ),
-            );
         }
     }
 }
@@ -441,31 +220,4 @@ pub fn find_named(root: &Path, prefix: &str) -> Vec<String> {
     let mut out = Vec::new();
     go(root, root, prefix, &mut out);
     out
-}
-
-/// Runs `cmd` to completion with its output captured, failing the test if
-/// it is still running after `limit` (it is killed first), so a command
-/// that would hang turns into a failure instead of a stuck test.
-pub fn output_within(cmd: &mut Command, limit: Duration) -> Output {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let deadline = Instant::now() + limit;
-    loop {
-        if child.try_wait().expect("wait").is_some() {
-            return child.wait_with_output().expect("collect output");
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("collect output");
-            panic!(
-                "{cmd:?} still running after {limit:?}; stderr: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }

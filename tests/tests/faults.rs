@@ -129,17 +129,7 @@ impl Env {
     }
 
     async fn converge_and_compare(&mut self, what: &str) {
-        self.hub
-            .converge()
-            .await
-            .unwrap_or_else(|e| panic!("{what}: retry did not converge: {e}"));
-        let (a, b) = (dofs_digest(&self.hub.dofs), tree_digest(&self.served));
-        assert!(
-            a == b,
-            "{what}: trees differ:\n{}",
-            digest_diff(&a, &b, 20).join("\n")
-        );
-        self.hub.dofs.check_integrity().unwrap();
+        self.hub.converge_and_compare(&self.served, what).await;
     }
 }
 

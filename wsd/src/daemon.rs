@@ -34,6 +34,98 @@ pub struct DaemonConfig {
     pub prune_every: Option<std::time::Duration>,
 }
 
+impl DaemonConfig {
+    /// `root` served on one loopback listener on a free port, state in
+    /// `state_dir`, no token, no sandbox, every other setting its default:
+    /// the daemon a test, a benchmark or an embedding program starts.
+    pub fn local(root: PathBuf, state_dir: PathBuf) -> DaemonConfig {
+        DaemonConfig {
+            root,
+            state_dir,
+            listen: vec!["127.0.0.1:0".to_owned()],
+            token: None,
+            store: StoreOptions::default(),
+            exec_log_cap: None,
+            handshake_timeout: None,
+            sandbox: None,
+            prune_every: None,
+        }
+    }
+}
+
+/// [`run`] on a thread of its own, with the current-thread runtime and
+/// `LocalSet` that `wsd serve` uses, for a program (a test, a benchmark)
+/// that embeds the daemon beside its own runtime. Stopped gracefully and
+/// joined when dropped.
+#[derive(Debug)]
+pub struct Background {
+    /// The bound addresses, in the order of [`DaemonConfig::listen`].
+    pub addrs: Vec<String>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<Result<(), DaemonError>>>,
+}
+
+impl Background {
+    /// Starts the daemon and returns once it listens, or with the error
+    /// that kept it from starting.
+    pub fn start(config: DaemonConfig) -> Result<Background, DaemonError> {
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("wsd-daemon".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|source| DaemonError::Runtime { source })?;
+                tokio::task::LocalSet::new().block_on(
+                    &rt,
+                    run(
+                        config,
+                        |addrs| {
+                            let _ = addr_tx.send(addrs.to_vec());
+                        },
+                        async {
+                            let _ = stopped.await;
+                        },
+                    ),
+                )
+            })
+            .map_err(|source| DaemonError::Runtime { source })?;
+        match addr_rx.recv() {
+            Ok(addrs) => Ok(Background {
+                addrs,
+                stop: Some(stop),
+                thread: Some(thread),
+            }),
+            // It ended before listening: its error says why.
+            Err(_) => match thread.join() {
+                Ok(Err(e)) => Err(e),
+                Ok(Ok(())) => Err(DaemonError::Runtime {
+                    source: std::io::Error::other("the daemon stopped before it listened"),
+                }),
+                Err(panic) => std::panic::resume_unwind(panic),
+            },
+        }
+    }
+
+    /// The first bound address.
+    pub fn addr(&self) -> &str {
+        &self.addrs[0]
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DaemonError {
@@ -62,6 +154,8 @@ pub enum DaemonError {
     Sandbox(#[from] exec::SandboxError),
     #[error(transparent)]
     Serve(#[from] ServeError),
+    #[error("starting the daemon's thread: {source}")]
+    Runtime { source: std::io::Error },
 }
 
 /// Advisory locks held for the daemon's lifetime: one daemon per root and

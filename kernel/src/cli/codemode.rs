@@ -183,6 +183,10 @@ pub async fn mcp(c: &mut GsvClient, action: McpAction) -> Result<bool> {
                     "{}\n",
                     d["server"]["serverId"].as_str().unwrap_or("")
                 ))?;
+                // A server behind OAuth waits for its owner's sign-in.
+                if let Some(url) = d["server"]["authUrl"].as_str() {
+                    eprintln!("gsv: sign in to this server in a browser: {url}");
+                }
             }
             Ok(true)
         }

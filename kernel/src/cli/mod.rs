@@ -3,13 +3,14 @@
 //! `call`, `workspace`, `exec`, `attach`, `chat` and `watch` drive a kernel over
 //! its WebSocket like any other user client; `sched`, `notify` and
 //! `notifications` are in [`sched`], `codemode` and `mcp` in [`codemode`];
-//! `proc` (conversations) in [`proc`].
+//! `proc` (conversations) in [`proc`]; `oauth` in [`oauth`].
 
 mod account;
 mod chat;
 mod codemode;
 mod conn;
 mod exec;
+mod oauth;
 mod proc;
 mod repo;
 mod sched;
@@ -125,6 +126,12 @@ enum Command {
         #[command(subcommand)]
         action: Box<codemode::McpAction>,
     },
+    /// List or forget your OAuth accounts (`sys.oauth.*`).
+    #[command(after_help = CONFIG_HELP)]
+    Oauth {
+        #[command(subcommand)]
+        action: oauth::OAuthAction,
+    },
     /// List, add, remove or run schedules (`sched.*`).
     #[command(after_help = CONFIG_HELP)]
     Sched {
@@ -224,6 +231,12 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Mcp { action } => {
             let mut c = conn::connect(&conn).await?;
             let ok = codemode::mcp(&mut c, *action).await?;
+            c.close().await;
+            Ok(exit_code(ok))
+        }
+        Command::Oauth { action } => {
+            let mut c = conn::connect(&conn).await?;
+            let ok = oauth::oauth(&mut c, action).await?;
             c.close().await;
             Ok(exit_code(ok))
         }

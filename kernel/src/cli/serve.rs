@@ -41,6 +41,11 @@ pub struct ServeArgs {
     /// Seconds after which an unused local wsd (running nothing) is stopped.
     #[arg(long, default_value_t = 600)]
     wsd_idle_secs: u64,
+    /// The origin browsers reach this kernel at (e.g. https://gsv.example),
+    /// for OAuth redirects (`/oauth/callback`); the listen address when
+    /// absent.
+    #[arg(long, value_name = "URL")]
+    public_url: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -79,6 +84,7 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode> {
     config.max_frame_bytes = a.max_frame_bytes;
     config.exec_wait = std::time::Duration::from_millis(a.exec_wait_ms);
     config.wsd_idle_stop = std::time::Duration::from_secs(a.wsd_idle_secs);
+    config.public_url = a.public_url;
     let kernel: Arc<Kernel> = Kernel::open(config)
         .await
         .with_context(|| format!("opening {}", data.display()))?;

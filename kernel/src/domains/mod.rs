@@ -17,6 +17,7 @@ pub mod device;
 pub mod fs;
 pub mod mcp;
 pub mod notification;
+pub mod oauth;
 pub mod proc;
 pub mod repo;
 pub mod sched;
@@ -49,6 +50,8 @@ pub const MIGRATIONS: &[&[Migration]] = &[
     snapshot::MIGRATIONS,
     proc::CONVERSATION_MIGRATIONS,
     mcp::MIGRATIONS,
+    proc::IPC_MIGRATIONS,
+    oauth::MIGRATIONS,
 ];
 
 /// [`MIGRATIONS`] as one list, what `Db::open` applies.
@@ -69,6 +72,7 @@ pub async fn prepare(db: &Db, system: &Arc<Mutex<Dofs>>) -> Result<(), KernelErr
 /// `running` end, and queued work starts.
 pub async fn start(k: &Arc<Kernel>) -> Result<(), KernelError> {
     proc::calls::run::recover(k).await?;
+    proc::calls::ipc::recover(k).await?;
     sched::calls::recover(k).await?;
     timers::calls::start(k);
     tokio::spawn(watch::calls::prune_periodically(Arc::downgrade(k)));
@@ -84,201 +88,108 @@ pub fn table() -> Dispatch<Kernel> {
 
 /// Registers every syscall with the capability it needs.
 pub fn register(d: &mut Dispatch<Kernel>) {
+    d.add("sys.token.create", sys::calls::token_create);
+    d.add("sys.token.list", sys::calls::token_list);
+    d.add("sys.token.revoke", sys::calls::token_revoke);
+    d.add("sys.config.get", sys::calls::config_get);
+    d.add("sys.config.set", sys::calls::config_set);
+    d.add("sys.device.list", device::calls::list);
+    d.add("sys.device.get", device::calls::get);
+    d.add("sys.device.update", device::calls::update);
+    d.add("account.create", accounts::calls::create);
+    d.add("account.list", accounts::calls::list);
+    d.add("sys.workspace.create", workspace::calls::create);
+    d.add("sys.workspace.list", workspace::calls::list);
+    d.add("sys.workspace.get", workspace::calls::get);
+    d.add("sys.workspace.archive", workspace::calls::archive);
+    d.add("fs.read", fs::calls::read);
+    d.add("fs.write", fs::calls::write);
+    d.add("fs.edit", fs::calls::edit);
+    d.add("fs.delete", fs::calls::delete);
+    d.add("fs.search", fs::calls::search);
+    d.add("ai.tools", ai::calls::tools);
+    d.add("ai.config", ai::calls::config);
+    d.add("fs.watch", watch::calls::watch);
+    d.add("fs.changes", watch::calls::changes);
+    d.add("fs.unwatch", watch::calls::unwatch);
+    d.add("proc.spawn", proc::calls::spawn);
+    d.add("proc.list", proc::calls::list);
+    d.add("proc.send", proc::calls::send);
+    d.add("proc.history", proc::calls::history);
+    d.add("proc.abort", proc::calls::abort);
+    d.add("proc.hil", proc::calls::hil);
+    d.add("proc.reset", proc::calls::reset);
+    d.add("proc.kill", proc::calls::kill);
+    d.add("proc.ipc.send", proc::calls::ipc::send);
+    d.add("proc.ipc.call", proc::calls::ipc::call);
+    d.add_internal("proc.ipc.deliver", proc::calls::ipc::deliver);
+    d.add("signal.watch", proc::calls::signal_watch::watch);
+    d.add("signal.unwatch", proc::calls::signal_watch::unwatch);
+    d.add("proc.profile.list", proc::calls::profile_list);
+    d.add("proc.conversation.open", proc::calls::conversation::open);
+    d.add("proc.conversation.list", proc::calls::conversation::list);
+    d.add("proc.conversation.get", proc::calls::conversation::get);
+    d.add("proc.conversation.close", proc::calls::conversation::close);
+    d.add("proc.conversation.reset", proc::calls::conversation::reset);
     d.add(
-        "sys.token.create",
-        "sys.token.create",
-        sys::calls::token_create,
-    );
-    d.add("sys.token.list", "sys.token.list", sys::calls::token_list);
-    d.add(
-        "sys.token.revoke",
-        "sys.token.revoke",
-        sys::calls::token_revoke,
-    );
-    d.add("sys.config.get", "sys.config.get", sys::calls::config_get);
-    d.add("sys.config.set", "sys.config.set", sys::calls::config_set);
-    d.add("sys.device.list", "sys.device.list", device::calls::list);
-    d.add("sys.device.get", "sys.device.get", device::calls::get);
-    d.add(
-        "sys.device.update",
-        "sys.device.update",
-        device::calls::update,
-    );
-    d.add("account.create", "account.create", accounts::calls::create);
-    d.add("account.list", "account.list", accounts::calls::list);
-    d.add(
-        "sys.workspace.create",
-        "sys.workspace.create",
-        workspace::calls::create,
-    );
-    d.add(
-        "sys.workspace.list",
-        "sys.workspace.list",
-        workspace::calls::list,
-    );
-    d.add(
-        "sys.workspace.get",
-        "sys.workspace.get",
-        workspace::calls::get,
-    );
-    d.add(
-        "sys.workspace.archive",
-        "sys.workspace.archive",
-        workspace::calls::archive,
-    );
-    d.add("fs.read", "fs.read", fs::calls::read);
-    d.add("fs.write", "fs.write", fs::calls::write);
-    d.add("fs.edit", "fs.edit", fs::calls::edit);
-    d.add("fs.delete", "fs.delete", fs::calls::delete);
-    d.add("fs.search", "fs.search", fs::calls::search);
-    d.add("ai.tools", "ai.tools", ai::calls::tools);
-    d.add("ai.config", "ai.config", ai::calls::config);
-    d.add("fs.watch", "fs.watch", watch::calls::watch);
-    d.add("fs.changes", "fs.changes", watch::calls::changes);
-    d.add("fs.unwatch", "fs.unwatch", watch::calls::unwatch);
-    d.add("proc.spawn", "proc.spawn", proc::calls::spawn);
-    d.add("proc.list", "proc.list", proc::calls::list);
-    d.add("proc.send", "proc.send", proc::calls::send);
-    d.add("proc.history", "proc.history", proc::calls::history);
-    d.add("proc.abort", "proc.abort", proc::calls::abort);
-    d.add("proc.hil", "proc.hil", proc::calls::hil);
-    d.add("proc.reset", "proc.reset", proc::calls::reset);
-    d.add("proc.kill", "proc.kill", proc::calls::kill);
-    d.add(
-        "proc.profile.list",
-        "proc.profile.list",
-        proc::calls::profile_list,
-    );
-    d.add(
-        "proc.conversation.open",
-        "proc.conversation.open",
-        proc::calls::conversation::open,
-    );
-    d.add(
-        "proc.conversation.list",
-        "proc.conversation.list",
-        proc::calls::conversation::list,
-    );
-    d.add(
-        "proc.conversation.get",
-        "proc.conversation.get",
-        proc::calls::conversation::get,
-    );
-    d.add(
-        "proc.conversation.close",
-        "proc.conversation.close",
-        proc::calls::conversation::close,
-    );
-    d.add(
-        "proc.conversation.reset",
-        "proc.conversation.reset",
-        proc::calls::conversation::reset,
-    );
-    d.add(
-        "proc.conversation.policy.get",
         "proc.conversation.policy.get",
         proc::calls::conversation::policy_get,
     );
     d.add(
         "proc.conversation.policy.set",
-        "proc.conversation.policy.set",
         proc::calls::conversation::policy_set,
     );
     d.add(
         "proc.conversation.compact",
-        "proc.conversation.compact",
         proc::calls::conversation::compact,
     );
+    d.add("proc.conversation.fork", proc::calls::conversation::fork);
     d.add(
-        "proc.conversation.fork",
-        "proc.conversation.fork",
-        proc::calls::conversation::fork,
-    );
-    d.add(
-        "proc.conversation.segments",
         "proc.conversation.segments",
         proc::calls::conversation::segments,
     );
     d.add(
         "proc.conversation.segment.read",
-        "proc.conversation.segment.read",
         proc::calls::conversation::segment_read,
     );
-    d.add("shell.exec", "shell.exec", shell::calls::exec);
-    d.add_internal("codemode.exec", "codemode.exec", codemode::calls::exec);
-    d.add("codemode.run", "codemode.run", codemode::calls::run);
-    d.add("sys.mcp.add", "sys.mcp.add", mcp::calls::add);
-    d.add("sys.mcp.list", "sys.mcp.list", mcp::calls::list);
-    d.add("sys.mcp.remove", "sys.mcp.remove", mcp::calls::remove);
-    d.add("sys.mcp.refresh", "sys.mcp.refresh", mcp::calls::refresh);
-    d.add("sys.mcp.call", "sys.mcp.call", mcp::calls::call);
-    d.add("sched.list", "sched.list", sched::calls::list);
-    d.add("sched.add", "sched.add", sched::calls::add);
-    d.add("sched.update", "sched.update", sched::calls::update);
-    d.add("sched.remove", "sched.remove", sched::calls::remove);
-    d.add("sched.run", "sched.run", sched::calls::run);
-    d.add(
-        "notification.create",
-        "notification.create",
-        notification::calls::create,
-    );
-    d.add(
-        "notification.list",
-        "notification.list",
-        notification::calls::list,
-    );
-    d.add(
-        "notification.mark_read",
-        "notification.mark_read",
-        notification::calls::mark_read,
-    );
-    d.add(
-        "notification.dismiss",
-        "notification.dismiss",
-        notification::calls::dismiss,
-    );
-    d.add(
-        "workspace.snapshot.create",
-        "workspace.snapshot.create",
-        snapshot::calls::create,
-    );
-    d.add(
-        "workspace.snapshot.list",
-        "workspace.snapshot.list",
-        snapshot::calls::list,
-    );
-    d.add(
-        "workspace.snapshot.get",
-        "workspace.snapshot.get",
-        snapshot::calls::get,
-    );
-    d.add(
-        "workspace.snapshot.diff",
-        "workspace.snapshot.diff",
-        snapshot::calls::diff,
-    );
-    d.add(
-        "workspace.snapshot.restore",
-        "workspace.snapshot.restore",
-        snapshot::calls::restore,
-    );
-    d.add(
-        "workspace.snapshot.delete",
-        "workspace.snapshot.delete",
-        snapshot::calls::delete,
-    );
+    d.add("shell.exec", shell::calls::exec);
+    d.add_internal("codemode.exec", codemode::calls::exec);
+    d.add("codemode.run", codemode::calls::run);
+    d.add("sys.mcp.add", mcp::calls::add);
+    d.add("sys.mcp.list", mcp::calls::list);
+    d.add("sys.mcp.remove", mcp::calls::remove);
+    d.add("sys.mcp.refresh", mcp::calls::refresh);
+    d.add("sys.mcp.call", mcp::calls::call);
+    d.add("sys.oauth.start", oauth::calls::start);
+    d.add("sys.oauth.list", oauth::calls::list);
+    d.add("sys.oauth.forget", oauth::calls::forget);
+    d.add("sched.list", sched::calls::list);
+    d.add("sched.add", sched::calls::add);
+    d.add("sched.update", sched::calls::update);
+    d.add("sched.remove", sched::calls::remove);
+    d.add("sched.run", sched::calls::run);
+    d.add("notification.create", notification::calls::create);
+    d.add("notification.list", notification::calls::list);
+    d.add("notification.mark_read", notification::calls::mark_read);
+    d.add("notification.dismiss", notification::calls::dismiss);
+    d.add("workspace.snapshot.create", snapshot::calls::create);
+    d.add("workspace.snapshot.list", snapshot::calls::list);
+    d.add("workspace.snapshot.get", snapshot::calls::get);
+    d.add("workspace.snapshot.diff", snapshot::calls::diff);
+    d.add("workspace.snapshot.restore", snapshot::calls::restore);
+    d.add("workspace.snapshot.delete", snapshot::calls::delete);
     // Root only: it walks every workspace store.
-    d.add("sys.gc", "sys.gc", snapshot::calls::gc);
-    d.add("repo.list", "repo.list", repo::calls::list);
-    d.add("repo.create", "repo.create", repo::calls::create);
-    d.add("repo.refs", "repo.refs", repo::calls::refs);
-    d.add("repo.read", "repo.read", repo::calls::read);
-    d.add("repo.search", "repo.search", repo::calls::search);
-    d.add("repo.log", "repo.log", repo::calls::log);
-    d.add("repo.diff", "repo.diff", repo::calls::diff);
-    d.add("repo.compare", "repo.compare", repo::calls::compare);
-    d.add("repo.apply", "repo.apply", repo::calls::apply);
-    d.add("repo.import", "repo.import", repo::calls::import);
+    d.add("sys.gc", snapshot::calls::gc);
+    d.add("repo.list", repo::calls::list);
+    d.add("repo.create", repo::calls::create);
+    d.add("repo.refs", repo::calls::refs);
+    d.add("repo.read", repo::calls::read);
+    d.add("repo.search", repo::calls::search);
+    d.add("repo.log", repo::calls::log);
+    d.add("repo.diff", repo::calls::diff);
+    d.add("repo.compare", repo::calls::compare);
+    d.add("repo.apply", repo::calls::apply);
+    d.add("repo.import", repo::calls::import);
 }
 
 #[cfg(test)]

@@ -921,3 +921,53 @@ fn gsv_watch_replays_from_a_cursor_and_prints_where_to_resume() {
     let (ok, _, err) = gsv_err(&s, &["watch", &ws, "--after", "garbage"]);
     assert!(!ok && err.contains("Cursor expired"), "{err}");
 }
+
+#[test]
+fn the_cli_lists_and_forgets_oauth_accounts() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(mcp) = rt.block_on(crate::mcp::McpServer::start_script("oauth_server.py", &[])) else {
+        return;
+    };
+    let s = serve();
+    let setup = r#"{"username":"alice","password":"alice-password"}"#;
+    assert!(gsv(&s, &["call", "sys.setup", setup]).0);
+    assert_eq!(gsv(&s, &["oauth", "list"]), (true, String::new()));
+    let (ok, id, err) = gsv_err(&s, &["mcp", "add", "Guarded", &mcp.url]);
+    assert!(ok, "{err}");
+    let id = id.trim().to_owned();
+    let (_, pending) = gsv(&s, &["oauth", "list", "--pending"]);
+    let row: Vec<&str> = pending.trim_end().split('\t').collect();
+    assert_eq!(row[0], "flow", "{pending}");
+    assert_eq!(&row[2..5], &["mcp-server", mcp.url.as_str(), id.as_str()]);
+    // The browser step, then the account is listed without its tokens.
+    let (_, listed) = gsv(&s, &["call", "sys.mcp.list"]);
+    let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    let auth_url = listed["data"]["servers"][0]["authUrl"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let status = rt.block_on(async { reqwest::get(&auth_url).await.unwrap().status() });
+    assert_eq!(status.as_u16(), 200);
+    let (ok, accounts) = gsv(&s, &["oauth", "list"]);
+    assert!(ok);
+    let row: Vec<&str> = accounts.trim_end().split('\t').collect();
+    assert_eq!(row.len(), 7, "{accounts}");
+    assert_eq!(row[0], "account");
+    assert_eq!(&row[2..5], &["mcp-server", mcp.url.as_str(), id.as_str()]);
+    assert_eq!(row[6], "Guarded");
+    let account = row[1].to_owned();
+    assert!(account.starts_with("oauth_"), "{account}");
+    let (ok, json) = gsv(&s, &["oauth", "list", "--json"]);
+    assert!(
+        ok && json.contains(&account) && !json.contains("accessToken"),
+        "{json}"
+    );
+    assert_eq!(
+        gsv(&s, &["oauth", "forget", &account]),
+        (true, format!("forgotten\t{account}\n"))
+    );
+    let (ok, _, err) = gsv_err(&s, &["oauth", "forget", &account]);
+    assert!(!ok);
+    assert!(err.contains("no OAuth account of yours"), "{err}");
+    assert_eq!(gsv(&s, &["oauth", "list"]), (true, String::new()));
+}

@@ -278,22 +278,7 @@ pub fn user_connect(auth: Value) -> Value {
     connect_args("test", "user", auth)
 }
 
-/// The `wsd` binary of this target directory (built by `cargo build`).
-pub fn wsd_bin() -> std::path::PathBuf {
-    if let Some(p) = std::env::var_os("WSD_BIN") {
-        return p.into();
-    }
-    // target/<profile>/deps/<test> → target/<profile>/wsd; `cargo test
-    // --workspace` builds it (the wsd package has integration tests).
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().and_then(|d| d.parent()).unwrap().join("wsd");
-    assert!(
-        bin.exists(),
-        "{} is missing: run `cargo build -p wsd` (or set WSD_BIN)",
-        bin.display()
-    );
-    bin
-}
+pub use wsd_test_support::wsd_bin;
 
 /// Whether `bwrap` (Debian package bubblewrap) is installed, which the
 /// kernel's default `wsd serve --sandbox` needs. Without it the tests run

@@ -21,6 +21,12 @@ pub(crate) struct McpServer {
 impl McpServer {
     /// The server, or `None` (printed) when the SDK is not installed.
     pub(crate) async fn start() -> Option<McpServer> {
+        McpServer::start_script("server.py", &[]).await
+    }
+
+    /// The server of `kernel/tests/mcp/<script>` with `env`, or `None`
+    /// (printed) when the SDK is not installed.
+    pub(crate) async fn start_script(script: &str, env: &[(&str, &str)]) -> Option<McpServer> {
         let has_sdk = Command::new("python3")
             .args(["-c", "import mcp.server.mcpserver, uvicorn"])
             .stderr(Stdio::null())
@@ -35,9 +41,10 @@ impl McpServer {
             eprintln!("skipping: python3 has no MCP SDK (pip install mcp==2.3.0)");
             return None;
         }
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp/server.py");
+        let script = format!("{}/tests/mcp/{script}", env!("CARGO_MANIFEST_DIR"));
         let mut child = Command::new("python3")
             .arg(script)
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             // The SDK logs every session at INFO; a failing test shows
@@ -47,9 +54,11 @@ impl McpServer {
             .spawn()
             .unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let port = tokio::time::timeout(std::time::Duration::from_secs(30), lines.next_line())
+        // Importing the SDK is slow on a loaded machine; this bounds a
+        // server that never starts.
+        let port = tokio::time::timeout(std::time::Duration::from_secs(120), lines.next_line())
             .await
-            .expect("the MCP server printed no port within 30 s")
+            .expect("the MCP server printed no port within 120 s")
             .unwrap()
             .expect("the MCP server exited before printing its port");
         Some(McpServer {

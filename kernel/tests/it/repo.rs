@@ -9,6 +9,8 @@ use base64::Engine as _;
 use gsv_kernel::client::GsvClient;
 use serde_json::{Value, json};
 
+use wsd_test_support::free_port;
+
 use crate::harness::{TestKernel, err_of};
 
 /// Runs git in `dir` with no user or system config; panics on failure.
@@ -665,15 +667,6 @@ fn commit_upstream(dir: &Path, i: usize) -> String {
     git(dir, &["add", "-A"]);
     git(dir, &["commit", "-q", "-m", &format!("upstream {i}")]);
     git(dir, &["rev-parse", "main"]).trim().to_owned()
-}
-
-/// A port nothing listens on right now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// `git daemon` serving `base` on loopback; killed when dropped.

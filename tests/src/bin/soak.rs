@@ -1294,17 +1294,8 @@ fn embedded_daemon(args: &[String]) -> Result<ExitCode> {
         .with_writer(std::io::stderr)
         .init();
     let root = PathBuf::from(get("--root")?).canonicalize()?;
-    let config = wsd::daemon::DaemonConfig {
-        root,
-        state_dir: PathBuf::from(get("--state")?),
-        listen: vec![get("--listen")?],
-        token: None,
-        store: wsd::store::StoreOptions::default(),
-        exec_log_cap: None,
-        handshake_timeout: None,
-        sandbox: None,
-        prune_every: None,
-    };
+    let mut config = wsd::daemon::DaemonConfig::local(root, PathBuf::from(get("--state")?));
+    config.listen = vec![get("--listen")?];
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -1415,7 +1406,11 @@ async fn run(args: Args, seed: u64) -> Result<Vec<String>> {
     let log_path = tmp.path().join("daemon.log");
     let program = daemon_program();
     println!("soak: daemon {:?}, dir {}", program, tmp.path().display());
-    let mut daemon = Daemon::start_with(program, &served, &state, None, Some(&log_path));
+    let mut daemon = Daemon::builder(&served)
+        .state(&state)
+        .program(program)
+        .log(&log_path)
+        .start();
     let mut pid = daemon.pid();
     let served = served.canonicalize()?;
     let mut dofs = Dofs::open(tmp.path().join("authority.dofs"))?;

@@ -23,9 +23,7 @@ use sha2::{Digest, Sha256};
 use tempfile::TempDir;
 use wsd::rpc::{ExecEventKind, ExecRequest, ResumeFrom};
 use wsd_tests::hub::{Hub, block_on_local};
-use wsd_tests::{
-    Daemon, bytes, digest_diff, dofs_digest, find_named, sqlite_integrity, tree_digest,
-};
+use wsd_tests::{Daemon, bytes, find_named, sqlite_integrity};
 
 fn iterations() -> usize {
     if std::env::var_os("WSD_SLOW_TESTS").is_some_and(|v| v == "1") {
@@ -130,16 +128,8 @@ impl Env {
             "{what}: temp files after restart: {temps:?}"
         );
         self.hub
-            .converge()
-            .await
-            .unwrap_or_else(|e| panic!("{what}: no convergence after restart: {e}"));
-        let (a, b) = (dofs_digest(&self.hub.dofs), tree_digest(&self.served));
-        assert!(
-            a == b,
-            "{what}: trees differ after convergence:\n{}",
-            digest_diff(&a, &b, 20).join("\n")
-        );
-        self.hub.dofs.check_integrity().unwrap();
+            .converge_and_compare(&self.served, &format!("{what} (after restart)"))
+            .await;
     }
 
     fn write_local(&mut self, rel: &str, data: &[u8]) {

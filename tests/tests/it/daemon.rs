@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use wsd_tests::{Daemon, Env, bytes, make_tree, output_within, tree_digest, write, wsd_bin};
+use wsd_tests::{Daemon, Env, bytes, make_tree, run_bounded, tree_digest, write, wsd_bin};
 
 fn n(v: &serde_json::Value, key: &str) -> u64 {
     v[key]
@@ -259,13 +259,14 @@ fn two_hundred_idle_connections_do_not_stop_a_push() {
     make_tree(&e.local, 30, 11);
     // Bounded: before the handshake deadline and the separate cap on
     // unauthenticated peers, this push waited forever behind the idle ones.
-    let out = output_within(
+    let out = run_bounded(
         Command::new(wsd_bin()).args([
             "push",
             e.local.to_str().unwrap(),
             "--remote",
             &e.daemon.addr,
         ]),
+        None,
         LIMIT,
     );
     assert!(
@@ -301,8 +302,9 @@ fn stderr(out: &std::process::Output) -> String {
 fn a_second_daemon_on_the_same_root_or_state_refuses_to_start_and_creates_no_database() {
     let e = Env::start();
     let other_state = e.tmp.path().join("other-state");
-    let out = output_within(
+    let out = run_bounded(
         &mut serve_cmd(&e.served, &other_state, "127.0.0.1:0"),
+        None,
         LIMIT,
     );
     assert!(!out.status.success());
@@ -317,8 +319,9 @@ fn a_second_daemon_on_the_same_root_or_state_refuses_to_start_and_creates_no_dat
 
     let other_root = e.tmp.path().join("other-root");
     std::fs::create_dir(&other_root).unwrap();
-    let out = output_within(
+    let out = run_bounded(
         &mut serve_cmd(&other_root, &e.daemon.state, "127.0.0.1:0"),
+        None,
         LIMIT,
     );
     assert!(!out.status.success());
@@ -335,8 +338,9 @@ fn a_daemon_that_cannot_bind_creates_no_database() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();
     let state = tmp.path().join("state");
-    let out = output_within(
+    let out = run_bounded(
         &mut serve_cmd(&tmp.path().join("root"), &state, &addr),
+        None,
         LIMIT,
     );
     assert!(!out.status.success());
@@ -376,7 +380,7 @@ fn serve_unix(root: &Path, state: &Path, sock: &Path) -> KillOnDrop {
 }
 
 fn exec_echo(sock: &Path) -> std::process::Output {
-    output_within(
+    run_bounded(
         Command::new(wsd_bin()).args([
             "exec",
             "--remote",
@@ -385,6 +389,7 @@ fn exec_echo(sock: &Path) -> std::process::Output {
             "echo",
             "alive",
         ]),
+        None,
         LIMIT,
     )
 }
@@ -395,12 +400,13 @@ fn a_live_unix_socket_is_never_taken_over_and_a_stale_one_is_replaced() {
     let sock = tmp.path().join("wsd.sock");
     let first = serve_unix(&tmp.path().join("r1"), &tmp.path().join("s1"), &sock);
 
-    let out = output_within(
+    let out = run_bounded(
         &mut serve_cmd(
             &tmp.path().join("r2"),
             &tmp.path().join("s2"),
             &format!("unix:{}", sock.display()),
         ),
+        None,
         LIMIT,
     );
     assert!(!out.status.success());
@@ -429,8 +435,9 @@ fn a_clean_stop_leaves_no_wal_or_shm_files() {
     let mut e = Env::start();
     make_tree(&e.local, 10, 5);
     e.daemon.transfer("push", &e.local);
-    let out = output_within(
+    let out = run_bounded(
         Command::new(wsd_bin()).args(["exec", "--remote", &e.daemon.addr, "--", "echo", "hi"]),
+        None,
         LIMIT,
     );
     assert!(out.status.success(), "{}", stderr(&out));
@@ -472,13 +479,14 @@ fn a_damaged_local_index_is_set_aside_named_and_rebuilt_and_the_push_converges()
     damage_pages(&index);
     write(&e.local, "after/damage.txt", b"new after the damage", 0o644);
     std::fs::remove_file(e.local.join("d0/e0/f0.txt")).unwrap();
-    let out = output_within(
+    let out = run_bounded(
         Command::new(wsd_bin()).args([
             "push",
             e.local.to_str().unwrap(),
             "--remote",
             &e.daemon.addr,
         ]),
+        None,
         LIMIT,
     );
     let err = stderr(&out);
@@ -495,8 +503,9 @@ fn a_daemon_with_a_damaged_index_and_exec_log_sets_both_aside_and_serves() {
     let mut e = Env::start();
     make_tree(&e.local, 40, 22);
     e.daemon.transfer("push", &e.local);
-    let out = output_within(
+    let out = run_bounded(
         Command::new(wsd_bin()).args(["exec", "--remote", &e.daemon.addr, "--", "echo", "before"]),
+        None,
         LIMIT,
     );
     assert!(out.status.success(), "{}", stderr(&out));
@@ -509,8 +518,9 @@ fn a_daemon_with_a_damaged_index_and_exec_log_sets_both_aside_and_serves() {
     write(&e.local, "after/damage.txt", b"new after the damage", 0o644);
     e.daemon.transfer("push", &e.local);
     assert_eq!(tree_digest(&e.local), tree_digest(&e.served));
-    let out = output_within(
+    let out = run_bounded(
         Command::new(wsd_bin()).args(["exec", "--remote", &e.daemon.addr, "--", "echo", "after"]),
+        None,
         LIMIT,
     );
     assert!(out.status.success(), "{}", stderr(&out));

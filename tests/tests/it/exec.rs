@@ -16,18 +16,10 @@ use tempfile::TempDir;
 use wsd::rpc::{ExecEvent, ExecEventKind, ExecRequest, ExecSignal, ResumeFrom, WireError};
 use wsd_client::client::{self, Client, ExecStream};
 use wsd_sync::{ChangeCursor, EntryState, ErrorCode};
-use wsd_tests::{bytes, wsd_bin};
+use wsd_tests::{bytes, free_port, wsd_bin};
 
 /// Longest wait for any single step (an event, a process, a gate).
 const STEP: Duration = Duration::from_secs(20);
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A `wsd serve` on a temp workspace, with extra flags and environment;
 /// SIGKILLed when dropped.

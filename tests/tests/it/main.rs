@@ -3,6 +3,8 @@
 //! store's process-global fault-injection points, which must not fire
 //! under the other scenarios' in-process stores.
 
+mod agent;
+mod client_crash;
 mod conflicts;
 mod crash;
 mod daemon;

@@ -1,5 +1,6 @@
 //! Argument parsing and dispatch of the `wsd` subcommands.
 
+mod agent;
 mod excludes;
 mod exec;
 mod status;

@@ -17,6 +17,7 @@ use wsd_sync::{
 };
 
 use super::RemoteArgs;
+use super::agent;
 use super::excludes::{Released, Remembered};
 
 /// The state directory of a local directory, never synced.
@@ -155,6 +156,8 @@ impl Session {
                 auto_settle: false,
                 // A pull never silently replaces a local edit.
                 conflict_copies: true,
+                // What an OS crash takes from the index is resent.
+                durable_index: false,
                 ..Default::default()
             },
         )
@@ -164,7 +167,7 @@ impl Session {
             .settle()
             .with_context(|| format!("indexing {}", a.local.display()))?;
         let t_settle = t0.elapsed();
-        let peer = peer_name(&state, index_lost)?;
+        let peer = peer_name(&state, index_lost || store.index_rebuilt())?;
         let mut remote = a.remote.connect(&peer).await?;
         let remote_name = a.remote.remote.clone();
         driver::reconcile(&mut store, &mut remote, &remote_name)
@@ -436,6 +439,14 @@ struct Progress {
 }
 
 impl Progress {
+    /// No bar (a push the agent makes for another process).
+    fn hidden() -> Progress {
+        Progress {
+            bar: None,
+            mode: std::cell::Cell::new(None),
+        }
+    }
+
     fn new(a: &TransferArgs) -> Progress {
         let shown = std::io::stderr().is_terminal() && !a.quiet && !a.json;
         let bar = shown.then(|| {
@@ -517,41 +528,66 @@ fn summarize(
     quiet: bool,
 ) {
     print_conflicts(verb, conflicts);
+    print_summary(&summary_json(verb, r, conflicts, elapsed), json, quiet);
+}
+
+/// A transfer's summary as `--json` prints it.
+fn summary_json(
+    verb: &str,
+    r: &SyncReport,
+    conflicts: &[ConflictCopy],
+    elapsed: Duration,
+) -> serde_json::Value {
+    serde_json::json!({
+        "op": verb,
+        "entries": r.entries,
+        "applied": r.applied,
+        "objects": r.objects,
+        "bytes_sent": r.object_bytes,
+        "bytes_deduplicated": r.deduplicated_bytes,
+        "batches": r.batches,
+        "rebaselined": r.rebaselined,
+        "overwrote_local": r.overwrote_local,
+        "conflicts": conflicts
+            .iter()
+            .map(|c| serde_json::json!({"path": c.path.as_str(), "copy": c.copy.as_str()}))
+            .collect::<Vec<_>>(),
+        "elapsed_ms": elapsed.as_millis() as u64,
+    })
+}
+
+/// Prints a summary made by [`summary_json`]: the JSON line with `json`,
+/// the human line on stderr unless `quiet`.
+fn print_summary(v: &serde_json::Value, json: bool, quiet: bool) {
     if json {
-        let v = serde_json::json!({
-            "op": verb,
-            "entries": r.entries,
-            "applied": r.applied,
-            "objects": r.objects,
-            "bytes_sent": r.object_bytes,
-            "bytes_deduplicated": r.deduplicated_bytes,
-            "batches": r.batches,
-            "rebaselined": r.rebaselined,
-            "overwrote_local": r.overwrote_local,
-            "conflicts": conflicts
-                .iter()
-                .map(|c| serde_json::json!({"path": c.path.as_str(), "copy": c.copy.as_str()}))
-                .collect::<Vec<_>>(),
-            "elapsed_ms": elapsed.as_millis() as u64,
-        });
         println!("{v}");
     }
     if quiet {
         return;
     }
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    let (verb, entries, objects) = (v["op"].as_str().unwrap_or("?"), n("entries"), n("objects"));
     eprintln!(
-        "{verb}: {} {}, {} in {} {} moved, {} deduplicated, {:.2} s{}",
-        r.entries,
-        if r.entries == 1 { "entry" } else { "entries" },
-        HumanBytes(r.object_bytes),
-        r.objects,
-        if r.objects == 1 { "object" } else { "objects" },
-        HumanBytes(r.deduplicated_bytes),
-        elapsed.as_secs_f64(),
-        if r.rebaselined { " (re-baselined)" } else { "" }
+        "{verb}: {entries} {}, {} in {objects} {} moved, {} deduplicated, {:.2} s{}{}",
+        if entries == 1 { "entry" } else { "entries" },
+        HumanBytes(n("bytes_sent")),
+        if objects == 1 { "object" } else { "objects" },
+        HumanBytes(n("bytes_deduplicated")),
+        n("elapsed_ms") as f64 / 1e3,
+        if v["rebaselined"].as_bool() == Some(true) {
+            " (re-baselined)"
+        } else {
+            ""
+        },
+        if v["agent"].as_bool() == Some(true) {
+            " (by the watching `wsd sync`)"
+        } else {
+            ""
+        }
     );
     // Replacements that left no copy: a local delete or mode change undone.
-    let uncopied = (r.overwrote_local as usize).saturating_sub(conflicts.len());
+    let copies = v["conflicts"].as_array().map_or(0, Vec::len);
+    let uncopied = (n("overwrote_local") as usize).saturating_sub(copies);
     if uncopied > 0 {
         eprintln!("{verb}: {uncopied} local changes were overwritten by the remote's");
     }
@@ -582,6 +618,12 @@ fn print_plan(verb: &str, plan: &[ChangeEntry], a: &TransferArgs) {
 
 pub async fn push(a: TransferArgs) -> Result<ExitCode> {
     let started = Instant::now();
+    if let Some(mut summary) = push_through_agent(&a)? {
+        summary["elapsed_ms"] = (started.elapsed().as_millis() as u64).into();
+        summary["agent"] = true.into();
+        print_summary(&summary, a.json, a.quiet);
+        return Ok(ExitCode::SUCCESS);
+    }
     let mut s = Session::open(&a, false).await?;
     if a.dry_run {
         let plan = s.planned_push()?;
@@ -599,6 +641,28 @@ pub async fn push(a: TransferArgs) -> Result<ExitCode> {
     );
     summarize("push", &report?, &[], started.elapsed(), a.json, a.quiet);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Has a running `wsd sync --watch` of LOCAL_DIR push (`agent.rs`), when
+/// this push is one it makes the same way. `None`: push directly.
+fn push_through_agent(a: &TransferArgs) -> Result<Option<serde_json::Value>> {
+    if a.dry_run || !a.exclude.is_empty() || !a.no_exclude.is_empty() {
+        return Ok(None);
+    }
+    let state = local_state(&a.local, a.state.as_deref());
+    if !state.join(agent::AGENT_SOCKET).exists() {
+        return Ok(None);
+    }
+    let Ok(root) = std::fs::canonicalize(&a.local) else {
+        return Ok(None);
+    };
+    let req = agent::PushRequest {
+        root,
+        remote: a.remote.remote.clone(),
+        wsdignore: wsdignore(&a.local)?,
+        remembered: Remembered::load(&state)?.patterns,
+    };
+    agent::ask_push(&state, &req)
 }
 
 pub async fn pull(a: TransferArgs) -> Result<ExitCode> {
@@ -637,6 +701,13 @@ pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
         print_plan("push", &pushed, &a.transfer);
         return Ok(ExitCode::SUCCESS);
     }
+    // Read as the session read them: a push asking the agent must match.
+    let started_with = (wsdignore(&a.transfer.local)?, s.remembered.patterns.clone());
+    let agent = if a.watch {
+        agent::Agent::bind(&local_state(&a.transfer.local, a.transfer.state.as_deref()))?
+    } else {
+        None
+    };
     let mut wake = if a.watch {
         let wake = Wake::start(&s);
         // A change made after the settle of `open` and before the watcher
@@ -689,9 +760,73 @@ pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
         // revs are beyond it too, so a round that pushed is followed by one
         // that finds nothing (its pull moves this past them).
         let synced = pulled.cursor.rev;
-        tokio::select! {
-            woke = wake.next(synced, Duration::from_millis(a.interval), s.store.is_watching()) => woke?,
-            _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
+        loop {
+            let asked = async {
+                match &agent {
+                    Some(agent) => agent.accept().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                woke = wake.next(synced, Duration::from_millis(a.interval), s.store.is_watching()) => {
+                    woke?;
+                    break;
+                }
+                asked = asked => {
+                    // Read here, not in the select: a wake-up winning the
+                    // race must not drop a half-read request.
+                    let mut conn = asked?;
+                    let Some(req) = agent::read_request(&mut conn).await else {
+                        continue;
+                    };
+                    let reply = serve_push(&mut s, &a.transfer, &started_with, req).await;
+                    if let Err(e) = agent::answer(&mut conn, &reply).await {
+                        tracing::debug!(error = %e, "the pushing client went away");
+                    }
+                }
+                _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
+            }
+        }
+    }
+}
+
+/// A one-shot push's request to the agent: pushed from the watched store
+/// when it is the push this session would make, else refused.
+async fn serve_push(
+    s: &mut Session,
+    a: &TransferArgs,
+    started_with: &(Vec<String>, Vec<String>),
+    req: agent::PushRequest,
+) -> agent::Reply {
+    let current = wsdignore(&a.local).ok();
+    let why = if req.root != s.store.root() {
+        Some(format!("it watches {}", s.store.root().display()))
+    } else if req.remote != a.remote.remote {
+        Some(format!("it syncs with {}", a.remote.remote))
+    } else if req.wsdignore != started_with.0 || current.as_ref() != Some(&started_with.0) {
+        Some(format!("{IGNORE_FILE} changed since it started"))
+    } else if req.remembered != started_with.1 {
+        Some("the remembered excludes changed since it started".to_owned())
+    } else {
+        None
+    };
+    if let Some(why) = why {
+        return agent::Reply::Refused(why);
+    }
+    let started = Instant::now();
+    // The session's own settle covers every write made before the request
+    // (the watcher's cookie barrier).
+    s.settled = false;
+    match s.push(&Progress::hidden()).await {
+        Ok(report) => agent::Reply::Pushed(summary_json("push", &report, &[], started.elapsed())),
+        // The client pushes by itself then (a fresh connection, its own
+        // error if that fails too); a push is idempotent.
+        Err(e) => {
+            tracing::warn!(
+                error = format!("{e:#}"),
+                "a push asked of this session failed"
+            );
+            agent::Reply::Refused(format!("its push failed: {e:#}"))
         }
     }
 }

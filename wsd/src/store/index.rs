@@ -112,25 +112,75 @@ const SETUP: Setup<'static> = Setup {
     on_damage: OnDamage::SetAside,
 };
 
+/// The index of a store opened with `StoreOptions::durable_index` off (the
+/// CLI's): no `fsync` ever, checkpoints included. A process crash loses
+/// nothing (the kernel holds every write); an OS crash may lose or tear
+/// writes since the kernel last flushed, which [`check_after_os_crash`]
+/// finds at the next boot.
+const SETUP_NOT_DURABLE: Setup<'static> = Setup {
+    pragmas: Pragmas {
+        synchronous: Synchronous::Off,
+        ..SETUP.pragmas
+    },
+    ..SETUP
+};
+
+/// Beside a non-durable index: the boot id (`/proc/sys/kernel/random/boot_id`)
+/// of the last session that wrote it. Another boot's id, or none, means
+/// the OS may have stopped before flushing the index's writes.
+pub const BOOT_FILE: &str = "index.sqlite3.boot";
+
 /// Opens (creating if needed) the index at `path` through `wsd-sqlite`:
 /// pragmas, migrations, and `PRAGMA quick_check` unless the last close
 /// stamped the file clean (the check reads every page: 14 ms of a CLI push
 /// on a 20k-file index). A damaged index is set aside with a warning and a
-/// fresh one created.
-pub(crate) fn open(path: &Path) -> Result<(Connection, CleanClose), StoreError> {
-    let opened = wsd_sqlite::open(path, &SETUP).map_err(|e| StoreError::Database(Box::new(e)))?;
+/// fresh one created. Returns whether that happened: the index is new and
+/// knows nothing of what was synced before.
+///
+/// `durable` off: commits never wait for the disk, and a non-durable index
+/// first written under another boot gets the full check of
+/// [`check_after_os_crash`].
+pub(crate) fn open(
+    path: &Path,
+    durable: bool,
+) -> Result<(Connection, CleanClose, bool), StoreError> {
+    let boot = path.with_file_name(BOOT_FILE);
+    let booted = current_boot_id();
+    let recorded = read_boot_id(&boot);
+    let mut rebuilt = false;
+    if !durable
+        && path.exists()
+        && (recorded.is_none() || recorded != booted)
+        && let Some(reason) = check_after_os_crash(path)
+    {
+        let moved_to = wsd_sqlite::set_aside(path).map_err(|source| StoreError::Io {
+            context: format!("setting aside the damaged index {}", path.display()),
+            source,
+        })?;
+        tracing::warn!(
+            index = %path.display(),
+            moved_to = %moved_to.display(),
+            %reason,
+            "the index lost writes in an OS crash: rebuilding it from the tree (peers re-baseline)"
+        );
+        rebuilt = true;
+    }
+    let setup = if durable { &SETUP } else { &SETUP_NOT_DURABLE };
+    let opened = wsd_sqlite::open(path, setup).map_err(|e| StoreError::Database(Box::new(e)))?;
     let Opened {
         conn: db,
         clean_close,
         set_aside,
     } = opened;
-    if let Some(aside) = set_aside {
+    if let Some(aside) = &set_aside {
         tracing::warn!(
             index = %path.display(),
             moved_to = %aside.moved_to.display(),
             reason = %aside.reason,
             "rebuilding the damaged index from the tree (peers re-baseline)"
         );
+    }
+    if rebuilt || set_aside.is_some() {
         // The rebuilt index knows nothing of what was deleted or pushed
         // before: a horizon at the first rev makes every reader whose cursor
         // predates the rebuild (a push cursor reset to zero, too) take a
@@ -141,8 +191,79 @@ pub(crate) fn open(path: &Path) -> Result<(Connection, CleanClose), StoreError> 
                 context: format!("marking the rebuilt index ({})", path.display()),
                 source,
             })?;
+        rebuilt = true;
     }
-    Ok((db, clean_close))
+    if !durable
+        && let Some(id) = booted
+        && recorded.as_ref() != Some(&id)
+    {
+        // Not synced either: lost with the index's own writes, it makes
+        // the next boot check.
+        std::fs::write(&boot, id).map_err(|source| StoreError::Io {
+            context: format!("writing {}", boot.display()),
+            source,
+        })?;
+    }
+    Ok((db, clean_close, rebuilt))
+}
+
+/// This boot's id; `None` where the kernel does not tell (then every open
+/// of a non-durable index checks it fully).
+fn current_boot_id() -> Option<String> {
+    read_boot_id(Path::new("/proc/sys/kernel/random/boot_id"))
+}
+
+fn read_boot_id(path: &Path) -> Option<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+}
+
+/// Why a non-durable index may not be trusted after an OS crash, or `None`
+/// when it may. A lost tail is harmless (the tree is the truth, and a
+/// cursor that went back only resends, as apply is idempotent); a torn
+/// file is not, so this runs the full `PRAGMA integrity_check` (B-trees
+/// and every index against its table, which `quick_check` skips) and
+/// checks that no row and no cursor is ahead of the rev counter (pages
+/// from two different moments). Once per boot, O(size of the index).
+pub(crate) fn check_after_os_crash(path: &Path) -> Option<String> {
+    let check = || -> Result<Option<String>, rusqlite::Error> {
+        let conn = Connection::open_with_flags(
+            path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        let mut stmt = conn.prepare("PRAGMA integrity_check")?;
+        let rows: Vec<String> = stmt
+            .query_map([], |r| r.get::<_, String>(0))?
+            .collect::<Result<_, _>>()?;
+        if rows.len() != 1 || rows[0] != "ok" {
+            return Ok(Some(rows.join("; ")));
+        }
+        let ahead: Option<String> = conn
+            .query_row(
+                "WITH r AS (SELECT v FROM meta WHERE k = 'rev')
+                 SELECT CASE
+                   WHEN (SELECT max(rev) FROM nodes) > (SELECT v FROM r)
+                     THEN 'a row is ahead of the rev counter'
+                   WHEN (SELECT max(push_rev) FROM remotes) > (SELECT v FROM r)
+                     THEN 'a push cursor is ahead of the rev counter'
+                 END",
+                [],
+                |r| r.get(0),
+            )
+            .optional()?
+            .flatten();
+        Ok(ahead)
+    };
+    match check() {
+        Ok(found) => found,
+        // A table the check reads is missing (an index from an older
+        // build before its migration ran) is not damage; the open's own
+        // checks and migrations handle it.
+        Err(e) if wsd_sqlite::is_corruption(&e) => Some(e.to_string()),
+        Err(_) => None,
+    }
 }
 
 /// What a row says is at its path.
@@ -1119,7 +1240,7 @@ mod tests {
             db.execute("UPDATE meta SET v = 41 WHERE k = 'rev'", [])
                 .unwrap();
         }
-        let (db, clean_close) = open(&path).unwrap();
+        let (db, clean_close, _) = open(&path, true).unwrap();
         let rev: i64 = db
             .query_row("SELECT v FROM meta WHERE k = 'rev'", [], |r| r.get(0))
             .unwrap();
@@ -1133,7 +1254,7 @@ mod tests {
             .unwrap();
         assert_eq!(recorded, 2);
         clean_close.close(db);
-        let (db, _clean_close) = open(&path).unwrap();
+        let (db, _clean_close, _) = open(&path, true).unwrap();
         let rev: i64 = db
             .query_row("SELECT v FROM meta WHERE k = 'rev'", [], |r| r.get(0))
             .unwrap();
@@ -1145,7 +1266,7 @@ mod tests {
         use std::io::{Seek, SeekFrom, Write};
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("index.sqlite3");
-        let (db, clean_close) = open(&path).unwrap();
+        let (db, clean_close, _) = open(&path, true).unwrap();
         for i in 0..200 {
             db.execute(
                 "INSERT INTO meta (k, v) VALUES (?1, ?2)",
@@ -1160,7 +1281,7 @@ mod tests {
         f.write_all(&[0xA5; 8192]).unwrap();
         drop(f);
 
-        let (db, _clean_close) = open(&path).unwrap();
+        let (db, _clean_close, _) = open(&path, true).unwrap();
         let rev: i64 = db
             .query_row("SELECT v FROM meta WHERE k = 'prune_horizon'", [], |r| {
                 r.get(0)

@@ -70,6 +70,14 @@ pub struct StoreOptions {
     /// Off: the applier wins, counted in `ApplyOutcome::overwrote_local`
     /// (the daemon, whose writers are the command it runs and its peers).
     pub conflict_copies: bool,
+    /// Whether the index's commits wait for the disk at checkpoints
+    /// (`synchronous=NORMAL`). Off (the CLI): the index never `fsync`s; a
+    /// process crash loses nothing, an OS crash may lose the tail of its
+    /// commits, which only makes the next transfer resend (apply is
+    /// idempotent), and a file torn by one is found at the next boot,
+    /// set aside and rebuilt (see [`WorkspaceStore::index_rebuilt`]). On
+    /// (the daemon): its index holds peers' cursors that others rely on.
+    pub durable_index: bool,
 }
 
 impl Default for StoreOptions {
@@ -79,6 +87,7 @@ impl Default for StoreOptions {
             barrier_timeout: Duration::from_secs(5),
             auto_settle: true,
             conflict_copies: false,
+            durable_index: true,
         }
     }
 }
@@ -127,6 +136,8 @@ pub struct WorkspaceStore {
     conflict_copies: Vec<ConflictCopy>,
     /// Stamps the index clean once `db` has closed (taken by `Drop`).
     clean_close: Option<wsd_sqlite::CleanClose>,
+    /// The open found the index damaged and started a new one.
+    index_rebuilt: bool,
 }
 
 impl Drop for WorkspaceStore {
@@ -189,7 +200,8 @@ impl WorkspaceStore {
             ),
         };
         index::note_clock_of(&root);
-        let (db, clean_close) = index::open(&state_dir.join(INDEX_FILE))?;
+        let (db, clean_close, index_rebuilt) =
+            index::open(&state_dir.join(INDEX_FILE), opts.durable_index)?;
         let staging = Staging::open(state_dir.join("objects"))?;
         let (watch, no_watch) = if opts.watch {
             match LocalWatcher::start(
@@ -223,7 +235,16 @@ impl WorkspaceStore {
             keep_conflicts: opts.conflict_copies,
             conflict_copies: Vec::new(),
             clean_close: Some(clean_close),
+            index_rebuilt,
         })
+    }
+
+    /// True when this open found the index damaged (at open, or torn by an
+    /// OS crash, see [`StoreOptions::durable_index`]) and set it aside: the
+    /// new index knows nothing of what was synced before, so its owner
+    /// should sync under a new peer name (sync rule 9).
+    pub fn index_rebuilt(&self) -> bool {
+        self.index_rebuilt
     }
 
     /// Calls `hook` (from the watcher's thread; it must not block) with

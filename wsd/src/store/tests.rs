@@ -2176,3 +2176,64 @@ fn a_baseline_sweep_spares_excluded_paths_and_every_ancestor_of_them() {
     assert!(!w.root.join("a/b/stale.txt").exists());
     assert!(!w.root.join("other.txt").exists());
 }
+
+#[test]
+fn a_non_durable_index_never_syncs_and_checks_itself_once_per_boot() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let state = tmp.path().join("state");
+    fs::create_dir(&root).unwrap();
+    let open = |durable_index| {
+        WorkspaceStore::open(
+            &root,
+            &state,
+            StoreOptions {
+                watch: false,
+                durable_index,
+                ..StoreOptions::default()
+            },
+        )
+        .unwrap()
+    };
+    let synchronous = |s: &WorkspaceStore| -> i64 {
+        s.db.pragma_query_value(None, "synchronous", |r| r.get(0))
+            .unwrap()
+    };
+    let mut s = open(false);
+    assert_eq!(synchronous(&s), 0, "OFF");
+    fs::write(root.join("a"), b"a").unwrap();
+    s.settle().unwrap();
+    s.set_push_cursor("r", &ChangeCursor::within(1, p("a")))
+        .unwrap();
+    drop(s);
+    let boot = state.join(index::BOOT_FILE);
+    assert!(boot.exists(), "the boot id is recorded");
+    // Reopened under the same boot: trusted as it is.
+    let s = open(false);
+    assert!(!s.index_rebuilt());
+    drop(s);
+    // Under another boot a sound index passes the check.
+    fs::write(&boot, "another boot").unwrap();
+    let s = open(false);
+    assert!(!s.index_rebuilt());
+    drop(s);
+    // A push cursor ahead of the rev counter: pages from two moments.
+    let db = rusqlite::Connection::open(state.join(INDEX_FILE)).unwrap();
+    db.execute("UPDATE remotes SET push_rev = 99", []).unwrap();
+    drop(db);
+    fs::write(&boot, "another boot").unwrap();
+    let mut s = open(false);
+    assert!(s.index_rebuilt(), "a torn index is set aside");
+    assert_eq!(s.watermarks("r").unwrap().push_cursor, ChangeCursor::ZERO);
+    s.settle().unwrap();
+    assert!(
+        all_changes(&mut s, &ChangeCursor::ZERO)
+            .iter()
+            .any(|e| e.path == p("a")),
+        "rebuilt from the tree"
+    );
+    drop(s);
+    // The daemon's index stays durable.
+    let s = open(true);
+    assert_eq!(synchronous(&s), 1, "NORMAL");
+}

@@ -8,7 +8,7 @@ pub mod calls;
 use argon2::Argon2;
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use rand::RngCore;
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
 use sha2::{Digest, Sha256};
 
 use crate::caps;
@@ -452,6 +452,39 @@ pub fn config_get(
             Some(p) => k == p || k.starts_with(&format!("{}/", p.trim_end_matches('/'))),
         };
         if selected && config_visible(uid, &k) {
+            out.push((k, v));
+        }
+    }
+    Ok(out)
+}
+
+/// The value of config key `key`, unless missing or blank.
+pub fn config_value(conn: &Connection, key: &str) -> Result<Option<String>, KernelError> {
+    let v: Option<String> = conn
+        .query_row("SELECT value FROM config_kv WHERE key = ?1", [key], |r| {
+            r.get(0)
+        })
+        .optional()?;
+    Ok(v.filter(|v| !v.trim().is_empty()))
+}
+
+/// The entries whose key starts with `prefix` and ends with `suffix`, by
+/// key (no visibility filter: for the kernel's own reads).
+pub fn config_entries(
+    conn: &Connection,
+    prefix: &str,
+    suffix: &str,
+) -> Result<Vec<(String, String)>, KernelError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT key, value FROM config_kv WHERE substr(key, 1, length(?1)) = ?1 ORDER BY key",
+    )?;
+    let rows = stmt.query_map([prefix], |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (k, v) = row?;
+        if k.ends_with(suffix) {
             out.push((k, v));
         }
     }

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use gsv_protocol::ai::{ConfigArgs, ConfigResult, ContextFile, ToolDevice, ToolInfo, ToolsResult};
 use serde_json::{Map, Value, json};
 
-use crate::domains::codemode;
 use crate::domains::proc::calls::run::{self, tool_defs};
 use crate::domains::proc::{profiles, store};
+use crate::domains::{accounts, codemode};
 use crate::error::KernelError;
 use crate::kernel::Kernel;
 use crate::routing;
@@ -101,7 +101,13 @@ pub async fn config(
 pub async fn resolve(k: &Kernel, uid: i64, profile: &str) -> Result<ConfigResult, KernelError> {
     let profile = profile.to_owned();
     k.db.call(move |c| {
-        let get = |name: &str| store::ai_config(c, uid, name);
+        // `users/<uid>/ai/<name>` over `config/ai/<name>`.
+        let get = |name: &str| -> Result<Option<String>, KernelError> {
+            match accounts::config_value(c, &format!("users/{uid}/ai/{name}"))? {
+                Some(v) => Ok(Some(v)),
+                None => accounts::config_value(c, &format!("config/ai/{name}")),
+            }
+        };
         let num = |name: &str, default: Option<u64>| -> Result<Option<u64>, KernelError> {
             match get(name)? {
                 None => Ok(default),
@@ -122,8 +128,8 @@ pub async fn resolve(k: &Kernel, uid: i64, profile: &str) -> Result<ConfigResult
         };
         let window = num("context_window_tokens", None)?;
         let profile_policy =
-            store::config_value(c, &format!("config/ai/profile/{profile}/tools/approval"))?;
-        let user_policy = store::config_value(c, &format!("users/{uid}/ai/tools/approval"))?;
+            accounts::config_value(c, &format!("config/ai/profile/{profile}/tools/approval"))?;
+        let user_policy = accounts::config_value(c, &format!("users/{uid}/ai/tools/approval"))?;
         Ok(ConfigResult {
             provider: get("provider")?.unwrap_or_else(|| "openai".into()),
             model: get("model")?.unwrap_or_default(),
@@ -138,8 +144,16 @@ pub async fn resolve(k: &Kernel, uid: i64, profile: &str) -> Result<ConfigResult
             }
             .into(),
             context_window_tokens: window,
-            system_context_files: files(store::system_context(c)?),
-            profile_context_files: files(store::profile_context(c, &profile)?),
+            system_context_files: files(accounts::config_entries(
+                c,
+                "config/ai/context.d/",
+                ".md",
+            )?),
+            profile_context_files: files(accounts::config_entries(
+                c,
+                &format!("config/ai/profile/{profile}/context.d/"),
+                ".md",
+            )?),
             profile_approval_policy: profile_policy,
             approval_policy: user_policy,
             max_context_bytes: num("max_context_bytes", Some(DEFAULT_MAX_CONTEXT_BYTES))?

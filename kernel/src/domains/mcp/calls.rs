@@ -1,6 +1,8 @@
 //! `sys.mcp.*`: add, list, remove, refresh and call a user's MCP servers.
 //! Non-root callers are scoped to themselves; another user's server is
 //! not found. State changes are signalled as `mcp.changed` to the owner.
+//! A server that asks for authorization goes `authenticating` with an
+//! `authUrl`; the OAuth callback ([`signed_in`]) connects it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,7 +17,7 @@ use super::client::{self, McpError};
 use super::store::{self, ServerRow};
 use super::{MAX_NAME_CHARS, check_url};
 use crate::db::now_ms;
-use crate::domains::accounts;
+use crate::domains::{accounts, oauth};
 use crate::error::KernelError;
 use crate::kernel::Kernel;
 use crate::session::{Role, Session};
@@ -59,7 +61,51 @@ fn changed(k: &Kernel, uid: i64, server_id: &str, state: Option<McpConnectionSta
     k.pool.signal_user(uid, Role::User, "mcp.changed", payload);
 }
 
-/// (Re)connects `row`'s server and records how that went.
+/// `row`'s headers with its OAuth account's bearer token, when it has
+/// one (refreshed if it expired).
+async fn headers_of(
+    k: &Arc<Kernel>,
+    row: &ServerRow,
+) -> Result<BTreeMap<String, String>, McpError> {
+    let mut headers = row.headers.clone();
+    match oauth::calls::bearer_for(k, row.uid, &row.server_id).await {
+        Ok(Some(token)) => {
+            headers.insert("Authorization".into(), format!("Bearer {token}"));
+        }
+        Ok(None) => {}
+        Err(e) => {
+            return Err(McpError::Connect {
+                url: row.url.clone(),
+                reason: format!("reading its OAuth account: {e}"),
+            });
+        }
+    }
+    Ok(headers)
+}
+
+/// Starts the sign-in of `row`'s server: `authenticating` with an
+/// `authUrl`, or `failed` when no flow could start.
+async fn sign_in(k: &Arc<Kernel>, row: &ServerRow, callback_host: Option<&str>) {
+    match oauth::calls::start_for_mcp(
+        k,
+        row.uid,
+        &row.server_id,
+        &row.name,
+        &row.url,
+        callback_host,
+    )
+    .await
+    {
+        Ok(auth_url) => k.mcp.authenticating(&row.server_id, auth_url),
+        Err(e) => k.mcp.failed(
+            &row.server_id,
+            format!("{} needs OAuth sign-in: {e}", row.url),
+        ),
+    }
+}
+
+/// (Re)connects `row`'s server and records how that went; a server that
+/// asks for authorization starts a sign-in.
 async fn connect(k: &Arc<Kernel>, row: &ServerRow) -> Result<(), McpError> {
     k.mcp.connecting(&row.server_id);
     changed(
@@ -68,11 +114,18 @@ async fn connect(k: &Arc<Kernel>, row: &ServerRow) -> Result<(), McpError> {
         &row.server_id,
         Some(McpConnectionState::Connecting),
     );
-    let outcome = client::connect(&row.url, &row.headers).await;
+    let outcome = match headers_of(k, row).await {
+        Ok(headers) => client::connect(&row.url, &headers).await,
+        Err(e) => Err(e),
+    };
     let state = match outcome {
         Ok((session, discovered)) => {
             k.mcp.ready(&row.server_id, session, discovered);
             Ok(())
+        }
+        Err(e @ McpError::AuthRequired { .. }) => {
+            sign_in(k, row, None).await;
+            Err(e)
         }
         Err(e) => {
             k.mcp.failed(&row.server_id, e.to_string());
@@ -132,8 +185,17 @@ pub async fn add(k: Arc<Kernel>, s: Arc<Session>, a: AddArgs) -> Result<AddResul
         });
     }
     let headers: BTreeMap<String, String> = transport.headers.unwrap_or_default();
-    // Nothing is stored for a server that cannot be reached.
-    let (session, discovered) = client::connect(&url, &headers).await?;
+    let callback_host = a.callback_host.filter(|h| !h.trim().is_empty());
+    if let Some(h) = &callback_host {
+        check_url(h.trim()).map_err(|e| invalid(format!("callbackHost: {e}")))?;
+    }
+    // Nothing is stored for a server that cannot be reached; one that
+    // asks for authorization is stored and waits for its sign-in.
+    let connected = match client::connect(&url, &headers).await {
+        Ok(c) => Some(c),
+        Err(McpError::AuthRequired { .. }) => None,
+        Err(e) => return Err(e.into()),
+    };
     let now = now_ms();
     let row = ServerRow {
         server_id: format!("mcp_{}", accounts::random_hex(8)),
@@ -147,13 +209,16 @@ pub async fn add(k: Arc<Kernel>, s: Arc<Session>, a: AddArgs) -> Result<AddResul
     };
     let r = row.clone();
     let stored = k.db.call(move |c| store::insert_or_existing(c, &r)).await?;
-    if stored.server_id == row.server_id {
+    if stored.server_id != row.server_id {
+        // A concurrent add of the same URL won; its server is the answer.
+        drop(connected);
+        connect_untried(&k, std::slice::from_ref(&stored)).await;
+    } else if let Some((session, discovered)) = connected {
         k.mcp.ready(&row.server_id, session, discovered);
         changed(&k, uid, &row.server_id, Some(McpConnectionState::Ready));
     } else {
-        // A concurrent add of the same URL won; its server is the answer.
-        drop(session);
-        connect_untried(&k, std::slice::from_ref(&stored)).await;
+        sign_in(&k, &row, callback_host.as_deref().map(str::trim)).await;
+        changed(&k, uid, &row.server_id, Some(k.mcp.state(&row.server_id)));
     }
     tracing::info!(server = %stored.server_id, uid, url = %stored.url, "MCP server added");
     Ok(AddResult {
@@ -215,8 +280,17 @@ pub async fn call(k: Arc<Kernel>, s: Arc<Session>, a: CallArgs) -> Result<CallRe
                 kind: "MCP server",
                 id: a.server_id.clone(),
             })?;
-    if k.mcp.state(&row.server_id) != McpConnectionState::Ready {
-        connect(&k, &row).await?;
+    match k.mcp.state(&row.server_id) {
+        McpConnectionState::Ready => {}
+        // Reconnecting would only start another sign-in.
+        McpConnectionState::Authenticating => {
+            return Err(KernelError::BadRequest(format!(
+                "MCP server {} needs OAuth sign-in first: {}",
+                row.server_id,
+                k.mcp.auth_url(&row.server_id).unwrap_or_default()
+            )));
+        }
+        _ => connect(&k, &row).await?,
     }
     let peer = k.mcp.peer(&row.server_id).ok_or_else(|| {
         KernelError::Unavailable(format!("MCP server {} is not ready", row.server_id))
@@ -231,4 +305,30 @@ pub async fn call(k: Arc<Kernel>, s: Arc<Session>, a: CallArgs) -> Result<CallRe
             Err(e.into())
         }
     }
+}
+
+/// The OAuth callback stored the account of server `server_id` of `uid`:
+/// it connects with it (and becomes `ready`).
+pub async fn signed_in(k: &Arc<Kernel>, uid: i64, server_id: &str) {
+    let id = server_id.to_owned();
+    match k.db.call(move |c| store::get(c, uid, &id)).await {
+        Ok(Some(row)) => {
+            if let Err(e) = connect(k, &row).await {
+                tracing::warn!(server = %server_id, error = %e, "MCP server still not connected after sign-in");
+            }
+        }
+        Ok(None) => {
+            tracing::info!(server = %server_id, "signed in to an MCP server removed meanwhile")
+        }
+        Err(e) => {
+            tracing::error!(server = %server_id, error = %e, "reading a signed-in MCP server")
+        }
+    }
+}
+
+/// The sign-in of server `server_id` of `uid` failed at its callback.
+pub fn sign_in_failed(k: &Kernel, uid: i64, server_id: &str, why: &str) {
+    k.mcp
+        .failed(server_id, format!("OAuth sign-in failed: {why}"));
+    changed(k, uid, server_id, Some(McpConnectionState::Failed));
 }

@@ -35,7 +35,7 @@ pub struct Discovered {
 pub enum McpError {
     #[error("header '{0}' is not a valid HTTP header")]
     Header(String),
-    #[error("{url} needs OAuth sign-in, which this kernel does not do yet")]
+    #[error("{url} needs OAuth sign-in: open the server's authUrl (sys.mcp.list)")]
     AuthRequired { url: String },
     #[error("could not connect to {url}: {reason}")]
     Connect { url: String, reason: String },

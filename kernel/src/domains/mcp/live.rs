@@ -13,6 +13,8 @@ use super::store::ServerRow;
 
 struct Live {
     state: McpConnectionState,
+    /// Where the owner signs in, while `authenticating`.
+    auth_url: Option<String>,
     error: Option<String>,
     discovered: Discovered,
     session: Option<Session>,
@@ -37,10 +39,16 @@ impl McpServers {
     /// The row as `sys.mcp.list` shows it.
     pub fn summary(&self, row: &ServerRow) -> McpServerSummary {
         let live = self.live.lock().unwrap();
-        let (state, error, d) = match live.get(&row.server_id) {
-            Some(l) => (l.state, l.error.clone(), l.discovered.clone()),
+        let (state, auth_url, error, d) = match live.get(&row.server_id) {
+            Some(l) => (
+                l.state,
+                l.auth_url.clone(),
+                l.error.clone(),
+                l.discovered.clone(),
+            ),
             None => (
                 McpConnectionState::NotConnected,
+                None,
                 None,
                 Discovered::default(),
             ),
@@ -52,7 +60,7 @@ impl McpServers {
             url: row.url.clone(),
             transport: row.transport,
             state,
-            auth_url: None,
+            auth_url,
             error,
             instructions: d.instructions,
             capabilities: d.capabilities,
@@ -86,6 +94,7 @@ impl McpServers {
             server_id,
             Live {
                 state: McpConnectionState::Connecting,
+                auth_url: None,
                 error: None,
                 discovered: Discovered::default(),
                 session: None,
@@ -99,6 +108,7 @@ impl McpServers {
             server_id,
             Live {
                 state: McpConnectionState::Ready,
+                auth_url: None,
                 error: None,
                 discovered,
                 session: Some(session),
@@ -112,12 +122,37 @@ impl McpServers {
             server_id,
             Live {
                 state: McpConnectionState::Failed,
+                auth_url: None,
                 error: Some(error),
                 discovered: Discovered::default(),
                 session: None,
             },
         );
         drop(old);
+    }
+
+    /// The server needs its owner to sign in at `auth_url`.
+    pub fn authenticating(&self, server_id: &str, auth_url: String) {
+        let old = self.replace(
+            server_id,
+            Live {
+                state: McpConnectionState::Authenticating,
+                auth_url: Some(auth_url),
+                error: None,
+                discovered: Discovered::default(),
+                session: None,
+            },
+        );
+        drop(old);
+    }
+
+    /// The sign-in URL of a server that is `authenticating`.
+    pub fn auth_url(&self, server_id: &str) -> Option<String> {
+        self.live
+            .lock()
+            .unwrap()
+            .get(server_id)
+            .and_then(|l| l.auth_url.clone())
     }
 
     /// Forgets the server; its session closes when dropped.

@@ -2,6 +2,9 @@
 //! ([`store`], migration 70) are what was added; the live connections and
 //! what each server offers ([`live`]) are memory, rebuilt on first use
 //! after a restart; speaking MCP is [`client`] (rmcp, streamable HTTP).
+//! A server that answers 401 is signed in to through the `oauth` domain:
+//! it is `authenticating` with an `authUrl` until the flow's callback
+//! stores its account, then connects with that account's bearer token.
 
 pub mod calls;
 pub mod client;

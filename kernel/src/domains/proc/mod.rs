@@ -13,8 +13,10 @@ pub mod active;
 pub mod calls;
 pub mod conversations;
 pub mod hil;
+pub mod ipc;
 pub mod profiles;
 pub mod provider;
+pub mod signal_watches;
 pub mod store;
 
 pub use active::{Active, Procs};
@@ -118,3 +120,18 @@ pub const CONVERSATION_MIGRATIONS: &[Migration] = &[Migration {
             created_at INTEGER NOT NULL);
          CREATE INDEX proc_segments_conversation ON proc_segments(pid, conversation_id, created_at);",
 }];
+
+/// IPC calls and signal watches (issue 28): listed after the MCP
+/// domain's 70.
+pub const IPC_MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 110,
+        name: "ipc_calls",
+        sql: ipc::MIGRATION,
+    },
+    Migration {
+        version: 111,
+        name: "signal_watches",
+        sql: signal_watches::MIGRATION,
+    },
+];

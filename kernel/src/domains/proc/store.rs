@@ -492,57 +492,6 @@ pub fn is_allowed(c: &Connection, pid: &str, call: &str) -> Result<bool, KernelE
     )? > 0)
 }
 
-/// A config value for `uid`: `users/<uid>/ai/<name>` over `config/ai/<name>`.
-pub fn ai_config(c: &Connection, uid: i64, name: &str) -> Result<Option<String>, KernelError> {
-    for key in [
-        format!("users/{uid}/ai/{name}"),
-        format!("config/ai/{name}"),
-    ] {
-        let v: Option<String> = opt(c.query_row(
-            "SELECT value FROM config_kv WHERE key = ?1",
-            [&key],
-            |r| r.get(0),
-        ))?;
-        if let Some(v) = v.filter(|v| !v.is_empty()) {
-            return Ok(Some(v));
-        }
-    }
-    Ok(None)
-}
-
-/// The non-empty value of config key `key`.
-pub fn config_value(c: &Connection, key: &str) -> Result<Option<String>, KernelError> {
-    let v: Option<String> = opt(c.query_row(
-        "SELECT value FROM config_kv WHERE key = ?1",
-        [key],
-        |r| r.get(0),
-    ))?;
-    Ok(v.filter(|v| !v.trim().is_empty()))
-}
-
-/// `config/ai/profile/<profile>/context.d/*.md` entries, by key.
-pub fn profile_context(
-    c: &Connection,
-    profile: &str,
-) -> Result<Vec<(String, String)>, KernelError> {
-    let prefix = format!("config/ai/profile/{profile}/context.d/");
-    let mut stmt = c.prepare(
-        "SELECT key, value FROM config_kv WHERE substr(key, 1, length(?1)) = ?1
-         AND key LIKE '%.md' ORDER BY key",
-    )?;
-    let rows = stmt.query_map([&prefix], |r| Ok((r.get(0)?, r.get(1)?)))?;
-    Ok(rows.collect::<Result<_, _>>()?)
-}
-
-/// `config/ai/context.d/*.md` entries, by key.
-pub fn system_context(c: &Connection) -> Result<Vec<(String, String)>, KernelError> {
-    let mut stmt = c.prepare(
-        "SELECT key, value FROM config_kv WHERE key LIKE 'config/ai/context.d/%.md' ORDER BY key",
-    )?;
-    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
-    Ok(rows.collect::<Result<_, _>>()?)
-}
-
 /// Brings an existing home process in line with its account: the name
 /// (accounts can be renamed) and the `init` profile.
 pub fn reconcile_init(c: &Connection, pid: &str, username: &str) -> Result<(), KernelError> {

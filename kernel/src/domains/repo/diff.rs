@@ -3,7 +3,6 @@
 
 use similar::{ChangeTag, TextDiff};
 
-use super::store::is_binary;
 use gsv_protocol::repo::{DiffLine, Hunk, LineTag};
 
 /// One file's hunks and line counts.
@@ -12,6 +11,11 @@ pub struct FileDiff {
     pub hunks: Vec<Hunk>,
     pub additions: u32,
     pub deletions: u32,
+}
+
+/// Binary as the reference decides: any NUL, or not UTF-8.
+pub fn is_binary(bytes: &[u8]) -> bool {
+    !bytes.is_empty() && (bytes.contains(&0) || std::str::from_utf8(bytes).is_err())
 }
 
 /// The hunks turning `old` into `new`. A binary side gives one hunk with a

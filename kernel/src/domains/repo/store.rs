@@ -277,11 +277,6 @@ fn octal_mode(mode: EntryMode) -> String {
     format!("{:06o}", mode.value())
 }
 
-/// Binary as the reference decides: any NUL, or not UTF-8.
-pub fn is_binary(bytes: &[u8]) -> bool {
-    !bytes.is_empty() && (bytes.contains(&0) || std::str::from_utf8(bytes).is_err())
-}
-
 /// Every file (blob or symlink) under `commit`'s tree: path → (mode, id).
 fn files(
     repo: &gix::Repository,
@@ -320,7 +315,7 @@ pub fn search(
             continue;
         }
         let blob = repo.find_blob(id).map_err(RepoError::git)?;
-        if blob.data.len() > SEARCH_BLOB_LIMIT || is_binary(&blob.data) {
+        if blob.data.len() > SEARCH_BLOB_LIMIT || diff::is_binary(&blob.data) {
             continue;
         }
         let text = String::from_utf8_lossy(&blob.data);

@@ -242,12 +242,18 @@ pub fn interrupted(c: &Connection) -> Result<Vec<ScheduleRecord>, KernelError> {
 /// Gives every armed schedule its wake back if it lost it (a timer taken
 /// but not yet acted on when the kernel stopped); how many were re-armed.
 pub fn rearm_all(c: &Connection) -> Result<usize, KernelError> {
-    Ok(c.execute(
-        &format!(
-            "INSERT OR IGNORE INTO timers(id, due_at, kind, payload)
-             SELECT '{TIMER_KIND}:' || schedule_id, next_run_at, '{TIMER_KIND}', '{{}}'
-             FROM schedules WHERE enabled = 1 AND next_run_at IS NOT NULL"
-        ),
-        [],
-    )?)
+    let mut stmt = c.prepare(
+        "SELECT schedule_id, next_run_at FROM schedules
+         WHERE enabled = 1 AND next_run_at IS NOT NULL",
+    )?;
+    let due: Vec<(String, i64)> = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    let mut rearmed = 0;
+    for (id, at) in due {
+        if timers::arm_if_missing(c, &timer_id(&id), at, TIMER_KIND, "{}")? {
+            rearmed += 1;
+        }
+    }
+    Ok(rearmed)
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::table;
 use super::{Timer, TimerWake};
 use crate::db::now_ms;
-use crate::domains::{notification, sched};
+use crate::domains::{notification, oauth, proc, sched};
 use crate::kernel::Kernel;
 
 /// Longest single sleep: a wall-clock step (NTP, suspend) is noticed
@@ -70,6 +70,11 @@ async fn fire(k: Arc<Kernel>, timer: Timer) {
     match timer.kind.as_str() {
         sched::TIMER_KIND => sched::calls::on_timer(k, timer).await,
         notification::TIMER_KIND => notification::calls::on_timer(k, timer).await,
+        oauth::TIMER_KIND => oauth::calls::on_timer(k, timer).await,
+        proc::calls::ipc::TIMER_KIND => proc::calls::ipc::on_timer(k, timer).await,
+        proc::calls::signal_watch::TIMER_KIND => {
+            proc::calls::signal_watch::on_timer(k, timer).await
+        }
         other => tracing::warn!(id = %timer.id, kind = %other, "timer of an unknown kind dropped"),
     }
 }

@@ -79,6 +79,21 @@ pub fn arm(
     Ok(())
 }
 
+/// Arms timer `id` at `due_at` unless it is armed already; whether it was
+/// armed now.
+pub fn arm_if_missing(
+    c: &Connection,
+    id: &str,
+    due_at: i64,
+    kind: &str,
+    payload: &str,
+) -> Result<bool, KernelError> {
+    Ok(c.execute(
+        "INSERT OR IGNORE INTO timers(id, due_at, kind, payload) VALUES (?1, ?2, ?3, ?4)",
+        params![id, due_at, kind, payload],
+    )? > 0)
+}
+
 /// Cancels timer `id`; whether it was armed.
 pub fn cancel(c: &Connection, id: &str) -> Result<bool, KernelError> {
     Ok(c.execute("DELETE FROM timers WHERE id = ?1", [id])? > 0)

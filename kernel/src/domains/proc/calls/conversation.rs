@@ -168,6 +168,13 @@ pub async fn reset(
     if k.procs.active_conversation(&row.pid).as_deref() == Some(conv.as_str()) {
         k.procs.abort(&row.pid);
     }
+    super::ipc::fail_pending_to(
+        &k,
+        &row.pid,
+        Some(&conv),
+        &format!("Conversation {conv} of {} was reset", row.pid),
+    )
+    .await;
     let (p, cv) = (row.pid.clone(), conv.clone());
     let messages = k.db.call(move |c| store::messages(c, &p, &cv)).await?;
     let archived_to = if a.archive.unwrap_or(true) && !messages.is_empty() {

@@ -9,8 +9,10 @@
 //! `sys.connect` starts or reconciles ([`ensure_init`]).
 
 pub mod conversation;
+pub mod ipc;
 pub mod run;
 pub mod signal;
+pub mod signal_watch;
 
 use gsv_protocol::proc::{
     AbortResult, ArchiveEntry, HilArgs, HilResult, HistoryArgs, HistoryResult, KillArgs,
@@ -495,6 +497,13 @@ async fn clear_process(
     archive: bool,
 ) -> Result<Cleared, KernelError> {
     k.procs.abort(&row.pid);
+    ipc::fail_pending_to(
+        k,
+        &row.pid,
+        None,
+        &format!("Target process {} was reset or killed", row.pid),
+    )
+    .await;
     let p = row.pid.clone();
     let convs = k.db.call(move |c| conversations::list(c, &p, true)).await?;
     let mut archives = Vec::new();

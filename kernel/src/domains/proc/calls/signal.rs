@@ -1,7 +1,9 @@
 //! Process signals (`proc.run.*`): each one is first projected onto the
 //! registry row (state, active run, queued count), then sent to the
 //! owner's user sockets, so a client that reads the row after a signal
-//! never sees an older state.
+//! never sees an older state; then a finished run answers the IPC calls
+//! it took ([`super::ipc`]) and the signal fires the watches on it
+//! ([`super::signal_watch`]).
 
 use std::sync::Arc;
 
@@ -48,7 +50,18 @@ pub async fn emit(k: &Arc<Kernel>, owner_uid: i64, pid: &str, signal: &str, mut 
     payload["pid"] = json!(pid);
     payload["timestamp"] = json!(now_ms());
     payload["queuedCount"] = json!(queued);
-    deliver(k, owner_uid, signal, payload);
+    deliver(k, owner_uid, signal, payload.clone());
+    if signal == "proc.run.finished" {
+        super::ipc::on_run_finished(k.clone(), pid.to_owned(), payload.clone()).await;
+    }
+    super::signal_watch::fire(
+        k.clone(),
+        owner_uid,
+        pid.to_owned(),
+        signal.to_owned(),
+        payload,
+    )
+    .await;
 }
 
 /// Sends a signal of a run to the socket whose `proc.send` started it

@@ -11,6 +11,7 @@ use std::time::Duration;
 use gix::ObjectId;
 use gsv_protocol::repo::*;
 
+use super::diff;
 use super::error::RepoError;
 use super::names::{self, Slug};
 use super::store::{self, Author, Op, RepoStore};
@@ -217,7 +218,7 @@ pub async fn read(k: Arc<Kernel>, s: Arc<Session>, a: ReadArgs) -> Result<ReadRe
                 entries,
             },
             store::Found::File { size, bytes } => {
-                let binary = store::is_binary(&bytes);
+                let binary = diff::is_binary(&bytes);
                 ReadResult::File {
                     repo: slug.to_string(),
                     r#ref: rev,

@@ -2,22 +2,14 @@
 //! (Its presence also makes `cargo test` build the binary that the
 //! cross-crate scenarios in `tests/` drive.)
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
 
-fn wsd() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_wsd"));
-    c.env_remove("WSD_REMOTE")
-        .env_remove("WSD_TOKEN_FILE")
-        .env_remove("WSD_TOKEN");
-    c
-}
+use wsd_test_support::{Daemon, STEP, free_port, run_bounded, text, wait_until, wsd_command};
 
 #[test]
 fn help_lists_every_subcommand() {
-    let out = wsd().arg("--help").output().unwrap();
+    let out = wsd_command().arg("--help").output().unwrap();
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
     for sub in [
@@ -41,7 +33,7 @@ fn help_lists_every_subcommand() {
 #[test]
 fn a_missing_remote_is_a_usage_error_naming_the_flag() {
     let dir = tempfile::tempdir().unwrap();
-    let out = wsd().arg("push").arg(dir.path()).output().unwrap();
+    let out = wsd_command().arg("push").arg(dir.path()).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--remote"));
 }
@@ -50,13 +42,9 @@ fn a_missing_remote_is_a_usage_error_naming_the_flag() {
 fn an_unreachable_remote_fails_with_exit_code_1_naming_the_address() {
     let dir = tempfile::tempdir().unwrap();
     // A port that was just free: nothing listens on it.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let addr = format!("127.0.0.1:{port}");
-    let out = wsd()
+    let out = wsd_command()
         .arg("push")
         .arg(dir.path())
         .args(["--remote", &addr])
@@ -67,12 +55,11 @@ fn an_unreachable_remote_fails_with_exit_code_1_naming_the_address() {
     assert!(err.contains(&addr), "{err}");
 }
 
-/// A `wsd serve` child on a free loopback port over a temp workspace;
-/// SIGKILLed and waited for when dropped.
+/// A `wsd serve` child on a free loopback port over `TMP/ws`, state in
+/// `TMP/state`; killed before its directory is removed.
 struct Served {
+    daemon: Daemon,
     tmp: tempfile::TempDir,
-    addr: String,
-    child: std::process::Child,
 }
 
 impl Served {
@@ -85,95 +72,23 @@ impl Served {
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path().join("ws");
         std::fs::create_dir_all(&root).unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let addr = format!("127.0.0.1:{port}");
-        let mut child = wsd()
-            .args(["serve", "--listen", &addr, "--root"])
-            .arg(&root)
-            .arg("--state")
-            .arg(tmp.path().join("state"))
+        let daemon = Daemon::builder(&root)
+            .state(&tmp.path().join("state"))
             .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + STEP;
-        while std::net::TcpStream::connect(&addr).is_err() {
-            assert!(
-                child.try_wait().unwrap().is_none(),
-                "wsd serve exited early"
-            );
-            assert!(
-                Instant::now() < deadline,
-                "wsd serve did not listen on {addr}"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Served { tmp, addr, child }
+            .start();
+        Served { daemon, tmp }
     }
 
     fn root(&self) -> PathBuf {
         self.tmp.path().join("ws")
     }
-
-    /// `wsd ARGS --remote ADDR` with `stdin` as its input (none: closed).
-    fn cli_with_input(&self, args: &[&str], stdin: Option<&[u8]>) -> Output {
-        let mut cmd = wsd();
-        let sub = args[0];
-        cmd.arg(sub).args(["--remote", &self.addr]).args(&args[1..]);
-        run_bounded(cmd, stdin)
-    }
-
-    fn cli(&self, args: &[&str]) -> Output {
-        self.cli_with_input(args, None)
-    }
 }
 
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+impl std::ops::Deref for Served {
+    type Target = Daemon;
+    fn deref(&self) -> &Daemon {
+        &self.daemon
     }
-}
-
-/// Longest wait for one CLI run or for the daemon to listen.
-const STEP: Duration = Duration::from_secs(30);
-
-/// Runs `cmd` with `stdin` written to it (then closed), killing it if it
-/// outlives `STEP` so a hang fails the test instead of wedging it.
-fn run_bounded(mut cmd: Command, stdin: Option<&[u8]>) -> Output {
-    cmd.stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
-    let mut input = child.stdin.take().unwrap();
-    let data = stdin.map(<[u8]>::to_vec);
-    let writer = std::thread::spawn(move || {
-        if let Some(d) = data {
-            // The command may exit without reading all of it.
-            let _ = input.write_all(&d);
-        }
-    });
-    let pid = child.id();
-    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-    let watchdog = std::thread::spawn(move || {
-        if done_rx.recv_timeout(STEP).is_err() {
-            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-        }
-    });
-    let out = child.wait_with_output().unwrap();
-    let _ = done_tx.send(());
-    watchdog.join().unwrap();
-    writer.join().unwrap();
-    out
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 #[test]
@@ -283,9 +198,15 @@ fn a_bare_timeout_is_seconds_and_help_says_so() {
         text(&out.stderr)
     );
 
-    let help = text(&wsd().args(["exec", "--help"]).output().unwrap().stdout);
+    let help = text(
+        &wsd_command()
+            .args(["exec", "--help"])
+            .output()
+            .unwrap()
+            .stdout,
+    );
     assert!(help.contains("a bare number is seconds"), "{help}");
-    let out = wsd()
+    let out = wsd_command()
         .args([
             "exec",
             "--remote",
@@ -303,7 +224,7 @@ fn a_bare_timeout_is_seconds_and_help_says_so() {
 #[test]
 fn exec_exits_255_when_the_daemon_goes_away_while_the_command_runs() {
     let mut d = Served::start();
-    let mut cmd = wsd();
+    let mut cmd = wsd_command();
     cmd.args(["exec", "--remote", &d.addr, "--reattach-for", "1s", "--"])
         // The command's own pid, so that the test can stop what the killed
         // daemon leaves running.
@@ -316,8 +237,7 @@ fn exec_exits_255_when_the_daemon_goes_away_while_the_command_runs() {
     wait_until("the command did not start", || {
         std::fs::read_to_string(&pid_file).is_ok_and(|p| p.ends_with('\n'))
     });
-    d.child.kill().unwrap();
-    d.child.wait().unwrap();
+    d.daemon.kill9();
     let out = client.wait_with_output().unwrap();
     let pid = std::fs::read_to_string(&pid_file).unwrap();
     let _ = Command::new("kill").args(["-9", pid.trim()]).status();
@@ -356,7 +276,7 @@ fn a_client_without_a_token_is_told_none_was_given_and_a_wrong_one_is_wrong() {
 
 #[test]
 fn exec_rejects_a_timeout_that_is_not_a_duration() {
-    let out = wsd()
+    let out = wsd_command()
         .args([
             "exec",
             "--remote",
@@ -481,7 +401,7 @@ fn an_exclude_is_remembered_until_dropped_and_dropping_it_sends_what_it_hid() {
     assert!(!d.root().join(".env").exists());
 
     // Shown by `wsd exclude list` and `wsd status LOCAL_DIR`.
-    let out = wsd().args(["exclude", "list", l]).output().unwrap();
+    let out = wsd_command().args(["exclude", "list", l]).output().unwrap();
     assert_eq!(text(&out.stdout), ".env*\n", "{}", text(&out.stderr));
     let out = d.cli(&["status", l]);
     assert!(
@@ -505,14 +425,20 @@ fn an_exclude_is_remembered_until_dropped_and_dropping_it_sends_what_it_hid() {
         "{}",
         text(&out.stderr)
     );
-    let out = wsd().args(["exclude", "rm", l, "nope"]).output().unwrap();
+    let out = wsd_command()
+        .args(["exclude", "rm", l, "nope"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains(".env*"), "{}", text(&out.stderr));
 
     // Dropped explicitly: the next push sends the file the cursor passed.
-    let out = wsd().args(["exclude", "rm", l, ".env*"]).output().unwrap();
+    let out = wsd_command()
+        .args(["exclude", "rm", l, ".env*"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let out = wsd()
+    let out = wsd_command()
         .args(["exclude", "list", "--json", l])
         .output()
         .unwrap();
@@ -530,7 +456,7 @@ fn an_exclude_is_remembered_until_dropped_and_dropping_it_sends_what_it_hid() {
     let out = d.cli(&["push", l, "-q"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_eq!(std::fs::read(d.root().join(".env")).unwrap(), b"SECRET=2");
-    let out = wsd()
+    let out = wsd_command()
         .args(["exclude", "list", "--json", l])
         .output()
         .unwrap();
@@ -549,25 +475,22 @@ fn an_exclude_is_remembered_until_dropped_and_dropping_it_sends_what_it_hid() {
         std::fs::read(d.root().join("logs/old/a.log")).unwrap(),
         b"a"
     );
-    let out = wsd().args(["exclude", "list", l]).output().unwrap();
+    let out = wsd_command().args(["exclude", "list", l]).output().unwrap();
     assert_eq!(text(&out.stdout), "", "{}", text(&out.stderr));
 }
 
 #[test]
 fn status_of_an_unreachable_daemon_exits_1_naming_the_address() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     let out = run_bounded(
-        {
-            let mut c = wsd();
+        &mut {
+            let mut c = wsd_command();
             c.args(["status", "--remote", &addr, "--json"]);
             c
         },
         None,
+        STEP,
     );
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(text(&out.stdout), "");
@@ -580,12 +503,13 @@ fn status_gives_up_on_a_daemon_that_accepts_but_never_answers() {
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = silent.local_addr().unwrap().to_string();
     let out = run_bounded(
-        {
-            let mut c = wsd();
+        &mut {
+            let mut c = wsd_command();
             c.args(["status", "--remote", &addr, "--timeout", "300ms"]);
             c
         },
         None,
+        STEP,
     );
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains(&addr), "{}", text(&out.stderr));
@@ -720,13 +644,14 @@ fn an_error_names_its_cause_once() {
     let addr = taken.local_addr().unwrap().to_string();
     let root = tempfile::tempdir().unwrap();
     let out = run_bounded(
-        {
-            let mut c = wsd();
+        &mut {
+            let mut c = wsd_command();
             c.args(["serve", "--listen", &addr, "--root"])
                 .arg(root.path());
             c
         },
         None,
+        STEP,
     );
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
@@ -740,35 +665,14 @@ fn an_error_names_its_cause_once() {
 fn serve_log(extra: &[&str]) -> String {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("stderr");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    let mut child = wsd()
-        .args(["serve", "--listen", &addr, "--root"])
-        .arg(dir.path().join("ws"))
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+    let root = dir.path().join("ws");
+    std::fs::create_dir_all(&root).unwrap();
+    let mut daemon = Daemon::builder(&root).args(extra).log(&log).start();
     // "serving" is logged once the listeners are bound and the store open.
-    let deadline = Instant::now() + STEP;
-    while !std::fs::read_to_string(&log).unwrap().contains("serving") {
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "wsd serve exited early"
-        );
-        assert!(
-            Instant::now() < deadline,
-            "wsd serve logged no serving line"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    child.kill().unwrap();
-    child.wait().unwrap();
+    wait_until("the serving line", || {
+        std::fs::read_to_string(&log).unwrap().contains("serving")
+    });
+    daemon.kill9();
     std::fs::read_to_string(&log).unwrap()
 }
 
@@ -788,7 +692,10 @@ fn logs_have_no_ansi_escapes_when_stderr_is_not_a_terminal_and_json_on_request()
 
 #[test]
 fn completions_and_the_man_page_are_generated_from_the_cli() {
-    let out = wsd().args(["completions", "bash"]).output().unwrap();
+    let out = wsd_command()
+        .args(["completions", "bash"])
+        .output()
+        .unwrap();
     assert!(out.status.success());
     let script = text(&out.stdout);
     assert!(script.contains("complete"), "{script}");
@@ -796,10 +703,10 @@ fn completions_and_the_man_page_are_generated_from_the_cli() {
         script.contains("status") && script.contains("--exclude"),
         "{script}"
     );
-    let out = wsd().args(["completions", "zsh"]).output().unwrap();
+    let out = wsd_command().args(["completions", "zsh"]).output().unwrap();
     assert!(out.status.success());
     assert!(text(&out.stdout).starts_with("#compdef wsd"));
-    let out = wsd().arg("man").output().unwrap();
+    let out = wsd_command().arg("man").output().unwrap();
     assert!(out.status.success());
     let page = text(&out.stdout);
     assert!(page.contains(".TH wsd 1"), "{page}");
@@ -812,7 +719,10 @@ fn completions_and_the_man_page_are_generated_from_the_cli() {
     assert!(name.starts_with("wsd \\- "), "{page}");
     assert_eq!(name.matches("wsd").count(), 1, "{name}");
     assert!(page.contains("status"), "{page}");
-    let out = wsd().args(["completions", "cmd.exe"]).output().unwrap();
+    let out = wsd_command()
+        .args(["completions", "cmd.exe"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
 
@@ -832,7 +742,7 @@ fn entrypoint(args: &[&str], env: &[(&str, &str)], bin: Option<&std::path::Path>
             bin.map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_wsd")), Path::to_owned),
         )
         .envs(env.iter().copied());
-    run_bounded(c, None)
+    run_bounded(&mut c, None, STEP)
 }
 
 #[test]
@@ -908,15 +818,6 @@ fn the_container_health_probe_passes_on_a_live_daemon_and_fails_without_one() {
     assert_eq!(out.status.code(), Some(1));
 }
 
-/// Waits (bounded by `STEP`) until `cond` holds, failing with `what`.
-fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + STEP;
-    while !cond() {
-        assert!(Instant::now() < deadline, "{what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn sync_watch_picks_up_local_and_daemon_side_edits_without_waiting_for_the_interval() {
     let d = Served::start();
@@ -926,7 +827,7 @@ fn sync_watch_picks_up_local_and_daemon_side_edits_without_waiting_for_the_inter
     let log = tempfile::NamedTempFile::new().unwrap();
     // An hour between safety rounds: only change notifications can make
     // the edits below arrive within the test's bound.
-    let child = wsd()
+    let child = wsd_command()
         .args([
             "sync",
             "--remote",

@@ -10,23 +10,12 @@
 //! it is missing the sandboxed tests say so and pass, unless
 //! `WSD_REQUIRE_SANDBOX=1` (set by `.ci/run`) makes that a failure.
 
-use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
 
-/// Longest wait for one CLI run or for the daemon to listen.
-const STEP: Duration = Duration::from_secs(30);
+use wsd_test_support::{Daemon, STEP, run_bounded, show, text, wait_until, wsd_command};
 
 const TOKEN: &str = "sandbox-test-token-0123456789abcdef";
-
-fn wsd() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_wsd"));
-    c.env_remove("WSD_REMOTE")
-        .env_remove("WSD_TOKEN_FILE")
-        .env_remove("WSD_TOKEN");
-    c
-}
 
 fn bwrap_available() -> bool {
     let found = Command::new("bwrap")
@@ -45,11 +34,11 @@ fn bwrap_available() -> bool {
 
 /// A `wsd serve --sandbox` child over `TMP/ws` with its state in the
 /// default `TMP/ws/.wsd`, a token in `TMP/token` (outside the workspace),
-/// listening on a free loopback port. SIGKILLed and waited for on drop.
+/// listening on a free loopback port; killed before its directory is
+/// removed.
 struct Sandboxed {
+    daemon: Daemon,
     tmp: tempfile::TempDir,
-    port: u16,
-    child: std::process::Child,
 }
 
 impl Sandboxed {
@@ -58,35 +47,13 @@ impl Sandboxed {
         let root = tmp.path().join("ws");
         std::fs::create_dir_all(&root).unwrap();
         std::fs::write(tmp.path().join("token"), TOKEN).unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let addr = format!("127.0.0.1:{port}");
-        let mut child = wsd()
-            .args(["serve", "--sandbox", "--listen", &addr, "--root"])
-            .arg(&root)
-            .arg("--token-file")
-            .arg(tmp.path().join("token"))
+        let daemon = Daemon::builder(&root)
+            .token_file(&tmp.path().join("token"))
+            .args(["--sandbox"])
             .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + STEP;
-        while std::net::TcpStream::connect(&addr).is_err() {
-            if child.try_wait().unwrap().is_some() {
-                let out = child.wait_with_output().unwrap();
-                panic!("wsd serve --sandbox exited early: {}", text(&out.stderr));
-            }
-            assert!(
-                Instant::now() < deadline,
-                "wsd serve did not listen on {addr}"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Sandboxed { tmp, port, child }
+            .log(&tmp.path().join("serve.log"))
+            .start();
+        Sandboxed { daemon, tmp }
     }
 
     fn root(&self) -> PathBuf {
@@ -97,80 +64,17 @@ impl Sandboxed {
         std::fs::canonicalize(self.tmp.path()).unwrap()
     }
 
-    /// `wsd SUB --remote ADDR --token-file TOKEN ARGS...` with `stdin`.
     fn cli_with_input(&self, args: &[&str], stdin: Option<&[u8]>) -> Output {
-        let mut cmd = wsd();
-        cmd.arg(args[0])
-            .args(["--remote", &format!("127.0.0.1:{}", self.port)])
-            .arg("--token-file")
-            .arg(self.tmp.path().join("token"))
-            .args(&args[1..]);
-        run_bounded(cmd, stdin)
+        self.daemon.cli_with_input(args, stdin)
     }
 
     fn cli(&self, args: &[&str]) -> Output {
-        self.cli_with_input(args, None)
+        self.daemon.cli(args)
     }
 
     /// Runs a shell command line in the sandbox.
     fn sh(&self, line: &str) -> Output {
         self.cli(&["exec", "--", line])
-    }
-}
-
-impl Drop for Sandboxed {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Runs `cmd` with `stdin` written to it (then closed), killing it if it
-/// outlives `STEP` so a hang fails the test instead of wedging it.
-fn run_bounded(mut cmd: Command, stdin: Option<&[u8]>) -> Output {
-    cmd.stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
-    let mut input = child.stdin.take().unwrap();
-    let data = stdin.map(<[u8]>::to_vec);
-    let writer = std::thread::spawn(move || {
-        if let Some(d) = data {
-            let _ = input.write_all(&d);
-        }
-    });
-    let pid = child.id();
-    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-    let watchdog = std::thread::spawn(move || {
-        if done_rx.recv_timeout(STEP).is_err() {
-            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-        }
-    });
-    let out = child.wait_with_output().unwrap();
-    let _ = done_tx.send(());
-    watchdog.join().unwrap();
-    writer.join().unwrap();
-    out
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn show(out: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        out.status.code(),
-        text(&out.stdout),
-        text(&out.stderr)
-    )
-}
-
-fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + STEP;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -259,7 +163,7 @@ fn a_sandboxed_command_sees_neither_the_hosts_processes_nor_its_network() {
         return;
     }
     let d = Sandboxed::start(&[]);
-    let daemon_pid = d.child.id();
+    let daemon_pid = d.daemon.pid();
     let own_pid = std::process::id();
 
     // Its own /proc: only the sandbox's few processes, none of the host's.
@@ -284,7 +188,16 @@ fn a_sandboxed_command_sees_neither_the_hosts_processes_nor_its_network() {
     // Its own network namespace: the daemon's listening port is not among
     // its sockets, and loopback is its only interface.
     let out = d.sh("cat /proc/net/tcp /proc/net/tcp6");
-    let port = format!(":{:04X} ", d.port);
+    let port = format!(
+        ":{:04X} ",
+        d.daemon
+            .addr
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .parse::<u16>()
+            .unwrap()
+    );
     assert!(!text(&out.stdout).contains(&port), "{}", show(&out));
     let out = d.sh("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '");
     assert_eq!(text(&out.stdout), "lo\n", "{}", show(&out));
@@ -332,7 +245,16 @@ fn host_networking_and_limits_are_flags() {
         "64",
     ]);
     let out = d.sh("cat /proc/net/tcp /proc/net/tcp6");
-    let port = format!(":{:04X} ", d.port);
+    let port = format!(
+        ":{:04X} ",
+        d.daemon
+            .addr
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .parse::<u16>()
+            .unwrap()
+    );
     assert!(text(&out.stdout).contains(&port), "{}", show(&out));
     let out = d.sh("cat /proc/self/limits");
     let limits = text(&out.stdout);
@@ -349,7 +271,7 @@ fn host_networking_and_limits_are_flags() {
         "{limits}"
     );
     // Still no view of the host's processes or files.
-    let out = d.sh(&format!("test -e /proc/{}", d.child.id()));
+    let out = d.sh(&format!("test -e /proc/{}", d.daemon.pid()));
     assert_ne!(out.status.code(), Some(0), "{}", show(&out));
 }
 
@@ -378,11 +300,13 @@ fn sandboxed_exit_codes_stdin_signals_and_timeouts_work_as_unsandboxed() {
     let out = d.cli(&["exec", "--timeout", "300ms", "--", "echo slow; sleep 60"]);
     assert_eq!(out.status.code(), Some(128 + 15), "{}", show(&out));
     assert_eq!(text(&out.stdout), "slow\n");
-    // ... and a command that handles it decides its own exit code.
+    // ... and a command that handles it decides its own exit code (the
+    // timeout leaves room for bwrap and the shell to set the trap on a
+    // loaded machine: TERM before that would be a plain 143).
     let out = d.cli(&[
         "exec",
         "--timeout",
-        "300ms",
+        "2s",
         "--",
         "trap 'echo cleaned up; exit 3' TERM; touch started; sleep 60 & wait",
     ]);
@@ -442,11 +366,11 @@ fn serve_sandbox_without_bwrap_fails_at_start_naming_it_and_its_package() {
     let tmp = tempfile::tempdir().unwrap();
     let empty_path = tmp.path().join("bin");
     std::fs::create_dir(&empty_path).unwrap();
-    let mut cmd = wsd();
+    let mut cmd = wsd_command();
     cmd.args(["serve", "--sandbox", "--listen", "127.0.0.1:0", "--root"])
         .arg(tmp.path().join("ws"))
         .env("PATH", &empty_path);
-    let out = run_bounded(cmd, None);
+    let out = run_bounded(&mut cmd, None, STEP);
     assert_eq!(out.status.code(), Some(1), "{}", show(&out));
     let err = text(&out.stderr);
     assert!(err.contains("bwrap"), "{err}");
@@ -456,7 +380,7 @@ fn serve_sandbox_without_bwrap_fails_at_start_naming_it_and_its_package() {
 #[test]
 fn sandbox_settings_need_sandbox() {
     let tmp = tempfile::tempdir().unwrap();
-    let out = wsd()
+    let out = wsd_command()
         .args(["serve", "--sandbox-net", "host", "--root"])
         .arg(tmp.path())
         .output()
