@@ -1083,3 +1083,54 @@ async fn abort_while_waiting_for_approval_leaves_a_history_the_model_accepts() {
     assert_eq!(msgs[3]["tool_call_id"], "c1");
     assert!(msgs[3]["content"].as_str().unwrap().contains("interrupted"));
 }
+
+#[tokio::test]
+async fn an_image_the_model_reads_reaches_it_as_an_image_part() {
+    use gsv_protocol::fs::testkit::{PNG, PNG_BASE64};
+    let (k, m, mut a) = setup(
+        vec![
+            Reply::Sse(vec![tool(
+                "r1",
+                "Read",
+                json!({"path": "/home/alice/dot.png"}),
+            )]),
+            answer("A grey dot."),
+        ],
+        &[],
+    )
+    .await;
+    {
+        let p = wsd_sync::SyncPath::new("home/alice/dot.png").unwrap();
+        let mut d = k.kernel.system().lock().unwrap();
+        let opts = wsd_dofs::WriteOptions {
+            create_parents: true,
+            ..wsd_dofs::WriteOptions::default()
+        };
+        d.write_file_with(&p, PNG, opts).unwrap();
+    }
+    let (_pid, s) = a.spawn_and_send("what is in dot.png?").await;
+    let fin = a.finished(&s["runId"]).await;
+    assert_eq!(fin["status"], "completed", "{fin}");
+    let second = &m.requests()[1];
+    let messages = second["messages"].as_array().unwrap();
+    let at = messages.iter().position(|m| m["role"] == "tool").unwrap();
+    // The tool message answers the call in text, without the base64.
+    let tool_msg = &messages[at];
+    assert_eq!(tool_msg["tool_call_id"], "r1");
+    let said = tool_msg["content"].as_str().unwrap();
+    assert!(
+        said.contains("image/png") && !said.contains(PNG_BASE64),
+        "{said}"
+    );
+    // The image follows the turn's tool messages as an image_url part.
+    let images = &messages[at + 1];
+    assert_eq!(images["role"], "user", "{second}");
+    let parts = images["content"].as_array().unwrap();
+    assert_eq!(parts[0]["type"], "text");
+    assert_eq!(
+        parts[1],
+        json!({"type": "image_url",
+               "image_url": {"url": format!("data:image/png;base64,{PNG_BASE64}")}})
+    );
+    assert_eq!(messages.len(), at + 2, "{second}");
+}

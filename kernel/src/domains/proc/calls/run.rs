@@ -439,24 +439,77 @@ pub fn tool_defs() -> Vec<Value> {
     ]
 }
 
+/// What the `tool` message of an image read says in place of the image.
+const IMAGE_ATTACHED: &str = "(image attached in the next message)";
+
+/// The text that introduces the images of the tool results before it.
+const IMAGES_FROM_TOOLS: &str = "Attached image(s) from tool result:";
+
+/// A `Read` result that is an image (`fs.read`'s `kind:"image"`): the
+/// tool message's text (the result without the base64) and the image as
+/// OpenAI `image_url` parts (data URLs). Chat completions take text only
+/// in a `tool` message, so the images follow in a user message, as the
+/// reference gateway's provider layer sends them.
+fn image_result(m: &Value) -> Option<(String, Vec<Value>)> {
+    if m["toolName"] != "Read" || m["isError"] == true {
+        return None;
+    }
+    let text = m["content"].as_str()?;
+    // Most results are text reads: skip the parse unless it can be an image.
+    if !text.starts_with('{') || !text.contains(r#""kind":"image""#) {
+        return None;
+    }
+    let mut result: Value = serde_json::from_str(text).ok()?;
+    if result["kind"] != "image" {
+        return None;
+    }
+    let parts: Vec<Value> = result["content"]
+        .as_array()?
+        .iter()
+        .filter(|c| c["type"] == "image")
+        .filter_map(|c| {
+            let (data, mime) = (c["data"].as_str()?, c["mimeType"].as_str()?);
+            Some(json!({"type": "image_url",
+                        "image_url": {"url": format!("data:{mime};base64,{data}")}}))
+        })
+        .collect();
+    if parts.is_empty() {
+        return None;
+    }
+    result["content"] = json!(IMAGE_ATTACHED);
+    Some((result.to_string(), parts))
+}
+
 /// Stored messages in the OpenAI chat form. A tool call left without a
 /// result (the run was aborted or the kernel stopped mid-call) gets a
 /// synthetic error result: servers refuse a history with a dangling call,
-/// and the model should know the call did not complete.
+/// and the model should know the call did not complete. Images read by
+/// `Read` follow the turn's tool messages as one user message of
+/// `image_url` parts (every configured provider is OpenAI-compatible and
+/// the config has no text-only switch, so every model is sent them, as
+/// the reference sends its custom providers).
 fn to_openai(system: &str, history: &[Value]) -> Vec<Value> {
     let mut out = vec![json!({"role": "system", "content": system})];
     let mut open: Vec<Value> = Vec::new();
-    let close = |out: &mut Vec<Value>, open: &mut Vec<Value>| {
+    let mut images: Vec<Value> = Vec::new();
+    let close = |out: &mut Vec<Value>, open: &mut Vec<Value>, images: &mut Vec<Value>| {
         for id in open.drain(..) {
             out.push(json!({"role": "tool", "tool_call_id": id,
                 "content": "Error: interrupted before this tool call finished"}));
+        }
+        // After every tool message of the turn: a tool call's results must
+        // follow it directly.
+        if !images.is_empty() {
+            let mut content = vec![json!({"type": "text", "text": IMAGES_FROM_TOOLS})];
+            content.append(images);
+            out.push(json!({"role": "user", "content": content}));
         }
     };
     for m in history {
         if m["role"] == "toolResult" {
             open.retain(|id| *id != m["toolCallId"]);
         } else {
-            close(&mut out, &mut open);
+            close(&mut out, &mut open, &mut images);
         }
         match m["role"].as_str() {
             Some("user") | Some("system") => {
@@ -479,13 +532,22 @@ fn to_openai(system: &str, history: &[Value]) -> Vec<Value> {
                 }
                 out.push(a);
             }
-            Some("toolResult") => out.push(json!({
-                "role": "tool", "tool_call_id": m["toolCallId"], "content": m["content"],
-            })),
+            Some("toolResult") => {
+                let content = match image_result(m) {
+                    Some((text, parts)) => {
+                        images.extend(parts);
+                        json!(text)
+                    }
+                    None => m["content"].clone(),
+                };
+                out.push(json!({
+                    "role": "tool", "tool_call_id": m["toolCallId"], "content": content,
+                }));
+            }
             _ => {}
         }
     }
-    close(&mut out, &mut open);
+    close(&mut out, &mut open, &mut images);
     out
 }
 
@@ -1152,6 +1214,53 @@ mod tests {
             assert!(shell["properties"].get(key).is_some(), "{key}: {shell}");
         }
         assert!(serde_json::to_string(&defs).unwrap().find("$ref").is_none());
+    }
+
+    #[test]
+    fn read_images_follow_all_of_the_turns_tool_messages_as_image_url_parts() {
+        let image = json!({"ok": true, "path": "/a.png", "size": 3, "kind": "image",
+            "contentType": "image/png",
+            "content": [{"type": "image", "data": "AAEC", "mimeType": "image/png"}]});
+        let history = vec![
+            json!({"role": "user", "content": "look"}),
+            json!({"role": "assistant", "content": "", "toolCalls": [
+                {"id": "a", "name": "Read", "arguments": "{}"},
+                {"id": "b", "name": "Read", "arguments": "{}"},
+                {"id": "c", "name": "Read", "arguments": "{}"}]}),
+            json!({"role": "toolResult", "toolCallId": "a", "toolName": "Read",
+                   "content": image.to_string(), "isError": false}),
+            // A text read that mentions an image kind stays text.
+            json!({"role": "toolResult", "toolCallId": "b", "toolName": "Read",
+                   "content": r#"1	"kind":"image""#, "isError": false}),
+            json!({"role": "user", "content": "and?"}),
+        ];
+        let out = to_openai("sys", &history);
+        let roles: Vec<&str> = out.iter().map(|m| m["role"].as_str().unwrap()).collect();
+        assert_eq!(
+            roles,
+            [
+                "system",
+                "user",
+                "assistant",
+                "tool",
+                "tool",
+                "tool",
+                "user",
+                "user"
+            ]
+        );
+        let first: Value = serde_json::from_str(out[3]["content"].as_str().unwrap()).unwrap();
+        assert_eq!(first["content"], IMAGE_ATTACHED);
+        assert_eq!(first["contentType"], "image/png");
+        assert_eq!(out[4]["content"], r#"1	"kind":"image""#);
+        // The interrupted call's synthetic result comes before the images.
+        assert_eq!(out[5]["tool_call_id"], "c");
+        assert_eq!(
+            out[6]["content"],
+            json!([{"type": "text", "text": IMAGES_FROM_TOOLS},
+                   {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAEC"}}])
+        );
+        assert_eq!(out[7]["content"], "and?");
     }
 
     #[test]
