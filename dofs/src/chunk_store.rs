@@ -14,7 +14,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use wsd_sync::{Hash, SyncError};
 
 use crate::DofsError;
-use crate::rows::hash_from_sql;
+use crate::sql::hash_from_sql;
 
 /// Hashes per `IN (...)` probe: bounded statements whatever the request.
 const PROBE_WINDOW: usize = 256;
@@ -114,7 +114,7 @@ impl ChunkStore for SqliteChunks<'_> {
     /// A chunk already held is stamped fresh instead (`stored_at`), so
     /// the grace window of garbage collection covers it again.
     fn put_if_absent(&self, hash: &Hash, bytes: &[u8]) -> Result<bool, DofsError> {
-        let now = crate::rows::now_ms();
+        let now = crate::sql::now_ms();
         let inserted = self
             .conn
             .prepare_cached(

@@ -31,6 +31,7 @@ mod schema;
 #[cfg(all(feature = "s3", any(test, feature = "testkit")))]
 pub mod seaweedfs;
 mod snapshot;
+mod sql;
 mod sync;
 
 use std::path::Path;

@@ -140,13 +140,7 @@ pub(crate) struct Row {
 pub(crate) const ROW_COLUMNS: &str =
     "path, rev, kind, mode, mtime, size, target, manifest, applied_from, chunk";
 
-fn conversion_error(col: usize, msg: String) -> rusqlite::Error {
-    rusqlite::Error::FromSqlConversionFailure(col, rusqlite::types::Type::Text, msg.into())
-}
-
-pub(crate) fn hash_from_sql(bytes: Vec<u8>, col: usize) -> rusqlite::Result<Hash> {
-    Hash::from_slice(&bytes).map_err(|e| conversion_error(col, e.to_string()))
-}
+pub(crate) use crate::sql::{conversion_error, hash_from_sql, now_ms};
 
 /// Reads a row selected with [`ROW_COLUMNS`].
 pub(crate) fn row_from_sql(r: &rusqlite::Row<'_>) -> rusqlite::Result<Row> {
@@ -443,14 +437,6 @@ pub(crate) fn cursor_from(rev: u64, path: Option<String>) -> Result<ChangeCursor
         rev,
         path: path.map(SyncPath::new).transpose()?,
     })
-}
-
-/// Milliseconds since the Unix epoch, the mtime unit on the wire.
-pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 /// One mutating transaction. The rev is allocated on first use, so a
