@@ -120,19 +120,48 @@ impl Person {
 
     /// The next message `from` posts in `room`, as raw event JSON.
     pub async fn next_message_from(&self, room: &Room, from: &UserId) -> Value {
+        self.messages_from(room, from, 1).await.remove(0)
+    }
+
+    /// The next `n` messages `from` posts in `room`, in timeline order
+    /// (several may arrive in one sync).
+    pub async fn messages_from(&self, room: &Room, from: &UserId, n: usize) -> Vec<Value> {
         let started = Instant::now();
+        let mut seen = Vec::new();
         loop {
             let r = self.sync().await;
             if let Some(update) = r.rooms.joined.get(room.room_id()) {
                 for ev in &update.timeline.events {
                     let v: Value = serde_json::from_str(ev.raw().json().get()).unwrap();
                     if v["type"] == "m.room.message" && v["sender"] == from.as_str() {
-                        return v;
+                        seen.push(v);
                     }
                 }
             }
-            assert!(started.elapsed() < WAIT, "no message from {from} in time");
+            if seen.len() >= n {
+                return seen;
+            }
+            assert!(
+                started.elapsed() < WAIT,
+                "{} of {n} messages from {from} in time: {seen:?}",
+                seen.len()
+            );
         }
+    }
+
+    /// Messages of `room` that arrived since the last sync, from anyone.
+    pub async fn new_messages(&self, room: &Room) -> Vec<Value> {
+        let r = self.sync().await;
+        let Some(update) = r.rooms.joined.get(room.room_id()) else {
+            return Vec::new();
+        };
+        update
+            .timeline
+            .events
+            .iter()
+            .map(|ev| serde_json::from_str::<Value>(ev.raw().json().get()).unwrap())
+            .filter(|v| v["type"] == "m.room.message")
+            .collect()
     }
 }
 

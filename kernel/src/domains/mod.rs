@@ -68,6 +68,7 @@ pub fn migrations() -> Vec<Migration> {
 pub async fn prepare(db: &Db, system: &Arc<Mutex<Dofs>>) -> Result<(), KernelError> {
     db.call(accounts::bootstrap).await?;
     db.call(crate::routing::reset_at_start).await?;
+    db.call(adapter::store::reset_receipts_at_start).await?;
     fs::calls::ensure_dir(system, "root").await
 }
 
@@ -211,6 +212,9 @@ pub fn register(d: &mut Dispatch<Kernel>) {
     d.add("sys.unlink", adapter::calls::unlink);
     d.add("sys.link.list", adapter::calls::link_list);
     d.add("sys.link.consume", adapter::calls::link_consume);
+    d.add("sys.link.route.set", adapter::calls::route_set);
+    d.add("sys.link.route.list", adapter::calls::route_list);
+    d.add("sys.link.route.delete", adapter::calls::route_delete);
 }
 
 #[cfg(test)]

@@ -4,13 +4,16 @@
 //! server of the proc tests.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use gsv_kernel::client::{GsvClient, connect_args};
 use serde_json::{Value, json};
 
-use crate::harness::{TestKernel, err_of};
-use crate::proc::{ModelServer, Reply, Watcher, answer, configure, tool};
+use tokio::sync::Notify;
+
+use crate::harness::{TestKernel, err_of, eventually};
+use crate::proc::{ModelServer, Reply, Watcher, answer, configure, text, tool};
 
 const ACCOUNT: &str = "@bot:example.org";
 const ALICE_MX: &str = "@alice:example.org";
@@ -76,13 +79,30 @@ impl ScriptedAdapter {
     /// A message from `actor` on `surface` through `adapter.inbound`.
     async fn inbound(&mut self, surface: Value, actor: &str, text: &str) -> Value {
         let n = self.ws.fresh_id();
+        self.inbound_id(&format!("$m{n}"), surface, actor, text)
+            .await
+    }
+
+    /// [`ScriptedAdapter::inbound`] with the platform's message id.
+    async fn inbound_id(&mut self, id: &str, surface: Value, actor: &str, text: &str) -> Value {
         self.call(
             "adapter.inbound",
-            json!({"adapter": "matrix", "accountId": ACCOUNT, "deliveryId": format!("$d{n}"),
-                   "message": {"messageId": format!("$m{n}"), "surface": surface,
+            json!({"adapter": "matrix", "accountId": ACCOUNT, "deliveryId": format!("d-{id}"),
+                   "message": {"messageId": id, "surface": surface,
                                "actor": {"id": actor, "name": "Alice"}, "text": text}}),
         )
         .await
+    }
+
+    /// Reports the account connected (`adapter.state.update`).
+    async fn report_connected(&mut self) {
+        let update = json!({"adapter": "matrix", "accountId": ACCOUNT,
+                            "status": {"accountId": ACCOUNT, "connected": true,
+                                       "authenticated": true}});
+        assert_eq!(
+            self.call("adapter.state.update", update).await,
+            json!({"ok": true})
+        );
     }
 
     /// The next frame matching `pred` (stashed ones first).
@@ -338,7 +358,7 @@ async fn an_unlinked_group_message_is_dropped_with_its_reason_and_a_linked_one_i
 
 #[tokio::test]
 async fn a_surface_route_sends_its_messages_to_that_process_until_the_process_is_gone() {
-    let (k, m, mut adapter) = setup(vec![answer("one"), answer("two")]).await;
+    let (k, m, mut adapter) = setup(vec![answer("one"), answer("two"), answer("three")]).await;
     let linked = link_alice(&k, &mut adapter).await;
     let uid = linked["link"]["uid"].as_i64().unwrap();
     let mut alice = Watcher::new(k.alice().await);
@@ -348,30 +368,216 @@ async fn a_surface_route_sends_its_messages_to_that_process_until_the_process_is
         .as_str()
         .unwrap()
         .to_owned();
-    let p = pid.clone();
-    k.kernel
-        .db()
-        .call(move |c| {
-            c.execute(
-                "INSERT INTO surface_routes(adapter, account_id, actor_id, surface_kind,
-                     surface_id, uid, pid, updated_at, updated_by_uid)
-                 VALUES ('matrix', ?1, ?2, 'dm', ?3, ?4, ?5, 0, ?4)",
-                rusqlite::params![ACCOUNT, ALICE_MX, DM_ROOM, uid, p],
-            )?;
-            Ok(())
-        })
+    let route = |pid: &str| {
+        json!({"adapter": "Matrix", "accountId": ACCOUNT, "actorId": ALICE_MX,
+               "surface": dm(), "pid": pid})
+    };
+
+    // Bad routes: nothing is stored.
+    let mut bob = k.bob().await;
+    let r = bob
+        .request("sys.link.route.set", route(&pid))
         .await
         .unwrap();
+    assert_eq!(err_of(&r).0, 403, "not bob's actor: {r}");
+    let r = alice
+        .request("sys.link.route.set", route("p_no_such_process"))
+        .await;
+    assert_eq!(err_of(&r).0, 404, "{r}");
+    let bobs = bob.call("proc.spawn", json!({})).await.unwrap()["pid"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let r = alice.request("sys.link.route.set", route(&bobs)).await;
+    assert_eq!(err_of(&r).0, 404, "another account's process: {r}");
+    let mut unlinked = route(&pid);
+    unlinked["actorId"] = json!("@stranger:example.org");
+    let r = alice.request("sys.link.route.set", unlinked).await;
+    assert_eq!(err_of(&r).0, 404, "{r}");
+    let mut bad_kind = route(&pid);
+    bad_kind["surface"]["kind"] = json!("forum");
+    let r = alice.request("sys.link.route.set", bad_kind).await;
+    assert_eq!(err_of(&r).0, 400, "{r}");
+    let r = adapter.request("sys.link.route.set", route(&pid)).await;
+    assert_eq!(err_of(&r).0, 403, "a service routes nothing: {r}");
+    assert_eq!(
+        alice.call("sys.link.route.list", json!({})).await,
+        json!({"routes": []})
+    );
+
+    let set = alice.call("sys.link.route.set", route(&pid)).await;
+    assert_eq!(set["route"]["pid"], json!(pid), "{set}");
+    assert_eq!(set["route"]["adapter"], "matrix", "lowercased");
+    assert_eq!(set["route"]["uid"], uid);
+    assert_eq!(set["route"]["surface"], dm());
+    let listed = alice.call("sys.link.route.list", json!({})).await;
+    assert_eq!(listed["routes"], json!([set["route"]]));
+    assert_eq!(
+        bob.call("sys.link.route.list", json!({})).await.unwrap(),
+        json!({"routes": []})
+    );
+    let r = bob
+        .request("sys.link.route.list", json!({"uid": uid}))
+        .await
+        .unwrap();
+    assert_eq!(err_of(&r).0, 403, "{r}");
+
+    // The DM goes to the routed process; a thread of it is another surface.
     let r = adapter.inbound(dm(), ALICE_MX, "to the room process").await;
     assert_eq!(r["delivered"]["pid"], json!(pid), "{r}");
     assert_eq!(adapter.take_send().await["text"], "one");
+    let thread = json!({"kind": "dm", "id": DM_ROOM, "threadId": "$t"});
+    let r = adapter.inbound(thread, ALICE_MX, "in a thread").await;
+    assert_eq!(r["delivered"]["pid"], format!("init:{uid}"), "{r}");
+    assert_eq!(adapter.take_send().await["text"], "two");
+
+    // The process goes: the stale route is cleared, home takes over.
     alice
         .call("proc.kill", json!({"pid": pid, "remove": true}))
         .await;
     let r = adapter.inbound(dm(), ALICE_MX, "and now?").await;
     assert_eq!(r["delivered"]["pid"], format!("init:{uid}"), "{r}");
-    assert_eq!(adapter.take_send().await["text"], "two");
-    assert_eq!(m.requests().len(), 2);
+    assert_eq!(adapter.take_send().await["text"], "three");
+    assert_eq!(m.requests().len(), 3);
+    assert_eq!(
+        alice.call("sys.link.route.list", json!({})).await,
+        json!({"routes": []})
+    );
+
+    // Delete: yours only.
+    let pid2 = alice.call("proc.spawn", json!({})).await["pid"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    alice.call("sys.link.route.set", route(&pid2)).await;
+    let del = json!({"adapter": "matrix", "accountId": ACCOUNT, "actorId": ALICE_MX,
+                     "surface": dm()});
+    let not_his = bob
+        .call("sys.link.route.delete", del.clone())
+        .await
+        .unwrap();
+    assert_eq!(not_his["removed"], false);
+    assert_eq!(
+        alice.call("sys.link.route.delete", del.clone()).await["removed"],
+        true
+    );
+    assert_eq!(
+        alice.call("sys.link.route.delete", del).await["removed"],
+        false
+    );
+}
+
+#[tokio::test]
+async fn a_redelivered_message_is_not_a_second_turn() {
+    let (k, m, mut adapter) = setup(vec![answer("once"), answer("twice")]).await;
+    link_alice(&k, &mut adapter).await;
+    let first = adapter
+        .inbound_id("$evt1", dm(), ALICE_MX, "count this once")
+        .await;
+    let run = first["delivered"]["runId"].clone();
+    assert!(run.is_string(), "{first}");
+    assert!(first.get("replayed").is_none(), "{first}");
+    assert_eq!(adapter.take_send().await["text"], "once");
+
+    // The platform (or the adapter after a reconnect) delivers it again:
+    // the first result, marked, and no new turn.
+    let again = adapter
+        .inbound_id("$evt1", dm(), ALICE_MX, "count this once")
+        .await;
+    assert_eq!(again["replayed"], "completed", "{again}");
+    assert_eq!(again["delivered"]["runId"], run);
+    // The same id on another surface is another message.
+    let elsewhere = json!({"kind": "group", "id": "!other:example.org"});
+    let other = adapter
+        .inbound_id("$evt1", elsewhere, ALICE_MX, "same id, other room")
+        .await;
+    assert_ne!(other["delivered"]["runId"], run, "{other}");
+    assert!(other.get("replayed").is_none(), "{other}");
+    assert_eq!(adapter.take_send().await["text"], "twice");
+    assert_eq!(m.requests().len(), 2, "two turns, not three");
+    let mut alice = k.alice().await;
+    let h = alice.call("proc.history", json!({})).await.unwrap();
+    assert_eq!(
+        h["messages"].to_string().matches("count this once").count(),
+        1,
+        "{h}"
+    );
+
+    // A challenge is replayed too (the same code), and so is a drop.
+    let bob_dm = json!({"kind": "dm", "id": "!dm-bob:example.org"});
+    let c1 = adapter
+        .inbound_id("$evt2", bob_dm.clone(), "@bob:example.org", "hi")
+        .await;
+    let c2 = adapter
+        .inbound_id("$evt2", bob_dm, "@bob:example.org", "hi")
+        .await;
+    assert_eq!(c2["challenge"], c1["challenge"], "{c2}");
+    assert_eq!(c2["replayed"], "completed");
+}
+
+#[tokio::test]
+async fn an_answer_made_while_the_adapter_is_away_reaches_it_after_a_kernel_restart() {
+    let gate = Arc::new(Notify::new());
+    let (k, m, mut adapter) = setup(vec![Reply::Gated(
+        vec![text("worth the wait")],
+        gate.clone(),
+    )])
+    .await;
+    link_alice(&k, &mut adapter).await;
+    let r = adapter.inbound(dm(), ALICE_MX, "take your time").await;
+    let run = r["delivered"]["runId"].as_str().unwrap().to_owned();
+    // The adapter goes away while the model is still answering.
+    adapter.ws.close().await;
+    gate.notify_one();
+    let outbox = |k: &TestKernel| {
+        let db = k.kernel.db().clone();
+        async move {
+            db.call(|c| {
+                let mut st = c.prepare("SELECT delivery_id, attempts FROM adapter_outbox")?;
+                let rows =
+                    st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+                Ok(rows.collect::<Result<Vec<_>, _>>()?)
+            })
+            .await
+            .unwrap()
+        }
+    };
+    let kept = eventually("the answer kept in the outbox", || async {
+        let rows = outbox(&k).await;
+        rows.first().is_some_and(|r| r.1 > 0).then_some(rows)
+    })
+    .await;
+    assert_eq!(kept.len(), 1);
+    assert_eq!(kept[0].0, format!("{run}:final"));
+
+    // The kernel restarts; the adapter comes back and reports itself
+    // connected: the answer is posted where the question was asked.
+    let stopped = k.stop().await;
+    let k = stopped.start().await;
+    let token = service_token(&k).await;
+    let mut adapter = ScriptedAdapter::connect(&k, &token).await;
+    adapter.report_connected().await;
+    let sent = adapter.take_send().await;
+    assert_eq!(sent["text"], "worth the wait");
+    assert_eq!(sent["deliveryId"], format!("{run}:final"));
+    assert_eq!(sent["surface"], dm());
+    assert_eq!(sent["actorId"], ALICE_MX);
+    eventually("the outbox emptied", || async {
+        outbox(&k).await.is_empty().then_some(())
+    })
+    .await;
+    // Reported again: nothing is posted twice (the next post is alice's).
+    adapter.report_connected().await;
+    let mut alice = k.alice().await;
+    let id = alice.fresh_id();
+    let barrier = json!({"adapter": "matrix", "accountId": ACCOUNT, "surface": dm(),
+                         "text": "after"});
+    alice
+        .send_request(&id, "adapter.send", barrier)
+        .await
+        .unwrap();
+    assert_eq!(adapter.take_send().await["text"], "after");
+    assert_eq!(m.requests().len(), 1);
 }
 
 #[tokio::test]

@@ -14,6 +14,10 @@ mod fs_contract;
 mod handshake;
 mod harness;
 mod ipc;
+mod matrix;
+// Synapse on loopback and Matrix people: the adapter crate's test support.
+#[path = "../../../adapter-matrix/tests/support/mod.rs"]
+mod matrix_support;
 mod mcp;
 mod node;
 mod notification;

@@ -13,11 +13,15 @@
 //!   for the adapter its `client.channel` names). An unlinked DM gets a
 //!   link challenge; an unlinked group message is dropped with its
 //!   reason; a linked actor's message goes to the surface's routed
-//!   process or the user's home process `init:<uid>`, where "approve" /
-//!   "deny" in a DM answers a pending approval.
+//!   process (`sys.link.route.*`) or the user's home process
+//!   `init:<uid>`, where "approve" / "deny" in a DM answers a pending
+//!   approval. Each message is handled once: a redelivery gets the first
+//!   result back (the ingress-receipt ledger).
 //! - A run a message started answers along its [`SurfaceRoute`]: the final
 //!   text and each approval request are posted with `adapter.send`
-//!   ([`on_run_signal`]).
+//!   ([`on_run_signal`]), kept in the outbox until posted, so an answer
+//!   made while the adapter is away (or the kernel restarts) reaches it
+//!   when it reports its account connected.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -27,11 +31,12 @@ use backon::{ExponentialBuilder, Retryable};
 use gsv_protocol::adapter::{
     self as wire, AccountStatus, ConnectArgs, ConnectResult, Delivered, DisconnectArgs,
     DisconnectResult, InboundArgs, InboundMessage, InboundReply, InboundResult, LinkChallenge,
-    SendArgs, SendResult, StateUpdateArgs, StateUpdateResult, StatusArgs, StatusResult, Surface,
-    SurfaceKind,
+    Replayed, SendArgs, SendResult, StateUpdateArgs, StateUpdateResult, StatusArgs, StatusResult,
+    Surface, SurfaceKind,
 };
 use gsv_protocol::link::{
-    self as links, ConsumeArgs, LinkArgs, LinkResult, ListArgs, ListResult, UnlinkArgs,
+    self as links, ConsumeArgs, LinkArgs, LinkResult, ListArgs, ListResult, RouteDeleteArgs,
+    RouteDeleteResult, RouteListArgs, RouteListResult, RouteSetArgs, RouteSetResult, UnlinkArgs,
     UnlinkResult,
 };
 use gsv_protocol::proc::{HilArgs, SendArgs as ProcSendArgs};
@@ -39,8 +44,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
-use super::store::{self, ActorKey, ConsumeError};
+use super::store::{self, ActorKey, Claim, ConsumeError, ReceiptKey, SurfaceKey};
 use super::{MAX_ID_BYTES, MAX_MESSAGE_BYTES, SurfaceRoute, valid_adapter_name};
+use crate::db::Db;
 use crate::domains::accounts;
 use crate::domains::proc::store::{self as proc_store, ProcRow};
 use crate::domains::proc::{RunRoute, calls as proc_calls};
@@ -52,7 +58,8 @@ use crate::session::{Role, Session};
 
 /// The signal service sockets get when an adapter account's state changes.
 pub const STATUS_SIGNAL: &str = "adapter.status";
-/// How many times a run's answer is posted while the adapter is away.
+/// How many times a run's answer is posted while the adapter says a retry
+/// is safe, before it waits in the outbox for the adapter's next report.
 const DELIVERY_ATTEMPTS: usize = 5;
 
 // ---- the plane: calls forwarded to the adapter -------------------------
@@ -216,10 +223,21 @@ pub async fn state_update(
     let payload = serde_json::to_value(&a)
         .map_err(|e| KernelError::internal("encoding adapter.status", e))?;
     k.pool.signal_role(Role::Service, STATUS_SIGNAL, payload);
+    if a.status.connected {
+        tokio::spawn(flush_outbox(
+            k.db.clone(),
+            k.router.clone(),
+            a.adapter,
+            a.account_id,
+        ));
+    }
     Ok(StateUpdateResult { ok: true })
 }
 
-/// `adapter.inbound` (service role only): one message an adapter received.
+/// `adapter.inbound` (service role only): one message an adapter received,
+/// handled once: a redelivery (the same message id on the same surface)
+/// gets the first result back, `replayed:"completed"`, or
+/// `replayed:"in_progress"` while the first is being handled.
 pub async fn inbound(
     k: Arc<Kernel>,
     s: Arc<Session>,
@@ -232,6 +250,81 @@ pub async fn inbound(
     id_arg(call, "message.messageId", &m.message_id)?;
     surface_arg(call, "message.surface", &m.surface)?;
     text_arg(call, "message.text", &m.text)?;
+    let key = ReceiptKey {
+        adapter: adapter.clone(),
+        account_id: a.account_id.clone(),
+        surface_id: m.surface.id.clone(),
+        message_id: m.message_id.clone(),
+    };
+    let (k2, delivery) = (key.clone(), a.delivery_id.clone());
+    let claim =
+        k.db.call(move |c| store::claim_receipt(c, &k2, delivery.as_deref()))
+            .await?;
+    match claim {
+        Claim::Fresh => {}
+        Claim::InProgress => {
+            return Ok(InboundResult {
+                ok: true,
+                replayed: Some(Replayed::InProgress),
+                ..InboundResult::default()
+            });
+        }
+        Claim::Completed(first) => {
+            let mut r: InboundResult = serde_json::from_str(&first)
+                .map_err(|e| KernelError::internal("reading an ingress receipt", e))?;
+            r.replayed = Some(Replayed::Completed);
+            return Ok(r);
+        }
+    }
+    // Released unless completed, also when this call is dropped midway,
+    // so a redelivery is handled again.
+    let mut claimed = ClaimGuard {
+        db: k.db.clone(),
+        key: Some(key),
+    };
+    let result = handle_inbound(&k, &s, adapter, &a).await?;
+    let json = serde_json::to_string(&result)
+        .map_err(|e| KernelError::internal("encoding an inbound result", e))?;
+    if let Some(key) = claimed.key.take() {
+        k.db.call(move |c| store::complete_receipt(c, &key, &json))
+            .await?;
+    }
+    Ok(result)
+}
+
+/// A claimed receipt not completed yet: released when dropped.
+struct ClaimGuard {
+    db: Db,
+    key: Option<ReceiptKey>,
+}
+
+impl Drop for ClaimGuard {
+    fn drop(&mut self) {
+        let Some(key) = self.key.take() else { return };
+        // Without a runtime (the kernel is going away) the claim stays,
+        // and the next start drops it.
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let db = self.db.clone();
+        rt.spawn(async move {
+            if let Err(e) = db.call(move |c| store::release_receipt(c, &key)).await {
+                tracing::error!(error = %e, "releasing an ingress receipt");
+            }
+        });
+    }
+}
+
+/// One new inbound message: a challenge, a drop, an approval answer or a
+/// delivery.
+async fn handle_inbound(
+    k: &Arc<Kernel>,
+    s: &Session,
+    adapter: String,
+    a: &InboundArgs,
+) -> Result<InboundResult, KernelError> {
+    let call = wire::INBOUND;
+    let m = &a.message;
     let Some(actor) = &m.actor else {
         return Ok(dropped("missing_actor"));
     };
@@ -273,11 +366,11 @@ pub async fn inbound(
     if !s.identity.is_root() && link.uid != s.identity.uid {
         return Ok(dropped("linked_to_another_account"));
     }
-    let Some(user) = user_session(&k, link.uid, &adapter).await? else {
+    let Some(user) = user_session(k, link.uid, &adapter).await? else {
         return Ok(dropped("linked_account_gone"));
     };
     k.dispatch.authorize(&user, "proc.send")?;
-    let row = target_process(&k, &user, &key, &m.surface).await?;
+    let row = target_process(k, &user, &key, &m.surface).await?;
     if dm && let Some(approve) = approval_word(&m.text) {
         let p = row.pid.clone();
         let pending =
@@ -502,17 +595,7 @@ pub async fn link_list(
     a: ListArgs,
 ) -> Result<ListResult, KernelError> {
     user_only(&s, links::LIST)?;
-    let me = s.identity.uid;
-    let filter = match a.uid {
-        Some(u) if u != me && !s.identity.is_root() => {
-            return Err(KernelError::PermissionDenied(format!(
-                "sys.link.list of uid {u} (only your own)"
-            )));
-        }
-        Some(u) => Some(u),
-        None if s.identity.is_root() => None,
-        None => Some(me),
-    };
+    let filter = own_or_root(&s, links::LIST, a.uid)?;
     let links = k.db.call(move |c| store::list_links(c, filter)).await?;
     Ok(ListResult { links })
 }
@@ -544,6 +627,87 @@ pub async fn link_consume(
     })
 }
 
+// ---- surface routes -----------------------------------------------------
+
+/// `sys.link.route.set`: a linked actor's messages on one surface go to
+/// one of its account's interactive processes. Your own actors' routes
+/// only unless root; the process must be the linked account's.
+pub async fn route_set(
+    k: Arc<Kernel>,
+    s: Arc<Session>,
+    a: RouteSetArgs,
+) -> Result<RouteSetResult, KernelError> {
+    let call = links::ROUTE_SET;
+    user_only(&s, call)?;
+    let key = surface_key(call, &a.adapter, &a.account_id, &a.actor_id, &a.surface)?;
+    id_arg(call, "pid", &a.pid)?;
+    let (me, root, pid) = (s.identity.uid, s.identity.is_root(), a.pid);
+    let route =
+        k.db.call(move |c| {
+            let actor = &key.actor;
+            let link = store::link_of(c, actor)?.ok_or_else(|| KernelError::NotFound {
+                kind: "identity link",
+                id: format!("{}:{}:{}", actor.adapter, actor.account_id, actor.actor_id),
+            })?;
+            if link.uid != me && !root {
+                return Err(KernelError::PermissionDenied(format!(
+                    "{call} for an actor linked to another account"
+                )));
+            }
+            match proc_store::get(c, &pid)? {
+                Some(p) if p.owner_uid == link.uid && p.interactive => {}
+                Some(p) if p.owner_uid == link.uid => {
+                    return Err(KernelError::InvalidArgs {
+                        call: call.into(),
+                        reason: format!("pid: {pid} is not an interactive process"),
+                    });
+                }
+                // Another account's process is not told apart from none.
+                _ => {
+                    return Err(KernelError::NotFound {
+                        kind: "process",
+                        id: pid,
+                    });
+                }
+            }
+            store::put_surface_route(c, &key, link.uid, &pid, me)
+        })
+        .await?;
+    tracing::info!(adapter = %route.adapter, actor = %route.actor_id, pid = %route.pid, "surface routed");
+    Ok(RouteSetResult { route })
+}
+
+/// `sys.link.route.list`: your routes; root's: all or one uid's.
+pub async fn route_list(
+    k: Arc<Kernel>,
+    s: Arc<Session>,
+    a: RouteListArgs,
+) -> Result<RouteListResult, KernelError> {
+    user_only(&s, links::ROUTE_LIST)?;
+    let filter = own_or_root(&s, links::ROUTE_LIST, a.uid)?;
+    let routes =
+        k.db.call(move |c| store::list_surface_routes(c, filter))
+            .await?;
+    Ok(RouteListResult { routes })
+}
+
+/// `sys.link.route.delete`: the surface's messages go to `init:<uid>`
+/// again (your own routes only unless root).
+pub async fn route_delete(
+    k: Arc<Kernel>,
+    s: Arc<Session>,
+    a: RouteDeleteArgs,
+) -> Result<RouteDeleteResult, KernelError> {
+    let call = links::ROUTE_DELETE;
+    user_only(&s, call)?;
+    let key = surface_key(call, &a.adapter, &a.account_id, &a.actor_id, &a.surface)?;
+    let owner = (!s.identity.is_root()).then_some(s.identity.uid);
+    let removed =
+        k.db.call(move |c| store::delete_surface_route(c, &key, owner))
+            .await?;
+    Ok(RouteDeleteResult { removed })
+}
+
 /// A link code's expiry timer fired: the code is gone.
 pub async fn on_timer(k: Arc<Kernel>, timer: Timer) {
     let Some(code) = timer.id.strip_prefix("link:").map(str::to_owned) else {
@@ -559,8 +723,8 @@ pub async fn on_timer(k: Arc<Kernel>, timer: Timer) {
 
 /// A signal of a run a chat message started: its final text (or failure)
 /// and each approval request are posted to that surface through
-/// `adapter.send`, retried while the adapter is away; everything else of
-/// the run stays in the kernel.
+/// `adapter.send`, by way of the outbox; everything else of the run stays
+/// in the kernel.
 pub fn on_run_signal(k: &Kernel, surface: &SurfaceRoute, signal: &str, payload: &Value) {
     let run_id = payload["runId"].as_str().unwrap_or_default().to_owned();
     let (text, delivery) = match signal {
@@ -601,22 +765,66 @@ pub fn on_run_signal(k: &Kernel, surface: &SurfaceRoute, signal: &str, payload: 
         media: Vec::new(),
         also: None,
     };
-    tokio::spawn(post(k.router.clone(), run_id, args));
+    tokio::spawn(deliver(k.db.clone(), k.router.clone(), run_id, args));
 }
 
-/// Posts `args`, again after a backoff while the adapter is not connected
-/// or says a retry is safe; a timeout is not retried (the platform may
-/// have taken it).
-async fn post(router: Arc<Router>, run_id: String, args: SendArgs) {
+/// Keeps an answer in the outbox, then posts it.
+async fn deliver(db: Db, router: Arc<Router>, run_id: String, args: SendArgs) {
+    let (r, a) = (run_id.clone(), args.clone());
+    if let Err(e) = db.call(move |c| store::outbox_put(c, &r, &a)).await {
+        tracing::error!(run = %run_id, error = %e, "keeping an answer in the outbox");
+    }
+    post(&db, &router, &run_id, args).await;
+}
+
+/// The answers waiting for an adapter account that reports itself
+/// connected, posted oldest first.
+async fn flush_outbox(db: Db, router: Arc<Router>, adapter: String, account_id: String) {
+    let (ad, ac) = (adapter.clone(), account_id.clone());
+    let waiting = match db.call(move |c| store::outbox_of(c, &ad, &ac)).await {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::error!(%adapter, error = %e, "reading the outbox");
+            return;
+        }
+    };
+    if !waiting.is_empty() {
+        tracing::info!(%adapter, account = %account_id, answers = waiting.len(), "posting the answers kept while the adapter was away");
+    }
+    for (run_id, args) in waiting {
+        post(&db, &router, &run_id, args).await;
+    }
+}
+
+/// Why an answer was not posted.
+#[derive(Debug)]
+enum PostFailure {
+    /// No adapter is connected (or it went away): kept for its return.
+    Away(String),
+    /// The adapter says a retry of the same delivery is safe.
+    Retry(String),
+    /// Refused, or timed out (the platform may have taken it): not again.
+    Final(String),
+}
+
+/// Posts an outbox answer: again after a backoff while the adapter says a
+/// retry is safe; it leaves the outbox once posted or refused for good and
+/// stays while the adapter is away (or still failing), for
+/// [`flush_outbox`]. A repeat is harmless: the adapter posts one
+/// `deliveryId` once.
+async fn post(db: &Db, router: &Arc<Router>, run_id: &str, args: SendArgs) {
+    let delivery_id = args.delivery_id.clone().unwrap_or_default();
     let attempt = || {
-        let (router, run_id, args) = (router.clone(), run_id.clone(), args.clone());
+        let (router, args) = (router.clone(), args.clone());
         async move {
-            match forward_send(&router, Origin::Kernel(&run_id), args).await? {
-                SendResult::Sent(_) => Ok(()),
-                SendResult::Failed(f) if f.retryable == Some(true) => {
-                    Err(KernelError::Unavailable(f.error))
+            match forward_send(&router, Origin::Kernel(run_id), args).await {
+                Ok(SendResult::Sent(_)) => Ok(()),
+                Ok(SendResult::Failed(f)) if f.retryable == Some(true) => {
+                    Err(PostFailure::Retry(f.error))
                 }
-                SendResult::Failed(f) => Err(KernelError::Upstream(f.error)),
+                Ok(SendResult::Failed(f)) => Err(PostFailure::Final(f.error)),
+                Err(KernelError::Unavailable(why)) => Err(PostFailure::Away(why)),
+                Err(e) => Err(PostFailure::Final(e.to_string())),
             }
         }
     };
@@ -626,14 +834,32 @@ async fn post(router: Arc<Router>, run_id: String, args: SendArgs) {
         .with_max_times(DELIVERY_ATTEMPTS - 1);
     let sent = attempt
         .retry(backoff)
-        .when(|e| matches!(e, KernelError::Unavailable(_)))
+        .when(|e| matches!(e, PostFailure::Retry(_)))
         .await;
-    match sent {
-        Ok(()) => tracing::debug!(run = %run_id, adapter = %args.adapter, "answer posted"),
-        Err(e) => {
-            tracing::warn!(run = %run_id, adapter = %args.adapter, surface = %args.surface.id,
-                           error = %e, "an answer could not be posted to its chat surface")
+    let keep = match sent {
+        Ok(()) => {
+            tracing::debug!(run = %run_id, adapter = %args.adapter, "answer posted");
+            None
         }
+        Err(PostFailure::Away(why) | PostFailure::Retry(why)) => {
+            tracing::info!(run = %run_id, adapter = %args.adapter, reason = %why,
+                           "an answer waits in the outbox for its adapter");
+            Some(why)
+        }
+        Err(PostFailure::Final(why)) => {
+            tracing::warn!(run = %run_id, adapter = %args.adapter, surface = %args.surface.id,
+                           error = %why, "an answer could not be posted to its chat surface");
+            None
+        }
+    };
+    let settled = db
+        .call(move |c| match keep {
+            Some(why) => store::outbox_failed(c, &delivery_id, &why),
+            None => store::outbox_remove(c, &delivery_id),
+        })
+        .await;
+    if let Err(e) = settled {
+        tracing::error!(run = %run_id, error = %e, "updating the outbox");
     }
 }
 
@@ -704,6 +930,37 @@ fn user_only(s: &Session, call: &str) -> Result<(), KernelError> {
         )));
     }
     Ok(())
+}
+
+/// Whose rows a listing shows: the caller's own (another uid: root
+/// only); root without a uid: everyone's (`None`).
+fn own_or_root(s: &Session, call: &str, uid: Option<i64>) -> Result<Option<i64>, KernelError> {
+    let me = s.identity.uid;
+    match uid {
+        Some(u) if u != me && !s.identity.is_root() => Err(KernelError::PermissionDenied(format!(
+            "{call} of uid {u} (only your own)"
+        ))),
+        Some(u) => Ok(Some(u)),
+        None if s.identity.is_root() => Ok(None),
+        None => Ok(Some(me)),
+    }
+}
+
+fn surface_key(
+    call: &str,
+    adapter: &str,
+    account_id: &str,
+    actor_id: &str,
+    surface: &Surface,
+) -> Result<SurfaceKey, KernelError> {
+    let actor = actor_key(call, adapter, account_id, actor_id)?;
+    surface_arg(call, "surface", surface)?;
+    Ok(SurfaceKey {
+        actor,
+        kind: surface.kind,
+        surface_id: surface.id.clone(),
+        thread_id: surface.thread_id.clone().unwrap_or_default(),
+    })
 }
 
 fn adapter_arg(call: &str, raw: &str) -> Result<String, KernelError> {

@@ -3,7 +3,9 @@
 //! adapter process connected as `role:"service"` with `client.channel`
 //! naming the platform. This half is the state: the tables
 //! (`identity_links`, `link_challenges`, `surface_routes`,
-//! `adapter_status`; [`store`]) and the route a run started from a chat
+//! `adapter_status`, the ingress-receipt ledger
+//! `adapter_ingress_receipts` and the answers waiting for their adapter,
+//! `adapter_outbox`; [`store`]) and the route a run started from a chat
 //! surface answers along ([`SurfaceRoute`]). The calls, the forwarding to
 //! the adapter's connection and the delivery of answers are [`calls`].
 
@@ -29,6 +31,12 @@ pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 pub const MAX_ID_BYTES: usize = 512;
 /// The longest adapter name.
 pub const MAX_ADAPTER_NAME: usize = 64;
+/// How long an inbound message's receipt is kept: a platform redelivers
+/// within minutes or hours, never after a week.
+pub const RECEIPT_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Answers kept for an adapter that is away, per adapter account, at most;
+/// the oldest give way.
+pub const OUTBOX_LIMIT: i64 = 1000;
 
 /// Whether `name` is a well-formed adapter name (already lowercased):
 /// `[a-z0-9][a-z0-9_-]*`, at most [`MAX_ADAPTER_NAME`].
@@ -71,11 +79,14 @@ impl SurfaceRoute {
 
 /// This domain's tables, listed in `domains::MIGRATIONS`; never edit a
 /// released migration, add one. Shapes as the reference's (reference
-/// gsv-kernel.md §2.3), without its ingress-receipt ledger.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 80,
-    name: "adapters",
-    sql: "CREATE TABLE identity_links(
+/// gsv-kernel.md §2.3); the ingress-receipt ledger is keyed by the
+/// message (the reference's key less the actor, which a platform's message
+/// id already implies).
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 80,
+        name: "adapters",
+        sql: "CREATE TABLE identity_links(
             adapter TEXT NOT NULL,
             account_id TEXT NOT NULL,
             actor_id TEXT NOT NULL,
@@ -122,7 +133,34 @@ pub const MIGRATIONS: &[Migration] = &[Migration {
             updated_at INTEGER NOT NULL,
             owner_uid INTEGER NOT NULL,
             PRIMARY KEY(adapter, account_id));",
-}];
+    },
+    Migration {
+        version: 81,
+        name: "adapter_receipts_outbox",
+        sql: "CREATE TABLE adapter_ingress_receipts(
+            adapter TEXT NOT NULL,
+            account_id TEXT NOT NULL,
+            surface_id TEXT NOT NULL,
+            message_id TEXT NOT NULL,
+            delivery_id TEXT,
+            state TEXT NOT NULL CHECK (state IN ('in_progress', 'completed')),
+            created_at INTEGER NOT NULL,
+            completed_at INTEGER,
+            result_json TEXT,
+            PRIMARY KEY(adapter, account_id, surface_id, message_id));
+         CREATE INDEX adapter_ingress_receipts_created ON adapter_ingress_receipts(created_at);
+         CREATE TABLE adapter_outbox(
+            delivery_id TEXT PRIMARY KEY,
+            adapter TEXT NOT NULL,
+            account_id TEXT NOT NULL,
+            run_id TEXT NOT NULL,
+            args_json TEXT NOT NULL,
+            created_at INTEGER NOT NULL,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            last_error TEXT);
+         CREATE INDEX adapter_outbox_account ON adapter_outbox(adapter, account_id, created_at);",
+    },
+];
 
 #[cfg(test)]
 mod tests {

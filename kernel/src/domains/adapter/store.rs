@@ -1,14 +1,15 @@
 //! The adapter domain's rows: identity links, link challenges, surface
-//! routes and the last known state of each adapter account. Every
+//! routes, the last known state of each adapter account, the receipts of
+//! inbound messages and the answers waiting for their adapter. Every
 //! function takes a connection and is called from the database thread.
 
 use rand::Rng as _;
 use rusqlite::{Connection, OptionalExtension, params};
 
-use gsv_protocol::adapter::AccountStatus;
-use gsv_protocol::link::{Link, LinkEntry};
+use gsv_protocol::adapter::{AccountStatus, SendArgs, Surface, SurfaceKind};
+use gsv_protocol::link::{Link, LinkEntry, Route};
 
-use super::{LINK_CODE_TTL, TIMER_KIND};
+use super::{LINK_CODE_TTL, OUTBOX_LIMIT, RECEIPT_TTL, TIMER_KIND};
 use crate::db::now_ms;
 use crate::domains::timers::table as timers;
 use crate::error::KernelError;
@@ -284,6 +285,304 @@ pub fn clear_surface_routes_to(c: &Connection, uid: i64, pid: &str) -> Result<()
     Ok(())
 }
 
+/// One surface of an actor: the key of a surface route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SurfaceKey {
+    pub actor: ActorKey,
+    pub kind: SurfaceKind,
+    pub surface_id: String,
+    /// `""` outside a thread.
+    pub thread_id: String,
+}
+
+/// Creates or replaces the route of `key` to `pid` of `uid`.
+pub fn put_surface_route(
+    c: &Connection,
+    key: &SurfaceKey,
+    uid: i64,
+    pid: &str,
+    by_uid: i64,
+) -> Result<Route, KernelError> {
+    let now = now_ms();
+    let a = &key.actor;
+    c.execute(
+        "INSERT INTO surface_routes(adapter, account_id, actor_id, surface_kind, surface_id,
+             thread_id, uid, pid, updated_at, updated_by_uid)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+         ON CONFLICT(adapter, account_id, actor_id, surface_kind, surface_id, thread_id)
+         DO UPDATE SET uid = ?7, pid = ?8, updated_at = ?9, updated_by_uid = ?10",
+        params![
+            a.adapter,
+            a.account_id,
+            a.actor_id,
+            key.kind.as_str(),
+            key.surface_id,
+            key.thread_id,
+            uid,
+            pid,
+            now,
+            by_uid
+        ],
+    )?;
+    Ok(Route {
+        adapter: a.adapter.clone(),
+        account_id: a.account_id.clone(),
+        actor_id: a.actor_id.clone(),
+        surface: surface_of(key.kind, &key.surface_id, &key.thread_id),
+        uid,
+        pid: pid.to_owned(),
+        updated_at: now,
+        updated_by_uid: by_uid,
+    })
+}
+
+/// Removes the route of `key` if `uid` owns it (any owner when `None`).
+pub fn delete_surface_route(
+    c: &Connection,
+    key: &SurfaceKey,
+    uid: Option<i64>,
+) -> Result<bool, KernelError> {
+    let a = &key.actor;
+    Ok(c.execute(
+        "DELETE FROM surface_routes WHERE adapter = ?1 AND account_id = ?2 AND actor_id = ?3
+             AND surface_kind = ?4 AND surface_id = ?5 AND thread_id = ?6
+             AND (?7 IS NULL OR uid = ?7)",
+        params![
+            a.adapter,
+            a.account_id,
+            a.actor_id,
+            key.kind.as_str(),
+            key.surface_id,
+            key.thread_id,
+            uid
+        ],
+    )? > 0)
+}
+
+/// Routes newest first: of `uid`, or all.
+pub fn list_surface_routes(c: &Connection, uid: Option<i64>) -> Result<Vec<Route>, KernelError> {
+    let mut st = c.prepare(
+        "SELECT adapter, account_id, actor_id, surface_kind, surface_id, thread_id, uid, pid,
+             updated_at, updated_by_uid
+         FROM surface_routes WHERE ?1 IS NULL OR uid = ?1
+         ORDER BY updated_at DESC, adapter, account_id, actor_id, surface_id, thread_id",
+    )?;
+    let rows = st.query_map([uid], |r| {
+        let kind: String = r.get(3)?;
+        // Rows are written from a `SurfaceKind`; another spelling is a
+        // row this kernel did not write, left out.
+        let Ok(kind) = serde_json::from_value(serde_json::Value::String(kind)) else {
+            return Ok(None);
+        };
+        let (surface_id, thread_id): (String, String) = (r.get(4)?, r.get(5)?);
+        Ok(Some(Route {
+            adapter: r.get(0)?,
+            account_id: r.get(1)?,
+            actor_id: r.get(2)?,
+            surface: surface_of(kind, &surface_id, &thread_id),
+            uid: r.get(6)?,
+            pid: r.get(7)?,
+            updated_at: r.get(8)?,
+            updated_by_uid: r.get(9)?,
+        }))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        out.extend(row?);
+    }
+    Ok(out)
+}
+
+fn surface_of(kind: SurfaceKind, id: &str, thread_id: &str) -> Surface {
+    Surface {
+        kind,
+        id: id.to_owned(),
+        name: None,
+        handle: None,
+        thread_id: (!thread_id.is_empty()).then(|| thread_id.to_owned()),
+    }
+}
+
+// ---- the ingress-receipt ledger ----------------------------------------
+
+/// One inbound message, as its platform names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReceiptKey {
+    pub adapter: String,
+    pub account_id: String,
+    pub surface_id: String,
+    pub message_id: String,
+}
+
+/// What the ledger says about a message about to be handled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// First seen: this call handles it.
+    Fresh,
+    /// Another call is handling it now.
+    InProgress,
+    /// Handled before; the result it got (JSON).
+    Completed(String),
+}
+
+/// Claims `key` for handling, or says who did; old receipts go.
+pub fn claim_receipt(
+    c: &mut Connection,
+    key: &ReceiptKey,
+    delivery_id: Option<&str>,
+) -> Result<Claim, KernelError> {
+    let now = now_ms();
+    let tx = c.transaction()?;
+    tx.execute(
+        "DELETE FROM adapter_ingress_receipts WHERE created_at < ?1",
+        [now - RECEIPT_TTL.as_millis() as i64],
+    )?;
+    let seen: Option<(String, Option<String>)> = tx
+        .query_row(
+            "SELECT state, result_json FROM adapter_ingress_receipts
+             WHERE adapter = ?1 AND account_id = ?2 AND surface_id = ?3 AND message_id = ?4",
+            params![key.adapter, key.account_id, key.surface_id, key.message_id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    let claim = match seen {
+        Some((state, Some(result))) if state == "completed" => Claim::Completed(result),
+        Some(_) => Claim::InProgress,
+        None => {
+            tx.execute(
+                "INSERT INTO adapter_ingress_receipts(adapter, account_id, surface_id,
+                     message_id, delivery_id, state, created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'in_progress', ?6)",
+                params![
+                    key.adapter,
+                    key.account_id,
+                    key.surface_id,
+                    key.message_id,
+                    delivery_id,
+                    now
+                ],
+            )?;
+            Claim::Fresh
+        }
+    };
+    tx.commit()?;
+    Ok(claim)
+}
+
+/// Records the result `key` got (JSON).
+pub fn complete_receipt(c: &Connection, key: &ReceiptKey, result: &str) -> Result<(), KernelError> {
+    c.execute(
+        "UPDATE adapter_ingress_receipts SET state = 'completed', completed_at = ?5,
+             result_json = ?6
+         WHERE adapter = ?1 AND account_id = ?2 AND surface_id = ?3 AND message_id = ?4",
+        params![
+            key.adapter,
+            key.account_id,
+            key.surface_id,
+            key.message_id,
+            now_ms(),
+            result
+        ],
+    )?;
+    Ok(())
+}
+
+/// Forgets the claim of `key` (its handling failed; a redelivery may
+/// try again).
+pub fn release_receipt(c: &Connection, key: &ReceiptKey) -> Result<(), KernelError> {
+    c.execute(
+        "DELETE FROM adapter_ingress_receipts WHERE adapter = ?1 AND account_id = ?2
+             AND surface_id = ?3 AND message_id = ?4 AND state = 'in_progress'",
+        params![key.adapter, key.account_id, key.surface_id, key.message_id],
+    )?;
+    Ok(())
+}
+
+/// At start: a claim a stopped kernel left was never finished, so a
+/// redelivery of its message must be handled again.
+pub fn reset_receipts_at_start(c: &mut Connection) -> Result<(), KernelError> {
+    c.execute(
+        "DELETE FROM adapter_ingress_receipts WHERE state = 'in_progress'",
+        [],
+    )?;
+    Ok(())
+}
+
+// ---- answers waiting for their adapter ---------------------------------
+
+/// Keeps `args` (with its `deliveryId`) until it is posted; the oldest
+/// answers of the account beyond [`OUTBOX_LIMIT`] give way.
+pub fn outbox_put(c: &mut Connection, run_id: &str, args: &SendArgs) -> Result<(), KernelError> {
+    let json = serde_json::to_string(args)
+        .map_err(|e| KernelError::internal("encoding an outbox answer", e))?;
+    let tx = c.transaction()?;
+    tx.execute(
+        "INSERT OR IGNORE INTO adapter_outbox(delivery_id, adapter, account_id, run_id,
+             args_json, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![
+            args.delivery_id.as_deref().unwrap_or_default(),
+            args.adapter,
+            args.account_id,
+            run_id,
+            json,
+            now_ms()
+        ],
+    )?;
+    tx.execute(
+        "DELETE FROM adapter_outbox WHERE delivery_id IN (
+             SELECT delivery_id FROM adapter_outbox WHERE adapter = ?1 AND account_id = ?2
+             ORDER BY created_at DESC, rowid DESC LIMIT -1 OFFSET ?3)",
+        params![args.adapter, args.account_id, OUTBOX_LIMIT],
+    )?;
+    tx.commit()?;
+    Ok(())
+}
+
+/// The answer was posted, or can never be: it leaves the outbox.
+pub fn outbox_remove(c: &Connection, delivery_id: &str) -> Result<(), KernelError> {
+    c.execute(
+        "DELETE FROM adapter_outbox WHERE delivery_id = ?1",
+        [delivery_id],
+    )?;
+    Ok(())
+}
+
+/// A failed attempt: counted, with why.
+pub fn outbox_failed(c: &Connection, delivery_id: &str, error: &str) -> Result<(), KernelError> {
+    c.execute(
+        "UPDATE adapter_outbox SET attempts = attempts + 1, last_error = ?2
+         WHERE delivery_id = ?1",
+        params![delivery_id, error],
+    )?;
+    Ok(())
+}
+
+/// The answers waiting for `adapter`'s `account_id`, oldest first, with
+/// their run ids.
+pub fn outbox_of(
+    c: &Connection,
+    adapter: &str,
+    account_id: &str,
+) -> Result<Vec<(String, SendArgs)>, KernelError> {
+    let mut st = c.prepare(
+        "SELECT run_id, args_json FROM adapter_outbox WHERE adapter = ?1 AND account_id = ?2
+         ORDER BY created_at, rowid",
+    )?;
+    let rows = st.query_map(params![adapter, account_id], |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (run_id, json) = row?;
+        match serde_json::from_str(&json) {
+            Ok(args) => out.push((run_id, args)),
+            Err(e) => tracing::warn!(run = %run_id, error = %e, "an unreadable outbox answer"),
+        }
+    }
+    Ok(out)
+}
+
 /// Records an account's state as the adapter reported it.
 pub fn put_status(
     c: &Connection,
@@ -348,6 +647,90 @@ pub fn statuses(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A database with this domain's second migration (receipts, outbox).
+    fn receipts_and_outbox() -> Connection {
+        let c = Connection::open_in_memory().unwrap();
+        c.execute_batch(super::super::MIGRATIONS[1].sql).unwrap();
+        c
+    }
+
+    #[test]
+    fn a_message_is_claimed_once_replayed_when_done_and_released_when_not() {
+        let mut c = receipts_and_outbox();
+        let key = |m: &str| ReceiptKey {
+            adapter: "matrix".into(),
+            account_id: "@bot:x".into(),
+            surface_id: "!r:x".into(),
+            message_id: m.into(),
+        };
+        let first = key("$1");
+        assert_eq!(
+            claim_receipt(&mut c, &first, Some("d1")).unwrap(),
+            Claim::Fresh
+        );
+        assert_eq!(
+            claim_receipt(&mut c, &first, Some("d1")).unwrap(),
+            Claim::InProgress
+        );
+        release_receipt(&c, &first).unwrap();
+        assert_eq!(claim_receipt(&mut c, &first, None).unwrap(), Claim::Fresh);
+        complete_receipt(&c, &first, r#"{"ok":true}"#).unwrap();
+        release_receipt(&c, &first).unwrap();
+        assert_eq!(
+            claim_receipt(&mut c, &first, None).unwrap(),
+            Claim::Completed(r#"{"ok":true}"#.into()),
+            "a completed receipt stays"
+        );
+        // A claim a stopped kernel left is dropped at start; results stay.
+        let unfinished = key("$2");
+        assert_eq!(
+            claim_receipt(&mut c, &unfinished, None).unwrap(),
+            Claim::Fresh
+        );
+        reset_receipts_at_start(&mut c).unwrap();
+        assert_eq!(
+            claim_receipt(&mut c, &unfinished, None).unwrap(),
+            Claim::Fresh
+        );
+        assert!(matches!(
+            claim_receipt(&mut c, &first, None).unwrap(),
+            Claim::Completed(_)
+        ));
+    }
+
+    #[test]
+    fn the_outbox_keeps_an_accounts_newest_answers_up_to_its_limit() {
+        let mut c = receipts_and_outbox();
+        let answer = |n: i64, account: &str| SendArgs {
+            adapter: "matrix".into(),
+            account_id: account.into(),
+            delivery_id: Some(format!("d{n}")),
+            surface: surface_of(SurfaceKind::Dm, "!r:x", ""),
+            actor_id: None,
+            text: format!("answer {n}"),
+            reply_to_id: None,
+            media: Vec::new(),
+            also: None,
+        };
+        for n in 0..=OUTBOX_LIMIT {
+            outbox_put(&mut c, "run_1", &answer(n, "@a:x")).unwrap();
+        }
+        outbox_put(&mut c, "run_2", &answer(-1, "@b:x")).unwrap();
+        let a = outbox_of(&c, "matrix", "@a:x").unwrap();
+        assert_eq!(a.len() as i64, OUTBOX_LIMIT);
+        assert_eq!(
+            a[0].1.delivery_id.as_deref(),
+            Some("d1"),
+            "the oldest gave way"
+        );
+        assert_eq!(a[0].1.text, "answer 1");
+        let b = outbox_of(&c, "matrix", "@b:x").unwrap();
+        assert_eq!((b.len(), b[0].0.as_str()), (1, "run_2"));
+        outbox_failed(&c, "d-1", "No adapter connected").unwrap();
+        outbox_remove(&c, "d-1").unwrap();
+        assert!(outbox_of(&c, "matrix", "@b:x").unwrap().is_empty());
+    }
 
     #[test]
     fn codes_are_two_groups_of_four_and_read_back_in_any_case() {
