@@ -59,6 +59,12 @@ pub struct KernelConfig {
     pub adapter_timeout: Duration,
     /// A local wsd unused this long (and running nothing) is stopped.
     pub wsd_idle_stop: Duration,
+    /// The deadline of every call to a workspace's wsd (`gsv serve
+    /// --wsd-timeout`): a wsd that does not answer within it (frozen, or
+    /// cut off with its connection open) fails the call, and a running
+    /// command's session once its events stay quiet that long and a status
+    /// call gets no answer either.
+    pub wsd_timeout: Duration,
     /// Snapshots one workspace may hold; one more is `ELIMIT`.
     pub snapshot_limit: u64,
     /// How often the kernel collects garbage in every workspace store
@@ -95,6 +101,7 @@ impl KernelConfig {
             routed_call_ttl: Duration::from_secs(60),
             adapter_timeout: Duration::from_secs(30),
             wsd_idle_stop: Duration::from_secs(10 * 60),
+            wsd_timeout: wsd_client::DEFAULT_CALL_TIMEOUT,
             snapshot_limit: 64,
             gc_interval: Some(Duration::from_secs(6 * 60 * 60)),
             gc_grace: Duration::from_secs(60 * 60),

@@ -187,6 +187,8 @@ pub struct Workspaces {
     pub wsd_bin: PathBuf,
     /// Local wsd children run their commands sandboxed (`wsd serve --sandbox`).
     pub wsd_sandbox: bool,
+    /// The deadline of every wsd call (`KernelConfig::wsd_timeout`).
+    pub wsd_timeout: std::time::Duration,
     open: Mutex<HashMap<String, Arc<Workspace>>>,
 }
 
@@ -196,6 +198,7 @@ impl Workspaces {
             dir,
             wsd_bin,
             wsd_sandbox: false,
+            wsd_timeout: wsd_client::DEFAULT_CALL_TIMEOUT,
             open: Mutex::new(HashMap::new()),
         }
     }
@@ -203,6 +206,12 @@ impl Workspaces {
     /// Whether local wsd children sandbox their commands.
     pub fn with_wsd_sandbox(mut self, sandbox: bool) -> Workspaces {
         self.wsd_sandbox = sandbox;
+        self
+    }
+
+    /// The deadline of every wsd call.
+    pub fn with_wsd_timeout(mut self, timeout: std::time::Duration) -> Workspaces {
+        self.wsd_timeout = timeout;
         self
     }
 
@@ -226,7 +235,9 @@ impl Workspaces {
             id: row.id.clone(),
             dofs: Arc::new(Mutex::new(dofs)),
             bracket: tokio::sync::Mutex::new(
-                BackendState::new(&dir, row.backend.clone()).with_sandbox(self.wsd_sandbox),
+                BackendState::new(&dir, row.backend.clone())
+                    .with_sandbox(self.wsd_sandbox)
+                    .with_call_timeout(self.wsd_timeout),
             ),
             dir,
         });
