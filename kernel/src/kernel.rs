@@ -17,6 +17,7 @@ use wsd_dofs::Dofs;
 
 use crate::db::Db;
 use crate::dispatch::Dispatch;
+use crate::domains::device::Devices;
 use crate::domains::mcp::live::McpServers;
 use crate::domains::oauth::OAuth;
 use crate::domains::proc::active::Procs;
@@ -124,6 +125,8 @@ pub struct Kernel {
     pub(crate) system: Arc<Mutex<Dofs>>,
     pub(crate) workspaces: Workspaces,
     pub(crate) pool: ConnectionPool,
+    /// Device rows, their routes and shell sessions (the device domain).
+    pub(crate) devices: Devices,
     /// Live device drivers and routed calls waiting for them.
     pub(crate) router: Arc<Router>,
     /// Live `shell.exec` sessions.

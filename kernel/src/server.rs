@@ -398,9 +398,7 @@ impl Connection {
                         "Invalid implements pattern: {bad}"
                     )));
                 }
-                let (dev, uid) = (a.client.id.clone(), identity.uid);
-                k.db.call(move |c| routing::check_device_owner(c, &dev, uid))
-                    .await?;
+                k.devices.check_owner(&a.client.id, identity.uid).await?;
                 extras.insert("device".into(), json!(a.client.id));
                 extras.insert("implements".into(), json!(implements));
                 device = Some((a.client.id.clone(), implements));

@@ -67,7 +67,7 @@ pub fn migrations() -> Vec<Migration> {
 /// dead), root's home.
 pub async fn prepare(db: &Db, system: &Arc<Mutex<Dofs>>) -> Result<(), KernelError> {
     db.call(accounts::bootstrap).await?;
-    db.call(crate::routing::reset_at_start).await?;
+    db.call(device::reset_at_start).await?;
     fs::calls::ensure_dir(system, "root").await
 }
 

@@ -4,7 +4,8 @@
 //! whoever takes its entry out first: its answer
 //! ([`Router::on_response`]), its peer going away
 //! ([`Router::fail_connection`]) or its caller (`routing::forward`'s
-//! guard). The durable half is the `routing_table` and `devices` rows.
+//! guard). The durable half (the device rows, the route rows, the device
+//! shell sessions) is the device domain's, reached through [`Devices`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -15,7 +16,7 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::body::{Body, BodyError, BodyInbox, Descriptor};
-use crate::db::Db;
+use crate::domains::device::Devices;
 use crate::error::KernelError;
 use crate::session::{Outgoing, Session};
 use gsv_protocol::OpResult;
@@ -95,13 +96,13 @@ pub struct Driver {
     pub tx: mpsc::Sender<Outgoing>,
 }
 
-/// What routing works with: the database its rows live in, the TTLs of
+/// What routing works with: the device domain (its rows), the TTLs of
 /// routed calls, and in memory the live drivers and adapters and the
 /// waiting callers. The kernel holds one; the routes in `routing` need
 /// nothing else of it.
 #[derive(Debug)]
 pub struct Router {
-    pub db: Db,
+    pub devices: Devices,
     /// TTL of a routed call other than `shell.exec` (reference §3.5).
     pub routed_call_ttl: Duration,
     /// TTL of a call forwarded to an adapter (`gsv serve --adapter-timeout`).
@@ -112,9 +113,9 @@ pub struct Router {
 }
 
 impl Router {
-    pub fn new(db: Db, routed_call_ttl: Duration, adapter_ttl: Duration) -> Router {
+    pub fn new(devices: Devices, routed_call_ttl: Duration, adapter_ttl: Duration) -> Router {
         Router {
-            db,
+            devices,
             routed_call_ttl,
             adapter_ttl,
             drivers: Mutex::default(),

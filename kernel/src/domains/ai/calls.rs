@@ -12,7 +12,6 @@ use crate::domains::proc::{profiles, store};
 use crate::domains::{accounts, codemode};
 use crate::error::KernelError;
 use crate::kernel::Kernel;
-use crate::routing;
 use crate::session::Session;
 
 /// Output tokens reserved per answer unless `max_tokens` says.
@@ -35,11 +34,11 @@ pub async fn tools(
     _a: Map<String, Value>,
 ) -> Result<ToolsResult, KernelError> {
     process_caller(&s, "ai.tools")?;
-    let who = s.identity.clone();
-    let devices =
-        k.db.call(move |c| routing::list_devices(c, &who))
-            .await?
-            .into_iter()
+    let devices = k
+        .devices
+        .list(&s.identity)
+        .await?
+        .into_iter()
             .filter(|d| d.online)
             .map(|d| ToolDevice {
                 id: d.device_id,
