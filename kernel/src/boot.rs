@@ -63,6 +63,7 @@ impl Kernel {
             sessions: Default::default(),
             dispatch: domains::table(),
             procs: Procs::default(),
+            signal_listeners: domains::signal_listeners(),
             watches: Default::default(),
             ptys: Default::default(),
             login_failures: Mutex::new(HashMap::new()),

@@ -20,6 +20,7 @@ use crate::dispatch::Dispatch;
 use crate::domains::device::Devices;
 use crate::domains::mcp::live::McpServers;
 use crate::domains::oauth::OAuth;
+use crate::domains::proc::SignalListeners;
 use crate::domains::proc::active::Procs;
 use crate::domains::shell::sessions::Sessions;
 use crate::domains::snapshot::mirror::{ChunkStoreConfig, SnapshotMirror};
@@ -134,6 +135,8 @@ pub struct Kernel {
     pub(crate) dispatch: Dispatch<Kernel>,
     /// Active agent runs (the rest of a process is rows).
     pub(crate) procs: Procs,
+    /// What hears a process signal beyond its sockets.
+    pub(crate) signal_listeners: SignalListeners<Kernel>,
     /// Live `fs.watch` feeds.
     pub(crate) watches: Watches,
     /// Terminals (`shell.pty.*`) and their attachments.

@@ -64,11 +64,11 @@ pub async fn serve(
         .route("/ws", get(upgrade))
         .route(
             crate::domains::oauth::CALLBACK_PATH,
-            get(crate::domains::oauth::calls::callback),
+            get(crate::domains::oauth::calls::http::callback),
         )
         .route(
             crate::domains::oauth::CLIENT_METADATA_PATH,
-            get(crate::domains::oauth::calls::client_metadata),
+            get(crate::domains::oauth::calls::http::client_metadata),
         )
         .route(
             "/repos/{owner}/{repo}/{*rest}",

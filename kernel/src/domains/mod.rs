@@ -82,6 +82,16 @@ pub async fn start(k: &Arc<Kernel>) -> Result<(), KernelError> {
     Ok(())
 }
 
+/// The listeners of process signals: IPC replies, signal watches, chat
+/// surfaces (see [`proc::SignalListeners`]).
+pub fn signal_listeners() -> proc::SignalListeners<Kernel> {
+    proc::SignalListeners {
+        run_finished: proc::calls::ipc::on_run_finished,
+        watches: proc::calls::signal_watch::fire,
+        surface: adapter::calls::on_run_signal,
+    }
+}
+
 /// The whole table.
 pub fn table() -> Dispatch<Kernel> {
     let mut d = Dispatch::default();

@@ -17,6 +17,7 @@ use super::client::{self, McpError};
 use super::store::{self, ServerRow};
 use super::{MAX_NAME_CHARS, check_url};
 use crate::db::now_ms;
+use crate::domains::codemode::{self, sandbox::McpBinding};
 use crate::domains::{accounts, oauth};
 use crate::error::KernelError;
 use crate::kernel::Kernel;
@@ -155,6 +156,19 @@ pub async fn servers_of(k: &Arc<Kernel>, uid: i64) -> Result<Vec<McpServerSummar
     let rows = k.db.call(move |c| store::list(c, uid)).await?;
     connect_untried(k, &rows).await;
     Ok(rows.iter().map(|r| k.mcp.summary(r)).collect())
+}
+
+/// The functions a CodeMode block of `uid` gets for their ready MCP tools
+/// (none if the servers cannot be listed: the block still runs, without
+/// them).
+pub async fn codemode_bindings(k: &Arc<Kernel>, uid: i64) -> Vec<McpBinding> {
+    match servers_of(k, uid).await {
+        Ok(servers) => codemode::bindings(&servers),
+        Err(e) => {
+            tracing::warn!(uid, error = %e, "listing MCP servers for CodeMode");
+            Vec::new()
+        }
+    }
 }
 
 pub async fn add(k: Arc<Kernel>, s: Arc<Session>, a: AddArgs) -> Result<AddResult, KernelError> {

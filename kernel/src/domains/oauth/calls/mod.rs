@@ -12,11 +12,11 @@ use std::sync::Arc;
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use gsv_protocol::oauth::{
-    ForgetArgs, ForgetResult, ListArgs, ListResult, OAuthConnectionKind,
-    OAuthFlowSummary, StartArgs, StartResult,
+    ForgetArgs, ForgetResult, ListArgs, ListResult, OAuthConnectionKind, OAuthFlowSummary,
+    StartArgs, StartResult,
 };
 use rand::RngCore;
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::client::{self, Endpoints};

@@ -17,10 +17,9 @@ use gsv_protocol::proc::{
 };
 use serde_json::{Value, json};
 
-use super::conversation::conversation_arg;
 use super::run;
 use crate::db::now_ms;
-use crate::domains::proc::conversations::{self, DEFAULT};
+use crate::domains::proc::conversations::{self, DEFAULT, conversation_arg};
 use crate::domains::proc::ipc::{self, IpcCall};
 use crate::domains::proc::store::{self, ProcRow};
 use crate::domains::timers::{Timer, table as timers};
