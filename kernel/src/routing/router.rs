@@ -128,57 +128,52 @@ impl Router {
     /// routes of a superseded connection with 503 now rather than at
     /// their TTL.
     pub fn install_driver(&self, device_id: &str, driver: Driver) {
-        let connection_id = driver.connection_id.clone();
-        let old = self
-            .drivers
-            .lock()
-            .unwrap()
-            .insert(device_id.to_owned(), driver);
-        if let Some(old) = old.filter(|o| o.connection_id != connection_id) {
-            self.fail_connection(&old.connection_id);
-        }
+        self.install(&self.drivers, device_id, driver);
     }
 
     /// Forgets `connection_id` as the driver of `device_id` after failing
     /// its routes; false when a newer connection had already taken over.
     pub fn remove_driver(&self, connection_id: &str, device_id: &str) -> bool {
-        self.fail_connection(connection_id);
-        let mut drivers = self.drivers.lock().unwrap();
-        if drivers
-            .get(device_id)
-            .is_some_and(|d| d.connection_id == connection_id)
-        {
-            drivers.remove(device_id);
-            true
-        } else {
-            false
-        }
+        self.remove(&self.drivers, connection_id, device_id)
     }
 
     /// Makes `adapter` the live service connection of an adapter; routes
     /// of a superseded one fail with 503 now.
     pub fn install_adapter(&self, adapter: &str, service: Driver) {
-        let connection_id = service.connection_id.clone();
-        let old = self
-            .adapters
-            .lock()
-            .unwrap()
-            .insert(adapter.to_owned(), service);
-        if let Some(old) = old.filter(|o| o.connection_id != connection_id) {
-            self.fail_connection(&old.connection_id);
-        }
+        self.install(&self.adapters, adapter, service);
     }
 
     /// Forgets `connection_id` as the service of `adapter` after failing
     /// its routes; false when a newer connection had already taken over.
     pub fn remove_adapter(&self, connection_id: &str, adapter: &str) -> bool {
+        self.remove(&self.adapters, connection_id, adapter)
+    }
+
+    /// Makes `live` the connection of `name` in `peers` (the drivers or
+    /// the adapters), failing a superseded connection's routes.
+    fn install(&self, peers: &Mutex<HashMap<String, Driver>>, name: &str, live: Driver) {
+        let connection_id = live.connection_id.clone();
+        let old = peers.lock().unwrap().insert(name.to_owned(), live);
+        if let Some(old) = old.filter(|o| o.connection_id != connection_id) {
+            self.fail_connection(&old.connection_id);
+        }
+    }
+
+    /// Fails `connection_id`'s routes and forgets it as `name`'s live
+    /// connection in `peers`; false when a newer one had taken over.
+    fn remove(
+        &self,
+        peers: &Mutex<HashMap<String, Driver>>,
+        connection_id: &str,
+        name: &str,
+    ) -> bool {
         self.fail_connection(connection_id);
-        let mut adapters = self.adapters.lock().unwrap();
-        if adapters
-            .get(adapter)
+        let mut peers = peers.lock().unwrap();
+        if peers
+            .get(name)
             .is_some_and(|d| d.connection_id == connection_id)
         {
-            adapters.remove(adapter);
+            peers.remove(name);
             true
         } else {
             false

@@ -23,16 +23,6 @@ use crate::error::KernelError;
 use crate::kernel::Kernel;
 use crate::session::{Role, Session};
 
-fn target_uid(s: &Session, uid: Option<i64>) -> Result<i64, KernelError> {
-    match uid {
-        Some(u) if u != s.identity.uid && !s.identity.is_root() => {
-            Err(KernelError::PermissionDenied(format!("uid {u}")))
-        }
-        Some(u) => Ok(u),
-        None => Ok(s.identity.uid),
-    }
-}
-
 fn invalid(reason: impl std::fmt::Display) -> KernelError {
     KernelError::InvalidArgs {
         call: "sys.mcp.add".into(),
@@ -172,7 +162,7 @@ pub async fn codemode_bindings(k: &Arc<Kernel>, uid: i64) -> Vec<McpBinding> {
 }
 
 pub async fn add(k: Arc<Kernel>, s: Arc<Session>, a: AddArgs) -> Result<AddResult, KernelError> {
-    let uid = target_uid(&s, a.uid)?;
+    let uid = s.acting_uid(a.uid)?;
     let name = a.name.trim().to_owned();
     let chars = name.chars().count();
     if chars == 0 || chars > MAX_NAME_CHARS {
@@ -241,7 +231,7 @@ pub async fn add(k: Arc<Kernel>, s: Arc<Session>, a: AddArgs) -> Result<AddResul
 }
 
 pub async fn list(k: Arc<Kernel>, s: Arc<Session>, a: ListArgs) -> Result<ListResult, KernelError> {
-    let uid = target_uid(&s, a.uid)?;
+    let uid = s.acting_uid(a.uid)?;
     Ok(ListResult {
         servers: servers_of(&k, uid).await?,
     })
@@ -252,7 +242,7 @@ pub async fn remove(
     s: Arc<Session>,
     a: ServerArgs,
 ) -> Result<RemoveResult, KernelError> {
-    let uid = target_uid(&s, a.uid)?;
+    let uid = s.acting_uid(a.uid)?;
     let id = a.server_id.clone();
     let removed = k.db.call(move |c| store::delete(c, uid, &id)).await?;
     if removed {
@@ -267,7 +257,7 @@ pub async fn refresh(
     s: Arc<Session>,
     a: ServerArgs,
 ) -> Result<RefreshResult, KernelError> {
-    let uid = target_uid(&s, a.uid)?;
+    let uid = s.acting_uid(a.uid)?;
     let id = a.server_id.clone();
     let Some(row) = k.db.call(move |c| store::get(c, uid, &id)).await? else {
         return Ok(RefreshResult { server: None });
@@ -285,7 +275,7 @@ pub async fn refresh(
 }
 
 pub async fn call(k: Arc<Kernel>, s: Arc<Session>, a: CallArgs) -> Result<CallResult, KernelError> {
-    let uid = target_uid(&s, a.uid)?;
+    let uid = s.acting_uid(a.uid)?;
     let id = a.server_id.clone();
     let row =
         k.db.call(move |c| store::get(c, uid, &id))

@@ -57,6 +57,12 @@ fn conversation(r: &rusqlite::Row<'_>) -> rusqlite::Result<Conversation> {
     })
 }
 
+/// Creates conversation `conv` of `pid` unless it exists; its status.
+pub fn ensure_status(c: &Connection, pid: &str, conv: &str) -> Result<Option<String>, KernelError> {
+    ensure(c, pid, conv)?;
+    Ok(get(c, pid, conv)?.map(|c| c.status))
+}
+
 /// Creates conversation `conv` of `pid` (open) unless it exists; whether
 /// it was created.
 pub fn ensure(c: &Connection, pid: &str, conv: &str) -> Result<bool, KernelError> {

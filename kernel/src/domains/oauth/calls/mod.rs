@@ -46,13 +46,10 @@ fn invalid(reason: impl Into<String>) -> KernelError {
 
 /// The uid a call acts for: the caller's own, or (root only) `uid`.
 fn target_uid(s: &Session, call: &str, uid: Option<i64>) -> Result<i64, KernelError> {
-    match uid {
-        Some(u) if u != s.identity.uid && !s.identity.is_root() => Err(
-            KernelError::PermissionDenied(format!("{call} for uid {u} (only your own)")),
-        ),
-        Some(u) => Ok(u),
-        None => Ok(s.identity.uid),
-    }
+    s.acting_uid(uid).map_err(|_| {
+        let u = uid.unwrap_or_default();
+        KernelError::PermissionDenied(format!("{call} for uid {u} (only your own)"))
+    })
 }
 
 /// The SHA-256 of a flow's state, as stored.

@@ -163,27 +163,7 @@ async fn spawn_as(
     }
     if profile.singleton {
         let row = ensure_init(&k, &s.identity).await?;
-        let mut out = SpawnResult {
-            ok: true,
-            pid: row.pid.clone(),
-            profile: row.profile.clone(),
-            cwd: row.cwd.clone(),
-            label: row.label.clone(),
-            workspace_id: row.workspace_id.clone(),
-            run_id: None,
-        };
-        if let Some(p) = a.prompt.filter(|p| !p.is_empty()) {
-            let sent = run::send(
-                k,
-                row,
-                DEFAULT,
-                json!({"role": "user", "content": p}),
-                origin(&s),
-            )
-            .await?;
-            out.run_id = Some(sent.run_id);
-        }
-        return Ok(out);
+        return spawned(k, &s, row, a.prompt).await;
     }
     if let Some(parent) = &a.parent_pid {
         owned(&k, &s, parent).await.map_err(|_| {
@@ -240,9 +220,9 @@ async fn spawn_as(
         username: s.identity.username.clone(),
         interactive: a.interactive.unwrap_or(profile.interactive),
         parent_pid: a.parent_pid,
-        label: label.clone(),
+        label,
         cwd: cwd.clone(),
-        workspace_id: workspace_id.clone(),
+        workspace_id,
         state: "idle".into(),
         active_run_id: None,
         queued_count: 0,
@@ -258,22 +238,33 @@ async fn spawn_as(
     })
     .await?;
     tracing::info!(pid = %row.pid, owner = row.owner_uid, %cwd, "process spawned");
+    spawned(k, &s, row, a.prompt).await
+}
+
+/// The answer to a spawn of `row`, once its first prompt (if any) has
+/// started a run.
+async fn spawned(
+    k: Arc<Kernel>,
+    s: &Session,
+    row: ProcRow,
+    prompt: Option<String>,
+) -> Result<SpawnResult, KernelError> {
     let mut out = SpawnResult {
         ok: true,
         pid: row.pid.clone(),
         profile: row.profile.clone(),
-        cwd,
-        label,
-        workspace_id,
+        cwd: row.cwd.clone(),
+        label: row.label.clone(),
+        workspace_id: row.workspace_id.clone(),
         run_id: None,
     };
-    if let Some(p) = a.prompt.filter(|p| !p.is_empty()) {
+    if let Some(p) = prompt.filter(|p| !p.is_empty()) {
         let sent = run::send(
             k,
             row,
             DEFAULT,
             json!({"role": "user", "content": p}),
-            origin(&s),
+            origin(s),
         )
         .await?;
         out.run_id = Some(sent.run_id);
@@ -322,11 +313,8 @@ pub async fn send_routed(
     let row = target(&k, &s, a.pid.as_deref()).await?;
     let (p, cv) = (row.pid.clone(), conv.clone());
     let status =
-        k.db.call(move |c| {
-            conversations::ensure(c, &p, &cv)?;
-            Ok(conversations::get(c, &p, &cv)?.map(|c| c.status))
-        })
-        .await?;
+        k.db.call(move |c| conversations::ensure_status(c, &p, &cv))
+            .await?;
     if status.as_deref() == Some("closed") {
         return Err(KernelError::Conflict(format!(
             "Conversation is closed: {conv} (reopen it with proc.conversation.open)"
