@@ -17,8 +17,10 @@ use wsd_dofs::Dofs;
 
 use crate::db::Db;
 use crate::dispatch::Dispatch;
+use crate::domains::device::Devices;
 use crate::domains::mcp::live::McpServers;
 use crate::domains::oauth::OAuth;
+use crate::domains::proc::SignalListeners;
 use crate::domains::proc::active::Procs;
 use crate::domains::shell::sessions::Sessions;
 use crate::domains::snapshot::mirror::{ChunkStoreConfig, SnapshotMirror};
@@ -131,6 +133,8 @@ pub struct Kernel {
     pub(crate) system: Arc<Mutex<Dofs>>,
     pub(crate) workspaces: Workspaces,
     pub(crate) pool: ConnectionPool,
+    /// Device rows, their routes and shell sessions (the device domain).
+    pub(crate) devices: Devices,
     /// Live device drivers and routed calls waiting for them.
     pub(crate) router: Arc<Router>,
     /// Live `shell.exec` sessions.
@@ -138,6 +142,8 @@ pub struct Kernel {
     pub(crate) dispatch: Dispatch<Kernel>,
     /// Active agent runs (the rest of a process is rows).
     pub(crate) procs: Procs,
+    /// What hears a process signal beyond its sockets.
+    pub(crate) signal_listeners: SignalListeners<Kernel>,
     /// Live `fs.watch` feeds.
     pub(crate) watches: Watches,
     /// Terminals (`shell.pty.*`) and their attachments.

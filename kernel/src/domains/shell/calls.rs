@@ -71,7 +71,7 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<ExecRe
     let Place::Workspace { id, sub } = r.place else {
         return Ok(no_workspace(&r.display));
     };
-    let row = crate::domains::workspace::calls::visible_row(&k, &s, &id).await?;
+    let row = crate::domains::workspace::visible_row(&k.db, &s.identity, &id).await?;
     if row.is_archived() {
         return Ok(op_error(&format!("Workspace {id} is archived")));
     }
