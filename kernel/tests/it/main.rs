@@ -19,6 +19,7 @@ mod matrix;
 #[path = "../../../adapter-matrix/tests/support/mod.rs"]
 mod matrix_support;
 mod mcp;
+mod netns;
 mod node;
 mod notification;
 mod oauth;
