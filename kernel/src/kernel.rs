@@ -180,6 +180,7 @@ impl Kernel {
     /// Stops local `wsd` children (the kernel is going away).
     pub async fn shutdown(&self) {
         self.timers.stop();
+        self.sessions.sync.stop_all();
         self.workspaces.shutdown().await;
     }
 }

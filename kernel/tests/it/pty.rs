@@ -429,3 +429,61 @@ async fn a_running_terminal_keeps_its_workspaces_wsd_from_being_stopped_as_idle(
     t.input("exit 0\n").await;
     assert_eq!(t.until_exit().await["exitCode"], 0);
 }
+
+/// Reads workspace file `path` until its content is `want` (bounded: 300
+/// reads 100 ms apart); the last answer.
+async fn read_until(c: &mut GsvClient, path: &str, want: &str) -> Value {
+    let mut read = Value::Null;
+    for _ in 0..300 {
+        read = c.call("fs.read", json!({"path": path})).await.unwrap();
+        if read["content"] == want {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    read
+}
+
+#[tokio::test]
+async fn what_a_terminal_writes_reaches_fs_read_while_it_is_open_and_fs_write_reaches_it() {
+    let k = TestKernel::with_users().await;
+    let mut a = k.alice().await;
+    let ws = new_workspace(&mut a).await;
+    let mut t = alice_term(&k, "term").await;
+    t.open(json!({"workspaceId": ws})).await;
+    t.input("echo hi > f; echo wrote-$((1+1))\n").await;
+    t.until("wrote-2").await;
+    let read = read_until(&mut a, &format!("/workspaces/{ws}/f"), "1\thi").await;
+    assert_eq!(read["content"], "1\thi", "{read}");
+    let list = t.call("shell.pty.list", json!({})).await;
+    assert_eq!(list["ptys"][0]["status"], "running", "still open: {list}");
+
+    // An fs.write while the terminal is open reaches it without a command
+    // ending in between.
+    let w = a
+        .call(
+            "fs.write",
+            json!({"path": format!("/workspaces/{ws}/g"), "content": "from-dofs"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(w["ok"], true, "{w}");
+    let mut seen = false;
+    for n in 0..300 {
+        t.input(&format!("cat g 2>/dev/null; echo seen-$(({n}+0))\n"))
+            .await;
+        t.until(&format!("seen-{n}\r")).await;
+        if t.text().contains("from-dofs") {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(
+        seen,
+        "the terminal never saw the written file: {}",
+        t.text()
+    );
+    t.input("exit 0\n").await;
+    assert_eq!(t.until_exit().await["exitCode"], 0);
+}

@@ -5,11 +5,14 @@
 //! `open` runs the first half of a bracket under the workspace's lock
 //! (push dofs → wsd, then `startPty`), as `shell.exec` does; a driver task
 //! follows the terminal's log to its exit (indexing output offsets), then
-//! pulls wsd → dofs under the lock. Each attachment reads its own wsd
-//! subscription from the checkpoint before its offset, drops what lies
-//! before the offset, and hands the rest to the connection's queue without
-//! waiting: a full queue ends the attachment with `shell.pty.lagged` at
-//! the last offset queued, and the client attaches again from there.
+//! pulls wsd → dofs under the lock. While it is open the workspace
+//! follows wsd live (`domains::shell::live`): what is typed into it
+//! reaches dofs as wsd settles it, and `fs.write`s reach the terminal.
+//! Each attachment reads its own wsd subscription from the checkpoint
+//! before its offset, drops what lies before the offset, and hands the
+//! rest to the connection's queue without waiting: a full queue ends the
+//! attachment with `shell.pty.lagged` at the last offset queued, and the
+//! client attaches again from there.
 
 use std::sync::Arc;
 
@@ -30,6 +33,7 @@ use wsd_client::{ErrorCode, ExecEventKind, PtyRequest, ResumeFrom, Signal, WsdEr
 use super::{Attached, Pty};
 use crate::db::now_ms;
 use crate::domains::fs::vfs::{self, Place};
+use crate::domains::shell::live::LiveHold;
 use crate::domains::workspace::Workspace;
 use crate::error::KernelError;
 use crate::kernel::Kernel;
@@ -172,7 +176,9 @@ async fn open_inner(k: &Arc<Kernel>, s: &Session, a: PtyOpenArgs) -> Result<PtyO
         (a.cols, a.rows),
     ));
     k.ptys.insert(pty.clone());
-    tokio::spawn(drive(k.clone(), w, pty.clone(), events));
+    // What the terminal writes reaches dofs while it is open.
+    let live = crate::domains::shell::live::hold(k, &w, &pty.handle);
+    tokio::spawn(drive(k.clone(), w, pty.clone(), events, live));
     tracing::info!(pty = %pty_id, workspace = %row.id, "terminal opened");
     // The opener sees the output from its first byte.
     let attached = k.ptys.attach(&pty_id, &s.connection_id);
@@ -196,6 +202,7 @@ async fn drive(
     w: Arc<Workspace>,
     pty: Arc<Pty>,
     mut events: wsd_client::ExecEvents,
+    live: LiveHold,
 ) {
     let mut last_seq = 0u64;
     let mut reattaches = 0u32;
@@ -242,6 +249,7 @@ async fn drive(
             tracing::warn!(pty = %pty.id, error = %e, "pulling a terminal's changes failed");
         }
     }
+    drop(live);
     tracing::info!(pty = %pty.id, code, "terminal exited");
     let weak = Arc::downgrade(&k);
     drop(k);

@@ -7,10 +7,12 @@
 //! task then owns the command's event stream: it keeps the output (tail
 //! capped at [`MAX_OUTPUT_CHARS`]), and when the command exits it pulls
 //! wsd → dofs under the lock again, so a command's changes land even if
-//! nobody polls. Callers wait for that outcome within a budget; a command
-//! still running answers `running` with a `sessionId` to poll. A lost wsd
-//! (stream broken and re-attach refused, e.g. the child restarted) is a
-//! `failed` outcome, never a silent success.
+//! nobody polls. While it runs, the workspace follows wsd live
+//! ([`super::live`]): its writes reach dofs as wsd settles them, and
+//! `fs.write`s reach it. Callers wait for that outcome within a budget; a
+//! command still running answers `running` with a `sessionId` to poll. A
+//! lost wsd (stream broken and re-attach refused, e.g. the child
+//! restarted) is a `failed` outcome, never a silent success.
 
 use gsv_protocol::shell::{ExecArgs, ExecControl, ExecResult, FileChange};
 use std::sync::Arc;
@@ -21,6 +23,7 @@ use wsd_sync::Kind;
 
 use crate::db::now_ms;
 use crate::domains::fs::vfs::{self, Place};
+use crate::domains::shell::live::{LiveHold, latest_per_path};
 use crate::domains::shell::sessions::{Outcome, ShellSession};
 use crate::domains::workspace::Workspace;
 use crate::error::KernelError;
@@ -109,12 +112,14 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<ExecRe
         row.id.clone(),
     ));
     k.sessions.insert(session.clone());
+    // What the command writes reaches dofs while it runs.
+    let live = super::live::hold(&k, &w, &started.0);
     remember_row(&k, &session, "running", None, None).await?;
     tokio::spawn(drive_session(
         k.clone(),
         w,
         session.clone(),
-        started.0,
+        (started.0, live),
         started.1,
     ));
     Ok(answer(&k, &session, budget, a.stream).await)
@@ -247,12 +252,13 @@ async fn answer(
     v
 }
 
-/// Follows the command to its end, pulls, and records the outcome.
+/// Follows the command to its end, pulls, and records the outcome. The
+/// workspace follows wsd live through `live` until then.
 async fn drive_session(
     k: Arc<Kernel>,
     w: Arc<Workspace>,
     session: Arc<ShellSession>,
-    handle: WsdHandle,
+    (handle, live): (WsdHandle, LiveHold),
     mut events: wsd_client::ExecEvents,
 ) {
     let mut last_seq = 0u64;
@@ -305,12 +311,14 @@ async fn drive_session(
             code,
         },
         Ok(exit_code) => {
-            // The bracket's second half.
+            // The bracket's second half. What live pulls applied meanwhile
+            // counts as the command's changes too.
             let _guard = w.bracket.lock().await;
+            let mut applied = live.take_applied();
             match handle.pull(w.dofs.clone()).await {
                 Ok(report) => {
-                    let changes = report
-                        .applied
+                    applied.extend(report.applied);
+                    let changes = latest_per_path(applied)
                         .iter()
                         .map(|e| FileChange {
                             path: format!("/workspaces/{}/{}", w.id, e.path),
@@ -336,6 +344,7 @@ async fn drive_session(
             }
         }
     };
+    drop(live);
     let _ = handle.dispose(&session.id).await;
     let (status, code, error) = match &outcome {
         Outcome::Completed { exit_code, .. } => ("completed", Some(*exit_code), None),
