@@ -487,3 +487,51 @@ async fn what_a_terminal_writes_reaches_fs_read_while_it_is_open_and_fs_write_re
     t.input("exit 0\n").await;
     assert_eq!(t.until_exit().await["exitCode"], 0);
 }
+
+#[tokio::test]
+async fn a_snapshot_restore_while_a_terminal_is_open_is_refused() {
+    let k = TestKernel::with_users().await;
+    let mut a = k.alice().await;
+    let ws = new_workspace(&mut a).await;
+    let path = format!("/workspaces/{ws}/f");
+    a.call("fs.write", json!({"path": path, "content": "v1"}))
+        .await
+        .unwrap();
+    let snap = a
+        .call("workspace.snapshot.create", json!({"workspaceId": ws}))
+        .await
+        .unwrap();
+    let sid = snap["snapshotId"].as_str().unwrap().to_owned();
+    a.call("fs.write", json!({"path": path, "content": "v2"}))
+        .await
+        .unwrap();
+    let mut t = alice_term(&k, "term").await;
+    t.open(json!({"workspaceId": ws})).await;
+    let r = a
+        .call("workspace.snapshot.restore", json!({"snapshotId": sid}))
+        .await
+        .unwrap();
+    assert_eq!(r["ok"], false, "{r}");
+    assert_eq!(r["code"], "EBUSY", "{r}");
+    assert!(r["error"].as_str().unwrap().contains("terminal"), "{r}");
+    let read = a.call("fs.read", json!({"path": path})).await.unwrap();
+    assert_eq!(read["content"], "1\tv2", "nothing changed: {read}");
+
+    t.input("exit 0\n").await;
+    assert_eq!(t.until_exit().await["exitCode"], 0);
+    // The exit signal may come before the kernel has recorded the exit.
+    let mut r = Value::Null;
+    for _ in 0..300 {
+        r = a
+            .call("workspace.snapshot.restore", json!({"snapshotId": sid}))
+            .await
+            .unwrap();
+        if r["code"] != "EBUSY" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_ne!(r["ok"], false, "{r}");
+    let read = a.call("fs.read", json!({"path": path})).await.unwrap();
+    assert_eq!(read["content"], "1\tv1", "{read}");
+}
