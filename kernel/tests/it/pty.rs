@@ -535,3 +535,128 @@ async fn a_snapshot_restore_while_a_terminal_is_open_is_refused() {
     let read = a.call("fs.read", json!({"path": path})).await.unwrap();
     assert_eq!(read["content"], "1\tv1", "{read}");
 }
+
+/// What [`Term::take`] read.
+enum Took {
+    Output,
+    Lagged(u64),
+    Exit,
+}
+
+impl Term {
+    /// Takes one signal: output (appended), an exit, or a lag at an offset.
+    async fn take(&mut self) -> Took {
+        let s = match self.signals.pop_front() {
+            Some(s) => s,
+            None => loop {
+                let f = self.c.recv().await.unwrap();
+                if f["type"] == "sig" {
+                    break f;
+                }
+            },
+        };
+        let p = &s["payload"];
+        assert_eq!(p["ptyId"], self.pty_id.as_str(), "{s}");
+        match s["signal"].as_str().unwrap() {
+            "shell.pty.output" => {
+                assert_eq!(p["offset"].as_u64().unwrap(), self.offset(), "{s}");
+                let bytes = STANDARD.decode(p["dataBase64"].as_str().unwrap()).unwrap();
+                self.out.extend_from_slice(&bytes);
+                Took::Output
+            }
+            "shell.pty.lagged" => Took::Lagged(p["offset"].as_u64().unwrap()),
+            "shell.pty.exit" => {
+                self.exit = Some(p.clone());
+                Took::Exit
+            }
+            other => panic!("unexpected signal {other}: {s}"),
+        }
+    }
+
+    /// Whether the output's last bytes hold `needle` (the output may be
+    /// far too long to search whole after every chunk).
+    fn tail_has(&self, needle: &[u8]) -> bool {
+        let from = self
+            .out
+            .len()
+            .saturating_sub(needle.len() + gsv_protocol::pty::MAX_OUTPUT_CHUNK);
+        self.out[from..].windows(needle.len()).any(|w| w == needle)
+    }
+
+    /// Reads until the output holds `needle`, attaching again wherever
+    /// the kernel says this connection lagged; all output from `base` on.
+    async fn follow_to(&mut self, needle: &[u8]) -> Vec<u8> {
+        let mut whole = Vec::new();
+        while !self.tail_has(needle) {
+            match self.take().await {
+                Took::Output => {}
+                Took::Lagged(at) => {
+                    assert_eq!(at, self.offset(), "a lag names the next offset");
+                    whole.extend_from_slice(&self.out);
+                    let id = self.pty_id.clone();
+                    self.attach(&id, at).await;
+                }
+                Took::Exit => panic!("exited before the marker"),
+            }
+        }
+        whole.extend_from_slice(&self.out);
+        whole
+    }
+}
+
+/// The output up to and including the first `needle`.
+fn through<'a>(out: &'a [u8], needle: &[u8]) -> &'a [u8] {
+    let at = out
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .expect("the marker is there");
+    &out[..at + needle.len()]
+}
+
+#[tokio::test]
+async fn a_reader_that_stops_reading_gets_lagged_at_its_offset_and_resumes_without_loss() {
+    let k = TestKernel::with_users().await;
+    let mut a = k.alice().await;
+    let ws = new_workspace(&mut a).await;
+    let mut fast = alice_term(&k, "term-fast").await;
+    fast.open(json!({"workspaceId": ws})).await;
+    let pty = fast.pty_id.clone();
+    let mut slow = alice_term(&k, "term-slow").await;
+    slow.attach(&pty, 0).await;
+    // 12 MB: far more than the connection's queue (64 frames of 16 KiB)
+    // and the loopback socket buffers of a reader that reads nothing hold,
+    // and less than what wsd keeps of one terminal's log (16 MiB).
+    fast.input("head -c 12000000 /dev/zero | tr '\\0' x; echo; echo end-$((2+3))\n")
+        .await;
+    let all = fast.follow_to(b"end-5").await;
+    let all = through(&all, b"end-5");
+
+    // Only now does the slow socket read: what it was sent, then the lag.
+    let lagged_at = loop {
+        match slow.take().await {
+            Took::Output => {}
+            Took::Lagged(at) => break at,
+            Took::Exit => panic!("the terminal exited"),
+        }
+    };
+    assert_eq!(lagged_at, slow.offset(), "the lag names the next offset");
+    assert!(lagged_at < all.len() as u64, "it lagged before the end");
+    let mut joined = slow.out.clone();
+    slow.attach(&pty, lagged_at).await;
+    joined.extend(slow.follow_to(b"end-5").await);
+    assert_eq!(
+        through(&joined, b"end-5"),
+        all,
+        "the output before the lag and after the re-attach is the whole"
+    );
+    fast.input("exit 0\n").await;
+    loop {
+        match fast.take().await {
+            Took::Exit => break,
+            Took::Output => {}
+            Took::Lagged(at) => {
+                fast.attach(&pty, at).await;
+            }
+        }
+    }
+}
