@@ -302,6 +302,16 @@ impl PtyError {
     }
 }
 
+impl From<PtyError> for crate::OpFailure {
+    fn from(e: PtyError) -> Self {
+        crate::OpFailure {
+            ok: false,
+            error: e.to_string(),
+            code: Some(e.code().as_str().to_owned()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;

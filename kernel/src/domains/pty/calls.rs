@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
+use gsv_protocol::OpResult;
 use gsv_protocol::frames::Outbound;
 use gsv_protocol::pty::{
     MAX_INPUT_BYTES, MAX_OUTPUT_CHUNK, PtyAttachArgs, PtyAttachResult, PtyCloseArgs,
@@ -26,7 +27,7 @@ use gsv_protocol::pty::{
     PtyResizeResult, PtyStatus,
 };
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::mpsc;
 use wsd_client::{ErrorCode, ExecEventKind, PtyRequest, ResumeFrom, Signal, WsdError};
 
@@ -64,18 +65,12 @@ impl From<KernelError> for Fail {
     }
 }
 
-/// `{ok:true, …result}` or `{ok:false, error, code}`.
-fn finish<T: Serialize>(r: Result<T, Fail>) -> Result<Value, KernelError> {
+/// `{ok:true, …result}`, or an operation error as `{ok:false, error,
+/// code}`; a kernel fault stays a frame error.
+fn finish<T>(r: Result<T, Fail>) -> Result<OpResult<T>, KernelError> {
     match r {
-        Ok(v) => {
-            let mut v =
-                serde_json::to_value(v).map_err(|e| KernelError::internal("shell.pty", e))?;
-            v["ok"] = json!(true);
-            Ok(v)
-        }
-        Err(Fail::Op(e)) => {
-            Ok(json!({"ok": false, "error": e.to_string(), "code": e.code().as_str()}))
-        }
+        Ok(v) => Ok(OpResult::done(v)),
+        Err(Fail::Op(e)) => Ok(OpResult::Failed(e.into())),
         Err(Fail::Kernel(e)) => Err(e),
     }
 }
@@ -97,7 +92,11 @@ fn owned(k: &Kernel, s: &Session, pty_id: &str) -> Result<Arc<Pty>, Fail> {
 }
 
 /// `shell.pty.open`.
-pub async fn open(k: Arc<Kernel>, s: Arc<Session>, a: PtyOpenArgs) -> Result<Value, KernelError> {
+pub async fn open(
+    k: Arc<Kernel>,
+    s: Arc<Session>,
+    a: PtyOpenArgs,
+) -> Result<OpResult<PtyOpenResult>, KernelError> {
     finish(open_inner(&k, &s, a).await)
 }
 
@@ -264,7 +263,7 @@ pub async fn attach(
     k: Arc<Kernel>,
     s: Arc<Session>,
     a: PtyAttachArgs,
-) -> Result<Value, KernelError> {
+) -> Result<OpResult<PtyAttachResult>, KernelError> {
     finish(attach_inner(&k, &s, a).await)
 }
 
@@ -487,7 +486,11 @@ fn sig_text(signal: &str, payload: impl Serialize) -> String {
 }
 
 /// `shell.pty.input`.
-pub async fn input(k: Arc<Kernel>, s: Arc<Session>, a: PtyInputArgs) -> Result<Value, KernelError> {
+pub async fn input(
+    k: Arc<Kernel>,
+    s: Arc<Session>,
+    a: PtyInputArgs,
+) -> Result<OpResult<PtyInputResult>, KernelError> {
     finish(input_inner(&k, &s, a).await)
 }
 
@@ -535,7 +538,7 @@ pub async fn resize(
     k: Arc<Kernel>,
     s: Arc<Session>,
     a: PtyResizeArgs,
-) -> Result<Value, KernelError> {
+) -> Result<OpResult<PtyResizeResult>, KernelError> {
     finish(resize_inner(&k, &s, a).await)
 }
 
@@ -562,18 +565,26 @@ async fn resize_inner(
 }
 
 /// `shell.pty.list`.
-pub async fn list(k: Arc<Kernel>, s: Arc<Session>, _: PtyListArgs) -> Result<Value, KernelError> {
+pub async fn list(
+    k: Arc<Kernel>,
+    s: Arc<Session>,
+    _: PtyListArgs,
+) -> Result<OpResult<PtyListResult>, KernelError> {
     let ptys = k
         .ptys
         .list(s.identity.uid)
         .iter()
         .map(|p| p.info())
         .collect();
-    finish::<PtyListResult>(Ok(PtyListResult { ptys }))
+    Ok(OpResult::done(PtyListResult { ptys }))
 }
 
 /// `shell.pty.close`.
-pub async fn close(k: Arc<Kernel>, s: Arc<Session>, a: PtyCloseArgs) -> Result<Value, KernelError> {
+pub async fn close(
+    k: Arc<Kernel>,
+    s: Arc<Session>,
+    a: PtyCloseArgs,
+) -> Result<OpResult<PtyCloseResult>, KernelError> {
     finish(close_inner(&k, &s, a).await)
 }
 
