@@ -181,6 +181,7 @@ impl Kernel {
     pub async fn shutdown(&self) {
         self.timers.stop();
         self.sessions.sync.stop_all();
+        self.ptys.stop_all();
         self.workspaces.shutdown().await;
     }
 }

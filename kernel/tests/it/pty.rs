@@ -660,3 +660,144 @@ async fn a_reader_that_stops_reading_gets_lagged_at_its_offset_and_resumes_witho
         }
     }
 }
+
+/// A `wsd serve` of the test's own (a remote backend, which a kernel
+/// restart leaves running): the child, its socket and its token file.
+async fn remote_wsd(
+    dir: &std::path::Path,
+) -> (
+    tokio::process::Child,
+    std::path::PathBuf,
+    std::path::PathBuf,
+) {
+    let token = dir.join("token");
+    std::fs::write(&token, "remote-secret-token").unwrap();
+    let sock = dir.join("wsd.sock");
+    let mut command = tokio::process::Command::new(crate::harness::wsd_bin());
+    command.arg("serve");
+    if bwrap_available() {
+        command.arg("--sandbox");
+    }
+    let child = command
+        .arg("--root")
+        .arg(dir.join("root"))
+        .arg("--state")
+        .arg(dir.join("state"))
+        .arg("--listen")
+        .arg(format!("unix:{}", sock.display()))
+        .arg("--token-file")
+        .arg(&token)
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    for _ in 0..500 {
+        if tokio::net::UnixStream::connect(&sock).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    (child, sock, token)
+}
+
+const ROOT_PW: &str = "root-password";
+
+#[tokio::test]
+async fn a_terminal_on_a_wsd_that_outlives_the_kernel_is_attached_again_after_a_restart() {
+    let k = TestKernel::with_users().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut wsd, sock, token) = remote_wsd(dir.path()).await;
+    let mut root = k.login("root", ROOT_PW).await;
+    let d = root
+        .call(
+            "sys.workspace.create",
+            json!({"backend": {"kind": "remote", "address": format!("unix:{}", sock.display()), "tokenFile": token}}),
+        )
+        .await
+        .unwrap();
+    let ws = d["workspace"]["workspaceId"].as_str().unwrap().to_owned();
+    root.close().await;
+    let mut t = Term::new(k.login_from("term-1", "root", ROOT_PW).await);
+    t.open(json!({"workspaceId": ws})).await;
+    let pty = t.pty_id.clone();
+    // More than two checkpoints of output (256 KiB each): the restarted
+    // kernel serves offsets from the index the first one saved.
+    t.input("seq 1 100000; echo end-$((3+4))\n").await;
+    let first = t.follow_to(b"\n5000\r\n").await;
+    let cut = t.offset();
+    assert_eq!(cut, first.len() as u64);
+    t.c.close().await;
+
+    let k = k.stop().await.start().await;
+    let mut back = Term::new(k.login_from("term-2", "root", ROOT_PW).await);
+    back.attach(&pty, cut).await;
+    let rest = back.follow_to(b"end-7").await;
+    let mut joined = first.clone();
+    joined.extend_from_slice(&rest);
+    let joined = through(&joined, b"end-7");
+    let mut whole = Term::new(k.login_from("term-3", "root", ROOT_PW).await);
+    whole.attach(&pty, 0).await;
+    let all = whole.follow_to(b"end-7").await;
+    assert_eq!(
+        through(&all, b"end-7"),
+        joined,
+        "the output before the restart and after it is the whole, byte for byte"
+    );
+    let seq: String = (1..=100000).map(|n| format!("{n}\r\n")).collect();
+    let text = String::from_utf8_lossy(joined);
+    assert!(text.contains(&seq), "seq's output is all there");
+    // An offset past the first checkpoints replays from the saved index.
+    let mid = 300_000u64;
+    let mut part = Term::new(k.login_from("term-4", "root", ROOT_PW).await);
+    part.attach(&pty, mid).await;
+    let tail = part.follow_to(b"end-7").await;
+    assert_eq!(through(&tail, b"end-7"), &joined[mid as usize..]);
+    // It still takes input and reports its exit.
+    back.input("exit 5\n").await;
+    let exit = loop {
+        match back.take().await {
+            Took::Exit => break back.exit.clone().unwrap(),
+            Took::Output => {}
+            Took::Lagged(at) => {
+                back.attach(&pty, at).await;
+            }
+        }
+    };
+    assert_eq!(exit["exitCode"], 5, "{exit}");
+    let _ = wsd.kill().await;
+}
+
+#[tokio::test]
+async fn a_terminal_whose_local_wsd_stopped_with_the_kernel_answers_closed_after_a_restart() {
+    let k = TestKernel::with_users().await;
+    let mut a = k.alice().await;
+    let ws = new_workspace(&mut a).await;
+    a.close().await;
+    let mut t = alice_term(&k, "term-1").await;
+    t.open(json!({"workspaceId": ws})).await;
+    let pty = t.pty_id.clone();
+    t.input("echo before-$((1+1))\n").await;
+    t.until("before-2").await;
+    t.c.close().await;
+
+    let k = k.stop().await.start().await;
+    let mut back = alice_term(&k, "term-2").await;
+    for (call, args) in [
+        ("shell.pty.attach", json!({"ptyId": pty, "after": 0})),
+        ("shell.pty.input", json!({"ptyId": pty, "data": "x"})),
+    ] {
+        let d = back.call(call, args).await;
+        assert_eq!(d["ok"], false, "{call}: {d}");
+        assert_eq!(d["code"], "closed", "{call}: {d}");
+        assert!(
+            d["error"].as_str().unwrap().contains("restart"),
+            "{call}: {d}"
+        );
+    }
+    // A new terminal in the same workspace works.
+    back.open(json!({"workspaceId": ws})).await;
+    back.input("echo after-$((1+1))\n").await;
+    back.until("after-2").await;
+    back.input("exit 0\n").await;
+    assert_eq!(back.until_exit().await["exitCode"], 0);
+}

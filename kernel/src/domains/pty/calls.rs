@@ -31,11 +31,11 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use wsd_client::{ErrorCode, ExecEventKind, PtyRequest, ResumeFrom, Signal, WsdError};
 
-use super::{Attached, Pty};
+use super::{Attached, Pty, PtyRow};
 use crate::db::now_ms;
 use crate::domains::fs::vfs::{self, Place};
 use crate::domains::shell::live::LiveHold;
-use crate::domains::workspace::Workspace;
+use crate::domains::workspace::{Backend, Workspace};
 use crate::error::KernelError;
 use crate::kernel::Kernel;
 use crate::session::{Outgoing, Session};
@@ -85,10 +85,16 @@ fn wsd_fail(pty_id: &str, context: &str, e: WsdError) -> PtyError {
     }
 }
 
+/// The caller's terminal `pty_id`; one that ended with the previous
+/// kernel is `closed`, anything else (someone else's too) `not_found`.
 fn owned(k: &Kernel, s: &Session, pty_id: &str) -> Result<Arc<Pty>, Fail> {
-    k.ptys
-        .get_owned(pty_id, s.identity.uid)
-        .ok_or_else(|| PtyError::NotFound(pty_id.to_owned()).into())
+    if let Some(p) = k.ptys.get_owned(pty_id, s.identity.uid) {
+        return Ok(p);
+    }
+    if k.ptys.ended(pty_id, s.identity.uid) {
+        return Err(PtyError::EndedWithKernel(pty_id.to_owned()).into());
+    }
+    Err(PtyError::NotFound(pty_id.to_owned()).into())
 }
 
 /// `shell.pty.open`.
@@ -174,6 +180,20 @@ async fn open_inner(k: &Arc<Kernel>, s: &Session, a: PtyOpenArgs) -> Result<PtyO
         handle,
         (a.cols, a.rows),
     ));
+    let pty_row = PtyRow {
+        id: pty_id.clone(),
+        owner_uid: pty.owner_uid,
+        workspace_id: row.id.clone(),
+        command: pty.command.clone(),
+        cols: a.cols,
+        rows: a.rows,
+        created_at: pty.created_at,
+    };
+    if let Err(e) = k.db.call(move |c| super::insert_row(c, &pty_row)).await {
+        // A terminal without its row would not survive a restart: none.
+        let _ = pty.handle.kill(&pty_id, Signal::Kill).await;
+        return Err(e.into());
+    }
     k.ptys.insert(pty.clone());
     // What the terminal writes reaches dofs while it is open.
     let live = crate::domains::shell::live::hold(k, &w, &pty.handle);
@@ -194,8 +214,10 @@ async fn open_inner(k: &Arc<Kernel>, s: &Session, a: PtyOpenArgs) -> Result<PtyO
     })
 }
 
-/// Follows terminal `pty` to its exit: indexes output offsets, records the
-/// exit, pulls the workspace, and forgets the terminal a while later.
+/// Follows terminal `pty` to its exit: indexes output offsets (in memory
+/// and in its row), records the exit, pulls the workspace, and forgets
+/// the terminal a while later. At kernel shutdown it stops where it is:
+/// the terminal may go on in its wsd for the next kernel.
 async fn drive(
     k: Arc<Kernel>,
     w: Arc<Workspace>,
@@ -203,16 +225,30 @@ async fn drive(
     mut events: wsd_client::ExecEvents,
     live: LiveHold,
 ) {
-    let mut last_seq = 0u64;
+    let stopping = k.ptys.stopping();
+    let mut last_seq = pty.last_checkpoint().0;
     let mut reattaches = 0u32;
     let code = loop {
-        match events.next().await {
+        let next = tokio::select! {
+            biased;
+            _ = stopping.cancelled() => return,
+            next = events.next() => next,
+        };
+        match next {
             Ok(Some(ev)) => {
                 last_seq = ev.seq;
                 reattaches = 0;
                 match ev.kind {
                     ExecEventKind::Stdout(b) | ExecEventKind::Stderr(b) => {
-                        pty.record_output(ev.seq, b.len())
+                        if let Some((seq, bytes)) = pty.record_output(ev.seq, b.len()) {
+                            let id = pty.id.clone();
+                            let saved =
+                                k.db.call(move |c| super::add_checkpoint(c, &id, seq, bytes))
+                                    .await;
+                            if let Err(e) = saved {
+                                tracing::warn!(pty = %pty.id, error = %e, "could not save a terminal's offset index");
+                            }
+                        }
                     }
                     ExecEventKind::Exit(code) => break Some(code),
                 }
@@ -252,10 +288,89 @@ async fn drive(
     tracing::info!(pty = %pty.id, code, "terminal exited");
     let weak = Arc::downgrade(&k);
     drop(k);
-    tokio::time::sleep(EXITED_PTY_KEEP).await;
+    tokio::select! {
+        _ = stopping.cancelled() => return,
+        _ = tokio::time::sleep(EXITED_PTY_KEEP) => {}
+    }
     if let Some(k) = weak.upgrade() {
         k.ptys.remove(&pty.id);
+        let id = pty.id.clone();
+        if let Err(e) = k.db.call(move |c| super::delete_row(c, &id)).await {
+            tracing::warn!(pty = %pty.id, error = %e, "could not forget a terminal's row");
+        }
     }
+}
+
+/// At start: takes up the terminals a previous kernel left. One whose wsd
+/// outlived that kernel (a remote backend) is driven again from the end
+/// of its saved offset index; one whose wsd did not (a local child stops
+/// with its kernel), or that wsd no longer knows, is forgotten and
+/// answers `closed` from then on.
+pub async fn recover(k: &Arc<Kernel>) -> Result<(), KernelError> {
+    for (row, index) in k.db.call(|c| super::all_rows(c)).await? {
+        match resume(k, &row, index).await {
+            Ok(()) => {
+                tracing::info!(pty = %row.id, workspace = %row.workspace_id, "terminal taken up again")
+            }
+            Err(why) => {
+                tracing::info!(pty = %row.id, workspace = %row.workspace_id, %why, "terminal ended with the previous kernel");
+                k.ptys.mark_ended(&row.id, row.owner_uid);
+                let id = row.id.clone();
+                k.db.call(move |c| super::delete_row(c, &id)).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Why a terminal could not be taken up again.
+#[derive(Debug, thiserror::Error)]
+enum ResumeError {
+    #[error("its workspace is gone or archived")]
+    NoWorkspace,
+    #[error("its workspace's local wsd stopped with the previous kernel")]
+    LocalBackend,
+    #[error("{0}")]
+    Kernel(#[from] KernelError),
+    #[error("its wsd does not have it any more: {0}")]
+    Wsd(#[from] WsdError),
+}
+
+async fn resume(
+    k: &Arc<Kernel>,
+    row: &PtyRow,
+    index: super::OffsetIndex,
+) -> Result<(), ResumeError> {
+    let wid = row.workspace_id.clone();
+    let ws =
+        k.db.call(move |c| crate::domains::workspace::get_row(c, &wid))
+            .await?
+            .filter(|w| !w.is_archived())
+            .ok_or(ResumeError::NoWorkspace)?;
+    if ws.backend == Backend::Local {
+        return Err(ResumeError::LocalBackend);
+    }
+    let w = k.workspaces.open(&ws).await?;
+    let handle = w.bracket.lock().await.handle(&k.workspaces.wsd_bin).await?;
+    let from = match index.last() {
+        Some(&(seq, _)) => ResumeFrom::After(seq),
+        None => ResumeFrom::Start,
+    };
+    let events = handle.attach(&row.id, from).await?;
+    let pty = Arc::new(Pty::new(
+        row.id.clone(),
+        row.owner_uid,
+        row.workspace_id.clone(),
+        row.command.clone(),
+        row.created_at,
+        handle,
+        (row.cols, row.rows),
+    ));
+    pty.restore_index(index);
+    k.ptys.insert(pty.clone());
+    let live = crate::domains::shell::live::hold(k, &w, &pty.handle);
+    tokio::spawn(drive(k.clone(), w, pty, events, live));
+    Ok(())
 }
 
 /// `shell.pty.attach`.
@@ -557,6 +672,9 @@ async fn resize_inner(
         .await
         .map_err(|e| wsd_fail(&pty.id, "resizing the terminal", e))?;
     pty.set_size(a.cols, a.rows);
+    let (id, cols, rows) = (pty.id.clone(), a.cols, a.rows);
+    k.db.call(move |c| super::set_size(c, &id, cols, rows))
+        .await?;
     Ok(PtyResizeResult {
         pty_id: pty.id.clone(),
         cols: a.cols,
