@@ -613,54 +613,6 @@ fn through<'a>(out: &'a [u8], needle: &[u8]) -> &'a [u8] {
     &out[..at + needle.len()]
 }
 
-#[tokio::test]
-async fn a_reader_that_stops_reading_gets_lagged_at_its_offset_and_resumes_without_loss() {
-    let k = TestKernel::with_users().await;
-    let mut a = k.alice().await;
-    let ws = new_workspace(&mut a).await;
-    let mut fast = alice_term(&k, "term-fast").await;
-    fast.open(json!({"workspaceId": ws})).await;
-    let pty = fast.pty_id.clone();
-    let mut slow = alice_term(&k, "term-slow").await;
-    slow.attach(&pty, 0).await;
-    // 12 MB: far more than the connection's queue (64 frames of 16 KiB)
-    // and the loopback socket buffers of a reader that reads nothing hold,
-    // and less than what wsd keeps of one terminal's log (16 MiB).
-    fast.input("head -c 12000000 /dev/zero | tr '\\0' x; echo; echo end-$((2+3))\n")
-        .await;
-    let all = fast.follow_to(b"end-5").await;
-    let all = through(&all, b"end-5");
-
-    // Only now does the slow socket read: what it was sent, then the lag.
-    let lagged_at = loop {
-        match slow.take().await {
-            Took::Output => {}
-            Took::Lagged(at) => break at,
-            Took::Exit => panic!("the terminal exited"),
-        }
-    };
-    assert_eq!(lagged_at, slow.offset(), "the lag names the next offset");
-    assert!(lagged_at < all.len() as u64, "it lagged before the end");
-    let mut joined = slow.out.clone();
-    slow.attach(&pty, lagged_at).await;
-    joined.extend(slow.follow_to(b"end-5").await);
-    assert_eq!(
-        through(&joined, b"end-5"),
-        all,
-        "the output before the lag and after the re-attach is the whole"
-    );
-    fast.input("exit 0\n").await;
-    loop {
-        match fast.take().await {
-            Took::Exit => break,
-            Took::Output => {}
-            Took::Lagged(at) => {
-                fast.attach(&pty, at).await;
-            }
-        }
-    }
-}
-
 /// A `wsd serve` of the test's own (a remote backend, which a kernel
 /// restart leaves running): the child, its socket and its token file.
 async fn remote_wsd(
