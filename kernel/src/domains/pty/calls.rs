@@ -134,7 +134,7 @@ async fn open_inner(k: &Arc<Kernel>, s: &Session, a: PtyOpenArgs) -> Result<PtyO
             return Err(PtyError::invalid("cwd", "give workspaceId or cwd, not both").into());
         }
     };
-    let row = crate::domains::workspace::calls::visible_row(k, s, &ws_id).await?;
+    let row = crate::domains::workspace::visible_row(&k.db, &s.identity, &ws_id).await?;
     if row.is_archived() {
         return Err(
             PtyError::invalid("workspaceId", format!("workspace {ws_id} is archived")).into(),
@@ -196,7 +196,7 @@ async fn open_inner(k: &Arc<Kernel>, s: &Session, a: PtyOpenArgs) -> Result<PtyO
     }
     k.ptys.insert(pty.clone());
     // What the terminal writes reaches dofs while it is open.
-    let live = crate::domains::shell::live::hold(k, &w, &pty.handle);
+    let live = crate::domains::shell::calls::live_hold(k, &w, &pty.handle);
     tokio::spawn(drive(k.clone(), w, pty.clone(), events, live));
     tracing::info!(pty = %pty_id, workspace = %row.id, "terminal opened");
     // The opener sees the output from its first byte.
@@ -368,7 +368,7 @@ async fn resume(
     ));
     pty.restore_index(index);
     k.ptys.insert(pty.clone());
-    let live = crate::domains::shell::live::hold(k, &w, &pty.handle);
+    let live = crate::domains::shell::calls::live_hold(k, &w, &pty.handle);
     tokio::spawn(drive(k.clone(), w, pty, events, live));
     Ok(())
 }

@@ -22,10 +22,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use wsd_client::{AppliedEntry, WsdHandle};
 
-use crate::domains::fs::calls::with_store;
-use crate::domains::watch::StoreKey;
 use crate::domains::workspace::Workspace;
-use crate::kernel::Kernel;
 
 /// How long one `waitChanges` long poll is held before it is renewed.
 const LONG_POLL: Duration = Duration::from_secs(30);
@@ -147,18 +144,6 @@ impl LiveSync {
             }
         }
     }
-}
-
-/// A hold on `w`'s follower for a session just started on `handle`.
-pub fn hold(k: &Kernel, w: &Arc<Workspace>, handle: &WsdHandle) -> LiveHold {
-    let commits = match k.watches.feed(&StoreKey::Workspace(w.id.clone()), &w.dofs) {
-        Ok(rx) => Some(rx),
-        Err(e) => {
-            tracing::warn!(workspace = %w.id, error = %e, "no commit feed: writes reach wsd at the next command");
-            None
-        }
-    };
-    k.sessions.sync.hold(w, handle, commits)
 }
 
 /// What one sync round should do.
@@ -290,10 +275,16 @@ async fn round(
 }
 
 async fn dofs_rev(w: &Workspace) -> Result<u64, RoundError> {
-    with_store(&w.dofs, |d| d.current_rev())
-        .await
-        .map_err(|e| RoundError::Rev(e.to_string()))?
-        .map_err(|e| RoundError::Rev(e.to_string()))
+    let store = w.dofs.clone();
+    tokio::task::spawn_blocking(move || {
+        store
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .current_rev()
+    })
+    .await
+    .map_err(|e| RoundError::Rev(e.to_string()))?
+    .map_err(|e| RoundError::Rev(e.to_string()))
 }
 
 /// `applied` with only the last entry of each path, in the order of those
