@@ -193,6 +193,8 @@ impl Kernel {
     /// Stops local `wsd` children (the kernel is going away).
     pub async fn shutdown(&self) {
         self.timers.stop();
+        self.sessions.sync.stop_all();
+        self.ptys.stop_all();
         self.workspaces.shutdown().await;
     }
 }

@@ -267,6 +267,10 @@ pub enum PtyError {
     },
     #[error("{0}")]
     Unavailable(String),
+    #[error(
+        "Terminal {0} ended when the kernel restarted (its workspace's wsd stopped with the kernel)"
+    )]
+    EndedWithKernel(String),
 }
 
 impl PtyError {
@@ -275,7 +279,7 @@ impl PtyError {
             PtyError::Invalid { .. } => PtyErrorCode::InvalidArgument,
             PtyError::NotFound(_) => PtyErrorCode::NotFound,
             PtyError::TooLarge { .. } => PtyErrorCode::TooLarge,
-            PtyError::Closed(_) => PtyErrorCode::Closed,
+            PtyError::Closed(_) | PtyError::EndedWithKernel(_) => PtyErrorCode::Closed,
             PtyError::Truncated { .. } => PtyErrorCode::Truncated,
             PtyError::Unavailable(_) => PtyErrorCode::Unavailable,
         }
@@ -299,6 +303,16 @@ impl PtyError {
             }
         }
         Ok(())
+    }
+}
+
+impl From<PtyError> for crate::OpFailure {
+    fn from(e: PtyError) -> Self {
+        crate::OpFailure {
+            ok: false,
+            error: e.to_string(),
+            code: Some(e.code().as_str().to_owned()),
+        }
     }
 }
 

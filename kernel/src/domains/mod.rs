@@ -55,6 +55,7 @@ pub const MIGRATIONS: &[&[Migration]] = &[
     adapter::MIGRATIONS,
     proc::IPC_MIGRATIONS,
     oauth::MIGRATIONS,
+    pty::MIGRATIONS,
 ];
 
 /// [`MIGRATIONS`] as one list, what `Db::open` applies.
@@ -78,6 +79,7 @@ pub async fn start(k: &Arc<Kernel>) -> Result<(), KernelError> {
     proc::calls::run::recover(k).await?;
     proc::calls::ipc::recover(k).await?;
     sched::calls::recover(k).await?;
+    pty::calls::recover(k).await?;
     timers::calls::start(k);
     tokio::spawn(watch::calls::prune_periodically(Arc::downgrade(k)));
     Ok(())

@@ -5,7 +5,9 @@ use std::time::Duration;
 use gsv_kernel::client::GsvClient;
 use serde_json::{Value, json};
 
-use crate::harness::{TestKernel, bwrap_available, err_of, new_workspace, wsd_bin};
+use crate::harness::{
+    ALICE_PW, TestKernel, Watcher, bwrap_available, err_of, new_workspace, wsd_bin,
+};
 
 /// Starts `input` at the root of workspace `id`, waiting up to `yield_ms`.
 async fn exec_in(c: &mut GsvClient, id: &str, input: &str, yield_ms: u64) -> Value {
@@ -528,4 +530,66 @@ async fn a_control_signal_stops_the_command() {
         .await
         .unwrap();
     assert_eq!(bad["ok"], false, "{bad}");
+}
+
+#[tokio::test]
+async fn a_running_commands_writes_reach_fs_read_and_fs_watch_before_it_ends() {
+    let k = TestKernel::with_users().await;
+    let mut a = k.alice().await;
+    let id = new_workspace(&mut a).await;
+    let mut w = Watcher::new(k.login_from("watcher", "alice", ALICE_PW).await);
+    let d = w
+        .call("fs.watch", json!({"path": format!("/workspaces/{id}")}))
+        .await;
+    assert_eq!(d["ok"], true, "{d}");
+    // The command waits on its stdin, so it is still running whatever the
+    // machine's speed, until the test lets it go.
+    let d = a
+        .call(
+            "shell.exec",
+            json!({"cwd": format!("/workspaces/{id}"), "input": "echo a > a; read x; echo done-$x",
+                   "yieldMs": 100, "openStdin": true}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(d["status"], "running", "{d}");
+    let sid = d["sessionId"].as_str().unwrap().to_owned();
+    let want = format!("/workspaces/{id}/a");
+    loop {
+        let p = w.signal("fs.changed").await;
+        let batch = p["changes"].as_array().unwrap();
+        // Level-based: a settle between the create and the write may show
+        // the empty file first.
+        if batch
+            .iter()
+            .any(|c| c["path"] == want.as_str() && c["type"] == "file" && c["size"] == 2)
+        {
+            break;
+        }
+    }
+    let r = a.call("fs.read", json!({"path": want})).await.unwrap();
+    assert_eq!(r["content"], "1\ta", "{r}");
+    let d = a
+        .call("shell.exec", json!({"sessionId": sid, "control": {}}))
+        .await
+        .unwrap();
+    assert_eq!(d["status"], "running", "the command has not ended: {d}");
+    let d = a
+        .call(
+            "shell.exec",
+            json!({"sessionId": sid, "input": "x\n", "yieldMs": 10000}),
+        )
+        .await
+        .unwrap();
+    let d = until_done(&mut a, d).await;
+    assert_eq!(d["status"], "completed", "{d}");
+    assert_eq!(d["output"], "done-x\n", "{d}");
+    // The result still lists what the live pull brought in while it ran.
+    let changed: Vec<&str> = d["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["path"].as_str())
+        .collect();
+    assert!(changed.contains(&want.as_str()), "{d}");
 }

@@ -429,3 +429,327 @@ async fn a_running_terminal_keeps_its_workspaces_wsd_from_being_stopped_as_idle(
     t.input("exit 0\n").await;
     assert_eq!(t.until_exit().await["exitCode"], 0);
 }
+
+/// Reads workspace file `path` until its content is `want` (bounded: 300
+/// reads 100 ms apart); the last answer.
+async fn read_until(c: &mut GsvClient, path: &str, want: &str) -> Value {
+    let mut read = Value::Null;
+    for _ in 0..300 {
+        read = c.call("fs.read", json!({"path": path})).await.unwrap();
+        if read["content"] == want {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    read
+}
+
+#[tokio::test]
+async fn what_a_terminal_writes_reaches_fs_read_while_it_is_open_and_fs_write_reaches_it() {
+    let k = TestKernel::with_users().await;
+    let mut a = k.alice().await;
+    let ws = new_workspace(&mut a).await;
+    let mut t = alice_term(&k, "term").await;
+    t.open(json!({"workspaceId": ws})).await;
+    t.input("echo hi > f; echo wrote-$((1+1))\n").await;
+    t.until("wrote-2").await;
+    let read = read_until(&mut a, &format!("/workspaces/{ws}/f"), "1\thi").await;
+    assert_eq!(read["content"], "1\thi", "{read}");
+    let list = t.call("shell.pty.list", json!({})).await;
+    assert_eq!(list["ptys"][0]["status"], "running", "still open: {list}");
+
+    // An fs.write while the terminal is open reaches it without a command
+    // ending in between.
+    let w = a
+        .call(
+            "fs.write",
+            json!({"path": format!("/workspaces/{ws}/g"), "content": "from-dofs"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(w["ok"], true, "{w}");
+    let mut seen = false;
+    for n in 0..300 {
+        t.input(&format!("cat g 2>/dev/null; echo seen-$(({n}+0))\n"))
+            .await;
+        t.until(&format!("seen-{n}\r")).await;
+        if t.text().contains("from-dofs") {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(
+        seen,
+        "the terminal never saw the written file: {}",
+        t.text()
+    );
+    t.input("exit 0\n").await;
+    assert_eq!(t.until_exit().await["exitCode"], 0);
+}
+
+#[tokio::test]
+async fn a_snapshot_restore_while_a_terminal_is_open_is_refused() {
+    let k = TestKernel::with_users().await;
+    let mut a = k.alice().await;
+    let ws = new_workspace(&mut a).await;
+    let path = format!("/workspaces/{ws}/f");
+    a.call("fs.write", json!({"path": path, "content": "v1"}))
+        .await
+        .unwrap();
+    let snap = a
+        .call("workspace.snapshot.create", json!({"workspaceId": ws}))
+        .await
+        .unwrap();
+    let sid = snap["snapshotId"].as_str().unwrap().to_owned();
+    a.call("fs.write", json!({"path": path, "content": "v2"}))
+        .await
+        .unwrap();
+    let mut t = alice_term(&k, "term").await;
+    t.open(json!({"workspaceId": ws})).await;
+    let r = a
+        .call("workspace.snapshot.restore", json!({"snapshotId": sid}))
+        .await
+        .unwrap();
+    assert_eq!(r["ok"], false, "{r}");
+    assert_eq!(r["code"], "EBUSY", "{r}");
+    assert!(r["error"].as_str().unwrap().contains("terminal"), "{r}");
+    let read = a.call("fs.read", json!({"path": path})).await.unwrap();
+    assert_eq!(read["content"], "1\tv2", "nothing changed: {read}");
+
+    t.input("exit 0\n").await;
+    assert_eq!(t.until_exit().await["exitCode"], 0);
+    // The exit signal may come before the kernel has recorded the exit.
+    let mut r = Value::Null;
+    for _ in 0..300 {
+        r = a
+            .call("workspace.snapshot.restore", json!({"snapshotId": sid}))
+            .await
+            .unwrap();
+        if r["code"] != "EBUSY" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_ne!(r["ok"], false, "{r}");
+    let read = a.call("fs.read", json!({"path": path})).await.unwrap();
+    assert_eq!(read["content"], "1\tv1", "{read}");
+}
+
+/// What [`Term::take`] read.
+enum Took {
+    Output,
+    Lagged(u64),
+    Exit,
+}
+
+impl Term {
+    /// Takes one signal: output (appended), an exit, or a lag at an offset.
+    async fn take(&mut self) -> Took {
+        let s = match self.signals.pop_front() {
+            Some(s) => s,
+            None => loop {
+                let f = self.c.recv().await.unwrap();
+                if f["type"] == "sig" {
+                    break f;
+                }
+            },
+        };
+        let p = &s["payload"];
+        assert_eq!(p["ptyId"], self.pty_id.as_str(), "{s}");
+        match s["signal"].as_str().unwrap() {
+            "shell.pty.output" => {
+                assert_eq!(p["offset"].as_u64().unwrap(), self.offset(), "{s}");
+                let bytes = STANDARD.decode(p["dataBase64"].as_str().unwrap()).unwrap();
+                self.out.extend_from_slice(&bytes);
+                Took::Output
+            }
+            "shell.pty.lagged" => Took::Lagged(p["offset"].as_u64().unwrap()),
+            "shell.pty.exit" => {
+                self.exit = Some(p.clone());
+                Took::Exit
+            }
+            other => panic!("unexpected signal {other}: {s}"),
+        }
+    }
+
+    /// Whether the output's last bytes hold `needle` (the output may be
+    /// far too long to search whole after every chunk).
+    fn tail_has(&self, needle: &[u8]) -> bool {
+        let from = self
+            .out
+            .len()
+            .saturating_sub(needle.len() + gsv_protocol::pty::MAX_OUTPUT_CHUNK);
+        self.out[from..].windows(needle.len()).any(|w| w == needle)
+    }
+
+    /// Reads until the output holds `needle`, attaching again wherever
+    /// the kernel says this connection lagged; all output from `base` on.
+    async fn follow_to(&mut self, needle: &[u8]) -> Vec<u8> {
+        let mut whole = Vec::new();
+        while !self.tail_has(needle) {
+            match self.take().await {
+                Took::Output => {}
+                Took::Lagged(at) => {
+                    assert_eq!(at, self.offset(), "a lag names the next offset");
+                    whole.extend_from_slice(&self.out);
+                    let id = self.pty_id.clone();
+                    self.attach(&id, at).await;
+                }
+                Took::Exit => panic!("exited before the marker"),
+            }
+        }
+        whole.extend_from_slice(&self.out);
+        whole
+    }
+}
+
+/// The output up to and including the first `needle`.
+fn through<'a>(out: &'a [u8], needle: &[u8]) -> &'a [u8] {
+    let at = out
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .expect("the marker is there");
+    &out[..at + needle.len()]
+}
+
+/// A `wsd serve` of the test's own (a remote backend, which a kernel
+/// restart leaves running): the child, its socket and its token file.
+async fn remote_wsd(
+    dir: &std::path::Path,
+) -> (
+    tokio::process::Child,
+    std::path::PathBuf,
+    std::path::PathBuf,
+) {
+    let token = dir.join("token");
+    std::fs::write(&token, "remote-secret-token").unwrap();
+    let sock = dir.join("wsd.sock");
+    let mut command = tokio::process::Command::new(crate::harness::wsd_bin());
+    command.arg("serve");
+    if bwrap_available() {
+        command.arg("--sandbox");
+    }
+    let child = command
+        .arg("--root")
+        .arg(dir.join("root"))
+        .arg("--state")
+        .arg(dir.join("state"))
+        .arg("--listen")
+        .arg(format!("unix:{}", sock.display()))
+        .arg("--token-file")
+        .arg(&token)
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    for _ in 0..500 {
+        if tokio::net::UnixStream::connect(&sock).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    (child, sock, token)
+}
+
+const ROOT_PW: &str = "root-password";
+
+#[tokio::test]
+async fn a_terminal_on_a_wsd_that_outlives_the_kernel_is_attached_again_after_a_restart() {
+    let k = TestKernel::with_users().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut wsd, sock, token) = remote_wsd(dir.path()).await;
+    let mut root = k.login("root", ROOT_PW).await;
+    let d = root
+        .call(
+            "sys.workspace.create",
+            json!({"backend": {"kind": "remote", "address": format!("unix:{}", sock.display()), "tokenFile": token}}),
+        )
+        .await
+        .unwrap();
+    let ws = d["workspace"]["workspaceId"].as_str().unwrap().to_owned();
+    root.close().await;
+    let mut t = Term::new(k.login_from("term-1", "root", ROOT_PW).await);
+    t.open(json!({"workspaceId": ws})).await;
+    let pty = t.pty_id.clone();
+    // More than two checkpoints of output (256 KiB each): the restarted
+    // kernel serves offsets from the index the first one saved.
+    t.input("seq 1 100000; echo end-$((3+4))\n").await;
+    let first = t.follow_to(b"\n5000\r\n").await;
+    let cut = t.offset();
+    assert_eq!(cut, first.len() as u64);
+    t.c.close().await;
+
+    let k = k.stop().await.start().await;
+    let mut back = Term::new(k.login_from("term-2", "root", ROOT_PW).await);
+    back.attach(&pty, cut).await;
+    let rest = back.follow_to(b"end-7").await;
+    let mut joined = first.clone();
+    joined.extend_from_slice(&rest);
+    let joined = through(&joined, b"end-7");
+    let mut whole = Term::new(k.login_from("term-3", "root", ROOT_PW).await);
+    whole.attach(&pty, 0).await;
+    let all = whole.follow_to(b"end-7").await;
+    assert_eq!(
+        through(&all, b"end-7"),
+        joined,
+        "the output before the restart and after it is the whole, byte for byte"
+    );
+    let seq: String = (1..=100000).map(|n| format!("{n}\r\n")).collect();
+    let text = String::from_utf8_lossy(joined);
+    assert!(text.contains(&seq), "seq's output is all there");
+    // An offset past the first checkpoints replays from the saved index.
+    let mid = 300_000u64;
+    let mut part = Term::new(k.login_from("term-4", "root", ROOT_PW).await);
+    part.attach(&pty, mid).await;
+    let tail = part.follow_to(b"end-7").await;
+    assert_eq!(through(&tail, b"end-7"), &joined[mid as usize..]);
+    // It still takes input and reports its exit.
+    back.input("exit 5\n").await;
+    let exit = loop {
+        match back.take().await {
+            Took::Exit => break back.exit.clone().unwrap(),
+            Took::Output => {}
+            Took::Lagged(at) => {
+                back.attach(&pty, at).await;
+            }
+        }
+    };
+    assert_eq!(exit["exitCode"], 5, "{exit}");
+    let _ = wsd.kill().await;
+}
+
+#[tokio::test]
+async fn a_terminal_whose_local_wsd_stopped_with_the_kernel_answers_closed_after_a_restart() {
+    let k = TestKernel::with_users().await;
+    let mut a = k.alice().await;
+    let ws = new_workspace(&mut a).await;
+    a.close().await;
+    let mut t = alice_term(&k, "term-1").await;
+    t.open(json!({"workspaceId": ws})).await;
+    let pty = t.pty_id.clone();
+    t.input("echo before-$((1+1))\n").await;
+    t.until("before-2").await;
+    t.c.close().await;
+
+    let k = k.stop().await.start().await;
+    let mut back = alice_term(&k, "term-2").await;
+    for (call, args) in [
+        ("shell.pty.attach", json!({"ptyId": pty, "after": 0})),
+        ("shell.pty.input", json!({"ptyId": pty, "data": "x"})),
+    ] {
+        let d = back.call(call, args).await;
+        assert_eq!(d["ok"], false, "{call}: {d}");
+        assert_eq!(d["code"], "closed", "{call}: {d}");
+        assert!(
+            d["error"].as_str().unwrap().contains("restart"),
+            "{call}: {d}"
+        );
+    }
+    // A new terminal in the same workspace works.
+    back.open(json!({"workspaceId": ws})).await;
+    back.input("echo after-$((1+1))\n").await;
+    back.until("after-2").await;
+    back.input("exit 0\n").await;
+    assert_eq!(back.until_exit().await["exitCode"], 0);
+}

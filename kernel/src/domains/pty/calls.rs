@@ -5,16 +5,20 @@
 //! `open` runs the first half of a bracket under the workspace's lock
 //! (push dofs → wsd, then `startPty`), as `shell.exec` does; a driver task
 //! follows the terminal's log to its exit (indexing output offsets), then
-//! pulls wsd → dofs under the lock. Each attachment reads its own wsd
-//! subscription from the checkpoint before its offset, drops what lies
-//! before the offset, and hands the rest to the connection's queue without
-//! waiting: a full queue ends the attachment with `shell.pty.lagged` at
-//! the last offset queued, and the client attaches again from there.
+//! pulls wsd → dofs under the lock. While it is open the workspace
+//! follows wsd live (`domains::shell::live`): what is typed into it
+//! reaches dofs as wsd settles it, and `fs.write`s reach the terminal.
+//! Each attachment reads its own wsd subscription from the checkpoint
+//! before its offset, drops what lies before the offset, and hands the
+//! rest to the connection's queue without waiting: a full queue ends the
+//! attachment with `shell.pty.lagged` at the last offset queued, and the
+//! client attaches again from there.
 
 use std::sync::Arc;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
+use gsv_protocol::OpResult;
 use gsv_protocol::frames::Outbound;
 use gsv_protocol::pty::{
     MAX_INPUT_BYTES, MAX_OUTPUT_CHUNK, PtyAttachArgs, PtyAttachResult, PtyCloseArgs,
@@ -23,14 +27,15 @@ use gsv_protocol::pty::{
     PtyResizeResult, PtyStatus,
 };
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::mpsc;
 use wsd_client::{ErrorCode, ExecEventKind, PtyRequest, ResumeFrom, Signal, WsdError};
 
-use super::{Attached, Pty};
+use super::{Attached, Pty, PtyRow};
 use crate::db::now_ms;
 use crate::domains::fs::vfs::{self, Place};
-use crate::domains::workspace::Workspace;
+use crate::domains::shell::live::LiveHold;
+use crate::domains::workspace::{Backend, Workspace};
 use crate::error::KernelError;
 use crate::kernel::Kernel;
 use crate::session::{Outgoing, Session};
@@ -60,18 +65,12 @@ impl From<KernelError> for Fail {
     }
 }
 
-/// `{ok:true, …result}` or `{ok:false, error, code}`.
-fn finish<T: Serialize>(r: Result<T, Fail>) -> Result<Value, KernelError> {
+/// `{ok:true, …result}`, or an operation error as `{ok:false, error,
+/// code}`; a kernel fault stays a frame error.
+fn finish<T>(r: Result<T, Fail>) -> Result<OpResult<T>, KernelError> {
     match r {
-        Ok(v) => {
-            let mut v =
-                serde_json::to_value(v).map_err(|e| KernelError::internal("shell.pty", e))?;
-            v["ok"] = json!(true);
-            Ok(v)
-        }
-        Err(Fail::Op(e)) => {
-            Ok(json!({"ok": false, "error": e.to_string(), "code": e.code().as_str()}))
-        }
+        Ok(v) => Ok(OpResult::done(v)),
+        Err(Fail::Op(e)) => Ok(OpResult::Failed(e.into())),
         Err(Fail::Kernel(e)) => Err(e),
     }
 }
@@ -86,14 +85,24 @@ fn wsd_fail(pty_id: &str, context: &str, e: WsdError) -> PtyError {
     }
 }
 
+/// The caller's terminal `pty_id`; one that ended with the previous
+/// kernel is `closed`, anything else (someone else's too) `not_found`.
 fn owned(k: &Kernel, s: &Session, pty_id: &str) -> Result<Arc<Pty>, Fail> {
-    k.ptys
-        .get_owned(pty_id, s.identity.uid)
-        .ok_or_else(|| PtyError::NotFound(pty_id.to_owned()).into())
+    if let Some(p) = k.ptys.get_owned(pty_id, s.identity.uid) {
+        return Ok(p);
+    }
+    if k.ptys.ended(pty_id, s.identity.uid) {
+        return Err(PtyError::EndedWithKernel(pty_id.to_owned()).into());
+    }
+    Err(PtyError::NotFound(pty_id.to_owned()).into())
 }
 
 /// `shell.pty.open`.
-pub async fn open(k: Arc<Kernel>, s: Arc<Session>, a: PtyOpenArgs) -> Result<Value, KernelError> {
+pub async fn open(
+    k: Arc<Kernel>,
+    s: Arc<Session>,
+    a: PtyOpenArgs,
+) -> Result<OpResult<PtyOpenResult>, KernelError> {
     finish(open_inner(&k, &s, a).await)
 }
 
@@ -171,8 +180,24 @@ async fn open_inner(k: &Arc<Kernel>, s: &Session, a: PtyOpenArgs) -> Result<PtyO
         handle,
         (a.cols, a.rows),
     ));
+    let pty_row = PtyRow {
+        id: pty_id.clone(),
+        owner_uid: pty.owner_uid,
+        workspace_id: row.id.clone(),
+        command: pty.command.clone(),
+        cols: a.cols,
+        rows: a.rows,
+        created_at: pty.created_at,
+    };
+    if let Err(e) = k.db.call(move |c| super::insert_row(c, &pty_row)).await {
+        // A terminal without its row would not survive a restart: none.
+        let _ = pty.handle.kill(&pty_id, Signal::Kill).await;
+        return Err(e.into());
+    }
     k.ptys.insert(pty.clone());
-    tokio::spawn(drive(k.clone(), w, pty.clone(), events));
+    // What the terminal writes reaches dofs while it is open.
+    let live = crate::domains::shell::calls::live_hold(k, &w, &pty.handle);
+    tokio::spawn(drive(k.clone(), w, pty.clone(), events, live));
     tracing::info!(pty = %pty_id, workspace = %row.id, "terminal opened");
     // The opener sees the output from its first byte.
     let attached = k.ptys.attach(&pty_id, &s.connection_id);
@@ -189,24 +214,41 @@ async fn open_inner(k: &Arc<Kernel>, s: &Session, a: PtyOpenArgs) -> Result<PtyO
     })
 }
 
-/// Follows terminal `pty` to its exit: indexes output offsets, records the
-/// exit, pulls the workspace, and forgets the terminal a while later.
+/// Follows terminal `pty` to its exit: indexes output offsets (in memory
+/// and in its row), records the exit, pulls the workspace, and forgets
+/// the terminal a while later. At kernel shutdown it stops where it is:
+/// the terminal may go on in its wsd for the next kernel.
 async fn drive(
     k: Arc<Kernel>,
     w: Arc<Workspace>,
     pty: Arc<Pty>,
     mut events: wsd_client::ExecEvents,
+    live: LiveHold,
 ) {
-    let mut last_seq = 0u64;
+    let stopping = k.ptys.stopping();
+    let mut last_seq = pty.last_checkpoint().0;
     let mut reattaches = 0u32;
     let code = loop {
-        match events.next().await {
+        let next = tokio::select! {
+            biased;
+            _ = stopping.cancelled() => return,
+            next = events.next() => next,
+        };
+        match next {
             Ok(Some(ev)) => {
                 last_seq = ev.seq;
                 reattaches = 0;
                 match ev.kind {
                     ExecEventKind::Stdout(b) | ExecEventKind::Stderr(b) => {
-                        pty.record_output(ev.seq, b.len())
+                        if let Some((seq, bytes)) = pty.record_output(ev.seq, b.len()) {
+                            let id = pty.id.clone();
+                            let saved =
+                                k.db.call(move |c| super::add_checkpoint(c, &id, seq, bytes))
+                                    .await;
+                            if let Err(e) = saved {
+                                tracing::warn!(pty = %pty.id, error = %e, "could not save a terminal's offset index");
+                            }
+                        }
                     }
                     ExecEventKind::Exit(code) => break Some(code),
                 }
@@ -242,13 +284,93 @@ async fn drive(
             tracing::warn!(pty = %pty.id, error = %e, "pulling a terminal's changes failed");
         }
     }
+    drop(live);
     tracing::info!(pty = %pty.id, code, "terminal exited");
     let weak = Arc::downgrade(&k);
     drop(k);
-    tokio::time::sleep(EXITED_PTY_KEEP).await;
+    tokio::select! {
+        _ = stopping.cancelled() => return,
+        _ = tokio::time::sleep(EXITED_PTY_KEEP) => {}
+    }
     if let Some(k) = weak.upgrade() {
         k.ptys.remove(&pty.id);
+        let id = pty.id.clone();
+        if let Err(e) = k.db.call(move |c| super::delete_row(c, &id)).await {
+            tracing::warn!(pty = %pty.id, error = %e, "could not forget a terminal's row");
+        }
     }
+}
+
+/// At start: takes up the terminals a previous kernel left. One whose wsd
+/// outlived that kernel (a remote backend) is driven again from the end
+/// of its saved offset index; one whose wsd did not (a local child stops
+/// with its kernel), or that wsd no longer knows, is forgotten and
+/// answers `closed` from then on.
+pub async fn recover(k: &Arc<Kernel>) -> Result<(), KernelError> {
+    for (row, index) in k.db.call(|c| super::all_rows(c)).await? {
+        match resume(k, &row, index).await {
+            Ok(()) => {
+                tracing::info!(pty = %row.id, workspace = %row.workspace_id, "terminal taken up again")
+            }
+            Err(why) => {
+                tracing::info!(pty = %row.id, workspace = %row.workspace_id, %why, "terminal ended with the previous kernel");
+                k.ptys.mark_ended(&row.id, row.owner_uid);
+                let id = row.id.clone();
+                k.db.call(move |c| super::delete_row(c, &id)).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Why a terminal could not be taken up again.
+#[derive(Debug, thiserror::Error)]
+enum ResumeError {
+    #[error("its workspace is gone or archived")]
+    NoWorkspace,
+    #[error("its workspace's local wsd stopped with the previous kernel")]
+    LocalBackend,
+    #[error("{0}")]
+    Kernel(#[from] KernelError),
+    #[error("its wsd does not have it any more: {0}")]
+    Wsd(#[from] WsdError),
+}
+
+async fn resume(
+    k: &Arc<Kernel>,
+    row: &PtyRow,
+    index: super::OffsetIndex,
+) -> Result<(), ResumeError> {
+    let wid = row.workspace_id.clone();
+    let ws =
+        k.db.call(move |c| crate::domains::workspace::get_row(c, &wid))
+            .await?
+            .filter(|w| !w.is_archived())
+            .ok_or(ResumeError::NoWorkspace)?;
+    if ws.backend == Backend::Local {
+        return Err(ResumeError::LocalBackend);
+    }
+    let w = k.workspaces.open(&ws).await?;
+    let handle = w.bracket.lock().await.handle(&k.workspaces.wsd_bin).await?;
+    let from = match index.last() {
+        Some(&(seq, _)) => ResumeFrom::After(seq),
+        None => ResumeFrom::Start,
+    };
+    let events = handle.attach(&row.id, from).await?;
+    let pty = Arc::new(Pty::new(
+        row.id.clone(),
+        row.owner_uid,
+        row.workspace_id.clone(),
+        row.command.clone(),
+        row.created_at,
+        handle,
+        (row.cols, row.rows),
+    ));
+    pty.restore_index(index);
+    k.ptys.insert(pty.clone());
+    let live = crate::domains::shell::calls::live_hold(k, &w, &pty.handle);
+    tokio::spawn(drive(k.clone(), w, pty, events, live));
+    Ok(())
 }
 
 /// `shell.pty.attach`.
@@ -256,7 +378,7 @@ pub async fn attach(
     k: Arc<Kernel>,
     s: Arc<Session>,
     a: PtyAttachArgs,
-) -> Result<Value, KernelError> {
+) -> Result<OpResult<PtyAttachResult>, KernelError> {
     finish(attach_inner(&k, &s, a).await)
 }
 
@@ -479,7 +601,11 @@ fn sig_text(signal: &str, payload: impl Serialize) -> String {
 }
 
 /// `shell.pty.input`.
-pub async fn input(k: Arc<Kernel>, s: Arc<Session>, a: PtyInputArgs) -> Result<Value, KernelError> {
+pub async fn input(
+    k: Arc<Kernel>,
+    s: Arc<Session>,
+    a: PtyInputArgs,
+) -> Result<OpResult<PtyInputResult>, KernelError> {
     finish(input_inner(&k, &s, a).await)
 }
 
@@ -527,7 +653,7 @@ pub async fn resize(
     k: Arc<Kernel>,
     s: Arc<Session>,
     a: PtyResizeArgs,
-) -> Result<Value, KernelError> {
+) -> Result<OpResult<PtyResizeResult>, KernelError> {
     finish(resize_inner(&k, &s, a).await)
 }
 
@@ -546,6 +672,9 @@ async fn resize_inner(
         .await
         .map_err(|e| wsd_fail(&pty.id, "resizing the terminal", e))?;
     pty.set_size(a.cols, a.rows);
+    let (id, cols, rows) = (pty.id.clone(), a.cols, a.rows);
+    k.db.call(move |c| super::set_size(c, &id, cols, rows))
+        .await?;
     Ok(PtyResizeResult {
         pty_id: pty.id.clone(),
         cols: a.cols,
@@ -554,18 +683,26 @@ async fn resize_inner(
 }
 
 /// `shell.pty.list`.
-pub async fn list(k: Arc<Kernel>, s: Arc<Session>, _: PtyListArgs) -> Result<Value, KernelError> {
+pub async fn list(
+    k: Arc<Kernel>,
+    s: Arc<Session>,
+    _: PtyListArgs,
+) -> Result<OpResult<PtyListResult>, KernelError> {
     let ptys = k
         .ptys
         .list(s.identity.uid)
         .iter()
         .map(|p| p.info())
         .collect();
-    finish::<PtyListResult>(Ok(PtyListResult { ptys }))
+    Ok(OpResult::done(PtyListResult { ptys }))
 }
 
 /// `shell.pty.close`.
-pub async fn close(k: Arc<Kernel>, s: Arc<Session>, a: PtyCloseArgs) -> Result<Value, KernelError> {
+pub async fn close(
+    k: Arc<Kernel>,
+    s: Arc<Session>,
+    a: PtyCloseArgs,
+) -> Result<OpResult<PtyCloseResult>, KernelError> {
     finish(close_inner(&k, &s, a).await)
 }
 

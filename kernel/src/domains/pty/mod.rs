@@ -8,8 +8,14 @@
 //! offsets to log seqs, so an attach `after` a byte offset re-reads the log
 //! from at most [`CHECKPOINT_BYTES`] before it. Each attached connection
 //! has its own delivery task reading its own wsd subscription; wsd hands
-//! each of them every event exactly once, replay then live. Terminals live
-//! in memory: a kernel restart ends them (their wsd goes with it).
+//! each of them every event exactly once, replay then live.
+//!
+//! Each terminal also has a row (`ptys`: owner, workspace, command, size)
+//! and its offset index (`pty_checkpoints`), so a restarted kernel finds
+//! the terminals still running in a wsd that outlived it (a remote
+//! backend) and serves them from where its index ends. A local backend's
+//! wsd stops with the kernel, and its terminals with it: after a restart
+//! they answer `closed` ([`Ptys::ended`]), not `not_found`.
 
 pub mod calls;
 
@@ -18,9 +24,33 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use gsv_protocol::pty::{PtyInfo, PtyStatus};
+use rusqlite::{Connection, params};
 use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use wsd_client::WsdHandle;
+
+use crate::db::Migration;
+use crate::error::KernelError;
+
+/// The `ptys` and `pty_checkpoints` tables. Never edit a released
+/// migration; add one.
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 130,
+    name: "terminals",
+    sql: "CREATE TABLE ptys(
+            pty_id TEXT PRIMARY KEY,
+            owner_uid INTEGER NOT NULL,
+            workspace_id TEXT NOT NULL,
+            command TEXT NOT NULL,
+            cols INTEGER NOT NULL,
+            rows INTEGER NOT NULL,
+            created_at INTEGER NOT NULL);
+         CREATE TABLE pty_checkpoints(
+            pty_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            output_bytes INTEGER NOT NULL,
+            PRIMARY KEY (pty_id, seq));",
+}];
 
 /// Output bytes between two entries of a terminal's offset index: the most
 /// an attach re-reads from the log before its offset.
@@ -42,12 +72,15 @@ struct Progress {
 }
 
 impl Progress {
-    fn record_output(&mut self, seq: u64, len: usize) {
+    /// Counts output event `seq`; the checkpoint it made, if any.
+    fn record_output(&mut self, seq: u64, len: usize) -> Option<(u64, u64)> {
         self.output_bytes += len as u64;
         let last = self.checkpoints.last().map_or(0, |c| c.1);
         if self.output_bytes - last >= CHECKPOINT_BYTES {
             self.checkpoints.push((seq, self.output_bytes));
+            return Some((seq, self.output_bytes));
         }
+        None
     }
 
     fn checkpoint_before(&self, after: u64) -> (u64, u64) {
@@ -101,9 +134,29 @@ impl Pty {
         }
     }
 
-    /// Notes output event `seq` of `len` bytes (the driver, in seq order).
-    pub fn record_output(&self, seq: u64, len: usize) {
-        self.progress.lock().unwrap().record_output(seq, len);
+    /// Notes output event `seq` of `len` bytes (the driver, in seq
+    /// order); the checkpoint it made, for the terminal's row.
+    pub fn record_output(&self, seq: u64, len: usize) -> Option<(u64, u64)> {
+        self.progress.lock().unwrap().record_output(seq, len)
+    }
+
+    /// Takes up the offset index a previous kernel kept (`(seq, output
+    /// bytes)`, ascending): the driver goes on after its last entry.
+    pub fn restore_index(&self, checkpoints: Vec<(u64, u64)>) {
+        let mut p = self.progress.lock().unwrap();
+        p.output_bytes = checkpoints.last().map_or(0, |c| c.1);
+        p.checkpoints = checkpoints;
+    }
+
+    /// The last entry of the offset index (`(0, 0)`: none).
+    pub fn last_checkpoint(&self) -> (u64, u64) {
+        self.progress
+            .lock()
+            .unwrap()
+            .checkpoints
+            .last()
+            .copied()
+            .unwrap_or((0, 0))
     }
 
     /// The latest `(seq, offset)` at or before output offset `after`
@@ -194,12 +247,42 @@ pub struct Attached {
 #[derive(Debug, Default)]
 pub struct Ptys {
     live: Mutex<HashMap<String, Arc<Pty>>>,
+    /// Terminals that ended with the previous kernel (their wsd stopped
+    /// with it), by id: their owner.
+    ended: Mutex<HashMap<String, i64>>,
     /// By `(pty id, connection id)`.
     attachments: Mutex<HashMap<(String, String), Attachment>>,
     generations: AtomicU64,
+    /// Cancelled at kernel shutdown: the drivers stop without recording
+    /// an exit (the terminal may outlive this kernel in its wsd).
+    stopping: CancellationToken,
 }
 
 impl Ptys {
+    /// Notes that terminal `id` of `owner_uid` ended with the previous
+    /// kernel.
+    pub fn mark_ended(&self, id: &str, owner_uid: i64) {
+        self.ended.lock().unwrap().insert(id.to_owned(), owner_uid);
+    }
+
+    /// Whether `uid`'s terminal `id` ended with the previous kernel.
+    pub fn ended(&self, id: &str, uid: i64) -> bool {
+        self.ended.lock().unwrap().get(id) == Some(&uid)
+    }
+
+    /// Stops every driver and attachment (kernel shutdown).
+    pub fn stop_all(&self) {
+        self.stopping.cancel();
+        for a in self.attachments.lock().unwrap().values() {
+            a.cancel.cancel();
+        }
+    }
+
+    /// Cancelled once the kernel shuts down.
+    pub fn stopping(&self) -> CancellationToken {
+        self.stopping.clone()
+    }
+
     pub fn insert(&self, pty: Arc<Pty>) {
         self.live.lock().unwrap().insert(pty.id.clone(), pty);
     }
@@ -306,6 +389,97 @@ impl Ptys {
     }
 }
 
+/// A terminal's row.
+#[derive(Debug, Clone)]
+pub struct PtyRow {
+    pub id: String,
+    pub owner_uid: i64,
+    pub workspace_id: String,
+    pub command: Vec<String>,
+    pub cols: u16,
+    pub rows: u16,
+    pub created_at: i64,
+}
+
+pub fn insert_row(c: &Connection, row: &PtyRow) -> Result<(), KernelError> {
+    let command = serde_json::to_string(&row.command)
+        .map_err(|e| KernelError::internal("a terminal's command", e))?;
+    c.execute(
+        "INSERT INTO ptys(pty_id, owner_uid, workspace_id, command, cols, rows, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        params![
+            row.id,
+            row.owner_uid,
+            row.workspace_id,
+            command,
+            row.cols,
+            row.rows,
+            row.created_at
+        ],
+    )?;
+    Ok(())
+}
+
+pub fn set_size(c: &Connection, id: &str, cols: u16, rows: u16) -> Result<(), KernelError> {
+    c.execute(
+        "UPDATE ptys SET cols = ?2, rows = ?3 WHERE pty_id = ?1",
+        params![id, cols, rows],
+    )?;
+    Ok(())
+}
+
+pub fn add_checkpoint(c: &Connection, id: &str, seq: u64, bytes: u64) -> Result<(), KernelError> {
+    c.execute(
+        "INSERT OR IGNORE INTO pty_checkpoints(pty_id, seq, output_bytes) VALUES (?1, ?2, ?3)",
+        params![id, seq as i64, bytes as i64],
+    )?;
+    Ok(())
+}
+
+/// Forgets terminal `id` (its row and its index).
+pub fn delete_row(c: &Connection, id: &str) -> Result<(), KernelError> {
+    c.execute("DELETE FROM pty_checkpoints WHERE pty_id = ?1", [id])?;
+    c.execute("DELETE FROM ptys WHERE pty_id = ?1", [id])?;
+    Ok(())
+}
+
+/// Every terminal row, oldest first, with its offset index.
+/// A terminal's offset index: `(seq, output bytes through it)`, ascending.
+pub type OffsetIndex = Vec<(u64, u64)>;
+
+pub fn all_rows(c: &Connection) -> Result<Vec<(PtyRow, OffsetIndex)>, KernelError> {
+    let mut stmt = c.prepare(
+        "SELECT pty_id, owner_uid, workspace_id, command, cols, rows, created_at
+         FROM ptys ORDER BY created_at, pty_id",
+    )?;
+    let rows = stmt
+        .query_map([], |r| {
+            let command: String = r.get(3)?;
+            Ok(PtyRow {
+                id: r.get(0)?,
+                owner_uid: r.get(1)?,
+                workspace_id: r.get(2)?,
+                command: serde_json::from_str(&command).unwrap_or_default(),
+                cols: r.get(4)?,
+                rows: r.get(5)?,
+                created_at: r.get(6)?,
+            })
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut stmt =
+        c.prepare("SELECT seq, output_bytes FROM pty_checkpoints WHERE pty_id = ?1 ORDER BY seq")?;
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        let index = stmt
+            .query_map([&row.id], |r| {
+                Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64))
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        out.push((row, index));
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -315,7 +489,7 @@ mod tests {
         let mut p = Progress::default();
         let big = CHECKPOINT_BYTES as usize;
         for (seq, len) in [(1u64, 10usize), (2, big), (3, 5), (4, big)] {
-            p.record_output(seq, len);
+            let _ = p.record_output(seq, len);
         }
         let c = CHECKPOINT_BYTES;
         assert_eq!(p.output_bytes, 15 + 2 * c);

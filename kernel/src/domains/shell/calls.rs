@@ -7,10 +7,12 @@
 //! task then owns the command's event stream: it keeps the output (tail
 //! capped at [`MAX_OUTPUT_CHARS`]), and when the command exits it pulls
 //! wsd → dofs under the lock again, so a command's changes land even if
-//! nobody polls. Callers wait for that outcome within a budget; a command
-//! still running answers `running` with a `sessionId` to poll. A lost wsd
-//! (stream broken and re-attach refused, e.g. the child restarted) is a
-//! `failed` outcome, never a silent success.
+//! nobody polls. While it runs, the workspace follows wsd live
+//! ([`super::live`]): its writes reach dofs as wsd settles them, and
+//! `fs.write`s reach it. Callers wait for that outcome within a budget; a
+//! command still running answers `running` with a `sessionId` to poll. A
+//! lost wsd (stream broken and re-attach refused, e.g. the child
+//! restarted) is a `failed` outcome, never a silent success.
 
 use gsv_protocol::shell::{ExecArgs, ExecControl, ExecResult, FileChange};
 use std::sync::Arc;
@@ -21,7 +23,9 @@ use wsd_sync::{ErrorCode, Kind};
 
 use crate::db::now_ms;
 use crate::domains::fs::vfs::{self, Place};
+use crate::domains::shell::live::{LiveHold, latest_per_path};
 use crate::domains::shell::sessions::{Outcome, ShellSession};
+use crate::domains::watch::StoreKey;
 use crate::domains::workspace::Workspace;
 use crate::error::KernelError;
 use crate::kernel::Kernel;
@@ -109,15 +113,30 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<ExecRe
         row.id.clone(),
     ));
     k.sessions.insert(session.clone());
+    // What the command writes reaches dofs while it runs.
+    let live = live_hold(&k, &w, &started.0);
     remember_row(&k, &session, "running", None, None).await?;
     tokio::spawn(drive_session(
         k.clone(),
         w,
         session.clone(),
-        started.0,
+        (started.0, live),
         started.1,
     ));
     Ok(answer(&k, &session, budget, a.stream).await)
+}
+
+/// A hold on `w`'s live sync for a session (a command or a terminal) just
+/// started on `handle`, with the store's commit feed for its pushes.
+pub fn live_hold(k: &Kernel, w: &Arc<Workspace>, handle: &WsdHandle) -> LiveHold {
+    let commits = match k.watches.feed(&StoreKey::Workspace(w.id.clone()), &w.dofs) {
+        Ok(rx) => Some(rx),
+        Err(e) => {
+            tracing::warn!(workspace = %w.id, error = %e, "no commit feed: writes reach wsd at the next command");
+            None
+        }
+    };
+    k.sessions.sync.hold(w, handle, commits)
 }
 
 /// The live session `sid` of the caller; someone else's looks exactly like
@@ -247,12 +266,13 @@ async fn answer(
     v
 }
 
-/// Follows the command to its end, pulls, and records the outcome.
+/// Follows the command to its end, pulls, and records the outcome. The
+/// workspace follows wsd live through `live` until then.
 async fn drive_session(
     k: Arc<Kernel>,
     w: Arc<Workspace>,
     session: Arc<ShellSession>,
-    handle: WsdHandle,
+    (handle, live): (WsdHandle, LiveHold),
     mut events: wsd_client::ExecEvents,
 ) {
     let mut last_seq = 0u64;
@@ -324,12 +344,14 @@ async fn drive_session(
             code,
         },
         Ok(exit_code) => {
-            // The bracket's second half.
+            // The bracket's second half. What live pulls applied meanwhile
+            // counts as the command's changes too.
             let _guard = w.bracket.lock().await;
+            let mut applied = live.take_applied();
             match handle.pull(w.dofs.clone()).await {
                 Ok(report) => {
-                    let changes = report
-                        .applied
+                    applied.extend(report.applied);
+                    let changes = latest_per_path(applied)
                         .iter()
                         .map(|e| FileChange {
                             path: format!("/workspaces/{}/{}", w.id, e.path),
@@ -355,6 +377,7 @@ async fn drive_session(
             }
         }
     };
+    drop(live);
     let (status, code, error) = match &outcome {
         Outcome::Completed { exit_code, .. } => ("completed", Some(*exit_code), None),
         Outcome::Failed {

@@ -1,6 +1,9 @@
-//! The `shell` domain: `shell.exec` on a workspace ([`calls`]) and the
-//! commands it keeps running between calls ([`sessions`]). Its rows
-//! (`shell_sessions`) come with the workspaces' migration.
+//! The `shell` domain: `shell.exec` on a workspace ([`calls`]), the
+//! commands it keeps running between calls ([`sessions`]), and the live
+//! sync of a workspace while a command or a terminal is open in it
+//! ([`live`]). Its rows (`shell_sessions`) come with the workspaces'
+//! migration.
 
 pub mod calls;
+pub mod live;
 pub mod sessions;

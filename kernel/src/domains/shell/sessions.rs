@@ -226,10 +226,13 @@ impl ShellSession {
     }
 }
 
-/// Live shell sessions by id (their rows are in `shell_sessions`).
+/// Live shell sessions by id (their rows are in `shell_sessions`), and the
+/// live sync of the workspaces that have a session open.
 #[derive(Debug, Default)]
 pub struct Sessions {
     live: Mutex<HashMap<String, Arc<ShellSession>>>,
+    /// Followers of workspaces with an open command or terminal.
+    pub sync: Arc<super::live::LiveSync>,
 }
 
 impl Sessions {

@@ -3,7 +3,7 @@
 //!
 //! Unknown and foreign snapshot ids look the same (403, as for
 //! workspaces), so ids cannot be probed. Refusals of an operation (the
-//! per-workspace limit, a restore while a command runs) are results
+//! per-workspace limit, a restore while a command or a terminal runs) are results
 //! `{ok:false, code, error}`.
 
 use std::sync::Arc;
@@ -199,8 +199,9 @@ pub async fn diff(k: Arc<Kernel>, s: Arc<Session>, a: DiffArgs) -> Result<Value,
     })
 }
 
-/// Refused, not queued, while a command runs in the workspace: the
-/// command's changes would land on top of (or under) the restored tree.
+/// Refused, not queued, while a command or a terminal runs in the
+/// workspace: its changes would land on top of (or under) the restored
+/// tree.
 pub async fn restore(k: Arc<Kernel>, s: Arc<Session>, a: IdArgs) -> Result<Value, KernelError> {
     let snap = visible_snapshot(&k, &s, &a.snapshot_id).await?;
     let (row, w) = open_workspace(&k, &s, &snap.info.workspace_id).await?;
@@ -210,6 +211,15 @@ pub async fn restore(k: Arc<Kernel>, s: Arc<Session>, a: IdArgs) -> Result<Value
             "EBUSY",
             format!(
                 "a command is running in workspace {}; wait for it (or kill it) and restore again",
+                row.id
+            ),
+        );
+    }
+    if k.ptys.running_in(&row.id) {
+        return refuse(
+            "EBUSY",
+            format!(
+                "a terminal is open in workspace {}; close it (shell.pty.close) and restore again",
                 row.id
             ),
         );
