@@ -1,7 +1,8 @@
 //! `gsv node`: a device driver. It connects to a kernel as role `driver`
 //! with a node token bound to its device id, answers the calls the kernel
 //! routes to it through [`NodeTools::handle_cancellable`], sends the node
-//! tools' `exec.status` events, and reconnects with backoff when the
+//! tools' `exec.status` events and its watches' `fs.changed` /
+//! `fs.watch.ended`, and reconnects with backoff when the
 //! connection drops (see `PROTOCOL.md` for the frames).
 //!
 //! Requests run concurrently, each in its own task; `request.cancel` stops
@@ -213,6 +214,8 @@ async fn run_once(
     });
     let active: Active = Arc::default();
     let outbox = tools.exec_events();
+    // Watches live on one connection: the kernel ended the earlier ones.
+    let mut watch_signals = tools.watch_signals();
     // Events queued while disconnected go out first.
     send_events(&outbox, &tx).await;
     let result = loop {
@@ -220,6 +223,11 @@ async fn run_once(
             () = stop.cancelled() => break Ok(()),
             () = outbox.wait() => {
                 send_events(&outbox, &tx).await;
+                continue;
+            }
+            Some(sig) = watch_signals.recv() => {
+                let frame = json!({"type": "sig", "signal": sig.name(), "payload": sig.payload()});
+                let _ = tx.send(Message::Text(frame.to_string().into())).await;
                 continue;
             }
             m = stream.next() => m,
@@ -237,6 +245,7 @@ async fn run_once(
     for (_, (_, c)) in active.lock().unwrap().drain() {
         c.cancel();
     }
+    tools.stop_watches();
     drop(tx);
     let _ = writer.await;
     result

@@ -16,6 +16,7 @@ mod harness;
 mod ipc;
 mod mcp;
 mod node;
+mod node_watch;
 mod notification;
 mod oauth;
 mod proc;
