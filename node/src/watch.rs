@@ -27,8 +27,8 @@ use std::time::Duration;
 use gsv_protocol::fs::FsError;
 use gsv_protocol::watch::{
     AFTER_NOW, Change, ChangeType, ChangedSignal, DEVICE_WATCHES_ARE_LIVE, EndedSignal,
-    ExpiredFailure, PathFilter, UnwatchArgs, UnwatchResult, WatchArgs, WatchFailure,
-    WatchOutcome, WatchResult,
+    ExpiredFailure, PathFilter, UnwatchArgs, UnwatchResult, WatchArgs, WatchFailure, WatchOutcome,
+    WatchResult,
 };
 use gsv_protocol::{Done, OpFailure, OpResult};
 use notify::{EventKind, RecursiveMode, Watcher};
@@ -135,14 +135,22 @@ impl NodeWatches {
     }
 
     /// `fs.watch`: `watchId` is the kernel's id for it.
-    pub(crate) fn watch(self: &Arc<Self>, root: &Arc<NodeRoot>, a: WatchArgs) -> WatchOutcome<WatchResult> {
+    pub(crate) fn watch(
+        self: &Arc<Self>,
+        root: &Arc<NodeRoot>,
+        a: WatchArgs,
+    ) -> WatchOutcome<WatchResult> {
         match self.start(root, a) {
             Ok(r) => OpResult::Done(Done::new(r)),
             Err(f) => OpResult::Failed(f),
         }
     }
 
-    fn start(self: &Arc<Self>, root: &Arc<NodeRoot>, a: WatchArgs) -> Result<WatchResult, WatchFailure> {
+    fn start(
+        self: &Arc<Self>,
+        root: &Arc<NodeRoot>,
+        a: WatchArgs,
+    ) -> Result<WatchResult, WatchFailure> {
         if a.after.as_deref().is_some_and(|x| x != AFTER_NOW) {
             return Err(WatchFailure::Expired(ExpiredFailure::new(
                 DEVICE_WATCHES_ARE_LIVE,
@@ -294,55 +302,53 @@ impl Batcher {
             let Ok(rel) = path.strip_prefix(&self.watched) else {
                 continue;
             };
-            let (Some(rel), Some(name)) = (
-                rel.to_str(),
-                path.file_name().and_then(|n| n.to_str()),
-            ) else {
+            let (Some(rel), Some(name)) = (rel.to_str(), path.file_name().and_then(|n| n.to_str()))
+            else {
                 continue;
             };
             if !self.filter.keeps(rel, name) {
                 continue;
             }
             let shown = path.display().to_string();
-            let change = match self.root.open_beneath(
-                &shown,
-                OFlags::PATH | OFlags::NOFOLLOW,
-                Mode::empty(),
-            ) {
-                Ok(fd) => match rustix::fs::fstat(&fd) {
-                    Ok(st) => {
-                        let mode = Some(st.st_mode & 0o7777);
-                        let (kind, size) = match FileType::from_raw_mode(st.st_mode) {
-                            FileType::Directory => (ChangeType::Dir, None),
-                            FileType::Symlink => (ChangeType::Symlink, None),
-                            _ => (ChangeType::File, Some(st.st_size as u64)),
-                        };
+            let change =
+                match self
+                    .root
+                    .open_beneath(&shown, OFlags::PATH | OFlags::NOFOLLOW, Mode::empty())
+                {
+                    Ok(fd) => match rustix::fs::fstat(&fd) {
+                        Ok(st) => {
+                            let mode = Some(st.st_mode & 0o7777);
+                            let (kind, size) = match FileType::from_raw_mode(st.st_mode) {
+                                FileType::Directory => (ChangeType::Dir, None),
+                                FileType::Symlink => (ChangeType::Symlink, None),
+                                _ => (ChangeType::File, Some(st.st_size as u64)),
+                            };
+                            Change {
+                                path: shown,
+                                kind,
+                                rev,
+                                size,
+                                mode,
+                                hash: None,
+                            }
+                        }
+                        Err(_) => continue,
+                    },
+                    Err(crate::PathError::NotFound { .. }) if created => continue,
+                    Err(crate::PathError::NotFound { .. }) => {
+                        root_gone |= rel.is_empty();
                         Change {
                             path: shown,
-                            kind,
+                            kind: ChangeType::Deleted,
                             rev,
-                            size,
-                            mode,
+                            size: None,
+                            mode: None,
                             hash: None,
                         }
                     }
+                    // Gone out of the root (a swapped-in link), or unreadable.
                     Err(_) => continue,
-                },
-                Err(crate::PathError::NotFound { .. }) if created => continue,
-                Err(crate::PathError::NotFound { .. }) => {
-                    root_gone |= rel.is_empty();
-                    Change {
-                        path: shown,
-                        kind: ChangeType::Deleted,
-                        rev,
-                        size: None,
-                        mode: None,
-                        hash: None,
-                    }
-                }
-                // Gone out of the root (a swapped-in link), or unreadable.
-                Err(_) => continue,
-            };
+                };
             out.push(change);
         }
         if !out.is_empty() {
@@ -427,12 +433,30 @@ mod tests {
         let root = Arc::new(NodeRoot::new(&dir).unwrap());
         let pending = Mutex::new(Pending::default());
         let (tmp_file, kept, old) = (dir.join(".x.tmp"), dir.join("kept.txt"), dir.join("old"));
-        note(&pending, event(EventKind::Create(CreateKind::File), &tmp_file));
-        note(&pending, event(EventKind::Modify(ModifyKind::Name(RenameMode::From)), &tmp_file));
-        note(&pending, event(EventKind::Modify(ModifyKind::Name(RenameMode::To)), &kept));
+        note(
+            &pending,
+            event(EventKind::Create(CreateKind::File), &tmp_file),
+        );
+        note(
+            &pending,
+            event(
+                EventKind::Modify(ModifyKind::Name(RenameMode::From)),
+                &tmp_file,
+            ),
+        );
+        note(
+            &pending,
+            event(EventKind::Modify(ModifyKind::Name(RenameMode::To)), &kept),
+        );
         note(&pending, event(EventKind::Remove(RemoveKind::File), &old));
         // Reading changes nothing.
-        note(&pending, event(EventKind::Access(notify::event::AccessKind::Any), &dir.join("r")));
+        note(
+            &pending,
+            event(
+                EventKind::Access(notify::event::AccessKind::Any),
+                &dir.join("r"),
+            ),
+        );
         let mut b = Batcher {
             id: "w".into(),
             root,

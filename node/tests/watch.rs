@@ -171,7 +171,11 @@ async fn bad_input_is_refused_and_unwatch_and_disconnect_stop_watches() {
     ];
     for (args, code) in refused {
         let d = n.call("fs.watch", args.clone()).await;
-        assert_eq!((&d["ok"], &d["code"]), (&json!(false), &json!(code)), "{args}: {d}");
+        assert_eq!(
+            (&d["ok"], &d["code"]),
+            (&json!(false), &json!(code)),
+            "{args}: {d}"
+        );
     }
     assert_eq!(n.tools.watch_count(), 0);
     let ok = n

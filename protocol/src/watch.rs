@@ -348,7 +348,9 @@ mod tests {
             serde_json::json!({"ok": false, "error": "Unknown watch: w", "code": "not_found"}),
         )
         .unwrap();
-        assert!(matches!(plain, crate::OpResult::Failed(WatchFailure::Op(f)) if f.code.as_deref() == Some("not_found")));
+        assert!(
+            matches!(plain, crate::OpResult::Failed(WatchFailure::Op(f)) if f.code.as_deref() == Some("not_found"))
+        );
         let done: WatchOutcome<UnwatchResult> =
             serde_json::from_value(serde_json::json!({"ok": true, "watchId": "w"})).unwrap();
         assert!(matches!(done, crate::OpResult::Done(d) if d.result.watch_id == "w"));

@@ -77,8 +77,7 @@ pub async fn run_call<K: Send + Sync + 'static>(
 ) -> Result<Value, KernelError> {
     // Only a routable call's `target` names a device (seed 000); other
     // domains own the name (`sched.add` has a schedule `target`).
-    let target = if is_routable(call) && !(entry.is_some() && ROUTED_BY_HANDLER.contains(&call))
-    {
+    let target = if is_routable(call) && !(entry.is_some() && ROUTED_BY_HANDLER.contains(&call)) {
         args.remove("target")
     } else {
         None

@@ -102,7 +102,9 @@ impl WatchError {
 impl From<WatchError> for WatchFailure {
     fn from(e: WatchError) -> Self {
         match e {
-            WatchError::CursorExpired(_) => WatchFailure::Expired(ExpiredFailure::new(e.to_string())),
+            WatchError::CursorExpired(_) => {
+                WatchFailure::Expired(ExpiredFailure::new(e.to_string()))
+            }
             e => WatchFailure::Op(gsv_protocol::OpFailure {
                 ok: false,
                 error: e.to_string(),
@@ -696,8 +698,7 @@ async fn changes_inner(
             .into());
         }
     };
-    let (src, filter) =
-        locate_filtered(k, s, &a.path, a.recursive, &a.include, &a.exclude).await?;
+    let (src, filter) = locate_filtered(k, s, &a.path, a.recursive, &a.include, &a.exclude).await?;
     let key = src.key.clone();
     let after = a.after;
     with_store(&src.store, move |d| -> Result<ChangesResult, PageError> {

@@ -365,9 +365,10 @@ impl Watches {
             .unwrap()
             .values()
             .filter_map(|l| match &l.source {
-                LiveSource::Store { key: k, complete_rev } if k == key => {
-                    Some(complete_rev.load(Ordering::Acquire))
-                }
+                LiveSource::Store {
+                    key: k,
+                    complete_rev,
+                } if k == key => Some(complete_rev.load(Ordering::Acquire)),
                 _ => None,
             })
             .min()

@@ -48,9 +48,10 @@ pub(super) async fn open(
         ))
         .into());
     }
-    let tx = k.pool.sender(&s.connection_id).ok_or_else(|| {
-        Fail::Kernel(KernelError::Cancelled("the connection closed".into()))
-    })?;
+    let tx = k
+        .pool
+        .sender(&s.connection_id)
+        .ok_or_else(|| Fail::Kernel(KernelError::Cancelled("the connection closed".into())))?;
     let id = format!("w_{}", accounts::random_hex(8));
     let (link, inbox_rx) = DeviceLink::new(&k.router, &target);
     let link = Arc::new(link);
