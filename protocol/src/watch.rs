@@ -271,7 +271,7 @@ impl PathFilter {
         if !self.include.empty && !self.include.matches(rel, name) {
             return false;
         }
-        !(!self.exclude.empty && self.exclude.matches(rel, name))
+        self.exclude.empty || !self.exclude.matches(rel, name)
     }
 }
 
