@@ -14,8 +14,9 @@
 //! * a reader that stops reading for 10 s while its terminal runs `yes`:
 //!   the kernel's RSS before, at most during (sampled every 100 ms) and
 //!   after — the cap is [`RSS_GROWTH_CAP_MIB`] over the start;
-//! * 100 open idle terminals: CPU ticks of the kernel and its `wsd`
-//!   children over 10 s (`/proc/PID/stat` utime+stime) — target < 5 % of
+//! * 100 open idle terminals (in two workspaces: a wsd runs at most 64
+//!   commands at once): CPU ticks of the kernel and its `wsd` children
+//!   and their shells over 10 s (`/proc/PID/stat` utime+stime) — target < 5 % of
 //!   one core.
 //!
 //! `cargo bench -p wsd-bench --bench live [-- IDLE_SECS]` prints them;
@@ -103,11 +104,19 @@ struct Socket {
 }
 
 impl Socket {
+    /// Logged in as alice under a client id of its own (one client id's
+    /// newer login replaces the older one).
     async fn login(url: &str) -> Socket {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut c = GsvClient::connect(url).await.unwrap();
-        c.login("alice", &Credentials::Password("alice-password".into()))
-            .await
-            .unwrap();
+        c.login_as(
+            &format!("bench-{n}"),
+            Some("alice"),
+            &Credentials::Password("alice-password".into()),
+        )
+        .await
+        .unwrap();
         Socket {
             c,
             signals: VecDeque::new(),
@@ -337,16 +346,20 @@ async fn keystroke_echo(url: &str, ws: &str) {
         )
         .await
         .unwrap();
-        loop {
-            let out = s.signal("shell.pty.output").await;
-            if output_bytes(&out).contains(&(ch as u8)) {
-                break;
+        // The echo, and the input's own answer before the next keystroke.
+        let (mut echoed, mut answered) = (None, false);
+        while echoed.is_none() || !answered {
+            let f = s.c.recv().await.unwrap();
+            if f["type"] == "res" && f["id"] == id.as_str() {
+                assert_eq!(f["ok"], true, "{f}");
+                answered = true;
+            } else if f["signal"] == "shell.pty.output"
+                && output_bytes(&f["payload"]).contains(&(ch as u8))
+            {
+                echoed.get_or_insert_with(|| t.elapsed());
             }
         }
-        let e = t.elapsed();
-        // The input's own answer, before the next keystroke.
-        let r = s.c.response_to(&id).await.unwrap();
-        assert_eq!(r["ok"], true, "{r}");
+        let e = echoed.unwrap_or_default();
         if i >= 30 {
             lat.push(e);
         }
@@ -401,9 +414,15 @@ async fn reader_that_stops(url: &str, ws: &str, me: &str) {
 /// 100 terminals open and idle: the CPU the kernel and its wsd spend.
 async fn idle_terminals(url: &str, ws: &str, idle_secs: u64) {
     let mut s = Socket::login(url).await;
+    // Two workspaces: one wsd runs at most 64 commands at once.
+    let other = s.call("sys.workspace.create", json!({})).await["workspace"]["workspaceId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let mut ptys = Vec::new();
-    for _ in 0..100 {
-        ptys.push(open_terminal(&mut s, ws, None).await);
+    for i in 0..100 {
+        let w = if i % 2 == 0 { ws } else { other.as_str() };
+        ptys.push(open_terminal(&mut s, w, None).await);
     }
     // Let the prompts and the opening brackets settle.
     tokio::time::sleep(Duration::from_secs(2)).await;
