@@ -15,6 +15,7 @@ mod handshake;
 mod harness;
 mod ipc;
 mod mcp;
+mod netns;
 mod node;
 mod node_watch;
 mod notification;
