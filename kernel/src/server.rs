@@ -28,6 +28,7 @@ use crate::body::BodyInbox;
 use crate::caps;
 use crate::db::now_ms;
 use crate::domains::accounts::{self, ProcessIdentity};
+use crate::domains::watch;
 use crate::error::KernelError;
 use crate::kernel::{Kernel, PROTOCOL};
 use crate::routing;
@@ -249,6 +250,11 @@ impl Connection {
                 }
             }
             Inbound::Sig { signal, payload } => match &self.session {
+                Some(s) if s.role == Role::Driver && watch::device::is_watch_signal(&signal) => {
+                    self.kernel
+                        .watches
+                        .from_device(&s.connection_id, &signal, payload);
+                }
                 Some(s) if s.role == Role::Driver => {
                     routing::on_driver_signal(&self.kernel.router, s, &self.tx, &signal, payload)
                         .await;

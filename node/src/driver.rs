@@ -1,7 +1,8 @@
 //! `gsv node`: a device driver. It connects to a kernel as role `driver`
 //! with a node token bound to its device id, answers the calls the kernel
 //! routes to it through [`NodeTools::handle_cancellable`] and sends the
-//! node tools' `exec.status` events; the connection itself (handshake,
+//! node tools' `exec.status` events and its watches' `fs.changed` /
+//! `fs.watch.ended`; the connection itself (handshake,
 //! reconnecting with backoff, frames) is `gsv_link`'s (see `PROTOCOL.md`
 //! for the frames).
 //!
@@ -134,6 +135,8 @@ impl Client for Driver {
         let sender = connection.sender();
         let active: Active = Arc::default();
         let outbox = self.tools.exec_events();
+        // Watches live on one connection: the kernel ended the earlier ones.
+        let mut watch_signals = self.tools.watch_signals();
         // Events queued while disconnected go out first.
         send_events(&outbox, &sender).await;
         let why = loop {
@@ -141,6 +144,10 @@ impl Client for Driver {
                 () = stop.cancelled() => break None,
                 () = outbox.wait() => {
                     send_events(&outbox, &sender).await;
+                    continue;
+                }
+                Some(sig) = watch_signals.recv() => {
+                    let _ = sender.signal(sig.name(), sig.payload()).await;
                     continue;
                 }
                 m = connection.next() => m,
@@ -164,6 +171,7 @@ impl Client for Driver {
         for (_, (_, c)) in active.lock().unwrap().drain() {
             c.cancel();
         }
+        self.tools.stop_watches();
         why
     }
 }

@@ -1,5 +1,6 @@
 //! The node tools: what a device driver (`gsv node`) answers when the
-//! kernel routes `fs.read|write|edit|delete|search` or `shell.exec` to it.
+//! kernel routes `fs.read|write|edit|delete|search|watch|unwatch` or
+//! `shell.exec` to it.
 //!
 //! [`NodeTools::handle`] takes a call name and its JSON args (with `target`
 //! already removed by the kernel) and returns the JSON `data` of the
@@ -19,6 +20,7 @@ mod fs;
 pub mod output;
 mod root;
 mod shell;
+mod watch;
 
 use std::sync::Arc;
 
@@ -37,14 +39,17 @@ pub use shell::{
 };
 
 pub use fs::MAX_SEARCH_FILE_BYTES;
+pub use watch::{DEBOUNCE, WatchSignal};
 
 /// The calls a node answers, as `driver.implements` patterns.
-pub const IMPLEMENTS: [&str; 6] = [
+pub const IMPLEMENTS: [&str; 8] = [
     "fs.read",
     "fs.write",
     "fs.edit",
     "fs.delete",
     "fs.search",
+    "fs.watch",
+    "fs.unwatch",
     "shell.exec",
 ];
 
@@ -114,12 +119,13 @@ impl OpError {
     }
 }
 
-/// The node's tool set over one root. Clones share the root and the shell
-/// sessions.
+/// The node's tool set over one root. Clones share the root, the shell
+/// sessions and the watches.
 #[derive(Debug, Clone)]
 pub struct NodeTools {
     root: Arc<NodeRoot>,
     shells: Arc<shell::ShellSessions>,
+    watches: Arc<watch::NodeWatches>,
 }
 
 fn parse<T: DeserializeOwned>(args: Value) -> Result<T, OpError> {
@@ -135,6 +141,7 @@ impl NodeTools {
         Self {
             root: Arc::new(root),
             shells: Arc::new(shell::ShellSessions::new(shell)),
+            watches: Arc::default(),
         }
     }
 
@@ -145,6 +152,23 @@ impl NodeTools {
     /// Exec events (`exec.status` payloads) for the driver to send.
     pub fn exec_events(&self) -> Arc<ExecEventOutbox> {
         self.shells.events.clone()
+    }
+
+    /// A new kernel connection: earlier watches stop, and the signals
+    /// (`fs.changed`, `fs.watch.ended`) of the watches opened from now on
+    /// come out of the receiver, for the driver to send.
+    pub fn watch_signals(&self) -> tokio::sync::mpsc::Receiver<WatchSignal> {
+        self.watches.connect()
+    }
+
+    /// The kernel connection dropped: every watch stops.
+    pub fn stop_watches(&self) {
+        self.watches.disconnect();
+    }
+
+    /// Watches running now.
+    pub fn watch_count(&self) -> usize {
+        self.watches.count()
     }
 
     /// Answers one call. Dropping the returned future cancels it: a search
@@ -192,6 +216,7 @@ impl NodeTools {
                     .fs(call, args, move |root, a| fs::search(root, a, &cancel))
                     .await;
             }
+            "fs.watch" | "fs.unwatch" => return self.watch_call(call, args),
             "shell.exec" => match parse(args) {
                 Ok(a) => self.shells.exec(&self.root, a).await,
                 Err(e) => Err(e),
@@ -205,6 +230,28 @@ impl NodeTools {
                 Ok(e.into_data())
             }
         }
+    }
+
+    /// `fs.watch` / `fs.unwatch`: answered at once (the watcher runs on).
+    fn watch_call(&self, call: &str, args: Value) -> Result<Value, ToolError> {
+        let bad = |e: serde_json::Error| {
+            gsv_protocol::watch::WatchFailure::Op(FsError::InvalidArgs(e.to_string()).into())
+        };
+        let answer = if call == "fs.watch" {
+            match serde_json::from_value(args) {
+                Ok(a) => serde_json::to_value(self.watches.watch(&self.root, a)),
+                Err(e) => serde_json::to_value(OpResult::<(), _>::Failed(bad(e))),
+            }
+        } else {
+            match serde_json::from_value(args) {
+                Ok(a) => serde_json::to_value(self.watches.unwatch(a)),
+                Err(e) => serde_json::to_value(OpResult::<(), _>::Failed(bad(e))),
+            }
+        };
+        answer.map_err(|e| ToolError::Internal {
+            call: call.to_owned(),
+            message: e.to_string(),
+        })
     }
 
     /// Runs a filesystem tool on the blocking pool; its answer is the

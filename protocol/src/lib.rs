@@ -38,12 +38,14 @@ pub const PROTOCOL: i64 = 2;
 
 /// The result of a call whose failures are operation results (the seed's
 /// `OperationError`): `{ok:true, ...T}` or `{ok:false, error}`, both sent
-/// as `ok:true` frames.
+/// as `ok:true` frames. A family whose failures carry more than
+/// [`OpFailure`] names its own failure type `F` (`fs.watch`'s expired
+/// cursor: [`watch::WatchFailure`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(untagged)]
-pub enum OpResult<T> {
+pub enum OpResult<T, F = OpFailure> {
     Done(Done<T>),
-    Failed(OpFailure),
+    Failed(F),
 }
 
 /// A successful operation: `ok: true` beside the result's own fields.
@@ -52,6 +54,12 @@ pub struct Done<T> {
     pub ok: bool,
     #[serde(flatten)]
     pub result: T,
+}
+
+impl<T> Done<T> {
+    pub fn new(result: T) -> Self {
+        Done { ok: true, result }
+    }
 }
 
 /// A failed operation: `{ok:false, error}`, and for the families that

@@ -49,6 +49,14 @@ pub const NET_FETCH_TTL_CAP: Duration = Duration::from_secs(10 * 60);
 /// Added to a routed `shell.exec`'s own timeout for its TTL.
 const SHELL_TTL_SLACK: Duration = Duration::from_secs(10);
 
+/// The `target` that means the kernel itself (as does none or `""`).
+pub const NATIVE_TARGET: &str = "gsv";
+
+/// Routable calls whose native handler takes `target` itself: the kernel
+/// keeps a device's watches (relays their signals, sees their end, checks
+/// who stops them), so these are never forwarded blind.
+const ROUTED_BY_HANDLER: &[&str] = &["fs.watch", "fs.unwatch"];
+
 /// Runs an authorised call, native or routed; `entry` is `None` for a
 /// routable call with no native handler (it can only be routed).
 ///
@@ -67,7 +75,7 @@ pub async fn run_call<K: Send + Sync + 'static>(
 ) -> Result<Value, KernelError> {
     // Only a routable call's `target` names a device (seed 000); other
     // domains own the name (`sched.add` has a schedule `target`).
-    let target = if is_routable(call) {
+    let target = if is_routable(call) && !(entry.is_some() && ROUTED_BY_HANDLER.contains(&call)) {
         args.remove("target")
     } else {
         None
@@ -78,7 +86,7 @@ pub async fn run_call<K: Send + Sync + 'static>(
     }
     match target {
         None | Some(Value::Null) => {}
-        Some(Value::String(t)) if t.is_empty() || t == "gsv" => {}
+        Some(Value::String(t)) if t.is_empty() || t == NATIVE_TARGET => {}
         Some(Value::String(t)) => {
             return route_to_target(router, &session, call, t, args).await;
         }
@@ -396,6 +404,25 @@ async fn route(
         remember_session(r, &session.identity, &dev, &data).await?;
     }
     Ok(data)
+}
+
+/// Sends `call` to `device`'s live driver connection on the kernel's own
+/// behalf (`origin`: what it is for, e.g. the watch id), with the routed
+/// TTL: no caller, so no visibility or `implements` check (the kernel
+/// ending a device watch it opened there).
+pub async fn call_device_as_kernel(
+    r: &Arc<Router>,
+    device: &str,
+    origin: &str,
+    call: &str,
+    args: Map<String, Value>,
+) -> Result<Value, KernelError> {
+    let peer = Peer::Device(device.to_owned());
+    let Some(driver) = r.driver(device) else {
+        return Err(peer.disconnected());
+    };
+    let ttl = r.routed_call_ttl;
+    forward(r, Origin::Kernel(origin), call, peer, driver, ttl, args).await
 }
 
 /// Forwards `call` to the live service connection of `adapter` as a

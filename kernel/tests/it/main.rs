@@ -21,6 +21,7 @@ mod matrix_support;
 mod mcp;
 mod netns;
 mod node;
+mod node_watch;
 mod notification;
 mod oauth;
 mod proc;

@@ -57,7 +57,7 @@ pub(crate) async fn start_node(k: &TestKernel, alice: &mut GsvClient, device: &s
 }
 
 /// Waits (bounded) until `device` is online.
-async fn wait_online(c: &mut GsvClient, device: &str) {
+pub(crate) async fn wait_online(c: &mut GsvClient, device: &str) {
     for _ in 0..500 {
         let d = c
             .call("sys.device.get", json!({"deviceId": device}))
@@ -278,7 +278,7 @@ async fn the_gsv_node_binary_serves_routed_calls_as_the_tokens_account_by_defaul
     child.kill().await.unwrap();
 }
 
-fn write_private(path: &Path, text: &str) {
+pub(crate) fn write_private(path: &Path, text: &str) {
     use std::os::unix::fs::OpenOptionsExt;
     let mut f = std::fs::OpenOptions::new()
         .create_new(true)

@@ -7,23 +7,27 @@
 //! again. A full queue stops the watch at the last batch queued and, once
 //! the socket has room, tells the client with `fs.watch.lagged`.
 
-use std::sync::atomic::Ordering;
+mod device;
+
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use gsv_protocol::frames::Outbound;
 use gsv_protocol::fs::FsError;
 use gsv_protocol::watch::{
-    AFTER_NOW, CURSOR_EXPIRED, Change, ChangeType, ChangedSignal, ChangesArgs, ChangesResult,
-    DEFAULT_DURABLE_TTL_SECONDS, LaggedSignal, UnwatchArgs, UnwatchResult, WatchArgs, WatchResult,
+    AFTER_NOW, BadGlob, CURSOR_EXPIRED, Change, ChangeType, ChangedSignal, ChangesArgs,
+    ChangesResult, DEFAULT_DURABLE_TTL_SECONDS, ExpiredFailure, LaggedSignal, UnwatchArgs,
+    UnwatchResult, WatchArgs, WatchFailure, WatchOutcome, WatchResult,
 };
+use gsv_protocol::{Done, OpResult};
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use wsd_dofs::{Dofs, DofsError};
 use wsd_sync::{ChangeCursor, ChangeEntry, ChangesQuery, EntryState, IgnoreRules, Store, SyncPath};
 
-use super::filter::{BadGlob, Filter};
-use super::{Cursor, DurableRow, Registered, StoreKey};
+use super::filter::Filter;
+use super::{Cursor, DurableRow, LiveSource, Registered, StoreKey};
 use crate::db::now_ms;
 use crate::domains::accounts::{self, ProcessIdentity};
 use crate::domains::fs::calls::with_store;
@@ -31,6 +35,7 @@ use crate::domains::fs::vfs::{self, Access, Place};
 use crate::domains::workspace;
 use crate::error::KernelError;
 use crate::kernel::Kernel;
+use crate::routing;
 use crate::session::{Outgoing, Session};
 
 /// Index rows read per page (a delivery step, an `fs.changes` scan step).
@@ -54,9 +59,12 @@ pub enum WatchError {
     Invalid(String),
 }
 
+/// A handler failure: an operation error, a device's own operation
+/// error (relayed as it is), or a kernel fault.
 #[derive(Debug)]
 enum Fail {
     Op(WatchError),
+    Device(WatchFailure),
     Kernel(KernelError),
 }
 
@@ -91,6 +99,21 @@ impl WatchError {
     }
 }
 
+impl From<WatchError> for WatchFailure {
+    fn from(e: WatchError) -> Self {
+        match e {
+            WatchError::CursorExpired(_) => {
+                WatchFailure::Expired(ExpiredFailure::new(e.to_string()))
+            }
+            e => WatchFailure::Op(gsv_protocol::OpFailure {
+                ok: false,
+                error: e.to_string(),
+                code: Some(e.code().to_owned()),
+            }),
+        }
+    }
+}
+
 fn kernel_fail(e: KernelError) -> Fail {
     Fail::Kernel(e)
 }
@@ -99,25 +122,15 @@ fn store_fail(what: &str, e: impl std::fmt::Display) -> Fail {
     Fail::Kernel(KernelError::internal(what, e))
 }
 
-/// `{ok:true, …result}`, or the operation error: a cursor the store cannot
+/// Folds an operation error into the answer: a cursor the store cannot
 /// serve is `{ok:false, error:{code:"ECURSOR_EXPIRED", message}, code,
 /// resync:true}`, anything else `{ok:false, error:"message", code}` as
-/// `fs.*`.
-fn finish<T: Serialize>(r: Result<T, Fail>) -> Result<Value, KernelError> {
+/// `fs.*`; only kernel faults are frame errors.
+fn finish<T>(r: Result<T, Fail>) -> Result<WatchOutcome<T>, KernelError> {
     match r {
-        Ok(v) => {
-            let mut v =
-                serde_json::to_value(v).map_err(|e| KernelError::internal("fs.watch", e))?;
-            v["ok"] = json!(true);
-            Ok(v)
-        }
-        Err(Fail::Op(e @ WatchError::CursorExpired(_))) => Ok(json!({
-            "ok": false,
-            "error": {"code": CURSOR_EXPIRED, "message": e.to_string()},
-            "code": CURSOR_EXPIRED,
-            "resync": true,
-        })),
-        Err(Fail::Op(e)) => Ok(json!({"ok": false, "error": e.to_string(), "code": e.code()})),
+        Ok(v) => Ok(OpResult::Done(Done::new(v))),
+        Err(Fail::Op(e)) => Ok(OpResult::Failed(e.into())),
+        Err(Fail::Device(f)) => Ok(OpResult::Failed(f)),
         Err(Fail::Kernel(e)) => Err(e),
     }
 }
@@ -130,6 +143,27 @@ struct Source {
     /// The path as the caller names it.
     display: String,
     system_reader: Option<ProcessIdentity>,
+}
+
+/// [`locate`]s `path` and builds its filter: the one start of `fs.watch`
+/// and `fs.changes`.
+async fn locate_filtered(
+    k: &Arc<Kernel>,
+    s: &Session,
+    path: &str,
+    recursive: bool,
+    include: &[String],
+    exclude: &[String],
+) -> Result<(Source, Filter), Fail> {
+    let src = locate(k, s, path).await?;
+    let filter = Filter::new(
+        src.root.clone(),
+        recursive,
+        include,
+        exclude,
+        src.system_reader.clone(),
+    )?;
+    Ok((src, filter))
 }
 
 /// Resolves `path` for reading, as `fs.read` does: another user's
@@ -338,12 +372,23 @@ fn sig_text(signal: &str, payload: impl Serialize) -> String {
     .to_text()
 }
 
-/// `fs.watch`.
-pub async fn watch(k: Arc<Kernel>, s: Arc<Session>, a: WatchArgs) -> Result<Value, KernelError> {
+/// `fs.watch` (on a device with `target`: [`device`]).
+pub async fn watch(
+    k: Arc<Kernel>,
+    s: Arc<Session>,
+    a: WatchArgs,
+) -> Result<WatchOutcome<WatchResult>, KernelError> {
     finish(watch_inner(&k, &s, a).await)
 }
 
 async fn watch_inner(k: &Arc<Kernel>, s: &Session, a: WatchArgs) -> Result<WatchResult, Fail> {
+    if let Some(target) = a
+        .target
+        .clone()
+        .filter(|t| !t.is_empty() && t != routing::NATIVE_TARGET)
+    {
+        return device::open(k, s, a, target).await;
+    }
     let uid = s.identity.uid;
     let now = now_ms();
     // A resumed durable watch keeps its path and filters.
@@ -388,14 +433,7 @@ async fn watch_inner(k: &Arc<Kernel>, s: &Session, a: WatchArgs) -> Result<Watch
     if ttl == 0 {
         return Err(WatchError::Invalid("ttlSeconds must be at least 1".into()).into());
     }
-    let src = locate(k, s, &path).await?;
-    let filter = Filter::new(
-        src.root.clone(),
-        recursive,
-        &include,
-        &exclude,
-        src.system_reader.clone(),
-    )?;
+    let (src, filter) = locate_filtered(k, s, &path, recursive, &include, &exclude).await?;
     // Subscribed before the first read, so no commit falls between.
     let wake = k.watches.feed(&src.key, &src.store).map_err(kernel_fail)?;
     let from = with_store(&src.store, move |d| resolve_after(d, after.as_deref()))
@@ -436,9 +474,16 @@ async fn watch_inner(k: &Arc<Kernel>, s: &Session, a: WatchArgs) -> Result<Watch
         .map_err(kernel_fail)?;
     }
     let owner = resumed.as_ref().map_or(uid, |r| r.owner_uid);
-    let reg = k
-        .watches
-        .register(&id, owner, &s.connection_id, src.key.clone(), &from.at);
+    let complete_rev = Arc::new(AtomicU64::new(from.at.complete_rev()));
+    let reg = k.watches.register(
+        &id,
+        owner,
+        &s.connection_id,
+        LiveSource::Store {
+            key: src.key.clone(),
+            complete_rev: complete_rev.clone(),
+        },
+    );
     tokio::spawn(deliver(
         k.clone(),
         Delivery {
@@ -453,6 +498,7 @@ async fn watch_inner(k: &Arc<Kernel>, s: &Session, a: WatchArgs) -> Result<Watch
         tx,
         wake,
         reg,
+        complete_rev,
     ));
     Ok(WatchResult {
         watch_id: id,
@@ -489,11 +535,11 @@ async fn deliver(
     tx: mpsc::Sender<Outgoing>,
     mut wake: watch::Receiver<u64>,
     reg: Registered,
+    complete_rev: Arc<AtomicU64>,
 ) {
     let Registered {
         cancel,
         start,
-        complete_rev,
         generation,
         stopped,
     } = reg;
@@ -633,7 +679,7 @@ pub async fn changes(
     k: Arc<Kernel>,
     s: Arc<Session>,
     a: ChangesArgs,
-) -> Result<Value, KernelError> {
+) -> Result<WatchOutcome<ChangesResult>, KernelError> {
     finish(changes_inner(&k, &s, a).await)
 }
 
@@ -652,33 +698,27 @@ async fn changes_inner(
             .into());
         }
     };
-    let src = locate(k, s, &a.path).await?;
-    let filter = Filter::new(
-        src.root.clone(),
-        a.recursive,
-        &a.include,
-        &a.exclude,
-        src.system_reader.clone(),
-    )?;
+    let (src, filter) = locate_filtered(k, s, &a.path, a.recursive, &a.include, &a.exclude).await?;
     let key = src.key.clone();
     let after = a.after;
     with_store(&src.store, move |d| -> Result<ChangesResult, PageError> {
         let from = resolve_after(d, Some(&after))?;
-        let mut at = from.at;
+        let answer = |changes, at, more| ChangesResult {
+            changes,
+            cursor: Cursor {
+                incarnation: from.incarnation,
+                at,
+            }
+            .encode(),
+            more,
+        };
+        let mut at = from.at.clone();
         let mut changes = Vec::new();
         loop {
             let page = read_page(d, &at, PAGE)?;
             for e in &page.entries {
                 if changes.len() == limit {
-                    return Ok(ChangesResult {
-                        changes,
-                        cursor: Cursor {
-                            incarnation: from.incarnation,
-                            at,
-                        }
-                        .encode(),
-                        more: true,
-                    });
+                    return Ok(answer(changes, at, true));
                 }
                 if filter.keeps(&e.path) {
                     changes.push(to_change(&key, e));
@@ -686,15 +726,7 @@ async fn changes_inner(
                 at = ChangeCursor::within(e.rev, e.path.clone());
             }
             if !page.more {
-                return Ok(ChangesResult {
-                    changes,
-                    cursor: Cursor {
-                        incarnation: from.incarnation,
-                        at: page.through,
-                    }
-                    .encode(),
-                    more: false,
-                });
+                return Ok(answer(changes, page.through, false));
             }
         }
     })
@@ -703,12 +735,13 @@ async fn changes_inner(
     .map_err(Fail::from)
 }
 
-/// `fs.unwatch`: stops a live watch and forgets a durable one.
+/// `fs.unwatch`: stops a live watch (a device's too) and forgets a
+/// durable one.
 pub async fn unwatch(
     k: Arc<Kernel>,
     s: Arc<Session>,
     a: UnwatchArgs,
-) -> Result<Value, KernelError> {
+) -> Result<WatchOutcome<UnwatchResult>, KernelError> {
     finish(unwatch_inner(&k, &s, a).await)
 }
 
@@ -849,18 +882,23 @@ mod tests {
         Arc::new(Mutex::new(d))
     }
 
-    #[test]
-    fn a_full_queue_stops_delivery_at_the_last_batch_handed_over() {
-        let store = store_with(&["a", "b", "c"]);
-        let page = read_page(&mut store.lock().unwrap(), &ChangeCursor::ZERO, PAGE).unwrap();
-        let d = Delivery {
+    /// A live, unfiltered watch of the whole system store.
+    fn delivery(store: Arc<Mutex<Dofs>>) -> Delivery {
+        Delivery {
             id: "w_1".into(),
             key: StoreKey::System,
             store,
             filter: Filter::new(None, true, &[], &[], None).unwrap(),
             incarnation: 1,
             durable: false,
-        };
+        }
+    }
+
+    #[test]
+    fn a_full_queue_stops_delivery_at_the_last_batch_handed_over() {
+        let store = store_with(&["a", "b", "c"]);
+        let page = read_page(&mut store.lock().unwrap(), &ChangeCursor::ZERO, PAGE).unwrap();
+        let d = delivery(store);
         let (tx, mut rx) = mpsc::channel(1);
         let mut cursor = ChangeCursor::ZERO;
         let step = send_page(&d, &page, &mut cursor, &tx, &Mutex::new(false));
@@ -892,14 +930,7 @@ mod tests {
     fn a_stopped_watch_sends_nothing() {
         let store = store_with(&["a"]);
         let page = read_page(&mut store.lock().unwrap(), &ChangeCursor::ZERO, PAGE).unwrap();
-        let d = Delivery {
-            id: "w_1".into(),
-            key: StoreKey::System,
-            store,
-            filter: Filter::new(None, true, &[], &[], None).unwrap(),
-            incarnation: 1,
-            durable: false,
-        };
+        let d = delivery(store);
         let (tx, mut rx) = mpsc::channel(8);
         let mut cursor = ChangeCursor::ZERO;
         let step = send_page(&d, &page, &mut cursor, &tx, &Mutex::new(true));

@@ -1,73 +1,20 @@
-//! Which store paths a watch reports: below its root (at any depth, or
-//! direct entries only), matching its include globs and none of its
-//! exclude globs, and, in the system tree, readable by the watcher.
+//! Which store paths a watch reports: below its root, kept by the
+//! protocol's [`PathFilter`] (depth, include and exclude globs: one
+//! definition for stores and devices), and, in the system tree, readable
+//! by the watcher.
 
-use globset::{Glob, GlobSet, GlobSetBuilder};
+use gsv_protocol::watch::{BadGlob, PathFilter};
 use wsd_sync::SyncPath;
 
 use crate::domains::accounts::ProcessIdentity;
 use crate::domains::fs::vfs::{self, Access, Place, Resolved};
 
-/// A bad glob, naming it.
-#[derive(Debug, thiserror::Error)]
-#[error("Invalid {which} pattern '{glob}': {reason}")]
-pub struct BadGlob {
-    pub which: &'static str,
-    pub glob: String,
-    pub reason: String,
-}
-
-/// Globs split by what they match: a glob with `/` matches the path below
-/// the watch root, one without matches the file name (as `fs.search`).
-#[derive(Debug)]
-struct Globs {
-    by_name: GlobSet,
-    by_path: GlobSet,
-    empty: bool,
-}
-
-impl Globs {
-    fn new(which: &'static str, globs: &[String]) -> Result<Globs, BadGlob> {
-        let (mut name, mut path) = (GlobSetBuilder::new(), GlobSetBuilder::new());
-        for g in globs {
-            let glob = Glob::new(g).map_err(|e| BadGlob {
-                which,
-                glob: g.clone(),
-                reason: e.kind().to_string(),
-            })?;
-            if g.contains('/') {
-                path.add(glob);
-            } else {
-                name.add(glob);
-            }
-        }
-        let build = |b: GlobSetBuilder, g: &str| {
-            b.build().map_err(|e| BadGlob {
-                which,
-                glob: g.to_owned(),
-                reason: e.to_string(),
-            })
-        };
-        let all = globs.join(", ");
-        Ok(Globs {
-            by_name: build(name, &all)?,
-            by_path: build(path, &all)?,
-            empty: globs.is_empty(),
-        })
-    }
-
-    fn matches(&self, rel: &str, name: &str) -> bool {
-        self.by_name.is_match(name) || self.by_path.is_match(rel)
-    }
-}
-
 /// A watch's path filter.
 #[derive(Debug)]
 pub struct Filter {
     root: Option<SyncPath>,
-    recursive: bool,
-    include: Globs,
-    exclude: Globs,
+    /// Depth and globs, as a device's watch applies them.
+    paths: PathFilter,
     /// In the system tree, the watcher (entries they may not read are left
     /// out); `None` in a workspace, which is the owner's whole.
     system_reader: Option<ProcessIdentity>,
@@ -83,9 +30,7 @@ impl Filter {
     ) -> Result<Filter, BadGlob> {
         Ok(Filter {
             root,
-            recursive,
-            include: Globs::new("include", include)?,
-            exclude: Globs::new("exclude", exclude)?,
+            paths: PathFilter::new(recursive, include, exclude)?,
             system_reader,
         })
     }
@@ -104,14 +49,7 @@ impl Filter {
                 None => return false,
             },
         };
-        if !self.recursive && rel.contains('/') {
-            return false;
-        }
-        let name = p.file_name();
-        if !self.include.empty && !self.include.matches(rel, name) {
-            return false;
-        }
-        if !self.exclude.empty && self.exclude.matches(rel, name) {
+        if !self.paths.keeps(rel, p.file_name()) {
             return false;
         }
         match &self.system_reader {

@@ -6,7 +6,8 @@
 //! channel per store (fed by dofs' commit listener, so every mutation —
 //! `fs.*`, a pull after `shell.exec`, anything later — reaches the feeds),
 //! and the `fs_watches` table of durable watches, whose cursors hold the
-//! prune horizon until their TTL runs out. The calls are in [`calls`].
+//! prune horizon until their TTL runs out. The calls are in [`calls`];
+//! watches on a device (its own watcher, relayed) in [`device`].
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,6 +16,7 @@ use std::sync::{Arc, Mutex, Weak};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use rusqlite::{Connection, params};
+use serde_json::Value;
 use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use wsd_dofs::Dofs;
@@ -24,6 +26,7 @@ use crate::db::{Migration, opt};
 use crate::error::KernelError;
 
 pub mod calls;
+pub mod device;
 pub mod filter;
 
 /// The `fs_watches` table (durable watches). Never edit a released
@@ -114,6 +117,18 @@ impl Cursor {
     }
 }
 
+/// What a live watch reads: a store's change index, or a device's own
+/// watcher whose signals the kernel relays.
+#[derive(Debug)]
+pub enum LiveSource {
+    Store {
+        key: StoreKey,
+        /// Every rev at or below this one has been handed to the connection.
+        complete_rev: Arc<AtomicU64>,
+    },
+    Device(Arc<device::DeviceLink>),
+}
+
 /// A live watch as the registry sees it.
 #[derive(Debug)]
 struct Live {
@@ -122,19 +137,32 @@ struct Live {
     /// Set (under its lock) when the watch is stopped; the delivery task
     /// sends only while holding it unset, so nothing follows a stop.
     stopped: Arc<Mutex<bool>>,
-    store: StoreKey,
+    source: LiveSource,
     /// Stops the delivery task.
     cancel: CancellationToken,
     /// Lets the delivery task start once the `fs.watch` answer is queued.
     start: Option<oneshot::Sender<()>>,
-    /// Every rev at or below this one has been handed to the connection.
-    complete_rev: Arc<AtomicU64>,
     /// Tells a resumed instance from the one it replaced.
     generation: u64,
 }
 
 impl Live {
-    fn halt(&self) {
+    /// Stops the watch from the kernel's side (`fs.unwatch`, the watcher's
+    /// connection closing, a lag); a device is told to stop watching.
+    fn halt(&self, id: &str) {
+        *self.stopped.lock().unwrap() = true;
+        self.cancel.cancel();
+        if let LiveSource::Device(link) = &self.source {
+            link.tell_device_to_stop(id);
+        }
+    }
+
+    /// Ends a device watch from the device's side: the watcher is told
+    /// why (`fs.watch.ended`); the device is not asked anything.
+    fn end(&self, reason: String) {
+        if let LiveSource::Device(link) = &self.source {
+            link.set_ended(reason);
+        }
         *self.stopped.lock().unwrap() = true;
         self.cancel.cancel();
     }
@@ -161,7 +189,6 @@ pub struct Watches {
 pub struct Registered {
     pub cancel: CancellationToken,
     pub start: oneshot::Receiver<()>,
-    pub complete_rev: Arc<AtomicU64>,
     pub generation: u64,
     pub stopped: Arc<Mutex<bool>>,
 }
@@ -200,13 +227,11 @@ impl Watches {
         id: &str,
         owner_uid: i64,
         connection_id: &str,
-        store: StoreKey,
-        from: &ChangeCursor,
+        source: LiveSource,
     ) -> Registered {
         let stopped = Arc::new(Mutex::new(false));
         let cancel = CancellationToken::new();
         let (start_tx, start) = oneshot::channel();
-        let complete_rev = Arc::new(AtomicU64::new(from.complete_rev()));
         let generation = self.generations.fetch_add(1, Ordering::Relaxed);
         let old = self.live.lock().unwrap().insert(
             id.to_owned(),
@@ -214,21 +239,19 @@ impl Watches {
                 connection_id: connection_id.to_owned(),
                 owner_uid,
                 stopped: stopped.clone(),
-                store,
+                source,
                 cancel: cancel.clone(),
                 start: Some(start_tx),
-                complete_rev: complete_rev.clone(),
                 generation,
             },
         );
         if let Some(old) = old {
-            old.halt();
+            old.halt(id);
         }
         Registered {
             stopped,
             cancel,
             start,
-            complete_rev,
             generation,
         }
     }
@@ -253,9 +276,18 @@ impl Watches {
             return false;
         }
         if let Some(l) = live.remove(id) {
-            l.halt();
+            l.halt(id);
         }
         true
+    }
+
+    /// Stops watch `id` without telling its device (whose route failed
+    /// before it opened the watch).
+    pub fn forget(&self, id: &str) {
+        if let Some(l) = self.live.lock().unwrap().remove(id) {
+            *l.stopped.lock().unwrap() = true;
+            l.cancel.cancel();
+        }
     }
 
     /// A delivery task ended on its own: forget it, unless a newer instance
@@ -267,15 +299,58 @@ impl Watches {
         }
     }
 
-    /// Stops every watch of a closed connection.
+    /// Stops every watch of a closed connection, and ends (telling their
+    /// watchers) the device watches a closed driver connection served.
     pub fn connection_closed(&self, connection_id: &str) {
-        self.live.lock().unwrap().retain(|_, l| {
-            let keep = l.connection_id != connection_id;
-            if !keep {
-                l.halt();
+        self.live.lock().unwrap().retain(|id, l| {
+            if l.connection_id == connection_id {
+                l.halt(id);
+                return false;
             }
-            keep
+            match &l.source {
+                LiveSource::Device(link) if link.driver_connection_id == connection_id => {
+                    l.end(format!("Device disconnected: {}", link.device));
+                    false
+                }
+                _ => true,
+            }
         });
+    }
+
+    /// A signal from driver connection `driver_connection_id` about one of
+    /// the device watches it serves: `fs.changed` is handed to the watch's
+    /// relay, `fs.watch.ended` ends it. Anything about a watch this
+    /// connection does not serve is dropped.
+    pub fn from_device(&self, driver_connection_id: &str, signal: &str, payload: Value) {
+        let Some(id) = payload["watchId"].as_str().map(str::to_owned) else {
+            tracing::debug!(%signal, "a device watch signal without watchId");
+            return;
+        };
+        let mut live = self.live.lock().unwrap();
+        let Some(l) = live.get(&id) else {
+            tracing::debug!(%signal, watch = %id, "a signal for a watch that is gone");
+            return;
+        };
+        let LiveSource::Device(link) = &l.source else {
+            return;
+        };
+        if link.driver_connection_id != driver_connection_id {
+            tracing::debug!(%signal, watch = %id, "a signal from a connection that does not serve the watch");
+            return;
+        }
+        match signal {
+            device::CHANGED => link.hand_over(payload),
+            device::ENDED => {
+                let reason = payload["reason"]
+                    .as_str()
+                    .unwrap_or("the device ended the watch")
+                    .to_owned();
+                if let Some(l) = live.remove(&id) {
+                    l.end(reason);
+                }
+            }
+            _ => {}
+        }
     }
 
     /// Whether watch `id` is being delivered now.
@@ -289,8 +364,13 @@ impl Watches {
             .lock()
             .unwrap()
             .values()
-            .filter(|l| &l.store == key)
-            .map(|l| l.complete_rev.load(Ordering::Acquire))
+            .filter_map(|l| match &l.source {
+                LiveSource::Store {
+                    key: k,
+                    complete_rev,
+                } if k == key => Some(complete_rev.load(Ordering::Acquire)),
+                _ => None,
+            })
             .min()
     }
 
