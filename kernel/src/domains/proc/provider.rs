@@ -24,6 +24,8 @@ pub struct ProviderConfig {
     pub context_window_tokens: Option<u64>,
     /// Output tokens reserved for the answer (`config/ai/max_tokens`).
     pub max_tokens: u64,
+    /// Whether the model accepts image input (`config/ai/images`).
+    pub images: bool,
 }
 
 /// A failed model call.
