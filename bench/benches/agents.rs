@@ -6,9 +6,10 @@
 //!   middle and the end, beside the same pages of a 500-message
 //!   conversation, so a page's cost shows it does not grow with the
 //!   conversation (target p50 ≤ 20 ms);
-//! * 1,000 armed schedules: the process's CPU time (`/proc/self/stat`) and
-//!   its threads' context switches over an idle stretch (target: about
-//!   none, one sleeping timer task), then the lateness of `at` schedules
+//! * 1,000 armed schedules: the process's CPU time and context switches
+//!   over an idle stretch (`getrusage(RUSAGE_SELF)`, which sums every
+//!   thread, also those that ended during the stretch; target: about none,
+//!   one sleeping timer task), then the lateness of 100 `at` schedules
 //!   armed beside them, from `atMs` to the spawned process's `createdAt`
 //!   (target ≤ 100 ms);
 //! * kernel RSS with 1,000 processes registered and 10 of them running
@@ -52,25 +53,17 @@ fn rss_mib() -> f64 {
     status_kib("self", "VmRSS:") as f64 / 1024.0
 }
 
-/// This process's user + system CPU time, in clock ticks.
-fn cpu_ticks() -> u64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
-    // Fields after `(comm)`: utime and stime are the 14th and 15th.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
-}
-
-/// Context switches of all of this process's threads: how often any of
-/// them woke up.
-fn wakeups() -> u64 {
-    let mut n = 0;
-    for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-        let tid = format!("self/task/{}", t.file_name().to_string_lossy());
-        n += status_kib(&tid, "voluntary_ctxt_switches:")
-            + status_kib(&tid, "nonvoluntary_ctxt_switches:");
-    }
-    n
+/// This process's CPU time (user + system) and context switches
+/// (voluntary + involuntary), summed over all its threads, ended ones
+/// included.
+fn usage() -> (Duration, i64) {
+    use nix::sys::resource::{UsageWho, getrusage};
+    let u = getrusage(UsageWho::RUSAGE_SELF).unwrap();
+    let micros = |t: nix::sys::time::TimeVal| t.tv_sec() as u64 * 1_000_000 + t.tv_usec() as u64;
+    (
+        Duration::from_micros(micros(u.user_time()) + micros(u.system_time())),
+        u.voluntary_context_switches() + u.involuntary_context_switches(),
+    )
 }
 
 fn main() {
@@ -159,6 +152,61 @@ async fn history_pages(c: &mut GsvClient, kernel: &Kernel, total: usize) {
     }
 }
 
+/// Arms `FIRES` `at` schedules (spawning a process labelled with the
+/// schedule's name) a little apart, then waits for all of them and
+/// prints the lateness of each spawn (`createdAt` − `atMs`).
+async fn schedule_lateness(alice: &mut GsvClient) {
+    const FIRES: i64 = 100;
+    const APART_MS: i64 = 37;
+    let first = now_ms() + 2_000;
+    let mut due = std::collections::HashMap::new();
+    for i in 0..FIRES {
+        let at = first + i * APART_MS;
+        let name = format!("fire-{i}");
+        alice
+            .call(
+                "sched.add",
+                json!({"name": name, "expression": {"kind": "at", "atMs": at},
+                       "target": {"kind": "process.spawn", "prompt": "p"}}),
+            )
+            .await
+            .unwrap();
+        due.insert(name, at);
+    }
+    let deadline =
+        Instant::now() + Duration::from_secs(60) + Duration::from_millis((FIRES * APART_MS) as u64);
+    let mut late = Vec::new();
+    while !due.is_empty() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let l = alice.call("proc.list", json!({})).await.unwrap();
+        for p in l["processes"].as_array().into_iter().flatten() {
+            let (Some(label), Some(created)) = (p["label"].as_str(), p["createdAt"].as_i64())
+            else {
+                continue;
+            };
+            if let Some(at) = due.remove(label) {
+                late.push(Duration::from_millis((created - at).max(0) as u64));
+            }
+        }
+        if Instant::now() > deadline {
+            let s = alice
+                .call("sched.list", json!({"limit": 500, "includeDisabled": true}))
+                .await
+                .unwrap();
+            panic!(
+                "{} of {FIRES} schedules never spawned their process; schedules: {s}",
+                due.len()
+            );
+        }
+    }
+    report(
+        &format!(
+            "schedule lateness (atMs -> spawned process's createdAt), {FIRES} fires {APART_MS} ms apart beside 1000 armed"
+        ),
+        late,
+    );
+}
+
 async fn run(idle_secs: u64) {
     let tmp = tempfile::tempdir().unwrap();
     let kernel = Kernel::open(KernelConfig::new(tmp.path().join("data")))
@@ -213,49 +261,17 @@ async fn run(idle_secs: u64) {
             .unwrap();
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let (ticks, woke) = (cpu_ticks(), wakeups());
+    let (cpu, switches) = usage();
     tokio::time::sleep(Duration::from_secs(idle_secs)).await;
-    let (ticks, woke) = (cpu_ticks() - ticks, wakeups() - woke);
+    let (cpu_after, switches_after) = usage();
+    let cpu = cpu_after - cpu;
     println!(
-        "1000 armed schedules, {idle_secs} s idle: {ticks} clock ticks of CPU \
-         ({:.2} % of one core at 100 Hz), {woke} context switches over all threads",
-        ticks as f64 / (idle_secs as f64 * 100.0) * 100.0
+        "1000 armed schedules, {idle_secs} s idle: {cpu:?} of CPU ({:.3} % of one core), \
+         {} context switches over all threads",
+        cpu.as_secs_f64() / idle_secs as f64 * 100.0,
+        switches_after - switches
     );
-    let mut late = Vec::new();
-    for i in 0..20i64 {
-        let at = now_ms() + 300 + (i % 7) * 13;
-        let name = format!("fire-{i}");
-        alice
-            .call(
-                "sched.add",
-                json!({"name": name, "expression": {"kind": "at", "atMs": at},
-                       "target": {"kind": "process.spawn", "prompt": "p"}}),
-            )
-            .await
-            .unwrap();
-        let created = loop {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            let l = alice.call("proc.list", json!({})).await.unwrap();
-            let found = l["processes"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|p| p["label"] == name.as_str())
-                .and_then(|p| p["createdAt"].as_i64());
-            if let Some(t) = found {
-                break t;
-            }
-        };
-        late.push(created - at);
-    }
-    late.sort();
-    println!(
-        "schedule lateness (atMs → spawned process's createdAt), 20 fires beside 1000 armed: \
-         min {} ms, p50 {} ms, max {} ms",
-        late[0],
-        late[late.len() / 2],
-        late[late.len() - 1]
-    );
+    schedule_lateness(&mut alice).await;
 
     // A model server that accepts and never answers: a run waits on it.
     let model = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

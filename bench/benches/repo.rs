@@ -1,19 +1,23 @@
-//! `repo.*`'s numbers (issue 30), on the store the handlers call (the
-//! WebSocket round trip is `kernel`'s `fs.read` figure on top):
+//! `repo.*`'s numbers (issue 30), each twice: on the store the handlers
+//! call, and as the call over a real WebSocket to an in-process kernel on
+//! loopback (which adds the frame, the access check, opening the
+//! repository and the blocking-pool hop):
 //!
-//! * `repo.apply` of 100 files in one commit: p50/p99 of 50 (target p50
-//!   ≤ 50 ms);
-//! * `repo.log` of one 100-entry page deep in a 10,000-commit history:
-//!   p50/p99 of 50 (target ≤ 10 ms);
-//! * `repo.read` of a small file: p50/p99 of 1000 (target p50 ≤ 2 ms).
+//! * `repo.apply` of 100 files in one commit (target p50 ≤ 50 ms);
+//! * `repo.log` of a 10,000-commit history: the first page (30, the
+//!   default) and one 100-entry page at offset 9,000 (target ≤ 10 ms);
+//! * `repo.read` of a small file (target p50 ≤ 2 ms).
 //!
 //! `cargo bench -p wsd-bench --bench repo` prints them; results go in
 //! `bench/RESULTS.md` by hand.
 
 use std::time::{Duration, Instant};
 
+use gsv_kernel::client::{Credentials, GsvClient};
 use gsv_kernel::domains::repo::names::Slug;
 use gsv_kernel::domains::repo::store::{self, Author, Commit, Op, RepoStore};
+use gsv_kernel::{Kernel, KernelConfig};
+use serde_json::json;
 
 const HISTORY: usize = 10_000;
 
@@ -43,28 +47,53 @@ fn commit(repo: &gix::Repository, author: &Author, ops: &[Op]) {
     .unwrap();
 }
 
+/// Round `round`'s 100 files: ten directories of ten, 300–400 bytes each.
+fn hundred_files(round: usize) -> Vec<(String, String)> {
+    (0..100)
+        .map(|i| {
+            (
+                format!("dir{}/file{i}.txt", i % 10),
+                format!("round {round} file {i}\n").repeat(20),
+            )
+        })
+        .collect()
+}
+
 fn main() {
     let dir = tempfile::tempdir().unwrap();
-    let repos = RepoStore::new(dir.path().join("repos"));
+    let data = dir.path().join("data");
+    let repos = RepoStore::new(data.join("repos"));
     let author = Author {
-        name: "bench".into(),
-        email: "bench@gsv.local".into(),
+        name: "alice".into(),
+        email: "alice@gsv.local".into(),
     };
-    let slug = Slug::parse("bench/apply").unwrap();
+    store_figures(&repos, &author);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(call_figures(data));
+}
+
+/// The store's own figures; leaves `alice/history` (10,000 commits) for
+/// the calls.
+fn store_figures(repos: &RepoStore, author: &Author) {
+    let slug = Slug::parse("alice/apply").unwrap();
     let (repo, _) = repos.open_or_init(&slug, "main").unwrap();
     let mut applies = Vec::new();
     for round in 0..50 {
-        let ops: Vec<Op> = (0..100)
-            .map(|i| Op::Put {
-                path: format!("dir{}/file{i}.txt", i % 10),
-                bytes: format!("round {round} file {i}\n").repeat(20).into_bytes(),
+        let ops: Vec<Op> = hundred_files(round)
+            .into_iter()
+            .map(|(path, text)| Op::Put {
+                path,
+                bytes: text.into_bytes(),
             })
             .collect();
         let t = Instant::now();
-        commit(&repo, &author, &ops);
+        commit(&repo, author, &ops);
         applies.push(t.elapsed());
     }
-    report("repo.apply 100 files", applies);
+    report("store: repo.apply 100 files", applies);
 
     let mut reads = Vec::new();
     let head = store::resolve_commit(&repo, "main").unwrap();
@@ -74,9 +103,9 @@ fn main() {
         reads.push(t.elapsed());
         assert!(matches!(found, store::Found::File { .. }));
     }
-    report("repo.read small file", reads);
+    report("store: repo.read small file", reads);
 
-    let slug = Slug::parse("bench/history").unwrap();
+    let slug = Slug::parse("alice/history").unwrap();
     let (repo, _) = repos.open_or_init(&slug, "main").unwrap();
     let started = Instant::now();
     for i in 0..HISTORY {
@@ -84,23 +113,97 @@ fn main() {
             path: "counter".into(),
             bytes: i.to_string().into_bytes(),
         }];
-        commit(&repo, &author, &ops);
+        commit(&repo, author, &ops);
     }
     println!("(built {HISTORY} commits in {:?})", started.elapsed());
     let head = store::resolve_commit(&repo, "main").unwrap();
-    let mut logs = Vec::new();
-    for _ in 0..50 {
-        let t = Instant::now();
-        let page = store::log(&repo, head, 9_000, 100).unwrap();
-        logs.push(t.elapsed());
-        assert_eq!(page.len(), 100);
-    }
-    report("repo.log page of 100 at offset 9000 of 10000", logs);
     let mut first = Vec::new();
     for _ in 0..50 {
         let t = Instant::now();
-        store::log(&repo, head, 0, 30).unwrap();
+        let page = store::log(&repo, head, 0, 30).unwrap();
         first.push(t.elapsed());
+        assert_eq!(page.len(), 30);
     }
-    report("repo.log first page of 30", first);
+    report("store: repo.log first page of 30 of 10000", first);
+    let mut deep = Vec::new();
+    for _ in 0..50 {
+        let t = Instant::now();
+        let page = store::log(&repo, head, 9_000, 100).unwrap();
+        deep.push(t.elapsed());
+        assert_eq!(page.len(), 100);
+    }
+    report("store: repo.log page of 100 at offset 9000 of 10000", deep);
+}
+
+/// The same over the WebSocket, as alice, against a kernel on `data`.
+async fn call_figures(data: std::path::PathBuf) {
+    let kernel = Kernel::open(KernelConfig::new(data)).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("ws://{}/ws", listener.local_addr().unwrap());
+    let k = kernel.clone();
+    tokio::spawn(
+        async move { gsv_kernel::server::serve(listener, k, std::future::pending()).await },
+    );
+    let mut c = GsvClient::connect(&url).await.unwrap();
+    c.call(
+        "sys.setup",
+        json!({"username": "alice", "password": "alice-password"}),
+    )
+    .await
+    .unwrap();
+    let mut c = GsvClient::connect(&url).await.unwrap();
+    c.timeout = Duration::from_secs(60);
+    c.login("alice", &Credentials::Password("alice-password".into()))
+        .await
+        .unwrap();
+    c.call("repo.create", json!({"repo": "alice/calls"}))
+        .await
+        .unwrap();
+    let mut applies = Vec::new();
+    for round in 0..50 {
+        let ops: Vec<_> = hundred_files(round)
+            .into_iter()
+            .map(|(path, content)| json!({"type": "put", "path": path, "content": content}))
+            .collect();
+        let args = json!({"repo": "alice/calls", "message": "bench", "ops": ops});
+        let t = Instant::now();
+        let r = c.call("repo.apply", args).await.unwrap();
+        applies.push(t.elapsed());
+        assert_eq!(r["ok"], true, "{r}");
+    }
+    report("call: repo.apply 100 files", applies);
+
+    let read = json!({"repo": "alice/calls", "path": "dir3/file13.txt"});
+    let mut reads = Vec::new();
+    for _ in 0..1000 {
+        let t = Instant::now();
+        let r = c.call("repo.read", read.clone()).await.unwrap();
+        reads.push(t.elapsed());
+        assert_eq!(r["kind"], "file", "{r}");
+    }
+    report("call: repo.read small file", reads);
+
+    for (name, args, n) in [
+        (
+            "call: repo.log first page (30) of 10000",
+            json!({"repo": "alice/history"}),
+            30,
+        ),
+        (
+            "call: repo.log page of 100 at offset 9000 of 10000",
+            json!({"repo": "alice/history", "limit": 100, "offset": 9000}),
+            100,
+        ),
+    ] {
+        let mut logs = Vec::new();
+        for _ in 0..50 {
+            let t = Instant::now();
+            let r = c.call("repo.log", args.clone()).await.unwrap();
+            logs.push(t.elapsed());
+            assert_eq!(r["entries"].as_array().map(Vec::len), Some(n), "{r}");
+        }
+        report(name, logs);
+    }
+    c.close().await;
+    kernel.shutdown().await;
 }

@@ -68,4 +68,7 @@ pub struct ConfigResult {
     pub timeout_ms: u64,
     pub max_retries: u64,
     pub retry_base_ms: u64,
+    /// Whether the model accepts image input (`config/ai/images`, default
+    /// `true`): when `false`, images read by `Read` reach it as a text note.
+    pub images: bool,
 }

@@ -1084,9 +1084,21 @@ async fn abort_while_waiting_for_approval_leaves_a_history_the_model_accepts() {
     assert!(msgs[3]["content"].as_str().unwrap().contains("interrupted"));
 }
 
+/// A small PNG at alice's `~/dot.png`.
+fn write_dot_png(k: &TestKernel) {
+    let p = wsd_sync::SyncPath::new("home/alice/dot.png").unwrap();
+    let mut d = k.kernel.system().lock().unwrap();
+    let opts = wsd_dofs::WriteOptions {
+        create_parents: true,
+        ..wsd_dofs::WriteOptions::default()
+    };
+    d.write_file_with(&p, gsv_protocol::fs::testkit::PNG, opts)
+        .unwrap();
+}
+
 #[tokio::test]
 async fn an_image_the_model_reads_reaches_it_as_an_image_part() {
-    use gsv_protocol::fs::testkit::{PNG, PNG_BASE64};
+    use gsv_protocol::fs::testkit::PNG_BASE64;
     let (k, m, mut a) = setup(
         vec![
             Reply::Sse(vec![tool(
@@ -1099,15 +1111,7 @@ async fn an_image_the_model_reads_reaches_it_as_an_image_part() {
         &[],
     )
     .await;
-    {
-        let p = wsd_sync::SyncPath::new("home/alice/dot.png").unwrap();
-        let mut d = k.kernel.system().lock().unwrap();
-        let opts = wsd_dofs::WriteOptions {
-            create_parents: true,
-            ..wsd_dofs::WriteOptions::default()
-        };
-        d.write_file_with(&p, PNG, opts).unwrap();
-    }
+    write_dot_png(&k);
     let (_pid, s) = a.spawn_and_send("what is in dot.png?").await;
     let fin = a.finished(&s["runId"]).await;
     assert_eq!(fin["status"], "completed", "{fin}");
@@ -1133,4 +1137,67 @@ async fn an_image_the_model_reads_reaches_it_as_an_image_part() {
                "image_url": {"url": format!("data:image/png;base64,{PNG_BASE64}")}})
     );
     assert_eq!(messages.len(), at + 2, "{second}");
+}
+
+#[tokio::test]
+async fn a_model_without_image_input_gets_a_note_instead_of_the_image() {
+    use gsv_protocol::fs::testkit::PNG_BASE64;
+    let read = || {
+        Reply::Sse(vec![tool(
+            "r1",
+            "Read",
+            json!({"path": "/home/alice/dot.png"}),
+        )])
+    };
+    let (k, m, mut a) = setup(
+        vec![read(), answer("I cannot see it.")],
+        &[("config/ai/images", "false")],
+    )
+    .await;
+    write_dot_png(&k);
+    let (pid, s) = a.spawn_and_send("what is in dot.png?").await;
+    let fin = a.finished(&s["runId"]).await;
+    assert_eq!(fin["status"], "completed", "{fin}");
+    let second = &m.requests()[1];
+    let text = second.to_string();
+    assert!(!text.contains(PNG_BASE64), "the image was sent: {second}");
+    assert!(!text.contains("image_url"), "{second}");
+    let messages = second["messages"].as_array().unwrap();
+    let at = messages.iter().position(|m| m["role"] == "tool").unwrap();
+    let said: Value = serde_json::from_str(messages[at]["content"].as_str().unwrap()).unwrap();
+    assert_eq!(said["kind"], "image");
+    assert_eq!(said["contentType"], "image/png");
+    assert!(
+        said["content"]
+            .as_str()
+            .unwrap()
+            .contains("does not accept image input"),
+        "{said}"
+    );
+    // The tool message is the last: no user message of images follows.
+    assert_eq!(messages.len(), at + 1, "{second}");
+    // The stored result keeps the image: only what the model is sent changes.
+    let h = a.call("proc.history", json!({"pid": pid})).await;
+    assert!(h.to_string().contains(PNG_BASE64), "{h}");
+
+    // A value that is neither true nor false fails the run naming the key,
+    // before any model call.
+    let mut root = k.login("root", "root-password").await;
+    root.call(
+        "sys.config.set",
+        json!({"key": "config/ai/images", "value": "sometimes"}),
+    )
+    .await
+    .unwrap();
+    root.close().await;
+    let s = a
+        .call("proc.send", json!({"pid": pid, "message": "again"}))
+        .await;
+    let fin = a.finished(&s["runId"]).await;
+    assert_eq!(fin["status"], "error", "{fin}");
+    assert!(
+        fin["error"].as_str().unwrap().contains("config/ai/images"),
+        "{fin}"
+    );
+    assert_eq!(m.requests().len(), 2);
 }

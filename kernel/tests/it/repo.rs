@@ -25,11 +25,21 @@ fn git(dir: &Path, args: &[&str]) -> String {
 }
 
 fn git_cmd(dir: &Path, args: &[&str]) -> Command {
-    let mut c = Command::new("git");
-    c.current_dir(dir)
-        .args(args)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
+    let mut c = git_env(Command::new("git"));
+    c.current_dir(dir).args(args);
+    c
+}
+
+/// `c` with no user or system git config, a fixed identity, and no
+/// automatic maintenance: `git commit`, `fetch` and `clone` would otherwise
+/// start `git maintenance run --auto --detach`, a daemonised process no
+/// test waits for, left running (then a zombie of PID 1) after the tests.
+fn git_env(mut c: Command) -> Command {
+    c.env("GIT_CONFIG_NOSYSTEM", "1")
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_COUNT", "1")
+        .env("GIT_CONFIG_KEY_0", "maintenance.auto")
+        .env("GIT_CONFIG_VALUE_0", "false")
         .env("GIT_TERMINAL_PROMPT", "0")
         .env("GIT_AUTHOR_NAME", "up")
         .env("GIT_AUTHOR_EMAIL", "up@example.invalid")
@@ -669,7 +679,12 @@ fn commit_upstream(dir: &Path, i: usize) -> String {
     git(dir, &["rev-parse", "main"]).trim().to_owned()
 }
 
-/// `git daemon` serving `base` on loopback; killed when dropped.
+/// `git daemon` serving `base` on loopback; ended when dropped.
+///
+/// It runs as `git-daemon` itself, this process's own child, not through
+/// the `git daemon` wrapper: killing the wrapper and `git-daemon` together
+/// orphaned `git-daemon`, and a PID 1 that does not reap (this machine's
+/// VM init) kept it as a zombie after every test run.
 struct GitDaemon {
     child: Child,
     port: u16,
@@ -677,26 +692,26 @@ struct GitDaemon {
 
 impl GitDaemon {
     fn start(base: &Path) -> GitDaemon {
+        let exec_path = git(base, &["--exec-path"]);
+        let program = Path::new(exec_path.trim()).join("git-daemon");
         for _ in 0..20 {
             let port = free_port();
-            let child = git_cmd(
-                base,
-                &[
-                    "daemon",
+            let child = git_env(Command::new(&program))
+                .current_dir(base)
+                .args([
                     "--export-all",
                     "--reuseaddr",
                     "--listen=127.0.0.1",
                     &format!("--port={port}"),
                     &format!("--base-path={}", base.display()),
                     &base.display().to_string(),
-                ],
-            )
-            .stderr(std::process::Stdio::null())
-            // `git daemon` runs `git-daemon` as its child: a group of their
-            // own lets Drop end both, not only the wrapper.
-            .process_group(0)
-            .spawn()
-            .unwrap();
+                ])
+                .stderr(std::process::Stdio::null())
+                // A group of its own: Drop's last resort ends the
+                // connections' processes with it.
+                .process_group(0)
+                .spawn()
+                .unwrap();
             let mut d = GitDaemon { child, port };
             for _ in 0..200 {
                 if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
@@ -707,7 +722,6 @@ impl GitDaemon {
                 }
                 std::thread::sleep(std::time::Duration::from_millis(25));
             }
-            let _ = d.child.kill();
         }
         panic!("git daemon did not start");
     }
@@ -715,6 +729,17 @@ impl GitDaemon {
 
 impl Drop for GitDaemon {
     fn drop(&mut self) {
+        // `git-daemon` reaps the process it forks per connection; killed
+        // before they end, they would be orphans nobody reaps. So wait
+        // (bounded) until it has none left, then end the group.
+        let pid = self.child.id();
+        let children = format!("/proc/{pid}/task/{pid}/children");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::fs::read_to_string(&children).is_ok_and(|c| !c.trim().is_empty())
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         let group = rustix::process::Pid::from_child(&self.child);
         let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
         let _ = self.child.wait();

@@ -22,6 +22,9 @@ pub const DEFAULT_MAX_TOKENS: u64 = 8192;
 /// Bytes of context files a prompt holds unless `max_context_bytes` says.
 pub const DEFAULT_MAX_CONTEXT_BYTES: u64 = 32768;
 const DEFAULT_TIMEOUT_MS: u64 = 120_000;
+/// Whether the model is sent images unless `images` says: on, as before
+/// the key existed (and as the reference sends its custom providers).
+pub const DEFAULT_IMAGES: bool = true;
 
 /// The pid of a process-originated call (its session's connection is
 /// `process:<pid>`), or 403 for anyone else.
@@ -120,6 +123,18 @@ pub async fn resolve(k: &Kernel, uid: i64, profile: &str) -> Result<ConfigResult
                 }),
             }
         };
+        let flag = |name: &str, default: bool| -> Result<bool, KernelError> {
+            match get(name)? {
+                None => Ok(default),
+                Some(v) => match v.trim() {
+                    "true" => Ok(true),
+                    "false" => Ok(false),
+                    _ => Err(KernelError::BadRequest(format!(
+                        "config/ai/{name} must be true or false, not '{v}'"
+                    ))),
+                },
+            }
+        };
         let files = |rows: Vec<(String, String)>| -> Vec<ContextFile> {
             rows.into_iter()
                 .map(|(key, text)| ContextFile {
@@ -163,6 +178,7 @@ pub async fn resolve(k: &Kernel, uid: i64, profile: &str) -> Result<ConfigResult
             timeout_ms: num("timeout_ms", Some(DEFAULT_TIMEOUT_MS))?.unwrap_or(DEFAULT_TIMEOUT_MS),
             max_retries: num("max_retries", Some(3))?.unwrap_or(3),
             retry_base_ms: num("retry_base_ms", Some(500))?.unwrap_or(500),
+            images: flag("images", DEFAULT_IMAGES)?,
             profile,
         })
     })

@@ -25,6 +25,8 @@ pub struct ProviderConfig {
     pub context_window_tokens: Option<u64>,
     /// Output tokens reserved for the answer (`config/ai/max_tokens`).
     pub max_tokens: u64,
+    /// Whether the model accepts image input (`config/ai/images`).
+    pub images: bool,
 }
 
 impl ProviderConfig {
@@ -53,6 +55,7 @@ impl ProviderConfig {
             retry_base: Duration::from_millis(c.retry_base_ms),
             context_window_tokens: c.context_window_tokens,
             max_tokens: c.max_tokens,
+            images: c.images,
         })
     }
 }

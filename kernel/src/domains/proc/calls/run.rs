@@ -362,15 +362,20 @@ fn obj(v: Value) -> Map<String, Value> {
 /// What the `tool` message of an image read says in place of the image.
 const IMAGE_ATTACHED: &str = "(image attached in the next message)";
 
+/// What it says instead when the model takes no images (`config/ai/images`).
+const IMAGE_NOT_SENT: &str =
+    "(image not shown: this model does not accept image input; config/ai/images is false)";
+
 /// The text that introduces the images of the tool results before it.
 const IMAGES_FROM_TOOLS: &str = "Attached image(s) from tool result:";
 
 /// A `Read` result that is an image (`fs.read`'s `kind:"image"`): the
 /// tool message's text (the result without the base64) and the image as
-/// OpenAI `image_url` parts (data URLs). Chat completions take text only
-/// in a `tool` message, so the images follow in a user message, as the
-/// reference gateway's provider layer sends them.
-fn image_result(m: &Value) -> Option<(String, Vec<Value>)> {
+/// OpenAI `image_url` parts (data URLs), or none when the model does not
+/// accept images (`images` false; the text says so). Chat completions
+/// take text only in a `tool` message, so the images follow in a user
+/// message, as the reference gateway's provider layer sends them.
+fn image_result(m: &Value, images: bool) -> Option<(String, Vec<Value>)> {
     if m["toolName"] != "Read" || m["isError"] == true {
         return None;
     }
@@ -396,6 +401,10 @@ fn image_result(m: &Value) -> Option<(String, Vec<Value>)> {
     if parts.is_empty() {
         return None;
     }
+    if !images {
+        result["content"] = json!(IMAGE_NOT_SENT);
+        return Some((result.to_string(), Vec::new()));
+    }
     result["content"] = json!(IMAGE_ATTACHED);
     Some((result.to_string(), parts))
 }
@@ -405,10 +414,10 @@ fn image_result(m: &Value) -> Option<(String, Vec<Value>)> {
 /// synthetic error result: servers refuse a history with a dangling call,
 /// and the model should know the call did not complete. Images read by
 /// `Read` follow the turn's tool messages as one user message of
-/// `image_url` parts (every configured provider is OpenAI-compatible and
-/// the config has no text-only switch, so every model is sent them, as
-/// the reference sends its custom providers).
-fn to_openai(system: &str, history: &[Value]) -> Vec<Value> {
+/// `image_url` parts when the model accepts images (`images`, from
+/// `config/ai/images`, on unless set), else their tool message says why
+/// they are missing.
+fn to_openai(system: &str, history: &[Value], images_accepted: bool) -> Vec<Value> {
     let mut out = vec![json!({"role": "system", "content": system})];
     let mut open: Vec<Value> = Vec::new();
     let mut images: Vec<Value> = Vec::new();
@@ -453,7 +462,7 @@ fn to_openai(system: &str, history: &[Value]) -> Vec<Value> {
                 out.push(a);
             }
             Some("toolResult") => {
-                let content = match image_result(m) {
+                let content = match image_result(m, images_accepted) {
                     Some((text, parts)) => {
                         images.extend(parts);
                         json!(text)
@@ -508,14 +517,14 @@ async fn run_loop(
             k.db.call(move |c| store::messages(c, &p, &cv))
                 .await
                 .map_err(failed)?;
-        let mut messages = to_openai(&system, &history);
+        let mut messages = to_openai(&system, &history, cfg.images);
         if preflight(k, row, conv, &cfg, &messages).await? {
             let (p, cv) = (pid.clone(), conv.to_owned());
             history =
                 k.db.call(move |c| store::messages(c, &p, &cv))
                     .await
                     .map_err(failed)?;
-            messages = to_openai(&system, &history);
+            messages = to_openai(&system, &history, cfg.images);
         }
         let completion = tokio::select! {
             _ = cancel.cancelled() => return Err(End::Aborted),
@@ -1103,7 +1112,7 @@ mod tests {
                    "content": r#"1	"kind":"image""#, "isError": false}),
             json!({"role": "user", "content": "and?"}),
         ];
-        let out = to_openai("sys", &history);
+        let out = to_openai("sys", &history, true);
         let roles: Vec<&str> = out.iter().map(|m| m["role"].as_str().unwrap()).collect();
         assert_eq!(
             roles,
