@@ -62,6 +62,12 @@ pub trait ChunkStore {
 /// The object store a [`crate::Dofs`] keeps chunk bytes in, when it has one.
 pub type SharedChunkStore = std::sync::Arc<dyn ChunkStore + Send + Sync>;
 
+impl std::fmt::Debug for dyn ChunkStore + Send + Sync {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("dyn ChunkStore")
+    }
+}
+
 /// Bytes of chunks a write gathers before sending them to an object store
 /// together (they go out concurrently).
 const UPLOAD_BATCH_BYTES: usize = 8 << 20;

@@ -20,9 +20,11 @@
 //! - Every byte read back is hash-verified, as for every [`ChunkStore`].
 //!
 //! The store runs its requests on a small runtime of its own, so its
-//! (synchronous) [`ChunkStore`] methods can be called from any thread that
-//! is not running async code (e.g. inside `spawn_blocking`), whatever
-//! runtime that thread belongs to.
+//! (synchronous) [`ChunkStore`] methods can be called from any thread,
+//! whatever runtime it belongs to: from a thread driving async code (the
+//! sync driver calls its store from its connection's runtime) the caller
+//! waits on a short-lived thread of its own instead, blocking as any
+//! synchronous store call does.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -349,10 +351,19 @@ impl ObjectChunks {
         }
     }
 
-    /// Runs `fut` to completion on this store's runtime, from a thread
-    /// that is not running async code.
-    fn block_on<T>(&self, fut: impl Future<Output = T>) -> T {
-        self.runtime.handle().block_on(fut)
+    /// Runs `fut` to completion on this store's runtime and waits for it.
+    fn block_on<T: Send>(&self, fut: impl Future<Output = T> + Send) -> T {
+        let handle = self.runtime.handle();
+        if tokio::runtime::Handle::try_current().is_err() {
+            return handle.block_on(fut);
+        }
+        // A runtime's thread may not enter another runtime: wait from a
+        // thread that is in none.
+        std::thread::scope(|s| {
+            s.spawn(|| handle.block_on(fut))
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
     }
 
     /// One listing request: the bucket exists and we may read it.
@@ -786,6 +797,15 @@ mod tests {
     fn the_in_memory_object_store_keeps_the_contract() {
         contract::holds_for(&in_memory().1, 1);
         sweeps_within_the_grace_window(&in_memory().1);
+    }
+
+    /// The sync driver calls its store from a current-thread runtime.
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_store_answers_from_inside_a_runtime_thread() {
+        let (_, chunks) = in_memory();
+        contract::holds_for(&chunks, 2);
+        let hash = Hash::of(&[2, 1, 2, 3]);
+        assert_eq!(chunks.get_many(&[hash]).unwrap(), vec![vec![2, 1, 2, 3]]);
     }
 
     #[test]

@@ -49,7 +49,8 @@ impl Kernel {
         let oauth = OAuth::open(&dir, config.public_url.as_deref())?;
         let kernel = Arc::new(Kernel {
             workspaces: Workspaces::new(dir.join("workspaces"), config.wsd_bin.clone())
-                .with_wsd_sandbox(config.wsd_sandbox),
+                .with_wsd_sandbox(config.wsd_sandbox)
+                .with_chunk_store(mirror.as_ref().map(SnapshotMirror::chunks)),
             pending: Arc::new(Semaphore::new(config.max_pending)),
             connected: Arc::new(Semaphore::new(config.max_connections)),
             config,
