@@ -1,136 +1,40 @@
-//! The kernel side: one WebSocket connection as `role:"service"`,
-//! `client.channel:"matrix"`, authenticated by a service token.
+//! The kernel side: one connection as `role:"service"`,
+//! `client.channel:"matrix"`, authenticated by a service token (the
+//! connection itself, reconnecting with backoff, is `gsv_link`'s).
 //!
 //! The adapter calls `adapter.inbound` for each queued Matrix message, one
 //! at a time and in order (a message whose answer did not arrive is sent
 //! again, with the same `deliveryId`, on the next connection), and
 //! `adapter.state.update` whenever the Matrix side's state changes. The
 //! kernel's `adapter.send|connect|disconnect|status` requests are answered
-//! concurrently. The connection is retried with exponential backoff, reset
-//! after each successful handshake; a refused handshake (bad token, setup
-//! required) stops the adapter.
+//! concurrently. A refused handshake (bad token, setup required) stops the
+//! adapter; overload (429, 503) is retried.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-use backon::{BackoffBuilder, ExponentialBuilder};
-use futures::{SinkExt, StreamExt};
+use futures::FutureExt as _;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use tokio::sync::{mpsc, oneshot, watch};
-use tokio_tungstenite::tungstenite::Message;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use gsv_protocol::PROTOCOL;
+use gsv_link::{CallError, Client, Connection, Incoming, LinkConfig, Sender};
 use gsv_protocol::adapter::{
     self, AccountStatus, ConnectArgs, ConnectResult, Connected, DisconnectArgs, Disconnected,
     InboundArgs, InboundResult, SendArgs, StateUpdateArgs, StatusArgs, StatusResult,
 };
-use gsv_protocol::frames::{self, Inbound, Outbound, Response};
-use gsv_protocol::{OpResult, WireError};
+use gsv_protocol::error::code;
+use gsv_protocol::{OpResult, PROTOCOL, WireError};
 
 use crate::{ADAPTER, AdapterError, Config, MatrixBot};
-
-/// How long connecting (TCP + WebSocket upgrade) may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long the kernel may take to answer `sys.connect`.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(15);
-/// How long the kernel may take to answer one of our calls; past it the
-/// connection is taken for hung and replaced.
-const CALL_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long a dropped connection's writer may take to send its close.
-const CLOSE_GRACE: Duration = Duration::from_secs(2);
-/// Frames queued for the writer.
-const OUTBOUND_QUEUE: usize = 64;
 
 /// The connection to the kernel and what it serves.
 #[derive(Debug)]
 pub struct Link {
-    url: String,
-    token: String,
-    min_backoff: Duration,
-    max_backoff: Duration,
+    config: LinkConfig,
     bot: MatrixBot,
     /// Whether the Matrix sync runs (`adapter.connect|disconnect`).
     enabled: watch::Sender<bool>,
     status: watch::Receiver<AccountStatus>,
-}
-
-/// Why one of our calls got no answer.
-#[derive(Debug, thiserror::Error)]
-enum CallError {
-    #[error("the connection to the kernel was lost")]
-    Lost,
-    #[error("the kernel did not answer {call} within {CALL_TIMEOUT:?}")]
-    Timeout { call: &'static str },
-    #[error("{call} failed ({code}): {message}")]
-    Kernel {
-        call: &'static str,
-        code: i64,
-        message: String,
-    },
-    #[error("{call}: unexpected answer: {reason}")]
-    BadAnswer { call: &'static str, reason: String },
-}
-
-/// Our calls in flight on one connection.
-#[derive(Debug, Clone)]
-struct Calls {
-    tx: mpsc::Sender<Message>,
-    pending: Arc<Mutex<HashMap<String, oneshot::Sender<Value>>>>,
-    next: Arc<AtomicU64>,
-}
-
-impl Calls {
-    async fn call<A: Serialize, R: DeserializeOwned>(
-        &self,
-        call: &'static str,
-        args: &A,
-    ) -> Result<R, CallError> {
-        let id = format!("m{}", self.next.fetch_add(1, Ordering::Relaxed));
-        let (done, answer) = oneshot::channel();
-        self.pending.lock().unwrap().insert(id.clone(), done);
-        let frame = json!({"type": "req", "id": id, "call": call, "args": args});
-        if self
-            .tx
-            .send(Message::Text(frame.to_string().into()))
-            .await
-            .is_err()
-        {
-            self.pending.lock().unwrap().remove(&id);
-            return Err(CallError::Lost);
-        }
-        let res = match tokio::time::timeout(CALL_TIMEOUT, answer).await {
-            Ok(Ok(res)) => res,
-            Ok(Err(_)) => return Err(CallError::Lost),
-            Err(_) => {
-                self.pending.lock().unwrap().remove(&id);
-                return Err(CallError::Timeout { call });
-            }
-        };
-        if res["ok"] != true {
-            return Err(CallError::Kernel {
-                call,
-                code: res["error"]["code"].as_i64().unwrap_or(0),
-                message: res["error"]["message"].as_str().unwrap_or("").to_owned(),
-            });
-        }
-        serde_json::from_value(res.get("data").cloned().unwrap_or(Value::Null)).map_err(|e| {
-            CallError::BadAnswer {
-                call,
-                reason: e.to_string(),
-            }
-        })
-    }
-
-    fn answered(&self, id: &str, frame: Value) {
-        if let Some(done) = self.pending.lock().unwrap().remove(id) {
-            let _ = done.send(frame);
-        }
-    }
 }
 
 impl Link {
@@ -140,11 +44,24 @@ impl Link {
         enabled: watch::Sender<bool>,
         status: watch::Receiver<AccountStatus>,
     ) -> Self {
+        let hello = json!({
+            "protocol": PROTOCOL,
+            "client": {
+                "id": format!("{ADAPTER}:{}", bot.account_id()),
+                "version": env!("CARGO_PKG_VERSION"),
+                "platform": std::env::consts::OS,
+                "role": "service",
+                "channel": ADAPTER,
+            },
+            "auth": {"token": config.service_token},
+        });
         Link {
-            url: config.kernel_url.clone(),
-            token: config.service_token.clone(),
-            min_backoff: config.min_backoff,
-            max_backoff: config.max_backoff,
+            config: LinkConfig {
+                url: config.kernel_url.clone(),
+                hello,
+                min_backoff: config.min_backoff,
+                max_backoff: config.max_backoff,
+            },
             bot,
             enabled,
             status,
@@ -154,229 +71,100 @@ impl Link {
     /// Serves the kernel until `stop` or a refused handshake.
     pub async fn run(
         self,
-        mut inbound: mpsc::Receiver<InboundArgs>,
+        inbound: mpsc::Receiver<InboundArgs>,
         stop: CancellationToken,
     ) -> Result<(), AdapterError> {
-        let backoff = || {
-            ExponentialBuilder::default()
-                .with_min_delay(self.min_backoff)
-                .with_max_delay(self.max_backoff)
-                .with_jitter()
-                .without_max_times()
-                .build()
+        let mut service = Service {
+            bot: self.bot,
+            enabled: self.enabled,
+            status: self.status,
+            inbound,
+            carry: None,
         };
-        let mut delays = backoff();
-        // The message whose `adapter.inbound` got no answer yet.
-        let mut carry: Option<InboundArgs> = None;
-        loop {
-            let mut connected = false;
-            let r = tokio::select! {
-                () = stop.cancelled() => return Ok(()),
-                r = self.run_once(&mut inbound, &mut carry, &stop, &mut connected) => r,
-            };
-            if stop.is_cancelled() {
-                return Ok(());
-            }
-            match r {
-                Err(ConnectionError::Refused(e)) => return Err(e),
-                Err(e) => tracing::warn!(error = %e, "kernel connection failed"),
-                Ok(Some(why)) => tracing::warn!(url = %self.url, %why, "kernel connection dropped"),
-                Ok(None) => tracing::warn!(url = %self.url, "kernel connection closed"),
-            }
-            if connected {
-                delays = backoff();
-            }
-            let wait = delays.next().unwrap_or(self.max_backoff);
-            tracing::info!(?wait, "reconnecting to the kernel");
-            tokio::select! {
-                () = stop.cancelled() => return Ok(()),
-                () = tokio::time::sleep(wait) => {}
-            }
-        }
+        gsv_link::run(&self.config, &mut service, &stop)
+            .await
+            .map_err(|r| AdapterError::KernelRefused {
+                url: r.url,
+                code: r.code,
+                message: r.message,
+            })
+    }
+}
+
+/// The adapter on one connection after another.
+struct Service {
+    bot: MatrixBot,
+    enabled: watch::Sender<bool>,
+    status: watch::Receiver<AccountStatus>,
+    inbound: mpsc::Receiver<InboundArgs>,
+    /// The message whose `adapter.inbound` got no answer yet.
+    carry: Option<InboundArgs>,
+}
+
+impl Client for Service {
+    /// Overload passes; a bad token or a kernel in setup does not.
+    fn refusal_is_final(&self, code: i64) -> bool {
+        code != code::UNAVAILABLE && code != TOO_MANY_REQUESTS
     }
 
-    /// One connection: handshake, then serve until it drops. `Ok(Some)`
-    /// says why we dropped it.
-    async fn run_once(
-        &self,
-        inbound: &mut mpsc::Receiver<InboundArgs>,
-        carry: &mut Option<InboundArgs>,
+    /// Pumps Matrix messages in, state updates and answers out, until the
+    /// connection ends or a call of ours goes unanswered.
+    async fn serve(
+        &mut self,
+        connection: &mut Connection,
         stop: &CancellationToken,
-        connected: &mut bool,
-    ) -> Result<Option<String>, ConnectionError> {
-        let url = self.url.clone();
-        let (ws, _) = tokio::time::timeout(CONNECT_TIMEOUT, tokio_tungstenite::connect_async(&url))
-            .await
-            .map_err(|_| ConnectionError::lost(&url, "connect timed out"))?
-            .map_err(|e| ConnectionError::lost(&url, e))?;
-        let (mut sink, mut stream) = ws.split();
-        let hello = json!({
-            "type": "req",
-            "id": "connect",
-            "call": "sys.connect",
-            "args": {
-                "protocol": PROTOCOL,
-                "client": {
-                    "id": format!("{ADAPTER}:{}", self.bot.account_id()),
-                    "version": env!("CARGO_PKG_VERSION"),
-                    "platform": std::env::consts::OS,
-                    "role": "service",
-                    "channel": ADAPTER,
-                },
-                "auth": {"token": self.token},
-            },
-        });
-        sink.send(Message::Text(hello.to_string().into()))
-            .await
-            .map_err(|e| ConnectionError::lost(&url, e))?;
-        let answer = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
-            while let Some(m) = stream.next().await {
-                match m {
-                    Ok(Message::Text(t)) => {
-                        let v: Value = serde_json::from_str(t.as_str()).unwrap_or(Value::Null);
-                        if v["type"] == "res" && v["id"] == "connect" {
-                            return Ok(v);
-                        }
-                    }
-                    Ok(Message::Close(c)) => {
-                        return Err(format!("closed during the handshake: {c:?}"));
-                    }
-                    Ok(_) => {}
-                    Err(e) => return Err(e.to_string()),
-                }
-            }
-            Err("closed during the handshake".to_owned())
-        })
-        .await
-        .map_err(|_| ConnectionError::lost(&url, "sys.connect timed out"))?
-        .map_err(|e| ConnectionError::lost(&url, e))?;
-        if answer["ok"] != true {
-            let code = answer["error"]["code"].as_i64().unwrap_or(0);
-            let message = answer["error"]["message"].as_str().unwrap_or("").to_owned();
-            // Overload passes; a bad token or a kernel in setup does not.
-            if code == 429 || code == 503 {
-                return Err(ConnectionError::lost(&url, format!("{code}: {message}")));
-            }
-            return Err(ConnectionError::Refused(AdapterError::KernelRefused {
-                url,
-                code,
-                message,
-            }));
-        }
-        *connected = true;
-        tracing::info!(url = %url, account = %self.bot.account_id(), "connected to the kernel");
-
-        let (tx, mut rx) = mpsc::channel::<Message>(OUTBOUND_QUEUE);
-        let writer = tokio::spawn(async move {
-            while let Some(m) = rx.recv().await {
-                if sink.send(m).await.is_err() {
-                    break;
-                }
-            }
-            let _ = sink.close().await;
-        });
-        let calls = Calls {
-            tx: tx.clone(),
-            pending: Arc::default(),
-            next: Arc::default(),
-        };
+    ) -> Option<String> {
+        let calls = connection.sender();
         // The kernel learns the current state first on every connection.
         let mut status = self.status.clone();
         status.mark_changed();
-        let pump = pump_inbound(calls.clone(), &self.bot, inbound, carry);
-        let result = {
-            tokio::pin!(pump);
-            loop {
-                tokio::select! {
-                    () = stop.cancelled() => break None,
-                    why = &mut pump => break Some(why),
-                    r = status.changed() => {
-                        if r.is_err() {
-                            break Some("the Matrix side stopped".into());
-                        }
-                        let current = status.borrow_and_update().clone();
-                        let calls = calls.clone();
-                        tokio::spawn(async move { update_state(&calls, current).await });
+        let pump = pump_inbound(calls.clone(), &self.bot, &mut self.inbound, &mut self.carry);
+        tokio::pin!(pump);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return None,
+                why = &mut pump => return Some(why),
+                r = status.changed() => {
+                    if r.is_err() {
+                        return Some("the Matrix side stopped".into());
                     }
-                    m = stream.next() => match m {
-                        None | Some(Ok(Message::Close(_))) => break None,
-                        Some(Err(e)) => break Some(e.to_string()),
-                        Some(Ok(Message::Text(t))) => self.on_frame(t.as_str(), &calls, &tx),
-                        Some(Ok(Message::Ping(p))) => {
-                            let _ = tx.send(Message::Pong(p)).await;
-                        }
-                        Some(Ok(_)) => {}
-                    },
+                    let current = status.borrow_and_update().clone();
+                    let calls = calls.clone();
+                    tokio::spawn(async move { update_state(&calls, current).await });
                 }
+                m = connection.next() => match m {
+                    Err(why) => {
+                        // An answer read just before the end still counts:
+                        // the call waiting for it takes it now, so its
+                        // message is not sent again.
+                        let _ = (&mut pump).now_or_never();
+                        return why;
+                    }
+                    Ok(Incoming::Request { id, call, args }) => {
+                        let (bot, enabled, status) =
+                            (self.bot.clone(), self.enabled.clone(), self.status.clone());
+                        let calls = calls.clone();
+                        tokio::spawn(async move {
+                            let r = serve(&bot, &enabled, &status, &call, Value::Object(args)).await;
+                            let _ = calls.respond(id, r).await;
+                        });
+                    }
+                    // `adapter.status` broadcasts and the like: nothing to do.
+                    Ok(Incoming::Signal { .. }) => {}
+                },
             }
-        };
-        // Calls still waiting see `Lost`.
-        calls.pending.lock().unwrap().clear();
-        drop((calls, tx));
-        // Requests still being served hold the writer open; a close frame
-        // is a courtesy worth a short wait only.
-        let abort = writer.abort_handle();
-        if tokio::time::timeout(CLOSE_GRACE, writer).await.is_err() {
-            abort.abort();
-        }
-        Ok(result)
-    }
-
-    fn on_frame(&self, text: &str, calls: &Calls, tx: &mpsc::Sender<Message>) {
-        let frame = match frames::parse(text) {
-            Ok(f) => f,
-            Err(e) => {
-                tracing::warn!(error = %e, "ignoring a malformed frame from the kernel");
-                return;
-            }
-        };
-        match frame {
-            Inbound::Res { id, frame, .. } => calls.answered(&id, frame),
-            Inbound::Req { id, call, args } => {
-                let (bot, enabled, status) =
-                    (self.bot.clone(), self.enabled.clone(), self.status.clone());
-                let tx = tx.clone();
-                tokio::spawn(async move {
-                    let args = Value::Object(args);
-                    let r = serve(&bot, &enabled, &status, &call, args).await;
-                    let res = match r {
-                        Ok(data) => Response::ok(id, data),
-                        Err(e) => Response::err(id, e),
-                    };
-                    let _ = tx
-                        .send(Message::Text(Outbound::Res(res).to_text().into()))
-                        .await;
-                });
-            }
-            // `adapter.status` broadcasts and the like: nothing to do.
-            Inbound::Sig { .. } => {}
         }
     }
 }
 
-/// A connection that failed: worth retrying, or refused for good.
-#[derive(Debug, thiserror::Error)]
-enum ConnectionError {
-    #[error("connection to {url}: {message}")]
-    Lost { url: String, message: String },
-    #[error(transparent)]
-    Refused(AdapterError),
-}
-
-impl ConnectionError {
-    fn lost(url: &str, message: impl ToString) -> Self {
-        ConnectionError::Lost {
-            url: url.to_owned(),
-            message: message.to_string(),
-        }
-    }
-}
+/// The kernel's "too many connections" answer (its permits are full).
+const TOO_MANY_REQUESTS: i64 = 429;
 
 /// Sends the queued Matrix messages to the kernel one at a time, in order,
 /// and posts the kernel's immediate answers. Returns (to drop the
 /// connection) when a call goes unanswered; the message stays in `carry`.
 async fn pump_inbound(
-    calls: Calls,
+    calls: Sender,
     bot: &MatrixBot,
     inbound: &mut mpsc::Receiver<InboundArgs>,
     carry: &mut Option<InboundArgs>,
@@ -415,7 +203,7 @@ async fn pump_inbound(
     }
 }
 
-async fn update_state(calls: &Calls, status: AccountStatus) {
+async fn update_state(calls: &Sender, status: AccountStatus) {
     tracing::debug!(?status, "adapter.state.update");
     let args = StateUpdateArgs {
         adapter: ADAPTER.into(),

@@ -865,9 +865,11 @@ const REDIAL_MIN_DELAY: Duration = Duration::from_millis(100);
 const REDIAL_MAX_DELAY: Duration = Duration::from_secs(5);
 
 /// Dials with [`connect_with`], retrying with backoff while the failure is
-/// one a later dial may not have (`ESHUTDOWN`, `EIO`, `ETIMEDOUT`: the
-/// daemon restarting or not listening yet); a refused token or version is
-/// returned at once. `dials` counts every attempt.
+/// one a later dial may not have (`ESHUTDOWN`, `EIO`: the daemon restarting
+/// or not listening yet); a refused token or version is returned at once,
+/// and so is `ETIMEDOUT`: that dial already waited out its whole deadline
+/// on a host that is frozen or cut off, and dialling again would multiply
+/// the caller's wait. `dials` counts every attempt.
 pub async fn dial_with_backoff(
     endpoint: &Endpoint,
     opts: &ClientOptions,
@@ -883,12 +885,7 @@ pub async fn dial_with_backoff(
         connect_with(endpoint, opts)
     })
     .retry(backoff)
-    .when(|e| {
-        matches!(
-            e.code,
-            ErrorCode::Shutdown | ErrorCode::Io | ErrorCode::Timeout
-        )
-    })
+    .when(|e| matches!(e.code, ErrorCode::Shutdown | ErrorCode::Io))
     .notify(|e, after| tracing::info!(%endpoint, error = %e, ?after, "re-dialling"))
     .await
 }

@@ -336,13 +336,21 @@ impl WsdHandle {
         let keep = self.jobs.clone();
         self.run(move |conn| async move {
             // Not retried: a lost answer may have started the command.
-            let stream = conn
+            let (stream, daemon) = conn
                 .call(false, |c| {
                     let req = req.clone();
-                    async move { c.exec(&req).await }
+                    async move {
+                        let stream = c.exec(&req).await?;
+                        Ok::<_, WsdError>((stream, c))
+                    }
                 })
                 .await?;
-            Ok(ExecEvents::pump(stream, keep))
+            Ok(ExecEvents::pump(
+                stream,
+                daemon,
+                conn.opts.call_timeout,
+                keep,
+            ))
         })
         .await
     }
@@ -352,13 +360,21 @@ impl WsdHandle {
     pub async fn start_pty(&self, req: PtyRequest) -> Result<ExecEvents, WsdError> {
         let keep = self.jobs.clone();
         self.run(move |conn| async move {
-            let stream = conn
+            let (stream, daemon) = conn
                 .call(false, |c| {
                     let req = req.clone();
-                    async move { c.start_pty(&req).await }
+                    async move {
+                        let stream = c.start_pty(&req).await?;
+                        Ok::<_, WsdError>((stream, c))
+                    }
                 })
                 .await?;
-            Ok(ExecEvents::pump(stream, keep))
+            Ok(ExecEvents::pump(
+                stream,
+                daemon,
+                conn.opts.call_timeout,
+                keep,
+            ))
         })
         .await
     }
@@ -396,13 +412,21 @@ impl WsdHandle {
         let keep = self.jobs.clone();
         let id = id.to_owned();
         self.run(move |conn| async move {
-            let stream = conn
+            let (stream, daemon) = conn
                 .call(true, |c| {
                     let id = id.clone();
-                    async move { c.get_exec(&id, from).await }
+                    async move {
+                        let stream = c.get_exec(&id, from).await?;
+                        Ok::<_, WsdError>((stream, c))
+                    }
                 })
                 .await?;
-            Ok(ExecEvents::pump(stream, keep))
+            Ok(ExecEvents::pump(
+                stream,
+                daemon,
+                conn.opts.call_timeout,
+                keep,
+            ))
         })
         .await
     }
@@ -526,6 +550,13 @@ async fn drive<S: Store>(
 /// [`CLIENT_EXEC_EVENT_BUFFER`] ahead of the reader (a slow reader slows
 /// the command's output, never loses it). Dropping it detaches: the
 /// command keeps running and [`WsdHandle::attach`] resumes.
+///
+/// A stream quiet for the call deadline ([`ClientOptions::call_timeout`])
+/// asks the daemon for its status: a daemon that does not answer within
+/// the deadline either (frozen, or cut off with its TCP connection still
+/// open) ends the stream with `ETIMEDOUT`, instead of a wait that never
+/// ends. A quiet command on a live daemon costs one status call per
+/// deadline.
 pub struct ExecEvents {
     id: String,
     rx: mpsc::Receiver<Result<ExecEvent, WsdError>>,
@@ -542,8 +573,15 @@ impl std::fmt::Debug for ExecEvents {
 }
 
 impl ExecEvents {
-    /// Spawns the forwarding task on the connection thread.
-    fn pump(mut stream: crate::client::ExecStream, keep: mpsc::Sender<Job>) -> ExecEvents {
+    /// Spawns the forwarding task on the connection thread; `daemon` is
+    /// the connection the stream came on, asked for its status after each
+    /// `quiet` period without an event.
+    fn pump(
+        mut stream: crate::client::ExecStream,
+        daemon: Client,
+        quiet: Duration,
+        keep: mpsc::Sender<Job>,
+    ) -> ExecEvents {
         let (tx, rx) = mpsc::channel(CLIENT_EXEC_EVENT_BUFFER);
         let id = stream.id().to_owned();
         tokio::task::spawn_local(async move {
@@ -551,6 +589,15 @@ impl ExecEvents {
                 let next = tokio::select! {
                     next = stream.next() => next,
                     () = tx.closed() => return,
+                    () = tokio::time::sleep(quiet) => match daemon.status().await {
+                        // The daemon answers: the command is only quiet.
+                        Ok(_) => continue,
+                        Err(e) => Err(WsdError::new(
+                            e.code,
+                            format!("exec {}: no event for {quiet:?}, and then {}", stream.id(), e.message),
+                        )
+                        .with_subject(e.subject.unwrap_or_else(|| stream.id().to_owned()))),
+                    },
                 };
                 match next {
                     Ok(Some(event)) => {

@@ -13,6 +13,7 @@ use wsd_dofs::Dofs;
 
 use crate::db::Db;
 use crate::domains;
+use crate::domains::device::Devices;
 use crate::domains::oauth::OAuth;
 use crate::domains::proc::Procs;
 use crate::domains::snapshot::mirror::SnapshotMirror;
@@ -37,8 +38,9 @@ impl Kernel {
             .map_err(|e| KernelError::internal("opening system.dofs", e))?;
         let system = Arc::new(Mutex::new(system));
         domains::prepare(&db, &system).await?;
+        let devices = Devices::new(db.clone());
         let router = Arc::new(Router::new(
-            db.clone(),
+            devices.clone(),
             config.routed_call_ttl,
             config.adapter_timeout,
         ));
@@ -50,6 +52,7 @@ impl Kernel {
         let kernel = Arc::new(Kernel {
             workspaces: Workspaces::new(dir.join("workspaces"), config.wsd_bin.clone())
                 .with_wsd_sandbox(config.wsd_sandbox)
+                .with_wsd_timeout(config.wsd_timeout)
                 .with_chunk_store(mirror.as_ref().map(SnapshotMirror::chunks)),
             pending: Arc::new(Semaphore::new(config.max_pending)),
             connected: Arc::new(Semaphore::new(config.max_connections)),
@@ -57,10 +60,12 @@ impl Kernel {
             db,
             system,
             pool: ConnectionPool::default(),
+            devices,
             router,
             sessions: Default::default(),
             dispatch: domains::table(),
             procs: Procs::default(),
+            signal_listeners: domains::signal_listeners(),
             watches: Default::default(),
             ptys: Default::default(),
             login_failures: Mutex::new(HashMap::new()),

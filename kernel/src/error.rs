@@ -83,6 +83,15 @@ pub enum KernelError {
 }
 
 impl KernelError {
+    /// `call`'s arguments are refused for `reason` (which names the
+    /// argument).
+    pub fn invalid_args(call: &str, reason: impl Into<String>) -> KernelError {
+        KernelError::InvalidArgs {
+            call: call.to_owned(),
+            reason: reason.into(),
+        }
+    }
+
     /// The wire code of this failure; one code per variant.
     pub fn code(&self) -> i64 {
         use KernelError::*;

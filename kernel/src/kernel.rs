@@ -17,8 +17,10 @@ use wsd_dofs::Dofs;
 
 use crate::db::Db;
 use crate::dispatch::Dispatch;
+use crate::domains::device::Devices;
 use crate::domains::mcp::live::McpServers;
 use crate::domains::oauth::OAuth;
+use crate::domains::proc::SignalListeners;
 use crate::domains::proc::active::Procs;
 use crate::domains::shell::sessions::Sessions;
 use crate::domains::snapshot::mirror::{ChunkStoreConfig, SnapshotMirror};
@@ -59,6 +61,12 @@ pub struct KernelConfig {
     pub adapter_timeout: Duration,
     /// A local wsd unused this long (and running nothing) is stopped.
     pub wsd_idle_stop: Duration,
+    /// The deadline of every call to a workspace's wsd (`gsv serve
+    /// --wsd-timeout`): a wsd that does not answer within it (frozen, or
+    /// cut off with its connection open) fails the call, and a running
+    /// command's session once its events stay quiet that long and a status
+    /// call gets no answer either.
+    pub wsd_timeout: Duration,
     /// Snapshots one workspace may hold; one more is `ELIMIT`.
     pub snapshot_limit: u64,
     /// How often the kernel collects garbage in every workspace store
@@ -95,6 +103,7 @@ impl KernelConfig {
             routed_call_ttl: Duration::from_secs(60),
             adapter_timeout: Duration::from_secs(30),
             wsd_idle_stop: Duration::from_secs(10 * 60),
+            wsd_timeout: wsd_client::DEFAULT_CALL_TIMEOUT,
             snapshot_limit: 64,
             gc_interval: Some(Duration::from_secs(6 * 60 * 60)),
             gc_grace: Duration::from_secs(60 * 60),
@@ -124,6 +133,8 @@ pub struct Kernel {
     pub(crate) system: Arc<Mutex<Dofs>>,
     pub(crate) workspaces: Workspaces,
     pub(crate) pool: ConnectionPool,
+    /// Device rows, their routes and shell sessions (the device domain).
+    pub(crate) devices: Devices,
     /// Live device drivers and routed calls waiting for them.
     pub(crate) router: Arc<Router>,
     /// Live `shell.exec` sessions.
@@ -131,6 +142,8 @@ pub struct Kernel {
     pub(crate) dispatch: Dispatch<Kernel>,
     /// Active agent runs (the rest of a process is rows).
     pub(crate) procs: Procs,
+    /// What hears a process signal beyond its sockets.
+    pub(crate) signal_listeners: SignalListeners<Kernel>,
     /// Live `fs.watch` feeds.
     pub(crate) watches: Watches,
     /// Terminals (`shell.pty.*`) and their attachments.

@@ -64,11 +64,11 @@ pub async fn serve(
         .route("/ws", get(upgrade))
         .route(
             crate::domains::oauth::CALLBACK_PATH,
-            get(crate::domains::oauth::calls::callback),
+            get(crate::domains::oauth::calls::http::callback),
         )
         .route(
             crate::domains::oauth::CLIENT_METADATA_PATH,
-            get(crate::domains::oauth::calls::client_metadata),
+            get(crate::domains::oauth::calls::http::client_metadata),
         )
         .route(
             "/repos/{owner}/{repo}/{*rest}",
@@ -398,9 +398,7 @@ impl Connection {
                         "Invalid implements pattern: {bad}"
                     )));
                 }
-                let (dev, uid) = (a.client.id.clone(), identity.uid);
-                k.db.call(move |c| routing::check_device_owner(c, &dev, uid))
-                    .await?;
+                k.devices.check_owner(&a.client.id, identity.uid).await?;
                 extras.insert("device".into(), json!(a.client.id));
                 extras.insert("implements".into(), json!(implements));
                 device = Some((a.client.id.clone(), implements));

@@ -12,6 +12,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::domains::accounts::ProcessIdentity;
+use crate::error::KernelError;
 
 /// A client role (`sys.connect` `client.role`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -53,6 +54,18 @@ pub fn process_connection_id(pid: &str) -> String {
 }
 
 impl Session {
+    /// The uid a call acts on: the caller's own unless root names
+    /// another; anyone else naming another uid is refused.
+    pub fn acting_uid(&self, uid: Option<i64>) -> Result<i64, KernelError> {
+        match uid {
+            Some(u) if u != self.identity.uid && !self.identity.is_root() => {
+                Err(KernelError::PermissionDenied(format!("uid {u}")))
+            }
+            Some(u) => Ok(u),
+            None => Ok(self.identity.uid),
+        }
+    }
+
     /// Whether this is a process's session (its tool calls, CodeMode)
     /// rather than a socket's.
     pub fn is_process(&self) -> bool {

@@ -95,9 +95,19 @@ pub struct DaemonBuilder {
     args: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
     log: Option<PathBuf>,
+    listen: Option<String>,
 }
 
 impl DaemonBuilder {
+    /// `--listen ADDR` (`host:port`) instead of a free loopback port: an
+    /// address of another network namespace, with [`DaemonBuilder::program`]
+    /// running the daemon there (`ip netns exec NS wsd`). The test process
+    /// must reach it, since [`DaemonBuilder::start`] waits for it to accept.
+    pub fn listen(mut self, addr: &str) -> Self {
+        self.listen = Some(addr.to_owned());
+        self
+    }
+
     /// `--state DIR`; without it the daemon uses its default
     /// (`ROOT/.wsd`).
     pub fn state(mut self, dir: &Path) -> Self {
@@ -152,7 +162,7 @@ impl DaemonBuilder {
         let mut d = Daemon {
             root: self.root.clone(),
             state,
-            addr: free_addr(),
+            addr: self.listen.clone().unwrap_or_else(free_addr),
             token_file: self.token_file.clone(),
             spec: self,
             child: None,
@@ -185,6 +195,7 @@ impl Daemon {
             args: Vec::new(),
             env: Vec::new(),
             log: None,
+            listen: None,
         }
     }
 

@@ -45,6 +45,13 @@ pub struct ServeArgs {
     /// Seconds after which an unused local wsd (running nothing) is stopped.
     #[arg(long, default_value_t = 600)]
     wsd_idle_secs: u64,
+    /// The deadline of every call to a workspace's wsd, e.g. `60s`, `5s`:
+    /// a wsd that does not answer within it (a frozen or cut-off host)
+    /// fails the call, and a running command's session once its output
+    /// stays quiet that long and the wsd does not answer a status call
+    /// either. Dialling and the handshake get at most 10 s each.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = positive_duration)]
+    wsd_timeout: std::time::Duration,
     /// Keep workspaces' file content (chunks) and snapshot manifests in an
     /// S3-compatible object store, so workspaces outlive this machine
     /// (`gsv workspace recover`): `s3://BUCKET[/PREFIX]?endpoint=URL`
@@ -106,6 +113,7 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode> {
     config.max_frame_bytes = a.max_frame_bytes;
     config.exec_wait = std::time::Duration::from_millis(a.exec_wait_ms);
     config.wsd_idle_stop = std::time::Duration::from_secs(a.wsd_idle_secs);
+    config.wsd_timeout = a.wsd_timeout;
     config.adapter_timeout = std::time::Duration::try_from_secs_f64(a.adapter_timeout)
         .ok()
         .filter(|d| !d.is_zero())
@@ -134,6 +142,15 @@ pub async fn serve(a: ServeArgs) -> Result<ExitCode> {
     gsv_kernel::server::serve(listener, kernel.clone(), shutdown_signal()).await?;
     kernel.shutdown().await;
     Ok(ExitCode::SUCCESS)
+}
+
+/// A duration above zero (`humantime`: `60s`, `1m30s`, `500ms`).
+fn positive_duration(text: &str) -> Result<std::time::Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        Ok(_) => Err("must be above zero".to_owned()),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// `user`: the account the node token belongs to (the global `--user`;

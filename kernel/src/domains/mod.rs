@@ -67,7 +67,7 @@ pub fn migrations() -> Vec<Migration> {
 /// dead), root's home.
 pub async fn prepare(db: &Db, system: &Arc<Mutex<Dofs>>) -> Result<(), KernelError> {
     db.call(accounts::bootstrap).await?;
-    db.call(crate::routing::reset_at_start).await?;
+    db.call(device::reset_at_start).await?;
     fs::calls::ensure_dir(system, "root").await
 }
 
@@ -80,6 +80,16 @@ pub async fn start(k: &Arc<Kernel>) -> Result<(), KernelError> {
     timers::calls::start(k);
     tokio::spawn(watch::calls::prune_periodically(Arc::downgrade(k)));
     Ok(())
+}
+
+/// The listeners of process signals: IPC replies, signal watches, chat
+/// surfaces (see [`proc::SignalListeners`]).
+pub fn signal_listeners() -> proc::SignalListeners<Kernel> {
+    proc::SignalListeners {
+        run_finished: proc::calls::ipc::on_run_finished,
+        watches: proc::calls::signal_watch::fire,
+        surface: adapter::calls::on_run_signal,
+    }
 }
 
 /// The whole table.

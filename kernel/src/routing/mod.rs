@@ -15,29 +15,29 @@
 //!
 //! Everything here takes the [`Router`] (database, TTL, live drivers and
 //! waiting routes), never the kernel, so routing sits below `Kernel`; the
-//! state is [`router`], the device rows [`devices`].
+//! live state is [`router`], the rows are the device domain's
+//! ([`Devices`]: devices, routes, device shell sessions).
 
 pub mod router;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use rusqlite::{OptionalExtension, params};
 use serde_json::{Map, Value, json};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::caps;
-use crate::db::now_ms;
 use crate::dispatch::{Entry, is_routable};
 use crate::domains::accounts::{self, ProcessIdentity};
 use crate::error::KernelError;
 use crate::session::{Outgoing, Session};
 use gsv_protocol::frames::Outbound;
 
-pub use crate::domains::device::{
-    Device, Registration, can_access, check_device_owner, get_device, list_devices, reset_at_start,
-    update_device, visible_device,
-};
+pub use crate::domains::device::routes::Origin;
+use crate::domains::device::routes::RouteRow;
+pub use crate::domains::device::shell_sessions::DeviceSession;
+use crate::domains::device::shell_sessions::SessionReport;
+pub use crate::domains::device::{Device, Registration};
 use router::{Driver, Pending};
 pub use router::{Peer, Router};
 
@@ -48,8 +48,6 @@ pub const SHELL_TTL_CAP: Duration = Duration::from_secs(11 * 60);
 pub const NET_FETCH_TTL_CAP: Duration = Duration::from_secs(10 * 60);
 /// Added to a routed `shell.exec`'s own timeout for its TTL.
 const SHELL_TTL_SLACK: Duration = Duration::from_secs(10);
-/// How long a device shell session row lives after its last update.
-pub const SESSION_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// Runs an authorised call, native or routed; `entry` is `None` for a
 /// routable call with no native handler (it can only be routed).
@@ -110,45 +108,16 @@ pub async fn register_driver(
     who: &ProcessIdentity,
     reg: Registration,
 ) -> Result<(), KernelError> {
-    let (uid, gid) = (who.uid, who.gid);
-    let row = reg.clone();
-    r.db.call(move |c| {
-        let tx = c.transaction()?;
-        check_device_owner(&tx, &row.device_id, uid)?;
-        let now = now_ms();
-        let implements = serde_json::to_string(&row.implements)
-            .map_err(|e| KernelError::internal("encoding implements", e))?;
-        tx.execute(
-            "INSERT INTO devices(device_id, owner_uid, label, implements, platform, version,
-                 online, first_seen_at, last_seen_at, connected_at)
-             VALUES (?1, ?2, ?1, ?3, ?4, ?5, 1, ?6, ?6, ?6)
-             ON CONFLICT(device_id) DO UPDATE SET implements = ?3, platform = ?4,
-                 version = ?5, online = 1, last_seen_at = ?6, connected_at = ?6",
-            params![
-                row.device_id,
-                uid,
-                implements,
-                row.platform,
-                row.version,
-                now
-            ],
-        )?;
-        tx.execute(
-            "INSERT OR IGNORE INTO device_access(device_id, gid) VALUES (?1, ?2)",
-            params![row.device_id, gid],
-        )?;
-        tx.commit()?;
-        Ok(())
-    })
-    .await?;
+    let device_id = reg.device_id.clone();
+    r.devices.register(reg, who).await?;
     r.install_driver(
-        &reg.device_id,
+        &device_id,
         Driver {
             connection_id: connection_id.to_owned(),
             tx,
         },
     );
-    tracing::info!(device = %reg.device_id, conn = %connection_id, "driver registered");
+    tracing::info!(device = %device_id, conn = %connection_id, "driver registered");
     Ok(())
 }
 
@@ -158,22 +127,9 @@ pub async fn register_driver(
 /// (`exec.status`), and a reconnect is not an exit.
 pub async fn driver_disconnected(r: &Arc<Router>, connection_id: &str, device_id: &str) {
     let was_current = r.remove_driver(connection_id, device_id);
-    let (dev, conn) = (device_id.to_owned(), connection_id.to_owned());
-    let r =
-        r.db.call(move |c| {
-            c.execute(
-                "DELETE FROM routing_table WHERE driver_connection_id = ?1",
-                [&conn],
-            )?;
-            if was_current {
-                c.execute(
-                    "UPDATE devices SET online = 0, disconnected_at = ?2, last_seen_at = ?2
-                     WHERE device_id = ?1",
-                    params![dev, now_ms()],
-                )?;
-            }
-            Ok(())
-        })
+    let r = r
+        .devices
+        .driver_gone(connection_id, device_id, was_current)
         .await;
     if let Err(e) = r {
         tracing::warn!(device = %device_id, error = %e, "recording a driver disconnect");
@@ -243,27 +199,14 @@ pub async fn on_driver_signal(
                 Some("failed" | "timed_out") => "failed",
                 _ => "running",
             };
-            let exit = payload["exitCode"].as_i64();
-            let error = payload["signal"].as_str().map(str::to_owned);
-            let sid = sid.to_owned();
-            let r =
-                r.db.call(move |c| {
-                    c.execute(
-                        "UPDATE device_shell_sessions SET status = ?3, exit_code = ?4, error = ?5,
-                             updated_at = ?6, expires_at = ?7
-                         WHERE session_id = ?1 AND device_id = ?2",
-                        params![
-                            sid,
-                            device_id,
-                            status,
-                            exit,
-                            error,
-                            now_ms(),
-                            now_ms() + SESSION_TTL.as_millis() as i64
-                        ],
-                    )?;
-                    Ok(())
-                })
+            let report = SessionReport {
+                status,
+                exit_code: payload["exitCode"].as_i64(),
+                error: payload["signal"].as_str().map(str::to_owned),
+            };
+            let r = r
+                .devices
+                .update_shell_session(sid, &device_id, report)
                 .await;
             if let Err(e) = r {
                 tracing::warn!(error = %e, "recording exec.status");
@@ -292,43 +235,7 @@ pub async fn device_session(
     else {
         return Ok(None);
     };
-    let sid = sid.to_owned();
-    r.db.call(move |c| {
-        let now = now_ms();
-        // Pruned here, on the path that reads them, so rows never pile up.
-        c.execute(
-            "DELETE FROM device_shell_sessions WHERE expires_at <= ?1",
-            [now],
-        )?;
-        Ok(c.query_row(
-            "SELECT session_id, device_id, owner_uid, status, exit_code, error
-             FROM device_shell_sessions WHERE session_id = ?1",
-            [&sid],
-            |r| {
-                Ok(DeviceSession {
-                    session_id: r.get(0)?,
-                    device_id: r.get(1)?,
-                    owner_uid: r.get(2)?,
-                    status: r.get(3)?,
-                    exit_code: r.get(4)?,
-                    error: r.get(5)?,
-                })
-            },
-        )
-        .optional()?)
-    })
-    .await
-}
-
-/// A row of `device_shell_sessions`.
-#[derive(Debug, Clone)]
-pub struct DeviceSession {
-    pub session_id: String,
-    pub device_id: String,
-    pub owner_uid: i64,
-    pub status: String,
-    pub exit_code: Option<i64>,
-    pub error: Option<String>,
+    r.devices.shell_session(sid).await
 }
 
 /// Continues a device shell session: owner only (others 403, unlike the
@@ -353,8 +260,7 @@ pub async fn continue_session(
             "Shell session target does not match the requested target".into(),
         ));
     }
-    let dev = s.device_id.clone();
-    let device = r.db.call(move |c| visible_device(c, &dev, &who)).await?;
+    let device = r.devices.visible(&s.device_id, &who).await?;
     if s.status == "failed" && s.error.is_some() {
         let mut out = json!({
             "status": "failed",
@@ -387,8 +293,7 @@ pub async fn route_to_target(
              which this kernel does not accept yet (write the file with fs.write)"
         )));
     }
-    let who = session.identity.clone();
-    let device = r.db.call(move |c| visible_device(c, &target, &who)).await?;
+    let device = r.devices.visible(&target, &session.identity).await?;
     route(r, session, call, device, args).await
 }
 
@@ -445,15 +350,10 @@ impl Drop for RouteGuard {
             // gone either way and its late answer will be dropped.
             let _ = d.tx.try_send(Outgoing::Text(out.to_text()));
         }
-        let (db, id) = (self.r.db.clone(), self.id.clone());
+        let (devices, id) = (self.r.devices.clone(), self.id.clone());
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                let _ = db
-                    .call(move |c| {
-                        c.execute("DELETE FROM routing_table WHERE id = ?1", [&id])?;
-                        Ok(())
-                    })
-                    .await;
+                let _ = devices.end_route(&id).await;
             });
         }
     }
@@ -496,15 +396,6 @@ async fn route(
         remember_session(r, &session.identity, &dev, &data).await?;
     }
     Ok(data)
-}
-
-/// Who waits for a forwarded call (`routing_table.origin_type`/`origin_id`).
-#[derive(Debug, Clone, Copy)]
-pub enum Origin<'a> {
-    /// A socket's request (its connection id).
-    Connection(&'a str),
-    /// The kernel itself (an adapter delivery for a run; the run id).
-    Kernel(&'a str),
 }
 
 /// Forwards `call` to the live service connection of `adapter` as a
@@ -560,37 +451,16 @@ async fn forward(
         done: false,
     };
     let deadline = tokio::time::Instant::now() + ttl;
-    let now = now_ms();
-    let (origin_type, origin_id) = match origin {
-        Origin::Connection(c) => ("connection", c.to_owned()),
-        Origin::Kernel(k) => ("kernel", k.to_owned()),
-    };
-    let row = (
-        id.clone(),
-        call.to_owned(),
-        origin_id,
-        peer.row_id(),
-        driver.connection_id.clone(),
-    );
-    r.db.call(move |c| {
-        c.execute(
-            "INSERT OR REPLACE INTO routing_table(id, call, origin_type, origin_id, device_id,
-                 driver_connection_id, created_at, expires_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-            params![
-                row.0,
-                row.1,
-                origin_type,
-                row.2,
-                row.3,
-                row.4,
-                now,
-                now + ttl.as_millis() as i64
-            ],
-        )?;
-        Ok(())
-    })
-    .await?;
+    r.devices
+        .record_route(RouteRow {
+            id: &id,
+            call,
+            origin,
+            peer: &peer.row_id(),
+            driver_connection_id: &driver.connection_id,
+            ttl,
+        })
+        .await?;
     let (answer_tx, answer_rx) = oneshot::channel();
     r.expect(
         id.clone(),
@@ -626,14 +496,7 @@ async fn forward(
         Ok(Ok(a)) => a,
     };
     guard.done = true;
-    let db = r.db.clone();
-    let rid = id.clone();
-    let _ = db
-        .call(move |c| {
-            c.execute("DELETE FROM routing_table WHERE id = ?1", [&rid])?;
-            Ok(())
-        })
-        .await;
+    let _ = r.devices.end_route(&id).await;
     answer
 }
 
@@ -653,26 +516,14 @@ async fn remember_session(
         Some("failed") => "failed",
         _ => "running",
     };
-    let (sid, dev, uid) = (sid.to_owned(), device_id.to_owned(), who.uid);
-    let exit = data["exitCode"].as_i64();
-    let error = data["error"].as_str().map(str::to_owned);
-    r.db.call(move |c| {
-        let now = now_ms();
-        let exp = now + SESSION_TTL.as_millis() as i64;
-        // A session id already recorded for another device or owner is
-        // left as it is: an answer never hands someone else's session over.
-        c.execute(
-            "INSERT INTO device_shell_sessions(session_id, device_id, owner_uid, status,
-                 exit_code, error, created_at, updated_at, expires_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?8)
-             ON CONFLICT(session_id) DO UPDATE SET status = ?4, exit_code = ?5, error = ?6,
-                 updated_at = ?7, expires_at = ?8
-             WHERE device_id = ?2 AND owner_uid = ?3",
-            params![sid, dev, uid, status, exit, error, now, exp],
-        )?;
-        Ok(())
-    })
-    .await
+    let report = SessionReport {
+        status,
+        exit_code: data["exitCode"].as_i64(),
+        error: data["error"].as_str().map(str::to_owned),
+    };
+    r.devices
+        .remember_shell_session(sid, device_id, who.uid, report)
+        .await
 }
 
 #[cfg(test)]

@@ -4,7 +4,8 @@
 //! whoever takes its entry out first: its answer
 //! ([`Router::on_response`]), its peer going away
 //! ([`Router::fail_connection`]) or its caller (`routing::forward`'s
-//! guard). The durable half is the `routing_table` and `devices` rows.
+//! guard). The durable half (the device rows, the route rows, the device
+//! shell sessions) is the device domain's, reached through [`Devices`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -15,7 +16,7 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::body::{Body, BodyError, BodyInbox, Descriptor};
-use crate::db::Db;
+use crate::domains::device::Devices;
 use crate::error::KernelError;
 use crate::session::{Outgoing, Session};
 use gsv_protocol::OpResult;
@@ -95,13 +96,13 @@ pub struct Driver {
     pub tx: mpsc::Sender<Outgoing>,
 }
 
-/// What routing works with: the database its rows live in, the TTLs of
+/// What routing works with: the device domain (its rows), the TTLs of
 /// routed calls, and in memory the live drivers and adapters and the
 /// waiting callers. The kernel holds one; the routes in `routing` need
 /// nothing else of it.
 #[derive(Debug)]
 pub struct Router {
-    pub db: Db,
+    pub devices: Devices,
     /// TTL of a routed call other than `shell.exec` (reference §3.5).
     pub routed_call_ttl: Duration,
     /// TTL of a call forwarded to an adapter (`gsv serve --adapter-timeout`).
@@ -112,9 +113,9 @@ pub struct Router {
 }
 
 impl Router {
-    pub fn new(db: Db, routed_call_ttl: Duration, adapter_ttl: Duration) -> Router {
+    pub fn new(devices: Devices, routed_call_ttl: Duration, adapter_ttl: Duration) -> Router {
         Router {
-            db,
+            devices,
             routed_call_ttl,
             adapter_ttl,
             drivers: Mutex::default(),
@@ -127,57 +128,52 @@ impl Router {
     /// routes of a superseded connection with 503 now rather than at
     /// their TTL.
     pub fn install_driver(&self, device_id: &str, driver: Driver) {
-        let connection_id = driver.connection_id.clone();
-        let old = self
-            .drivers
-            .lock()
-            .unwrap()
-            .insert(device_id.to_owned(), driver);
-        if let Some(old) = old.filter(|o| o.connection_id != connection_id) {
-            self.fail_connection(&old.connection_id);
-        }
+        self.install(&self.drivers, device_id, driver);
     }
 
     /// Forgets `connection_id` as the driver of `device_id` after failing
     /// its routes; false when a newer connection had already taken over.
     pub fn remove_driver(&self, connection_id: &str, device_id: &str) -> bool {
-        self.fail_connection(connection_id);
-        let mut drivers = self.drivers.lock().unwrap();
-        if drivers
-            .get(device_id)
-            .is_some_and(|d| d.connection_id == connection_id)
-        {
-            drivers.remove(device_id);
-            true
-        } else {
-            false
-        }
+        self.remove(&self.drivers, connection_id, device_id)
     }
 
     /// Makes `adapter` the live service connection of an adapter; routes
     /// of a superseded one fail with 503 now.
     pub fn install_adapter(&self, adapter: &str, service: Driver) {
-        let connection_id = service.connection_id.clone();
-        let old = self
-            .adapters
-            .lock()
-            .unwrap()
-            .insert(adapter.to_owned(), service);
-        if let Some(old) = old.filter(|o| o.connection_id != connection_id) {
-            self.fail_connection(&old.connection_id);
-        }
+        self.install(&self.adapters, adapter, service);
     }
 
     /// Forgets `connection_id` as the service of `adapter` after failing
     /// its routes; false when a newer connection had already taken over.
     pub fn remove_adapter(&self, connection_id: &str, adapter: &str) -> bool {
+        self.remove(&self.adapters, connection_id, adapter)
+    }
+
+    /// Makes `live` the connection of `name` in `peers` (the drivers or
+    /// the adapters), failing a superseded connection's routes.
+    fn install(&self, peers: &Mutex<HashMap<String, Driver>>, name: &str, live: Driver) {
+        let connection_id = live.connection_id.clone();
+        let old = peers.lock().unwrap().insert(name.to_owned(), live);
+        if let Some(old) = old.filter(|o| o.connection_id != connection_id) {
+            self.fail_connection(&old.connection_id);
+        }
+    }
+
+    /// Fails `connection_id`'s routes and forgets it as `name`'s live
+    /// connection in `peers`; false when a newer one had taken over.
+    fn remove(
+        &self,
+        peers: &Mutex<HashMap<String, Driver>>,
+        connection_id: &str,
+        name: &str,
+    ) -> bool {
         self.fail_connection(connection_id);
-        let mut adapters = self.adapters.lock().unwrap();
-        if adapters
-            .get(adapter)
+        let mut peers = peers.lock().unwrap();
+        if peers
+            .get(name)
             .is_some_and(|d| d.connection_id == connection_id)
         {
-            adapters.remove(adapter);
+            peers.remove(name);
             true
         } else {
             false

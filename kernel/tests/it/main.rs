@@ -15,6 +15,7 @@ mod handshake;
 mod harness;
 mod ipc;
 mod mcp;
+mod netns;
 mod node;
 mod notification;
 mod oauth;

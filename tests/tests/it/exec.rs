@@ -1858,6 +1858,56 @@ fn a_send_handle_redials_after_the_daemon_restarts_and_its_next_push_lands() {
     assert_eq!(stdout_of(&seen), b"still here\n");
 }
 
+/// A handle's event stream whose daemon freezes (SIGSTOP: the connection
+/// stays open and silent, as on a cut link) ends with `ETIMEDOUT` once it
+/// was quiet for the call deadline and a status call got no answer either,
+/// instead of waiting forever; a command quiet for longer than the
+/// deadline on a daemon that answers runs to its end, and the handle
+/// works again once the daemon does.
+#[test]
+fn a_handle_stream_ends_at_the_deadline_when_its_daemon_freezes_not_when_its_command_is_quiet() {
+    let d = Served::start();
+    run_multi_threaded(async {
+        let opts = wsd_client::ClientOptions {
+            peer: "gateway".into(),
+            call_timeout: Duration::from_secs(1),
+            ..Default::default()
+        };
+        let handle = wsd_client::WsdHandle::connect(d.addr.parse().unwrap(), opts)
+            .await
+            .unwrap();
+        let mut events = handle.exec(req("sleep 2.5; echo woke")).await.unwrap();
+        let seen = collect_handle(&mut events).await;
+        assert_eq!((exit_of(&seen), stdout_of(&seen)), (0, b"woke\n".to_vec()));
+
+        let mut events = handle.exec(req("echo up; exec sleep 60")).await.unwrap();
+        let first = tokio::time::timeout(STEP, events.next())
+            .await
+            .expect("no first event")
+            .unwrap()
+            .expect("an event");
+        assert_eq!(first.kind, ExecEventKind::Stdout(b"up\n".to_vec()));
+        let signal = |sig: &str| {
+            let status = Command::new("kill")
+                .args([sig, &d.pid().to_string()])
+                .status()
+                .unwrap();
+            assert!(status.success(), "kill {sig}");
+        };
+        signal("-STOP");
+        let err = tokio::time::timeout(STEP, events.next())
+            .await
+            .expect("the stream still waits on a frozen daemon")
+            .unwrap_err();
+        signal("-CONT");
+        assert_eq!(err.code, ErrorCode::Timeout, "{err}");
+        assert!(err.message.contains("status"), "names the probe: {err}");
+
+        let mut events = handle.exec(req("echo back")).await.unwrap();
+        assert_eq!(stdout_of(&collect_handle(&mut events).await), b"back\n");
+    });
+}
+
 #[test]
 fn a_send_handle_attaches_kills_with_a_typed_signal_and_disposes() {
     let d = Served::start();

@@ -1,18 +1,20 @@
 //! The `ai.*` handlers and [`resolve`], the one reading of a run's
-//! configuration (the loop's `ai.config` and a compaction's summary call
-//! both use it).
+//! configuration (the loop's `ai.config` and a compaction's summary call,
+//! through [`provider_config`], both use it).
 
 use std::sync::Arc;
 
 use gsv_protocol::ai::{ConfigArgs, ConfigResult, ContextFile, ToolDevice, ToolInfo, ToolsResult};
 use serde_json::{Map, Value, json};
 
-use crate::domains::proc::calls::run::{self, tool_defs};
+use crate::domains::accounts;
+use crate::domains::ai::tools::{TOOLS, tool_defs};
+use crate::domains::proc::provider::ProviderConfig;
+use crate::domains::proc::store::ProcRow;
 use crate::domains::proc::{profiles, store};
-use crate::domains::{accounts, codemode};
+use crate::domains::{codemode, mcp};
 use crate::error::KernelError;
 use crate::kernel::Kernel;
-use crate::routing;
 use crate::session::Session;
 
 /// Output tokens reserved per answer unless `max_tokens` says.
@@ -35,28 +37,28 @@ pub async fn tools(
     _a: Map<String, Value>,
 ) -> Result<ToolsResult, KernelError> {
     process_caller(&s, "ai.tools")?;
-    let who = s.identity.clone();
-    let devices =
-        k.db.call(move |c| routing::list_devices(c, &who))
-            .await?
-            .into_iter()
-            .filter(|d| d.online)
-            .map(|d| ToolDevice {
-                id: d.device_id,
-                implements: d.implements,
-                description: Some(d.description).filter(|t| !t.is_empty()),
-                platform: Some(d.platform).filter(|t| !t.is_empty()),
-            })
-            .collect();
+    let devices = k
+        .devices
+        .list(&s.identity)
+        .await?
+        .into_iter()
+        .filter(|d| d.online)
+        .map(|d| ToolDevice {
+            id: d.device_id,
+            implements: d.implements,
+            description: Some(d.description).filter(|t| !t.is_empty()),
+            platform: Some(d.platform).filter(|t| !t.is_empty()),
+        })
+        .collect();
     // The CodeMode tool's description lists the user's connected MCP tools.
-    let tools = codemode::calls::with_mcp_declarations(&k, &s, tool_defs())
-        .await
+    let mcp_tools = mcp::calls::codemode_bindings(&k, s.identity.uid).await;
+    let tools = codemode::with_declarations(tool_defs(), &mcp_tools)
         .into_iter()
         .map(|d| {
             let f = &d["function"];
             let mut schema = f["parameters"].clone();
             // Routable tools name where they run (seed 000).
-            let routable = run::TOOLS
+            let routable = TOOLS
                 .iter()
                 .any(|(n, call)| *n == f["name"] && crate::dispatch::is_routable(call));
             if routable
@@ -165,4 +167,13 @@ pub async fn resolve(k: &Kernel, uid: i64, profile: &str) -> Result<ConfigResult
         })
     })
     .await
+}
+
+/// Provider settings of `row`'s owner and profile, for model calls outside
+/// a run (a compaction's summary).
+pub async fn provider_config(k: &Kernel, row: &ProcRow) -> Result<ProviderConfig, String> {
+    let c = resolve(k, row.owner_uid, &row.profile)
+        .await
+        .map_err(|e| e.to_string())?;
+    ProviderConfig::from_ai_config(&c)
 }

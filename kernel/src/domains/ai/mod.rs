@@ -5,3 +5,4 @@
 //! own.
 
 pub mod calls;
+pub mod tools;

@@ -9,10 +9,11 @@ use gsv_protocol::ai::ConfigResult;
 use gsv_protocol::codemode::{CodeModeResult, ExecArgs, RunArgs};
 use serde_json::{Map, Value, json};
 
-use super::sandbox::{self, Globals, Host, Limits, McpBinding};
+use super::sandbox::{self, Globals, Host, Limits};
 use crate::domains::accounts;
+use crate::domains::mcp;
 use crate::domains::proc::calls::run as proc_run;
-use crate::domains::proc::hil::Policy;
+use crate::domains::proc::hil::{self, Policy};
 use crate::domains::proc::store::{self as proc_store, ProcRow};
 use crate::error::KernelError;
 use crate::kernel::Kernel;
@@ -52,7 +53,7 @@ pub async fn exec(
     let config: ConfigResult =
         serde_json::from_value(proc_run::dispatch_call(&k, &s, "ai.config", Map::new()).await?)
             .map_err(|e| KernelError::Internal(format!("ai.config: {e}")))?;
-    let policy = proc_run::approval_policy(&row, &config).map_err(KernelError::Internal)?;
+    let policy = hil::approval_policy(&config, row.run_as_uid).map_err(KernelError::Internal)?;
     let approval = Approval::Policy {
         row: Box::new(row),
         run_id,
@@ -60,7 +61,7 @@ pub async fn exec(
     };
     let globals = Globals {
         args: json!({}),
-        mcp_tools: mcp_bindings(&k, &s).await,
+        mcp_tools: mcp::calls::codemode_bindings(&k, s.identity.uid).await,
         ..Globals::default()
     };
     Ok(run_block(&k, s, cwd, approval, &a.code, globals).await)
@@ -99,7 +100,7 @@ pub async fn run(
         args: a.args.unwrap_or_else(|| json!({})),
         target: a.target,
         cwd: a.cwd,
-        mcp_tools: mcp_bindings(&k, &session).await,
+        mcp_tools: mcp::calls::codemode_bindings(&k, session.identity.uid).await,
     };
     Ok(run_block(&k, session, cwd, Approval::Author, &a.code, globals).await)
 }
@@ -156,38 +157,4 @@ fn host(k: Arc<Kernel>, session: Arc<Session>, cwd: String, approval: Approval) 
             proc_run::syscall(k, session, &call, args).await
         })
     })
-}
-
-/// The functions of the session's ready MCP tools (none if the servers
-/// cannot be listed: the block still runs, without them).
-async fn mcp_bindings(k: &Arc<Kernel>, session: &Session) -> Vec<McpBinding> {
-    match crate::domains::mcp::calls::servers_of(k, session.identity.uid).await {
-        Ok(servers) => super::bindings(&servers),
-        Err(e) => {
-            tracing::warn!(uid = session.identity.uid, error = %e, "listing MCP servers for CodeMode");
-            Vec::new()
-        }
-    }
-}
-
-/// The model's tools with the `CodeMode` description extended by the
-/// TypeScript declarations of the session's ready MCP tools.
-pub async fn with_mcp_declarations(
-    k: &Arc<Kernel>,
-    session: &Session,
-    mut tools: Vec<Value>,
-) -> Vec<Value> {
-    let decls = super::declarations(&mcp_bindings(k, session).await);
-    if decls.is_empty() {
-        return tools;
-    }
-    for t in &mut tools {
-        if t["function"]["name"] == "CodeMode" {
-            t["function"]["description"] = json!(format!(
-                "{}\n\nConnected MCP tools:\n```ts\n{decls}```",
-                super::TOOL_DESCRIPTION
-            ));
-        }
-    }
-    tools
 }

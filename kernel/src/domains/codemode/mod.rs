@@ -154,6 +154,23 @@ fn ts_type(schema: &Value) -> String {
     }
 }
 
+/// The model's tools with the `CodeMode` description extended by the
+/// TypeScript declarations of `bindings` (the user's ready MCP tools).
+pub fn with_declarations(mut tools: Vec<Value>, bindings: &[McpBinding]) -> Vec<Value> {
+    let decls = declarations(bindings);
+    if decls.is_empty() {
+        return tools;
+    }
+    for t in &mut tools {
+        if t["function"]["name"] == "CodeMode" {
+            t["function"]["description"] = Value::String(format!(
+                "{TOOL_DESCRIPTION}\n\nConnected MCP tools:\n```ts\n{decls}```"
+            ));
+        }
+    }
+    tools
+}
+
 #[cfg(test)]
 mod tests {
     use gsv_protocol::mcp::{McpToolSummary, McpTransportType};

@@ -6,13 +6,11 @@ use std::sync::Arc;
 
 use crate::error::KernelError;
 use crate::kernel::Kernel;
-use crate::routing;
 use crate::session::Session;
 
 /// Visible devices; online ones only unless `includeOffline`.
 pub async fn list(k: Arc<Kernel>, s: Arc<Session>, a: ListArgs) -> Result<ListResult, KernelError> {
-    let who = s.identity.clone();
-    let mut devices = k.db.call(move |c| routing::list_devices(c, &who)).await?;
+    let mut devices = k.devices.list(&s.identity).await?;
     if !a.include_offline {
         devices.retain(|d| d.online);
     }
@@ -21,16 +19,11 @@ pub async fn list(k: Arc<Kernel>, s: Arc<Session>, a: ListArgs) -> Result<ListRe
 
 /// One device, or `device: null` when the caller cannot see it.
 pub async fn get(k: Arc<Kernel>, s: Arc<Session>, a: GetArgs) -> Result<DeviceResult, KernelError> {
-    let who = s.identity.clone();
-    let device =
-        k.db.call(
-            move |c| match routing::visible_device(c, &a.device_id, &who) {
-                Ok(d) => Ok(Some(d)),
-                Err(KernelError::AccessDenied { .. }) => Ok(None),
-                Err(e) => Err(e),
-            },
-        )
-        .await?;
+    let device = match k.devices.visible(&a.device_id, &s.identity).await {
+        Ok(d) => Some(d),
+        Err(KernelError::AccessDenied { .. }) => None,
+        Err(e) => return Err(e),
+    };
     Ok(DeviceResult { device })
 }
 
@@ -40,24 +33,9 @@ pub async fn update(
     s: Arc<Session>,
     a: UpdateArgs,
 ) -> Result<DeviceResult, KernelError> {
-    let who = s.identity.clone();
-    let device =
-        k.db.call(move |c| {
-            let d = routing::visible_device(c, &a.device_id, &who)?;
-            if !who.is_root() && d.owner_uid != who.uid {
-                return Err(KernelError::AccessDenied {
-                    kind: "device",
-                    id: a.device_id,
-                });
-            }
-            routing::update_device(
-                c,
-                &d.device_id,
-                a.label.as_deref(),
-                a.description.as_deref(),
-            )?;
-            routing::get_device(c, &d.device_id)
-        })
+    let device = k
+        .devices
+        .update(&a.device_id, &s.identity, a.label, a.description)
         .await?;
     Ok(DeviceResult { device })
 }

@@ -1,15 +1,134 @@
 //! Devices as rows: the `devices` table (who owns a device, what it
-//! implements, whether it is online) and its `device_access` ACL, read
-//! and written on the database connection.
+//! implements, whether it is online) and its `device_access` ACL, the
+//! durable record of routed calls (`routing_table`, [`routes`]) and the
+//! device shell sessions routed `shell.exec`s opened
+//! ([`shell_sessions`]). [`Devices`] is the one way in: routing and the
+//! device calls use its methods, nothing else touches these tables.
 
 pub mod calls;
+pub mod routes;
+pub mod shell_sessions;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::db::Migration;
-use crate::db::now_ms;
+use crate::db::{Db, now_ms};
 use crate::domains::accounts::ProcessIdentity;
 use crate::error::KernelError;
+
+/// The device domain's state, over the kernel database.
+#[derive(Debug, Clone)]
+pub struct Devices {
+    db: Db,
+}
+
+impl Devices {
+    pub fn new(db: Db) -> Devices {
+        Devices { db }
+    }
+
+    /// Devices `who` can see, by id.
+    pub async fn list(&self, who: &ProcessIdentity) -> Result<Vec<Device>, KernelError> {
+        let who = who.clone();
+        self.db.call(move |c| list_devices(c, &who)).await
+    }
+
+    /// The device `id` if `who` may see it; unknown and hidden alike are
+    /// 403 (see [`visible_device`]).
+    pub async fn visible(&self, id: &str, who: &ProcessIdentity) -> Result<Device, KernelError> {
+        let (id, who) = (id.to_owned(), who.clone());
+        self.db.call(move |c| visible_device(c, &id, &who)).await
+    }
+
+    /// Changes label and description of a device `who` can see and owns
+    /// (or root does); the row as it is afterwards.
+    pub async fn update(
+        &self,
+        id: &str,
+        who: &ProcessIdentity,
+        label: Option<String>,
+        description: Option<String>,
+    ) -> Result<Option<Device>, KernelError> {
+        let (id, who) = (id.to_owned(), who.clone());
+        self.db
+            .call(move |c| {
+                let d = visible_device(c, &id, &who)?;
+                if !who.is_root() && d.owner_uid != who.uid {
+                    return Err(KernelError::AccessDenied { kind: "device", id });
+                }
+                update_device(c, &d.device_id, label.as_deref(), description.as_deref())?;
+                get_device(c, &d.device_id)
+            })
+            .await
+    }
+
+    /// Refuses a driver whose device id already belongs to another user
+    /// (see [`check_device_owner`]).
+    pub async fn check_owner(&self, device_id: &str, uid: i64) -> Result<(), KernelError> {
+        let device_id = device_id.to_owned();
+        self.db
+            .call(move |c| check_device_owner(c, &device_id, uid))
+            .await
+    }
+
+    /// Records a driver that completed `sys.connect`: the device row
+    /// (owner metadata kept, `implements`/`platform`/`version` replaced,
+    /// online) and the owner's primary group in its ACL, in one
+    /// transaction, refused (103) when another user owns the id.
+    pub async fn register(
+        &self,
+        reg: Registration,
+        who: &ProcessIdentity,
+    ) -> Result<(), KernelError> {
+        let (uid, gid) = (who.uid, who.gid);
+        let implements = serde_json::to_string(&reg.implements)
+            .map_err(|e| KernelError::internal("encoding implements", e))?;
+        self.db
+            .call(move |c| {
+                let tx = c.transaction()?;
+                check_device_owner(&tx, &reg.device_id, uid)?;
+                tx.execute(
+                    "INSERT INTO devices(device_id, owner_uid, label, implements, platform, version,
+                         online, first_seen_at, last_seen_at, connected_at)
+                     VALUES (?1, ?2, ?1, ?3, ?4, ?5, 1, ?6, ?6, ?6)
+                     ON CONFLICT(device_id) DO UPDATE SET implements = ?3, platform = ?4,
+                         version = ?5, online = 1, last_seen_at = ?6, connected_at = ?6",
+                    params![reg.device_id, uid, implements, reg.platform, reg.version, now_ms()],
+                )?;
+                tx.execute(
+                    "INSERT OR IGNORE INTO device_access(device_id, gid) VALUES (?1, ?2)",
+                    params![reg.device_id, gid],
+                )?;
+                tx.commit()?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// A driver connection closed: its route rows go, and the device goes
+    /// offline if that connection was still its current one.
+    pub async fn driver_gone(
+        &self,
+        connection_id: &str,
+        device_id: &str,
+        was_current: bool,
+    ) -> Result<(), KernelError> {
+        let (conn, dev) = (connection_id.to_owned(), device_id.to_owned());
+        self.db
+            .call(move |c| {
+                routes::delete_of_connection(c, &conn)?;
+                if was_current {
+                    c.execute(
+                        "UPDATE devices SET online = 0, disconnected_at = ?2, last_seen_at = ?2
+                         WHERE device_id = ?1",
+                        params![dev, now_ms()],
+                    )?;
+                }
+                Ok(())
+            })
+            .await
+    }
+}
 
 /// Longest device label and description (reference §2.1).
 const MAX_LABEL_CHARS: usize = 120;
@@ -157,8 +276,7 @@ pub fn reset_at_start(c: &mut Connection) -> Result<(), KernelError> {
         "UPDATE devices SET online = 0, disconnected_at = ?1 WHERE online = 1",
         [now],
     )?;
-    c.execute("DELETE FROM routing_table", [])?;
-    Ok(())
+    routes::delete_all(c)
 }
 
 /// What a driver's `sys.connect` says about its device.
@@ -170,7 +288,8 @@ pub struct Registration {
     pub version: String,
 }
 
-/// This domain's tables: device rows and their ACL, and the routes and device shell sessions `routing` keeps. Listed in `domains::MIGRATIONS`;
+/// This domain's tables: device rows and their ACL, the routes and the
+/// device shell sessions. Listed in `domains::MIGRATIONS`;
 /// never edit a released migration (its checksum is checked at every
 /// start), add one.
 pub const MIGRATIONS: &[Migration] = &[Migration {

@@ -17,20 +17,11 @@ use super::client::{self, McpError};
 use super::store::{self, ServerRow};
 use super::{MAX_NAME_CHARS, check_url};
 use crate::db::now_ms;
+use crate::domains::codemode::{self, sandbox::McpBinding};
 use crate::domains::{accounts, oauth};
 use crate::error::KernelError;
 use crate::kernel::Kernel;
 use crate::session::{Role, Session};
-
-fn target_uid(s: &Session, uid: Option<i64>) -> Result<i64, KernelError> {
-    match uid {
-        Some(u) if u != s.identity.uid && !s.identity.is_root() => {
-            Err(KernelError::PermissionDenied(format!("uid {u}")))
-        }
-        Some(u) => Ok(u),
-        None => Ok(s.identity.uid),
-    }
-}
 
 fn invalid(reason: impl std::fmt::Display) -> KernelError {
     KernelError::InvalidArgs {
@@ -157,8 +148,21 @@ pub async fn servers_of(k: &Arc<Kernel>, uid: i64) -> Result<Vec<McpServerSummar
     Ok(rows.iter().map(|r| k.mcp.summary(r)).collect())
 }
 
+/// The functions a CodeMode block of `uid` gets for their ready MCP tools
+/// (none if the servers cannot be listed: the block still runs, without
+/// them).
+pub async fn codemode_bindings(k: &Arc<Kernel>, uid: i64) -> Vec<McpBinding> {
+    match servers_of(k, uid).await {
+        Ok(servers) => codemode::bindings(&servers),
+        Err(e) => {
+            tracing::warn!(uid, error = %e, "listing MCP servers for CodeMode");
+            Vec::new()
+        }
+    }
+}
+
 pub async fn add(k: Arc<Kernel>, s: Arc<Session>, a: AddArgs) -> Result<AddResult, KernelError> {
-    let uid = target_uid(&s, a.uid)?;
+    let uid = s.acting_uid(a.uid)?;
     let name = a.name.trim().to_owned();
     let chars = name.chars().count();
     if chars == 0 || chars > MAX_NAME_CHARS {
@@ -227,7 +231,7 @@ pub async fn add(k: Arc<Kernel>, s: Arc<Session>, a: AddArgs) -> Result<AddResul
 }
 
 pub async fn list(k: Arc<Kernel>, s: Arc<Session>, a: ListArgs) -> Result<ListResult, KernelError> {
-    let uid = target_uid(&s, a.uid)?;
+    let uid = s.acting_uid(a.uid)?;
     Ok(ListResult {
         servers: servers_of(&k, uid).await?,
     })
@@ -238,7 +242,7 @@ pub async fn remove(
     s: Arc<Session>,
     a: ServerArgs,
 ) -> Result<RemoveResult, KernelError> {
-    let uid = target_uid(&s, a.uid)?;
+    let uid = s.acting_uid(a.uid)?;
     let id = a.server_id.clone();
     let removed = k.db.call(move |c| store::delete(c, uid, &id)).await?;
     if removed {
@@ -253,7 +257,7 @@ pub async fn refresh(
     s: Arc<Session>,
     a: ServerArgs,
 ) -> Result<RefreshResult, KernelError> {
-    let uid = target_uid(&s, a.uid)?;
+    let uid = s.acting_uid(a.uid)?;
     let id = a.server_id.clone();
     let Some(row) = k.db.call(move |c| store::get(c, uid, &id)).await? else {
         return Ok(RefreshResult { server: None });
@@ -271,7 +275,7 @@ pub async fn refresh(
 }
 
 pub async fn call(k: Arc<Kernel>, s: Arc<Session>, a: CallArgs) -> Result<CallResult, KernelError> {
-    let uid = target_uid(&s, a.uid)?;
+    let uid = s.acting_uid(a.uid)?;
     let id = a.server_id.clone();
     let row =
         k.db.call(move |c| store::get(c, uid, &id))

@@ -14,6 +14,34 @@ use crate::error::KernelError;
 
 pub const DEFAULT: &str = "default";
 
+/// Most messages one page of `proc.history` or `segment.read` returns.
+pub const MAX_PAGE: usize = 500;
+
+/// A page size: absent is the largest page, and a size is clamped to
+/// 1..=[`MAX_PAGE`].
+pub fn page_limit(limit: Option<usize>) -> usize {
+    limit.unwrap_or(MAX_PAGE).clamp(1, MAX_PAGE)
+}
+
+/// A `conversationId` argument: `default` when absent; trimmed, non-empty,
+/// at most 128 characters, no `/` (it names an archive directory).
+pub fn conversation_arg(call: &str, id: Option<&str>) -> Result<String, KernelError> {
+    let Some(id) = id else {
+        return Ok(DEFAULT.to_owned());
+    };
+    let id = id.trim();
+    if id.is_empty() || id.len() > 128 || id.contains('/') || id.chars().any(char::is_control) {
+        return Err(KernelError::invalid_args(
+            call,
+            format!(
+                "conversationId: must be 1 to 128 characters without '/', not {:?}",
+                id
+            ),
+        ));
+    }
+    Ok(id.to_owned())
+}
+
 const COLS: &str = "c.id, c.generation, c.status, c.title, c.created_at, c.updated_at,
     (SELECT count(*) FROM proc_messages m WHERE m.pid = c.pid AND m.conversation_id = c.id)";
 
@@ -27,6 +55,12 @@ fn conversation(r: &rusqlite::Row<'_>) -> rusqlite::Result<Conversation> {
         updated_at: r.get(5)?,
         message_count: r.get(6)?,
     })
+}
+
+/// Creates conversation `conv` of `pid` unless it exists; its status.
+pub fn ensure_status(c: &Connection, pid: &str, conv: &str) -> Result<Option<String>, KernelError> {
+    ensure(c, pid, conv)?;
+    Ok(get(c, pid, conv)?.map(|c| c.status))
 }
 
 /// Creates conversation `conv` of `pid` (open) unless it exists; whether

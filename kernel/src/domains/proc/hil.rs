@@ -9,8 +9,28 @@
 //! then the earlier rule), and the tagger's facts still turn its `auto`
 //! into `ask`.
 
+use gsv_protocol::ai::ConfigResult;
 use serde::Deserialize;
 use serde_json::Value;
+
+/// The approval policy a run applies: the account's
+/// (`users/{uid}/ai/tools/approval`), else its profile's; none means the
+/// built-in rules.
+pub fn approval_policy(ai: &ConfigResult, run_as_uid: i64) -> Result<Option<Policy>, String> {
+    let Some(text) = ai
+        .approval_policy
+        .as_ref()
+        .or(ai.profile_approval_policy.as_ref())
+    else {
+        return Ok(None);
+    };
+    Policy::parse(text).map(Some).map_err(|e| {
+        format!(
+            "the approval policy (users/{}/ai/tools/approval or the profile's) is invalid: {e}",
+            run_as_uid
+        )
+    })
+}
 
 /// What to do with one tool call before it runs.
 #[derive(Debug, Clone, PartialEq, Eq)]

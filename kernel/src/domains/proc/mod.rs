@@ -21,7 +21,34 @@ pub mod store;
 
 pub use active::{Active, Procs, RunRoute};
 
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use serde_json::Value;
+
 use crate::db::Migration;
+use crate::domains::adapter::SurfaceRoute;
+
+/// Who hears a process signal besides the owner's sockets: the IPC calls
+/// a finished run answers, the watches on the process, and the chat
+/// surface a run reports to. Each of them starts runs, which emit
+/// signals, so the signal path (`calls::signal`) reaches them through
+/// these pointers, filled where the domains are wired
+/// (`domains::signal_listeners`), instead of importing them.
+pub struct SignalListeners<K> {
+    /// `proc.run.finished` of a process (its pid and the payload).
+    pub run_finished: fn(Arc<K>, String, Value) -> BoxFuture<'static, ()>,
+    /// Any signal of a process: owner, pid, signal, payload.
+    pub watches: fn(Arc<K>, i64, String, String, Value) -> BoxFuture<'static, ()>,
+    /// A signal of a run a chat message started, for that chat surface.
+    pub surface: fn(&K, &SurfaceRoute, &str, &Value),
+}
+
+impl<K> std::fmt::Debug for SignalListeners<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SignalListeners")
+    }
+}
 
 /// This domain's tables: the process registry, history, runs, queue and approvals. Listed in `domains::MIGRATIONS`;
 /// never edit a released migration (its checksum is checked at every

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use eventsource_stream::Eventsource;
 use futures::StreamExt;
+use gsv_protocol::ai::ConfigResult;
 use serde_json::{Value, json};
 
 /// Where and how to call the model (from `config/ai/*`).
@@ -24,6 +25,36 @@ pub struct ProviderConfig {
     pub context_window_tokens: Option<u64>,
     /// Output tokens reserved for the answer (`config/ai/max_tokens`).
     pub max_tokens: u64,
+}
+
+impl ProviderConfig {
+    /// Provider settings from a run's `ai.config`, or a message naming the
+    /// missing or unsupported key.
+    pub fn from_ai_config(c: &ConfigResult) -> Result<ProviderConfig, String> {
+        if !matches!(c.provider.as_str(), "openai" | "openai-compatible") {
+            return Err(format!(
+                "config/ai/provider is '{}': only \"openai\" (any OpenAI-compatible server) is supported",
+                c.provider
+            ));
+        }
+        if c.model.is_empty() {
+            return Err(
+                "No model configured: run `gsv config set ai.model NAME` and `gsv config set ai.base_url URL` (config/ai/model, config/ai/base_url)"
+                    .into(),
+            );
+        }
+        Ok(ProviderConfig {
+            provider: c.provider.clone(),
+            model: c.model.clone(),
+            api_key: Some(c.api_key.clone()).filter(|k| !k.is_empty()),
+            base_url: c.base_url.clone(),
+            timeout: Duration::from_millis(c.timeout_ms),
+            max_retries: c.max_retries as usize,
+            retry_base: Duration::from_millis(c.retry_base_ms),
+            context_window_tokens: c.context_window_tokens,
+            max_tokens: c.max_tokens,
+        })
+    }
 }
 
 /// A failed model call.

@@ -194,11 +194,22 @@ pub fn messages_between(
     after: i64,
     through: i64,
 ) -> Result<Vec<Value>, KernelError> {
-    let mut stmt = c.prepare_cached(
+    query_messages(
+        c,
         "SELECT body, id, created_at FROM proc_messages
          WHERE pid = ?1 AND conversation_id = ?2 AND id > ?3 AND id <= ?4 ORDER BY id",
-    )?;
-    let rows = stmt.query_map(params![pid, conv, after, through], |r| {
+        params![pid, conv, after, through],
+    )
+}
+
+/// The messages a `SELECT body, id, created_at FROM proc_messages` finds.
+fn query_messages(
+    c: &Connection,
+    sql: &str,
+    args: impl rusqlite::Params,
+) -> Result<Vec<Value>, KernelError> {
+    let mut stmt = c.prepare_cached(sql)?;
+    let rows = stmt.query_map(args, |r| {
         Ok((
             r.get::<_, String>(0)?,
             r.get::<_, i64>(1)?,
@@ -227,23 +238,13 @@ pub fn messages_page(
     limit: usize,
 ) -> Result<(Vec<Value>, usize), KernelError> {
     let total = message_count(c, pid, conv)? as usize;
-    let mut stmt = c.prepare_cached(
+    let page = query_messages(
+        c,
         "SELECT body, id, created_at FROM proc_messages
          WHERE pid = ?1 AND conversation_id = ?2 ORDER BY id LIMIT ?3 OFFSET ?4",
+        params![pid, conv, limit as i64, offset as i64],
     )?;
-    let rows = stmt.query_map(params![pid, conv, limit as i64, offset as i64], |r| {
-        Ok((
-            r.get::<_, String>(0)?,
-            r.get::<_, i64>(1)?,
-            r.get::<_, i64>(2)?,
-        ))
-    })?;
-    let mut out = Vec::new();
-    for r in rows {
-        let (body, id, at) = r?;
-        out.push(message_row(body, id, at)?);
-    }
-    Ok((out, total))
+    Ok((page, total))
 }
 
 pub fn message_count(c: &Connection, pid: &str, conv: &str) -> Result<i64, KernelError> {

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use wsd_client::{ExecEventKind, ExecRequest, ResumeFrom, Signal, WsdError, WsdHandle};
-use wsd_sync::Kind;
+use wsd_sync::{ErrorCode, Kind};
 
 use crate::db::now_ms;
 use crate::domains::fs::vfs::{self, Place};
@@ -71,7 +71,7 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<ExecRe
     let Place::Workspace { id, sub } = r.place else {
         return Ok(no_workspace(&r.display));
     };
-    let row = crate::domains::workspace::calls::visible_row(&k, &s, &id).await?;
+    let row = crate::domains::workspace::visible_row(&k.db, &s.identity, &id).await?;
     if row.is_archived() {
         return Ok(op_error(&format!("Workspace {id} is archived")));
     }
@@ -274,6 +274,18 @@ async fn drive_session(
                     None,
                 ));
             }
+            Err(e) if e.code == ErrorCode::Timeout => {
+                // The wsd stopped answering (frozen, or cut off with its
+                // connection open) for the configured deadline: re-attaching
+                // would only wait for it again.
+                break Err((
+                    format!(
+                        "lost the command: the wsd at {} stopped answering ({e})",
+                        handle.endpoint()
+                    ),
+                    Some(e.code),
+                ));
+            }
             Err(e) => {
                 // The connection broke: the same wsd still has the log, a
                 // restarted one does not (and then refuses the attach).
@@ -287,9 +299,16 @@ async fn drive_session(
                 {
                     Ok(ev) => events = ev,
                     Err(e2) => {
+                        let why = match e2.code {
+                            ErrorCode::Io | ErrorCode::Timeout | ErrorCode::Shutdown => {
+                                "could not be reached again"
+                            }
+                            _ => "does not know it any more",
+                        };
                         break Err((
                             format!(
-                                "lost the command: the wsd went away ({e}) and does not know it any more ({e2})"
+                                "lost the command: the wsd at {} went away ({e}) and {why} ({e2})",
+                                handle.endpoint()
                             ),
                             Some(e2.code),
                         ));
@@ -336,7 +355,6 @@ async fn drive_session(
             }
         }
     };
-    let _ = handle.dispose(&session.id).await;
     let (status, code, error) = match &outcome {
         Outcome::Completed { exit_code, .. } => ("completed", Some(*exit_code), None),
         Outcome::Failed {
@@ -348,6 +366,8 @@ async fn drive_session(
     }
     tracing::info!(session = %session.id, workspace = %session.workspace_id, status, "command finished");
     session.finish(outcome);
+    // After the answer: a wsd that went away would hold it for a deadline.
+    let _ = handle.dispose(&session.id).await;
     // A result nobody polls for is dropped after a while (its row stays).
     let weak = Arc::downgrade(&k);
     drop(k);

@@ -22,7 +22,6 @@ use crate::domains::fs::calls::with_store;
 use crate::domains::fs::vfs;
 use crate::domains::snapshot::mirror::{MirroredSnapshot, MirroredWorkspace, Uploaded};
 use crate::domains::snapshot::{self, SnapshotRow};
-use crate::domains::workspace::calls::visible_row;
 use crate::domains::workspace::{self, Workspace, WorkspaceRow};
 use crate::error::KernelError;
 use crate::kernel::Kernel;
@@ -66,7 +65,7 @@ async fn open_workspace(
     s: &Session,
     id: &str,
 ) -> Result<(WorkspaceRow, Arc<Workspace>), KernelError> {
-    let row = visible_row(k, s, id).await?;
+    let row = workspace::visible_row(&k.db, &s.identity, id).await?;
     if row.is_archived() {
         return Err(KernelError::BadRequest(format!(
             "workspace {id} is archived"
@@ -188,7 +187,7 @@ async fn mirrored_workspace(
 }
 
 pub async fn list(k: Arc<Kernel>, s: Arc<Session>, a: ListArgs) -> Result<Value, KernelError> {
-    let row = visible_row(&k, &s, &a.workspace_id).await?;
+    let row = workspace::visible_row(&k.db, &s.identity, &a.workspace_id).await?;
     let rows = k.db.call(move |c| snapshot::list(c, &row.id)).await?;
     to_value(ListResult {
         snapshots: rows.into_iter().map(|r| r.info).collect(),

@@ -14,23 +14,12 @@ use crate::error::KernelError;
 use crate::kernel::Kernel;
 use crate::session::Session;
 
-/// The uid a call acts on: the caller's own unless root names another.
-fn target_uid(s: &Session, uid: Option<i64>) -> Result<i64, KernelError> {
-    match uid {
-        Some(u) if u != s.identity.uid && !s.identity.is_root() => {
-            Err(KernelError::PermissionDenied(format!("uid {u}")))
-        }
-        Some(u) => Ok(u),
-        None => Ok(s.identity.uid),
-    }
-}
-
 pub async fn token_create(
     k: Arc<Kernel>,
     s: Arc<Session>,
     a: TokenCreateArgs,
 ) -> Result<TokenCreateResult, KernelError> {
-    let uid = target_uid(&s, a.uid)?;
+    let uid = s.acting_uid(a.uid)?;
     let role_for_kind = match a.kind.as_str() {
         "node" => "driver",
         "service" => "service",
@@ -83,7 +72,7 @@ pub async fn token_list(
     let scope = if s.identity.is_root() {
         a.uid
     } else {
-        Some(target_uid(&s, a.uid)?)
+        Some(s.acting_uid(a.uid)?)
     };
     let tokens = k.db.call(move |c| accounts::list_tokens(c, scope)).await?;
     Ok(TokenListResult { tokens })
@@ -97,7 +86,7 @@ pub async fn token_revoke(
     let scope = if s.identity.is_root() {
         a.uid
     } else {
-        Some(target_uid(&s, a.uid)?)
+        Some(s.acting_uid(a.uid)?)
     };
     let revoked =
         k.db.call(move |c| accounts::revoke_token(c, &a.token_id, scope, a.reason.as_deref()))

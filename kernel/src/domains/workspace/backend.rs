@@ -8,7 +8,10 @@ use std::process::Stdio;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use wsd_client::{ClientOptions, Endpoint, WsdHandle};
+use wsd_client::{
+    ClientOptions, DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_HANDSHAKE_TIMEOUT,
+    Endpoint, WsdHandle,
+};
 
 use crate::error::KernelError;
 
@@ -47,6 +50,8 @@ pub struct BackendState {
     last_start: Option<Instant>,
     /// A local child runs with `wsd serve --sandbox`.
     sandbox: bool,
+    /// The deadline of every wsd call (`KernelConfig::wsd_timeout`).
+    call_timeout: Duration,
 }
 
 /// Where to reach a running wsd.
@@ -70,7 +75,17 @@ impl BackendState {
             restarts: 0,
             last_start: None,
             sandbox: false,
+            call_timeout: DEFAULT_CALL_TIMEOUT,
         }
+    }
+
+    /// The deadline of every call to the wsd: one that does not answer
+    /// within it (frozen, or cut off with its connection still open) fails
+    /// the call instead of holding it. Dial and handshake get at most the
+    /// client's defaults.
+    pub fn with_call_timeout(mut self, timeout: Duration) -> BackendState {
+        self.call_timeout = timeout;
+        self
     }
 
     /// Whether a local child sandboxes its commands (`wsd serve --sandbox`).
@@ -230,6 +245,9 @@ impl BackendState {
         let opts = ClientOptions {
             token: Some(token.trim_ascii().to_vec()),
             peer: WSD_PEER.to_owned(),
+            connect_timeout: self.call_timeout.min(DEFAULT_CONNECT_TIMEOUT),
+            handshake_timeout: self.call_timeout.min(DEFAULT_HANDSHAKE_TIMEOUT),
+            call_timeout: self.call_timeout,
             ..ClientOptions::default()
         };
         let h = WsdHandle::connect(endpoint, opts).await.map_err(|e| {

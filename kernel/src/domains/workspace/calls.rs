@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use crate::db::now_ms;
 use crate::domains::accounts;
-use crate::domains::fs::vfs;
 use crate::domains::snapshot;
 use crate::domains::workspace::{self, Backend, WorkspaceRow};
 use crate::error::KernelError;
@@ -120,32 +119,10 @@ pub async fn list(k: Arc<Kernel>, s: Arc<Session>, a: ListArgs) -> Result<ListRe
     })
 }
 
-/// The row of a workspace the caller may use. One that does not exist is
-/// 404 "Workspace not found" (its owner's typo, or one long gone); someone
-/// else's is still refused (403), as the seed prescribes. Ids are 48
-/// random bits, so the difference tells a prober only about ids it cannot
-/// guess.
-pub async fn visible_row(
-    k: &Arc<Kernel>,
-    s: &Session,
-    id: &str,
-) -> Result<WorkspaceRow, KernelError> {
-    let wid = id.to_owned();
-    match k.db.call(move |c| workspace::get_row(c, &wid)).await? {
-        Some(row) if vfs::check_workspace(&s.identity, row.owner_uid) => Ok(row),
-        Some(_) => Err(KernelError::AccessDenied {
-            kind: "workspace",
-            id: id.to_owned(),
-        }),
-        None => Err(KernelError::NotFound {
-            kind: "Workspace",
-            id: id.to_owned(),
-        }),
-    }
-}
-
 pub async fn get(k: Arc<Kernel>, s: Arc<Session>, a: IdArgs) -> Result<GetResult, KernelError> {
-    let row = visible_row(&k, &s, &a.workspace_id).await.ok();
+    let row = workspace::visible_row(&k.db, &s.identity, &a.workspace_id)
+        .await
+        .ok();
     Ok(GetResult {
         workspace: row.map(|r| r.to_info()),
     })
@@ -156,7 +133,7 @@ pub async fn archive(
     s: Arc<Session>,
     a: IdArgs,
 ) -> Result<WorkspaceResult, KernelError> {
-    let row = visible_row(&k, &s, &a.workspace_id).await?;
+    let row = workspace::visible_row(&k.db, &s.identity, &a.workspace_id).await?;
     let id = row.id.clone();
     k.db.call(move |c| workspace::set_state(c, &id, "archived"))
         .await?;

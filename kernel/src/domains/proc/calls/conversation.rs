@@ -1,7 +1,7 @@
 //! `proc.conversation.*` (seed 000): named conversations inside a process,
 //! their overflow policy, compaction into gzip JSONL archives recorded as
-//! segments, forks and segment reads. [`compact_now`] is also the run
-//! preflight's `auto-compact`.
+//! segments, forks and segment reads. Compaction itself is
+//! [`super::compact`], which the run preflight's `auto-compact` uses too.
 
 use std::sync::Arc;
 
@@ -10,56 +10,24 @@ use gsv_protocol::proc::{
     CompactArgs, CompactResult, ContextPolicy, ConversationArgs, ConversationCloseArgs,
     ConversationCloseResult, ConversationGetResult, ConversationListArgs, ConversationListResult,
     ConversationOpenArgs, ConversationOpenResult, ConversationResetArgs, ConversationResetResult,
-    ConversationSegment, ForkArgs, ForkResult, PolicyResult, PolicySetArgs, SegmentReadArgs,
-    SegmentReadResult, SegmentsResult,
+    ForkArgs, ForkResult, PolicyResult, PolicySetArgs, SegmentReadArgs, SegmentReadResult,
+    SegmentsResult,
 };
 use serde_json::{Value, json};
 
+use super::archive::{read_archive, sessions_dir, write_archive};
+use super::compact::{Selector, SummaryKind, compact_now};
 use super::signal::emit;
-use super::{read_archive, sessions_dir, target, write_archive};
+use super::target;
 use crate::db::now_ms;
 use crate::domains::accounts;
-use crate::domains::proc::conversations::{self, DEFAULT, SegmentRow};
-use crate::domains::proc::provider;
+use crate::domains::proc::conversations::{
+    self, DEFAULT, SegmentRow, conversation_arg, page_limit,
+};
 use crate::domains::proc::store::{self, ProcRow};
 use crate::error::KernelError;
 use crate::kernel::Kernel;
 use crate::session::Session;
-
-/// Most messages one page of `proc.history` or `segment.read` returns.
-pub const MAX_PAGE: usize = 500;
-
-/// A page size: absent is the largest page, and a size is clamped to
-/// 1..=[`MAX_PAGE`].
-pub fn page_limit(limit: Option<usize>) -> usize {
-    limit.unwrap_or(MAX_PAGE).clamp(1, MAX_PAGE)
-}
-
-fn invalid(call: &str, reason: impl Into<String>) -> KernelError {
-    KernelError::InvalidArgs {
-        call: call.to_owned(),
-        reason: reason.into(),
-    }
-}
-
-/// A `conversationId` argument: `default` when absent; trimmed, non-empty,
-/// at most 128 characters, no `/` (it names an archive directory).
-pub fn conversation_arg(call: &str, id: Option<&str>) -> Result<String, KernelError> {
-    let Some(id) = id else {
-        return Ok(DEFAULT.to_owned());
-    };
-    let id = id.trim();
-    if id.is_empty() || id.len() > 128 || id.contains('/') || id.chars().any(char::is_control) {
-        return Err(invalid(
-            call,
-            format!(
-                "conversationId: must be 1 to 128 characters without '/', not {:?}",
-                id
-            ),
-        ));
-    }
-    Ok(id.to_owned())
-}
 
 /// Refuses changes to a conversation with an active run.
 fn ensure_idle(k: &Kernel, row: &ProcRow, conv: &str) -> Result<(), KernelError> {
@@ -242,7 +210,7 @@ pub async fn policy_set(
     if let Some(p) = a.compact_at_pressure
         && !(p.is_finite() && p > 0.0 && p <= 1.0)
     {
-        return Err(invalid(
+        return Err(KernelError::invalid_args(
             CALL,
             format!("compactAtPressure: must be > 0 and <= 1, not {p}"),
         ));
@@ -277,23 +245,6 @@ pub async fn policy_set(
     }))
 }
 
-/// Which prefix a compaction archives.
-#[derive(Debug, Clone, Copy)]
-pub enum Selector {
-    /// All but the last n messages.
-    KeepLast(usize),
-    /// Every message with an id up to this one.
-    Through(i64),
-}
-
-/// Where a compaction's summary comes from.
-#[derive(Debug, Clone)]
-pub enum SummaryKind {
-    Given(String),
-    /// A model call writes it.
-    Generate,
-}
-
 pub async fn compact(
     k: Arc<Kernel>,
     s: Arc<Session>,
@@ -303,13 +254,16 @@ pub async fn compact(
     let conv = conversation_arg(CALL, a.conversation_id.as_deref())?;
     let kind = match (a.summary, a.generate_summary.unwrap_or(false)) {
         (Some(_), true) | (None, false) => {
-            return Err(invalid(
+            return Err(KernelError::invalid_args(
                 CALL,
                 "summary, generateSummary: give exactly one of summary and generateSummary: true",
             ));
         }
         (Some(t), false) if t.trim().is_empty() => {
-            return Err(invalid(CALL, "summary: must not be empty"));
+            return Err(KernelError::invalid_args(
+                CALL,
+                "summary: must not be empty",
+            ));
         }
         (Some(t), false) => SummaryKind::Given(t),
         (None, true) => SummaryKind::Generate,
@@ -318,7 +272,7 @@ pub async fn compact(
         (Some(n), None) => Selector::KeepLast(n as usize),
         (None, Some(id)) => Selector::Through(id),
         _ => {
-            return Err(invalid(
+            return Err(KernelError::invalid_args(
                 CALL,
                 "keepLast, throughMessageId: give exactly one of keepLast and throughMessageId",
             ));
@@ -343,134 +297,6 @@ pub async fn compact(
     Ok(OpResult::done(out))
 }
 
-/// Compacts the prefix `selector` names: archives it as gzip JSONL, puts
-/// a visible system summary marker at the boundary (it takes the id of
-/// the last archived message, so it sorts there) and records a segment.
-/// `None` when the prefix is empty. A kept part never starts with tool
-/// results: the boundary moves past them, so no result loses its call.
-pub async fn compact_now(
-    k: &Arc<Kernel>,
-    row: &ProcRow,
-    conv: &str,
-    selector: Selector,
-    kind: SummaryKind,
-) -> Result<Option<CompactResult>, KernelError> {
-    let (p, cv) = (row.pid.clone(), conv.to_owned());
-    let all = k.db.call(move |c| store::messages(c, &p, &cv)).await?;
-    let id_of = |m: &Value| m["id"].as_i64().unwrap_or_default();
-    let mut cut = match selector {
-        Selector::KeepLast(n) => all.len().saturating_sub(n),
-        Selector::Through(id) => {
-            if !all.iter().any(|m| id_of(m) == id) {
-                return Err(invalid(
-                    "proc.conversation.compact",
-                    format!("throughMessageId: no message {id} in conversation {conv}"),
-                ));
-            }
-            all.iter().take_while(|m| id_of(m) <= id).count()
-        }
-    };
-    while cut < all.len() && all[cut]["role"] == "toolResult" {
-        cut += 1;
-    }
-    if cut == 0 {
-        return Ok(None);
-    }
-    let prefix = &all[..cut];
-    let summary = match kind {
-        SummaryKind::Given(t) => t,
-        SummaryKind::Generate => generate_summary(k, row, prefix).await?,
-    };
-    let (from, to) = (id_of(&prefix[0]), id_of(&prefix[cut - 1]));
-    let live_through = all.last().map_or(to, id_of);
-    let segment_id = format!("seg_{}", accounts::random_hex(8));
-    let dir = format!("{}/conversations/{conv}", sessions_dir(row));
-    let archived: Vec<Value> = prefix.to_vec();
-    let path = write_archive(k, &dir, &format!("{segment_id}.jsonl.gz"), &archived).await?;
-    let (p, cv, seg_path) = (row.pid.clone(), conv.to_owned(), path.clone());
-    let marker = json!({
-        "role": "system",
-        "content": format!(
-            "[Conversation summary: messages {from}..{to} were compacted and archived at {path}]\n{summary}"
-        ),
-        "kind": "compaction.summary",
-        "segmentId": segment_id,
-    });
-    let segment =
-        k.db.call(move |c| {
-            let tx = c.transaction()?;
-            let generation = conversations::get(&tx, &p, &cv)?.map_or(0, |c| c.generation);
-            store::delete_messages_through(&tx, &p, &cv, to)?;
-            store::insert_message_at(&tx, to, &p, &cv, &marker)?;
-            let seg = SegmentRow {
-                segment: ConversationSegment {
-                    id: segment_id,
-                    conversation_id: cv.clone(),
-                    generation,
-                    kind: "compaction".into(),
-                    from_message_id: from,
-                    to_message_id: to,
-                    archive_path: seg_path,
-                    summary_message_id: Some(to),
-                    created_at: now_ms(),
-                },
-                live_through_id: live_through,
-            };
-            conversations::insert_segment(&tx, &p, &seg)?;
-            conversations::clear_context(&tx, &p, &cv)?;
-            tx.commit()?;
-            Ok(seg.segment)
-        })
-        .await?;
-    Ok(Some(CompactResult {
-        pid: row.pid.clone(),
-        conversation_id: conv.to_owned(),
-        summary_message_id: to,
-        archived_messages: cut,
-        archived_to: path,
-        segment,
-    }))
-}
-
-/// Asks the process's model for a summary of `prefix` (no tools).
-async fn generate_summary(
-    k: &Arc<Kernel>,
-    row: &ProcRow,
-    prefix: &[Value],
-) -> Result<String, KernelError> {
-    let cfg = super::run::provider_config(k, row)
-        .await
-        .map_err(KernelError::Unavailable)?;
-    let transcript: Vec<String> = prefix
-        .iter()
-        .map(|m| {
-            let content = m["content"]
-                .as_str()
-                .map_or_else(|| m["content"].to_string(), str::to_owned);
-            format!("{}: {content}", m["role"].as_str().unwrap_or("?"))
-        })
-        .collect();
-    let messages = [
-        json!({"role": "system", "content": SUMMARY_PROMPT}),
-        json!({"role": "user", "content": transcript.join("\n\n")}),
-    ];
-    let done = provider::complete(k.procs.http(), &cfg, &messages, &[], |_| {})
-        .await
-        .map_err(|e| KernelError::Unavailable(format!("writing the summary: {e}")))?;
-    let text = done.text.trim().to_owned();
-    if text.is_empty() {
-        return Err(KernelError::Unavailable(
-            "writing the summary: the model answered with no text".into(),
-        ));
-    }
-    Ok(text)
-}
-
-/// The instruction of a compaction's summary call.
-pub const SUMMARY_PROMPT: &str = "You compact an agent's conversation. Summarize the \
-transcript that follows so the agent can continue without it: the user's goals, decisions \
-made, facts learned, files and commands involved, and open tasks. Answer with the summary only.";
-
 pub async fn fork(
     k: Arc<Kernel>,
     s: Arc<Session>,
@@ -480,7 +306,7 @@ pub async fn fork(
     let source = conversation_arg(CALL, a.conversation_id.as_deref())?;
     let target_id = match a.target_conversation_id.as_deref() {
         Some(id) => conversation_arg(CALL, Some(id)).map_err(|_| {
-            invalid(
+            KernelError::invalid_args(
                 CALL,
                 "targetConversationId: must be 1 to 128 characters without '/'",
             )
@@ -488,13 +314,13 @@ pub async fn fork(
         None => format!("conv_{}", accounts::random_hex(8)),
     };
     if a.segment_id.is_some() == a.through_message_id.is_some() {
-        return Err(invalid(
+        return Err(KernelError::invalid_args(
             CALL,
             "segmentId, throughMessageId: give exactly one of segmentId and throughMessageId",
         ));
     }
     if target_id == source {
-        return Err(invalid(
+        return Err(KernelError::invalid_args(
             CALL,
             "targetConversationId: must differ from the source conversation",
         ));
@@ -524,7 +350,7 @@ pub async fn fork(
                 k.db.call(move |c| store::messages_between(c, &p, &cv, i64::MIN, through))
                     .await?;
             if !msgs.iter().any(|m| m["id"].as_i64() == Some(through)) {
-                return Err(invalid(
+                return Err(KernelError::invalid_args(
                     CALL,
                     format!("throughMessageId: no message {through} in conversation {source}"),
                 ));
@@ -614,7 +440,7 @@ async fn segment_of(
         .await?
     {
         Some(s) if s.segment.conversation_id == conv => Ok(s),
-        _ => Err(invalid(
+        _ => Err(KernelError::invalid_args(
             call,
             format!("segmentId: no segment {id} in conversation {conv}"),
         )),

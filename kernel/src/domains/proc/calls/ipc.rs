@@ -15,12 +15,12 @@ use gsv_protocol::proc::{
     IpcCallArgs, IpcCallResult, IpcDeliverArgs, IpcDeliverCall, IpcSendArgs, IpcSendResult,
     SendResult,
 };
+use rusqlite::Connection;
 use serde_json::{Value, json};
 
-use super::conversation::conversation_arg;
 use super::run;
 use crate::db::now_ms;
-use crate::domains::proc::conversations::{self, DEFAULT};
+use crate::domains::proc::conversations::{self, DEFAULT, conversation_arg};
 use crate::domains::proc::ipc::{self, IpcCall};
 use crate::domains::proc::store::{self, ProcRow};
 use crate::domains::timers::{Timer, table as timers};
@@ -247,11 +247,8 @@ pub async fn deliver_envelope(
         .unwrap_or_else(|| DEFAULT.to_owned());
     let (p, cv) = (target.pid.clone(), conv.clone());
     let status =
-        k.db.call(move |c| {
-            conversations::ensure(c, &p, &cv)?;
-            Ok(conversations::get(c, &p, &cv)?.map(|c| c.status))
-        })
-        .await?;
+        k.db.call(move |c| conversations::ensure_status(c, &p, &cv))
+            .await?;
     if status.as_deref() == Some("closed") {
         return Err(KernelError::Conflict(format!(
             "Conversation is closed: {conv} (of {})",
@@ -304,52 +301,49 @@ pub fn on_run_finished(k: Arc<Kernel>, pid: String, payload: Value) -> BoxFuture
         };
         let response = (status == "completed")
             .then(|| json!({"text": payload["text"], "usage": payload["usage"]}));
-        let settled =
-            k.db.call(move |c| {
-                let mut settled = Vec::new();
-                for id in ipc::pending_of_run(c, &pid, &run_id)? {
-                    if ipc::complete(c, &id, response.as_ref(), error.as_deref())? {
-                        timers::cancel(c, &timer_id(&id))?;
-                        settled.push(id);
-                    }
-                }
-                Ok(settled)
-            })
-            .await;
-        match settled {
-            Ok(ids) => {
-                for id in ids {
-                    deliver_reply(k.clone(), id).await;
-                }
-            }
-            Err(e) => tracing::error!(error = %e, "settling IPC calls of a finished run"),
+        let pending = move |c: &Connection| ipc::pending_of_run(c, &pid, &run_id);
+        if let Err(e) = settle(&k, pending, response, error).await {
+            tracing::error!(error = %e, "settling IPC calls of a finished run");
         }
     })
 }
 
-/// Fails the pending calls to `pid` (to its conversation `conv` only,
-/// when given): the target was killed or reset.
-pub async fn fail_pending_to(k: &Arc<Kernel>, pid: &str, conv: Option<&str>, reason: &str) {
-    let (p, cv, why) = (pid.to_owned(), conv.map(str::to_owned), reason.to_owned());
+/// Completes the calls `pending` picks with `response` or `error` and
+/// cancels their deadlines (one transaction), then delivers each reply.
+async fn settle<F>(
+    k: &Arc<Kernel>,
+    pending: F,
+    response: Option<Value>,
+    error: Option<String>,
+) -> Result<(), KernelError>
+where
+    F: FnOnce(&Connection) -> Result<Vec<String>, KernelError> + Send + 'static,
+{
     let settled =
         k.db.call(move |c| {
             let mut settled = Vec::new();
-            for id in ipc::pending_to(c, &p, cv.as_deref())? {
-                if ipc::complete(c, &id, None, Some(&why))? {
+            for id in pending(c)? {
+                if ipc::complete(c, &id, response.as_ref(), error.as_deref())? {
                     timers::cancel(c, &timer_id(&id))?;
                     settled.push(id);
                 }
             }
             Ok(settled)
         })
-        .await;
-    match settled {
-        Ok(ids) => {
-            for id in ids {
-                deliver_reply(k.clone(), id).await;
-            }
-        }
-        Err(e) => tracing::error!(%pid, error = %e, "failing IPC calls to a cleared process"),
+        .await?;
+    for id in settled {
+        deliver_reply(k.clone(), id).await;
+    }
+    Ok(())
+}
+
+/// Fails the pending calls to `pid` (to its conversation `conv` only,
+/// when given): the target was killed or reset.
+pub async fn fail_pending_to(k: &Arc<Kernel>, pid: &str, conv: Option<&str>, reason: &str) {
+    let (p, cv) = (pid.to_owned(), conv.map(str::to_owned));
+    let pending = move |c: &Connection| ipc::pending_to(c, &p, cv.as_deref());
+    if let Err(e) = settle(k, pending, None, Some(reason.to_owned())).await {
+        tracing::error!(%pid, error = %e, "failing IPC calls to a cleared process");
     }
 }
 

@@ -8,6 +8,8 @@
 //! `pid` goes to the caller's home process `init:{uid}`, which
 //! `sys.connect` starts or reconciles ([`ensure_init`]).
 
+pub mod archive;
+pub mod compact;
 pub mod conversation;
 pub mod ipc;
 pub mod run;
@@ -19,15 +21,12 @@ use gsv_protocol::proc::{
     KillResult, ListArgs, ListResult, PidArgs, ProfileListResult, ResetResult, SendArgs,
     SendResult, SpawnArgs, SpawnResult,
 };
-use std::io::Write as _;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
-use wsd_sync::SyncPath;
 
 use crate::db::now_ms;
 use crate::domains::accounts::{self, ProcessIdentity};
-use crate::domains::fs::calls::{ensure_dir, with_store};
 use crate::domains::proc::RunRoute;
 use crate::domains::proc::conversations::{self, DEFAULT};
 use crate::domains::proc::profiles::{self, INIT};
@@ -35,6 +34,7 @@ use crate::domains::proc::store::{self, ProcRow};
 use crate::error::KernelError;
 use crate::kernel::Kernel;
 use crate::session::{Role, Session};
+use archive::{sessions_dir, write_archive};
 use signal::emit;
 
 /// The caller's row for `pid`, or 403.
@@ -163,27 +163,7 @@ async fn spawn_as(
     }
     if profile.singleton {
         let row = ensure_init(&k, &s.identity).await?;
-        let mut out = SpawnResult {
-            ok: true,
-            pid: row.pid.clone(),
-            profile: row.profile.clone(),
-            cwd: row.cwd.clone(),
-            label: row.label.clone(),
-            workspace_id: row.workspace_id.clone(),
-            run_id: None,
-        };
-        if let Some(p) = a.prompt.filter(|p| !p.is_empty()) {
-            let sent = run::send(
-                k,
-                row,
-                DEFAULT,
-                json!({"role": "user", "content": p}),
-                origin(&s),
-            )
-            .await?;
-            out.run_id = Some(sent.run_id);
-        }
-        return Ok(out);
+        return spawned(k, &s, row, a.prompt).await;
     }
     if let Some(parent) = &a.parent_pid {
         owned(&k, &s, parent).await.map_err(|_| {
@@ -240,9 +220,9 @@ async fn spawn_as(
         username: s.identity.username.clone(),
         interactive: a.interactive.unwrap_or(profile.interactive),
         parent_pid: a.parent_pid,
-        label: label.clone(),
+        label,
         cwd: cwd.clone(),
-        workspace_id: workspace_id.clone(),
+        workspace_id,
         state: "idle".into(),
         active_run_id: None,
         queued_count: 0,
@@ -258,22 +238,33 @@ async fn spawn_as(
     })
     .await?;
     tracing::info!(pid = %row.pid, owner = row.owner_uid, %cwd, "process spawned");
+    spawned(k, &s, row, a.prompt).await
+}
+
+/// The answer to a spawn of `row`, once its first prompt (if any) has
+/// started a run.
+async fn spawned(
+    k: Arc<Kernel>,
+    s: &Session,
+    row: ProcRow,
+    prompt: Option<String>,
+) -> Result<SpawnResult, KernelError> {
     let mut out = SpawnResult {
         ok: true,
         pid: row.pid.clone(),
         profile: row.profile.clone(),
-        cwd,
-        label,
-        workspace_id,
+        cwd: row.cwd.clone(),
+        label: row.label.clone(),
+        workspace_id: row.workspace_id.clone(),
         run_id: None,
     };
-    if let Some(p) = a.prompt.filter(|p| !p.is_empty()) {
+    if let Some(p) = prompt.filter(|p| !p.is_empty()) {
         let sent = run::send(
             k,
             row,
             DEFAULT,
             json!({"role": "user", "content": p}),
-            origin(&s),
+            origin(s),
         )
         .await?;
         out.run_id = Some(sent.run_id);
@@ -318,15 +309,12 @@ pub async fn send_routed(
             reason: "message: must not be empty".into(),
         });
     }
-    let conv = conversation::conversation_arg("proc.send", a.conversation_id.as_deref())?;
+    let conv = conversations::conversation_arg("proc.send", a.conversation_id.as_deref())?;
     let row = target(&k, &s, a.pid.as_deref()).await?;
     let (p, cv) = (row.pid.clone(), conv.clone());
     let status =
-        k.db.call(move |c| {
-            conversations::ensure(c, &p, &cv)?;
-            Ok(conversations::get(c, &p, &cv)?.map(|c| c.status))
-        })
-        .await?;
+        k.db.call(move |c| conversations::ensure_status(c, &p, &cv))
+            .await?;
     if status.as_deref() == Some("closed") {
         return Err(KernelError::Conflict(format!(
             "Conversation is closed: {conv} (reopen it with proc.conversation.open)"
@@ -350,10 +338,10 @@ pub async fn history(
     s: Arc<Session>,
     a: HistoryArgs,
 ) -> Result<HistoryResult, KernelError> {
-    let conv = conversation::conversation_arg("proc.history", a.conversation_id.as_deref())?;
+    let conv = conversations::conversation_arg("proc.history", a.conversation_id.as_deref())?;
     let row = target(&k, &s, a.pid.as_deref()).await?;
     let offset = a.offset.unwrap_or(0);
-    let limit = conversation::page_limit(a.limit);
+    let limit = conversations::page_limit(a.limit);
     let (p, cv) = (row.pid.clone(), conv.clone());
     let (messages, total, context, pending_hil) =
         k.db.call(move |c| {
@@ -556,54 +544,4 @@ async fn clear_process(
         dir: (!archives.is_empty()).then(|| format!("/{archive_dir}")),
         archives,
     })
-}
-
-/// `var/sessions/<user>/<pid>` in the system store. `:` is legal in dofs
-/// names but awkward in shells: `proc:` is dropped, other `:` become `-`.
-pub fn sessions_dir(row: &ProcRow) -> String {
-    format!(
-        "var/sessions/{}/{}",
-        row.username,
-        row.pid.trim_start_matches("proc:").replace(':', "-")
-    )
-}
-
-/// Writes `messages` as gzip JSONL to `<dir>/<name>` in the system store;
-/// its absolute path.
-pub async fn write_archive(
-    k: &Arc<Kernel>,
-    dir: &str,
-    name: &str,
-    messages: &[Value],
-) -> Result<String, KernelError> {
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    for m in messages {
-        writeln!(gz, "{m}").map_err(|e| KernelError::internal("compressing history", e))?;
-    }
-    let bytes = gz
-        .finish()
-        .map_err(|e| KernelError::internal("compressing history", e))?;
-    ensure_dir(&k.system, dir).await?;
-    let file = format!("{dir}/{name}");
-    let path = SyncPath::canonicalize(&file).map_err(|e| KernelError::internal(&file, e))?;
-    with_store(&k.system, move |d| d.write_file(&path, &bytes[..]))
-        .await?
-        .map_err(|e| KernelError::internal(&format!("writing /{file}"), e))?;
-    Ok(format!("/{file}"))
-}
-
-/// Reads a gzip JSONL archive written by [`write_archive`].
-pub async fn read_archive(k: &Arc<Kernel>, path: &str) -> Result<Vec<Value>, KernelError> {
-    let file = path.trim_start_matches('/').to_owned();
-    let p = SyncPath::canonicalize(&file).map_err(|e| KernelError::internal(&file, e))?;
-    let bytes = with_store(&k.system, move |d| d.read_file(&p))
-        .await?
-        .map_err(|e| KernelError::internal(&format!("reading {path}"), e))?;
-    let mut text = String::new();
-    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&bytes[..]), &mut text)
-        .map_err(|e| KernelError::internal(&format!("decompressing {path}"), e))?;
-    text.lines()
-        .filter(|l| !l.is_empty())
-        .map(|l| serde_json::from_str(l).map_err(|e| KernelError::internal(path, e)))
-        .collect()
 }

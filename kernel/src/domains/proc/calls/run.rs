@@ -5,11 +5,7 @@
 //! tool calls. Every step is a row first, then a signal.
 
 use gsv_protocol::ai::{ConfigResult, ToolsResult};
-use gsv_protocol::codemode as codemode_args;
 use gsv_protocol::proc::{ContextState, HilRequest, Overflow, SendResult};
-use gsv_protocol::shell::ShellToolArgs;
-use gsv_protocol::{Targeted, fs, tool_parameters};
-use schemars::JsonSchema;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -23,8 +19,9 @@ use serde_json::{Map, Value, json};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::conversation::{self, Selector, SummaryKind};
+use super::compact::{Selector, SummaryKind, compact_now};
 use super::signal::{deliver, emit};
+use crate::domains::accounts;
 use crate::domains::adapter::SurfaceRoute;
 use crate::domains::ai;
 use crate::domains::proc::RunRoute;
@@ -32,7 +29,6 @@ use crate::domains::proc::conversations;
 use crate::domains::proc::hil::{self, Decision, Policy};
 use crate::domains::proc::provider::{self, Completion, Delta, ProviderConfig, ProviderError};
 use crate::domains::proc::store::{self, ProcRow};
-use crate::domains::{accounts, codemode};
 use crate::error::KernelError;
 use crate::kernel::Kernel;
 use crate::session::{Role, Session};
@@ -40,17 +36,6 @@ use crate::session::{Role, Session};
 /// Model calls per run at most; a model that never stops calling tools
 /// ends with an error instead of looping forever.
 const MAX_STEPS: usize = 64;
-
-/// The tool names the model sees and the syscall each one is.
-pub const TOOLS: &[(&str, &str)] = &[
-    ("Read", "fs.read"),
-    ("Write", "fs.write"),
-    ("Edit", "fs.edit"),
-    ("Delete", "fs.delete"),
-    ("Search", "fs.search"),
-    ("Shell", "shell.exec"),
-    ("CodeMode", "codemode.exec"),
-];
 
 /// How a run ended when it did not answer.
 #[derive(Debug)]
@@ -258,46 +243,6 @@ pub async fn process_session(k: &Arc<Kernel>, row: &ProcRow) -> Result<Session, 
     })
 }
 
-/// Provider settings from a run's `ai.config`, or a message naming the
-/// missing or unsupported key.
-pub(crate) fn provider_from(c: &ConfigResult) -> Result<ProviderConfig, String> {
-    if !matches!(c.provider.as_str(), "openai" | "openai-compatible") {
-        return Err(format!(
-            "config/ai/provider is '{}': only \"openai\" (any OpenAI-compatible server) is supported",
-            c.provider
-        ));
-    }
-    if c.model.is_empty() {
-        return Err(
-            "No model configured: run `gsv config set ai.model NAME` and `gsv config set ai.base_url URL` (config/ai/model, config/ai/base_url)"
-                .into(),
-        );
-    }
-    Ok(ProviderConfig {
-        provider: c.provider.clone(),
-        model: c.model.clone(),
-        api_key: Some(c.api_key.clone()).filter(|k| !k.is_empty()),
-        base_url: c.base_url.clone(),
-        timeout: Duration::from_millis(c.timeout_ms),
-        max_retries: c.max_retries as usize,
-        retry_base: Duration::from_millis(c.retry_base_ms),
-        context_window_tokens: c.context_window_tokens,
-        max_tokens: c.max_tokens,
-    })
-}
-
-/// Provider settings of `row`'s owner and profile, for calls outside a
-/// run (a compaction's summary).
-pub(crate) async fn provider_config(
-    k: &Arc<Kernel>,
-    row: &ProcRow,
-) -> Result<ProviderConfig, String> {
-    let c = ai::calls::resolve(k, row.owner_uid, &row.profile)
-        .await
-        .map_err(|e| e.to_string())?;
-    provider_from(&c)
-}
-
 /// The loop's own `ai.config` and `ai.tools` calls, as the process.
 async fn run_inputs(
     k: &Arc<Kernel>,
@@ -412,31 +357,6 @@ fn obj(v: Value) -> Map<String, Value> {
         Value::Object(m) => m,
         _ => Map::new(),
     }
-}
-
-/// The tool definitions in OpenAI `tools` form. Each tool's parameters
-/// are the schema of its syscall's argument type (with `target`), so the
-/// model sees exactly what the call accepts.
-pub fn tool_defs() -> Vec<Value> {
-    fn def<T: JsonSchema>(name: &str, description: &str) -> Value {
-        json!({"type": "function", "function": {
-            "name": name, "description": description,
-            "parameters": tool_parameters::<Targeted<T>>()}})
-    }
-    vec![
-        def::<fs::ReadArgs>("Read", "Read a file (numbered lines) or list a directory."),
-        def::<fs::WriteArgs>("Write", "Create or replace a file."),
-        def::<fs::EditArgs>("Edit", "Replace an exact string in a file."),
-        def::<fs::DeleteArgs>(
-            "Delete",
-            "Delete a file or directory (asks the user first).",
-        ),
-        def::<fs::SearchArgs>("Search", "Search file contents for a literal string."),
-        def::<ShellToolArgs>("Shell", "Run a shell command in the workspace."),
-        json!({"type": "function", "function": {
-            "name": "CodeMode", "description": codemode::TOOL_DESCRIPTION,
-            "parameters": tool_parameters::<codemode_args::ExecArgs>()}}),
-    ]
 }
 
 /// What the `tool` message of an image read says in place of the image.
@@ -564,8 +484,8 @@ async fn run_loop(
             .map_err(|e| End::Failed(e.to_string()))?,
     );
     let (ai, offered) = run_inputs(k, &session).await.map_err(End::Failed)?;
-    let cfg = provider_from(&ai).map_err(End::Failed)?;
-    let policy = approval_policy(row, &ai).map_err(End::Failed)?;
+    let cfg = ProviderConfig::from_ai_config(&ai).map_err(End::Failed)?;
+    let policy = hil::approval_policy(&ai, row.run_as_uid).map_err(End::Failed)?;
     let system = system_prompt(k, row, &session, &ai).await;
     let tools: Vec<Value> = offered
         .tools
@@ -782,7 +702,7 @@ async fn preflight(
         ))),
         Overflow::AutoCompact => {
             let selector = Selector::KeepLast(policy.keep_last as usize);
-            match conversation::compact_now(k, row, conv, selector, SummaryKind::Generate).await {
+            match compact_now(k, row, conv, selector, SummaryKind::Generate).await {
                 Ok(Some(r)) => {
                     emit(
                         k,
@@ -937,7 +857,7 @@ async fn run_tool(
     policy: Option<&Policy>,
     tc: &provider::ToolCall,
 ) -> (Value, bool) {
-    let Some(&(_, call)) = TOOLS.iter().find(|(n, _)| *n == tc.name) else {
+    let Some(&(_, call)) = ai::tools::TOOLS.iter().find(|(n, _)| *n == tc.name) else {
         return (json!(format!("Unknown tool: {}", tc.name)), true);
     };
     let args = if tc.arguments.trim().is_empty() {
@@ -995,25 +915,6 @@ fn active_conversation(k: &Kernel, row: &ProcRow) -> String {
     k.procs
         .active_conversation(&row.pid)
         .unwrap_or_else(|| conversations::DEFAULT.to_owned())
-}
-
-/// The approval policy a run applies: the account's
-/// (`users/{uid}/ai/tools/approval`), else its profile's; none means the
-/// built-in rules.
-pub fn approval_policy(row: &ProcRow, ai: &ConfigResult) -> Result<Option<Policy>, String> {
-    let Some(text) = ai
-        .approval_policy
-        .as_ref()
-        .or(ai.profile_approval_policy.as_ref())
-    else {
-        return Ok(None);
-    };
-    Policy::parse(text).map(Some).map_err(|e| {
-        format!(
-            "the approval policy (users/{}/ai/tools/approval or the profile's) is invalid: {e}",
-            row.run_as_uid
-        )
-    })
 }
 
 /// The model's tool call an approval request belongs to.
@@ -1183,38 +1084,6 @@ pub async fn recover(k: &Arc<Kernel>) -> Result<(), KernelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn tool_parameters_are_the_syscall_argument_schemas_with_a_target() {
-        let defs = tool_defs();
-        let names: Vec<_> = defs.iter().map(|d| d["function"]["name"].clone()).collect();
-        assert_eq!(names, TOOLS.iter().map(|t| json!(t.0)).collect::<Vec<_>>());
-        let params = |name: &str| {
-            defs.iter()
-                .find(|d| d["function"]["name"] == name)
-                .map(|d| d["function"]["parameters"].clone())
-                .unwrap()
-        };
-        let read = params("Read");
-        assert_eq!(read["type"], "object");
-        assert_eq!(read["required"], json!(["path"]));
-        for key in ["path", "offset", "limit", "target"] {
-            assert!(read["properties"].get(key).is_some(), "{key}: {read}");
-        }
-        let edit = params("Edit");
-        let mut req: Vec<_> = edit["required"].as_array().unwrap().clone();
-        req.sort_by_key(|v| v.to_string());
-        assert_eq!(
-            req,
-            vec![json!("newString"), json!("oldString"), json!("path")]
-        );
-        assert!(edit["properties"].get("replaceAll").is_some(), "{edit}");
-        let shell = params("Shell");
-        for key in ["command", "timeout", "sessionId", "target"] {
-            assert!(shell["properties"].get(key).is_some(), "{key}: {shell}");
-        }
-        assert!(serde_json::to_string(&defs).unwrap().find("$ref").is_none());
-    }
 
     #[test]
     fn read_images_follow_all_of_the_turns_tool_messages_as_image_url_parts() {

@@ -2,15 +2,15 @@
 //! registry row (state, active run, queued count), then sent to the
 //! owner's user sockets, so a client that reads the row after a signal
 //! never sees an older state; then a finished run answers the IPC calls
-//! it took ([`super::ipc`]) and the signal fires the watches on it
-//! ([`super::signal_watch`]).
+//! it took and the signal fires the watches on it. Those listeners (and
+//! a chat surface's) start runs themselves, so they are reached through
+//! the kernel's [`SignalListeners`](crate::domains::proc::SignalListeners).
 
 use std::sync::Arc;
 
 use serde_json::{Value, json};
 
 use crate::db::now_ms;
-use crate::domains::adapter;
 use crate::domains::proc::{RunRoute, store};
 use crate::kernel::Kernel;
 use crate::session::Role;
@@ -52,10 +52,11 @@ pub async fn emit(k: &Arc<Kernel>, owner_uid: i64, pid: &str, signal: &str, mut 
     payload["timestamp"] = json!(now_ms());
     payload["queuedCount"] = json!(queued);
     deliver(k, owner_uid, signal, payload.clone());
+    let listeners = &k.signal_listeners;
     if signal == "proc.run.finished" {
-        super::ipc::on_run_finished(k.clone(), pid.to_owned(), payload.clone()).await;
+        (listeners.run_finished)(k.clone(), pid.to_owned(), payload.clone()).await;
     }
-    super::signal_watch::fire(
+    (listeners.watches)(
         k.clone(),
         owner_uid,
         pid.to_owned(),
@@ -68,7 +69,7 @@ pub async fn emit(k: &Arc<Kernel>, owner_uid: i64, pid: &str, signal: &str, mut 
 /// Sends a signal of a run along its run route (reference §6.3): to the
 /// socket whose `proc.send` started it, or for a run a chat message
 /// started, its answer and approval requests to that chat surface
-/// ([`adapter::calls::on_run_signal`]). A run without a route, one whose
+/// (the `surface` listener). A run without a route, one whose
 /// socket is gone, and every approval request (any of the owner's
 /// clients may answer) go to every user socket of `owner_uid`. The route
 /// ends with `proc.run.finished`.
@@ -83,7 +84,7 @@ pub fn deliver(k: &Kernel, owner_uid: i64, signal: &str, payload: Value) {
     let hil = signal == "proc.run.hil.requested";
     let payload = match route {
         Some(RunRoute::Surface(surface)) => {
-            adapter::calls::on_run_signal(k, &surface, signal, &payload);
+            (k.signal_listeners.surface)(k, &surface, signal, &payload);
             if !hil {
                 return;
             }

@@ -1,29 +1,27 @@
-//! `sys.oauth.start|list|forget`, `GET /oauth/callback`, the client
-//! metadata document, and the two things the MCP domain asks of OAuth: a
-//! flow for a server that answered 401 ([`start_for_mcp`]) and the bearer
-//! token of a signed-in server, refreshed when it has expired
-//! ([`bearer_for`]). Non-root callers are scoped to themselves; another
+//! `sys.oauth.start|list|forget`, and the two things the MCP domain asks
+//! of OAuth: a flow for a server that answered 401 ([`start_for_mcp`])
+//! and the bearer token of a signed-in server, refreshed when it has
+//! expired ([`bearer_for`]). The browser's side is [`http`]. Non-root callers are scoped to themselves; another
 //! user's account is not found.
 
-use std::collections::{BTreeMap, HashMap};
+pub mod http;
+
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axum::extract::{Query, State};
-use axum::http::StatusCode;
-use axum::response::{Html, IntoResponse, Response};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use gsv_protocol::oauth::{
-    ForgetArgs, ForgetResult, ListArgs, ListResult, OAuthAccountSummary, OAuthConnectionKind,
-    OAuthFlowSummary, StartArgs, StartResult,
+    ForgetArgs, ForgetResult, ListArgs, ListResult, OAuthConnectionKind, OAuthFlowSummary,
+    StartArgs, StartResult,
 };
 use rand::RngCore;
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::client::{self, Endpoints};
 use super::discovery;
-use super::store::{self, AccountRow, FlowRow};
+use super::store::{self, FlowRow};
 use super::{
     CALLBACK_PATH, CLIENT_METADATA_PATH, DEFAULT_ACCOUNT_KEY, FLOW_TTL_MS, REFRESH_MARGIN_MS,
     RESERVED_AUTH_PARAMS, TIMER_KIND, check_url,
@@ -35,7 +33,7 @@ use crate::error::KernelError;
 use crate::kernel::Kernel;
 use crate::session::Session;
 
-fn timer_id(flow_id: &str) -> String {
+pub(super) fn timer_id(flow_id: &str) -> String {
     format!("{TIMER_KIND}:{flow_id}")
 }
 
@@ -48,17 +46,14 @@ fn invalid(reason: impl Into<String>) -> KernelError {
 
 /// The uid a call acts for: the caller's own, or (root only) `uid`.
 fn target_uid(s: &Session, call: &str, uid: Option<i64>) -> Result<i64, KernelError> {
-    match uid {
-        Some(u) if u != s.identity.uid && !s.identity.is_root() => Err(
-            KernelError::PermissionDenied(format!("{call} for uid {u} (only your own)")),
-        ),
-        Some(u) => Ok(u),
-        None => Ok(s.identity.uid),
-    }
+    s.acting_uid(uid).map_err(|_| {
+        let u = uid.unwrap_or_default();
+        KernelError::PermissionDenied(format!("{call} for uid {u} (only your own)"))
+    })
 }
 
 /// The SHA-256 of a flow's state, as stored.
-fn state_hash(state: &str) -> String {
+pub(super) fn state_hash(state: &str) -> String {
     hex::encode(Sha256::digest(state.as_bytes()))
 }
 
@@ -252,190 +247,6 @@ pub async fn on_timer(k: Arc<Kernel>, timer: Timer) {
     }
 }
 
-/// The page a browser lands on after the authorization server.
-fn page(status: StatusCode, title: &str, detail: &str) -> Response {
-    let escape = |s: &str| {
-        s.replace('&', "&amp;")
-            .replace('<', "&lt;")
-            .replace('>', "&gt;")
-    };
-    (
-        status,
-        Html(format!(
-            "<!doctype html><title>gsv: {t}</title><h1>{t}</h1><p>{d}</p>",
-            t = escape(title),
-            d = escape(detail)
-        )),
-    )
-        .into_response()
-}
-
-/// `GET /oauth/callback?state=…&code=…`: the flow named by `state` (used
-/// once) exchanges `code` for tokens and stores the account; an MCP
-/// server waiting on it connects. An unknown or expired state is 400 and
-/// changes nothing.
-pub async fn callback(
-    State(k): State<Arc<Kernel>>,
-    Query(q): Query<HashMap<String, String>>,
-) -> Response {
-    let Some(state) = q.get("state").filter(|s| !s.is_empty()) else {
-        return page(
-            StatusCode::BAD_REQUEST,
-            "Sign-in failed",
-            "The callback has no state.",
-        );
-    };
-    let hash = state_hash(state);
-    let flow = match k.db.call(move |c| store::take_flow(c, &hash)).await {
-        Ok(Some(f)) => f,
-        Ok(None) => {
-            return page(
-                StatusCode::BAD_REQUEST,
-                "Sign-in failed",
-                "Unknown or expired OAuth state: start the sign-in again.",
-            );
-        }
-        Err(e) => {
-            return page(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "Sign-in failed",
-                &e.to_string(),
-            );
-        }
-    };
-    let id = flow.summary.flow_id.clone();
-    if let Err(e) = k.db.call(move |c| timers::cancel(c, &timer_id(&id))).await {
-        tracing::warn!(error = %e, "cancelling a used OAuth flow's expiry");
-    }
-    match complete(&k, &flow, &q).await {
-        Ok(account) => {
-            tracing::info!(account = %account.account_id, uid = account.uid,
-                           provider = %account.provider, "OAuth account signed in");
-            if let Some(server_id) = &flow.mcp_server_id {
-                crate::domains::mcp::calls::signed_in(&k, flow.summary.uid, server_id).await;
-            }
-            page(
-                StatusCode::OK,
-                "Signed in",
-                &format!(
-                    "{} is connected. You can close this window.",
-                    account.provider
-                ),
-            )
-        }
-        Err((status, why)) => {
-            if let Some(server_id) = &flow.mcp_server_id {
-                crate::domains::mcp::calls::sign_in_failed(&k, flow.summary.uid, server_id, &why);
-            }
-            page(status, "Sign-in failed", &why)
-        }
-    }
-}
-
-/// Exchanges the callback's code and stores the account.
-async fn complete(
-    k: &Arc<Kernel>,
-    flow: &FlowRow,
-    q: &HashMap<String, String>,
-) -> Result<OAuthAccountSummary, (StatusCode, String)> {
-    if let Some(error) = q.get("error") {
-        let detail = q
-            .get("error_description")
-            .map(|d| format!(": {d}"))
-            .unwrap_or_default();
-        return Err((
-            StatusCode::BAD_REQUEST,
-            format!("the authorization server refused ({error}{detail})"),
-        ));
-    }
-    let Some(code) = q.get("code").filter(|c| !c.is_empty()) else {
-        return Err((StatusCode::BAD_REQUEST, "the callback has no code".into()));
-    };
-    let f = &flow.summary;
-    let verifier = k
-        .oauth
-        .seal
-        .open(&flow.pkce_verifier)
-        .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-    let endpoints = Endpoints {
-        authorization: &f.authorization_endpoint,
-        token: &f.token_endpoint,
-        client_id: &f.client_id,
-        redirect_uri: &f.redirect_uri,
-    };
-    let granted = client::exchange_code(
-        &k.oauth.http,
-        &endpoints,
-        code,
-        &verifier,
-        f.resource.as_deref(),
-    )
-    .await
-    .map_err(|e| (StatusCode::BAD_GATEWAY, e.to_string()))?;
-    let now = now_ms();
-    let mut metadata = Map::new();
-    metadata.insert(
-        "authorizationEndpoint".into(),
-        json!(f.authorization_endpoint),
-    );
-    metadata.insert("redirectUri".into(), json!(f.redirect_uri));
-    if let Some(server) = &flow.mcp_server_id {
-        metadata.insert("mcpServerId".into(), json!(server));
-    }
-    let row = AccountRow {
-        summary: OAuthAccountSummary {
-            account_id: format!("oauth_{}", accounts::random_hex(12)),
-            uid: f.uid,
-            kind: f.kind,
-            provider: f.provider.clone(),
-            account_key: f.account_key.clone(),
-            label: f.label.clone(),
-            scope: granted.scope.clone().or_else(|| f.scope.clone()),
-            resource: f.resource.clone(),
-            client_id: f.client_id.clone(),
-            token_type: granted.token_type.clone(),
-            expires_at: granted.expires_at,
-            created_at: now,
-            updated_at: now,
-            last_used_at: None,
-            metadata,
-        },
-        token_endpoint: f.token_endpoint.clone(),
-        access_token: k.oauth.seal.seal(&granted.access_token),
-        refresh_token: granted
-            .refresh_token
-            .as_deref()
-            .map(|t| k.oauth.seal.seal(t)),
-    };
-    let stored =
-        k.db.call(move |c| store::upsert_account(c, &row))
-            .await
-            .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-    Ok(stored.summary)
-}
-
-/// `GET /.well-known/oauth-client/gsv.json`: this kernel as an OAuth
-/// client, for authorization servers that take a metadata URL as
-/// `client_id` (the document names itself as its `client_id`).
-pub async fn client_metadata(State(k): State<Arc<Kernel>>) -> Response {
-    let Some(origin) = k.oauth.origin() else {
-        return (StatusCode::NOT_FOUND, "no public URL configured").into_response();
-    };
-    axum::Json(client_metadata_document(origin)).into_response()
-}
-
-fn client_metadata_document(origin: &str) -> Value {
-    json!({
-        "client_id": format!("{origin}{CLIENT_METADATA_PATH}"),
-        "client_name": "gsv",
-        "client_uri": origin,
-        "redirect_uris": [format!("{origin}{CALLBACK_PATH}")],
-        "grant_types": ["authorization_code", "refresh_token"],
-        "response_types": ["code"],
-        "token_endpoint_auth_method": "none",
-    })
-}
-
 /// Why an MCP server's sign-in could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum McpSignInError {
@@ -558,23 +369,4 @@ pub async fn bearer_for(
     let id = s.account_id.clone();
     k.db.call(move |c| store::touch_used(c, &id)).await?;
     Ok(Some(k.oauth.seal.open(&account.access_token)?))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_client_metadata_document_names_itself_and_the_callback() {
-        let d = client_metadata_document("https://gsv.example");
-        assert_eq!(
-            d["client_id"],
-            "https://gsv.example/.well-known/oauth-client/gsv.json"
-        );
-        assert_eq!(
-            d["redirect_uris"],
-            json!(["https://gsv.example/oauth/callback"])
-        );
-        assert_eq!(d["token_endpoint_auth_method"], "none");
-    }
 }
