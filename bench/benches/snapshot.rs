@@ -7,9 +7,26 @@
 //! the timings: the first snapshot's `newBytes`, the second one's (an
 //! unchanged tree: 0), and how much the second one grew the database
 //! (the closed file's size) against the tree's bytes.
+//!
+//! Printed once (group `restore`): on the 100 MiB mixed tree pushed to a
+//! real daemon on loopback, the first snapshot's create time, the restore
+//! time after 10 of the 100 files were rewritten and pushed, and the bytes
+//! the push after the restore sends against the tree's.
+//!
+//! Printed once (group `s3`, skipped without `weed`): the chunk store on
+//! SeaweedFS (`weed mini` on loopback) against the SQLite store: a pull of
+//! [`TreeSpec::BENCH`] from a daemon into a fresh dofs and a push from it
+//! to a fresh daemon (3 runs each, MB/s), and `Dofs::read_file` of 500
+//! small files with the hot cache cold (a fresh client) and hot (the same
+//! files again), p50 and p99.
+
+use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use wsd_bench::{Scratch, pseudo_random, text};
+use wsd_bench::{
+    Daemon, Scratch, TreeSpec, block_on, open_local, pseudo_random, push, sync_store, text,
+};
+use wsd_dofs::seaweedfs::SeaweedFs;
 use wsd_dofs::{Dofs, WriteOptions};
 use wsd_sync::SyncPath;
 
@@ -70,5 +87,166 @@ fn snapshots(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, snapshots);
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// The mixed tree: `mib` files of 1 MiB, half noise and half text.
+fn write_mixed(d: &mut Dofs, mib: usize, seed: u64) {
+    let opts = WriteOptions {
+        create_parents: true,
+        ..WriteOptions::default()
+    };
+    for i in 0..mib {
+        write_mixed_file(d, i, seed, opts);
+    }
+}
+
+fn write_mixed_file(d: &mut Dofs, i: usize, seed: u64, opts: WriteOptions) {
+    let bytes = if i.is_multiple_of(2) {
+        pseudo_random(FILE, i as u64 + seed)
+    } else {
+        text(FILE, i as u64 + seed)
+    };
+    let path = SyncPath::new(format!("d{}/f{i}", i % 10)).unwrap();
+    d.write_file_with(&path, &bytes[..], opts).unwrap();
+}
+
+/// Restore time and the push after it, on the 100 MiB mixed tree.
+fn restore(_c: &mut Criterion) {
+    let mut scratch = Scratch::default();
+    let mut d = Dofs::open(scratch.dir().join("dofs.sqlite3")).unwrap();
+    write_mixed(&mut d, 100, 0);
+    let tree = (100 * FILE) as u64;
+    let daemon = Daemon::start(&scratch.dir().join("ws"), &scratch.dir());
+    let cold = block_on(sync_store(&mut d, &daemon.addr, "kernel", true));
+    let t = Instant::now();
+    let snap = d.create_snapshot("base").unwrap();
+    let created = t.elapsed();
+    let opts = WriteOptions::default();
+    for i in (0..100).step_by(10) {
+        write_mixed_file(&mut d, i, 1000, opts);
+    }
+    let edits = block_on(sync_store(&mut d, &daemon.addr, "kernel", true));
+    let t = Instant::now();
+    let out = d.restore_snapshot("base").unwrap();
+    let restored = t.elapsed();
+    let after = block_on(sync_store(&mut d, &daemon.addr, "kernel", true));
+    eprintln!(
+        "restore/100MiB: snapshot create {:.1} ms (newBytes {}); cold push {} bytes; \
+         10 files rewritten, pushed {} bytes; restore {:.1} ms ({} changed, {} removed); \
+         push after the restore {} bytes in {} objects = {:.2} % of the tree ({} bytes)",
+        ms(created),
+        snap.new_bytes,
+        cold.object_bytes,
+        edits.object_bytes,
+        ms(restored),
+        out.changed,
+        out.removed,
+        after.object_bytes,
+        after.objects,
+        after.object_bytes as f64 * 100.0 / tree as f64,
+        tree
+    );
+}
+
+/// p50 and p99 of `samples`.
+fn percentiles(mut samples: Vec<Duration>) -> (f64, f64) {
+    samples.sort();
+    let at = |q: f64| ms(samples[((samples.len() - 1) as f64 * q).round() as usize]);
+    (at(0.5), at(0.99))
+}
+
+/// A dofs file in `dir`, keeping its chunks in `server` under `prefix`
+/// when given.
+fn open_dofs(path: &std::path::Path, s3: Option<(&SeaweedFs, &str)>) -> Dofs {
+    let mut d = Dofs::open(path).unwrap();
+    if let Some((server, prefix)) = s3 {
+        d.keep_chunks_in(std::sync::Arc::new(server.chunks(prefix)));
+    }
+    d
+}
+
+/// The S3 chunk store against the SQLite store.
+fn s3(_c: &mut Criterion) {
+    let Some(server) = SeaweedFs::start() else {
+        eprintln!("s3: skipped (no `weed`)");
+        return;
+    };
+    let spec = TreeSpec::BENCH;
+    let mut scratch = Scratch::default();
+    let src = scratch.dir();
+    spec.write(&src);
+    let mut local = open_local(&src, &scratch.dir());
+    let source = Daemon::start(&scratch.dir().join("ws"), &scratch.dir());
+    block_on(push(&mut local, &source.addr, "bench"));
+    let mb = spec.bytes() as f64 / 1e6;
+    let mut reads = Vec::new();
+    for kind in ["sqlite", "s3"] {
+        let (mut pulls, mut pushes) = (Vec::new(), Vec::new());
+        for run in 0..3 {
+            let path = scratch.dir().join("dofs.sqlite3");
+            let prefix = format!("bench-{run}");
+            let s3 = (kind == "s3").then_some((&server, prefix.as_str()));
+            let mut d = open_dofs(&path, s3);
+            let t = Instant::now();
+            let r = block_on(sync_store(&mut d, &source.addr, "kernel", false));
+            pulls.push(t.elapsed());
+            assert_eq!(r.object_bytes, spec.bytes());
+            // A fresh client: nothing of the tree in its hot cache.
+            drop(d);
+            let mut d = open_dofs(&path, s3);
+            let target = Daemon::start(&scratch.dir().join("ws"), &scratch.dir());
+            let t = Instant::now();
+            let r = block_on(sync_store(&mut d, &target.addr, "kernel", true));
+            pushes.push(t.elapsed());
+            assert_eq!(r.object_bytes, spec.bytes());
+            if run == 0 {
+                drop(d);
+                let d = open_dofs(&path, s3);
+                let files: Vec<SyncPath> = (0..500)
+                    .map(|i| SyncPath::new(spec.small_path(i * 4)).unwrap())
+                    .collect();
+                let time_all = |d: &Dofs| -> Vec<Duration> {
+                    files
+                        .iter()
+                        .map(|p| {
+                            let t = Instant::now();
+                            std::hint::black_box(d.read_file(p).unwrap());
+                            t.elapsed()
+                        })
+                        .collect()
+                };
+                let cold = percentiles(time_all(&d));
+                let hot = percentiles(time_all(&d));
+                reads.push((kind, cold, hot));
+            }
+        }
+        let best = |v: &[Duration]| v.iter().min().copied().unwrap_or_default();
+        let median = |v: &[Duration]| {
+            let mut v = v.to_vec();
+            v.sort();
+            v[v.len() / 2]
+        };
+        eprintln!(
+            "s3/{kind}: pull {:.1} MB/s (median of 3, {:.0} ms; best {:.0} ms), \
+             push {:.1} MB/s (median of 3, {:.0} ms; best {:.0} ms), tree {} bytes",
+            mb / median(&pulls).as_secs_f64(),
+            ms(median(&pulls)),
+            ms(best(&pulls)),
+            mb / median(&pushes).as_secs_f64(),
+            ms(median(&pushes)),
+            ms(best(&pushes)),
+            spec.bytes()
+        );
+    }
+    for (kind, (cold_p50, cold_p99), (hot_p50, hot_p99)) in reads {
+        eprintln!(
+            "s3/{kind}: read_file of 500 small files: first read p50 {cold_p50:.3} ms, \
+             p99 {cold_p99:.3} ms; again p50 {hot_p50:.3} ms, p99 {hot_p99:.3} ms"
+        );
+    }
+}
+
+criterion_group!(benches, snapshots, restore, s3);
 criterion_main!(benches);

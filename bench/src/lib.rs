@@ -261,6 +261,17 @@ pub async fn pull(local: &mut WorkspaceStore, addr: &str, peer: &str) -> SyncRep
 
 async fn transfer(local: &mut WorkspaceStore, addr: &str, peer: &str, push: bool) -> SyncReport {
     local.settle().expect("settling the local directory");
+    sync_store(local, addr, peer, push).await
+}
+
+/// Connects to `addr` as `peer`, compares watermarks and pushes (or
+/// pulls) `local`, any sync store (a dofs, say), as the kernel does.
+pub async fn sync_store<S: wsd_sync::Store>(
+    local: &mut S,
+    addr: &str,
+    peer: &str,
+    push: bool,
+) -> SyncReport {
     let mut remote = connect(addr, peer).await;
     driver::reconcile(local, &mut remote, addr)
         .await

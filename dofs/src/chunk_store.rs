@@ -2,6 +2,16 @@
 //! has, by hash) and its embedded default, [`SqliteChunks`], the `chunks`
 //! table of the dofs database itself.
 //!
+//! A [`crate::Dofs`] given an object store ([`crate::Dofs::keep_chunks_in`])
+//! keeps new chunk bytes there instead, and its `chunks` table becomes the
+//! index of what that store holds for it: a row with empty `data` (a
+//! "stub") says the bytes are in the object store. The index is durable
+//! (it survives restarts), holds exactly what the workspace references
+//! plus what garbage collection has not yet freed, and answers the sync
+//! probes, so a sync does not ask the object store per chunk. An object is
+//! stored before the row indexing it commits, so a committed row never
+//! names an object that was never written. [`Chunks`] is that logic.
+//!
 //! Every byte read back through a store is hash-verified: a chunk whose
 //! bytes do not hash to its name is [`DofsError::CorruptChunk`] naming the
 //! hash, never content handed to a caller.
@@ -32,7 +42,35 @@ pub trait ChunkStore {
 
     /// Which of `hashes` are held, in input order (duplicates kept).
     fn has(&self, hashes: &[Hash]) -> Result<Vec<Hash>, DofsError>;
+
+    /// [`ChunkStore::put_if_absent`] of each of `chunks`; a store that can
+    /// send several at once (an object store) overrides it.
+    fn put_many(&self, chunks: &[(Hash, &[u8])]) -> Result<(), DofsError> {
+        for (hash, bytes) in chunks {
+            self.put_if_absent(hash, bytes)?;
+        }
+        Ok(())
+    }
+
+    /// [`ChunkStore::get`] of each of `hashes`, in order; the first error
+    /// ends the call. An object store overrides it to fetch several at once.
+    fn get_many(&self, hashes: &[Hash]) -> Result<Vec<Vec<u8>>, DofsError> {
+        hashes.iter().map(|h| self.get(h)).collect()
+    }
 }
+
+/// The object store a [`crate::Dofs`] keeps chunk bytes in, when it has one.
+pub type SharedChunkStore = std::sync::Arc<dyn ChunkStore + Send + Sync>;
+
+impl std::fmt::Debug for dyn ChunkStore + Send + Sync {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("dyn ChunkStore")
+    }
+}
+
+/// Bytes of chunks a write gathers before sending them to an object store
+/// together (they go out concurrently).
+const UPLOAD_BATCH_BYTES: usize = 8 << 20;
 
 /// Checks that `bytes` are what `hash` names.
 pub(crate) fn verified(hash: &Hash, bytes: Vec<u8>) -> Result<Vec<u8>, DofsError> {
@@ -54,41 +92,6 @@ pub struct SqliteChunks<'c> {
 impl<'c> SqliteChunks<'c> {
     pub(crate) fn new(conn: &'c Connection) -> SqliteChunks<'c> {
         SqliteChunks { conn }
-    }
-
-    /// Calls `each` with the verified bytes of a file's chunks in order: the
-    /// one chunk `chunk` when set, else the list recorded for `manifest`. A
-    /// listed chunk that is not held is `EUNKNOWN_HASH` naming it. `each`
-    /// breaks to stop early.
-    pub(crate) fn for_each_content_chunk(
-        &self,
-        manifest: &Hash,
-        chunk: Option<&Hash>,
-        mut each: impl FnMut(&[u8]) -> Result<ControlFlow<()>, DofsError>,
-    ) -> Result<(), DofsError> {
-        if let Some(hash) = chunk {
-            // One chunk: whether `each` breaks changes nothing.
-            let _ = each(&self.get(hash)?)?;
-            return Ok(());
-        }
-        let mut stmt = self.conn.prepare_cached(
-            "SELECT mc.chunk, c.data FROM manifest_chunks mc LEFT JOIN chunks c ON c.hash = mc.chunk
-             WHERE mc.manifest = ?1 ORDER BY mc.idx",
-        )?;
-        let mut rows = stmt.query([manifest.as_bytes()])?;
-        while let Some(r) = rows.next()? {
-            let hash = hash_from_sql(r.get(0)?, 0)?;
-            let Some(bytes) = r.get_ref(1)?.as_blob_or_null()? else {
-                return Err(SyncError::UnknownHash { hash, path: None }.into());
-            };
-            if Hash::of(bytes) != hash {
-                return Err(DofsError::CorruptChunk { hash });
-            }
-            if each(bytes)?.is_break() {
-                break;
-            }
-        }
-        Ok(())
     }
 }
 
@@ -163,6 +166,322 @@ impl ChunkStore for SqliteChunks<'_> {
             out.extend(window.iter().filter(|h| held.contains(h)));
         }
         Ok(out)
+    }
+}
+
+/// Chunks fetched from an object store at once while a file is read.
+const FETCH_WINDOW: usize = 16;
+
+/// A dofs database's chunks as its reads and writes see them: the `chunks`
+/// table, and the object store its stub rows point into (see the module
+/// docs). Without an object store it is the table alone.
+#[derive(Clone, Copy)]
+pub(crate) struct Chunks<'c> {
+    conn: &'c Connection,
+    objects: Option<&'c (dyn ChunkStore + Send + Sync)>,
+}
+
+impl<'c> Chunks<'c> {
+    pub(crate) fn new(
+        conn: &'c Connection,
+        objects: Option<&'c (dyn ChunkStore + Send + Sync)>,
+    ) -> Chunks<'c> {
+        Chunks { conn, objects }
+    }
+
+    fn table(&self) -> SqliteChunks<'c> {
+        SqliteChunks::new(self.conn)
+    }
+
+    /// The bytes of a stub's chunk, from the object store.
+    fn fetch(&self, hashes: &[Hash]) -> Result<Vec<Vec<u8>>, DofsError> {
+        match (self.objects, hashes.first()) {
+            (_, None) => Ok(Vec::new()),
+            (Some(objects), _) => objects.get_many(hashes),
+            (None, Some(hash)) => Err(DofsError::ChunkElsewhere { hash: *hash }),
+        }
+    }
+
+    /// The subset of `hashes` the table indexes as held (here or in the
+    /// object store), in input order.
+    pub(crate) fn indexed(&self, hashes: &[Hash]) -> Result<Vec<Hash>, DofsError> {
+        let mut out = Vec::with_capacity(hashes.len());
+        for window in hashes.chunks(PROBE_WINDOW) {
+            let placeholders = vec!["?"; window.len()].join(",");
+            let mut stmt = self.conn.prepare_cached(&format!(
+                "SELECT hash FROM chunks WHERE hash IN ({placeholders})
+                   AND (length(data) = size OR length(data) = 0)"
+            ))?;
+            let params: Vec<Value> = window.iter().map(|h| Value::Blob(h.0.to_vec())).collect();
+            let held: HashSet<Hash> = stmt
+                .query_map(rusqlite::params_from_iter(params), |r| {
+                    hash_from_sql(r.get(0)?, 0)
+                })?
+                .collect::<Result<_, _>>()?;
+            out.extend(window.iter().filter(|h| held.contains(h)));
+        }
+        Ok(out)
+    }
+
+    /// Index rows for chunks the object store now holds.
+    pub(crate) fn index_stored(&self, chunks: &[(Hash, usize)]) -> Result<(), DofsError> {
+        let now = crate::sql::now_ms();
+        let mut stmt = self.conn.prepare_cached(
+            "INSERT INTO chunks (hash, size, data, stored_at) VALUES (?1, ?2, X'', ?3)
+             ON CONFLICT (hash) DO NOTHING",
+        )?;
+        for (hash, size) in chunks {
+            stmt.execute(params![hash.as_bytes(), *size as u64, now])?;
+        }
+        if !chunks.is_empty() {
+            // Read at open by whoever must refuse this store without one.
+            self.conn
+                .prepare_cached(
+                    "INSERT INTO meta (key, value) VALUES ('chunks_elsewhere', 1)
+                     ON CONFLICT (key) DO NOTHING",
+                )?
+                .execute([])?;
+        }
+        Ok(())
+    }
+
+    /// Stamps the indexed chunks among `hashes` as stored now.
+    pub(crate) fn touch(&self, hashes: &[Hash]) -> Result<(), DofsError> {
+        self.table().touch(hashes, crate::sql::now_ms())
+    }
+
+    /// Whether `hash` is held (a chunk an apply may link).
+    pub(crate) fn holds(&self, hash: &Hash) -> Result<bool, DofsError> {
+        Ok(!self.has(std::slice::from_ref(hash))?.is_empty())
+    }
+
+    /// Which of `hashes` have their bytes in the table itself (not in an
+    /// object store), in input order.
+    pub(crate) fn here(&self, hashes: &[Hash]) -> Result<Vec<Hash>, DofsError> {
+        self.table().has(hashes)
+    }
+
+    /// Calls `each` with the verified bytes of a file's chunks in order: the
+    /// one chunk `chunk` when set, else the list recorded for `manifest`. A
+    /// listed chunk that is not held is `EUNKNOWN_HASH` naming it. `each`
+    /// breaks to stop early. Chunks in an object store are fetched
+    /// [`FETCH_WINDOW`] at a time.
+    pub(crate) fn for_each_content_chunk(
+        &self,
+        manifest: &Hash,
+        chunk: Option<&Hash>,
+        mut each: impl FnMut(&[u8]) -> Result<ControlFlow<()>, DofsError>,
+    ) -> Result<(), DofsError> {
+        if let Some(hash) = chunk {
+            // One chunk: whether `each` breaks changes nothing.
+            let _ = each(&self.get(hash)?)?;
+            return Ok(());
+        }
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT mc.chunk, c.size, c.data FROM manifest_chunks mc
+               LEFT JOIN chunks c ON c.hash = mc.chunk
+             WHERE mc.manifest = ?1 ORDER BY mc.idx",
+        )?;
+        let mut rows = stmt.query([manifest.as_bytes()])?;
+        // Chunks waiting for their turn: bytes held here, or `None` for a
+        // stub fetched with the rest of the window.
+        let mut window: Vec<(Hash, Option<Vec<u8>>)> = Vec::new();
+        while let Some(r) = rows.next()? {
+            let hash = hash_from_sql(r.get(0)?, 0)?;
+            let size: Option<u64> = r.get(1)?;
+            let Some(bytes) = r.get_ref(2)?.as_blob_or_null()? else {
+                return Err(SyncError::UnknownHash { hash, path: None }.into());
+            };
+            if bytes.is_empty() && size.is_some_and(|s| s > 0) {
+                window.push((hash, None));
+            } else if Hash::of(bytes) != hash {
+                return Err(DofsError::CorruptChunk { hash });
+            } else if window.is_empty() {
+                // Held here with nothing before it waiting: no copy.
+                if each(bytes)?.is_break() {
+                    return Ok(());
+                }
+                continue;
+            } else {
+                window.push((hash, Some(bytes.to_vec())));
+            }
+            if window.len() >= FETCH_WINDOW && self.drain(&mut window, &mut each)?.is_break() {
+                return Ok(());
+            }
+        }
+        self.drain(&mut window, &mut each).map(drop)
+    }
+
+    /// Fetches the stubs of `window` together and hands every chunk of it
+    /// to `each` in order.
+    fn drain(
+        &self,
+        window: &mut Vec<(Hash, Option<Vec<u8>>)>,
+        each: &mut impl FnMut(&[u8]) -> Result<ControlFlow<()>, DofsError>,
+    ) -> Result<ControlFlow<()>, DofsError> {
+        let stubs: Vec<Hash> = window
+            .iter()
+            .filter(|(_, b)| b.is_none())
+            .map(|(h, _)| *h)
+            .collect();
+        let mut fetched = self.fetch(&stubs)?.into_iter();
+        for (_, held) in window.drain(..) {
+            let bytes = match held {
+                Some(bytes) => bytes,
+                None => fetched.next().expect("one fetched chunk per stub"),
+            };
+            if each(&bytes)?.is_break() {
+                return Ok(ControlFlow::Break(()));
+            }
+        }
+        Ok(ControlFlow::Continue(()))
+    }
+}
+
+impl ChunkStore for Chunks<'_> {
+    /// With an object store: a chunk the index holds is stamped fresh (as
+    /// in the table alone); another is stored there first, then indexed.
+    fn put_if_absent(&self, hash: &Hash, bytes: &[u8]) -> Result<bool, DofsError> {
+        let Some(objects) = self.objects else {
+            return self.table().put_if_absent(hash, bytes);
+        };
+        if self.holds(hash)? {
+            self.touch(std::slice::from_ref(hash))?;
+            return Ok(false);
+        }
+        objects.put_if_absent(hash, bytes)?;
+        self.index_stored(&[(*hash, bytes.len())])?;
+        Ok(true)
+    }
+
+    /// A stub's chunk comes from the object store; a missing object there
+    /// is `EUNKNOWN_HASH` naming it, a damaged one `CorruptChunk`.
+    fn get(&self, hash: &Hash) -> Result<Vec<u8>, DofsError> {
+        let row = self
+            .conn
+            .prepare_cached("SELECT size, data FROM chunks WHERE hash = ?1")?
+            .query_row([hash.as_bytes()], |r| {
+                Ok((r.get::<_, u64>(0)?, r.get::<_, Vec<u8>>(1)?))
+            })
+            .optional()?;
+        match row {
+            None => Err(SyncError::UnknownHash {
+                hash: *hash,
+                path: None,
+            }
+            .into()),
+            Some((size, bytes)) if bytes.is_empty() && size > 0 => self
+                .fetch(std::slice::from_ref(hash))?
+                .pop()
+                .ok_or(DofsError::ChunkElsewhere { hash: *hash }),
+            Some((_, bytes)) => verified(hash, bytes),
+        }
+    }
+
+    fn has(&self, hashes: &[Hash]) -> Result<Vec<Hash>, DofsError> {
+        match self.objects {
+            None => self.table().has(hashes),
+            Some(_) => self.indexed(hashes),
+        }
+    }
+
+    /// With an object store: the chunks not yet indexed go to it together,
+    /// then are indexed; those already indexed are stamped fresh.
+    fn put_many(&self, chunks: &[(Hash, &[u8])]) -> Result<(), DofsError> {
+        let Some(objects) = self.objects else {
+            return self.table().put_many(chunks);
+        };
+        let hashes: Vec<Hash> = chunks.iter().map(|(h, _)| *h).collect();
+        let held: HashSet<Hash> = self.indexed(&hashes)?.into_iter().collect();
+        let held_list: Vec<Hash> = held.iter().copied().collect();
+        self.touch(&held_list)?;
+        let mut seen = HashSet::new();
+        let new: Vec<(Hash, &[u8])> = chunks
+            .iter()
+            .filter(|(h, _)| !held.contains(h) && seen.insert(*h))
+            .map(|(h, b)| (*h, *b))
+            .collect();
+        objects.put_many(&new)?;
+        let stubs: Vec<(Hash, usize)> = new.iter().map(|(h, b)| (*h, b.len())).collect();
+        self.index_stored(&stubs)
+    }
+
+    fn get_many(&self, hashes: &[Hash]) -> Result<Vec<Vec<u8>>, DofsError> {
+        if self.objects.is_none() {
+            return hashes.iter().map(|h| self.get(h)).collect();
+        }
+        // Bytes held here are read here; stubs are fetched together.
+        let here: HashSet<Hash> = self.here(hashes)?.into_iter().collect();
+        let stubs: Vec<Hash> = hashes
+            .iter()
+            .filter(|h| !here.contains(h))
+            .copied()
+            .collect();
+        let indexed: HashSet<Hash> = self.indexed(&stubs)?.into_iter().collect();
+        if let Some(hash) = stubs.iter().find(|h| !indexed.contains(h)) {
+            return Err(SyncError::UnknownHash {
+                hash: *hash,
+                path: None,
+            }
+            .into());
+        }
+        let mut fetched = self.fetch(&stubs)?.into_iter();
+        hashes
+            .iter()
+            .map(|h| match here.contains(h) {
+                true => self.table().get(h),
+                false => Ok(fetched.next().expect("one fetched chunk per stub")),
+            })
+            .collect()
+    }
+}
+
+/// Gathers the chunks a write cuts and stores them through [`Chunks`]:
+/// straight into the table, or in batches of about
+/// [`UPLOAD_BATCH_BYTES`] into an object store (sent concurrently).
+pub(crate) struct ChunkSink<'c> {
+    chunks: Chunks<'c>,
+    pending: Vec<(Hash, Vec<u8>)>,
+    pending_bytes: usize,
+}
+
+impl<'c> ChunkSink<'c> {
+    pub(crate) fn new(chunks: Chunks<'c>) -> ChunkSink<'c> {
+        ChunkSink {
+            chunks,
+            pending: Vec::new(),
+            pending_bytes: 0,
+        }
+    }
+
+    pub(crate) fn add(&mut self, hash: &Hash, bytes: &[u8]) -> Result<(), DofsError> {
+        if self.chunks.objects.is_none() {
+            self.chunks.table().put_if_absent(hash, bytes)?;
+            return Ok(());
+        }
+        self.pending.push((*hash, bytes.to_vec()));
+        self.pending_bytes += bytes.len();
+        if self.pending_bytes >= UPLOAD_BATCH_BYTES {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), DofsError> {
+        let batch: Vec<(Hash, &[u8])> = self
+            .pending
+            .iter()
+            .map(|(h, b)| (*h, b.as_slice()))
+            .collect();
+        self.chunks.put_many(&batch)?;
+        self.pending.clear();
+        self.pending_bytes = 0;
+        Ok(())
+    }
+
+    /// Stores what is still gathered; every chunk added is held after it.
+    pub(crate) fn finish(mut self) -> Result<(), DofsError> {
+        self.flush()
     }
 }
 

@@ -53,3 +53,37 @@ impl StoreUnderTest for Dofs {
 }
 
 wsd_sync::store_conformance_tests!(|| Dofs::open_in_memory().unwrap(), 256);
+
+/// The same suite with chunk bytes in an (in-memory) object store, shared
+/// by every case as a bucket is by every workspace.
+#[cfg(feature = "s3")]
+mod with_chunks_in_an_object_store {
+    use std::sync::{Arc, OnceLock};
+
+    use crate::{Dofs, ObjectChunks, SharedChunkStore};
+
+    fn bucket() -> SharedChunkStore {
+        static BUCKET: OnceLock<SharedChunkStore> = OnceLock::new();
+        BUCKET
+            .get_or_init(|| {
+                Arc::new(
+                    ObjectChunks::over(
+                        Arc::new(object_store::memory::InMemory::new()),
+                        "contract",
+                        "memory://contract".into(),
+                        crate::DEFAULT_DEADLINE,
+                    )
+                    .unwrap(),
+                )
+            })
+            .clone()
+    }
+
+    fn store() -> Dofs {
+        let mut d = Dofs::open_in_memory().unwrap();
+        d.keep_chunks_in(bucket());
+        d
+    }
+
+    wsd_sync::store_conformance_tests!(store, 64);
+}

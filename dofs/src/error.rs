@@ -29,6 +29,12 @@ pub enum DofsError {
     /// A chunk whose stored bytes do not hash to its name.
     #[error("EIO: chunk {hash}: stored bytes do not hash to its name")]
     CorruptChunk { hash: wsd_sync::Hash },
+    /// A chunk the index says is in an object store, read from a store
+    /// opened without one.
+    #[error(
+        "EIO: chunk {hash} is kept in an object store, and this store was opened without one (--chunk-store)"
+    )]
+    ChunkElsewhere { hash: wsd_sync::Hash },
     #[error("EIO: sqlite: {0}")]
     Sqlite(rusqlite::Error),
     /// A chunk-store URL (`--chunk-store`) that cannot be used.
@@ -71,6 +77,7 @@ impl DofsError {
             DofsError::Open(_)
             | DofsError::Corrupt { .. }
             | DofsError::CorruptChunk { .. }
+            | DofsError::ChunkElsewhere { .. }
             | DofsError::Sqlite(_)
             | DofsError::ChunkStore { .. }
             | DofsError::ChunkStoreDeadline { .. } => ErrorCode::Io,

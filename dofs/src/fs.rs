@@ -14,10 +14,10 @@ use rusqlite::params;
 use wsd_sync::limits::MAX_SYMLINK_TARGET_BYTES;
 use wsd_sync::{ChunkRef, Hash, Kind, MODE_MASK, SyncError, SyncPath, chunk};
 
-use crate::chunk_store::{ChunkStore, SqliteChunks};
+use crate::chunk_store::{ChunkSink, ChunkStore};
 use crate::rows::{
-    self, Mutation, Node, ROW_COLUMNS, Row, ensure_manifest, get_row, has_live_children,
-    insert_chunk, live, now_ms, put_node, row_from_sql, subtree_bounds, tombstone_subtree,
+    self, Mutation, Node, ROW_COLUMNS, Row, ensure_manifest, get_row, has_live_children, live,
+    now_ms, put_node, row_from_sql, subtree_bounds, tombstone_subtree,
 };
 use crate::{Dofs, DofsError};
 
@@ -206,15 +206,17 @@ thread_local! {
     static READ_WINDOW: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-fn chunk_into_store(
-    conn: &rusqlite::Connection,
-    reader: impl Read,
-) -> Result<Vec<ChunkRef>, DofsError> {
-    Ok(READ_WINDOW.with_borrow_mut(|buf| {
+/// Cuts `reader` into chunks and stores them; every chunk is held (in the
+/// object store too, when there is one) before this returns.
+fn chunk_into_store(m: &Mutation<'_>, reader: impl Read) -> Result<Vec<ChunkRef>, DofsError> {
+    let mut sink = ChunkSink::new(m.chunks());
+    let chunks = READ_WINDOW.with_borrow_mut(|buf| {
         chunk::chunk_reader_with(reader, buf, None, |c, bytes| {
-            insert_chunk(conn, &c.hash, bytes).map_err(SyncError::from)
+            sink.add(&c.hash, bytes).map_err(SyncError::from)
         })
-    })?)
+    })?;
+    sink.finish()?;
+    Ok(chunks)
 }
 
 /// One file write inside mutation `m` (see [`Dofs::write_file_with`]).
@@ -265,7 +267,7 @@ impl Dofs {
         content: impl Read,
         opts: WriteOptions,
     ) -> Result<Stat, DofsError> {
-        let mut m = Mutation::begin(&mut self.conn)?;
+        let mut m = Mutation::begin(&mut self.conn, self.objects.as_deref())?;
         let stat = write_in(&mut m, path, content, opts)?;
         m.commit()?;
         Ok(stat)
@@ -281,7 +283,7 @@ impl Dofs {
         &mut self,
         files: impl IntoIterator<Item = (&'a SyncPath, R, WriteOptions)>,
     ) -> Result<Vec<Stat>, DofsError> {
-        let mut m = Mutation::begin(&mut self.conn)?;
+        let mut m = Mutation::begin(&mut self.conn, self.objects.as_deref())?;
         let mut stats = Vec::new();
         for (path, content, opts) in files {
             stats.push(write_in(&mut m, path, content, opts)?);
@@ -295,7 +297,7 @@ impl Dofs {
     /// what follows, so the result equals chunking the whole new content.
     pub fn append_file(&mut self, path: &SyncPath, content: impl Read) -> Result<Stat, DofsError> {
         let mtime = now_ms();
-        let mut m = Mutation::begin(&mut self.conn)?;
+        let mut m = Mutation::begin(&mut self.conn, self.objects.as_deref())?;
         let (mode, mut chunks) = match live(&m, path.as_str())?.map(|r| r.node) {
             Some(Node::Dir { .. }) => {
                 return Err(DofsError::IsADirectory {
@@ -324,7 +326,7 @@ impl Dofs {
             }
         };
         let tail = match chunks.pop() {
-            Some(last) => SqliteChunks::new(&m).get(&last.hash)?,
+            Some(last) => m.chunks().get(&last.hash)?,
             None => Vec::new(),
         };
         chunks.extend(chunk_into_store(
@@ -349,16 +351,13 @@ impl Dofs {
     pub fn read_file_to(&self, path: &SyncPath, out: &mut impl Write) -> Result<u64, DofsError> {
         let (manifest, chunk) = self.file_content(path)?;
         let mut total = 0u64;
-        SqliteChunks::new(&self.conn).for_each_content_chunk(
-            &manifest,
-            chunk.as_ref(),
-            |bytes| {
+        self.chunks()
+            .for_each_content_chunk(&manifest, chunk.as_ref(), |bytes| {
                 out.write_all(bytes)
                     .map_err(|e| SyncError::io(format!("writing the content of {path}"), e))?;
                 total += bytes.len() as u64;
                 Ok(ControlFlow::Continue(()))
-            },
-        )?;
+            })?;
         Ok(total)
     }
 
@@ -383,7 +382,7 @@ impl Dofs {
     /// an existing directory is then not an error (and stamps no rev).
     pub fn mkdir(&mut self, path: &SyncPath, parents: bool) -> Result<(), DofsError> {
         let mtime = now_ms();
-        let mut m = Mutation::begin(&mut self.conn)?;
+        let mut m = Mutation::begin(&mut self.conn, self.objects.as_deref())?;
         match live(&m, path.as_str())? {
             Some(Row {
                 node: Node::Dir { .. },
@@ -419,7 +418,7 @@ impl Dofs {
     /// Removes a path; a non-empty directory needs `recursive`. Every removed
     /// path gets its own tombstone, all at one rev.
     pub fn rm(&mut self, path: &SyncPath, recursive: bool) -> Result<(), DofsError> {
-        let mut m = Mutation::begin(&mut self.conn)?;
+        let mut m = Mutation::begin(&mut self.conn, self.objects.as_deref())?;
         let row = live(&m, path.as_str())?.ok_or_else(|| DofsError::not_found(path))?;
         if row.node.is_dir() && !recursive && has_live_children(&m, path.as_str())? {
             return Err(DofsError::NotEmpty {
@@ -437,7 +436,7 @@ impl Dofs {
     /// every old path gets a tombstone, all at one rev. A directory may
     /// replace an empty directory, a non-directory a non-directory.
     pub fn rename(&mut self, from: &SyncPath, to: &SyncPath) -> Result<(), DofsError> {
-        let mut m = Mutation::begin(&mut self.conn)?;
+        let mut m = Mutation::begin(&mut self.conn, self.objects.as_deref())?;
         let src = live(&m, from.as_str())?.ok_or_else(|| DofsError::not_found(from))?;
         if from == to {
             return Ok(());
@@ -501,7 +500,7 @@ impl Dofs {
     /// Creates a symlink at `path` pointing at `target` (stored verbatim).
     pub fn symlink(&mut self, target: &str, path: &SyncPath) -> Result<(), DofsError> {
         check_target(path, target)?;
-        let mut m = Mutation::begin(&mut self.conn)?;
+        let mut m = Mutation::begin(&mut self.conn, self.objects.as_deref())?;
         if live(&m, path.as_str())?.is_some() {
             return Err(DofsError::AlreadyExists {
                 path: path.to_string(),
@@ -554,7 +553,7 @@ impl Dofs {
         path: &SyncPath,
         change: impl FnOnce(&mut Node) -> bool,
     ) -> Result<(), DofsError> {
-        let mut m = Mutation::begin(&mut self.conn)?;
+        let mut m = Mutation::begin(&mut self.conn, self.objects.as_deref())?;
         let mut row = live(&m, path.as_str())?.ok_or_else(|| DofsError::not_found(path))?;
         if change(&mut row.node) {
             let rev = m.rev()?;
@@ -692,28 +691,29 @@ impl Dofs {
         let mut window: Vec<u8> = Vec::new();
         let mut window_start = 0u64;
         let mut lines = 0u64;
-        SqliteChunks::new(&self.conn).for_each_content_chunk(manifest, chunk, |bytes| {
-            window.extend_from_slice(bytes);
-            let mut counted_to = 0usize;
-            let mut line = lines;
-            for pos in finder.find_iter(&window) {
-                line += memchr::memchr_iter(b'\n', &window[counted_to..pos]).count() as u64;
-                counted_to = pos;
-                hits.push(SearchHit {
-                    path: path.clone(),
-                    line: line + 1,
-                    offset: window_start + pos as u64,
-                });
-                if hits.len() >= limit {
-                    return Ok(ControlFlow::Break(()));
+        self.chunks()
+            .for_each_content_chunk(manifest, chunk, |bytes| {
+                window.extend_from_slice(bytes);
+                let mut counted_to = 0usize;
+                let mut line = lines;
+                for pos in finder.find_iter(&window) {
+                    line += memchr::memchr_iter(b'\n', &window[counted_to..pos]).count() as u64;
+                    counted_to = pos;
+                    hits.push(SearchHit {
+                        path: path.clone(),
+                        line: line + 1,
+                        offset: window_start + pos as u64,
+                    });
+                    if hits.len() >= limit {
+                        return Ok(ControlFlow::Break(()));
+                    }
                 }
-            }
-            let cut = window.len().saturating_sub(keep);
-            lines += memchr::memchr_iter(b'\n', &window[..cut]).count() as u64;
-            window.drain(..cut);
-            window_start += cut as u64;
-            Ok(ControlFlow::Continue(()))
-        })
+                let cut = window.len().saturating_sub(keep);
+                lines += memchr::memchr_iter(b'\n', &window[..cut]).count() as u64;
+                window.drain(..cut);
+                window_start += cut as u64;
+                Ok(ControlFlow::Continue(()))
+            })
     }
 }
 

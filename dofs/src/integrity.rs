@@ -34,13 +34,19 @@ impl Dofs {
             ));
         }
 
-        // Chunks: the bytes are what the hash says.
+        // Chunks: the bytes are what the hash says; a stub's object is in
+        // the object store.
         let mut stmt = conn.prepare("SELECT hash, size, data FROM chunks")?;
         let mut rows = stmt.query([])?;
+        let mut stubs = Vec::new();
         while let Some(r) = rows.next()? {
             let hash = hash_from_sql(r.get(0)?, 0)?;
             let size: u64 = r.get(1)?;
             let data = r.get_ref(2)?.as_blob()?;
+            if data.is_empty() && size > 0 {
+                stubs.push(hash);
+                continue;
+            }
             if data.len() as u64 != size {
                 problems.push(format!(
                     "chunk {hash}: {} bytes stored, size says {size}",
@@ -49,6 +55,26 @@ impl Dofs {
             }
             if Hash::of(data) != hash {
                 problems.push(format!("chunk {hash}: bytes do not hash to its name"));
+            }
+        }
+
+        match &self.objects {
+            Some(objects) => {
+                let held: std::collections::HashSet<Hash> =
+                    objects.has(&stubs)?.into_iter().collect();
+                for hash in stubs.iter().filter(|h| !held.contains(h)) {
+                    problems.push(format!(
+                        "chunk {hash}: indexed as in the object store, which lacks it"
+                    ));
+                }
+            }
+            None => {
+                if let Some(hash) = stubs.first() {
+                    problems.push(format!(
+                        "chunk {hash} (and {} more) kept in an object store this store was opened without",
+                        stubs.len() - 1
+                    ));
+                }
             }
         }
 

@@ -36,16 +36,16 @@ mod sync;
 
 use std::path::Path;
 
-use rusqlite::Connection;
+use rusqlite::{Connection, OptionalExtension};
 
-pub use chunk_store::{ChunkStore, SqliteChunks};
+pub use chunk_store::{ChunkStore, SharedChunkStore, SqliteChunks};
 pub use error::DofsError;
 pub use fs::{
     DEFAULT_DIR_MODE, DEFAULT_FILE_MODE, DEFAULT_SYMLINK_MODE, DirEntry, LineWindow, SearchHit,
     Stat, WriteOptions,
 };
 #[cfg(feature = "s3")]
-pub use object_chunks::{Credentials, DEFAULT_DEADLINE, ObjectChunks, SweepOutcome};
+pub use object_chunks::{Credentials, DEFAULT_DEADLINE, ObjectChunks, StaleChunk, SweepOutcome};
 pub use schema::SCHEMA_VERSION;
 pub use snapshot::{DiffKind, RestoreOutcome, SnapshotSummary};
 pub use sync::{GcOutcome, PruneOutcome};
@@ -53,12 +53,23 @@ pub use wsd_sqlite::OnDamage;
 
 /// One workspace's filesystem and sync state in one SQLite database, on one
 /// connection (the single writer).
-#[derive(Debug)]
 pub struct Dofs {
     conn: Connection,
+    /// Where new chunk bytes go when not into `conn` (see
+    /// [`Dofs::keep_chunks_in`]).
+    objects: Option<SharedChunkStore>,
     /// Stamps the file clean after `conn` closes (declared after it: fields
     /// drop in order); `None` in memory.
     _clean_close: Option<wsd_sqlite::CleanClose>,
+}
+
+impl std::fmt::Debug for Dofs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dofs")
+            .field("conn", &self.conn)
+            .field("objects", &self.objects.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Dofs {
@@ -79,6 +90,7 @@ impl Dofs {
         let opened = wsd_sqlite::open(path, &schema::setup(on_damage))?;
         let mut dofs = Dofs {
             conn: opened.conn,
+            objects: None,
             _clean_close: Some(opened.clean_close),
         };
         // Checkpoints run beside the writer (`checkpoint.rs`), found again
@@ -93,8 +105,38 @@ impl Dofs {
     pub fn open_in_memory() -> Result<Dofs, DofsError> {
         Ok(Dofs {
             conn: wsd_sqlite::open_in_memory(&schema::setup(OnDamage::Refuse))?,
+            objects: None,
             _clean_close: None,
         })
+    }
+
+    /// Keeps the bytes of chunks stored from now on in `objects` (an object
+    /// store, e.g. [`ObjectChunks`]), with this database as the durable
+    /// index of what it holds for this tree: a sync then asks the object
+    /// store nothing about chunks the index knows. Chunks already held in
+    /// the database stay readable there. Every object is stored before the
+    /// row that indexes it commits; every byte read back is hash-verified.
+    pub fn keep_chunks_in(&mut self, objects: SharedChunkStore) {
+        self.objects = Some(objects);
+    }
+
+    /// Whether some chunk's bytes are in an object store (so opening this
+    /// database without one cannot serve them).
+    pub fn keeps_chunks_elsewhere(&self) -> Result<bool, DofsError> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT 1 FROM meta WHERE key = 'chunks_elsewhere'",
+                [],
+                |_| Ok(()),
+            )
+            .optional()?
+            .is_some())
+    }
+
+    /// The chunks as reads see them (the table, and the object store).
+    pub(crate) fn chunks(&self) -> chunk_store::Chunks<'_> {
+        chunk_store::Chunks::new(&self.conn, self.objects.as_deref())
     }
 
     /// The latest committed rev (0 before the first mutation).
@@ -126,6 +168,9 @@ impl Dofs {
 
 #[cfg(test)]
 mod contract;
+
+#[cfg(all(test, feature = "s3"))]
+mod object_tests;
 
 #[cfg(test)]
 pub(crate) mod test_util {

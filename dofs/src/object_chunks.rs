@@ -5,21 +5,26 @@
 //!
 //! - Writes are put-if-absent (`If-None-Match: *`): "already there" is not
 //!   an error, so two writers of one chunk agree.
-//! - A known-present index (the hashes this process stored or saw) answers
-//!   `has` and skips uploads without a request per chunk; a hot cache of
-//!   recently read chunks (bounded in bytes) answers repeated reads.
-//!   Both assume one writer per bucket prefix: this process's own
-//!   [`ObjectChunks::sweep`] keeps them true, a deletion by another process
-//!   would not.
+//! - A known-present set (the hashes this process stored or saw lately,
+//!   bounded in count) answers `has` and skips uploads without a request
+//!   per chunk; a hot cache of recently read chunks (bounded in bytes)
+//!   answers repeated reads. Both assume one writer per bucket prefix:
+//!   this process's own sweeps keep them true, a deletion by another
+//!   process would not. (A [`crate::Dofs`] keeping its chunks here has a
+//!   durable index of its own besides: its `chunks` table.)
+//! - Besides chunks, small documents (snapshot manifests) live under
+//!   `PREFIX/<name>` ([`ObjectChunks::put_document`] and friends).
 //! - Every request runs under a deadline ([`DEFAULT_DEADLINE`], or
 //!   `?deadline=` in the URL): a server that does not answer is an error
 //!   naming the store, never a hang.
 //! - Every byte read back is hash-verified, as for every [`ChunkStore`].
 //!
 //! The store runs its requests on a small runtime of its own, so its
-//! (synchronous) [`ChunkStore`] methods can be called from any thread that
-//! is not running async code (e.g. inside `spawn_blocking`), whatever
-//! runtime that thread belongs to.
+//! (synchronous) [`ChunkStore`] methods can be called from any thread,
+//! whatever runtime it belongs to: from a thread driving async code (the
+//! sync driver calls its store from its connection's runtime) the caller
+//! waits on a short-lived thread of its own instead, blocking as any
+//! synchronous store call does.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -42,9 +47,21 @@ pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
 /// Bytes of recently read chunks kept in memory.
 const HOT_CACHE_BYTES: usize = 64 << 20;
 
+/// Hashes the known-present set remembers (about 100 bytes each).
+const PRESENT_HASHES: usize = 1 << 18;
+
 /// Requests in flight at once for a batch (`has`, `sweep`): S3 has no
 /// batch HEAD or batch delete that every server speaks.
 const CONCURRENCY: usize = 16;
+
+/// A chunk object a sweep may delete: unmarked when listed, and older than
+/// the grace window ([`ObjectChunks::stale_chunks`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StaleChunk {
+    pub hash: Hash,
+    key: ObjectPath,
+    pub size: u64,
+}
 
 /// What [`ObjectChunks::sweep`] deleted.
 #[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
@@ -197,7 +214,7 @@ pub struct ObjectChunks {
     prefix: ObjectPath,
     label: String,
     deadline: Duration,
-    present: Mutex<HashSet<Hash>>,
+    present: Mutex<LruCache<Hash, ()>>,
     hot: Mutex<HotCache>,
     runtime: OwnRuntime,
 }
@@ -296,7 +313,7 @@ impl ObjectChunks {
             prefix: ObjectPath::from(prefix),
             label,
             deadline,
-            present: Mutex::new(HashSet::new()),
+            present: Mutex::new(LruCache::new(PRESENT_HASHES)),
             hot: Mutex::new(HotCache {
                 chunks: LruCache::new_unbounded(),
                 bytes: 0,
@@ -334,10 +351,19 @@ impl ObjectChunks {
         }
     }
 
-    /// Runs `fut` to completion on this store's runtime, from a thread
-    /// that is not running async code.
-    fn block_on<T>(&self, fut: impl Future<Output = T>) -> T {
-        self.runtime.handle().block_on(fut)
+    /// Runs `fut` to completion on this store's runtime and waits for it.
+    fn block_on<T: Send>(&self, fut: impl Future<Output = T> + Send) -> T {
+        let handle = self.runtime.handle();
+        if tokio::runtime::Handle::try_current().is_err() {
+            return handle.block_on(fut);
+        }
+        // A runtime's thread may not enter another runtime: wait from a
+        // thread that is in none.
+        std::thread::scope(|s| {
+            s.spawn(|| handle.block_on(fut))
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
     }
 
     /// One listing request: the bucket exists and we may read it.
@@ -351,7 +377,11 @@ impl ObjectChunks {
     }
 
     fn remember(&self, hash: Hash) {
-        lock(&self.present).insert(hash);
+        lock(&self.present).insert(hash, ());
+    }
+
+    fn known(&self, hash: &Hash) -> bool {
+        lock(&self.present).get(hash).is_some()
     }
 
     fn cache(&self, hash: Hash, bytes: Arc<[u8]>) {
@@ -379,14 +409,26 @@ impl ObjectChunks {
         keep: &HashSet<Hash>,
         stored_before: SystemTime,
     ) -> Result<SweepOutcome, DofsError> {
+        let stale: Vec<StaleChunk> = self
+            .stale_chunks(stored_before)?
+            .into_iter()
+            .filter(|c| !keep.contains(&c.hash))
+            .collect();
+        self.delete_chunks(stale)
+    }
+
+    /// Every chunk object stored before `stored_before`, listed page by
+    /// page (each page one request under the deadline). A caller marks
+    /// what it must keep among them, then [`ObjectChunks::delete_chunks`]
+    /// the rest, with nothing able to reference them in between.
+    pub fn stale_chunks(&self, stored_before: SystemTime) -> Result<Vec<StaleChunk>, DofsError> {
         let before_ms = stored_before
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
         let deadline = self.deadline;
         let mut listing = self.store.list(Some(&self.chunks_dir()));
-        let mut doomed: Vec<(Hash, ObjectPath, u64)> = Vec::new();
+        let mut stale = Vec::new();
         loop {
-            // Each page is one request, each under the deadline.
             let next = self
                 .block_on(async {
                     tokio::time::timeout(deadline, listing.next())
@@ -405,23 +447,32 @@ impl ObjectChunks {
             else {
                 continue;
             };
-            if !keep.contains(&hash) && meta.last_modified.timestamp_millis() < before_ms {
-                doomed.push((hash, meta.location, meta.size));
+            if meta.last_modified.timestamp_millis() < before_ms {
+                stale.push(StaleChunk {
+                    hash,
+                    key: meta.location,
+                    size: meta.size,
+                });
             }
         }
-        let store = self.store.clone();
+        Ok(stale)
+    }
+
+    /// Deletes `chunks` (a few at a time) and forgets them.
+    pub fn delete_chunks(&self, chunks: Vec<StaleChunk>) -> Result<SweepOutcome, DofsError> {
+        let (store, deadline) = (self.store.clone(), self.deadline);
         let deleted: Vec<(Hash, u64)> = self
             .block_on(
-                stream::iter(doomed)
-                    .map(|(hash, key, size)| {
+                stream::iter(chunks)
+                    .map(|c| {
                         let store = store.clone();
                         async move {
-                            match bounded(deadline, store.delete(&key)).await {
+                            match bounded(deadline, store.delete(&c.key)).await {
                                 Ok(())
                                 | Err(CallError::Store(object_store::Error::NotFound { .. })) => {
-                                    Ok((hash, size))
+                                    Ok((c.hash, c.size))
                                 }
-                                Err(e) => Err((hash, e)),
+                                Err(e) => Err((c.hash, e)),
                             }
                         }
                     })
@@ -444,11 +495,80 @@ impl ObjectChunks {
         }
         Ok(out)
     }
+
+    fn document_key(&self, name: &str) -> ObjectPath {
+        name.split('/')
+            .filter(|p| !p.is_empty())
+            .fold(self.prefix.clone(), |key, part| key.join(part))
+    }
+
+    /// Stores (replacing) the document `name` (`a/b.json`) under the prefix.
+    pub fn put_document(&self, name: &str, bytes: Vec<u8>) -> Result<(), DofsError> {
+        let (store, key) = (self.store.clone(), self.document_key(name));
+        self.block_on(bounded(self.deadline, async move {
+            store.put(&key, PutPayload::from(bytes)).await
+        }))
+        .map(drop)
+        .map_err(|e| self.failed(format!("storing {name}"), e))
+    }
+
+    /// The document `name`, or `None` when there is none.
+    pub fn get_document(&self, name: &str) -> Result<Option<Vec<u8>>, DofsError> {
+        let (store, key) = (self.store.clone(), self.document_key(name));
+        match self.block_on(bounded(self.deadline, async move {
+            store.get(&key).await?.bytes().await
+        })) {
+            Ok(bytes) => Ok(Some(bytes.to_vec())),
+            Err(CallError::Store(object_store::Error::NotFound { .. })) => Ok(None),
+            Err(e) => Err(self.failed(format!("reading {name}"), e)),
+        }
+    }
+
+    /// Deletes the document `name` (gone already is fine).
+    pub fn delete_document(&self, name: &str) -> Result<(), DofsError> {
+        let (store, key) = (self.store.clone(), self.document_key(name));
+        match self.block_on(bounded(
+            self.deadline,
+            async move { store.delete(&key).await },
+        )) {
+            Ok(()) | Err(CallError::Store(object_store::Error::NotFound { .. })) => Ok(()),
+            Err(e) => Err(self.failed(format!("deleting {name}"), e)),
+        }
+    }
+
+    /// The names (relative to the prefix) of the documents under `dir`.
+    pub fn list_documents(&self, dir: &str) -> Result<Vec<String>, DofsError> {
+        let deadline = self.deadline;
+        let mut listing = self.store.list(Some(&self.document_key(dir)));
+        let prefix_parts = self.prefix.parts().count();
+        let mut names = Vec::new();
+        loop {
+            let next = self
+                .block_on(async {
+                    tokio::time::timeout(deadline, listing.next())
+                        .await
+                        .map_err(|_| CallError::Deadline)
+                })
+                .map_err(|e| self.failed(format!("listing {dir}"), e))?;
+            let Some(meta) = next else { break };
+            let meta =
+                meta.map_err(|e| self.failed(format!("listing {dir}"), CallError::Store(e)))?;
+            let parts: Vec<String> = meta
+                .location
+                .parts()
+                .skip(prefix_parts)
+                .map(|p| p.as_ref().to_owned())
+                .collect();
+            names.push(parts.join("/"));
+        }
+        names.sort();
+        Ok(names)
+    }
 }
 
 impl ChunkStore for ObjectChunks {
     fn put_if_absent(&self, hash: &Hash, bytes: &[u8]) -> Result<bool, DofsError> {
-        if lock(&self.present).contains(hash) {
+        if self.known(hash) {
             return Ok(false);
         }
         let (store, key) = (self.store.clone(), self.key(hash));
@@ -493,17 +613,16 @@ impl ChunkStore for ObjectChunks {
 
     fn has(&self, hashes: &[Hash]) -> Result<Vec<Hash>, DofsError> {
         let unknown: Vec<Hash> = {
-            let present = lock(&self.present);
             let mut seen = HashSet::new();
             hashes
                 .iter()
-                .filter(|h| !present.contains(h) && seen.insert(**h))
+                .filter(|h| !self.known(h) && seen.insert(**h))
                 .copied()
                 .collect()
         };
         let (store, deadline) = (self.store.clone(), self.deadline);
         let keys: Vec<(Hash, ObjectPath)> = unknown.iter().map(|h| (*h, self.key(h))).collect();
-        let found: Vec<Hash> = self
+        let found: HashSet<Hash> = self
             .block_on(
                 stream::iter(keys)
                     .map(|(hash, key)| {
@@ -523,16 +642,104 @@ impl ChunkStore for ObjectChunks {
                     .try_collect(),
             )
             .map_err(|(hash, e)| self.failed(format!("probing chunk {hash}"), e))?;
-        let present = {
-            let mut present = lock(&self.present);
-            present.extend(found);
-            hashes
-                .iter()
-                .filter(|h| present.contains(h))
-                .copied()
-                .collect()
+        for hash in &found {
+            self.remember(*hash);
+        }
+        let unknown: HashSet<Hash> = unknown.into_iter().collect();
+        Ok(hashes
+            .iter()
+            .filter(|h| !unknown.contains(h) || found.contains(h))
+            .copied()
+            .collect())
+    }
+
+    /// The chunks not known present go out [`CONCURRENCY`] at a time.
+    fn put_many(&self, chunks: &[(Hash, &[u8])]) -> Result<(), DofsError> {
+        let mut seen = HashSet::new();
+        let (store, deadline) = (self.store.clone(), self.deadline);
+        let uploads: Vec<(Hash, ObjectPath, PutPayload)> = chunks
+            .iter()
+            .filter(|(h, _)| !self.known(h) && seen.insert(*h))
+            .map(|(h, b)| (*h, self.key(h), PutPayload::from(b.to_vec())))
+            .collect();
+        let stored: Vec<Hash> = self
+            .block_on(
+                stream::iter(uploads)
+                    .map(|(hash, key, payload)| {
+                        let store = store.clone();
+                        async move {
+                            match bounded(
+                                deadline,
+                                store.put_opts(&key, payload, PutMode::Create.into()),
+                            )
+                            .await
+                            {
+                                Ok(_)
+                                | Err(CallError::Store(
+                                    object_store::Error::AlreadyExists { .. }
+                                    | object_store::Error::Precondition { .. },
+                                )) => Ok(hash),
+                                Err(e) => Err((hash, e)),
+                            }
+                        }
+                    })
+                    .buffer_unordered(CONCURRENCY)
+                    .try_collect(),
+            )
+            .map_err(|(hash, e)| self.failed(format!("storing chunk {hash}"), e))?;
+        for hash in stored {
+            self.remember(hash);
+        }
+        Ok(())
+    }
+
+    /// Hot chunks from the cache, the rest fetched [`CONCURRENCY`] at a
+    /// time, each verified.
+    fn get_many(&self, hashes: &[Hash]) -> Result<Vec<Vec<u8>>, DofsError> {
+        let cached: Vec<Option<Arc<[u8]>>> = {
+            let mut hot = lock(&self.hot);
+            hashes.iter().map(|h| hot.chunks.get(h).cloned()).collect()
         };
-        Ok(present)
+        let (store, deadline) = (self.store.clone(), self.deadline);
+        let fetches: Vec<(usize, Hash, ObjectPath)> = hashes
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| cached[*i].is_none())
+            .map(|(i, h)| (i, *h, self.key(h)))
+            .collect();
+        let fetched: Vec<(usize, Hash, Result<Vec<u8>, CallError>)> = self.block_on(
+            stream::iter(fetches)
+                .map(|(i, hash, key)| {
+                    let store = store.clone();
+                    async move {
+                        let got = bounded(deadline, async move {
+                            Ok(store.get(&key).await?.bytes().await?.to_vec())
+                        })
+                        .await;
+                        (i, hash, got)
+                    }
+                })
+                .buffered(CONCURRENCY)
+                .collect(),
+        );
+        let mut out: Vec<Option<Vec<u8>>> =
+            cached.into_iter().map(|c| c.map(|b| b.to_vec())).collect();
+        for (i, hash, got) in fetched {
+            let bytes = match got {
+                Ok(bytes) => verified(&hash, bytes)?,
+                Err(CallError::Store(object_store::Error::NotFound { .. })) => {
+                    return Err(SyncError::UnknownHash { hash, path: None }.into());
+                }
+                Err(e) => return Err(self.failed(format!("reading chunk {hash}"), e)),
+            };
+            self.remember(hash);
+            self.cache(hash, Arc::from(bytes.as_slice()));
+            out[i] = Some(bytes);
+        }
+        Ok(out
+            .into_iter()
+            .map(|b| b.expect("every chunk cached or fetched"))
+            .collect())
     }
 }
 
@@ -590,6 +797,15 @@ mod tests {
     fn the_in_memory_object_store_keeps_the_contract() {
         contract::holds_for(&in_memory().1, 1);
         sweeps_within_the_grace_window(&in_memory().1);
+    }
+
+    /// The sync driver calls its store from a current-thread runtime.
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_store_answers_from_inside_a_runtime_thread() {
+        let (_, chunks) = in_memory();
+        contract::holds_for(&chunks, 2);
+        let hash = Hash::of(&[2, 1, 2, 3]);
+        assert_eq!(chunks.get_many(&[hash]).unwrap(), vec![vec![2, 1, 2, 3]]);
     }
 
     #[test]

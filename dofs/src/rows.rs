@@ -7,7 +7,7 @@ use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, 
 use wsd_sync::{ChangeCursor, ChangeEntry, ChunkRef, EntryState, Hash, Kind, SyncPath, manifest};
 
 use crate::DofsError;
-use crate::chunk_store::{ChunkStore, SqliteChunks};
+use crate::chunk_store::{ChunkStore, Chunks};
 
 /// The state a row records for its path.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -384,18 +384,6 @@ pub(crate) fn ensure_manifest(conn: &Connection, chunks: &[ChunkRef]) -> Result<
     Ok(hash)
 }
 
-/// Stores one chunk whose bytes the caller has already named correctly.
-pub(crate) fn insert_chunk(conn: &Connection, hash: &Hash, bytes: &[u8]) -> Result<(), DofsError> {
-    SqliteChunks::new(conn).put_if_absent(hash, bytes)?;
-    Ok(())
-}
-
-pub(crate) fn has_chunk(conn: &Connection, hash: &Hash) -> Result<bool, DofsError> {
-    Ok(!SqliteChunks::new(conn)
-        .has(std::slice::from_ref(hash))?
-        .is_empty())
-}
-
 /// Builds the wire entry for a row from its current state.
 pub(crate) fn to_entry(conn: &Connection, row: Row) -> Result<ChangeEntry, DofsError> {
     let path = SyncPath::new(row.path)?;
@@ -446,12 +434,26 @@ pub(crate) fn cursor_from(rev: u64, path: Option<String>) -> Result<ChangeCursor
 pub(crate) struct Mutation<'c> {
     tx: Transaction<'c>,
     rev: Option<u64>,
+    objects: Option<&'c (dyn ChunkStore + Send + Sync)>,
 }
 
 impl<'c> Mutation<'c> {
-    pub(crate) fn begin(conn: &'c mut Connection) -> Result<Mutation<'c>, DofsError> {
+    /// A transaction on `conn`, whose chunks go to `objects` when set.
+    pub(crate) fn begin(
+        conn: &'c mut Connection,
+        objects: Option<&'c (dyn ChunkStore + Send + Sync)>,
+    ) -> Result<Mutation<'c>, DofsError> {
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        Ok(Mutation { tx, rev: None })
+        Ok(Mutation {
+            tx,
+            rev: None,
+            objects,
+        })
+    }
+
+    /// The chunks this mutation stores and reads.
+    pub(crate) fn chunks(&self) -> Chunks<'_> {
+        Chunks::new(&self.tx, self.objects)
     }
 
     /// The rev every change of this mutation is stamped with.

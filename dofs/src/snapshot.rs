@@ -5,9 +5,9 @@
 use std::collections::HashSet;
 
 use rusqlite::{OptionalExtension, TransactionBehavior, params};
-use wsd_sync::{Hash, SyncPath};
+use wsd_sync::{ChangeEntry, EntryState, Hash, SyncError, SyncPath};
 
-use crate::chunk_store::{ChunkStore, SqliteChunks};
+use crate::chunk_store::ChunkStore;
 use crate::rows::{self, Mutation, Node, ensure_manifest, file_chunks, hash_from_sql, put_node};
 use crate::{Dofs, DofsError};
 
@@ -167,7 +167,7 @@ impl Dofs {
     /// paths the snapshot lacks are deleted, paths that differ are written
     /// back (as local writes, so the next push sends them), the rest stay.
     pub fn restore_snapshot(&mut self, id: &str) -> Result<RestoreOutcome, DofsError> {
-        let mut m = Mutation::begin(&mut self.conn)?;
+        let mut m = Mutation::begin(&mut self.conn, self.objects.as_deref())?;
         Dofs::require_snapshot(&m, id)?;
         let removed: u64 = m.query_row(
             "SELECT count(*) FROM entries WHERE kind <> 'delete'
@@ -283,8 +283,14 @@ impl Dofs {
                FROM snapshot_entries WHERE snapshot = ?1 ORDER BY path",
         )?;
         let mut rows = stmt.query([id])?;
-        let from = SqliteChunks::new(&source.conn);
-        let mut m = Mutation::begin(&mut self.conn)?;
+        let from = source.chunks();
+        // One object store for both: the fork indexes the source's objects
+        // without moving a byte.
+        let shared_objects = match (&source.objects, &self.objects) {
+            (Some(a), Some(b)) => std::sync::Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        let mut m = Mutation::begin(&mut self.conn, self.objects.as_deref())?;
         while let Some(r) = rows.next()? {
             let path = SyncPath::new(r.get::<_, String>(0)?)?;
             let kind: String = r.get(1)?;
@@ -298,9 +304,14 @@ impl Dofs {
                         .map(|b| hash_from_sql(b, 7))
                         .transpose()?;
                     let list = file_chunks(&source.conn, &manifest, chunk.as_ref(), size)?;
-                    let into = SqliteChunks::new(&m);
+                    let into = m.chunks();
                     for c in &list {
-                        if into.has(std::slice::from_ref(&c.hash))?.is_empty() {
+                        if into.holds(&c.hash)? {
+                            continue;
+                        }
+                        if shared_objects && from.here(std::slice::from_ref(&c.hash))?.is_empty() {
+                            into.index_stored(&[(c.hash, c.size as usize)])?;
+                        } else {
                             into.put_if_absent(&c.hash, &from.get(&c.hash)?)?;
                         }
                     }
@@ -324,6 +335,176 @@ impl Dofs {
             put_node(&m, &path, rev, &node, None)?;
         }
         m.commit()
+    }
+}
+
+impl Dofs {
+    /// Snapshot `id`'s tree as entries (dirs, files with their chunk
+    /// lists, symlinks) in path order, each stamped with the snapshot's
+    /// rev: what a copy of the snapshot elsewhere records.
+    pub fn snapshot_tree(&self, id: &str) -> Result<Vec<ChangeEntry>, DofsError> {
+        let rev = Dofs::require_snapshot(&self.conn, id)?;
+        let mut stmt = self.conn.prepare(
+            "SELECT path, kind, mode, mtime, size, target, manifest, chunk
+               FROM snapshot_entries WHERE snapshot = ?1 ORDER BY path",
+        )?;
+        let mut rows = stmt.query([id])?;
+        let mut out = Vec::new();
+        while let Some(r) = rows.next()? {
+            let path = SyncPath::new(r.get::<_, String>(0)?)?;
+            let kind: String = r.get(1)?;
+            let (mode, mtime): (u32, i64) = (r.get(2)?, r.get(3)?);
+            let state = match kind.as_str() {
+                "file" => {
+                    let size: u64 = r.get(4)?;
+                    let manifest = hash_from_sql(r.get(6)?, 6)?;
+                    let chunk = r
+                        .get::<_, Option<Vec<u8>>>(7)?
+                        .map(|b| hash_from_sql(b, 7))
+                        .transpose()?;
+                    EntryState::File {
+                        mode,
+                        mtime,
+                        size,
+                        chunks: file_chunks(&self.conn, &manifest, chunk.as_ref(), size)?,
+                    }
+                }
+                "dir" => EntryState::Dir { mode, mtime },
+                _ => EntryState::Symlink {
+                    target: r.get(5)?,
+                    mode,
+                    mtime,
+                },
+            };
+            out.push(ChangeEntry { rev, path, state });
+        }
+        Ok(out)
+    }
+
+    /// Records `tree` (as [`Dofs::snapshot_tree`] gave it, possibly from
+    /// another machine) as snapshot `id` of this store, at its current
+    /// rev: a recovery. Every chunk must be held, here or in this store's
+    /// object store (asked once for those the index lacks, then indexed);
+    /// the first missing one is `EUNKNOWN_HASH` naming it and its path,
+    /// and nothing is recorded.
+    pub fn import_snapshot(
+        &mut self,
+        id: &str,
+        created_at: i64,
+        tree: &[ChangeEntry],
+    ) -> Result<(), DofsError> {
+        let mut sizes: std::collections::HashMap<Hash, (u32, &SyncPath)> = Default::default();
+        for e in tree {
+            e.validate()?;
+            if matches!(e.state, EntryState::Delete) {
+                return Err(DofsError::invalid(
+                    &e.path,
+                    "a snapshot lists live paths only",
+                ));
+            }
+            for c in e.chunks() {
+                sizes.entry(c.hash).or_insert((c.size, &e.path));
+            }
+        }
+        let wanted: Vec<Hash> = sizes.keys().copied().collect();
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let chunks = crate::chunk_store::Chunks::new(&tx, self.objects.as_deref());
+        let indexed: HashSet<Hash> = chunks.has(&wanted)?.into_iter().collect();
+        let unknown: Vec<Hash> = wanted
+            .iter()
+            .filter(|h| !indexed.contains(h))
+            .copied()
+            .collect();
+        let found: HashSet<Hash> = match (&self.objects, unknown.is_empty()) {
+            (Some(objects), false) => objects.has(&unknown)?.into_iter().collect(),
+            _ => HashSet::new(),
+        };
+        if let Some(missing) = unknown.iter().find(|h| !found.contains(h)) {
+            return Err(SyncError::UnknownHash {
+                hash: *missing,
+                path: Some(sizes[missing].1.to_string()),
+            }
+            .into());
+        }
+        let adopted: Vec<(Hash, usize)> =
+            unknown.iter().map(|h| (*h, sizes[h].0 as usize)).collect();
+        chunks.index_stored(&adopted)?;
+        let rev = rows::current_rev(&tx)?;
+        let inserted = tx.execute(
+            "INSERT INTO snapshots (id, rev, created_at) VALUES (?1, ?2, ?3)
+             ON CONFLICT (id) DO NOTHING",
+            params![id, rev, created_at],
+        )?;
+        if inserted == 0 {
+            return Err(DofsError::AlreadyExists {
+                path: format!("snapshot {id}"),
+            });
+        }
+        let mut insert = tx.prepare(
+            "INSERT INTO snapshot_entries
+                (snapshot, path, parent, kind, mode, mtime, size, target, manifest, chunk)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+        )?;
+        for e in tree {
+            let parent = e
+                .path
+                .parent()
+                .map(SyncPath::into_string)
+                .unwrap_or_default();
+            let node = Node::from_state(&e.state);
+            let (kind, mode, mtime, size, target, manifest, chunk) = match &node {
+                Node::File {
+                    mode,
+                    mtime,
+                    size,
+                    manifest,
+                    chunk,
+                } => {
+                    ensure_manifest(&tx, e.chunks())?;
+                    (
+                        "file",
+                        *mode,
+                        *mtime,
+                        Some(*size),
+                        None,
+                        Some(manifest.as_bytes().to_vec()),
+                        chunk.map(|c| c.as_bytes().to_vec()),
+                    )
+                }
+                Node::Dir { mode, mtime } => ("dir", *mode, *mtime, None, None, None, None),
+                Node::Symlink {
+                    mode,
+                    mtime,
+                    target,
+                } => (
+                    "symlink",
+                    *mode,
+                    *mtime,
+                    None,
+                    Some(target.clone()),
+                    None,
+                    None,
+                ),
+                Node::Deleted => unreachable!("refused above"),
+            };
+            insert.execute(params![
+                id,
+                e.path.as_str(),
+                parent,
+                kind,
+                mode,
+                mtime,
+                size,
+                target,
+                manifest,
+                chunk
+            ])?;
+        }
+        drop(insert);
+        tx.commit()?;
+        Ok(())
     }
 }
 

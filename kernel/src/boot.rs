@@ -52,7 +52,8 @@ impl Kernel {
         let kernel = Arc::new(Kernel {
             workspaces: Workspaces::new(dir.join("workspaces"), config.wsd_bin.clone())
                 .with_wsd_sandbox(config.wsd_sandbox)
-                .with_wsd_timeout(config.wsd_timeout),
+                .with_wsd_timeout(config.wsd_timeout)
+                .with_chunk_store(mirror.as_ref().map(SnapshotMirror::chunks)),
             pending: Arc::new(Semaphore::new(config.max_pending)),
             connected: Arc::new(Semaphore::new(config.max_connections)),
             config,

@@ -121,6 +121,26 @@ pub struct GcResult {
     pub store_bytes: u64,
 }
 
+/// `workspace.recover`: rebuild a workspace this kernel lost from the
+/// snapshot manifests mirrored to its object store.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RecoverArgs {
+    pub workspace_id: String,
+}
+
+/// `workspace.recover` result: the workspace as recovered, how many
+/// snapshots came back, and the one its tree was restored from (the
+/// newest) with the store rev of that restore.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RecoverResult {
+    pub workspace: crate::workspace::Workspace,
+    pub snapshots: u64,
+    pub restored_from: String,
+    pub rev: u64,
+}
+
 /// An operation refused by the snapshot calls, carried as `{ok:false,
 /// code, error}` in the result (frame errors are for kernel faults,
 /// unknown or foreign ids).
@@ -128,7 +148,8 @@ pub struct GcResult {
 #[serde(rename_all = "camelCase")]
 pub struct OpError {
     pub ok: bool,
-    /// `ELIMIT` (too many snapshots), `EBUSY` (a command runs), `ENOENT`.
+    /// `ELIMIT` (too many snapshots), `EBUSY` (a command runs), `ENOENT`,
+    /// `EEXIST` (recovering a workspace this kernel has).
     pub code: String,
     pub error: String,
 }

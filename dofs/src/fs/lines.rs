@@ -50,7 +50,7 @@ impl Dofs {
         // Whether bytes of an unterminated line `line_no` have been seen.
         let mut open = false;
         let mut done = false;
-        let chunks = crate::chunk_store::SqliteChunks::new(&self.conn);
+        let chunks = self.chunks();
         chunks.for_each_content_chunk(&manifest, chunk.as_ref(), |mut bytes| {
             while !bytes.is_empty() {
                 let (piece, ended) = match memchr::memchr(b'\n', bytes) {

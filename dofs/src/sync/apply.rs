@@ -9,7 +9,7 @@ use wsd_sync::{
 };
 
 use crate::rows::{
-    self, Mutation, Node, Row, ensure_manifest, get_row, has_chunk, put_node, subtree_bounds,
+    self, Mutation, Node, Row, ensure_manifest, get_row, put_node, subtree_bounds,
     tombstone_subtree,
 };
 use crate::sync::watermarks;
@@ -98,7 +98,7 @@ impl Dofs {
         for e in batch.entries {
             e.validate()?;
         }
-        let mut m = Mutation::begin(&mut self.conn)?;
+        let mut m = Mutation::begin(&mut self.conn, self.objects.as_deref())?;
         let pushed = match batch.sender {
             Some(_) => {
                 watermarks::register(&m, batch.remote)?;
@@ -257,7 +257,7 @@ fn apply_entry(
     // Every chunk must be held before anything changes; the whole batch
     // rolls back otherwise, so a half-linked file is never visible.
     for c in e.chunks() {
-        if !has_chunk(m, &c.hash)? {
+        if !m.chunks().holds(&c.hash)? {
             return Err(SyncError::UnknownHash {
                 hash: c.hash,
                 path: Some(path.to_owned()),

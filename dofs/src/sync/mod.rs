@@ -44,6 +44,10 @@ impl Store for Dofs {
         Ok(self.read_object_inner(hash)?)
     }
 
+    fn read_objects(&mut self, hashes: &[Hash]) -> Result<Vec<Object>, SyncError> {
+        Ok(self.read_objects_inner(hashes)?)
+    }
+
     fn stage_objects(&mut self, objects: &[Object]) -> Result<(), SyncError> {
         Ok(self.stage_objects_inner(objects)?)
     }

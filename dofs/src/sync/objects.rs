@@ -3,7 +3,7 @@
 use rusqlite::TransactionBehavior;
 use wsd_sync::{Hash, Object, SyncError, chunk};
 
-use crate::chunk_store::{ChunkStore, SqliteChunks};
+use crate::chunk_store::{ChunkStore, Chunks};
 use crate::{Dofs, DofsError};
 
 /// What [`Dofs::collect_garbage`] freed.
@@ -18,9 +18,9 @@ impl Dofs {
     /// prober will not send them and will name them in its next apply
     /// (the grace window of garbage collection must cover them till then).
     pub(crate) fn has_objects_inner(&self, hashes: &[Hash]) -> Result<Vec<Hash>, DofsError> {
-        let chunks = SqliteChunks::new(&self.conn);
+        let chunks = self.chunks();
         let held = chunks.has(hashes)?;
-        chunks.touch(&held, crate::rows::now_ms())?;
+        chunks.touch(&held)?;
         Ok(held)
     }
 
@@ -30,11 +30,34 @@ impl Dofs {
     }
 
     pub(crate) fn read_object_inner(&self, hash: &Hash) -> Result<Vec<u8>, DofsError> {
-        SqliteChunks::new(&self.conn).get(hash)
+        self.chunks().get(hash)
+    }
+
+    /// Several chunks at once (fetched together from an object store).
+    pub(crate) fn read_objects_inner(&self, hashes: &[Hash]) -> Result<Vec<Object>, DofsError> {
+        let bytes = self.chunks().get_many(hashes)?;
+        Ok(hashes
+            .iter()
+            .zip(bytes)
+            .map(|(hash, bytes)| Object { hash: *hash, bytes })
+            .collect())
+    }
+
+    /// Which of `hashes` have their bytes in this database (not in an
+    /// object store): what a copy to the object store must still send.
+    pub fn chunks_held_here(&self, hashes: &[Hash]) -> Result<Vec<Hash>, DofsError> {
+        self.chunks().here(hashes)
+    }
+
+    /// Every chunk the index holds, here or in an object store: what a
+    /// sweep of that store must keep for this tree.
+    pub fn indexed_chunks(&self, among: &[Hash]) -> Result<Vec<Hash>, DofsError> {
+        Chunks::new(&self.conn, None).indexed(among)
     }
 
     /// Verifies every object first and stores them in one transaction, so a
-    /// bad object in a call stores nothing at all.
+    /// bad object in a call stores nothing at all. With an object store
+    /// the new ones are sent there together before the transaction commits.
     pub(crate) fn stage_objects_inner(&mut self, objects: &[Object]) -> Result<(), DofsError> {
         for o in objects {
             SyncError::check_limit("object size (bytes)", chunk::MAX_CHUNK, o.bytes.len())?;
@@ -43,9 +66,11 @@ impl Dofs {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        for o in objects {
-            crate::rows::insert_chunk(&tx, &o.hash, &o.bytes)?;
-        }
+        let batch: Vec<(Hash, &[u8])> = objects
+            .iter()
+            .map(|o| (o.hash, o.bytes.as_slice()))
+            .collect();
+        Chunks::new(&tx, self.objects.as_deref()).put_many(&batch)?;
         tx.commit()?;
         Ok(())
     }

@@ -52,14 +52,17 @@ pub struct ServeArgs {
     /// either. Dialling and the handshake get at most 10 s each.
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = positive_duration)]
     wsd_timeout: std::time::Duration,
-    /// Also keep every snapshot's chunks in an S3-compatible object store,
-    /// so snapshots outlive this machine: `s3://BUCKET[/PREFIX]?endpoint=URL`
+    /// Keep workspaces' file content (chunks) and snapshot manifests in an
+    /// S3-compatible object store, so workspaces outlive this machine
+    /// (`gsv workspace recover`): `s3://BUCKET[/PREFIX]?endpoint=URL`
     /// (options: `region=R`, default us-east-1; `deadline=30s`, the longest
-    /// any one request may take). Credentials come from the usual AWS
-    /// environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
-    /// AWS_SESSION_TOKEN). The store is checked at start: unreachable or
-    /// refusing, the kernel does not start. Without it, chunks live only in
-    /// each workspace's own store (the embedded SQLite default).
+    /// any one request may take). Each workspace's own store keeps the
+    /// index of what the bucket holds for it, and a cache of hot chunks
+    /// lives in memory. Credentials come from the usual AWS environment
+    /// (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN). The
+    /// store is checked at start: unreachable or refusing, the kernel does
+    /// not start. Without it, chunks live in each workspace's own store
+    /// (the embedded SQLite default). One kernel per bucket prefix.
     #[arg(long, value_name = "URL", env = "GSV_CHUNK_STORE")]
     chunk_store: Option<String>,
     /// Garbage collection never frees a chunk stored more recently than

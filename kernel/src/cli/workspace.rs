@@ -1,5 +1,6 @@
 //! `gsv workspace create|list|rm`, its snapshots (`snapshot`,
-//! `snapshots`, `snapshot-rm`, `restore`, `fork`), and `gsv gc`.
+//! `snapshots`, `snapshot-rm`, `restore`, `fork`), `recover` from the
+//! object store, and `gsv gc`.
 
 use std::process::ExitCode;
 
@@ -75,6 +76,16 @@ pub enum WorkspaceAction {
     /// The new workspace and the snapshot's own one are independent from
     /// then on: a change in one is not seen in the other.
     Fork(ForkArgs),
+    /// Bring back a workspace this kernel lost (its data directory was
+    /// wiped or the machine replaced) from the snapshots kept in the
+    /// kernel's object store (`gsv serve --chunk-store s3://...`): the
+    /// workspace gets its id, its snapshots, and the files of the newest
+    /// one. Its owner (or root) runs it.
+    #[command(verbatim_doc_comment)]
+    Recover {
+        /// The workspace id (`ws_…`).
+        workspace: String,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -198,6 +209,17 @@ pub async fn run(conn: &ConnArgs, action: WorkspaceAction) -> Result<ExitCode> {
             println!(
                 "restored {snapshot}: {} changed, {} removed (rev {})",
                 d["changed"], d["removed"], d["rev"]
+            );
+        }
+        WorkspaceAction::Recover { workspace } => {
+            let d = c
+                .call("workspace.recover", json!({"workspaceId": workspace}))
+                .await
+                .map_err(explain)?;
+            refused(&d)?;
+            println!(
+                "recovered {workspace}: {} snapshots, files from {} (rev {})",
+                d["snapshots"], d["restoredFrom"], d["rev"]
             );
         }
         WorkspaceAction::Fork(a) => {

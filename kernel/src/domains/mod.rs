@@ -200,6 +200,7 @@ pub fn register(d: &mut Dispatch<Kernel>) {
     d.add("workspace.snapshot.diff", snapshot::calls::diff);
     d.add("workspace.snapshot.restore", snapshot::calls::restore);
     d.add("workspace.snapshot.delete", snapshot::calls::delete);
+    d.add("workspace.recover", snapshot::calls::recover);
     // Root only: it walks every workspace store.
     d.add("sys.gc", snapshot::calls::gc);
     d.add("repo.list", repo::calls::list);

@@ -1,6 +1,8 @@
-//! `gsv serve --chunk-store s3://...`: snapshots mirrored to a real S3
-//! server (SeaweedFS, started here on loopback; skipped without `weed`
-//! unless `GSV_REQUIRE_S3` is set) and swept by `sys.gc`.
+//! `gsv serve --chunk-store s3://...`: workspace chunks and snapshot
+//! manifests kept in a real S3 server (SeaweedFS, started here on
+//! loopback; skipped without `weed` unless `GSV_REQUIRE_S3` is set), used
+//! by fs.* and shell.exec, swept by `sys.gc`, and a workspace recovered
+//! from it by a kernel that lost its data directory.
 
 use std::time::Duration;
 
@@ -11,7 +13,7 @@ use wsd_dofs::seaweedfs::{self, SeaweedFs};
 use wsd_dofs::{ChunkStore, ObjectChunks};
 use wsd_sync::Hash;
 
-use crate::harness::{TestKernel, new_workspace};
+use crate::harness::{TestKernel, err_of, new_workspace};
 
 async fn write(c: &mut GsvClient, ws: &str, path: &str, content: &str) {
     let r = c
@@ -44,25 +46,82 @@ async fn in_bucket(url: &str, hashes: &[Hash]) -> Vec<Hash> {
     .unwrap()
 }
 
+async fn read(c: &mut GsvClient, ws: &str, path: &str) -> Value {
+    c.call(
+        "fs.read",
+        json!({"path": format!("/workspaces/{ws}/{path}")}),
+    )
+    .await
+    .unwrap()
+}
+
+/// Runs `input` at the root of `ws` to the end; its output.
+async fn run(c: &mut GsvClient, ws: &str, input: &str) -> String {
+    let mut d = c
+        .call(
+            "shell.exec",
+            json!({"cwd": format!("/workspaces/{ws}"), "input": input, "yieldMs": 10000}),
+        )
+        .await
+        .unwrap();
+    for _ in 0..120 {
+        if d["status"] != "running" {
+            break;
+        }
+        let sid = d["sessionId"].as_str().unwrap().to_owned();
+        d = c
+            .call(
+                "shell.exec",
+                json!({"sessionId": sid, "input": "", "yieldMs": 1000}),
+            )
+            .await
+            .unwrap();
+    }
+    assert_eq!(d["status"], "completed", "{d}");
+    d["output"].as_str().unwrap().to_owned()
+}
+
+/// A kernel keeping its chunks at `url`, collecting with `grace`.
+fn in_bucket_with_grace(
+    url: &str,
+    grace: Duration,
+) -> impl FnOnce(&mut gsv_kernel::KernelConfig) + use<> {
+    let url = url.to_owned();
+    move |c| {
+        c.chunk_store = Some(ChunkStoreConfig {
+            url,
+            credentials: Some(seaweedfs::credentials()),
+        });
+        c.gc_grace = grace;
+    }
+}
+
+/// Deletes `hash`'s object with a client of our own (as another tool would).
+async fn delete_from_bucket(url: &str, hash: Hash) {
+    let url = url.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let store = ObjectChunks::connect_with(&url, Some(seaweedfs::credentials())).unwrap();
+        let stale = store
+            .stale_chunks(std::time::SystemTime::now() + Duration::from_secs(3600))
+            .unwrap();
+        let doomed: Vec<_> = stale.into_iter().filter(|c| c.hash == hash).collect();
+        assert_eq!(store.delete_chunks(doomed).unwrap().chunks, 1);
+    })
+    .await
+    .unwrap();
+}
+
 async fn start_seaweedfs() -> Option<SeaweedFs> {
     tokio::task::spawn_blocking(SeaweedFs::start).await.unwrap()
 }
 
 #[tokio::test]
-async fn snapshots_are_copied_to_the_bucket_once_and_swept_when_no_snapshot_holds_them() {
+async fn workspace_chunks_live_in_the_bucket_and_gc_sweeps_what_nothing_holds() {
     let Some(server) = start_seaweedfs().await else {
         return;
     };
     let url = server.url("kernel");
-    let store = url.clone();
-    let k = TestKernel::with_users_tuned(move |c| {
-        c.chunk_store = Some(ChunkStoreConfig {
-            url: store,
-            credentials: Some(seaweedfs::credentials()),
-        });
-        c.gc_grace = Duration::ZERO;
-    })
-    .await;
+    let k = TestKernel::with_users_tuned(in_bucket_with_grace(&url, Duration::ZERO)).await;
     let mut a = k.alice().await;
     let ws = new_workspace(&mut a).await;
     write(&mut a, &ws, "f.txt", "first content").await;
@@ -71,12 +130,14 @@ async fn snapshots_are_copied_to_the_bucket_once_and_swept_when_no_snapshot_hold
         Hash::of(b"first content"),
         Hash::of(b"kept by every snapshot"),
     );
-    assert!(in_bucket(&url, &[first, same]).await.is_empty());
+    assert_eq!(
+        in_bucket(&url, &[first, same]).await,
+        vec![first, same],
+        "stored in the bucket by the write itself"
+    );
 
     let s1 = snapshot(&mut a, &ws).await;
     assert_eq!(s1["files"], 2, "{s1}");
-    assert_eq!(in_bucket(&url, &[first, same]).await, vec![first, same]);
-
     write(&mut a, &ws, "f.txt", "second content").await;
     let second = Hash::of(b"second content");
     let s2 = snapshot(&mut a, &ws).await;
@@ -85,7 +146,7 @@ async fn snapshots_are_copied_to_the_bucket_once_and_swept_when_no_snapshot_hold
 
     let mut root = k.login("root", "root-password").await;
     let gc = root.call("sys.gc", json!({})).await.unwrap();
-    assert_eq!(gc["storeChunks"], 0, "both snapshots hold theirs: {gc}");
+    assert_eq!(gc["storeChunks"], 0, "everything is referenced: {gc}");
     a.call(
         "workspace.snapshot.delete",
         json!({"snapshotId": s1["snapshotId"]}),
@@ -93,6 +154,7 @@ async fn snapshots_are_copied_to_the_bucket_once_and_swept_when_no_snapshot_hold
     .await
     .unwrap();
     let gc = root.call("sys.gc", json!({})).await.unwrap();
+    assert_eq!(gc["chunks"], 1, "{gc}");
     assert_eq!(gc["storeChunks"], 1, "{gc}");
     assert_eq!(gc["storeBytes"], "first content".len(), "{gc}");
     assert_eq!(
@@ -100,6 +162,179 @@ async fn snapshots_are_copied_to_the_bucket_once_and_swept_when_no_snapshot_hold
         vec![second, same],
         "only the deleted snapshot held `first content`"
     );
+    let r = read(&mut a, &ws, "f.txt").await;
+    assert_eq!(r["content"], "1\tsecond content", "{r}");
+}
+
+#[tokio::test]
+async fn fs_and_exec_round_trip_with_chunks_in_the_bucket() {
+    let Some(server) = start_seaweedfs().await else {
+        return;
+    };
+    let url = server.url("live");
+    let k =
+        TestKernel::with_users_tuned(in_bucket_with_grace(&url, Duration::from_secs(3600))).await;
+    let mut a = k.alice().await;
+    let ws = new_workspace(&mut a).await;
+    let big: String = (0..40_000).map(|i| format!("line {i}\n")).collect();
+    write(&mut a, &ws, "big.txt", &big).await;
+    write(&mut a, &ws, "f.txt", "from fs.write").await;
+    let r = read(&mut a, &ws, "big.txt").await;
+    assert_eq!(r["size"].as_u64(), Some(big.len() as u64), "{}", r["path"]);
+    assert!(
+        r["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("1\tline 0\n2\tline 1\n")
+    );
+    assert_eq!(
+        run(
+            &mut a,
+            &ws,
+            "cat f.txt; wc -l < big.txt; printf 'made by a command' > g.txt"
+        )
+        .await,
+        "from fs.write40000\n"
+    );
+    let r = read(&mut a, &ws, "g.txt").await;
+    assert_eq!(r["content"], "1\tmade by a command", "{r}");
+    let made = Hash::of(b"made by a command");
+    assert_eq!(
+        in_bucket(&url, &[made]).await,
+        vec![made],
+        "a pulled chunk goes to the bucket too"
+    );
+}
+
+#[tokio::test]
+async fn a_deleted_object_is_an_error_naming_its_hash_and_nothing_is_half_written() {
+    let Some(server) = start_seaweedfs().await else {
+        return;
+    };
+    let url = server.url("missing");
+    let k =
+        TestKernel::with_users_tuned(in_bucket_with_grace(&url, Duration::from_secs(3600))).await;
+    let mut a = k.alice().await;
+    let ws = new_workspace(&mut a).await;
+    write(&mut a, &ws, "good.txt", "still here").await;
+    write(&mut a, &ws, "lost.txt", "deleted behind our back").await;
+    let lost = Hash::of(b"deleted behind our back");
+    delete_from_bucket(&url, lost).await;
+
+    let f = a
+        .request(
+            "fs.read",
+            json!({"path": format!("/workspaces/{ws}/lost.txt")}),
+        )
+        .await
+        .unwrap();
+    assert!(f.to_string().contains(&lost.to_string()), "{f}");
+    let r = read(&mut a, &ws, "good.txt").await;
+    assert_eq!(r["content"], "1\tstill here", "{r}");
+
+    // The push before a command cannot send the file: the command does not
+    // run, the error names the chunk, and the workspace's wsd got nothing.
+    let f = a
+        .request(
+            "shell.exec",
+            json!({"cwd": format!("/workspaces/{ws}"), "input": "ls", "yieldMs": 10000}),
+        )
+        .await
+        .unwrap();
+    assert!(f.to_string().contains(&lost.to_string()), "{f}");
+    // Written again (new content, a new object), it all goes through.
+    write(&mut a, &ws, "lost.txt", "written again").await;
+    assert_eq!(
+        run(&mut a, &ws, "cat good.txt lost.txt").await,
+        "still herewritten again"
+    );
+}
+
+#[tokio::test]
+async fn a_workspace_comes_back_from_the_bucket_after_its_kernel_lost_its_data() {
+    let Some(server) = start_seaweedfs().await else {
+        return;
+    };
+    let url = server.url("recover");
+    let k = TestKernel::with_users_tuned(in_bucket_with_grace(&url, Duration::ZERO)).await;
+    let mut a = k.alice().await;
+    let ws = new_workspace(&mut a).await;
+    write(&mut a, &ws, "f.txt", "snapshot content").await;
+    write(&mut a, &ws, "dir/g.txt", "nested").await;
+    let first = snapshot(&mut a, &ws).await;
+    write(&mut a, &ws, "f.txt", "second snapshot").await;
+    let second = snapshot(&mut a, &ws).await;
+    write(&mut a, &ws, "f.txt", "never snapshotted").await;
+    a.close().await;
+    // The data directory goes with the stopped kernel.
+    drop(k.stop().await);
+
+    let k = TestKernel::with_users_tuned(in_bucket_with_grace(&url, Duration::ZERO)).await;
+    let mut root = k.login("root", "root-password").await;
+    let gc = root.call("sys.gc", json!({})).await.unwrap();
+    assert_eq!(
+        (gc["storeChunks"].as_u64(), gc["storeBytes"].as_u64()),
+        (Some(1), Some("never snapshotted".len() as u64)),
+        "manifests of a workspace not yet recovered keep its snapshots' chunks: {gc}"
+    );
+    let mut b = k.bob().await;
+    let f = b
+        .request("workspace.recover", json!({"workspaceId": ws}))
+        .await
+        .unwrap();
+    assert_eq!(err_of(&f).0, 403, "not bob's: {f}");
+    let mut a = k.alice().await;
+    let f = a
+        .request(
+            "workspace.recover",
+            json!({"workspaceId": "ws_0123456789ab"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(err_of(&f).0, 403, "unknown looks foreign: {f}");
+    let f = a
+        .request("workspace.recover", json!({"workspaceId": "../etc"}))
+        .await
+        .unwrap();
+    assert!(err_of(&f).1.contains("ws_<hex>"), "{f}");
+
+    let r = a
+        .call("workspace.recover", json!({"workspaceId": ws}))
+        .await
+        .unwrap();
+    assert_eq!(r["snapshots"], 2, "{r}");
+    assert_eq!(r["restoredFrom"], second["snapshotId"], "{r}");
+    assert_eq!(r["workspace"]["workspaceId"], ws.as_str(), "{r}");
+    let f = read(&mut a, &ws, "f.txt").await;
+    assert_eq!(f["content"], "1\tsecond snapshot", "{f}");
+    assert_eq!(run(&mut a, &ws, "cat dir/g.txt").await, "nested");
+    let list = a
+        .call("workspace.snapshot.list", json!({"workspaceId": ws}))
+        .await
+        .unwrap();
+    let ids: Vec<&Value> = list["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| &s["snapshotId"])
+        .collect();
+    assert_eq!(ids, vec![&first["snapshotId"], &second["snapshotId"]]);
+    let restored = a
+        .call(
+            "workspace.snapshot.restore",
+            json!({"snapshotId": first["snapshotId"]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(restored["changed"], 1, "{restored}");
+    let f = read(&mut a, &ws, "f.txt").await;
+    assert_eq!(f["content"], "1\tsnapshot content", "{f}");
+
+    let again = a
+        .call("workspace.recover", json!({"workspaceId": ws}))
+        .await
+        .unwrap();
+    assert_eq!(again["code"], "EEXIST", "{again}");
 }
 
 #[tokio::test]

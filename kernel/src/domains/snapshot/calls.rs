@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use gsv_protocol::snapshot::{
     ChangeKind, CreateArgs, DeleteResult, DiffArgs, DiffEntry, DiffResult, GcResult, IdArgs,
-    ListArgs, ListResult, OpError, RestoreResult, SnapshotInfo,
+    ListArgs, ListResult, OpError, RecoverArgs, RecoverResult, RestoreResult, SnapshotInfo,
 };
 use serde::Serialize;
 use serde_json::Value;
@@ -20,7 +20,7 @@ use crate::db::now_ms;
 use crate::domains::accounts;
 use crate::domains::fs::calls::with_store;
 use crate::domains::fs::vfs;
-use crate::domains::snapshot::mirror::Uploaded;
+use crate::domains::snapshot::mirror::{MirroredSnapshot, MirroredWorkspace, Uploaded};
 use crate::domains::snapshot::{self, SnapshotRow};
 use crate::domains::workspace::{self, Workspace, WorkspaceRow};
 use crate::error::KernelError;
@@ -113,7 +113,7 @@ pub async fn create(k: Arc<Kernel>, s: Arc<Session>, a: CreateArgs) -> Result<Va
         owner_uid: row.owner_uid,
         info: info.clone(),
     };
-    let uploaded = match record(&k, &w, new_row).await {
+    let uploaded = match record(&k, &w, &row, new_row).await {
         Ok(uploaded) => uploaded,
         Err(e) => {
             // No row, no snapshot: the store's copy would be a root nobody sees.
@@ -134,26 +134,56 @@ pub async fn create(k: Arc<Kernel>, s: Arc<Session>, a: CreateArgs) -> Result<Va
     to_value(info)
 }
 
-/// Records a snapshot the workspace store holds: its row, then its copy in
-/// the object store when one is configured. Not mirrored, not recorded:
-/// the snapshot would not outlive this machine as configured.
+/// Records a snapshot the workspace store holds: its row, then (when the
+/// kernel keeps chunks in an object store) its chunks still held only
+/// here and its manifest, copied there. Not mirrored, not recorded: the
+/// snapshot would not outlive this machine as configured.
 async fn record(
     k: &Arc<Kernel>,
     w: &Arc<Workspace>,
+    workspace: &WorkspaceRow,
     row: SnapshotRow,
 ) -> Result<Option<Uploaded>, KernelError> {
     let id = row.info.snapshot_id.clone();
+    let info = row.info.clone();
     k.db.call(move |c| snapshot::insert(c, &row)).await?;
     let Some(mirror) = &k.mirror else {
         return Ok(None);
     };
-    match mirror.upload(&w.dofs, &id).await {
+    let mirrored = async {
+        let uploaded = mirror.upload(&w.dofs, &id).await?;
+        let described = mirrored_workspace(k, workspace).await?;
+        mirror.publish(&w.dofs, info, described).await?;
+        Ok::<_, KernelError>(uploaded)
+    }
+    .await;
+    match mirrored {
         Ok(uploaded) => Ok(Some(uploaded)),
         Err(e) => {
             let _ = k.db.call(move |c| snapshot::delete(c, &id)).await;
             Err(e)
         }
     }
+}
+
+/// What a recovery elsewhere needs of `row`: its owner by name, label, kind.
+async fn mirrored_workspace(
+    k: &Arc<Kernel>,
+    row: &WorkspaceRow,
+) -> Result<MirroredWorkspace, KernelError> {
+    let uid = row.owner_uid;
+    let owner =
+        k.db.call(move |c| accounts::identity_by_uid(c, uid))
+            .await?
+            .map(|i| i.username)
+            .ok_or_else(|| {
+                KernelError::internal("mirroring a snapshot", format!("no account has uid {uid}"))
+            })?;
+    Ok(MirroredWorkspace {
+        owner,
+        label: row.label.clone(),
+        kind: row.kind.clone(),
+    })
 }
 
 pub async fn list(k: Arc<Kernel>, s: Arc<Session>, a: ListArgs) -> Result<Value, KernelError> {
@@ -242,6 +272,12 @@ pub async fn restore(k: Arc<Kernel>, s: Arc<Session>, a: IdArgs) -> Result<Value
 
 pub async fn delete(k: Arc<Kernel>, s: Arc<Session>, a: IdArgs) -> Result<Value, KernelError> {
     let snap = visible_snapshot(&k, &s, &a.snapshot_id).await?;
+    if let Some(mirror) = &k.mirror {
+        // The mirrored manifest first: a failure leaves the snapshot whole.
+        mirror
+            .forget(&snap.info.workspace_id, &a.snapshot_id)
+            .await?;
+    }
     let sid = a.snapshot_id.clone();
     k.db.call(move |c| snapshot::delete(c, &sid)).await?;
     let wid = snap.info.workspace_id.clone();
@@ -253,6 +289,149 @@ pub async fn delete(k: Arc<Kernel>, s: Arc<Session>, a: IdArgs) -> Result<Value,
             .map_err(|e| store_error("deleting a snapshot", e))?;
     }
     to_value(DeleteResult { deleted: true })
+}
+
+/// Whether `id` has the shape of a workspace id (`ws_` and hex): it names a
+/// directory under the data directory.
+fn is_workspace_id(id: &str) -> bool {
+    id.strip_prefix("ws_").is_some_and(|hex| {
+        !hex.is_empty() && hex.len() <= 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())
+    })
+}
+
+/// `workspace.recover`: rebuilds a workspace this kernel does not have
+/// (it lost its data directory) from the snapshot manifests mirrored to
+/// the object store: the row (owned by the account of the recorded owner's
+/// name), every snapshot, and the tree restored from the newest one. The
+/// caller must be that owner or root; a workspace with no manifest looks
+/// like someone else's (403). Nothing half-made stays on failure.
+pub async fn recover(
+    k: Arc<Kernel>,
+    s: Arc<Session>,
+    a: RecoverArgs,
+) -> Result<Value, KernelError> {
+    let Some(mirror) = &k.mirror else {
+        return Err(KernelError::BadRequest(
+            "nothing to recover from: this kernel keeps no object store (gsv serve --chunk-store s3://...)"
+                .into(),
+        ));
+    };
+    let id = a.workspace_id;
+    if !is_workspace_id(&id) {
+        return Err(KernelError::BadRequest(format!(
+            "workspace id {id:?} is not of the form ws_<hex>"
+        )));
+    }
+    let wid = id.clone();
+    if k.db
+        .call(move |c| workspace::get_row(c, &wid))
+        .await?
+        .is_some()
+    {
+        return refuse(
+            "EEXIST",
+            format!("workspace {id} exists on this kernel; recover rebuilds only a lost one"),
+        );
+    }
+    let denied = || KernelError::AccessDenied {
+        kind: "workspace",
+        id: id.clone(),
+    };
+    let manifests = mirror.manifests(&id).await?;
+    let Some((_, newest)) = manifests.last() else {
+        return Err(denied());
+    };
+    let owner_name = newest.workspace.owner.clone();
+    let owner_uid = match k
+        .db
+        .call(move |c| accounts::identity(c, &owner_name))
+        .await?
+    {
+        Some(owner) => owner.uid,
+        // The owner's account did not come back: root keeps the workspace.
+        None if s.identity.is_root() => s.identity.uid,
+        None => return Err(denied()),
+    };
+    if !vfs::check_workspace(&s.identity, owner_uid) {
+        return Err(denied());
+    }
+    let now = now_ms();
+    let row = WorkspaceRow {
+        id: id.clone(),
+        owner_uid,
+        label: newest.workspace.label.clone(),
+        kind: newest.workspace.kind.clone(),
+        state: "active".into(),
+        backend: workspace::Backend::Local,
+        created_at: now,
+        updated_at: now,
+    };
+    let r = row.clone();
+    k.db.call(move |c| workspace::insert_row(c, &r)).await?;
+    let rebuilt = rebuild(&k, &row, &manifests).await;
+    let (w, rev) = match rebuilt {
+        Ok(done) => done,
+        Err(e) => {
+            k.workspaces.close(&id).await;
+            let wid = id.clone();
+            let _ =
+                k.db.call(move |c| {
+                    for r in snapshot::list(c, &wid)? {
+                        snapshot::delete(c, &r.info.snapshot_id)?;
+                    }
+                    workspace::delete_row(c, &wid)
+                })
+                .await;
+            let _ = std::fs::remove_dir_all(k.workspaces.dir.join(&id));
+            return Err(e);
+        }
+    };
+    let restored_from = newest.snapshot.snapshot_id.clone();
+    tracing::info!(workspace = %id, snapshots = manifests.len(), restored_from = %restored_from, dir = %w.dir.display(), "workspace recovered from the object store");
+    to_value(RecoverResult {
+        workspace: row.to_info(),
+        snapshots: manifests.len() as u64,
+        restored_from,
+        rev,
+    })
+}
+
+/// Imports every manifest into the (new, empty) store of `row`, records
+/// their rows, and restores the newest; the store rev after it.
+async fn rebuild(
+    k: &Arc<Kernel>,
+    row: &WorkspaceRow,
+    manifests: &[(String, MirroredSnapshot)],
+) -> Result<(Arc<Workspace>, u64), KernelError> {
+    let w = k.workspaces.open(row).await?;
+    for (name, manifest) in manifests {
+        let tree = manifest.tree(name)?;
+        let info = manifest.snapshot.clone();
+        let (sid, created_at) = (info.snapshot_id.clone(), info.created_at);
+        with_store(&w.dofs, move |d| d.import_snapshot(&sid, created_at, &tree))
+            .await?
+            .map_err(|e| KernelError::Upstream(format!("recovering from {name}: {e}")))?;
+        let snapshot_row = SnapshotRow {
+            owner_uid: row.owner_uid,
+            info: SnapshotInfo {
+                workspace_id: row.id.clone(),
+                ..info
+            },
+        };
+        k.db.call(move |c| snapshot::insert(c, &snapshot_row))
+            .await?;
+    }
+    let newest = manifests
+        .last()
+        .map(|(_, m)| m.snapshot.snapshot_id.clone())
+        .unwrap_or_default();
+    let rev = with_store(&w.dofs, move |d| {
+        d.restore_snapshot(&newest)?;
+        d.current_rev()
+    })
+    .await?
+    .map_err(|e| store_error("restoring a recovered snapshot", e))?;
+    Ok((w, rev))
 }
 
 /// Writes snapshot `snapshot_id` (which the caller must be able to use)
@@ -316,8 +495,9 @@ pub async fn collect_all(k: &Arc<Kernel>) -> Result<GcResult, KernelError> {
         for row in &rows {
             stores.push(k.workspaces.open(row).await?.dofs.clone());
         }
+        let known = rows.iter().map(|r| r.id.clone()).collect();
         let stored_before = std::time::SystemTime::now() - k.config.gc_grace;
-        let swept = mirror.sweep(stores, stored_before).await;
+        let swept = mirror.sweep(stores, known, stored_before).await;
         for row in rows.iter().filter(|r| r.is_archived()) {
             k.workspaces.close(&row.id).await;
         }

@@ -1,20 +1,31 @@
-//! Snapshots off the box: with `gsv serve --chunk-store s3://...`, every
-//! snapshot's chunks are copied into the object store when it is taken
-//! (only those the store lacks: a second snapshot of an unchanged tree
-//! uploads nothing), and garbage collection sweeps the store of chunks no
-//! snapshot of any workspace holds, outside the grace window. Each
-//! workspace's dofs stays the hot copy the tree is served from.
+//! Workspaces off the box: with `gsv serve --chunk-store s3://...`, every
+//! workspace's dofs keeps its chunk bytes in the object store (its
+//! `chunks` table becomes the durable index of what the store holds for
+//! it; `wsd_dofs::Dofs::keep_chunks_in`), each snapshot's manifest is
+//! copied there as a document (`snapshots/<workspace>/<snapshot>.json`,
+//! with what a recovery needs of the workspace), so a kernel that lost its
+//! data directory can rebuild the workspace from the bucket
+//! ([`SnapshotMirror::manifests`]), and garbage collection sweeps the
+//! store of chunks no workspace indexes and no mirrored manifest names,
+//! outside the grace window.
+//!
+//! One kernel per bucket prefix: the sweep marks with this kernel's
+//! workspaces (and the manifests of workspaces it does not have).
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::time::{Duration, SystemTime};
 
-use wsd_dofs::{ChunkStore, Credentials, Dofs, DofsError, ObjectChunks, SweepOutcome};
-use wsd_sync::Hash;
+use gsv_protocol::snapshot::SnapshotInfo;
+use serde::{Deserialize, Serialize};
+use wsd_dofs::{
+    ChunkStore, Credentials, Dofs, DofsError, ObjectChunks, SharedChunkStore, SweepOutcome,
+};
+use wsd_sync::{ChangeEntry, ChunkRef, EntryState, Hash, SyncPath};
 
 use crate::error::KernelError;
 
-/// Where snapshot chunks go besides the workspaces' own stores.
+/// The object store workspaces keep their chunks and snapshot manifests in.
 #[derive(Clone, Debug)]
 pub struct ChunkStoreConfig {
     /// `s3://BUCKET[/PREFIX]?endpoint=URL[&region=R][&deadline=30s]`.
@@ -23,7 +34,7 @@ pub struct ChunkStoreConfig {
     pub credentials: Option<Credentials>,
 }
 
-/// The object store snapshots are copied to.
+/// The object store, as the kernel uses it.
 #[derive(Debug)]
 pub struct SnapshotMirror {
     store: Arc<ObjectChunks>,
@@ -40,8 +51,220 @@ pub struct Uploaded {
     pub bytes: u64,
 }
 
-fn lock(d: &Mutex<Dofs>) -> std::sync::MutexGuard<'_, Dofs> {
+/// The format tag of a mirrored manifest; another is refused by name.
+const MANIFEST_FORMAT: &str = "gsv-snapshot/1";
+
+/// How long a sweep tries to find every workspace store free at once.
+const SWEEP_LOCK_PATIENCE: Duration = Duration::from_secs(60);
+
+/// What a recovery needs of the workspace a snapshot was taken of.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct MirroredWorkspace {
+    /// The owner's username (uids are per kernel).
+    pub owner: String,
+    pub label: Option<String>,
+    pub kind: String,
+}
+
+/// One path of a mirrored snapshot.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum MirroredEntry {
+    File {
+        path: String,
+        mode: u32,
+        mtime: i64,
+        size: u64,
+        /// `[hex SHA-256, bytes]` per chunk, in order.
+        chunks: Vec<(String, u32)>,
+    },
+    Dir {
+        path: String,
+        mode: u32,
+        mtime: i64,
+    },
+    Symlink {
+        path: String,
+        mode: u32,
+        mtime: i64,
+        target: String,
+    },
+}
+
+/// A snapshot manifest as mirrored to the object store.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct MirroredSnapshot {
+    pub format: String,
+    pub snapshot: SnapshotInfo,
+    pub workspace: MirroredWorkspace,
+    pub entries: Vec<MirroredEntry>,
+}
+
+/// A mirrored manifest that cannot be used, naming it.
+fn bad_manifest(name: &str, why: impl std::fmt::Display) -> KernelError {
+    KernelError::Upstream(format!(
+        "snapshot manifest {name} in the chunk store: {why}"
+    ))
+}
+
+impl MirroredSnapshot {
+    pub fn new(
+        snapshot: SnapshotInfo,
+        workspace: MirroredWorkspace,
+        tree: Vec<ChangeEntry>,
+    ) -> MirroredSnapshot {
+        let entries = tree
+            .into_iter()
+            .filter_map(|e| {
+                let path = e.path.into_string();
+                Some(match e.state {
+                    EntryState::File {
+                        mode,
+                        mtime,
+                        size,
+                        chunks,
+                    } => MirroredEntry::File {
+                        path,
+                        mode,
+                        mtime,
+                        size,
+                        chunks: chunks
+                            .iter()
+                            .map(|c| (c.hash.to_string(), c.size))
+                            .collect(),
+                    },
+                    EntryState::Dir { mode, mtime } => MirroredEntry::Dir { path, mode, mtime },
+                    EntryState::Symlink {
+                        target,
+                        mode,
+                        mtime,
+                    } => MirroredEntry::Symlink {
+                        path,
+                        mode,
+                        mtime,
+                        target,
+                    },
+                    EntryState::Delete => return None,
+                })
+            })
+            .collect();
+        MirroredSnapshot {
+            format: MANIFEST_FORMAT.to_owned(),
+            snapshot,
+            workspace,
+            entries,
+        }
+    }
+
+    /// The tree as dofs records it; a malformed entry names the manifest.
+    pub fn tree(&self, name: &str) -> Result<Vec<ChangeEntry>, KernelError> {
+        let rev = self.snapshot.rev;
+        let path = |p: &str| SyncPath::new(p).map_err(|e| bad_manifest(name, e));
+        self.entries
+            .iter()
+            .map(|e| {
+                Ok(match e {
+                    MirroredEntry::File {
+                        path: p,
+                        mode,
+                        mtime,
+                        size,
+                        chunks,
+                    } => ChangeEntry {
+                        rev,
+                        path: path(p)?,
+                        state: EntryState::File {
+                            mode: *mode,
+                            mtime: *mtime,
+                            size: *size,
+                            chunks: chunks
+                                .iter()
+                                .map(|(hex, size)| {
+                                    Ok(ChunkRef {
+                                        hash: Hash::from_hex(hex)
+                                            .map_err(|e| bad_manifest(name, e))?,
+                                        size: *size,
+                                    })
+                                })
+                                .collect::<Result<_, KernelError>>()?,
+                        },
+                    },
+                    MirroredEntry::Dir {
+                        path: p,
+                        mode,
+                        mtime,
+                    } => ChangeEntry {
+                        rev,
+                        path: path(p)?,
+                        state: EntryState::Dir {
+                            mode: *mode,
+                            mtime: *mtime,
+                        },
+                    },
+                    MirroredEntry::Symlink {
+                        path: p,
+                        mode,
+                        mtime,
+                        target,
+                    } => ChangeEntry {
+                        rev,
+                        path: path(p)?,
+                        state: EntryState::Symlink {
+                            target: target.clone(),
+                            mode: *mode,
+                            mtime: *mtime,
+                        },
+                    },
+                })
+            })
+            .collect()
+    }
+
+    /// Every chunk the manifest names.
+    fn chunk_hashes(&self) -> impl Iterator<Item = Hash> + '_ {
+        self.entries.iter().flat_map(|e| match e {
+            MirroredEntry::File { chunks, .. } => chunks
+                .iter()
+                .filter_map(|(hex, _)| Hash::from_hex(hex).ok())
+                .collect::<Vec<_>>(),
+            _ => Vec::new(),
+        })
+    }
+}
+
+fn manifest_name(workspace_id: &str, snapshot_id: &str) -> String {
+    format!("snapshots/{workspace_id}/{snapshot_id}.json")
+}
+
+fn lock(d: &Mutex<Dofs>) -> MutexGuard<'_, Dofs> {
     d.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Every store locked at once, or none: a store busy now is retried
+/// after a pause (never waited for while others are held, so two callers
+/// locking stores in different orders cannot deadlock).
+fn lock_all(stores: &[Arc<Mutex<Dofs>>]) -> Option<Vec<MutexGuard<'_, Dofs>>> {
+    let started = std::time::Instant::now();
+    loop {
+        let mut guards = Vec::with_capacity(stores.len());
+        for store in stores {
+            match store.try_lock() {
+                Ok(g) => guards.push(g),
+                Err(TryLockError::Poisoned(p)) => guards.push(p.into_inner()),
+                Err(TryLockError::WouldBlock) => break,
+            }
+        }
+        if guards.len() == stores.len() {
+            return Some(guards);
+        }
+        drop(guards);
+        if started.elapsed() > SWEEP_LOCK_PATIENCE {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 fn upstream(e: DofsError) -> KernelError {
@@ -51,7 +274,7 @@ fn upstream(e: DofsError) -> KernelError {
 impl SnapshotMirror {
     /// Connects and checks the store answers: an unreachable or refusing
     /// store fails the kernel's start, naming it (never a silent fallback
-    /// to local-only snapshots).
+    /// to local-only chunks).
     pub async fn connect(config: &ChunkStoreConfig) -> Result<SnapshotMirror, KernelError> {
         let config = config.clone();
         let store = tokio::task::spawn_blocking(move || {
@@ -62,7 +285,7 @@ impl SnapshotMirror {
         .map_err(|e| KernelError::Unavailable(e.to_string()))?;
         tracing::info!(
             store = store.label(),
-            "snapshot chunks are mirrored to the object store"
+            "workspace chunks and snapshot manifests are kept in the object store"
         );
         Ok(SnapshotMirror {
             store: Arc::new(store),
@@ -74,15 +297,25 @@ impl SnapshotMirror {
         self.store.label()
     }
 
-    /// Copies the chunks of snapshot `id` of `dofs` that the store lacks.
+    /// The store, for workspace stores to keep their chunks in.
+    pub fn chunks(&self) -> SharedChunkStore {
+        self.store.clone()
+    }
+
+    /// Copies the chunks of snapshot `id` of `dofs` that are still held in
+    /// the dofs database itself (written before the kernel kept chunks in
+    /// the object store) and the store lacks.
     pub async fn upload(&self, dofs: &Arc<Mutex<Dofs>>, id: &str) -> Result<Uploaded, KernelError> {
         let _shared = self.gate.read().await;
         let (store, dofs, id) = (self.store.clone(), dofs.clone(), id.to_owned());
         tokio::task::spawn_blocking(move || -> Result<Uploaded, DofsError> {
-            let chunks = lock(&dofs).snapshot_chunks(&id)?;
-            let held: HashSet<Hash> = store.has(&chunks)?.into_iter().collect();
+            let here = {
+                let d = lock(&dofs);
+                d.chunks_held_here(&d.snapshot_chunks(&id)?)?
+            };
+            let held: HashSet<Hash> = store.has(&here)?.into_iter().collect();
             let mut out = Uploaded::default();
-            for hash in chunks.iter().filter(|h| !held.contains(h)) {
+            for hash in here.iter().filter(|h| !held.contains(h)) {
                 // The workspace is locked per chunk, not for the upload.
                 let bytes = lock(&dofs).read_chunk(hash)?;
                 if store.put_if_absent(hash, &bytes)? {
@@ -97,24 +330,211 @@ impl SnapshotMirror {
         .map_err(upstream)
     }
 
-    /// Deletes the store's chunks that none of `stores`' snapshots holds
-    /// and that were stored before `stored_before`.
+    /// Writes the manifest of snapshot `info` (its tree read from `dofs`)
+    /// to the store.
+    pub async fn publish(
+        &self,
+        dofs: &Arc<Mutex<Dofs>>,
+        info: SnapshotInfo,
+        workspace: MirroredWorkspace,
+    ) -> Result<(), KernelError> {
+        let (store, dofs) = (self.store.clone(), dofs.clone());
+        tokio::task::spawn_blocking(move || -> Result<(), KernelError> {
+            let tree = lock(&dofs)
+                .snapshot_tree(&info.snapshot_id)
+                .map_err(upstream)?;
+            let name = manifest_name(&info.workspace_id, &info.snapshot_id);
+            let manifest = MirroredSnapshot::new(info, workspace, tree);
+            let bytes = serde_json::to_vec(&manifest)
+                .map_err(|e| KernelError::internal("encoding a snapshot manifest", e))?;
+            store.put_document(&name, bytes).map_err(upstream)
+        })
+        .await
+        .map_err(|e| KernelError::internal("mirroring a snapshot manifest", e))?
+    }
+
+    /// Deletes the mirrored manifest of a snapshot.
+    pub async fn forget(&self, workspace_id: &str, snapshot_id: &str) -> Result<(), KernelError> {
+        let (store, name) = (self.store.clone(), manifest_name(workspace_id, snapshot_id));
+        tokio::task::spawn_blocking(move || store.delete_document(&name))
+            .await
+            .map_err(|e| KernelError::internal("deleting a snapshot manifest", e))?
+            .map_err(upstream)
+    }
+
+    /// Every mirrored manifest of workspace `workspace_id`, oldest first.
+    pub async fn manifests(
+        &self,
+        workspace_id: &str,
+    ) -> Result<Vec<(String, MirroredSnapshot)>, KernelError> {
+        let (store, dir) = (self.store.clone(), format!("snapshots/{workspace_id}"));
+        let mut out = tokio::task::spawn_blocking(move || read_manifests(&store, &dir, |_| true))
+            .await
+            .map_err(|e| KernelError::internal("reading snapshot manifests", e))??;
+        out.sort_by(|a, b| {
+            (a.1.snapshot.created_at, &a.1.snapshot.snapshot_id)
+                .cmp(&(b.1.snapshot.created_at, &b.1.snapshot.snapshot_id))
+        });
+        Ok(out)
+    }
+
+    /// Deletes the store's chunks stored before `stored_before` that no
+    /// workspace store in `stores` indexes and no mirrored manifest of a
+    /// workspace outside `known` names. The mark and the deletes run with
+    /// every workspace store locked, so no write can index a chunk the
+    /// sweep is about to delete.
     pub async fn sweep(
         &self,
         stores: Vec<Arc<Mutex<Dofs>>>,
+        known: HashSet<String>,
         stored_before: SystemTime,
     ) -> Result<SweepOutcome, KernelError> {
         let _exclusive = self.gate.write().await;
         let store = self.store.clone();
-        tokio::task::spawn_blocking(move || -> Result<SweepOutcome, DofsError> {
-            let mut keep = HashSet::new();
-            for dofs in &stores {
-                keep.extend(lock(dofs).all_snapshot_chunks()?);
+        tokio::task::spawn_blocking(move || -> Result<SweepOutcome, KernelError> {
+            let stale = store.stale_chunks(stored_before).map_err(upstream)?;
+            if stale.is_empty() {
+                return Ok(SweepOutcome::default());
             }
-            store.sweep(&keep, stored_before)
+            // Workspaces only the bucket knows (a kernel that lost its data
+            // directory, before `recover`) keep their snapshots' chunks.
+            let mut keep: HashSet<Hash> = HashSet::new();
+            let others = read_manifests(&store, "snapshots", |name| {
+                name.split('/').nth(1).is_some_and(|ws| !known.contains(ws))
+            })?;
+            for (_, manifest) in &others {
+                keep.extend(manifest.chunk_hashes());
+            }
+            let stale: Vec<_> = stale
+                .into_iter()
+                .filter(|c| !keep.contains(&c.hash))
+                .collect();
+            let hashes: Vec<Hash> = stale.iter().map(|c| c.hash).collect();
+            let guards = lock_all(&stores).ok_or_else(|| {
+                KernelError::Unavailable(format!(
+                    "sweeping the chunk store: the workspace stores stayed busy for {SWEEP_LOCK_PATIENCE:?}; the next collection retries"
+                ))
+            })?;
+            for d in &guards {
+                keep.extend(d.indexed_chunks(&hashes).map_err(upstream)?);
+            }
+            let doomed = stale
+                .into_iter()
+                .filter(|c| !keep.contains(&c.hash))
+                .collect();
+            let out = store.delete_chunks(doomed).map_err(upstream);
+            drop(guards);
+            out
         })
         .await
         .map_err(|e| KernelError::internal("sweeping the chunk store", e))?
-        .map_err(upstream)
+    }
+}
+
+/// The manifests under `dir` whose names `wanted` accepts, each with its
+/// name.
+fn read_manifests(
+    store: &ObjectChunks,
+    dir: &str,
+    wanted: impl Fn(&str) -> bool,
+) -> Result<Vec<(String, MirroredSnapshot)>, KernelError> {
+    let mut out = Vec::new();
+    for name in store.list_documents(dir).map_err(upstream)? {
+        if !name.ends_with(".json") || !wanted(&name) {
+            continue;
+        }
+        let Some(bytes) = store.get_document(&name).map_err(upstream)? else {
+            // Deleted between the listing and the read.
+            continue;
+        };
+        let manifest: MirroredSnapshot =
+            serde_json::from_slice(&bytes).map_err(|e| bad_manifest(&name, e))?;
+        if manifest.format != MANIFEST_FORMAT {
+            return Err(bad_manifest(
+                &name,
+                format!("format {:?}, not {MANIFEST_FORMAT:?}", manifest.format),
+            ));
+        }
+        out.push((name, manifest));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_manifest_round_trips_its_tree() {
+        let tree = vec![
+            ChangeEntry {
+                rev: 7,
+                path: SyncPath::new("d").unwrap(),
+                state: EntryState::Dir {
+                    mode: 0o755,
+                    mtime: 1,
+                },
+            },
+            ChangeEntry {
+                rev: 7,
+                path: SyncPath::new("d/f").unwrap(),
+                state: EntryState::File {
+                    mode: 0o644,
+                    mtime: 2,
+                    size: 5,
+                    chunks: vec![ChunkRef {
+                        hash: Hash::of(b"hello"),
+                        size: 5,
+                    }],
+                },
+            },
+            ChangeEntry {
+                rev: 7,
+                path: SyncPath::new("l").unwrap(),
+                state: EntryState::Symlink {
+                    target: "d/f".into(),
+                    mode: 0o777,
+                    mtime: 3,
+                },
+            },
+        ];
+        let info = SnapshotInfo {
+            snapshot_id: "snap_1".into(),
+            workspace_id: "ws_1".into(),
+            rev: 7,
+            label: None,
+            files: 1,
+            bytes: 5,
+            new_bytes: 5,
+            created_at: 9,
+        };
+        let workspace = MirroredWorkspace {
+            owner: "alice".into(),
+            label: Some("l".into()),
+            kind: "thread".into(),
+        };
+        let m = MirroredSnapshot::new(info, workspace, tree.clone());
+        let json = serde_json::to_vec(&m).unwrap();
+        let back: MirroredSnapshot = serde_json::from_slice(&json).unwrap();
+        assert_eq!(back, m);
+        assert_eq!(back.tree("x").unwrap(), tree);
+        assert_eq!(
+            back.chunk_hashes().collect::<Vec<_>>(),
+            [Hash::of(b"hello")]
+        );
+
+        let mut broken = back;
+        broken.entries[1] = MirroredEntry::File {
+            path: "d/f".into(),
+            mode: 0o644,
+            mtime: 2,
+            size: 5,
+            chunks: vec![("not hex".into(), 5)],
+        };
+        let err = broken.tree("snapshots/ws_1/snap_1.json").unwrap_err();
+        assert!(
+            err.to_string().contains("snapshots/ws_1/snap_1.json"),
+            "{err}"
+        );
     }
 }

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 
 use gsv_protocol::workspace::{BackendInfo, Workspace as WorkspaceInfo};
 use rusqlite::{Connection, params};
-use wsd_dofs::Dofs;
+use wsd_dofs::{Dofs, SharedChunkStore};
 
 pub mod backend;
 pub mod calls;
@@ -213,6 +213,9 @@ pub struct Workspaces {
     pub wsd_bin: PathBuf,
     /// Local wsd children run their commands sandboxed (`wsd serve --sandbox`).
     pub wsd_sandbox: bool,
+    /// The object store every workspace store keeps its chunks in
+    /// (`--chunk-store`); `None`: in the store itself.
+    chunk_store: Option<SharedChunkStore>,
     /// The deadline of every wsd call (`KernelConfig::wsd_timeout`).
     pub wsd_timeout: std::time::Duration,
     open: Mutex<HashMap<String, Arc<Workspace>>>,
@@ -224,6 +227,7 @@ impl Workspaces {
             dir,
             wsd_bin,
             wsd_sandbox: false,
+            chunk_store: None,
             wsd_timeout: wsd_client::DEFAULT_CALL_TIMEOUT,
             open: Mutex::new(HashMap::new()),
         }
@@ -241,19 +245,37 @@ impl Workspaces {
         self
     }
 
+    /// Whether workspace stores keep their chunks in an object store.
+    pub fn with_chunk_store(mut self, store: Option<SharedChunkStore>) -> Workspaces {
+        self.chunk_store = store;
+        self
+    }
+
     /// The open workspace `row`, opening its store on first use.
     pub async fn open(&self, row: &WorkspaceRow) -> Result<Arc<Workspace>, KernelError> {
         if let Some(w) = self.open.lock().unwrap().get(&row.id) {
             return Ok(w.clone());
         }
         let dir = self.dir.join(&row.id);
-        let d = dir.clone();
+        let (d, chunk_store) = (dir.clone(), self.chunk_store.clone());
         let dofs = tokio::task::spawn_blocking(move || {
             std::fs::create_dir_all(&d)
                 .map_err(|e| KernelError::internal(&format!("creating {}", d.display()), e))?;
-            Dofs::open(d.join("dofs.sqlite3")).map_err(|e| {
-                KernelError::internal(&format!("opening the store of {}", d.display()), e)
-            })
+            let opening =
+                |e| KernelError::internal(&format!("opening the store of {}", d.display()), e);
+            let mut dofs = Dofs::open(d.join("dofs.sqlite3")).map_err(opening)?;
+            match chunk_store {
+                Some(store) => dofs.keep_chunks_in(store),
+                // Never served half: its content is in a store we lack.
+                None if dofs.keeps_chunks_elsewhere().map_err(opening)? => {
+                    return Err(KernelError::Unavailable(format!(
+                        "the store of {} keeps its content in an object store: start the kernel with its --chunk-store",
+                        d.display()
+                    )));
+                }
+                None => {}
+            }
+            Ok(dofs)
         })
         .await
         .map_err(|e| KernelError::internal("opening a workspace", e))??;

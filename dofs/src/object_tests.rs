@@ -1,0 +1,323 @@
+//! A `Dofs` keeping its chunk bytes in an object store
+//! ([`Dofs::keep_chunks_in`]): the index in its own table, uploads before
+//! commits, verified reads, restarts, collection, forks and recovery.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime};
+
+use wsd_sync::{ErrorCode, Hash, Store, chunk};
+
+use crate::test_util::{noise, p, put};
+use crate::{ChunkStore, Dofs, DofsError, ObjectChunks, SharedChunkStore};
+
+/// Requests that reached the object store, by kind.
+#[derive(Debug, Default)]
+struct Calls {
+    put: AtomicUsize,
+    get: AtomicUsize,
+    has: AtomicUsize,
+}
+
+impl Calls {
+    fn total(&self) -> usize {
+        self.put.load(Ordering::SeqCst)
+            + self.get.load(Ordering::SeqCst)
+            + self.has.load(Ordering::SeqCst)
+    }
+}
+
+/// An in-memory object store that counts what is asked of it.
+struct Counting {
+    inner: ObjectChunks,
+    calls: Arc<Calls>,
+}
+
+impl ChunkStore for Counting {
+    fn put_if_absent(&self, hash: &Hash, bytes: &[u8]) -> Result<bool, DofsError> {
+        self.calls.put.fetch_add(1, Ordering::SeqCst);
+        self.inner.put_if_absent(hash, bytes)
+    }
+    fn get(&self, hash: &Hash) -> Result<Vec<u8>, DofsError> {
+        self.calls.get.fetch_add(1, Ordering::SeqCst);
+        self.inner.get(hash)
+    }
+    fn has(&self, hashes: &[Hash]) -> Result<Vec<Hash>, DofsError> {
+        self.calls.has.fetch_add(hashes.len(), Ordering::SeqCst);
+        self.inner.has(hashes)
+    }
+    fn put_many(&self, chunks: &[(Hash, &[u8])]) -> Result<(), DofsError> {
+        self.calls.put.fetch_add(chunks.len(), Ordering::SeqCst);
+        self.inner.put_many(chunks)
+    }
+    fn get_many(&self, hashes: &[Hash]) -> Result<Vec<Vec<u8>>, DofsError> {
+        self.calls.get.fetch_add(hashes.len(), Ordering::SeqCst);
+        self.inner.get_many(hashes)
+    }
+}
+
+/// A bucket of our own and the counter of what reaches it.
+fn bucket() -> (Arc<Counting>, Arc<Calls>) {
+    let calls = Arc::new(Calls::default());
+    let inner = ObjectChunks::over(
+        Arc::new(object_store::memory::InMemory::new()),
+        "ws",
+        "memory://test".into(),
+        crate::DEFAULT_DEADLINE,
+    )
+    .unwrap();
+    let store = Arc::new(Counting {
+        inner,
+        calls: calls.clone(),
+    });
+    (store, calls)
+}
+
+fn keeping(store: &Arc<Counting>) -> Dofs {
+    let mut d = Dofs::open_in_memory().unwrap();
+    d.keep_chunks_in(store.clone());
+    d
+}
+
+fn count(d: &Dofs, sql: &str) -> u64 {
+    d.conn.query_row(sql, [], |r| r.get(0)).unwrap()
+}
+
+/// Deletes `hash`'s object behind the store's back (as another tool would).
+fn delete_object(store: &Counting, hash: Hash) {
+    let stale = store
+        .inner
+        .stale_chunks(SystemTime::now() + Duration::from_secs(60))
+        .unwrap();
+    let doomed: Vec<_> = stale.into_iter().filter(|c| c.hash == hash).collect();
+    assert_eq!(store.inner.delete_chunks(doomed).unwrap().chunks, 1);
+}
+
+#[test]
+fn chunks_go_to_the_object_store_and_the_table_indexes_them() {
+    let (store, calls) = bucket();
+    let mut d = keeping(&store);
+    let big = noise(900 * 1024, 1);
+    put(&mut d, "small", b"small bytes\nsecond line\n");
+    put(&mut d, "big", &big);
+    d.append_file(&p("small"), &b"appended\n"[..]).unwrap();
+    assert_eq!(
+        count(&d, "SELECT count(*) FROM chunks WHERE length(data) > 0"),
+        0,
+        "no chunk bytes in the database"
+    );
+    assert!(count(&d, "SELECT count(*) FROM chunks") > 2);
+    assert!(d.keeps_chunks_elsewhere().unwrap());
+    assert_eq!(
+        d.read_file(&p("small")).unwrap(),
+        b"small bytes\nsecond line\nappended\n"
+    );
+    assert_eq!(d.read_file(&p("big")).unwrap(), big);
+    let lines = d.read_lines(&p("small"), 1, Some(1), 1 << 20).unwrap();
+    assert_eq!(lines.lines, vec![b"second line".to_vec()]);
+    assert_eq!(d.search(b"appended", None, 10).unwrap().len(), 1);
+    d.check_integrity().unwrap();
+
+    // A sync probe is answered by the index: nothing asked per chunk.
+    let chunks: Vec<Hash> = chunk::chunk_slice(&big).iter().map(|c| c.1.hash).collect();
+    let (before, probes) = (calls.total(), calls.has.load(Ordering::SeqCst));
+    assert_eq!(d.has_objects(&chunks).unwrap(), chunks);
+    let objects = d.read_objects(&chunks).unwrap();
+    assert_eq!(
+        objects
+            .iter()
+            .flat_map(|o| o.bytes.clone())
+            .collect::<Vec<u8>>(),
+        big
+    );
+    assert_eq!(
+        calls.has.load(Ordering::SeqCst),
+        probes,
+        "probes never reach the store"
+    );
+    assert!(calls.total() > before, "the bytes did (hot cache or not)");
+}
+
+#[test]
+fn staged_objects_are_uploaded_before_their_rows_and_found_by_the_index() {
+    let (store, calls) = bucket();
+    let mut d = keeping(&store);
+    let objects: Vec<wsd_sync::Object> = (0..40u32)
+        .map(|i| {
+            let bytes = noise(10_000, u64::from(i));
+            wsd_sync::Object {
+                hash: Hash::of(&bytes),
+                bytes,
+            }
+        })
+        .collect();
+    d.stage_objects(&objects).unwrap();
+    assert_eq!(calls.put.load(Ordering::SeqCst), 40);
+    let hashes: Vec<Hash> = objects.iter().map(|o| o.hash).collect();
+    assert_eq!(store.inner.has(&hashes).unwrap(), hashes, "in the bucket");
+    d.stage_objects(&objects).unwrap();
+    assert_eq!(
+        calls.put.load(Ordering::SeqCst),
+        40,
+        "indexed ones are not sent again"
+    );
+    assert_eq!(d.has_objects(&hashes).unwrap(), hashes);
+}
+
+/// A store that answers nothing.
+struct Unreachable;
+
+impl ChunkStore for Unreachable {
+    fn put_if_absent(&self, _: &Hash, _: &[u8]) -> Result<bool, DofsError> {
+        Err(DofsError::ChunkStoreDeadline {
+            store: "s3://nowhere".into(),
+            op: "storing".into(),
+            after: Duration::from_secs(1),
+        })
+    }
+    fn get(&self, hash: &Hash) -> Result<Vec<u8>, DofsError> {
+        Err(DofsError::ChunkStoreDeadline {
+            store: "s3://nowhere".into(),
+            op: format!("reading chunk {hash}"),
+            after: Duration::from_secs(1),
+        })
+    }
+    fn has(&self, _: &[Hash]) -> Result<Vec<Hash>, DofsError> {
+        Ok(Vec::new())
+    }
+}
+
+#[test]
+fn a_failed_upload_commits_nothing_and_a_missing_object_names_its_hash() {
+    let mut d = Dofs::open_in_memory().unwrap();
+    let unreachable: SharedChunkStore = Arc::new(Unreachable);
+    d.keep_chunks_in(unreachable);
+    let err = d.write_file(&p("f"), &b"never stored"[..]).unwrap_err();
+    assert!(err.to_string().contains("s3://nowhere"), "{err}");
+    assert_eq!(d.current_rev().unwrap(), 0, "nothing committed");
+    assert_eq!(count(&d, "SELECT count(*) FROM chunks"), 0);
+    assert!(d.stat(&p("f")).is_err());
+
+    let (store, _) = bucket();
+    let mut d = keeping(&store);
+    let big = noise(600 * 1024, 2);
+    put(&mut d, "big", &big);
+    put(&mut d, "small", b"small");
+    let second = chunk::chunk_slice(&big)[1].1.hash;
+    let small = Hash::of(b"small");
+    delete_object(&store, second);
+    delete_object(&store, small);
+    for (path, hash) in [("big", second), ("small", small)] {
+        let err = d.read_file(&p(path)).unwrap_err();
+        assert_eq!(err.code(), ErrorCode::UnknownHash, "{err}");
+        assert!(err.to_string().contains(&hash.to_string()), "{err}");
+    }
+    let err = d.read_object(&second).unwrap_err();
+    assert!(err.to_string().contains(&second.to_string()), "{err}");
+    let err = d.check_integrity().unwrap_err();
+    assert!(err.to_string().contains(&small.to_string()), "{err}");
+}
+
+#[test]
+fn the_index_survives_a_restart_and_a_store_without_its_bucket_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ws.dofs");
+    let (store, calls) = bucket();
+    let content = noise(300 * 1024, 3);
+    {
+        let mut d = Dofs::open(&path).unwrap();
+        d.keep_chunks_in(store.clone());
+        put(&mut d, "f", &content);
+    }
+    let hashes: Vec<Hash> = chunk::chunk_slice(&content)
+        .iter()
+        .map(|c| c.1.hash)
+        .collect();
+    let mut d = Dofs::open(&path).unwrap();
+    d.keep_chunks_in(store.clone());
+    let asked = calls.has.load(Ordering::SeqCst);
+    assert_eq!(d.has_objects(&hashes).unwrap(), hashes);
+    assert_eq!(calls.has.load(Ordering::SeqCst), asked, "from the index");
+    assert_eq!(d.read_file(&p("f")).unwrap(), content);
+    drop(d);
+
+    let d = Dofs::open(&path).unwrap();
+    assert!(d.keeps_chunks_elsewhere().unwrap());
+    let err = d.read_file(&p("f")).unwrap_err();
+    assert!(matches!(err, DofsError::ChunkElsewhere { .. }), "{err}");
+    assert!(err.to_string().contains("--chunk-store"), "{err}");
+}
+
+#[test]
+fn collection_frees_index_rows_and_snapshots_keep_theirs() {
+    let (store, _) = bucket();
+    let mut d = keeping(&store);
+    put(&mut d, "f", b"old content");
+    d.create_snapshot("s").unwrap();
+    put(&mut d, "f", b"new content");
+    put(&mut d, "g", b"dropped");
+    put(&mut d, "g", b"replaced");
+    let out = d.collect_garbage().unwrap();
+    assert_eq!(out.chunks, 1, "only `dropped` lost its last reference");
+    let (old, dropped) = (Hash::of(b"old content"), Hash::of(b"dropped"));
+    assert_eq!(d.indexed_chunks(&[old, dropped]).unwrap(), vec![old]);
+    d.check_integrity().unwrap();
+}
+
+#[test]
+fn a_fork_over_the_same_bucket_moves_no_bytes() {
+    let (store, calls) = bucket();
+    let mut source = keeping(&store);
+    let big = noise(500 * 1024, 4);
+    put(&mut source, "a/big", &big);
+    put(&mut source, "b", b"small");
+    source.create_snapshot("s").unwrap();
+    let mut fork = keeping(&store);
+    let before = calls.total();
+    fork.fork_from(&source, "s").unwrap();
+    assert_eq!(calls.total(), before, "indexed, not copied");
+    assert_eq!(fork.read_file(&p("a/big")).unwrap(), big);
+    fork.check_integrity().unwrap();
+}
+
+#[test]
+fn a_snapshot_tree_imported_elsewhere_restores_the_same_files() {
+    let (store, _) = bucket();
+    let mut lost = keeping(&store);
+    let big = noise(700 * 1024, 5);
+    put(&mut lost, "dir/big", &big);
+    put(&mut lost, "small", b"small");
+    lost.symlink("small", &p("link")).unwrap();
+    lost.create_snapshot("s1").unwrap();
+    let tree = lost.snapshot_tree("s1").unwrap();
+    assert_eq!(tree.len(), 4, "{tree:?}");
+    drop(lost);
+
+    let mut rebuilt = keeping(&store);
+    rebuilt.import_snapshot("s1", 42, &tree).unwrap();
+    let out = rebuilt.restore_snapshot("s1").unwrap();
+    assert_eq!(out.changed, 4);
+    assert_eq!(rebuilt.read_file(&p("dir/big")).unwrap(), big);
+    assert_eq!(rebuilt.read_file(&p("small")).unwrap(), b"small");
+    assert_eq!(
+        rebuilt.stat(&p("link")).unwrap().target.as_deref(),
+        Some("small")
+    );
+    rebuilt.check_integrity().unwrap();
+    let err = rebuilt.import_snapshot("s1", 42, &tree).unwrap_err();
+    assert_eq!(err.posix_name(), "EEXIST", "{err}");
+
+    // A chunk gone from the bucket: named with its path, nothing recorded.
+    let first = chunk::chunk_slice(&big)[0].1.hash;
+    delete_object(&store, first);
+    let mut short = keeping(&store);
+    let err = short.import_snapshot("s1", 42, &tree).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::UnknownHash, "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains(&first.to_string()) && text.contains("dir/big"),
+        "{text}"
+    );
+    assert!(short.snapshot_ids().unwrap().is_empty());
+    assert_eq!(count(&short, "SELECT count(*) FROM chunks"), 0);
+}
