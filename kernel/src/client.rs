@@ -58,7 +58,8 @@ impl GsvClient {
         };
         let (ws, _) = tokio::time::timeout(
             Duration::from_secs(10),
-            tokio_tungstenite::connect_async(url),
+            // Frames are small and latency-bound (keystrokes): no Nagle.
+            tokio_tungstenite::connect_async_with_config(url, None, true),
         )
         .await
         .map_err(|_| fail("timed out".into()))?

@@ -16,6 +16,7 @@ use axum::extract::{ConnectInfo, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response as HttpResponse};
 use axum::routing::{any, get};
+use axum::serve::ListenerExt;
 use futures::{FutureExt, SinkExt, StreamExt};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -76,6 +77,15 @@ pub async fn serve(
             any(crate::domains::repo::calls::http::serve),
         )
         .with_state(kernel);
+    // Without TCP_NODELAY a frame written while the previous one is still
+    // unacknowledged (a call's answer, then a signal: a terminal's echo
+    // after `shell.pty.input`'s reply) waits for the peer's delayed ACK,
+    // about 40 ms.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY on an accepted connection");
+        }
+    });
     axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),

@@ -225,10 +225,13 @@ impl Connection {
     /// Connects to `config.url` and completes `sys.connect`.
     pub async fn open(config: &LinkConfig) -> Result<Connection, LinkError> {
         let url = config.url.as_str();
-        let (ws, _) = tokio::time::timeout(CONNECT_TIMEOUT, tokio_tungstenite::connect_async(url))
-            .await
-            .map_err(|_| LinkError::lost(url, "connect timed out"))?
-            .map_err(|e| LinkError::lost(url, e))?;
+        let (ws, _) = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            tokio_tungstenite::connect_async_with_config(url, None, true),
+        )
+        .await
+        .map_err(|_| LinkError::lost(url, "connect timed out"))?
+        .map_err(|e| LinkError::lost(url, e))?;
         let (mut sink, mut stream) = ws.split();
         let hello =
             json!({"type": "req", "id": "connect", "call": "sys.connect", "args": config.hello});
