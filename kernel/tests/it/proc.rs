@@ -182,7 +182,10 @@ impl Watcher {
             return self.seen.remove(i).unwrap()["payload"].clone();
         }
         loop {
-            let f = self.c.recv().await.unwrap();
+            let f = match self.c.recv().await {
+                Ok(f) => f,
+                Err(e) => panic!("waiting for {name}: {e}; seen {:?}", self.seen),
+            };
             if f["type"] == "sig" {
                 if f["signal"] == name && pred(&f["payload"]) {
                     return f["payload"].clone();

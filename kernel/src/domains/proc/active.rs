@@ -5,7 +5,7 @@
 //! and a run without a route is told to every socket of its owner.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
@@ -43,10 +43,36 @@ pub struct Procs {
     /// Run id → where its signals go. Lives from the start of the run to
     /// its `proc.run.finished`.
     routes: Mutex<HashMap<String, RunRoute>>,
+    /// Pid → the lock under which its queue is read and written together
+    /// with its active run (see [`Procs::queue_lock`]).
+    queues: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     http: reqwest::Client,
 }
 
+/// Held while a process's queue and active run are decided together.
+#[derive(Debug)]
+pub struct QueueGuard {
+    _guard: tokio::sync::OwnedMutexGuard<()>,
+}
+
 impl Procs {
+    /// Serialises `proc.send`'s "start or queue" with the promotion of a
+    /// queued message. Without it a message queued while a promotion
+    /// held its placeholder run (and found the queue still empty) stayed
+    /// queued with nobody left to start it, and its sender waited for
+    /// the placeholder's run id, which never finishes.
+    pub async fn queue_lock(&self, pid: &str) -> QueueGuard {
+        let lock = {
+            let mut all = self.queues.lock().unwrap();
+            // Locks nobody holds or waits for are dropped as we go.
+            all.retain(|_, l| Arc::strong_count(l) > 1);
+            all.entry(pid.to_owned()).or_default().clone()
+        };
+        QueueGuard {
+            _guard: lock.lock_owned().await,
+        }
+    }
+
     /// Makes a new run of `pid` active, unless one already is: its run id
     /// and the token that aborts it.
     pub fn reserve(&self, pid: &str, conversation_id: &str) -> Option<(String, CancellationToken)> {

@@ -57,6 +57,7 @@ pub async fn send(
     origin: Option<RunRoute>,
 ) -> Result<SendResult, KernelError> {
     let pid = row.pid.clone();
+    let queue = k.procs.queue_lock(&pid).await;
     if let Some((run_id, cancel)) = k.procs.reserve(&pid, conv) {
         if let Some(route) = origin {
             k.procs.route(&run_id, route);
@@ -88,10 +89,13 @@ pub async fn send(
             .await?;
     let active = k.procs.active_run(&pid);
     if active.is_none() {
-        // The run ended between the check and the insert: nobody else
-        // will look at the queue, so promote it here.
-        promote_queued(k.clone(), pid.clone()).await;
+        // The run ended between the check and the insert; its own
+        // promotion waits for the queue lock we hold, so promote here.
+        promote_locked(&k, &pid).await;
     }
+    let run_id = active.or_else(|| k.procs.active_run(&pid));
+    // Not held across the signal: its listeners may send to this process.
+    drop(queue);
     emit(
         &k,
         row.owner_uid,
@@ -103,7 +107,7 @@ pub async fn send(
     Ok(SendResult {
         ok: true,
         status: "started".to_owned(),
-        run_id: active.or_else(|| k.procs.active_run(&pid)),
+        run_id,
         queued: Some(true),
         queued_count: Some(queued),
     })
@@ -114,42 +118,49 @@ pub async fn send(
 /// otherwise contain each other.
 pub fn promote_queued(k: Arc<Kernel>, pid: String) -> BoxFuture<'static, ()> {
     Box::pin(async move {
-        let p = pid.clone();
-        let Ok(Some(row)) = k.db.call(move |c| store::get(c, &p)).await else {
-            return;
-        };
-        // The run's conversation is the queued message's; reserved under
-        // a placeholder until the message is taken off the queue.
-        let Some((run_id, cancel)) = k.procs.reserve(&pid, "") else {
-            return;
-        };
-        let (p, r) = (pid.clone(), run_id.clone());
-        let next =
-            k.db.call(move |c| {
-                let mut got = store::dequeue(c, &p, None, 1)?;
-                let Some((conv, m)) = got.pop() else {
-                    return Ok(None);
-                };
-                store::start_run(c, &p, &conv, &r)?;
-                store::append_message(c, &p, &conv, Some(&r), &m)?;
-                Ok(Some((conv, SurfaceRoute::from_origin(&m["origin"]))))
-            })
-            .await;
-        match next {
-            Ok(Some((conv, origin))) => {
-                k.procs.set_conversation(&pid, &run_id, &conv);
-                if let Some(surface) = origin {
-                    k.procs.route(&run_id, RunRoute::Surface(surface));
-                }
-                tokio::spawn(run_task(k, row, conv, run_id, cancel));
-            }
-            Ok(None) => k.procs.release(&pid, &run_id),
-            Err(e) => {
-                tracing::error!(%pid, error = %e, "promoting a queued message");
-                k.procs.release(&pid, &run_id);
-            }
-        }
+        let _queue = k.procs.queue_lock(&pid).await;
+        promote_locked(&k, &pid).await;
     })
+}
+
+/// [`promote_queued`] under the queue lock the caller holds.
+async fn promote_locked(k: &Arc<Kernel>, pid: &str) {
+    let pid = pid.to_owned();
+    let p = pid.clone();
+    let Ok(Some(row)) = k.db.call(move |c| store::get(c, &p)).await else {
+        return;
+    };
+    // The run's conversation is the queued message's; reserved under
+    // a placeholder until the message is taken off the queue.
+    let Some((run_id, cancel)) = k.procs.reserve(&pid, "") else {
+        return;
+    };
+    let (p, r) = (pid.clone(), run_id.clone());
+    let next =
+        k.db.call(move |c| {
+            let mut got = store::dequeue(c, &p, None, 1)?;
+            let Some((conv, m)) = got.pop() else {
+                return Ok(None);
+            };
+            store::start_run(c, &p, &conv, &r)?;
+            store::append_message(c, &p, &conv, Some(&r), &m)?;
+            Ok(Some((conv, SurfaceRoute::from_origin(&m["origin"]))))
+        })
+        .await;
+    match next {
+        Ok(Some((conv, origin))) => {
+            k.procs.set_conversation(&pid, &run_id, &conv);
+            if let Some(surface) = origin {
+                k.procs.route(&run_id, RunRoute::Surface(surface));
+            }
+            tokio::spawn(run_task(k.clone(), row, conv, run_id, cancel));
+        }
+        Ok(None) => k.procs.release(&pid, &run_id),
+        Err(e) => {
+            tracing::error!(%pid, error = %e, "promoting a queued message");
+            k.procs.release(&pid, &run_id);
+        }
+    }
 }
 
 async fn run_task(
