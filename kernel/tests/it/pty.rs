@@ -613,6 +613,76 @@ fn through<'a>(out: &'a [u8], needle: &[u8]) -> &'a [u8] {
     &out[..at + needle.len()]
 }
 
+/// Reads `t` until the terminal exits, attaching again after each lag.
+async fn take_to_exit(t: &mut Term) -> Value {
+    loop {
+        match t.take().await {
+            Took::Exit => return t.exit.clone().unwrap(),
+            Took::Output => {}
+            Took::Lagged(at) => {
+                let id = t.pty_id.clone();
+                t.attach(&id, at).await;
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_reader_that_stops_reading_lags_alone_and_resumes_without_loss() {
+    let k = TestKernel::with_users().await;
+    let mut a = k.alice().await;
+    let ws = new_workspace(&mut a).await;
+    let mut fast = alice_term(&k, "term-fast").await;
+    fast.open(json!({"workspaceId": ws})).await;
+    let pty = fast.pty_id.clone();
+    // A small receive buffer: the kernel's queue for this socket fills
+    // early in the flood, when a delivery that held its wsd subscription
+    // unread would stall the terminal for everyone.
+    let mut slow = Term::new(
+        k.login_small_buffer("term-slow", "alice", ALICE_PW, 16 * 1024)
+            .await,
+    );
+    slow.attach(&pty, 0).await;
+    // 10 MB: far more than a socket that reads nothing buffers (its
+    // connection's queue of 64 frames and the socket buffers), less than
+    // wsd keeps of a terminal (16 MiB).
+    fast.input("head -c 10000000 /dev/zero | tr '\\0' x; echo; echo end-$((2+3))\n")
+        .await;
+    // The slow socket reads nothing meanwhile: the terminal and the other
+    // attachment go on to the end, and the terminal still answers.
+    let all = fast.follow_to(b"end-5").await;
+    let all = through(&all, b"end-5").to_vec();
+    fast.input("echo alive-$((1+1))\n").await;
+    fast.follow_to(b"alive-2").await;
+
+    // Only now does the slow socket read: what was queued for it, then
+    // the lag at the offset it got to.
+    let lagged_at = loop {
+        match slow.take().await {
+            Took::Output => {}
+            Took::Lagged(at) => break at,
+            Took::Exit => panic!("the terminal exited"),
+        }
+    };
+    assert_eq!(lagged_at, slow.offset(), "the lag names the next offset");
+    assert!(
+        lagged_at < all.len() as u64,
+        "it lagged before the end ({lagged_at} of {})",
+        all.len()
+    );
+    let mut joined = slow.out.clone();
+    slow.attach(&pty, lagged_at).await;
+    joined.extend(slow.follow_to(b"end-5").await);
+    assert_eq!(
+        through(&joined, b"end-5"),
+        &all[..],
+        "the output before the lag and after the re-attach is the whole"
+    );
+    fast.input("exit 0\n").await;
+    assert_eq!(take_to_exit(&mut fast).await["exitCode"], 0);
+    assert_eq!(take_to_exit(&mut slow).await["exitCode"], 0);
+}
+
 /// A `wsd serve` of the test's own (a remote backend, which a kernel
 /// restart leaves running): the child, its socket and its token file.
 async fn remote_wsd(
