@@ -6,10 +6,10 @@ use std::process::{Child, Command, Stdio};
 use crate::harness::wsd_bin;
 
 /// `gsv serve` on a free port; killed when dropped.
-struct Served {
-    child: Child,
-    url: String,
-    _dir: tempfile::TempDir,
+pub(crate) struct Served {
+    pub(crate) child: Child,
+    pub(crate) url: String,
+    pub(crate) _dir: tempfile::TempDir,
 }
 
 impl Drop for Served {
@@ -33,11 +33,11 @@ impl Drop for Served {
     }
 }
 
-fn serve() -> Served {
+pub(crate) fn serve() -> Served {
     serve_in(tempfile::tempdir().unwrap())
 }
 
-fn serve_in(dir: tempfile::TempDir) -> Served {
+pub(crate) fn serve_in(dir: tempfile::TempDir) -> Served {
     serve_with(dir, &[])
 }
 
@@ -75,7 +75,7 @@ fn serve_with(dir: tempfile::TempDir, extra: &[&str]) -> Served {
     }
 }
 
-fn gsv(s: &Served, args: &[&str]) -> (bool, String) {
+pub(crate) fn gsv(s: &Served, args: &[&str]) -> (bool, String) {
     let (ok, out, _) = gsv_err(s, args);
     (ok, out)
 }

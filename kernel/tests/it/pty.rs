@@ -823,3 +823,121 @@ async fn a_terminal_whose_local_wsd_stopped_with_the_kernel_answers_closed_after
     back.input("exit 0\n").await;
     assert_eq!(back.until_exit().await["exitCode"], 0);
 }
+
+/// SIGKILLs wsd `pid` when dropped if it still runs (a test that fails
+/// half-way leaves no daemon behind).
+struct ReapWsd(i32);
+
+impl Drop for ReapWsd {
+    fn drop(&mut self) {
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", self.0)).unwrap_or_default();
+        // Only the wsd it was (a recycled pid is someone else's).
+        if cmdline.split(|b| *b == 0).any(|a| a == b"serve") {
+            let _ = std::process::Command::new("kill")
+                .args(["-9", &self.0.to_string()])
+                .status();
+        }
+    }
+}
+
+/// Whether process `pid` runs (a zombie does not).
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+    })
+}
+
+/// The number printed after `tag` (e.g. `shell-1234`) in `text`.
+fn number_after(text: &str, tag: &str) -> u64 {
+    text.match_indices(tag)
+        .find_map(|(at, _)| {
+            let digits: String = text[at + tag.len()..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            digits.parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no number after {tag:?} in {text}"))
+}
+
+async fn served_alice(s: &crate::cli::Served, client_id: &str) -> Term {
+    let mut c = GsvClient::connect(&s.url).await.unwrap();
+    c.timeout = std::time::Duration::from_secs(30);
+    let auth = json!({"username": "alice", "password": "alice-password"});
+    c.call(
+        "sys.connect",
+        gsv_kernel::client::connect_args(client_id, "user", auth),
+    )
+    .await
+    .unwrap();
+    Term::new(c)
+}
+
+#[tokio::test]
+async fn a_terminal_on_a_local_wsd_goes_on_after_the_kernel_is_killed_and_restarted() {
+    use crate::cli::{gsv, serve, serve_in};
+    let mut s = serve();
+    let setup = r#"{"username":"alice","password":"alice-password"}"#;
+    assert!(gsv(&s, &["call", "sys.setup", setup]).0);
+    let (ok, ws) = gsv(&s, &["workspace", "create"]);
+    assert!(ok, "{ws}");
+    let ws = ws.trim().to_owned();
+    let mut t = served_alice(&s, "term-1").await;
+    t.open(json!({"workspaceId": ws})).await;
+    let pty = t.pty_id.clone();
+    t.input("echo shell-$$; echo before-$((1+1))\n").await;
+    t.until("before-2").await;
+    let shell = number_after(&t.text(), "shell-");
+    let before = t.out.clone();
+    let pid_file = s._dir.path().join(format!("data/workspaces/{ws}/wsd.pid"));
+    let wsd: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let _reap = ReapWsd(wsd);
+
+    // A crash: nothing stops the kernel's wsd child.
+    s.child.kill().unwrap();
+    s.child.wait().unwrap();
+    assert!(running(wsd), "the wsd outlives its kernel");
+    let dir = std::mem::replace(&mut s._dir, tempfile::tempdir().unwrap());
+    let s2 = serve_in(dir);
+    let mut back = served_alice(&s2, "term-2").await;
+    back.attach(&pty, 0).await;
+    while back.out.len() < before.len() {
+        back.pump().await;
+    }
+    assert_eq!(
+        back.out[..before.len()],
+        before[..],
+        "the replay is the output from before the crash"
+    );
+    back.input("echo shell-$$; echo after-$((2+2))\n").await;
+    back.until("after-4").await;
+    let after = String::from_utf8_lossy(&back.out[before.len()..]).into_owned();
+    assert_eq!(number_after(&after, "shell-"), shell, "the same shell");
+    let adopted: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(adopted, wsd, "the same wsd, adopted, not a new one");
+    assert!(running(wsd));
+    back.input("exit 4\n").await;
+    assert_eq!(back.until_exit().await["exitCode"], 4);
+
+    // A graceful shutdown stops the adopted wsd too.
+    drop(s2);
+    let mut stopped = false;
+    for _ in 0..1000 {
+        if !running(wsd) {
+            stopped = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(stopped, "the adopted wsd {wsd} was left running");
+}

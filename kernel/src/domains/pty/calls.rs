@@ -307,10 +307,11 @@ async fn drive(
 }
 
 /// At start: takes up the terminals a previous kernel left. One whose wsd
-/// outlived that kernel (a remote backend) is driven again from the end
-/// of its saved offset index; one whose wsd did not (a local child stops
-/// with its kernel), or that wsd no longer knows, is forgotten and
-/// answers `closed` from then on.
+/// outlived that kernel (a remote backend, or a local child the kernel
+/// left running when it crashed, adopted here) is driven again from the
+/// end of its saved offset index; one whose wsd did not (a graceful
+/// shutdown stops local children), or that wsd no longer knows, is
+/// forgotten and answers `closed` from then on.
 pub async fn recover(k: &Arc<Kernel>) -> Result<(), KernelError> {
     for (row, index) in k.db.call(|c| super::all_rows(c)).await? {
         match resume(k, &row, index).await {
@@ -333,7 +334,9 @@ pub async fn recover(k: &Arc<Kernel>) -> Result<(), KernelError> {
 enum ResumeError {
     #[error("its workspace is gone or archived")]
     NoWorkspace,
-    #[error("its workspace's local wsd stopped with the previous kernel")]
+    #[error(
+        "its workspace's local wsd stopped with the previous kernel (or runs another wsd binary)"
+    )]
     LocalBackend,
     #[error("{0}")]
     Kernel(#[from] KernelError),
@@ -352,11 +355,14 @@ async fn resume(
             .await?
             .filter(|w| !w.is_archived())
             .ok_or(ResumeError::NoWorkspace)?;
-    if ws.backend == Backend::Local {
-        return Err(ResumeError::LocalBackend);
-    }
     let w = k.workspaces.open(&ws).await?;
-    let handle = w.bracket.lock().await.handle(&k.workspaces.wsd_bin).await?;
+    let handle = {
+        let mut backend = w.bracket.lock().await;
+        if ws.backend == Backend::Local && !backend.adopt_leftover(&k.workspaces.wsd_bin) {
+            return Err(ResumeError::LocalBackend);
+        }
+        backend.handle(&k.workspaces.wsd_bin).await?
+    };
     let from = match index.last() {
         Some(&(seq, _)) => ResumeFrom::After(seq),
         None => ResumeFrom::Start,
