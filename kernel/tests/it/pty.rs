@@ -13,6 +13,13 @@ use serde_json::{Value, json};
 
 use crate::harness::{ALICE_PW, TestKernel, bwrap_available, new_workspace};
 
+/// What [`Term::take`] read.
+enum Took {
+    Output,
+    Lagged(u64),
+    Exit,
+}
+
 /// A socket attached to one terminal: it keeps the signals it reads while
 /// waiting for answers and the output bytes in order.
 struct Term {
@@ -88,8 +95,8 @@ impl Term {
         assert_eq!(d["bytes"], text.len());
     }
 
-    /// Takes one signal of this terminal into `out` / `exit`.
-    async fn pump(&mut self) {
+    /// Takes one signal: output (appended), an exit, or a lag at an offset.
+    async fn take(&mut self) -> Took {
         let s = match self.signals.pop_front() {
             Some(s) => s,
             None => loop {
@@ -103,17 +110,29 @@ impl Term {
         assert_eq!(p["ptyId"], self.pty_id.as_str(), "{s}");
         match s["signal"].as_str().unwrap() {
             "shell.pty.output" => {
-                let at = p["offset"].as_u64().unwrap();
                 assert_eq!(
-                    at,
-                    self.base + self.out.len() as u64,
+                    p["offset"].as_u64().unwrap(),
+                    self.offset(),
                     "output offsets follow on without gap or overlap: {s}"
                 );
                 let bytes = STANDARD.decode(p["dataBase64"].as_str().unwrap()).unwrap();
                 self.out.extend_from_slice(&bytes);
+                Took::Output
             }
-            "shell.pty.exit" => self.exit = Some(p.clone()),
+            "shell.pty.lagged" => Took::Lagged(p["offset"].as_u64().unwrap()),
+            "shell.pty.exit" => {
+                self.exit = Some(p.clone());
+                Took::Exit
+            }
             other => panic!("unexpected signal {other}: {s}"),
+        }
+    }
+
+    /// Takes one signal, which must not be a lag (a test whose output is
+    /// small).
+    async fn pump(&mut self) {
+        if let Took::Lagged(at) = self.take().await {
+            panic!("lagged at {at}: {}", self.text());
         }
     }
 
@@ -134,11 +153,63 @@ impl Term {
         }
     }
 
+    /// Reads until the exit, attaching again after each lag.
     async fn until_exit(&mut self) -> Value {
         while self.exit.is_none() {
-            self.pump().await;
+            if let Took::Lagged(at) = self.take().await {
+                self.reattach(at).await;
+            }
         }
         self.exit.clone().unwrap()
+    }
+
+    /// Types `exit code` and checks the terminal exits with it.
+    async fn exit_with(&mut self, code: i32) {
+        self.input(&format!("exit {code}\n")).await;
+        assert_eq!(self.until_exit().await["exitCode"], code);
+    }
+
+    /// Attaches again at `at`, where the kernel said this connection
+    /// lagged (the output so far is dropped).
+    async fn reattach(&mut self, at: u64) {
+        assert_eq!(at, self.offset(), "a lag names the next offset");
+        let id = self.pty_id.clone();
+        self.attach(&id, at).await;
+    }
+
+    /// Reads until at least `len` output bytes are in.
+    async fn read_bytes(&mut self, len: usize) {
+        while self.out.len() < len {
+            self.pump().await;
+        }
+    }
+
+    /// Whether the output's last bytes hold `needle` (the output may be
+    /// far too long to search whole after every chunk).
+    fn tail_has(&self, needle: &[u8]) -> bool {
+        let from = self
+            .out
+            .len()
+            .saturating_sub(needle.len() + gsv_protocol::pty::MAX_OUTPUT_CHUNK);
+        self.out[from..].windows(needle.len()).any(|w| w == needle)
+    }
+
+    /// Reads until the output holds `needle`, attaching again wherever
+    /// the kernel says this connection lagged; all output from `base` on.
+    async fn follow_to(&mut self, needle: &[u8]) -> Vec<u8> {
+        let mut whole = Vec::new();
+        while !self.tail_has(needle) {
+            match self.take().await {
+                Took::Output => {}
+                Took::Lagged(at) => {
+                    whole.extend_from_slice(&self.out);
+                    self.reattach(at).await;
+                }
+                Took::Exit => panic!("exited before the marker"),
+            }
+        }
+        whole.extend_from_slice(&self.out);
+        whole
     }
 
     /// The offset just past the output received.
@@ -149,6 +220,13 @@ impl Term {
 
 async fn alice_term(k: &TestKernel, client_id: &str) -> Term {
     Term::new(k.login_from(client_id, "alice", ALICE_PW).await)
+}
+
+/// Alice's socket `client_id` with a new terminal open in workspace `ws`.
+async fn alice_open(k: &TestKernel, ws: &str, client_id: &str) -> Term {
+    let mut t = alice_term(k, client_id).await;
+    t.open(json!({"workspaceId": ws})).await;
+    t
 }
 
 /// `{ok:false, code}` of a call.
@@ -208,20 +286,9 @@ async fn a_terminal_echoes_typed_input_follows_a_resize_and_ends_on_close() {
     let exit = t.until_exit().await;
     assert_eq!(exit["exitCode"], 129, "SIGHUP ends the shell: {exit}");
     assert_eq!(exit["signal"], "HUP", "{exit}");
-    // The pull follows the exit; poll for it (bounded).
-    let path = format!("/workspaces/{ws}/made.txt");
-    let mut read = Value::Null;
-    for _ in 0..300 {
-        read = a.call("fs.read", json!({"path": path})).await.unwrap();
-        if read["ok"] == true {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    assert!(
-        read["content"].as_str().unwrap().contains("typed"),
-        "{read}"
-    );
+    // The pull follows the exit.
+    let read = read_until(&mut a, &format!("/workspaces/{ws}/made.txt"), "1\ttyped").await;
+    assert_eq!(read["content"], "1\ttyped", "{read}");
     let list = t.call("shell.pty.list", json!({})).await;
     assert_eq!(list["ptys"][0]["status"], "exited", "{list}");
     assert_eq!(list["ptys"][0]["exitCode"], 129, "{list}");
@@ -232,8 +299,7 @@ async fn a_dropped_socket_reattaches_after_its_offset_and_gets_the_missed_output
     let k = TestKernel::with_users().await;
     let mut a = k.alice().await;
     let ws = new_workspace(&mut a).await;
-    let mut t = alice_term(&k, "term-1").await;
-    t.open(json!({"workspaceId": ws})).await;
+    let mut t = alice_open(&k, &ws, "term-1").await;
     let pty = t.pty_id.clone();
     t.input("echo one-$((0+1))\n").await;
     t.until("one-1").await;
@@ -269,16 +335,13 @@ async fn a_dropped_socket_reattaches_after_its_offset_and_gets_the_missed_output
     let mut whole = alice_term(&k, "term-4").await;
     whole.attach(&pty, 0).await;
     let total = first.len() + back.out.len();
-    while whole.out.len() < total {
-        whole.pump().await;
-    }
+    whole.read_bytes(total).await;
     let mut joined = first.clone();
     joined.extend_from_slice(&back.out);
     assert_eq!(whole.out[..total], joined[..], "replay from 0 agrees");
 
     // Input typed on one attachment reaches every attached connection.
-    back.input("exit 3\n").await;
-    assert_eq!(back.until_exit().await["exitCode"], 3);
+    back.exit_with(3).await;
     assert_eq!(whole.until_exit().await["exitCode"], 3);
 }
 
@@ -399,8 +462,7 @@ async fn bad_terminal_calls_get_typed_errors_and_change_nothing() {
         .await;
     t.until("fine-5").await;
     assert!(!t.text().contains("bob"), "{}", t.text());
-    t.input("exit 7\n").await;
-    assert_eq!(t.until_exit().await["exitCode"], 7);
+    t.exit_with(7).await;
     assert_eq!(
         refused(
             &mut t,
@@ -420,14 +482,12 @@ async fn a_running_terminal_keeps_its_workspaces_wsd_from_being_stopped_as_idle(
     .await;
     let mut a = k.alice().await;
     let ws = new_workspace(&mut a).await;
-    let mut t = alice_term(&k, "term").await;
-    t.open(json!({"workspaceId": ws})).await;
+    let mut t = alice_open(&k, &ws, "term").await;
     // Several idle-stop periods with nothing typed.
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     t.input("echo alive-$((1+1))\n").await;
     t.until("alive-2").await;
-    t.input("exit 0\n").await;
-    assert_eq!(t.until_exit().await["exitCode"], 0);
+    t.exit_with(0).await;
 }
 
 /// Reads workspace file `path` until its content is `want` (bounded: 300
@@ -449,8 +509,7 @@ async fn what_a_terminal_writes_reaches_fs_read_while_it_is_open_and_fs_write_re
     let k = TestKernel::with_users().await;
     let mut a = k.alice().await;
     let ws = new_workspace(&mut a).await;
-    let mut t = alice_term(&k, "term").await;
-    t.open(json!({"workspaceId": ws})).await;
+    let mut t = alice_open(&k, &ws, "term").await;
     t.input("echo hi > f; echo wrote-$((1+1))\n").await;
     t.until("wrote-2").await;
     let read = read_until(&mut a, &format!("/workspaces/{ws}/f"), "1\thi").await;
@@ -484,8 +543,7 @@ async fn what_a_terminal_writes_reaches_fs_read_while_it_is_open_and_fs_write_re
         "the terminal never saw the written file: {}",
         t.text()
     );
-    t.input("exit 0\n").await;
-    assert_eq!(t.until_exit().await["exitCode"], 0);
+    t.exit_with(0).await;
 }
 
 #[tokio::test]
@@ -505,8 +563,7 @@ async fn a_snapshot_restore_while_a_terminal_is_open_is_refused() {
     a.call("fs.write", json!({"path": path, "content": "v2"}))
         .await
         .unwrap();
-    let mut t = alice_term(&k, "term").await;
-    t.open(json!({"workspaceId": ws})).await;
+    let mut t = alice_open(&k, &ws, "term").await;
     let r = a
         .call("workspace.snapshot.restore", json!({"snapshotId": sid}))
         .await
@@ -517,8 +574,7 @@ async fn a_snapshot_restore_while_a_terminal_is_open_is_refused() {
     let read = a.call("fs.read", json!({"path": path})).await.unwrap();
     assert_eq!(read["content"], "1\tv2", "nothing changed: {read}");
 
-    t.input("exit 0\n").await;
-    assert_eq!(t.until_exit().await["exitCode"], 0);
+    t.exit_with(0).await;
     // The exit signal may come before the kernel has recorded the exit.
     let mut r = Value::Null;
     for _ in 0..300 {
@@ -536,74 +592,6 @@ async fn a_snapshot_restore_while_a_terminal_is_open_is_refused() {
     assert_eq!(read["content"], "1\tv1", "{read}");
 }
 
-/// What [`Term::take`] read.
-enum Took {
-    Output,
-    Lagged(u64),
-    Exit,
-}
-
-impl Term {
-    /// Takes one signal: output (appended), an exit, or a lag at an offset.
-    async fn take(&mut self) -> Took {
-        let s = match self.signals.pop_front() {
-            Some(s) => s,
-            None => loop {
-                let f = self.c.recv().await.unwrap();
-                if f["type"] == "sig" {
-                    break f;
-                }
-            },
-        };
-        let p = &s["payload"];
-        assert_eq!(p["ptyId"], self.pty_id.as_str(), "{s}");
-        match s["signal"].as_str().unwrap() {
-            "shell.pty.output" => {
-                assert_eq!(p["offset"].as_u64().unwrap(), self.offset(), "{s}");
-                let bytes = STANDARD.decode(p["dataBase64"].as_str().unwrap()).unwrap();
-                self.out.extend_from_slice(&bytes);
-                Took::Output
-            }
-            "shell.pty.lagged" => Took::Lagged(p["offset"].as_u64().unwrap()),
-            "shell.pty.exit" => {
-                self.exit = Some(p.clone());
-                Took::Exit
-            }
-            other => panic!("unexpected signal {other}: {s}"),
-        }
-    }
-
-    /// Whether the output's last bytes hold `needle` (the output may be
-    /// far too long to search whole after every chunk).
-    fn tail_has(&self, needle: &[u8]) -> bool {
-        let from = self
-            .out
-            .len()
-            .saturating_sub(needle.len() + gsv_protocol::pty::MAX_OUTPUT_CHUNK);
-        self.out[from..].windows(needle.len()).any(|w| w == needle)
-    }
-
-    /// Reads until the output holds `needle`, attaching again wherever
-    /// the kernel says this connection lagged; all output from `base` on.
-    async fn follow_to(&mut self, needle: &[u8]) -> Vec<u8> {
-        let mut whole = Vec::new();
-        while !self.tail_has(needle) {
-            match self.take().await {
-                Took::Output => {}
-                Took::Lagged(at) => {
-                    assert_eq!(at, self.offset(), "a lag names the next offset");
-                    whole.extend_from_slice(&self.out);
-                    let id = self.pty_id.clone();
-                    self.attach(&id, at).await;
-                }
-                Took::Exit => panic!("exited before the marker"),
-            }
-        }
-        whole.extend_from_slice(&self.out);
-        whole
-    }
-}
-
 /// The output up to and including the first `needle`.
 fn through<'a>(out: &'a [u8], needle: &[u8]) -> &'a [u8] {
     let at = out
@@ -613,27 +601,12 @@ fn through<'a>(out: &'a [u8], needle: &[u8]) -> &'a [u8] {
     &out[..at + needle.len()]
 }
 
-/// Reads `t` until the terminal exits, attaching again after each lag.
-async fn take_to_exit(t: &mut Term) -> Value {
-    loop {
-        match t.take().await {
-            Took::Exit => return t.exit.clone().unwrap(),
-            Took::Output => {}
-            Took::Lagged(at) => {
-                let id = t.pty_id.clone();
-                t.attach(&id, at).await;
-            }
-        }
-    }
-}
-
 #[tokio::test]
 async fn a_reader_that_stops_reading_lags_alone_and_resumes_without_loss() {
     let k = TestKernel::with_users().await;
     let mut a = k.alice().await;
     let ws = new_workspace(&mut a).await;
-    let mut fast = alice_term(&k, "term-fast").await;
-    fast.open(json!({"workspaceId": ws})).await;
+    let mut fast = alice_open(&k, &ws, "term-fast").await;
     let pty = fast.pty_id.clone();
     // A small receive buffer: the kernel's queue for this socket fills
     // early in the flood, when a delivery that held its wsd subscription
@@ -678,9 +651,8 @@ async fn a_reader_that_stops_reading_lags_alone_and_resumes_without_loss() {
         &all[..],
         "the output before the lag and after the re-attach is the whole"
     );
-    fast.input("exit 0\n").await;
-    assert_eq!(take_to_exit(&mut fast).await["exitCode"], 0);
-    assert_eq!(take_to_exit(&mut slow).await["exitCode"], 0);
+    fast.exit_with(0).await;
+    assert_eq!(slow.until_exit().await["exitCode"], 0);
 }
 
 /// A `wsd serve` of the test's own (a remote backend, which a kernel
@@ -724,6 +696,10 @@ async fn remote_wsd(
 
 const ROOT_PW: &str = "root-password";
 
+async fn root_term(k: &TestKernel, client_id: &str) -> Term {
+    Term::new(k.login_from(client_id, "root", ROOT_PW).await)
+}
+
 #[tokio::test]
 async fn a_terminal_on_a_wsd_that_outlives_the_kernel_is_attached_again_after_a_restart() {
     let k = TestKernel::with_users().await;
@@ -739,7 +715,7 @@ async fn a_terminal_on_a_wsd_that_outlives_the_kernel_is_attached_again_after_a_
         .unwrap();
     let ws = d["workspace"]["workspaceId"].as_str().unwrap().to_owned();
     root.close().await;
-    let mut t = Term::new(k.login_from("term-1", "root", ROOT_PW).await);
+    let mut t = root_term(&k, "term-1").await;
     t.open(json!({"workspaceId": ws})).await;
     let pty = t.pty_id.clone();
     // More than two checkpoints of output (256 KiB each): the restarted
@@ -751,13 +727,13 @@ async fn a_terminal_on_a_wsd_that_outlives_the_kernel_is_attached_again_after_a_
     t.c.close().await;
 
     let k = k.stop().await.start().await;
-    let mut back = Term::new(k.login_from("term-2", "root", ROOT_PW).await);
+    let mut back = root_term(&k, "term-2").await;
     back.attach(&pty, cut).await;
     let rest = back.follow_to(b"end-7").await;
     let mut joined = first.clone();
     joined.extend_from_slice(&rest);
     let joined = through(&joined, b"end-7");
-    let mut whole = Term::new(k.login_from("term-3", "root", ROOT_PW).await);
+    let mut whole = root_term(&k, "term-3").await;
     whole.attach(&pty, 0).await;
     let all = whole.follow_to(b"end-7").await;
     assert_eq!(
@@ -770,21 +746,13 @@ async fn a_terminal_on_a_wsd_that_outlives_the_kernel_is_attached_again_after_a_
     assert!(text.contains(&seq), "seq's output is all there");
     // An offset past the first checkpoints replays from the saved index.
     let mid = 300_000u64;
-    let mut part = Term::new(k.login_from("term-4", "root", ROOT_PW).await);
+    let mut part = root_term(&k, "term-4").await;
     part.attach(&pty, mid).await;
     let tail = part.follow_to(b"end-7").await;
     assert_eq!(through(&tail, b"end-7"), &joined[mid as usize..]);
     // It still takes input and reports its exit.
     back.input("exit 5\n").await;
-    let exit = loop {
-        match back.take().await {
-            Took::Exit => break back.exit.clone().unwrap(),
-            Took::Output => {}
-            Took::Lagged(at) => {
-                back.attach(&pty, at).await;
-            }
-        }
-    };
+    let exit = back.until_exit().await;
     assert_eq!(exit["exitCode"], 5, "{exit}");
     let _ = wsd.kill().await;
 }
@@ -795,8 +763,7 @@ async fn a_terminal_whose_local_wsd_stopped_with_the_kernel_answers_closed_after
     let mut a = k.alice().await;
     let ws = new_workspace(&mut a).await;
     a.close().await;
-    let mut t = alice_term(&k, "term-1").await;
-    t.open(json!({"workspaceId": ws})).await;
+    let mut t = alice_open(&k, &ws, "term-1").await;
     let pty = t.pty_id.clone();
     t.input("echo before-$((1+1))\n").await;
     t.until("before-2").await;
@@ -820,8 +787,7 @@ async fn a_terminal_whose_local_wsd_stopped_with_the_kernel_answers_closed_after
     back.open(json!({"workspaceId": ws})).await;
     back.input("echo after-$((1+1))\n").await;
     back.until("after-2").await;
-    back.input("exit 0\n").await;
-    assert_eq!(back.until_exit().await["exitCode"], 0);
+    back.exit_with(0).await;
 }
 
 /// SIGKILLs wsd `pid` when dropped if it still runs (a test that fails
@@ -907,9 +873,7 @@ async fn a_terminal_on_a_local_wsd_goes_on_after_the_kernel_is_killed_and_restar
     let s2 = serve_in(dir);
     let mut back = served_alice(&s2, "term-2").await;
     back.attach(&pty, 0).await;
-    while back.out.len() < before.len() {
-        back.pump().await;
-    }
+    back.read_bytes(before.len()).await;
     assert_eq!(
         back.out[..before.len()],
         before[..],
@@ -926,8 +890,7 @@ async fn a_terminal_on_a_local_wsd_goes_on_after_the_kernel_is_killed_and_restar
         .unwrap();
     assert_eq!(adopted, wsd, "the same wsd, adopted, not a new one");
     assert!(running(wsd));
-    back.input("exit 4\n").await;
-    assert_eq!(back.until_exit().await["exitCode"], 4);
+    back.exit_with(4).await;
 
     // A graceful shutdown stops the adopted wsd too.
     drop(s2);
