@@ -790,22 +790,6 @@ async fn a_terminal_whose_local_wsd_stopped_with_the_kernel_answers_closed_after
     back.exit_with(0).await;
 }
 
-/// SIGKILLs wsd `pid` when dropped if it still runs (a test that fails
-/// half-way leaves no daemon behind).
-struct ReapWsd(i32);
-
-impl Drop for ReapWsd {
-    fn drop(&mut self) {
-        let cmdline = std::fs::read(format!("/proc/{}/cmdline", self.0)).unwrap_or_default();
-        // Only the wsd it was (a recycled pid is someone else's).
-        if cmdline.split(|b| *b == 0).any(|a| a == b"serve") {
-            let _ = std::process::Command::new("kill")
-                .args(["-9", &self.0.to_string()])
-                .status();
-        }
-    }
-}
-
 /// Whether process `pid` runs (a zombie does not).
 fn running(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
@@ -863,7 +847,8 @@ async fn a_terminal_on_a_local_wsd_goes_on_after_the_kernel_is_killed_and_restar
         .trim()
         .parse()
         .unwrap();
-    let _reap = ReapWsd(wsd);
+    // A failed assertion leaves no daemon behind.
+    let _children = crate::harness::LeftoverChildren(s._dir.path().join("data"));
 
     // A crash: nothing stops the kernel's wsd child.
     s.child.kill().unwrap();
