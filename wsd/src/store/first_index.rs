@@ -67,10 +67,7 @@ impl WorkspaceStore {
     /// piece and does not settle meanwhile (or stops, and the next open
     /// walks).
     pub fn first_index(&mut self) -> Result<Option<FirstIndex>, SyncError> {
-        if self.watch.is_some()
-            || self.auto_settle
-            || index::meta_get(&self.db, "rev")? != 0
-        {
+        if self.watch.is_some() || self.auto_settle || index::meta_get(&self.db, "rev")? != 0 {
             return Ok(None);
         }
         self.owed_walk = None;
@@ -88,7 +85,10 @@ impl WorkspaceStore {
         if piece.rows.is_empty() {
             return Ok(None);
         }
-        let tx = self.db.transaction().ctx("starting to record an index piece")?;
+        let tx = self
+            .db
+            .transaction()
+            .ctx("starting to record an index piece")?;
         let rev = index::next_rev(&tx)?;
         for (mut node, chunks) in piece.rows {
             node.rev = rev;
@@ -157,9 +157,13 @@ impl FirstIndex {
                     }
                     DiskKind::Symlink => match fsutil::read_link_utf8(&abs) {
                         Ok(Some(t)) if !t.is_empty() => {
-                            piece.rows.push((node(NodeKind::Symlink, Some(t)), Vec::new()));
+                            piece
+                                .rows
+                                .push((node(NodeKind::Symlink, Some(t)), Vec::new()));
                         }
-                        Ok(_) => tracing::warn!(path = %rel, "symlink target is not UTF-8; not synced"),
+                        Ok(_) => {
+                            tracing::warn!(path = %rel, "symlink target is not UTF-8; not synced")
+                        }
                         Err(e) if fsutil::is_gone(&e) => {}
                         Err(e) => return Err(SyncError::io(format!("reading link {rel}"), e)),
                     },

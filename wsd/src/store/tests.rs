@@ -2343,12 +2343,18 @@ fn a_first_index_in_pieces_records_what_a_settle_would_and_leaves_nothing_to_set
     }
     assert_eq!(revs, (1..=revs.len() as u64).collect::<Vec<_>>());
     assert!(
-        !built.root.join(format!("d2/{}1-1", fsutil::APPLY_TEMP_PREFIX)).exists(),
+        !built
+            .root
+            .join(format!("d2/{}1-1", fsutil::APPLY_TEMP_PREFIX))
+            .exists(),
         "the stale apply temp file is removed"
     );
     let got = states(all_changes(&mut built.store, &ChangeCursor::ZERO));
     assert!(!got.contains_key("fifo"));
-    assert_eq!(got, states(all_changes(&mut settled.store, &ChangeCursor::ZERO)));
+    assert_eq!(
+        got,
+        states(all_changes(&mut settled.store, &ChangeCursor::ZERO))
+    );
     // Recorded exactly as a settle would: the next one finds nothing.
     let after = built.store.settle().unwrap();
     assert_eq!((after.rev, after.changed, after.deleted), (None, 0, 0));
