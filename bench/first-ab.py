@@ -15,12 +15,16 @@ runs, in an order reversed every other round, into an empty destination:
 Each wsd push goes to a fresh `wsd serve` of the same binary on loopback.
 Before each step, as root, the page cache is dropped and the source read
 back (warm source). Prints per-round wall times, then per step the median
-and the median and range of the per-round ratio to rsync and to A-first,
-and the load average.
+wall time, the median CPU time (the client or rsync, plus the daemon) and
+the median and range of the per-round ratio to rsync and to A-first, and
+the load average. WSD_AB_NICE=N (root) runs every step at that niceness
+(e.g. -10, as `bench/compare --priority` raises its priority on a shared
+machine).
 
 Works in $WSD_AB_DIR (default /tmp), in a directory removed at the end.
 """
 import os
+import resource
 import shutil
 import socket
 import statistics
@@ -47,6 +51,13 @@ def warm(src):
     with subprocess.Popen(["tar", "-C", src, "-cf", "-", "."], stdout=subprocess.PIPE) as p:
         while p.stdout.read(1 << 20):
             pass
+
+
+def daemon_cpu_s(proc):
+    if proc is None:
+        return 0.0
+    fields = open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def serve(wsd, root, state):
@@ -91,6 +102,10 @@ def run(a, b, rounds, profile, work):
         time.sleep(3)
     steps = ["A-first", "B-first", "B-cold", "rsync"]
     wall = {s: [] for s in steps}
+    cpu = {s: [] for s in steps}
+    nice = os.environ.get("WSD_AB_NICE")
+    if nice:
+        os.nice(int(nice) - os.nice(0))
     k = 0
     for r in range(rounds):
         for step in (steps if r % 2 == 0 else steps[::-1]):
@@ -107,9 +122,14 @@ def run(a, b, rounds, profile, work):
                 proc, addr = serve(wsd, dst, dstate)
                 time.sleep(0.3)
                 argv = [wsd, "push", src, "--remote", addr, "--state", state, "-q"]
+            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            d0 = daemon_cpu_s(proc)
             t0 = time.perf_counter()
             subprocess.run(argv, check=True)
             wall[step].append(time.perf_counter() - t0)
+            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu[step].append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
+                             + daemon_cpu_s(proc) - d0)
             if proc:
                 proc.terminate()
                 proc.wait()
@@ -120,7 +140,8 @@ def run(a, b, rounds, profile, work):
     for s in steps:
         to_rsync = [x / y for x, y in zip(wall[s], wall["rsync"])]
         to_a = [x / y for x, y in zip(wall[s], wall["A-first"])]
-        print(f"{s}: median {statistics.median(wall[s]) * 1000:.0f} ms; / rsync {statistics.median(to_rsync):.2f} "
+        print(f"{s}: median {statistics.median(wall[s]) * 1000:.0f} ms, cpu "
+              f"{statistics.median(cpu[s]) * 1000:.0f} ms; / rsync {statistics.median(to_rsync):.2f} "
               f"({min(to_rsync):.2f}-{max(to_rsync):.2f}); / A-first {statistics.median(to_a):.2f} "
               f"({min(to_a):.2f}-{max(to_a):.2f})")
     print("load", open("/proc/loadavg").read().split()[:3])
