@@ -71,6 +71,9 @@ const MAX_REQUEST_BYTES: usize = 192 << 10;
 /// How long the daemon waits for the runner to say it is ready, to take a
 /// request, or to answer one, before it gives up on it.
 const RUNNER_TIMEOUT: Duration = Duration::from_secs(30);
+/// Stack of the runner's per-command wait threads (they only wait and
+/// send a few bytes).
+const WAIT_THREAD_STACK: usize = 64 << 10;
 
 /// One command for the runner.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -423,11 +426,21 @@ fn start(req: SpawnRequest, reply: OwnedFd, mut stdio: Vec<OwnedFd>) {
         }
         Err(e) => answer_failed(&reply, &e.into()),
     }
+    // Small stacks: the runner lives under the sandbox's address-space
+    // limit, with a thread per running command.
     let spawned = std::thread::Builder::new()
         .name("wait".into())
+        .stack_size(WAIT_THREAD_STACK)
         .spawn(move || wait_and_report(child, reply));
     if let Err(e) = spawned {
+        // Nobody could report its end: stop it rather than leave the daemon
+        // waiting. (The closure and the child went down with the error, and
+        // with them the reply socket: the daemon reads EOF, a lost exec.)
         eprintln!("wsd sandbox-runner: no thread to wait for pid {pid}: {e}");
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_raw(pid as i32).expect("a child's pid is positive"),
+            rustix::process::Signal::KILL,
+        );
     }
 }
 
