@@ -755,11 +755,16 @@ fn exec_reconnects_after_a_kernel_restart_and_reports_a_lost_command_as_255() {
     s.child.wait().unwrap();
     let dir = std::mem::replace(&mut s._dir, tempfile::tempdir().unwrap());
     let s2 = serve_with(dir, &["--listen", &addr]);
+    // The killed kernel's wsd child (running the lost command) outlives
+    // it, and the new kernel never uses that workspace: killed at the end
+    // (before `s2` removes its directory).
+    let children = crate::harness::LeftoverChildren(s2._dir.path().join("data"));
     let status = child.wait().unwrap();
     let mut err = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
     assert_eq!(status.code(), Some(255), "{err}");
     assert!(err.contains("result is lost"), "{err}");
+    drop(children);
     drop(s2);
 }
 
