@@ -8,7 +8,10 @@
 //! checkpoint on its own connection, beside the writer (it never blocks
 //! it). Should the writer outpace it, the hook checkpoints in the commit as
 //! before once the WAL reaches [`FOREGROUND_FRAMES`], which also lets the
-//! WAL restart from its beginning, so it stays bounded.
+//! WAL restart from its beginning, so it stays bounded. If the worker's
+//! checkpoint is still running then (SQLite refuses a second one at once,
+//! busy handler or not), the commit waits for it to end first: otherwise a
+//! slow disk let the WAL grow by whatever the writer added meanwhile.
 //!
 //! Durability is unchanged: a commit is in the WAL when the call returns,
 //! whoever copies it back later.
@@ -26,6 +29,10 @@ use rusqlite::{Connection, OpenFlags};
 pub(crate) const BACKGROUND_FRAMES: i32 = if cfg!(test) { 256 } else { 16_384 };
 /// WAL frames at which the writer checkpoints in its commit (256 MiB).
 pub(crate) const FOREGROUND_FRAMES: i32 = 4 * BACKGROUND_FRAMES;
+
+/// How long a commit at the foreground threshold waits for the worker's
+/// checkpoint to end before trying its own anyway.
+const WAIT_FOR_WORKER: Duration = Duration::from_secs(30);
 
 /// How long closing a store waits for a background checkpoint of it that
 /// is running (it copies at most [`FOREGROUND_FRAMES`] pages).
@@ -57,6 +64,17 @@ impl Shared {
     fn set(&self, phase: Phase) {
         *self.phase() = phase;
         self.changed.notify_all();
+    }
+
+    /// Waits (bounded) until no request is queued or running.
+    fn wait_idle(&self) {
+        let phase = self.phase();
+        let _idle = self
+            .changed
+            .wait_timeout_while(phase, WAIT_FOR_WORKER, |p| {
+                matches!(*p, Phase::Queued | Phase::Running)
+            })
+            .unwrap_or_else(|p| p.into_inner());
     }
 }
 
@@ -151,11 +169,13 @@ pub(crate) fn install(conn: &mut Connection, path: PathBuf) -> rusqlite::Result<
     conn.wal_hook(Some(move |wal: &mut rusqlite::hooks::Wal, frames: i32| {
         let sent = (BACKGROUND_FRAMES..FOREGROUND_FRAMES).contains(&frames)
             && request(&path, &hook_shared);
-        if frames >= BACKGROUND_FRAMES
-            && !sent
-            && let Err(e) = wal.checkpoint_v2(CheckpointMode::PASSIVE)
-        {
-            tracing::debug!(error = %e, frames, "checkpoint in the commit did not run");
+        if frames >= BACKGROUND_FRAMES && !sent {
+            if frames >= FOREGROUND_FRAMES {
+                hook_shared.wait_idle();
+            }
+            if let Err(e) = wal.checkpoint_v2(CheckpointMode::PASSIVE) {
+                tracing::debug!(error = %e, frames, "checkpoint in the commit did not run");
+            }
         }
         Ok(())
     }))?;
