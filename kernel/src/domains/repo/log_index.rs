@@ -27,7 +27,8 @@ pub fn chain(repo: &gix::Repository, tip: ObjectId) -> Result<Vec<ObjectId>, Rep
         chain.truncate(at + 1);
         return Ok(chain);
     }
-    let known: HashMap<ObjectId, usize> = chain.iter().enumerate().map(|(i, id)| (*id, i)).collect();
+    let known: HashMap<ObjectId, usize> =
+        chain.iter().enumerate().map(|(i, id)| (*id, i)).collect();
     let mut newer = Vec::new();
     let mut joined = None;
     let walk = repo

@@ -18,8 +18,8 @@ use gix::refs::Target;
 use gix::refs::transaction::{Change, LogChange, PreviousValue, RefEdit, RefLog};
 
 use super::error::RepoError;
-use super::{diff, log_index, pack};
 use super::names::Slug;
+use super::{diff, log_index, pack};
 use gsv_protocol::repo::*;
 
 /// Search stops after this many matching lines (`truncated: true`).
