@@ -1177,6 +1177,14 @@ async fn deep_log_pages_and_packed_applies_match_real_git() {
     .await
     .unwrap();
     let dir = repo_dir(&k, "alice/deep");
+    let pack_files = |ext: &str| {
+        std::fs::read_dir(dir.join("objects/pack"))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == ext))
+            .count()
+    };
+    assert_eq!(pack_files("keep"), 0, "the imported pack may be merged");
     let mut a = k.alice().await;
     let offset = INDEXED_LOG_OFFSET as usize + 50;
     let page = |rev: &str, offset: usize| json!({"repo": "alice/deep", "ref": rev, "limit": 100, "offset": offset});
@@ -1200,11 +1208,7 @@ async fn deep_log_pages_and_packed_applies_match_real_git() {
         )
         .await;
     }
-    let packs = std::fs::read_dir(dir.join("objects/pack"))
-        .unwrap()
-        .flatten()
-        .filter(|e| e.path().extension().is_some_and(|x| x == "idx"))
-        .count();
+    let packs = pack_files("idx");
     assert!(packs <= MAX_PACKS, "{packs} packs after merging");
     let counted = git(&dir, &["count-objects", "-v"]);
     assert!(
