@@ -20,22 +20,13 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::routing::post;
-use gsv_kernel::client::{Credentials, GsvClient, connect_args};
+use gsv_kernel::client::{GsvClient, connect_args};
 use gsv_kernel::{Kernel, KernelConfig};
 use serde_json::{Value, json};
+use wsd_bench::gateway::{login, report};
 
 const ACCOUNT: &str = "@bot:bench";
 const ACTOR: &str = "@alice:bench";
-
-fn percentile(v: &mut [Duration], p: f64) -> Duration {
-    v.sort();
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn report(name: &str, mut v: Vec<Duration>) {
-    let (p50, p99) = (percentile(&mut v, 0.5), percentile(&mut v, 0.99));
-    println!("{name}: p50 {p50:?}  p99 {p99:?}  (n={})", v.len());
-}
 
 fn main() {
     // `cargo bench` passes `--bench`; the one other argument is the
@@ -49,15 +40,6 @@ fn main() {
         .build()
         .unwrap();
     rt.block_on(run(messages));
-}
-
-async fn login(url: &str, user: &str, pw: &str) -> GsvClient {
-    let mut c = GsvClient::connect(url).await.unwrap();
-    c.timeout = Duration::from_secs(60);
-    c.login(user, &Credentials::Password(pw.into()))
-        .await
-        .unwrap();
-    c
 }
 
 /// Answers every chat completion with one chunk and `[DONE]`.

@@ -21,21 +21,12 @@
 
 use std::time::{Duration, Instant};
 
-use gsv_kernel::client::{Credentials, GsvClient};
+use gsv_kernel::client::GsvClient;
 use gsv_kernel::db::now_ms;
 use gsv_kernel::domains::proc::store;
 use gsv_kernel::{Kernel, KernelConfig};
 use serde_json::json;
-
-fn percentile(v: &mut [Duration], p: f64) -> Duration {
-    v.sort();
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn report(name: &str, mut v: Vec<Duration>) {
-    let (p50, p99) = (percentile(&mut v, 0.5), percentile(&mut v, 0.99));
-    println!("{name}: p50 {p50:?}  p99 {p99:?}  (n={})", v.len());
-}
+use wsd_bench::gateway::{login, report};
 
 fn status_kib(pid: &str, key: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -78,15 +69,6 @@ fn main() {
         .build()
         .unwrap();
     rt.block_on(run(idle_secs));
-}
-
-async fn login(url: &str, user: &str, pw: &str) -> GsvClient {
-    let mut c = GsvClient::connect(url).await.unwrap();
-    c.timeout = Duration::from_secs(60);
-    c.login(user, &Credentials::Password(pw.into()))
-        .await
-        .unwrap();
-    c
 }
 
 /// `n` messages in `pid`'s default conversation, written straight to the

@@ -21,16 +21,7 @@ use std::time::{Duration, Instant};
 use gsv_kernel::client::{Credentials, GsvClient};
 use gsv_kernel::{Kernel, KernelConfig};
 use serde_json::{Value, json};
-
-fn percentile(v: &mut [Duration], p: f64) -> Duration {
-    v.sort();
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn report(name: &str, mut v: Vec<Duration>) {
-    let (p50, p99) = (percentile(&mut v, 0.5), percentile(&mut v, 0.99));
-    println!("{name}: p50 {p50:?}  p99 {p99:?}  (n={})", v.len());
-}
+use wsd_bench::gateway::report;
 
 /// `n` timed calls after `n / 10` untimed ones; each answer checked.
 async fn timed(

@@ -13,7 +13,8 @@
 //!   with 100 running local wsd children (their RSS summed separately).
 //!
 //! `cargo bench -p wsd-bench --bench kernel` prints them; results go in
-//! `bench/RESULTS.md` by hand.
+//! `bench/RESULTS.md` by hand. `WSD_BIN=PATH` runs another `wsd` build;
+//! `KERNEL_BENCH=exec` runs only the `shell.exec` figures.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -96,7 +97,7 @@ async fn exec_true(wsd: &Path, sandbox: bool) {
         assert_eq!(d["status"], "completed", "{d}");
     }
     let mode = if sandbox {
-        "sandboxed (bwrap)"
+        "sandboxed (wsd serve --sandbox)"
     } else {
         "not sandboxed"
     };
@@ -110,13 +111,24 @@ async fn exec_true(wsd: &Path, sandbox: bool) {
 }
 
 async fn run() {
-    let exe = std::env::current_exe().unwrap();
-    let wsd = exe.parent().and_then(|d| d.parent()).unwrap().join("wsd");
+    // `WSD_BIN` picks another `wsd` (an older build, for an A/B run).
+    let wsd = match std::env::var_os("WSD_BIN") {
+        Some(p) => std::path::PathBuf::from(p),
+        None => {
+            let exe = std::env::current_exe().unwrap();
+            exe.parent().and_then(|d| d.parent()).unwrap().join("wsd")
+        }
+    };
     assert!(
         wsd.exists(),
         "{} missing: cargo build --release -p wsd",
         wsd.display()
     );
+    if std::env::var_os("KERNEL_BENCH").is_some_and(|v| v == "exec") {
+        exec_true(&wsd, false).await;
+        exec_true(&wsd, true).await;
+        return;
+    }
     // Reads and memory on a kernel whose children are not sandboxed; the
     // exec figures after it, each on a fresh kernel.
     let (kernel, mut c, _tmp) = start(&wsd, false).await;

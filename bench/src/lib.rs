@@ -8,6 +8,8 @@
 //! CLI's building blocks: a local [`WorkspaceStore`], the RPC client and the
 //! sync driver.
 
+pub mod gateway;
+
 use std::path::{Path, PathBuf};
 
 use tempfile::TempDir;

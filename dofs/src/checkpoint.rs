@@ -8,14 +8,17 @@
 //! checkpoint on its own connection, beside the writer (it never blocks
 //! it). Should the writer outpace it, the hook checkpoints in the commit as
 //! before once the WAL reaches [`FOREGROUND_FRAMES`], which also lets the
-//! WAL restart from its beginning, so it stays bounded.
+//! WAL restart from its beginning, so it stays bounded. If the worker's
+//! checkpoint is still running then (SQLite refuses a second one at once,
+//! busy handler or not), the commit waits for it to end first: otherwise a
+//! slow disk let the WAL grow by whatever the writer added meanwhile.
 //!
 //! Durability is unchanged: a commit is in the WAL when the call returns,
 //! whoever copies it back later.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, LazyLock, mpsc};
+use std::sync::{Arc, Condvar, LazyLock, Mutex, mpsc};
+use std::time::Duration;
 
 use rusqlite::wal::CheckpointMode;
 use rusqlite::{Connection, OpenFlags};
@@ -27,9 +30,41 @@ pub(crate) const BACKGROUND_FRAMES: i32 = if cfg!(test) { 256 } else { 16_384 };
 /// WAL frames at which the writer checkpoints in its commit (256 MiB).
 pub(crate) const FOREGROUND_FRAMES: i32 = 4 * BACKGROUND_FRAMES;
 
+/// How long a commit at the foreground threshold waits for the worker's
+/// checkpoint to end before trying its own anyway.
+const WAIT_FOR_WORKER: Duration = Duration::from_secs(30);
+
+/// Whether a checkpoint of one database is in flight on the worker.
+#[derive(Default)]
+struct Pending {
+    busy: Mutex<bool>,
+    done: Condvar,
+}
+
+impl Pending {
+    /// Marks a request in flight; false when one already was.
+    fn start(&self) -> bool {
+        !std::mem::replace(&mut *self.busy.lock().unwrap(), true)
+    }
+
+    fn finish(&self) {
+        *self.busy.lock().unwrap() = false;
+        self.done.notify_all();
+    }
+
+    /// Waits (bounded) until no request is in flight.
+    fn wait_idle(&self) {
+        let busy = self.busy.lock().unwrap();
+        let _idle = self
+            .done
+            .wait_timeout_while(busy, WAIT_FOR_WORKER, |b| *b)
+            .unwrap();
+    }
+}
+
 /// A request: the database to checkpoint, and its flag of a request in
 /// flight (cleared when done).
-type Request = (PathBuf, Arc<AtomicBool>);
+type Request = (PathBuf, Arc<Pending>);
 
 static WORKER: LazyLock<Option<mpsc::Sender<Request>>> = LazyLock::new(|| {
     let (tx, rx) = mpsc::channel::<Request>();
@@ -40,7 +75,7 @@ static WORKER: LazyLock<Option<mpsc::Sender<Request>>> = LazyLock::new(|| {
                 if let Err(e) = checkpoint(&path) {
                     tracing::debug!(path = %path.display(), error = %e, "background checkpoint failed");
                 }
-                pending.store(false, Ordering::Release);
+                pending.finish();
             }
         })
         .inspect_err(|e| tracing::warn!(error = %e, "no checkpoint thread; commits checkpoint"))
@@ -64,19 +99,21 @@ fn checkpoint(path: &std::path::Path) -> rusqlite::Result<()> {
 
 /// Installs the WAL hook on the writer's connection to the file `path`.
 pub(crate) fn install(conn: &mut Connection, path: PathBuf) -> rusqlite::Result<()> {
-    let pending = Arc::new(AtomicBool::new(false));
+    let pending = Arc::new(Pending::default());
     // The hook runs after the commit is durable in the WAL: an error from it
     // would make SQLite report the committed transaction as failed, so a
     // checkpoint that cannot run now (another one holds the lock) is left
     // for later, never returned.
     conn.wal_hook(Some(move |wal: &mut rusqlite::hooks::Wal, frames: i32| {
         let sent = (BACKGROUND_FRAMES..FOREGROUND_FRAMES).contains(&frames)
-            && (pending.swap(true, Ordering::AcqRel) || request(&path, &pending));
-        if frames >= BACKGROUND_FRAMES
-            && !sent
-            && let Err(e) = wal.checkpoint_v2(CheckpointMode::PASSIVE)
-        {
-            tracing::debug!(error = %e, frames, "checkpoint in the commit did not run");
+            && (!pending.start() || request(&path, &pending));
+        if frames >= BACKGROUND_FRAMES && !sent {
+            if frames >= FOREGROUND_FRAMES {
+                pending.wait_idle();
+            }
+            if let Err(e) = wal.checkpoint_v2(CheckpointMode::PASSIVE) {
+                tracing::debug!(error = %e, frames, "checkpoint in the commit did not run");
+            }
         }
         Ok(())
     }))
@@ -84,12 +121,12 @@ pub(crate) fn install(conn: &mut Connection, path: PathBuf) -> rusqlite::Result<
 
 /// Hands a checkpoint of `path` to the worker; false (and `pending`
 /// cleared) when there is no worker.
-fn request(path: &std::path::Path, pending: &Arc<AtomicBool>) -> bool {
+fn request(path: &std::path::Path, pending: &Arc<Pending>) -> bool {
     let sent = WORKER
         .as_ref()
         .is_some_and(|tx| tx.send((path.to_path_buf(), pending.clone())).is_ok());
     if !sent {
-        pending.store(false, Ordering::Release);
+        pending.finish();
     }
     sent
 }

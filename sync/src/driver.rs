@@ -130,12 +130,67 @@ pub async fn push<S: Store, R: Remote>(
     local: &mut S,
     remote: &mut R,
     opts: &SyncOptions<'_>,
+    on_batch: impl FnMut(&SyncReport),
+) -> Result<SyncReport, SyncError> {
+    push_while_indexing(local, remote, opts, &mut Indexed, on_batch).await
+}
+
+/// What one [`Indexing::next`] did.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum IndexStep {
+    /// Recorded more of the index; the local store's rev is now this.
+    Grew(u64),
+    /// Nothing new is ready yet (only when not asked to wait).
+    NotYet,
+    /// The index is complete: every change is recorded.
+    Complete,
+}
+
+/// The local index of a push that is still being built (the first push of
+/// a never-indexed tree): [`push_while_indexing`] sends what is recorded
+/// while the rest is hashed, and asks for more as its page runs short.
+#[allow(async_fn_in_trait)]
+pub trait Indexing<S> {
+    /// Records the next part of the index in `local`, waiting for one when
+    /// `wait` (else [`IndexStep::NotYet`] if none is ready).
+    async fn next(&mut self, local: &mut S, wait: bool) -> Result<IndexStep, SyncError>;
+
+    /// True once [`Indexing::next`] has nothing more to record.
+    fn is_complete(&self) -> bool;
+}
+
+/// An index already complete: a plain [`push`].
+struct Indexed;
+
+impl<S> Indexing<S> for Indexed {
+    async fn next(&mut self, _: &mut S, _: bool) -> Result<IndexStep, SyncError> {
+        Ok(IndexStep::Complete)
+    }
+
+    fn is_complete(&self) -> bool {
+        true
+    }
+}
+
+/// [`push`] of a local store whose index `indexing` is still building:
+/// the change window grows as it records more (each part under a rev of
+/// its own, so what is acknowledged is a prefix of whole revs and paths),
+/// and the push ends once it is complete and everything is sent. An
+/// interrupted run leaves the parts recorded so far and the push cursor
+/// after the last acknowledged batch, as an interrupted [`push`] does.
+/// A push that must re-baseline waits for the whole index first (its sweep
+/// deletes what the index does not list).
+pub async fn push_while_indexing<S: Store, R: Remote, I: Indexing<S>>(
+    local: &mut S,
+    remote: &mut R,
+    opts: &SyncOptions<'_>,
+    indexing: &mut I,
     mut on_batch: impl FnMut(&SyncReport),
 ) -> Result<SyncReport, SyncError> {
     let wm = local.watermarks(opts.remote_name)?;
     let mut cursor = wm.push_cursor.clone();
     let window = local.open_changes(&cursor)?;
-    let through = window.through;
+    let mut through = window.through;
     let mut report = SyncReport {
         cursor: cursor.clone(),
         ..SyncReport::default()
@@ -144,9 +199,13 @@ pub async fn push<S: Store, R: Remote>(
     if baseline {
         cursor = ChangeCursor::ZERO;
         report.rebaselined = true;
-    }
-    if cursor >= through && !baseline {
-        return Ok(report);
+        while !indexing.is_complete() {
+            match indexing.next(local, true).await? {
+                IndexStep::Grew(rev) => through = ChangeCursor::at(rev),
+                IndexStep::NotYet => {}
+                IndexStep::Complete => break,
+            }
+        }
     }
     let mut pager = Pager {
         page: Vec::new(),
@@ -154,7 +213,17 @@ pub async fn push<S: Store, R: Remote>(
         after: cursor.clone(),
         through,
         baseline,
+        indexing: !baseline && !indexing.is_complete(),
     };
+    if pager.indexing {
+        // Waits for the first part (or the end of an empty tree).
+        pager.fill_indexing(local, opts, indexing).await?;
+        if pager.page.is_empty() && cursor >= pager.through {
+            return Ok(report);
+        }
+    } else if cursor >= pager.through && !baseline {
+        return Ok(report);
+    }
     // Pipelined so that the receiver's store (one writer, the bottleneck)
     // seldom waits for us. Per batch i:
     // - objects(i) are uploaded while the receiver applies batch i-1;
@@ -165,7 +234,7 @@ pub async fn push<S: Store, R: Remote>(
     // - a push is sent only after the previous one was acknowledged and
     //   after its own objects were staged (uploads go to another
     //   capability, whose calls are not ordered with the sync calls).
-    pager.fill(local, opts)?;
+    pager.fill_indexing(local, opts, indexing).await?;
     let (hashes, sizes) = distinct_chunks(&pager.page);
     let held = probe(remote, &hashes).await?.await?;
     let mut current = pager.cut(&held, &sizes);
@@ -182,7 +251,7 @@ pub async fn push<S: Store, R: Remote>(
         report.deduplicated_bytes += current.deduplicated_bytes;
         if !current.last {
             // Local work while the uploads are on their way.
-            pager.fill(local, opts)?;
+            pager.fill_indexing(local, opts, indexing).await?;
         }
         let staged = async {
             for u in uploads.drain(..) {
@@ -433,9 +502,38 @@ struct Pager {
     after: ChangeCursor,
     through: ChangeCursor,
     baseline: bool,
+    /// The local index is still being built: `through` grows, and the
+    /// window is not over when the page runs dry.
+    indexing: bool,
 }
 
 impl Pager {
+    /// [`Pager::fill`], then, while the index is still being built and the
+    /// page is short of a batch, records more of it and reads on: waiting
+    /// for a part only when the page is empty (something to send goes out
+    /// now rather than waiting to be a full batch).
+    async fn fill_indexing<S: Store, I: Indexing<S>>(
+        &mut self,
+        local: &mut S,
+        opts: &SyncOptions<'_>,
+        indexing: &mut I,
+    ) -> Result<(), SyncError> {
+        loop {
+            self.fill(local, opts)?;
+            if !self.indexing || self.page.len() >= BATCH_ENTRIES {
+                return Ok(());
+            }
+            match indexing.next(local, self.page.is_empty()).await? {
+                IndexStep::Grew(rev) => {
+                    self.through = ChangeCursor::at(rev);
+                    self.exhausted = false;
+                }
+                IndexStep::NotYet => return Ok(()),
+                IndexStep::Complete => self.indexing = false,
+            }
+        }
+    }
+
     /// Tops the page up to [`BATCH_ENTRIES`].
     fn fill<S: Store>(&mut self, local: &mut S, opts: &SyncOptions<'_>) -> Result<(), SyncError> {
         if self.page.len() < BATCH_ENTRIES && !self.exhausted {
@@ -488,7 +586,7 @@ impl Pager {
                 missing.push((h, sizes[&h]));
             }
         }
-        let last = self.exhausted && self.page.is_empty();
+        let last = self.exhausted && !self.indexing && self.page.is_empty();
         let sender = match (last, entries.last()) {
             (true, _) | (false, None) => self.through.clone(),
             (false, Some(e)) => ChangeCursor::within(e.rev, e.path.clone()),

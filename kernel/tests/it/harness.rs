@@ -49,6 +49,37 @@ impl Drop for TestKernel {
     }
 }
 
+/// Kills, when dropped (a failed assertion too), the local wsd children a
+/// kernel on its data directory left running because a test let it vanish
+/// without shutting down (a simulated crash): each workspace's `wsd.pid`,
+/// if that process still serves from the directory.
+pub struct LeftoverChildren(pub std::path::PathBuf);
+
+impl Drop for LeftoverChildren {
+    fn drop(&mut self) {
+        kill_leftover_children(&self.0);
+    }
+}
+
+fn kill_leftover_children(data: &std::path::Path) {
+    let Ok(dirs) = std::fs::read_dir(data.join("workspaces")) else {
+        return;
+    };
+    for dir in dirs.flatten() {
+        let Some(pid) = std::fs::read_to_string(dir.path().join("wsd.pid"))
+            .ok()
+            .and_then(|t| t.trim().parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let ours = String::from_utf8_lossy(&cmdline).contains(&*data.to_string_lossy());
+        if let (true, Some(p)) = (ours, rustix::process::Pid::from_raw(pid)) {
+            let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+        }
+    }
+}
+
 impl TestKernel {
     /// A fresh kernel in setup mode.
     pub async fn start() -> TestKernel {

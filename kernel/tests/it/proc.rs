@@ -883,6 +883,8 @@ async fn remember_allows_later_deletes_of_the_same_process_without_asking() {
 fn a_restart_ends_the_interrupted_run_with_an_error_and_runs_the_queued_message() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
+    // The forgotten kernel's wsd child outlives it, as after a crash.
+    let _children = crate::harness::LeftoverChildren(data.clone());
     let main_rt = tokio::runtime::Runtime::new().unwrap();
     let gate = Arc::new(Notify::new());
     let m = main_rt.block_on(ModelServer::start(vec![

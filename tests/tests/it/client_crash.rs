@@ -17,7 +17,9 @@
 //!   `wsd/src/store/DESIGN.md` states; it holds for a `synchronous=NORMAL`
 //!   index too, whose unsynced WAL tail an OS crash also loses);
 //! - a torn index (pages from two moments) found by the check after a
-//!   reboot: set aside, rebuilt under a new peer name, and converged.
+//!   reboot: set aside, rebuilt under a new peer name, and converged;
+//! - `kill -9` during the first push of a never-indexed tree, which builds
+//!   its index in pieces while it sends them: the next push converges.
 //!
 //! Iterations: 4 rounds of kills, 12 with `WSD_SLOW_TESTS=1`.
 
@@ -258,6 +260,44 @@ fn kill_9_of_the_cli_at_random_points_of_a_push_then_the_next_push_converges() {
         c.assert_converged(&format!("round {round}"));
     }
     assert!(interrupted > 0, "no kill landed inside a push");
+}
+
+#[test]
+fn kill_9_during_the_first_push_of_a_never_indexed_tree_then_the_next_push_converges() {
+    // The first push records its index in pieces, each under a rev of its
+    // own, while it sends them: a kill leaves some pieces recorded, some
+    // of them acknowledged; the next push walks, records the rest, and
+    // sends what the remote lacks.
+    let calibrated = {
+        let c = Client::start(0xF125);
+        make_tree(&c.local, 600, 11);
+        let started = Instant::now();
+        c.run("push");
+        c.assert_converged("calibration push");
+        started.elapsed()
+    };
+    let mut interrupted = 0;
+    for round in 0..rounds() {
+        // A never-indexed tree into an empty workspace, every round.
+        let mut c = Client::start(0xF125 + 1 + round as u64);
+        make_tree(&c.local, 600, 11 + round as u64);
+        let delay = calibrated.mul_f64(c.rng.random_range(0.0..1.2));
+        if c.push_killed_after(delay) {
+            interrupted += 1;
+        }
+        eprintln!("client crash: first push, round {round}, killed after {delay:?}");
+        if round % 2 == 1 {
+            c.grow(round);
+        }
+        c.run("push");
+        c.assert_converged(&format!("round {round}"));
+        let again = String::from_utf8(c.run("push").stdout).unwrap();
+        assert!(
+            again.contains("\"entries\":0,"),
+            "round {round}: the index was left incomplete: {again}"
+        );
+    }
+    assert!(interrupted > 0, "no kill landed inside a first push");
 }
 
 #[test]

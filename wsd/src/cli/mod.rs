@@ -101,6 +101,14 @@ enum Command {
     ///
     /// For example: `wsd man > /usr/local/share/man/man1/wsd.1`.
     Man,
+    /// Internal: the runner `wsd serve --sandbox` starts inside its sandbox
+    /// (it forks the commands there); not for use by hand.
+    #[command(name = "sandbox-runner", hide = true)]
+    SandboxRunner {
+        /// The control socket the daemon left open.
+        #[arg(long, value_name = "FD")]
+        control_fd: i32,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -333,6 +341,10 @@ pub fn run(args: Cli) -> Result<ExitCode> {
             clap_mangen::Man::new(Cli::command())
                 .render(&mut std::io::stdout())
                 .context("writing the man page")?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::SandboxRunner { control_fd } => {
+            wsd::exec::sandbox_runner::run_runner(control_fd)?;
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -9,11 +9,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
-use wsd::store::{ConflictCopy, StoreOptions, WorkspaceStore};
+use wsd::store::{ConflictCopy, FirstIndex, Piece, StoreOptions, WorkspaceStore};
 use wsd_client::client::Client;
-use wsd_sync::driver::{self, SyncOptions, SyncReport};
+use wsd_sync::driver::{self, IndexStep, Indexing, SyncOptions, SyncReport};
 use wsd_sync::{
     ChangeCursor, ChangeEntry, ChangeStream, ChangesQuery, EntryState, IgnoreRules, Store,
+    SyncError,
 };
 
 use super::RemoteArgs;
@@ -109,13 +110,100 @@ struct Session {
     save_to: Option<PathBuf>,
     /// True right after a settle: the next push or pull needs none.
     settled: bool,
+    /// A never-indexed directory's index, still being built for the push
+    /// that sends it (see [`FirstIndexing`]); the push takes it.
+    indexing: Option<FirstIndexing>,
+}
+
+/// How many hashed pieces of a first index may wait for the push: the
+/// walk runs ahead of the push by at most this many (a few MiB of rows).
+const PIECES_AHEAD: usize = 8;
+
+/// A first index ([`FirstIndex`]) walking and hashing on a thread of its
+/// own, its pieces recorded in the store as the push asks for more.
+struct FirstIndexing {
+    pieces: tokio::sync::mpsc::Receiver<Result<Piece, SyncError>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    complete: bool,
+}
+
+impl FirstIndexing {
+    fn start(first: FirstIndex) -> Result<FirstIndexing> {
+        let (tx, pieces) = tokio::sync::mpsc::channel(PIECES_AHEAD);
+        let walk = move || {
+            let t0 = Instant::now();
+            match first.run(|piece| tx.blocking_send(Ok(piece)).is_ok()) {
+                Ok(report) => tracing::debug!(
+                    target: "wsd::timing",
+                    index_ms = t0.elapsed().as_secs_f64() * 1e3,
+                    hashed = report.hashed,
+                    changed = report.changed,
+                    "first index built"
+                ),
+                Err(e) => {
+                    let _ = tx.blocking_send(Err(e));
+                }
+            }
+        };
+        let thread = std::thread::Builder::new()
+            .name("wsd-first-index".into())
+            .spawn(walk)
+            .context("starting the indexing thread")?;
+        Ok(FirstIndexing {
+            pieces,
+            thread: Some(thread),
+            complete: false,
+        })
+    }
+}
+
+impl Indexing<WorkspaceStore> for FirstIndexing {
+    async fn next(
+        &mut self,
+        store: &mut WorkspaceStore,
+        wait: bool,
+    ) -> Result<IndexStep, SyncError> {
+        use tokio::sync::mpsc::error::TryRecvError;
+        loop {
+            let piece = if wait {
+                self.pieces.recv().await
+            } else {
+                match self.pieces.try_recv() {
+                    Ok(p) => Some(p),
+                    Err(TryRecvError::Empty) => return Ok(IndexStep::NotYet),
+                    Err(TryRecvError::Disconnected) => None,
+                }
+            };
+            let Some(piece) = piece else {
+                // The walk is over; a panic in it is no complete index.
+                if let Some(t) = self.thread.take()
+                    && t.join().is_err()
+                {
+                    return Err(SyncError::Storage(
+                        "the indexing thread panicked".to_owned(),
+                    ));
+                }
+                self.complete = true;
+                return Ok(IndexStep::Complete);
+            };
+            if let Some(rev) = store.record_piece(piece?)? {
+                return Ok(IndexStep::Grew(rev));
+            }
+        }
+    }
+
+    fn is_complete(&self) -> bool {
+        self.complete
+    }
 }
 
 impl Session {
     /// `watch`: keep an inotify watcher on LOCAL_DIR (for `sync --watch`),
     /// so that settles look only at what it reported and [`Wake`] hears of
-    /// changes as they happen.
-    async fn open(a: &TransferArgs, watch: bool) -> Result<Session> {
+    /// changes as they happen. `pushing`: the session's first transfer is a
+    /// push, so a never-indexed LOCAL_DIR is indexed while it is pushed
+    /// instead of before.
+    async fn open(a: &TransferArgs, watch: bool, pushing: bool) -> Result<Session> {
         if a.create {
             std::fs::create_dir_all(&a.local)
                 .with_context(|| format!("creating {}", a.local.display()))?;
@@ -163,9 +251,21 @@ impl Session {
         )
         .with_context(|| format!("opening the index of {}", a.local.display()))?;
         let t_open = t0.elapsed();
-        let settled = store
-            .settle()
-            .with_context(|| format!("indexing {}", a.local.display()))?;
+        let first = match pushing {
+            true => store
+                .first_index()
+                .with_context(|| format!("reading the index of {}", a.local.display()))?,
+            false => None,
+        };
+        let (settled, indexing) = match first {
+            Some(first) => (Default::default(), Some(FirstIndexing::start(first)?)),
+            None => (
+                store
+                    .settle()
+                    .with_context(|| format!("indexing {}", a.local.display()))?,
+                None,
+            ),
+        };
         let t_settle = t0.elapsed();
         let peer = peer_name(&state, index_lost || store.index_rebuilt())?;
         let mut remote = a.remote.connect(&peer).await?;
@@ -190,13 +290,18 @@ impl Session {
             ignore,
             remembered,
             save_to,
-            settled: true,
+            settled: indexing.is_none(),
+            indexing,
         })
     }
 
     /// Settles the local directory unless nothing could have changed since
     /// the last settle of this session.
     fn settle(&mut self) -> Result<()> {
+        anyhow::ensure!(
+            self.indexing.is_none(),
+            "a first index is still being built for a push"
+        );
         if !std::mem::take(&mut self.settled) {
             self.store
                 .settle()
@@ -206,16 +311,33 @@ impl Session {
     }
 
     async fn push(&mut self, progress: &Progress) -> Result<SyncReport> {
-        self.settle()?;
+        let mut indexing = self.indexing.take();
+        if indexing.is_none() {
+            self.settle()?;
+        }
         let opts = SyncOptions {
             remote_name: &self.remote_name,
             ignore: &self.ignore,
         };
-        let mut report = driver::push(&mut self.store, &mut self.remote, &opts, |r| {
-            progress.update("push", r)
-        })
-        .await
-        .context("push failed")?;
+        let pushed = match &mut indexing {
+            Some(indexing) => {
+                driver::push_while_indexing(
+                    &mut self.store,
+                    &mut self.remote,
+                    &opts,
+                    indexing,
+                    |r| progress.update("push", r),
+                )
+                .await
+            }
+            None => {
+                driver::push(&mut self.store, &mut self.remote, &opts, |r| {
+                    progress.update("push", r)
+                })
+                .await
+            }
+        };
+        let mut report = pushed.context("push failed")?;
         if self.remembered.released.is_empty() {
             return Ok(report);
         }
@@ -624,7 +746,7 @@ pub async fn push(a: TransferArgs) -> Result<ExitCode> {
         print_summary(&summary, a.json, a.quiet);
         return Ok(ExitCode::SUCCESS);
     }
-    let mut s = Session::open(&a, false).await?;
+    let mut s = Session::open(&a, false, !a.dry_run).await?;
     if a.dry_run {
         let plan = s.planned_push()?;
         print_plan("push", &plan, &a);
@@ -667,7 +789,7 @@ fn push_through_agent(a: &TransferArgs) -> Result<Option<serde_json::Value>> {
 
 pub async fn pull(a: TransferArgs) -> Result<ExitCode> {
     let started = Instant::now();
-    let mut s = Session::open(&a, false).await?;
+    let mut s = Session::open(&a, false, false).await?;
     if a.dry_run {
         let plan = s.planned_pull().await?;
         print_plan("pull", &plan, &a);
@@ -693,7 +815,7 @@ pub async fn pull(a: TransferArgs) -> Result<ExitCode> {
 }
 
 pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
-    let mut s = Session::open(&a.transfer, a.watch).await?;
+    let mut s = Session::open(&a.transfer, a.watch, false).await?;
     if a.transfer.dry_run {
         let pulled = s.planned_pull().await?;
         let pushed = s.planned_push()?;

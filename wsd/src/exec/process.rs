@@ -73,17 +73,15 @@ pub(crate) fn signal_group(pgid: i32, sig: i32) -> std::io::Result<()> {
     }
 }
 
-/// Sends `sig` to a sandboxed exec's group `pgid`. Its leader is `bwrap`,
-/// which has no handlers: a SIGTERM would kill it at once, and its exit
-/// code would be 143 whatever the command does with the signal. So every
-/// signal but SIGKILL goes to the other members of the group (the command
-/// and its children; the namespace's init ignores it, as init does), found
-/// in `/proc`. A process forked while `/proc` is read can miss it; the
-/// SIGKILL that follows a timeout or kill after the grace period goes to
-/// the whole group, and bwrap's init takes the whole pid namespace with it.
-pub(crate) fn signal_sandboxed_group(pgid: i32, sig: i32) -> std::io::Result<()> {
-    if sig == Signal::SIGKILL as i32 || pgid <= 1 {
-        return signal_group(pgid, sig);
+/// Sends `sig` to every process of the session a terminal's leader
+/// `leader` leads (field 6 of `stat`): the leader and every job an
+/// interactive shell put in a group of its own. Sandboxed terminals too:
+/// the sandbox's runner makes the program a session leader, and `/proc`
+/// here names it by its host pid. A process forked while `/proc` is read
+/// can be missed; the runner's SIGKILL escalation reads it again.
+pub(crate) fn signal_terminal(leader: i32, sig: i32) -> std::io::Result<()> {
+    if leader <= 1 {
+        return Err(Errno::EINVAL.into());
     }
     let sig = Signal::try_from(sig)?;
     for entry in std::fs::read_dir("/proc")? {
@@ -94,77 +92,14 @@ pub(crate) fn signal_sandboxed_group(pgid: i32, sig: i32) -> std::io::Result<()>
         else {
             continue;
         };
-        if pid == pgid {
-            continue;
-        }
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
             continue;
         };
-        if parse_stat_field(&stat, 5) == Some(pgid as u64) {
+        if parse_stat_field(&stat, 6) == Some(leader as u64) {
             match nix::sys::signal::kill(Pid::from_raw(pid), sig) {
                 Ok(()) | Err(Errno::ESRCH) => {}
                 Err(e) => return Err(e.into()),
             }
-        }
-    }
-    Ok(())
-}
-
-/// Sends `sig` to what belongs to a terminal whose leader is `leader`.
-/// On the host: every process of its session (the leader and every job an
-/// interactive shell put in a group of its own; field 6 of `stat`).
-/// Sandboxed: every descendant of the leader (`bwrap`): the program runs
-/// in a session of its own inside, and the sandbox's pid namespace keeps
-/// every orphan below bwrap's init; every signal but SIGKILL spares the
-/// leader, which has no handlers (see [`signal_sandboxed_group`]). A
-/// process forked while `/proc` is read can be missed; the runner's
-/// SIGKILL escalation reads it again.
-pub(crate) fn signal_terminal(leader: i32, sig: i32, sandboxed: bool) -> std::io::Result<()> {
-    if leader <= 1 {
-        return Err(Errno::EINVAL.into());
-    }
-    let kill = sig == Signal::SIGKILL as i32;
-    let sig = Signal::try_from(sig)?;
-    // (pid, ppid, session) of every process we can read.
-    let mut procs = Vec::new();
-    for entry in std::fs::read_dir("/proc")? {
-        let Some(pid) = entry?
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        if let (Some(ppid), Some(sid)) = (parse_stat_field(&stat, 4), parse_stat_field(&stat, 6)) {
-            procs.push((pid, ppid as i32, sid as i32));
-        }
-    }
-    let targets: Vec<i32> = if sandboxed {
-        let mut tree = vec![leader];
-        let mut i = 0;
-        while i < tree.len() {
-            let parent = tree[i];
-            tree.extend(procs.iter().filter(|p| p.1 == parent).map(|p| p.0));
-            i += 1;
-        }
-        if !kill {
-            tree.remove(0);
-        }
-        tree
-    } else {
-        procs
-            .iter()
-            .filter(|p| p.2 == leader)
-            .map(|p| p.0)
-            .collect()
-    };
-    for pid in targets {
-        match nix::sys::signal::kill(Pid::from_raw(pid), sig) {
-            Ok(()) | Err(Errno::ESRCH) => {}
-            Err(e) => return Err(e.into()),
         }
     }
     Ok(())

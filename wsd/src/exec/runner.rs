@@ -27,7 +27,9 @@ use tokio::process::{Child, Command};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-use super::process::{process_start_time, signal_group, signal_sandboxed_group, signal_terminal};
+use super::process::{process_start_time, signal_group, signal_terminal};
+use super::sandbox::Sandbox;
+use super::sandbox_runner::{SandboxedChild, SpawnRequest};
 use super::{EXIT_LOST, EventKind, ExecError, ExecEvent, PIPELINE_DEPTH, READ_CHUNK_BYTES, Shared};
 
 /// Kill and dispose requests queued for a runner. Senders wait when it is
@@ -195,17 +197,18 @@ impl LiveExec {
 /// runtime drops the task mid-flight.
 struct GroupGuard {
     pgid: i32,
-    /// A terminal's (whether sandboxed): signal what belongs to it.
-    terminal: Option<bool>,
+    /// A terminal's: signal its whole session.
+    terminal: bool,
     armed: bool,
 }
 
 impl GroupGuard {
     fn kill(&self) {
         let kill = nix::sys::signal::Signal::SIGKILL as i32;
-        let _ = match self.terminal {
-            Some(sandboxed) => signal_terminal(self.pgid, kill, sandboxed),
-            None => signal_group(self.pgid, kill),
+        let _ = if self.terminal {
+            signal_terminal(self.pgid, kill)
+        } else {
+            signal_group(self.pgid, kill)
         };
     }
 }
@@ -221,8 +224,37 @@ impl Drop for GroupGuard {
 /// A command's output streams: a pipe each, or one terminal as `out`.
 type OutputStream = Pin<Box<dyn AsyncRead + Send>>;
 
+/// The command's first process: a child of ours, or one the sandbox's
+/// runner forked (which reports its end to us).
+enum Leader {
+    Host(Child),
+    Sandboxed(SandboxedChild),
+}
+
+impl Leader {
+    /// Its pid on the host: its process group's (and a terminal's
+    /// session's) id. Valid until [`Leader::wait`] returned: the process is
+    /// not reaped before.
+    fn pid(&self) -> i32 {
+        match self {
+            Leader::Host(child) => child
+                .id()
+                .expect("a child that was not waited for has a pid")
+                as i32,
+            Leader::Sandboxed(child) => child.pid(),
+        }
+    }
+
+    async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        match self {
+            Leader::Host(child) => child.wait().await,
+            Leader::Sandboxed(child) => child.wait().await,
+        }
+    }
+}
+
 struct Started {
-    child: Child,
+    child: Leader,
     generation: u64,
     stdin_task: AbortOnDrop,
     out: Option<OutputStream>,
@@ -284,12 +316,10 @@ pub(crate) async fn run(
             return;
         }
     };
-    let pgid = child
-        .id()
-        .expect("a child that was not waited for has a pid") as i32;
+    let pgid = child.pid();
     let mut guard = GroupGuard {
         pgid,
-        terminal: live.terminal.then_some(shared.config.sandbox.is_some()),
+        terminal: live.terminal,
         armed: true,
     };
     let _ = started.send(Ok(()));
@@ -364,10 +394,15 @@ async fn start(shared: &Shared, live: &LiveExec, spec: ExecSpec) -> Result<Start
             command,
             stdin,
             stdin_open,
-        } => spawn_shell(
-            shared, live, &spec.cwd, spec.env, &command, stdin, stdin_open,
-        ),
-        Program::Pty { argv, size } => spawn_pty(shared, live, &spec.cwd, spec.env, &argv, size),
+        } => {
+            spawn_shell(
+                shared, live, &spec.cwd, spec.env, &command, stdin, stdin_open,
+            )
+            .await
+        }
+        Program::Pty { argv, size } => {
+            spawn_pty(shared, live, &spec.cwd, spec.env, &argv, size).await
+        }
     };
     match spawned {
         Ok((child, stdin_task, out, err)) => Ok(Started {
@@ -386,13 +421,13 @@ async fn start(shared: &Shared, live: &LiveExec, spec: ExecSpec) -> Result<Start
 }
 
 type Spawned = (
-    Child,
+    Leader,
     AbortOnDrop,
     Option<OutputStream>,
     Option<OutputStream>,
 );
 
-fn spawn_shell(
+async fn spawn_shell(
     shared: &Shared,
     live: &LiveExec,
     cwd: &std::path::Path,
@@ -401,33 +436,36 @@ fn spawn_shell(
     stdin: Option<Vec<u8>>,
     stdin_open: bool,
 ) -> Result<Spawned, ExecError> {
-    let mut cmd = match &shared.config.sandbox {
-        // bwrap enters the cwd inside; it starts a session of its own.
-        Some(sandbox) => Command::from(sandbox.command(cwd, command)),
-        None => {
-            let mut cmd = Command::new("/bin/sh");
-            cmd.arg("-c").arg(command).current_dir(cwd).process_group(0);
-            cmd
-        }
-    };
-    cmd.env_clear()
-        .envs(env)
-        .stdin(if stdin.is_some() || stdin_open {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().map_err(|e| {
-        let what = match &shared.config.sandbox {
-            Some(_) => "spawning bwrap /bin/sh",
-            None => "spawning /bin/sh",
+    let piped_stdin = stdin.is_some() || stdin_open;
+    let (child, stdin_pipe, out, err): (Leader, Option<InputPipe>, OutputStream, OutputStream) =
+        match &shared.config.sandbox {
+            Some(sandbox) => spawn_shell_sandboxed(sandbox, cwd, env, command, piped_stdin).await?,
+            None => {
+                let mut cmd = Command::new("/bin/sh");
+                cmd.arg("-c")
+                    .arg(command)
+                    .current_dir(cwd)
+                    .process_group(0)
+                    .env_clear()
+                    .envs(env)
+                    .stdin(if piped_stdin {
+                        Stdio::piped()
+                    } else {
+                        Stdio::null()
+                    })
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped());
+                let mut child = cmd
+                    .spawn()
+                    .map_err(|e| ExecError::io("spawning /bin/sh", e))?;
+                let stdin_pipe = child.stdin.take().map(|p| Box::pin(p) as InputPipe);
+                let out = Box::pin(child.stdout.take().expect("piped")) as OutputStream;
+                let err = Box::pin(child.stderr.take().expect("piped")) as OutputStream;
+                (Leader::Host(child), stdin_pipe, out, err)
+            }
         };
-        ExecError::io(what, e)
-    })?;
     let queue = stdin_open.then(|| open_input_queue(live));
-    let stdin_task = child.stdin.take().map(|mut pipe| {
+    let stdin_task = stdin_pipe.map(|mut pipe| {
         tokio::spawn(async move {
             // EPIPE just means the command exited without reading it all.
             if let Some(bytes) = stdin
@@ -447,15 +485,64 @@ fn spawn_shell(
             let _ = pipe.shutdown().await;
         })
     });
-    let out = child.stdout.take().map(|p| Box::pin(p) as OutputStream);
-    let err = child.stderr.take().map(|p| Box::pin(p) as OutputStream);
-    Ok((child, AbortOnDrop(stdin_task), out, err))
+    Ok((child, AbortOnDrop(stdin_task), Some(out), Some(err)))
+}
+
+/// A command's stdin, as we write it.
+type InputPipe = Pin<Box<dyn tokio::io::AsyncWrite + Send>>;
+
+/// `/bin/sh -c command` started by the sandbox's runner, on pipes we make.
+async fn spawn_shell_sandboxed(
+    sandbox: &Sandbox,
+    cwd: &std::path::Path,
+    env: Vec<(OsString, OsString)>,
+    command: &str,
+    piped_stdin: bool,
+) -> Result<(Leader, Option<InputPipe>, OutputStream, OutputStream), ExecError> {
+    use std::os::fd::AsFd;
+    use tokio::net::unix::pipe;
+    let pipe_err = |e: std::io::Error| ExecError::io("making the command's pipes", e);
+    let new_pipe = || {
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| pipe_err(e.into()))
+    };
+    let (in_theirs, in_ours) = if piped_stdin {
+        let (r, w) = new_pipe()?;
+        (r, Some(w))
+    } else {
+        let null = std::fs::File::open("/dev/null").map_err(pipe_err)?;
+        (std::os::fd::OwnedFd::from(null), None)
+    };
+    let (out_ours, out_theirs) = new_pipe()?;
+    let (err_ours, err_theirs) = new_pipe()?;
+    let req = SpawnRequest {
+        terminal: false,
+        cwd: cwd.to_path_buf(),
+        argv: vec!["/bin/sh".into(), "-c".into(), command.into()],
+        env,
+    };
+    let child = sandbox
+        .spawn(
+            &req,
+            &[in_theirs.as_fd(), out_theirs.as_fd(), err_theirs.as_fd()],
+        )
+        .await
+        .map_err(|e| ExecError::io("starting /bin/sh in the sandbox", e))?;
+    // Only the command may hold the other ends now: EOF when it is done.
+    drop((in_theirs, out_theirs, err_theirs));
+    let stdin_pipe = match in_ours {
+        Some(w) => Some(Box::pin(pipe::Sender::from_owned_fd(w).map_err(pipe_err)?) as InputPipe),
+        None => None,
+    };
+    let out = Box::pin(pipe::Receiver::from_owned_fd(out_ours).map_err(pipe_err)?) as OutputStream;
+    let err = Box::pin(pipe::Receiver::from_owned_fd(err_ours).map_err(pipe_err)?) as OutputStream;
+    Ok((Leader::Sandboxed(child), stdin_pipe, out, err))
 }
 
 /// Opens a pseudo-terminal of `size` and starts `argv` on it (sandboxed:
-/// under bwrap, which keeps the terminal's session). The master's read
-/// half is the output; its write half serves the input queue.
-fn spawn_pty(
+/// forked by the sandbox's runner, as the leader of a session of its own
+/// with the terminal as its controlling one). The master's read half is
+/// the output; its write half serves the input queue.
+async fn spawn_pty(
     shared: &Shared,
     live: &LiveExec,
     cwd: &std::path::Path,
@@ -472,28 +559,31 @@ fn spawn_pty(
     let child = match &shared.config.sandbox {
         Some(sandbox) => {
             use std::os::fd::AsFd;
-            let stdio = || {
-                pts.as_fd()
-                    .try_clone_to_owned()
-                    .map(Stdio::from)
-                    .map_err(|e| ExecError::io("duplicating the terminal", e))
+            let req = SpawnRequest {
+                terminal: true,
+                cwd: cwd.to_path_buf(),
+                argv: argv.iter().map(OsString::from).collect(),
+                env,
             };
-            let mut cmd = Command::from(sandbox.pty_command(cwd, argv));
-            cmd.env_clear()
-                .envs(env)
-                .stdin(stdio()?)
-                .stdout(stdio()?)
-                .stderr(stdio()?);
-            cmd.spawn()
-                .map_err(|e| ExecError::io("spawning bwrap for a terminal", e))?
+            let child = sandbox.spawn(&req, &[pts.as_fd()]).await.map_err(|e| {
+                ExecError::io(
+                    format!("starting {:?} on a terminal in the sandbox", argv[0]),
+                    e,
+                )
+            })?;
+            // The output ends (EIO) only once no slave is open: ours goes.
+            drop(pts);
+            Leader::Sandboxed(child)
         }
-        None => pty_process::Command::new(&argv[0])
-            .args(&argv[1..])
-            .current_dir(cwd)
-            .env_clear()
-            .envs(env)
-            .spawn(pts)
-            .map_err(|e| pty_err(&format!("spawning {:?} on a terminal", argv[0]), e))?,
+        None => Leader::Host(
+            pty_process::Command::new(&argv[0])
+                .args(&argv[1..])
+                .current_dir(cwd)
+                .env_clear()
+                .envs(env)
+                .spawn(pts)
+                .map_err(|e| pty_err(&format!("spawning {:?} on a terminal", argv[0]), e))?,
+        ),
     };
     let (read, mut write) = pty.into_split();
     let mut queue = open_input_queue(live);
@@ -604,7 +694,7 @@ async fn append(
 async fn pump(
     shared: &Shared,
     live: &LiveExec,
-    child: &mut Child,
+    child: &mut Leader,
     (mut stdout, mut stderr): (Option<OutputStream>, Option<OutputStream>),
     control_rx: &mut mpsc::Receiver<Control>,
     timeout: Option<Duration>,
@@ -614,9 +704,7 @@ async fn pump(
     let id = live.id.as_str();
     // The leader is its group's (and a terminal's session's) id; it has a
     // pid until it is waited for, below.
-    let pgid = child
-        .id()
-        .expect("a child that was not waited for has a pid") as i32;
+    let pgid = child.pid();
     let mut out_buf = vec![0u8; READ_CHUNK_BYTES];
     let mut err_buf = vec![0u8; READ_CHUNK_BYTES];
     let mut pipeline = FuturesOrdered::new();
@@ -630,13 +718,10 @@ async fn pump(
     let mut abandon_at: Option<Instant> = None;
     let mut shutdown_seen = false;
     let mut control_open = true;
-    let sandboxed = shared.config.sandbox.is_some();
     let terminal = live.terminal;
     let signal = |sig: i32| {
         let sent = if terminal {
-            signal_terminal(pgid, sig, sandboxed)
-        } else if sandboxed {
-            signal_sandboxed_group(pgid, sig)
+            signal_terminal(pgid, sig)
         } else {
             signal_group(pgid, sig)
         };
@@ -732,6 +817,13 @@ async fn pump(
                     Ok(st) => exit_code(st),
                     Err(e) => {
                         tracing::error!(exec = id, error = %e, "waiting for the exec failed");
+                        // Say why on the exec's own stderr (the sandbox's
+                        // runner died, for one), not only in our log.
+                        let note = format!("wsd: {e}\n").into_bytes();
+                        match append(shared, live, seq, EventKind::Stderr(note)).await {
+                            Ok(committed) => pipeline.push_back(committed),
+                            Err(e) => return Outcome::LogFailed(e),
+                        }
                         EXIT_LOST
                     }
                 });

@@ -9,12 +9,16 @@
 //! them.
 //!
 //! The namespaces are bwrap's; this module only builds its argument list.
+//! One bwrap is started per sandbox, not per command: a runner inside
+//! forks the commands ([`super::sandbox_runner`]).
 
 use std::ffi::OsString;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use nix::sys::resource::{Resource, setrlimit};
+
+use super::sandbox_runner::{Launch, RunnerLink, SandboxedChild, SpawnRequest, current_runner_exe};
 
 /// The Debian package that ships `bwrap`.
 pub const BWRAP_PACKAGE: &str = "bubblewrap";
@@ -117,6 +121,9 @@ pub struct SandboxConfig {
     /// Extra host directories bound read-only at their own path (toolchains
     /// outside `/usr`, for example).
     pub read_only: Vec<PathBuf>,
+    /// The binary run inside as the runner (`wsd sandbox-runner`); `None`:
+    /// this process's own executable, which must be `wsd`.
+    pub runner_exe: Option<PathBuf>,
 }
 
 impl SandboxConfig {
@@ -149,110 +156,50 @@ pub enum SandboxError {
     Unusable { status: String, stderr: String },
 }
 
-/// A checked sandbox: `bwrap` found, its arguments built, a probe command
-/// run. Cheap to clone.
+/// A running sandbox: `bwrap` found, its layout built, and one bwrap with
+/// the runner inside started (see [`super::sandbox_runner`]); every command
+/// is forked by that runner. Cheap to clone; the last clone dropped takes
+/// the sandbox down.
 #[derive(Debug, Clone)]
 pub struct Sandbox {
-    bwrap: PathBuf,
-    /// util-linux `setsid`, which gives a terminal's program its session
-    /// inside the sandbox (see [`Sandbox::pty_command`]); `/usr` is bound
-    /// read-only, so the host's path is valid inside.
-    setsid: PathBuf,
-    /// Everything before `--chdir CWD -- /bin/sh -c COMMAND`.
-    args: Vec<OsString>,
-    limits: SandboxLimits,
+    link: Arc<RunnerLink>,
 }
 
 impl Sandbox {
-    /// Finds `bwrap`, builds the mount layout around the canonical `root`
-    /// and runs `true` in it once, so a sandbox that cannot work fails here
-    /// rather than on every exec. Blocks for a few milliseconds.
+    /// Finds `bwrap`, builds the mount layout around the canonical `root`,
+    /// starts the sandbox with this binary as its runner (`wsd
+    /// sandbox-runner`) and waits until it is ready, so a sandbox that
+    /// cannot work fails here rather than on every exec. Blocks for a few
+    /// tens of milliseconds.
     pub fn new(root: &Path, config: &SandboxConfig) -> Result<Sandbox, SandboxError> {
         let bwrap = find_on_path("bwrap").ok_or(SandboxError::NotInstalled)?;
         let root = canonical(root)?;
-        let sandbox = Sandbox {
+        let launch = Launch {
             bwrap,
-            // Only terminals need it; without it they fail to spawn, naming it.
-            setsid: find_on_path("setsid").unwrap_or_else(|| PathBuf::from("/usr/bin/setsid")),
-            args: layout(&root, config)?,
+            layout: layout(&root, config)?,
+            runner_exe: match &config.runner_exe {
+                Some(exe) => canonical(exe)?,
+                None => current_runner_exe()?,
+            },
             limits: config.limits,
         };
-        sandbox.probe(&root)?;
-        Ok(sandbox)
-    }
-
-    fn probe(&self, root: &Path) -> Result<(), SandboxError> {
-        let out = self
-            .command(root, "true")
-            .stdin(std::process::Stdio::null())
-            .output()
-            .map_err(|source| SandboxError::Spawn {
-                bwrap: self.bwrap.clone(),
-                source,
-            })?;
-        if out.status.success() {
-            return Ok(());
-        }
-        Err(SandboxError::Unusable {
-            status: out.status.to_string(),
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        Ok(Sandbox {
+            link: Arc::new(RunnerLink::start(launch)?),
         })
     }
 
-    /// `bwrap ... --chdir CWD -- /bin/sh -c COMMAND`, in a new session (so
-    /// its own process group, without the daemon's terminal) with the
-    /// limits set. The caller adds the environment and the stdio.
-    pub(crate) fn command(&self, cwd: &Path, command: &str) -> std::process::Command {
-        self.argv_command(cwd, ["/bin/sh", "-c", command])
-    }
-
-    /// `bwrap ... --chdir CWD -- setsid --ctty --wait ARGV...` for a
-    /// terminal, whose slave the caller makes the stdio. bwrap starts in a
-    /// session of its own without a controlling terminal; inside, `setsid`
-    /// (util-linux) starts another one that takes the terminal. So the
-    /// program's session, its process groups and the terminal's foreground
-    /// group are all visible in the sandbox's pid namespace: a job-control
-    /// shell that restores the foreground group at exit (dash does) would
-    /// otherwise fail on a group of the host's and exit 2.
-    pub(crate) fn pty_command(&self, cwd: &Path, argv: &[String]) -> std::process::Command {
-        let setsid: &std::ffi::OsStr = self.setsid.as_os_str();
-        let wrapper = [setsid, "--ctty".as_ref(), "--wait".as_ref()];
-        self.argv_command(
-            cwd,
-            wrapper
-                .into_iter()
-                .chain(argv.iter().map(|a| std::ffi::OsStr::new(a.as_str()))),
-        )
-    }
-
-    fn argv_command<I, S>(&self, cwd: &Path, argv: I) -> std::process::Command
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<std::ffi::OsStr>,
-    {
-        let mut cmd = std::process::Command::new(&self.bwrap);
-        cmd.args(&self.args)
-            .arg("--chdir")
-            .arg(cwd)
-            .arg("--")
-            .args(argv);
-        let limits = self.limits;
-        // SAFETY: between fork and exec the closure only makes the
-        // async-signal-safe syscalls setsid(2) and setrlimit(2), on values
-        // copied in before the fork; it allocates nothing.
-        #[allow(unsafe_code)]
-        unsafe {
-            cmd.pre_exec(move || {
-                nix::unistd::setsid()?;
-                apply_limits(&limits)?;
-                Ok(())
-            });
-        }
-        cmd
+    /// Starts `req` inside (stdio: three descriptors, or a terminal's
+    /// slave) and returns once it runs.
+    pub(crate) async fn spawn(
+        &self,
+        req: &SpawnRequest,
+        stdio: &[std::os::fd::BorrowedFd<'_>],
+    ) -> std::io::Result<SandboxedChild> {
+        self.link.spawn(req, stdio).await
     }
 }
 
-fn apply_limits(limits: &SandboxLimits) -> std::io::Result<()> {
+pub(crate) fn apply_limits(limits: &SandboxLimits) -> std::io::Result<()> {
     for (resource, value) in [
         (Resource::RLIMIT_AS, limits.memory_bytes),
         (Resource::RLIMIT_NPROC, limits.processes),

@@ -13,6 +13,7 @@
 
 mod apply;
 mod error;
+mod first_index;
 // Fault-injection seam for tests (feature `failpoints`); a no-op otherwise.
 #[doc(hidden)]
 pub mod failpoint;
@@ -40,6 +41,7 @@ use wsd_sync::{
 
 pub use apply::ConflictCopy;
 pub use error::StoreError;
+pub use first_index::{FirstIndex, Piece};
 
 use error::IndexContext;
 use index::NodeKind;

@@ -69,6 +69,22 @@ pub(crate) struct PendingHash {
     size: u64,
 }
 
+impl PendingHash {
+    /// A file with no row yet.
+    pub fn new(rel: SyncPath, abs: PathBuf, size: u64) -> PendingHash {
+        PendingHash {
+            rel,
+            abs,
+            live: None,
+            size,
+        }
+    }
+
+    pub fn into_rel(self) -> SyncPath {
+        self.rel
+    }
+}
+
 /// Deferred files are hashed once this many are pending, or this many
 /// bytes: enough to keep every hashing thread busy, few enough that the
 /// pending rows stay small.
@@ -613,7 +629,7 @@ thread_local! {
 /// leaving out the state directory and names that are not UTF-8 (with a
 /// warning). `None` when the directory is gone, or is no longer a
 /// directory (never followed if it became a symlink).
-fn list_dir(dir_abs: &Path, state_dir: &Path) -> Result<Option<Vec<Listed>>, SyncError> {
+pub(crate) fn list_dir(dir_abs: &Path, state_dir: &Path) -> Result<Option<Vec<Listed>>, SyncError> {
     use rustix::fs::{AtFlags, Mode, OFlags, StatxFlags};
     let listing = || format!("listing {}", dir_abs.display());
     let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
@@ -698,7 +714,7 @@ fn walk_threads() -> usize {
 }
 
 /// What [`hash_file`] returns for one file.
-type Hashed = Result<Option<(Vec<ChunkRef>, Stat)>, SyncError>;
+pub(crate) type Hashed = Result<Option<(Vec<ChunkRef>, Stat)>, SyncError>;
 
 /// The pool [`hash_files`] runs on: one thread per core, at most 8, since
 /// each keeps a [`HASH_BUF`] of several MiB for the life of the process
@@ -719,7 +735,7 @@ static HASH_POOL: std::sync::LazyLock<Option<rayon::ThreadPool>> = std::sync::La
 
 /// Hashes `files` with [`hash_file`], on [`HASH_POOL`] when there is
 /// enough work to share. Results are in input order.
-fn hash_files(files: &[PendingHash]) -> Vec<Hashed> {
+pub(crate) fn hash_files(files: &[PendingHash]) -> Vec<Hashed> {
     use rayon::prelude::*;
     let bytes: u64 = files.iter().map(|f| f.size).sum();
     // Below a few MiB handing files to the pool costs more than it saves.

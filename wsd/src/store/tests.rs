@@ -2237,3 +2237,208 @@ fn a_non_durable_index_never_syncs_and_checks_itself_once_per_boot() {
     let s = open(true);
     assert_eq!(synchronous(&s), 1, "NORMAL");
 }
+
+/// A tree for the first-index tests: files small and large (several
+/// pieces' worth), nested directories, a symlink, an executable, a fifo
+/// (never synced) and an apply temp file a crash left behind.
+fn first_index_tree(root: &Path) {
+    for i in 0..300 {
+        let rel = format!("d{}/e{}/f{i}.txt", i % 5, i % 3);
+        let path = root.join(&rel);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(&path, noise(i * 37 % 3000, i as u64)).unwrap();
+    }
+    fs::write(root.join("big.bin"), noise(3 * 1024 * 1024, 7)).unwrap();
+    fs::set_permissions(root.join("d1/e1/f1.txt"), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::create_dir_all(root.join("empty/inner")).unwrap();
+    symlink("../d0", root.join("empty/link")).unwrap();
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        root.join("fifo"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+    fs::write(
+        root.join(format!("d2/{}1-1", fsutil::APPLY_TEMP_PREFIX)),
+        b"partial",
+    )
+    .unwrap();
+}
+
+/// Entries without their revs and mtimes, for comparing the indexes of
+/// two copies of one tree.
+fn states(entries: Vec<ChangeEntry>) -> std::collections::BTreeMap<String, EntryState> {
+    entries
+        .into_iter()
+        .map(|e| {
+            let state = match e.state {
+                EntryState::File {
+                    mode, size, chunks, ..
+                } => EntryState::File {
+                    mode,
+                    mtime: 0,
+                    size,
+                    chunks,
+                },
+                EntryState::Dir { mode, .. } => EntryState::Dir { mode, mtime: 0 },
+                EntryState::Symlink { target, mode, .. } => EntryState::Symlink {
+                    target,
+                    mode,
+                    mtime: 0,
+                },
+                EntryState::Delete => EntryState::Delete,
+            };
+            (e.path.as_str().to_owned(), state)
+        })
+        .collect()
+}
+
+/// A store without a watcher that settles only when told to, as the CLI's.
+fn ws_settled_by_hand() -> Ws {
+    let tmp = TempDir::new().unwrap();
+    let root = tmp.path().join("root");
+    let state = tmp.path().join("state");
+    fs::create_dir(&root).unwrap();
+    let store = WorkspaceStore::open(
+        &root,
+        &state,
+        StoreOptions {
+            watch: false,
+            auto_settle: false,
+            ..StoreOptions::default()
+        },
+    )
+    .unwrap();
+    Ws {
+        _tmp: tmp,
+        root,
+        state,
+        store,
+    }
+}
+
+#[test]
+fn a_first_index_in_pieces_records_what_a_settle_would_and_leaves_nothing_to_settle() {
+    let mut built = ws_settled_by_hand();
+    first_index_tree(&built.root);
+    let mut settled = ws(false);
+    first_index_tree(&settled.root);
+    settled.store.settle().unwrap();
+
+    let first = built.store.first_index().unwrap().expect("never indexed");
+    let mut pieces = Vec::new();
+    first
+        .run(|piece| {
+            pieces.push(piece);
+            true
+        })
+        .unwrap();
+    assert!(pieces.len() > 2, "{} pieces", pieces.len());
+    let mut revs = Vec::new();
+    for piece in pieces {
+        assert!(!piece.is_empty());
+        revs.push(built.store.record_piece(piece).unwrap().unwrap());
+    }
+    assert_eq!(revs, (1..=revs.len() as u64).collect::<Vec<_>>());
+    assert!(
+        !built
+            .root
+            .join(format!("d2/{}1-1", fsutil::APPLY_TEMP_PREFIX))
+            .exists(),
+        "the stale apply temp file is removed"
+    );
+    let got = states(all_changes(&mut built.store, &ChangeCursor::ZERO));
+    assert!(!got.contains_key("fifo"));
+    assert_eq!(
+        got,
+        states(all_changes(&mut settled.store, &ChangeCursor::ZERO))
+    );
+    // Recorded exactly as a settle would: the next one finds nothing.
+    let after = built.store.settle().unwrap();
+    assert_eq!((after.rev, after.changed, after.deleted), (None, 0, 0));
+    assert!(built.store.first_index().unwrap().is_none(), "indexed now");
+    // A watched store never builds one (its watcher must see each
+    // directory before it is listed), nor one that settles by itself.
+    for mut other in [ws(true), ws(false)] {
+        other.write("f", b"x");
+        assert!(other.store.first_index().unwrap().is_none());
+    }
+}
+
+/// Records a first index's pieces one per `next`, as the CLI's channel
+/// does, noting how far the receiver had got each time. A piece is only
+/// ready when waited for, as when hashing is behind the push.
+struct PiecesInOrder {
+    pieces: std::collections::VecDeque<Piece>,
+    receiver: Rc<RefCell<WorkspaceStore>>,
+    receiver_revs: Vec<u64>,
+    complete: bool,
+}
+
+impl driver::Indexing<WorkspaceStore> for PiecesInOrder {
+    async fn next(
+        &mut self,
+        local: &mut WorkspaceStore,
+        wait: bool,
+    ) -> Result<driver::IndexStep, SyncError> {
+        if !wait {
+            return Ok(driver::IndexStep::NotYet);
+        }
+        self.receiver_revs
+            .push(self.receiver.borrow_mut().current_rev().unwrap());
+        Ok(match self.pieces.pop_front() {
+            Some(piece) => driver::IndexStep::Grew(local.record_piece(piece)?.unwrap()),
+            None => {
+                self.complete = true;
+                driver::IndexStep::Complete
+            }
+        })
+    }
+
+    fn is_complete(&self) -> bool {
+        self.complete
+    }
+}
+
+#[test]
+fn a_push_while_indexing_sends_the_first_pieces_before_the_last_is_recorded_and_converges() {
+    let mut a = ws_settled_by_hand();
+    first_index_tree(&a.root);
+    fs::remove_file(a.root.join("fifo")).unwrap();
+    let b = ws(false);
+    let (b_root, b_store) = (b.root.clone(), Rc::new(RefCell::new(b.store)));
+    let mut pieces = std::collections::VecDeque::new();
+    let first = a.store.first_index().unwrap().unwrap();
+    first
+        .run(|piece| {
+            pieces.push_back(piece);
+            true
+        })
+        .unwrap();
+    let count = pieces.len();
+    let mut indexing = PiecesInOrder {
+        pieces,
+        receiver: b_store.clone(),
+        receiver_revs: Vec::new(),
+        complete: false,
+    };
+    let ignore = IgnoreRules::none();
+    let opts = SyncOptions {
+        remote_name: "b",
+        ignore: &ignore,
+    };
+    let mut remote = StoreRemote::new(b_store.clone(), "a");
+    let push = driver::push_while_indexing(&mut a.store, &mut remote, &opts, &mut indexing, |_| {});
+    let report = futures::executor::block_on(push).unwrap();
+    assert_tree_eq(&a.root, &b_root);
+    assert_eq!(report.cursor, ChangeCursor::at(count as u64));
+    // The receiver applied batches while pieces were still to come.
+    let before_last = indexing.receiver_revs[count - 1];
+    assert!(before_last > 0, "{:?}", indexing.receiver_revs);
+    // Everything is acknowledged: the next push sends nothing.
+    let again = futures::executor::block_on(driver::push(&mut a.store, &mut remote, &opts, |_| {}))
+        .unwrap();
+    assert_eq!(again.entries, 0);
+}

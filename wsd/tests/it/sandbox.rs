@@ -334,6 +334,85 @@ fn sandboxed_exit_codes_stdin_signals_and_timeouts_work_as_unsandboxed() {
     assert_eq!(text(&out.stdout), "caught\n");
 }
 
+/// The host pid of the sandbox runner under the daemon `daemon` (the
+/// process whose argv[0] is the runner's path inside the sandbox).
+fn runner_pid(daemon: u32) -> Option<u32> {
+    let stat_ppid = |pid: u32| -> Option<u32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat[stat.rfind(')')? + 1..]
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    };
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(|&pid| {
+            let argv0 = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            if !argv0.starts_with(b"/run/wsd/sandbox-runner\0") {
+                return false;
+            }
+            let mut p = pid;
+            while let Some(parent) = stat_ppid(p).filter(|&pp| pp > 1) {
+                if parent == daemon {
+                    return true;
+                }
+                p = parent;
+            }
+            false
+        })
+}
+
+#[test]
+fn one_sandbox_runs_every_command_and_a_dead_runner_fails_its_commands_then_is_replaced() {
+    if !bwrap_available() {
+        return;
+    }
+    let d = Sandboxed::start(&[]);
+    let root = d.root();
+    // Commands share one sandbox (no bwrap per command) and still see
+    // only it.
+    let mut runners = Vec::new();
+    for _ in 0..3 {
+        let out = d.sh("hostname");
+        assert_eq!(text(&out.stdout), "wsd-sandbox\n", "{}", show(&out));
+        runners.push(runner_pid(d.daemon.pid()).expect("the daemon's sandbox runner"));
+    }
+    let runner = runners[0];
+    assert_eq!(runners, [runner; 3], "the same runner");
+
+    let out = d.cli(&[
+        "exec",
+        "--detach",
+        "--id",
+        "orphaned",
+        "--",
+        "touch started; sleep 60",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    wait_until("the command to start", || root.join("started").exists());
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(runner as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    // The command died with the sandbox: lost (255), saying why.
+    let out = d.cli(&["attach", "orphaned"]);
+    assert_eq!(out.status.code(), Some(255), "{}", show(&out));
+    assert!(
+        text(&out.stderr).contains("sandbox runner exited"),
+        "{}",
+        show(&out)
+    );
+    // The next command gets a new runner.
+    let out = d.sh("echo again && hostname");
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    assert_eq!(text(&out.stdout), "again\nwsd-sandbox\n", "{}", show(&out));
+    let replaced = runner_pid(d.daemon.pid()).expect("a new runner");
+    assert_ne!(replaced, runner);
+}
+
 #[test]
 fn files_a_sandboxed_command_writes_sync_like_any_other() {
     if !bwrap_available() {

@@ -72,20 +72,13 @@ pub async fn connect(
     a.adapter = adapter_arg(wire::CONNECT, &a.adapter)?;
     id_arg(wire::CONNECT, "accountId", &a.account_id)?;
     let origin = Origin::Connection(&s.connection_id);
-    let answer =
-        routing::route_to_adapter(&k.router, origin, wire::CONNECT, &a.adapter, to_args(&a)?)
-            .await?;
-    let result: ConnectResult = parse_answer(&a.adapter, wire::CONNECT, answer)?;
+    let result: ConnectResult = forward(&k.router, origin, wire::CONNECT, &a.adapter, &a).await?;
     if let ConnectResult::Connected(done) = &result {
-        let status = AccountStatus {
-            account_id: a.account_id.clone(),
-            connected: done.result.connected,
-            authenticated: done.result.authenticated,
-            mode: None,
-            last_activity: None,
-            error: None,
-            extra: None,
-        };
+        let status = bare_status(
+            &a.account_id,
+            done.result.connected,
+            done.result.authenticated,
+        );
         record_status(&k, &a.adapter, status, s.identity.uid).await?;
     }
     Ok(result)
@@ -99,25 +92,10 @@ pub async fn disconnect(
     a.adapter = adapter_arg(wire::DISCONNECT, &a.adapter)?;
     id_arg(wire::DISCONNECT, "accountId", &a.account_id)?;
     let origin = Origin::Connection(&s.connection_id);
-    let answer = routing::route_to_adapter(
-        &k.router,
-        origin,
-        wire::DISCONNECT,
-        &a.adapter,
-        to_args(&a)?,
-    )
-    .await?;
-    let result: DisconnectResult = parse_answer(&a.adapter, wire::DISCONNECT, answer)?;
+    let result: DisconnectResult =
+        forward(&k.router, origin, wire::DISCONNECT, &a.adapter, &a).await?;
     if matches!(result, DisconnectResult::Done(_)) {
-        let status = AccountStatus {
-            account_id: a.account_id.clone(),
-            connected: false,
-            authenticated: false,
-            mode: None,
-            last_activity: None,
-            error: None,
-            extra: None,
-        };
+        let status = bare_status(&a.account_id, false, false);
         record_status(&k, &a.adapter, status, s.identity.uid).await?;
     }
     Ok(result)
@@ -152,9 +130,7 @@ async fn forward_send(
         .delivery_id
         .get_or_insert_with(|| format!("dlv_{}", accounts::random_hex(12)))
         .clone();
-    let answer =
-        routing::route_to_adapter(router, origin, wire::SEND, &a.adapter, to_args(&a)?).await?;
-    let mut result: SendResult = parse_answer(&a.adapter, wire::SEND, answer)?;
+    let mut result: SendResult = forward(router, origin, wire::SEND, &a.adapter, &a).await?;
     match &mut result {
         SendResult::Sent(done) if done.result.delivery_id.is_empty() => {
             done.result.delivery_id = delivery_id;
@@ -181,10 +157,8 @@ pub async fn status(
     }
     if k.router.adapter(&a.adapter).is_some() {
         let origin = Origin::Connection(&s.connection_id);
-        let live =
-            routing::route_to_adapter(&k.router, origin, wire::STATUS, &a.adapter, to_args(&a)?)
-                .await
-                .and_then(|v| parse_answer::<StatusResult>(&a.adapter, wire::STATUS, v));
+        let live: Result<StatusResult, _> =
+            forward(&k.router, origin, wire::STATUS, &a.adapter, &a).await;
         match live {
             Ok(live) => {
                 for acc in live.accounts {
@@ -1033,6 +1007,33 @@ fn to_args<T: Serialize>(a: &T) -> Result<Map<String, Value>, KernelError> {
         Ok(Value::Object(m)) => Ok(m),
         Ok(_) => Ok(Map::new()),
         Err(e) => Err(KernelError::internal("encoding adapter arguments", e)),
+    }
+}
+
+/// Forwards `call` with `args` to adapter `adapter`'s service connection
+/// and reads its answer as the call's result type.
+async fn forward<A: Serialize, R: DeserializeOwned>(
+    router: &Arc<Router>,
+    origin: Origin<'_>,
+    call: &str,
+    adapter: &str,
+    args: &A,
+) -> Result<R, KernelError> {
+    let answer = routing::route_to_adapter(router, origin, call, adapter, to_args(args)?).await?;
+    parse_answer(adapter, call, answer)
+}
+
+/// An account's state as a connect or disconnect answer leaves it: only
+/// the flags, the rest unknown.
+fn bare_status(account_id: &str, connected: bool, authenticated: bool) -> AccountStatus {
+    AccountStatus {
+        account_id: account_id.to_owned(),
+        connected,
+        authenticated,
+        mode: None,
+        last_activity: None,
+        error: None,
+        extra: None,
     }
 }
 
