@@ -436,52 +436,51 @@ impl ChunkStore for Chunks<'_> {
     }
 }
 
-/// Gathers the chunks a write cuts and stores them through [`Chunks`]:
+/// Gathers the chunks writes cut and stores them through [`Chunks`]:
 /// straight into the table, or in batches of about
-/// [`UPLOAD_BATCH_BYTES`] into an object store (sent concurrently).
-pub(crate) struct ChunkSink<'c> {
-    chunks: Chunks<'c>,
+/// [`UPLOAD_BATCH_BYTES`] into an object store (sent concurrently). One
+/// sink may serve several files of one mutation ([`crate::Dofs::write_files`]),
+/// so many small files go out in a few batches rather than one each.
+#[derive(Default)]
+pub(crate) struct ChunkSink {
     pending: Vec<(Hash, Vec<u8>)>,
     pending_bytes: usize,
 }
 
-impl<'c> ChunkSink<'c> {
-    pub(crate) fn new(chunks: Chunks<'c>) -> ChunkSink<'c> {
-        ChunkSink {
-            chunks,
-            pending: Vec::new(),
-            pending_bytes: 0,
-        }
-    }
-
-    pub(crate) fn add(&mut self, hash: &Hash, bytes: &[u8]) -> Result<(), DofsError> {
-        if self.chunks.objects.is_none() {
-            self.chunks.table().put_if_absent(hash, bytes)?;
+impl ChunkSink {
+    pub(crate) fn add(
+        &mut self,
+        chunks: Chunks<'_>,
+        hash: &Hash,
+        bytes: &[u8],
+    ) -> Result<(), DofsError> {
+        if chunks.objects.is_none() {
+            chunks.table().put_if_absent(hash, bytes)?;
             return Ok(());
         }
         self.pending.push((*hash, bytes.to_vec()));
         self.pending_bytes += bytes.len();
         if self.pending_bytes >= UPLOAD_BATCH_BYTES {
-            self.flush()?;
+            self.flush(chunks)?;
         }
         Ok(())
     }
 
-    fn flush(&mut self) -> Result<(), DofsError> {
+    /// Stores what is gathered: every chunk added is held (and indexed)
+    /// after it.
+    pub(crate) fn flush(&mut self, chunks: Chunks<'_>) -> Result<(), DofsError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
         let batch: Vec<(Hash, &[u8])> = self
             .pending
             .iter()
             .map(|(h, b)| (*h, b.as_slice()))
             .collect();
-        self.chunks.put_many(&batch)?;
+        chunks.put_many(&batch)?;
         self.pending.clear();
         self.pending_bytes = 0;
         Ok(())
-    }
-
-    /// Stores what is still gathered; every chunk added is held after it.
-    pub(crate) fn finish(mut self) -> Result<(), DofsError> {
-        self.flush()
     }
 }
 

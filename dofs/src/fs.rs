@@ -206,22 +206,32 @@ thread_local! {
     static READ_WINDOW: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Cuts `reader` into chunks and stores them; every chunk is held (in the
-/// object store too, when there is one) before this returns.
-fn chunk_into_store(m: &Mutation<'_>, reader: impl Read) -> Result<Vec<ChunkRef>, DofsError> {
-    let mut sink = ChunkSink::new(m.chunks());
+/// Cuts `reader` into chunks and hands them to `sink`. A chunk may still
+/// be gathered there when this returns, unless `held` asks for every one
+/// to be stored (a chunk list in `manifest_chunks` must name stored chunks;
+/// a single-chunk file names its chunk in its own row, and the sink is
+/// flushed before the mutation commits).
+fn chunk_into_store(
+    m: &Mutation<'_>,
+    sink: &mut ChunkSink,
+    reader: impl Read,
+) -> Result<Vec<ChunkRef>, DofsError> {
     let chunks = READ_WINDOW.with_borrow_mut(|buf| {
         chunk::chunk_reader_with(reader, buf, None, |c, bytes| {
-            sink.add(&c.hash, bytes).map_err(SyncError::from)
+            sink.add(m.chunks(), &c.hash, bytes)
+                .map_err(SyncError::from)
         })
     })?;
-    sink.finish()?;
+    if rows::single_chunk(&chunks).is_none() {
+        sink.flush(m.chunks())?;
+    }
     Ok(chunks)
 }
 
 /// One file write inside mutation `m` (see [`Dofs::write_file_with`]).
 fn write_in(
     m: &mut Mutation<'_>,
+    sink: &mut ChunkSink,
     path: &SyncPath,
     content: impl Read,
     opts: WriteOptions,
@@ -247,7 +257,7 @@ fn write_in(
     } else {
         require_parent_dir(m, path)?;
     }
-    let chunks = chunk_into_store(m, content)?;
+    let chunks = chunk_into_store(m, sink, content)?;
     let node = file_node(m, &chunks, mode, mtime)?;
     let rev = m.rev()?;
     put_node(m, path, rev, &node, None)?;
@@ -268,7 +278,9 @@ impl Dofs {
         opts: WriteOptions,
     ) -> Result<Stat, DofsError> {
         let mut m = Mutation::begin(&mut self.conn, self.objects.as_deref())?;
-        let stat = write_in(&mut m, path, content, opts)?;
+        let mut sink = ChunkSink::default();
+        let stat = write_in(&mut m, &mut sink, path, content, opts)?;
+        sink.flush(m.chunks())?;
         m.commit()?;
         Ok(stat)
     }
@@ -284,10 +296,13 @@ impl Dofs {
         files: impl IntoIterator<Item = (&'a SyncPath, R, WriteOptions)>,
     ) -> Result<Vec<Stat>, DofsError> {
         let mut m = Mutation::begin(&mut self.conn, self.objects.as_deref())?;
+        let mut sink = ChunkSink::default();
         let mut stats = Vec::new();
         for (path, content, opts) in files {
-            stats.push(write_in(&mut m, path, content, opts)?);
+            stats.push(write_in(&mut m, &mut sink, path, content, opts)?);
         }
+        // Small files' chunks wait here to go out together.
+        sink.flush(m.chunks())?;
         m.commit()?;
         Ok(stats)
     }
@@ -329,10 +344,13 @@ impl Dofs {
             Some(last) => m.chunks().get(&last.hash)?,
             None => Vec::new(),
         };
+        let mut sink = ChunkSink::default();
         chunks.extend(chunk_into_store(
             &m,
+            &mut sink,
             std::io::Cursor::new(tail).chain(content),
         )?);
+        sink.flush(m.chunks())?;
         let node = file_node(&m, &chunks, mode, mtime)?;
         let rev = m.rev()?;
         put_node(&m, path, rev, &node, None)?;

@@ -54,6 +54,9 @@ pub use wsd_sqlite::OnDamage;
 /// One workspace's filesystem and sync state in one SQLite database, on one
 /// connection (the single writer).
 pub struct Dofs {
+    /// Waits, on close, for a background checkpoint of the file to end
+    /// (declared before `conn`: fields drop in order); `None` in memory.
+    _checkpoints: Option<checkpoint::Closing>,
     conn: Connection,
     /// Where new chunk bytes go when not into `conn` (see
     /// [`Dofs::keep_chunks_in`]).
@@ -89,6 +92,7 @@ impl Dofs {
         let path = path.as_ref();
         let opened = wsd_sqlite::open(path, &schema::setup(on_damage))?;
         let mut dofs = Dofs {
+            _checkpoints: None,
             conn: opened.conn,
             objects: None,
             _clean_close: Some(opened.clean_close),
@@ -97,13 +101,14 @@ impl Dofs {
         // by absolute path whatever the working directory becomes.
         let abs = std::path::absolute(path)
             .map_err(|e| wsd_sync::SyncError::io(format!("resolving {}", path.display()), e))?;
-        checkpoint::install(&mut dofs.conn, abs)?;
+        dofs._checkpoints = Some(checkpoint::install(&mut dofs.conn, abs)?);
         Ok(dofs)
     }
 
     /// A private database that lives as long as the value (tests, scratch).
     pub fn open_in_memory() -> Result<Dofs, DofsError> {
         Ok(Dofs {
+            _checkpoints: None,
             conn: wsd_sqlite::open_in_memory(&schema::setup(OnDamage::Refuse))?,
             objects: None,
             _clean_close: None,

@@ -17,6 +17,8 @@ struct Calls {
     put: AtomicUsize,
     get: AtomicUsize,
     has: AtomicUsize,
+    /// `put_many` calls (upload batches).
+    batches: AtomicUsize,
 }
 
 impl Calls {
@@ -48,6 +50,7 @@ impl ChunkStore for Counting {
     }
     fn put_many(&self, chunks: &[(Hash, &[u8])]) -> Result<(), DofsError> {
         self.calls.put.fetch_add(chunks.len(), Ordering::SeqCst);
+        self.calls.batches.fetch_add(1, Ordering::SeqCst);
         self.inner.put_many(chunks)
     }
     fn get_many(&self, hashes: &[Hash]) -> Result<Vec<Vec<u8>>, DofsError> {
@@ -320,4 +323,72 @@ fn a_snapshot_tree_imported_elsewhere_restores_the_same_files() {
     );
     assert!(short.snapshot_ids().unwrap().is_empty());
     assert_eq!(count(&short, "SELECT count(*) FROM chunks"), 0);
+}
+
+#[test]
+fn many_small_files_written_together_go_out_in_one_batch() {
+    let (store, calls) = bucket();
+    let mut d = keeping(&store);
+    let paths: Vec<_> = (0..200).map(|i| p(&format!("src/f{i}.rs"))).collect();
+    let content = |i: usize| format!("fn f{i}() {{}}\n").into_bytes();
+    let opts = crate::WriteOptions {
+        create_parents: true,
+        ..crate::WriteOptions::default()
+    };
+    let files: Vec<_> = paths
+        .iter()
+        .enumerate()
+        .map(|(i, path)| (path, std::io::Cursor::new(content(i)), opts))
+        .collect();
+    d.write_files(files).unwrap();
+    assert_eq!(calls.batches.load(Ordering::SeqCst), 1, "{calls:?}");
+    assert_eq!(calls.put.load(Ordering::SeqCst), 200);
+    // A multi-chunk file among them: its list is recorded over stored
+    // chunks, the small ones still go out together at the end.
+    let big = noise(600 * 1024, 9);
+    let (a, b) = (p("src/a.rs"), p("src/b.rs"));
+    let with_big = vec![
+        (&a, std::io::Cursor::new(b"a".to_vec()), opts),
+        (&paths[0], std::io::Cursor::new(big.clone()), opts),
+        (&b, std::io::Cursor::new(b"b".to_vec()), opts),
+    ];
+    d.write_files(with_big).unwrap();
+    assert_eq!(calls.batches.load(Ordering::SeqCst), 3, "{calls:?}");
+    for (i, path) in paths.iter().enumerate().skip(1) {
+        assert_eq!(d.read_file(path).unwrap(), content(i));
+    }
+    assert_eq!(d.read_file(&paths[0]).unwrap(), big);
+    assert_eq!(d.read_file(&b).unwrap(), b"b");
+    d.check_integrity().unwrap();
+}
+
+/// A collection frees a chunk's row and a sweep its object: the same
+/// content written again is uploaded again (neither the index nor the
+/// known-present set still claims it), on a real S3 server.
+#[test]
+fn content_written_again_after_its_object_was_swept_is_uploaded_again() {
+    let Some(server) = crate::seaweedfs::SeaweedFs::start() else {
+        return;
+    };
+    let store = Arc::new(server.chunks("rewrite"));
+    let mut d = Dofs::open_in_memory().unwrap();
+    d.keep_chunks_in(store.clone());
+    let bytes = b"content that comes back".to_vec();
+    let hash = Hash::of(&bytes);
+    put(&mut d, "f", &bytes);
+    d.rm(&p("f"), false).unwrap();
+    assert_eq!(d.collect_garbage().unwrap().chunks, 1);
+    assert!(d.indexed_chunks(&[hash]).unwrap().is_empty());
+    let keep = d.indexed_chunks(&[hash]).unwrap().into_iter().collect();
+    let later = SystemTime::now() + Duration::from_secs(60);
+    assert_eq!(store.sweep(&keep, later).unwrap().chunks, 1);
+    let fresh = || server.chunks("rewrite");
+    assert!(fresh().has(&[hash]).unwrap().is_empty(), "swept");
+
+    put(&mut d, "g", &bytes);
+    assert_eq!(fresh().has(&[hash]).unwrap(), vec![hash], "uploaded again");
+    assert_eq!(fresh().get(&hash).unwrap(), bytes);
+    d.keep_chunks_in(Arc::new(fresh()));
+    assert_eq!(d.read_file(&p("g")).unwrap(), bytes);
+    d.check_integrity().unwrap();
 }

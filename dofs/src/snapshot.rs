@@ -545,6 +545,43 @@ mod tests {
         d.check_integrity().unwrap();
     }
 
+    /// The file's size once the store is closed (the close copies the
+    /// whole WAL in), and the store opened again.
+    fn closed_size(d: Dofs, path: &std::path::Path) -> (u64, Dofs) {
+        drop(d);
+        let size = std::fs::metadata(path).unwrap().len();
+        (size, Dofs::open(path).unwrap())
+    }
+
+    #[test]
+    fn a_second_snapshot_of_an_unchanged_tree_grows_the_file_by_under_one_percent() {
+        let tmp = tempfile::tempdir().unwrap();
+        let db = tmp.path().join("d.dofs");
+        let mut d = Dofs::open(&db).unwrap();
+        // Many commits past this build's checkpoint thresholds (1 MiB),
+        // so background checkpoints run while the tree is written.
+        let tree: u64 = (0..24u64)
+            .map(|i| {
+                let bytes = noise(512 * 1024, 100 + i);
+                put(&mut d, &format!("d{}/f{i}", i % 4), &bytes);
+                bytes.len() as u64
+            })
+            .sum();
+        let first = d.create_snapshot("first").unwrap();
+        assert_eq!(first.new_bytes, tree);
+        let (before, mut d) = closed_size(d, &db);
+        assert!(before > tree, "the tree is in the file: {before} bytes");
+        let second = d.create_snapshot("second").unwrap();
+        assert_eq!((second.bytes, second.new_bytes), (tree, 0));
+        let (after, d) = closed_size(d, &db);
+        let growth = after.saturating_sub(before);
+        assert!(
+            growth * 100 < tree,
+            "the second snapshot grew the file by {growth} bytes (tree {tree})"
+        );
+        d.check_integrity().unwrap();
+    }
+
     #[test]
     fn restore_brings_back_old_content_removes_newer_paths_at_one_rev() {
         let mut d = store();

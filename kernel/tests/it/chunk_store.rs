@@ -6,7 +6,6 @@
 
 use std::time::Duration;
 
-use gsv_kernel::client::GsvClient;
 use gsv_kernel::{ChunkStoreConfig, Kernel, KernelConfig};
 use serde_json::{Value, json};
 use wsd_dofs::seaweedfs::{self, SeaweedFs};
@@ -14,23 +13,7 @@ use wsd_dofs::{ChunkStore, ObjectChunks};
 use wsd_sync::Hash;
 
 use crate::harness::{TestKernel, err_of, new_workspace};
-
-async fn write(c: &mut GsvClient, ws: &str, path: &str, content: &str) {
-    let r = c
-        .call(
-            "fs.write",
-            json!({"path": format!("/workspaces/{ws}/{path}"), "content": content}),
-        )
-        .await
-        .unwrap();
-    assert_ne!(r["ok"], false, "{r}");
-}
-
-async fn snapshot(c: &mut GsvClient, ws: &str) -> Value {
-    c.call("workspace.snapshot.create", json!({"workspaceId": ws}))
-        .await
-        .unwrap()
-}
+use crate::workspace_calls::{read, run, snapshot, write};
 
 /// Which of `hashes` the bucket holds, asked by a client of our own (no
 /// index shared with the kernel's).
@@ -44,41 +27,6 @@ async fn in_bucket(url: &str, hashes: &[Hash]) -> Vec<Hash> {
     })
     .await
     .unwrap()
-}
-
-async fn read(c: &mut GsvClient, ws: &str, path: &str) -> Value {
-    c.call(
-        "fs.read",
-        json!({"path": format!("/workspaces/{ws}/{path}")}),
-    )
-    .await
-    .unwrap()
-}
-
-/// Runs `input` at the root of `ws` to the end; its output.
-async fn run(c: &mut GsvClient, ws: &str, input: &str) -> String {
-    let mut d = c
-        .call(
-            "shell.exec",
-            json!({"cwd": format!("/workspaces/{ws}"), "input": input, "yieldMs": 10000}),
-        )
-        .await
-        .unwrap();
-    for _ in 0..120 {
-        if d["status"] != "running" {
-            break;
-        }
-        let sid = d["sessionId"].as_str().unwrap().to_owned();
-        d = c
-            .call(
-                "shell.exec",
-                json!({"sessionId": sid, "input": "", "yieldMs": 1000}),
-            )
-            .await
-            .unwrap();
-    }
-    assert_eq!(d["status"], "completed", "{d}");
-    d["output"].as_str().unwrap().to_owned()
 }
 
 /// A kernel keeping its chunks at `url`, collecting with `grace`.

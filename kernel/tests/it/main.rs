@@ -30,4 +30,5 @@ mod repo;
 mod sched;
 mod snapshots;
 mod watch;
+mod workspace_calls;
 mod workspaces;

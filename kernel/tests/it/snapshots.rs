@@ -1,62 +1,10 @@
 //! `workspace.snapshot.*`, forks and `sys.gc` over a real WebSocket, on
 //! workspaces backed by real `wsd` children.
 
-use gsv_kernel::client::GsvClient;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::harness::{TestKernel, err_of, new_workspace};
-
-async fn write(c: &mut GsvClient, ws: &str, path: &str, content: &str) {
-    let r = c
-        .call(
-            "fs.write",
-            json!({"path": format!("/workspaces/{ws}/{path}"), "content": content}),
-        )
-        .await
-        .unwrap();
-    assert_ne!(r["ok"], false, "{r}");
-}
-
-async fn read(c: &mut GsvClient, ws: &str, path: &str) -> Value {
-    c.call(
-        "fs.read",
-        json!({"path": format!("/workspaces/{ws}/{path}")}),
-    )
-    .await
-    .unwrap()
-}
-
-/// Runs `input` at the root of `ws` to the end; its output.
-async fn run(c: &mut GsvClient, ws: &str, input: &str) -> String {
-    let mut d = c
-        .call(
-            "shell.exec",
-            json!({"cwd": format!("/workspaces/{ws}"), "input": input, "yieldMs": 10000}),
-        )
-        .await
-        .unwrap();
-    for _ in 0..120 {
-        if d["status"] != "running" {
-            break;
-        }
-        let sid = d["sessionId"].as_str().unwrap().to_owned();
-        d = c
-            .call(
-                "shell.exec",
-                json!({"sessionId": sid, "input": "", "yieldMs": 1000}),
-            )
-            .await
-            .unwrap();
-    }
-    assert_eq!(d["status"], "completed", "{d}");
-    d["output"].as_str().unwrap().to_owned()
-}
-
-async fn snapshot(c: &mut GsvClient, ws: &str) -> Value {
-    c.call("workspace.snapshot.create", json!({"workspaceId": ws}))
-        .await
-        .unwrap()
-}
+use crate::workspace_calls::{read, run, snapshot, write};
 
 #[tokio::test]
 async fn restore_brings_back_old_content_for_fs_read_and_the_next_exec() {
