@@ -71,6 +71,28 @@ impl GsvClient {
         })
     }
 
+    /// Opens `url` over `stream`, a TCP connection the caller made (tests
+    /// shape its socket, e.g. a small receive buffer).
+    pub async fn over(url: &str, stream: TcpStream) -> Result<GsvClient, ClientError> {
+        let fail = |message: String| ClientError::Connect {
+            url: url.to_owned(),
+            message,
+        };
+        stream.set_nodelay(true).map_err(|e| fail(e.to_string()))?;
+        let (ws, _) = tokio::time::timeout(
+            Duration::from_secs(10),
+            tokio_tungstenite::client_async(url, MaybeTlsStream::Plain(stream)),
+        )
+        .await
+        .map_err(|_| fail("timed out".into()))?
+        .map_err(|e| fail(e.to_string()))?;
+        Ok(GsvClient {
+            ws,
+            next_id: 0,
+            timeout: Duration::from_secs(60),
+        })
+    }
+
     /// Sends raw text (tests send malformed frames this way).
     pub async fn send_text(&mut self, text: impl Into<String>) -> Result<(), ClientError> {
         self.ws

@@ -178,15 +178,19 @@ pub async fn node(a: NodeArgs, user: Option<String>) -> Result<ExitCode> {
 }
 
 pub(super) async fn shutdown_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        }
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut hangup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    ) else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
     };
+    // A hang-up (its terminal closed) too: local wsd children run in a
+    // process group of their own, so only an orderly shutdown stops them.
     tokio::select! {
         _ = term.recv() => {}
+        _ = hangup.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
     }
 }

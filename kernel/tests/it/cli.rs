@@ -6,10 +6,10 @@ use std::process::{Child, Command, Stdio};
 use crate::harness::wsd_bin;
 
 /// `gsv serve` on a free port; killed when dropped.
-struct Served {
-    child: Child,
-    url: String,
-    _dir: tempfile::TempDir,
+pub(crate) struct Served {
+    pub(crate) child: Child,
+    pub(crate) url: String,
+    pub(crate) _dir: tempfile::TempDir,
 }
 
 impl Drop for Served {
@@ -33,11 +33,11 @@ impl Drop for Served {
     }
 }
 
-fn serve() -> Served {
+pub(crate) fn serve() -> Served {
     serve_in(tempfile::tempdir().unwrap())
 }
 
-fn serve_in(dir: tempfile::TempDir) -> Served {
+pub(crate) fn serve_in(dir: tempfile::TempDir) -> Served {
     serve_with(dir, &[])
 }
 
@@ -75,7 +75,7 @@ fn serve_with(dir: tempfile::TempDir, extra: &[&str]) -> Served {
     }
 }
 
-fn gsv(s: &Served, args: &[&str]) -> (bool, String) {
+pub(crate) fn gsv(s: &Served, args: &[&str]) -> (bool, String) {
     let (ok, out, _) = gsv_err(s, args);
     (ok, out)
 }
@@ -755,11 +755,16 @@ fn exec_reconnects_after_a_kernel_restart_and_reports_a_lost_command_as_255() {
     s.child.wait().unwrap();
     let dir = std::mem::replace(&mut s._dir, tempfile::tempdir().unwrap());
     let s2 = serve_with(dir, &["--listen", &addr]);
+    // The killed kernel's wsd child (running the lost command) outlives
+    // it, and the new kernel never uses that workspace: killed at the end
+    // (before `s2` removes its directory).
+    let children = crate::harness::LeftoverChildren(s2._dir.path().join("data"));
     let status = child.wait().unwrap();
     let mut err = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
     assert_eq!(status.code(), Some(255), "{err}");
     assert!(err.contains("result is lost"), "{err}");
+    drop(children);
     drop(s2);
 }
 

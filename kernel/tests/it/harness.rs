@@ -183,6 +183,34 @@ impl TestKernel {
         c
     }
 
+    /// A socket of `user` (client id `client_id`) whose receive buffer
+    /// holds only `bytes`: once it stops reading, the kernel's writes to
+    /// it stop soon after (a loopback socket's own buffer grows to MBs).
+    pub async fn login_small_buffer(
+        &self,
+        client_id: &str,
+        user: &str,
+        pw: &str,
+        bytes: u32,
+    ) -> GsvClient {
+        let addr = self
+            .url
+            .trim_start_matches("ws://")
+            .trim_end_matches("/ws")
+            .parse::<std::net::SocketAddr>()
+            .unwrap();
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(bytes).unwrap();
+        let stream = socket.connect(addr).await.unwrap();
+        let mut c = GsvClient::over(&self.url, stream).await.unwrap();
+        c.timeout = Duration::from_secs(30);
+        let auth = json!({"username": user, "password": pw});
+        c.call("sys.connect", connect_args(client_id, "user", auth))
+            .await
+            .unwrap();
+        c
+    }
+
     pub async fn login(&self, user: &str, pw: &str) -> GsvClient {
         let mut c = self.raw().await;
         c.login(user, &Credentials::Password(pw.into()))

@@ -13,6 +13,13 @@ use serde_json::{Value, json};
 
 use crate::harness::{ALICE_PW, TestKernel, bwrap_available, new_workspace};
 
+/// What [`Term::take`] read.
+enum Took {
+    Output,
+    Lagged(u64),
+    Exit,
+}
+
 /// A socket attached to one terminal: it keeps the signals it reads while
 /// waiting for answers and the output bytes in order.
 struct Term {
@@ -88,8 +95,8 @@ impl Term {
         assert_eq!(d["bytes"], text.len());
     }
 
-    /// Takes one signal of this terminal into `out` / `exit`.
-    async fn pump(&mut self) {
+    /// Takes one signal: output (appended), an exit, or a lag at an offset.
+    async fn take(&mut self) -> Took {
         let s = match self.signals.pop_front() {
             Some(s) => s,
             None => loop {
@@ -103,17 +110,29 @@ impl Term {
         assert_eq!(p["ptyId"], self.pty_id.as_str(), "{s}");
         match s["signal"].as_str().unwrap() {
             "shell.pty.output" => {
-                let at = p["offset"].as_u64().unwrap();
                 assert_eq!(
-                    at,
-                    self.base + self.out.len() as u64,
+                    p["offset"].as_u64().unwrap(),
+                    self.offset(),
                     "output offsets follow on without gap or overlap: {s}"
                 );
                 let bytes = STANDARD.decode(p["dataBase64"].as_str().unwrap()).unwrap();
                 self.out.extend_from_slice(&bytes);
+                Took::Output
             }
-            "shell.pty.exit" => self.exit = Some(p.clone()),
+            "shell.pty.lagged" => Took::Lagged(p["offset"].as_u64().unwrap()),
+            "shell.pty.exit" => {
+                self.exit = Some(p.clone());
+                Took::Exit
+            }
             other => panic!("unexpected signal {other}: {s}"),
+        }
+    }
+
+    /// Takes one signal, which must not be a lag (a test whose output is
+    /// small).
+    async fn pump(&mut self) {
+        if let Took::Lagged(at) = self.take().await {
+            panic!("lagged at {at}: {}", self.text());
         }
     }
 
@@ -134,11 +153,63 @@ impl Term {
         }
     }
 
+    /// Reads until the exit, attaching again after each lag.
     async fn until_exit(&mut self) -> Value {
         while self.exit.is_none() {
-            self.pump().await;
+            if let Took::Lagged(at) = self.take().await {
+                self.reattach(at).await;
+            }
         }
         self.exit.clone().unwrap()
+    }
+
+    /// Types `exit code` and checks the terminal exits with it.
+    async fn exit_with(&mut self, code: i32) {
+        self.input(&format!("exit {code}\n")).await;
+        assert_eq!(self.until_exit().await["exitCode"], code);
+    }
+
+    /// Attaches again at `at`, where the kernel said this connection
+    /// lagged (the output so far is dropped).
+    async fn reattach(&mut self, at: u64) {
+        assert_eq!(at, self.offset(), "a lag names the next offset");
+        let id = self.pty_id.clone();
+        self.attach(&id, at).await;
+    }
+
+    /// Reads until at least `len` output bytes are in.
+    async fn read_bytes(&mut self, len: usize) {
+        while self.out.len() < len {
+            self.pump().await;
+        }
+    }
+
+    /// Whether the output's last bytes hold `needle` (the output may be
+    /// far too long to search whole after every chunk).
+    fn tail_has(&self, needle: &[u8]) -> bool {
+        let from = self
+            .out
+            .len()
+            .saturating_sub(needle.len() + gsv_protocol::pty::MAX_OUTPUT_CHUNK);
+        self.out[from..].windows(needle.len()).any(|w| w == needle)
+    }
+
+    /// Reads until the output holds `needle`, attaching again wherever
+    /// the kernel says this connection lagged; all output from `base` on.
+    async fn follow_to(&mut self, needle: &[u8]) -> Vec<u8> {
+        let mut whole = Vec::new();
+        while !self.tail_has(needle) {
+            match self.take().await {
+                Took::Output => {}
+                Took::Lagged(at) => {
+                    whole.extend_from_slice(&self.out);
+                    self.reattach(at).await;
+                }
+                Took::Exit => panic!("exited before the marker"),
+            }
+        }
+        whole.extend_from_slice(&self.out);
+        whole
     }
 
     /// The offset just past the output received.
@@ -149,6 +220,13 @@ impl Term {
 
 async fn alice_term(k: &TestKernel, client_id: &str) -> Term {
     Term::new(k.login_from(client_id, "alice", ALICE_PW).await)
+}
+
+/// Alice's socket `client_id` with a new terminal open in workspace `ws`.
+async fn alice_open(k: &TestKernel, ws: &str, client_id: &str) -> Term {
+    let mut t = alice_term(k, client_id).await;
+    t.open(json!({"workspaceId": ws})).await;
+    t
 }
 
 /// `{ok:false, code}` of a call.
@@ -208,20 +286,9 @@ async fn a_terminal_echoes_typed_input_follows_a_resize_and_ends_on_close() {
     let exit = t.until_exit().await;
     assert_eq!(exit["exitCode"], 129, "SIGHUP ends the shell: {exit}");
     assert_eq!(exit["signal"], "HUP", "{exit}");
-    // The pull follows the exit; poll for it (bounded).
-    let path = format!("/workspaces/{ws}/made.txt");
-    let mut read = Value::Null;
-    for _ in 0..300 {
-        read = a.call("fs.read", json!({"path": path})).await.unwrap();
-        if read["ok"] == true {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    assert!(
-        read["content"].as_str().unwrap().contains("typed"),
-        "{read}"
-    );
+    // The pull follows the exit.
+    let read = read_until(&mut a, &format!("/workspaces/{ws}/made.txt"), "1\ttyped").await;
+    assert_eq!(read["content"], "1\ttyped", "{read}");
     let list = t.call("shell.pty.list", json!({})).await;
     assert_eq!(list["ptys"][0]["status"], "exited", "{list}");
     assert_eq!(list["ptys"][0]["exitCode"], 129, "{list}");
@@ -232,8 +299,7 @@ async fn a_dropped_socket_reattaches_after_its_offset_and_gets_the_missed_output
     let k = TestKernel::with_users().await;
     let mut a = k.alice().await;
     let ws = new_workspace(&mut a).await;
-    let mut t = alice_term(&k, "term-1").await;
-    t.open(json!({"workspaceId": ws})).await;
+    let mut t = alice_open(&k, &ws, "term-1").await;
     let pty = t.pty_id.clone();
     t.input("echo one-$((0+1))\n").await;
     t.until("one-1").await;
@@ -269,16 +335,13 @@ async fn a_dropped_socket_reattaches_after_its_offset_and_gets_the_missed_output
     let mut whole = alice_term(&k, "term-4").await;
     whole.attach(&pty, 0).await;
     let total = first.len() + back.out.len();
-    while whole.out.len() < total {
-        whole.pump().await;
-    }
+    whole.read_bytes(total).await;
     let mut joined = first.clone();
     joined.extend_from_slice(&back.out);
     assert_eq!(whole.out[..total], joined[..], "replay from 0 agrees");
 
     // Input typed on one attachment reaches every attached connection.
-    back.input("exit 3\n").await;
-    assert_eq!(back.until_exit().await["exitCode"], 3);
+    back.exit_with(3).await;
     assert_eq!(whole.until_exit().await["exitCode"], 3);
 }
 
@@ -399,8 +462,7 @@ async fn bad_terminal_calls_get_typed_errors_and_change_nothing() {
         .await;
     t.until("fine-5").await;
     assert!(!t.text().contains("bob"), "{}", t.text());
-    t.input("exit 7\n").await;
-    assert_eq!(t.until_exit().await["exitCode"], 7);
+    t.exit_with(7).await;
     assert_eq!(
         refused(
             &mut t,
@@ -420,14 +482,12 @@ async fn a_running_terminal_keeps_its_workspaces_wsd_from_being_stopped_as_idle(
     .await;
     let mut a = k.alice().await;
     let ws = new_workspace(&mut a).await;
-    let mut t = alice_term(&k, "term").await;
-    t.open(json!({"workspaceId": ws})).await;
+    let mut t = alice_open(&k, &ws, "term").await;
     // Several idle-stop periods with nothing typed.
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     t.input("echo alive-$((1+1))\n").await;
     t.until("alive-2").await;
-    t.input("exit 0\n").await;
-    assert_eq!(t.until_exit().await["exitCode"], 0);
+    t.exit_with(0).await;
 }
 
 /// Reads workspace file `path` until its content is `want` (bounded: 300
@@ -449,8 +509,7 @@ async fn what_a_terminal_writes_reaches_fs_read_while_it_is_open_and_fs_write_re
     let k = TestKernel::with_users().await;
     let mut a = k.alice().await;
     let ws = new_workspace(&mut a).await;
-    let mut t = alice_term(&k, "term").await;
-    t.open(json!({"workspaceId": ws})).await;
+    let mut t = alice_open(&k, &ws, "term").await;
     t.input("echo hi > f; echo wrote-$((1+1))\n").await;
     t.until("wrote-2").await;
     let read = read_until(&mut a, &format!("/workspaces/{ws}/f"), "1\thi").await;
@@ -484,8 +543,7 @@ async fn what_a_terminal_writes_reaches_fs_read_while_it_is_open_and_fs_write_re
         "the terminal never saw the written file: {}",
         t.text()
     );
-    t.input("exit 0\n").await;
-    assert_eq!(t.until_exit().await["exitCode"], 0);
+    t.exit_with(0).await;
 }
 
 #[tokio::test]
@@ -505,8 +563,7 @@ async fn a_snapshot_restore_while_a_terminal_is_open_is_refused() {
     a.call("fs.write", json!({"path": path, "content": "v2"}))
         .await
         .unwrap();
-    let mut t = alice_term(&k, "term").await;
-    t.open(json!({"workspaceId": ws})).await;
+    let mut t = alice_open(&k, &ws, "term").await;
     let r = a
         .call("workspace.snapshot.restore", json!({"snapshotId": sid}))
         .await
@@ -517,8 +574,7 @@ async fn a_snapshot_restore_while_a_terminal_is_open_is_refused() {
     let read = a.call("fs.read", json!({"path": path})).await.unwrap();
     assert_eq!(read["content"], "1\tv2", "nothing changed: {read}");
 
-    t.input("exit 0\n").await;
-    assert_eq!(t.until_exit().await["exitCode"], 0);
+    t.exit_with(0).await;
     // The exit signal may come before the kernel has recorded the exit.
     let mut r = Value::Null;
     for _ in 0..300 {
@@ -536,74 +592,6 @@ async fn a_snapshot_restore_while_a_terminal_is_open_is_refused() {
     assert_eq!(read["content"], "1\tv1", "{read}");
 }
 
-/// What [`Term::take`] read.
-enum Took {
-    Output,
-    Lagged(u64),
-    Exit,
-}
-
-impl Term {
-    /// Takes one signal: output (appended), an exit, or a lag at an offset.
-    async fn take(&mut self) -> Took {
-        let s = match self.signals.pop_front() {
-            Some(s) => s,
-            None => loop {
-                let f = self.c.recv().await.unwrap();
-                if f["type"] == "sig" {
-                    break f;
-                }
-            },
-        };
-        let p = &s["payload"];
-        assert_eq!(p["ptyId"], self.pty_id.as_str(), "{s}");
-        match s["signal"].as_str().unwrap() {
-            "shell.pty.output" => {
-                assert_eq!(p["offset"].as_u64().unwrap(), self.offset(), "{s}");
-                let bytes = STANDARD.decode(p["dataBase64"].as_str().unwrap()).unwrap();
-                self.out.extend_from_slice(&bytes);
-                Took::Output
-            }
-            "shell.pty.lagged" => Took::Lagged(p["offset"].as_u64().unwrap()),
-            "shell.pty.exit" => {
-                self.exit = Some(p.clone());
-                Took::Exit
-            }
-            other => panic!("unexpected signal {other}: {s}"),
-        }
-    }
-
-    /// Whether the output's last bytes hold `needle` (the output may be
-    /// far too long to search whole after every chunk).
-    fn tail_has(&self, needle: &[u8]) -> bool {
-        let from = self
-            .out
-            .len()
-            .saturating_sub(needle.len() + gsv_protocol::pty::MAX_OUTPUT_CHUNK);
-        self.out[from..].windows(needle.len()).any(|w| w == needle)
-    }
-
-    /// Reads until the output holds `needle`, attaching again wherever
-    /// the kernel says this connection lagged; all output from `base` on.
-    async fn follow_to(&mut self, needle: &[u8]) -> Vec<u8> {
-        let mut whole = Vec::new();
-        while !self.tail_has(needle) {
-            match self.take().await {
-                Took::Output => {}
-                Took::Lagged(at) => {
-                    assert_eq!(at, self.offset(), "a lag names the next offset");
-                    whole.extend_from_slice(&self.out);
-                    let id = self.pty_id.clone();
-                    self.attach(&id, at).await;
-                }
-                Took::Exit => panic!("exited before the marker"),
-            }
-        }
-        whole.extend_from_slice(&self.out);
-        whole
-    }
-}
-
 /// The output up to and including the first `needle`.
 fn through<'a>(out: &'a [u8], needle: &[u8]) -> &'a [u8] {
     let at = out
@@ -611,6 +599,60 @@ fn through<'a>(out: &'a [u8], needle: &[u8]) -> &'a [u8] {
         .position(|w| w == needle)
         .expect("the marker is there");
     &out[..at + needle.len()]
+}
+
+#[tokio::test]
+async fn a_reader_that_stops_reading_lags_alone_and_resumes_without_loss() {
+    let k = TestKernel::with_users().await;
+    let mut a = k.alice().await;
+    let ws = new_workspace(&mut a).await;
+    let mut fast = alice_open(&k, &ws, "term-fast").await;
+    let pty = fast.pty_id.clone();
+    // A small receive buffer: the kernel's queue for this socket fills
+    // early in the flood, when a delivery that held its wsd subscription
+    // unread would stall the terminal for everyone.
+    let mut slow = Term::new(
+        k.login_small_buffer("term-slow", "alice", ALICE_PW, 16 * 1024)
+            .await,
+    );
+    slow.attach(&pty, 0).await;
+    // 10 MB: far more than a socket that reads nothing buffers (its
+    // connection's queue of 64 frames and the socket buffers), less than
+    // wsd keeps of a terminal (16 MiB).
+    fast.input("head -c 10000000 /dev/zero | tr '\\0' x; echo; echo end-$((2+3))\n")
+        .await;
+    // The slow socket reads nothing meanwhile: the terminal and the other
+    // attachment go on to the end, and the terminal still answers.
+    let all = fast.follow_to(b"end-5").await;
+    let all = through(&all, b"end-5").to_vec();
+    fast.input("echo alive-$((1+1))\n").await;
+    fast.follow_to(b"alive-2").await;
+
+    // Only now does the slow socket read: what was queued for it, then
+    // the lag at the offset it got to.
+    let lagged_at = loop {
+        match slow.take().await {
+            Took::Output => {}
+            Took::Lagged(at) => break at,
+            Took::Exit => panic!("the terminal exited"),
+        }
+    };
+    assert_eq!(lagged_at, slow.offset(), "the lag names the next offset");
+    assert!(
+        lagged_at < all.len() as u64,
+        "it lagged before the end ({lagged_at} of {})",
+        all.len()
+    );
+    let mut joined = slow.out.clone();
+    slow.attach(&pty, lagged_at).await;
+    joined.extend(slow.follow_to(b"end-5").await);
+    assert_eq!(
+        through(&joined, b"end-5"),
+        &all[..],
+        "the output before the lag and after the re-attach is the whole"
+    );
+    fast.exit_with(0).await;
+    assert_eq!(slow.until_exit().await["exitCode"], 0);
 }
 
 /// A `wsd serve` of the test's own (a remote backend, which a kernel
@@ -654,6 +696,10 @@ async fn remote_wsd(
 
 const ROOT_PW: &str = "root-password";
 
+async fn root_term(k: &TestKernel, client_id: &str) -> Term {
+    Term::new(k.login_from(client_id, "root", ROOT_PW).await)
+}
+
 #[tokio::test]
 async fn a_terminal_on_a_wsd_that_outlives_the_kernel_is_attached_again_after_a_restart() {
     let k = TestKernel::with_users().await;
@@ -669,7 +715,7 @@ async fn a_terminal_on_a_wsd_that_outlives_the_kernel_is_attached_again_after_a_
         .unwrap();
     let ws = d["workspace"]["workspaceId"].as_str().unwrap().to_owned();
     root.close().await;
-    let mut t = Term::new(k.login_from("term-1", "root", ROOT_PW).await);
+    let mut t = root_term(&k, "term-1").await;
     t.open(json!({"workspaceId": ws})).await;
     let pty = t.pty_id.clone();
     // More than two checkpoints of output (256 KiB each): the restarted
@@ -681,13 +727,13 @@ async fn a_terminal_on_a_wsd_that_outlives_the_kernel_is_attached_again_after_a_
     t.c.close().await;
 
     let k = k.stop().await.start().await;
-    let mut back = Term::new(k.login_from("term-2", "root", ROOT_PW).await);
+    let mut back = root_term(&k, "term-2").await;
     back.attach(&pty, cut).await;
     let rest = back.follow_to(b"end-7").await;
     let mut joined = first.clone();
     joined.extend_from_slice(&rest);
     let joined = through(&joined, b"end-7");
-    let mut whole = Term::new(k.login_from("term-3", "root", ROOT_PW).await);
+    let mut whole = root_term(&k, "term-3").await;
     whole.attach(&pty, 0).await;
     let all = whole.follow_to(b"end-7").await;
     assert_eq!(
@@ -700,21 +746,13 @@ async fn a_terminal_on_a_wsd_that_outlives_the_kernel_is_attached_again_after_a_
     assert!(text.contains(&seq), "seq's output is all there");
     // An offset past the first checkpoints replays from the saved index.
     let mid = 300_000u64;
-    let mut part = Term::new(k.login_from("term-4", "root", ROOT_PW).await);
+    let mut part = root_term(&k, "term-4").await;
     part.attach(&pty, mid).await;
     let tail = part.follow_to(b"end-7").await;
     assert_eq!(through(&tail, b"end-7"), &joined[mid as usize..]);
     // It still takes input and reports its exit.
     back.input("exit 5\n").await;
-    let exit = loop {
-        match back.take().await {
-            Took::Exit => break back.exit.clone().unwrap(),
-            Took::Output => {}
-            Took::Lagged(at) => {
-                back.attach(&pty, at).await;
-            }
-        }
-    };
+    let exit = back.until_exit().await;
     assert_eq!(exit["exitCode"], 5, "{exit}");
     let _ = wsd.kill().await;
 }
@@ -725,8 +763,7 @@ async fn a_terminal_whose_local_wsd_stopped_with_the_kernel_answers_closed_after
     let mut a = k.alice().await;
     let ws = new_workspace(&mut a).await;
     a.close().await;
-    let mut t = alice_term(&k, "term-1").await;
-    t.open(json!({"workspaceId": ws})).await;
+    let mut t = alice_open(&k, &ws, "term-1").await;
     let pty = t.pty_id.clone();
     t.input("echo before-$((1+1))\n").await;
     t.until("before-2").await;
@@ -750,6 +787,105 @@ async fn a_terminal_whose_local_wsd_stopped_with_the_kernel_answers_closed_after
     back.open(json!({"workspaceId": ws})).await;
     back.input("echo after-$((1+1))\n").await;
     back.until("after-2").await;
-    back.input("exit 0\n").await;
-    assert_eq!(back.until_exit().await["exitCode"], 0);
+    back.exit_with(0).await;
+}
+
+/// Whether process `pid` runs (a zombie does not).
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+    })
+}
+
+/// The number printed after `tag` (e.g. `shell-1234`) in `text`.
+fn number_after(text: &str, tag: &str) -> u64 {
+    text.match_indices(tag)
+        .find_map(|(at, _)| {
+            let digits: String = text[at + tag.len()..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            digits.parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no number after {tag:?} in {text}"))
+}
+
+async fn served_alice(s: &crate::cli::Served, client_id: &str) -> Term {
+    let mut c = GsvClient::connect(&s.url).await.unwrap();
+    c.timeout = std::time::Duration::from_secs(30);
+    let auth = json!({"username": "alice", "password": "alice-password"});
+    c.call(
+        "sys.connect",
+        gsv_kernel::client::connect_args(client_id, "user", auth),
+    )
+    .await
+    .unwrap();
+    Term::new(c)
+}
+
+#[tokio::test]
+async fn a_terminal_on_a_local_wsd_goes_on_after_the_kernel_is_killed_and_restarted() {
+    use crate::cli::{gsv, serve, serve_in};
+    let mut s = serve();
+    let setup = r#"{"username":"alice","password":"alice-password"}"#;
+    assert!(gsv(&s, &["call", "sys.setup", setup]).0);
+    let (ok, ws) = gsv(&s, &["workspace", "create"]);
+    assert!(ok, "{ws}");
+    let ws = ws.trim().to_owned();
+    let mut t = served_alice(&s, "term-1").await;
+    t.open(json!({"workspaceId": ws})).await;
+    let pty = t.pty_id.clone();
+    t.input("echo shell-$$; echo before-$((1+1))\n").await;
+    t.until("before-2").await;
+    let shell = number_after(&t.text(), "shell-");
+    let before = t.out.clone();
+    let pid_file = s._dir.path().join(format!("data/workspaces/{ws}/wsd.pid"));
+    let wsd: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // A failed assertion leaves no daemon behind.
+    let _children = crate::harness::LeftoverChildren(s._dir.path().join("data"));
+
+    // A crash: nothing stops the kernel's wsd child.
+    s.child.kill().unwrap();
+    s.child.wait().unwrap();
+    assert!(running(wsd), "the wsd outlives its kernel");
+    let dir = std::mem::replace(&mut s._dir, tempfile::tempdir().unwrap());
+    let s2 = serve_in(dir);
+    let mut back = served_alice(&s2, "term-2").await;
+    back.attach(&pty, 0).await;
+    back.read_bytes(before.len()).await;
+    assert_eq!(
+        back.out[..before.len()],
+        before[..],
+        "the replay is the output from before the crash"
+    );
+    back.input("echo shell-$$; echo after-$((2+2))\n").await;
+    back.until("after-4").await;
+    let after = String::from_utf8_lossy(&back.out[before.len()..]).into_owned();
+    assert_eq!(number_after(&after, "shell-"), shell, "the same shell");
+    let adopted: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(adopted, wsd, "the same wsd, adopted, not a new one");
+    assert!(running(wsd));
+    back.exit_with(4).await;
+
+    // A graceful shutdown stops the adopted wsd too.
+    drop(s2);
+    let mut stopped = false;
+    for _ in 0..1000 {
+        if !running(wsd) {
+            stopped = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(stopped, "the adopted wsd {wsd} was left running");
 }

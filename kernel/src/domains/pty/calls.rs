@@ -12,7 +12,9 @@
 //! before its offset, drops what lies before the offset, and hands the
 //! rest to the connection's queue without waiting: a full queue ends the
 //! attachment with `shell.pty.lagged` at the last offset queued, and the
-//! client attaches again from there.
+//! client attaches again from there. wsd's runner waits for every live
+//! subscriber, so an attachment drops its subscription before it waits
+//! for the connection: a slow socket costs only its own connection.
 
 use std::sync::Arc;
 
@@ -28,8 +30,11 @@ use gsv_protocol::pty::{
 };
 use serde::Serialize;
 use serde_json::Value;
-use tokio::sync::mpsc;
-use wsd_client::{ErrorCode, ExecEventKind, PtyRequest, ResumeFrom, Signal, WsdError};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use wsd_client::{
+    ErrorCode, ExecEvent, ExecEventKind, ExecEvents, PtyRequest, ResumeFrom, Signal, WsdError,
+};
 
 use super::{Attached, Pty, PtyRow};
 use crate::db::now_ms;
@@ -222,7 +227,7 @@ async fn drive(
     k: Arc<Kernel>,
     w: Arc<Workspace>,
     pty: Arc<Pty>,
-    mut events: wsd_client::ExecEvents,
+    mut events: ExecEvents,
     live: LiveHold,
 ) {
     let stopping = k.ptys.stopping();
@@ -302,10 +307,11 @@ async fn drive(
 }
 
 /// At start: takes up the terminals a previous kernel left. One whose wsd
-/// outlived that kernel (a remote backend) is driven again from the end
-/// of its saved offset index; one whose wsd did not (a local child stops
-/// with its kernel), or that wsd no longer knows, is forgotten and
-/// answers `closed` from then on.
+/// outlived that kernel (a remote backend, or a local child the kernel
+/// left running when it crashed, adopted here) is driven again from the
+/// end of its saved offset index; one whose wsd did not (a graceful
+/// shutdown stops local children), or that wsd no longer knows, is
+/// forgotten and answers `closed` from then on.
 pub async fn recover(k: &Arc<Kernel>) -> Result<(), KernelError> {
     for (row, index) in k.db.call(|c| super::all_rows(c)).await? {
         match resume(k, &row, index).await {
@@ -328,7 +334,9 @@ pub async fn recover(k: &Arc<Kernel>) -> Result<(), KernelError> {
 enum ResumeError {
     #[error("its workspace is gone or archived")]
     NoWorkspace,
-    #[error("its workspace's local wsd stopped with the previous kernel")]
+    #[error(
+        "its workspace's local wsd stopped with the previous kernel (or runs another wsd binary)"
+    )]
     LocalBackend,
     #[error("{0}")]
     Kernel(#[from] KernelError),
@@ -347,11 +355,14 @@ async fn resume(
             .await?
             .filter(|w| !w.is_archived())
             .ok_or(ResumeError::NoWorkspace)?;
-    if ws.backend == Backend::Local {
-        return Err(ResumeError::LocalBackend);
-    }
     let w = k.workspaces.open(&ws).await?;
-    let handle = w.bracket.lock().await.handle(&k.workspaces.wsd_bin).await?;
+    let handle = {
+        let mut backend = w.bracket.lock().await;
+        if ws.backend == Backend::Local && !backend.adopt_leftover(&k.workspaces.wsd_bin) {
+            return Err(ResumeError::LocalBackend);
+        }
+        backend.handle(&k.workspaces.wsd_bin).await?
+    };
     let from = match index.last() {
         Some(&(seq, _)) => ResumeFrom::After(seq),
         None => ResumeFrom::Start,
@@ -429,7 +440,7 @@ fn spawn_delivery(
     s: &Session,
     pty: Arc<Pty>,
     attached: Attached,
-    events: wsd_client::ExecEvents,
+    events: ExecEvents,
     offset: u64,
     after: u64,
 ) -> Result<(), Fail> {
@@ -443,6 +454,8 @@ fn spawn_delivery(
         tx,
         offset,
         after,
+        last_seq: 0,
+        reattaches: 0,
     };
     let (k, conn) = (k.clone(), s.connection_id.clone());
     tokio::spawn(async move {
@@ -454,7 +467,20 @@ fn spawn_delivery(
     Ok(())
 }
 
+/// Output an attachment holds back while its call's answer waits for room
+/// in the connection's queue; more means the connection is too slow.
+const MAX_EARLY_OUTPUT_BYTES: usize = 1024 * 1024;
+
+/// One read of a terminal's wsd subscription.
+type Next = Result<Option<ExecEvent>, WsdError>;
+
 /// One attachment's delivery.
+///
+/// wsd's runner waits for every subscriber of a terminal before it reads
+/// the terminal again, so a subscription left unread stalls the terminal
+/// for everyone attached (and its driver). A delivery therefore always
+/// reads its subscription promptly: it never waits for the connection
+/// while holding it, and drops it before any wait (a lag, the exit).
 struct Delivery {
     pty: Arc<Pty>,
     tx: mpsc::Sender<Outgoing>,
@@ -462,6 +488,10 @@ struct Delivery {
     offset: u64,
     /// Output before this offset is not sent.
     after: u64,
+    /// The seq of the last event read (re-attaching to wsd resumes after it).
+    last_seq: u64,
+    /// Re-attaches to wsd in a row after a broken event stream.
+    reattaches: u32,
 }
 
 /// How handing output to the connection went.
@@ -472,80 +502,148 @@ enum Sent {
     Gone,
 }
 
+/// What to do after one read of the subscription.
+enum Flow {
+    Go,
+    /// Stop reading; send this signal (if any) once the queue has room.
+    End(Option<String>),
+}
+
 impl Delivery {
-    async fn run(mut self, attached: Attached, mut events: wsd_client::ExecEvents) {
+    async fn run(mut self, attached: Attached, events: ExecEvents) {
         let Attached { cancel, start, .. } = attached;
-        // The call's answer goes first (the server starts us once queued).
-        tokio::select! {
-            biased;
-            _ = cancel.cancelled() => return,
-            _ = start => {}
+        let Some((early, events)) = self.until_started(&cancel, start, events).await else {
+            return;
+        };
+        let Some(mut events) = events else {
+            // The answer waited on a full queue while the output piled up:
+            // the client attaches again from where it asked to start.
+            let lagged = self.lagged_text(self.after);
+            self.send_waiting(&cancel, lagged).await;
+            return;
+        };
+        let mut flow = Flow::Go;
+        for next in early {
+            flow = self.step(&mut events, next).await;
+            if let Flow::End(_) = flow {
+                break;
+            }
         }
-        let mut last_seq = 0u64;
-        let mut reattaches = 0u32;
-        loop {
+        while let Flow::Go = flow {
             let next = tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = self.tx.closed() => return,
-                ev = events.next() => ev,
+                next = events.next() => next,
             };
-            match next {
-                Ok(Some(ev)) => {
-                    last_seq = ev.seq;
-                    reattaches = 0;
-                    match ev.kind {
-                        ExecEventKind::Stdout(b) | ExecEventKind::Stderr(b) => {
-                            match self.send_output(&b) {
-                                Sent::Queued => {}
-                                Sent::Gone => return,
-                                Sent::Full(at) => {
-                                    let lagged = PtyLaggedSignal {
-                                        pty_id: self.pty.id.clone(),
-                                        offset: at,
-                                    };
-                                    self.send_waiting(&cancel, "shell.pty.lagged", lagged).await;
-                                    return;
-                                }
-                            }
-                        }
-                        ExecEventKind::Exit(code) => {
-                            let exit = PtyExitSignal {
-                                pty_id: self.pty.id.clone(),
-                                exit_code: code,
-                                signal: self.pty.ending_signal(code),
-                            };
-                            self.send_waiting(&cancel, "shell.pty.exit", exit).await;
-                            return;
-                        }
-                    }
+            flow = self.step(&mut events, next).await;
+        }
+        drop(events);
+        if let Flow::End(Some(last)) = flow {
+            self.send_waiting(&cancel, last).await;
+        }
+    }
+
+    /// Waits until the call's answer is queued (the output must follow
+    /// it), reading the subscription meanwhile: what came, and the
+    /// subscription, or none if more than [`MAX_EARLY_OUTPUT_BYTES`] came
+    /// (it is dropped at once). `None`: the attachment ended first.
+    async fn until_started(
+        &self,
+        cancel: &CancellationToken,
+        start: oneshot::Receiver<()>,
+        mut events: ExecEvents,
+    ) -> Option<(Vec<Next>, Option<ExecEvents>)> {
+        tokio::pin!(start);
+        let mut early = Vec::new();
+        let mut bytes = 0usize;
+        let mut reading = true;
+        loop {
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return None,
+                _ = self.tx.closed() => return None,
+                started = &mut start => {
+                    return started.ok().map(|()| (early, Some(events)));
                 }
-                Ok(None) => return,
-                Err(e) => {
-                    reattaches += 1;
-                    let again = if reattaches > MAX_REATTACHES {
-                        Err(e)
-                    } else {
-                        self.pty
-                            .handle
-                            .attach(&self.pty.id, ResumeFrom::After(last_seq))
-                            .await
-                    };
-                    match again {
-                        Ok(ev) => events = ev,
-                        Err(e) => {
-                            // The client attaches again (and learns why).
-                            tracing::warn!(pty = %self.pty.id, error = %e, "a terminal attachment lost wsd");
-                            let lagged = PtyLaggedSignal {
-                                pty_id: self.pty.id.clone(),
-                                offset: self.offset.max(self.after),
-                            };
-                            self.send_waiting(&cancel, "shell.pty.lagged", lagged).await;
-                            return;
+                next = events.next(), if reading => {
+                    // The stream ends after an error or its end.
+                    reading = matches!(next, Ok(Some(_)));
+                    if let Ok(Some(ev)) = &next {
+                        bytes += ev.kind.payload_len();
+                    }
+                    early.push(next);
+                    if bytes > MAX_EARLY_OUTPUT_BYTES {
+                        drop(events);
+                        tokio::select! {
+                            _ = cancel.cancelled() => return None,
+                            _ = self.tx.closed() => return None,
+                            started = &mut start => return started.ok().map(|()| (Vec::new(), None)),
                         }
                     }
                 }
             }
         }
+    }
+
+    /// Handles one read of the subscription; a broken stream is attached
+    /// again in place (up to [`MAX_REATTACHES`] times in a row).
+    async fn step(&mut self, events: &mut ExecEvents, next: Next) -> Flow {
+        match next {
+            Ok(Some(ev)) => {
+                self.last_seq = ev.seq;
+                self.reattaches = 0;
+                match ev.kind {
+                    ExecEventKind::Stdout(b) | ExecEventKind::Stderr(b) => {
+                        match self.send_output(&b) {
+                            Sent::Queued => Flow::Go,
+                            Sent::Gone => Flow::End(None),
+                            Sent::Full(at) => Flow::End(Some(self.lagged_text(at))),
+                        }
+                    }
+                    ExecEventKind::Exit(code) => {
+                        let exit = PtyExitSignal {
+                            pty_id: self.pty.id.clone(),
+                            exit_code: code,
+                            signal: self.pty.ending_signal(code),
+                        };
+                        Flow::End(Some(sig_text("shell.pty.exit", exit)))
+                    }
+                }
+            }
+            Ok(None) => Flow::End(None),
+            Err(e) => {
+                self.reattaches += 1;
+                let again = if self.reattaches > MAX_REATTACHES {
+                    Err(e)
+                } else {
+                    self.pty
+                        .handle
+                        .attach(&self.pty.id, ResumeFrom::After(self.last_seq))
+                        .await
+                };
+                match again {
+                    Ok(ev) => {
+                        *events = ev;
+                        Flow::Go
+                    }
+                    Err(e) => {
+                        // The client attaches again (and learns why).
+                        tracing::warn!(pty = %self.pty.id, error = %e, "a terminal attachment lost wsd");
+                        Flow::End(Some(self.lagged_text(self.offset.max(self.after))))
+                    }
+                }
+            }
+        }
+    }
+
+    fn lagged_text(&self, offset: u64) -> String {
+        sig_text(
+            "shell.pty.lagged",
+            PtyLaggedSignal {
+                pty_id: self.pty.id.clone(),
+                offset,
+            },
+        )
     }
 
     /// Queues the part of `bytes` at or after `self.after`, in chunks of
@@ -576,14 +674,8 @@ impl Delivery {
         Sent::Queued
     }
 
-    /// Sends a signal once the connection's queue has room.
-    async fn send_waiting(
-        &self,
-        cancel: &tokio_util::sync::CancellationToken,
-        signal: &str,
-        payload: impl Serialize,
-    ) {
-        let text = sig_text(signal, payload);
+    /// Sends a signal's `text` once the connection's queue has room.
+    async fn send_waiting(&self, cancel: &CancellationToken, text: String) {
         tokio::select! {
             _ = cancel.cancelled() => {}
             permit = self.tx.reserve() => if let Ok(p) = permit { p.send(Outgoing::Text(text)) },

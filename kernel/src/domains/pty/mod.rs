@@ -13,9 +13,10 @@
 //! Each terminal also has a row (`ptys`: owner, workspace, command, size)
 //! and its offset index (`pty_checkpoints`), so a restarted kernel finds
 //! the terminals still running in a wsd that outlived it (a remote
-//! backend) and serves them from where its index ends. A local backend's
-//! wsd stops with the kernel, and its terminals with it: after a restart
-//! they answer `closed` ([`Ptys::ended`]), not `not_found`.
+//! backend, or a local one the crashed kernel left, which it adopts) and
+//! serves them from where its index ends. A graceful shutdown stops local
+//! wsd children, and their terminals with them: after that restart they
+//! answer `closed` ([`Ptys::ended`]), not `not_found`.
 
 pub mod calls;
 

@@ -2,6 +2,12 @@
 //! one, the child process the kernel starts, restarts with backoff and
 //! stops when idle ([`BackendState`]). Owned under the workspace's bracket
 //! lock, so one caller at a time starts or talks to it.
+//!
+//! A local child runs in a process group of its own and its pid is kept
+//! in `wsd.pid`, so it outlives a kernel that crashes (a graceful shutdown
+//! stops it). The next kernel stops such a leftover before it starts a new
+//! child, except where a terminal still runs in it: there it adopts the
+//! leftover ([`BackendState::adopt_leftover`]) and the terminal goes on.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -40,7 +46,7 @@ const MAX_RESTART_BACKOFF: Duration = Duration::from_secs(5);
 pub struct BackendState {
     dir: PathBuf,
     backend: Backend,
-    child: Option<tokio::process::Child>,
+    child: Option<LocalChild>,
     /// The connection to the wsd, made after the child (re)starts.
     handle: Option<WsdHandle>,
     /// Last time a bracket used the wsd (the idle reaper reads it).
@@ -52,6 +58,42 @@ pub struct BackendState {
     sandbox: bool,
     /// The deadline of every wsd call (`KernelConfig::wsd_timeout`).
     call_timeout: Duration,
+}
+
+/// A local wsd process: started by this kernel, or adopted from the
+/// kernel before it (not this kernel's child: watched and signalled by
+/// pid).
+#[derive(Debug)]
+enum LocalChild {
+    Spawned(tokio::process::Child),
+    Adopted(i32),
+}
+
+impl LocalChild {
+    fn alive(&mut self) -> bool {
+        match self {
+            LocalChild::Spawned(c) => matches!(c.try_wait(), Ok(None)),
+            LocalChild::Adopted(pid) => process_alive(*pid),
+        }
+    }
+
+    fn pid(&self) -> Option<u32> {
+        match self {
+            LocalChild::Spawned(c) => c.id(),
+            LocalChild::Adopted(pid) => u32::try_from(*pid).ok(),
+        }
+    }
+
+    /// Stops the process and waits (bounded) for its exit.
+    async fn stop(self) {
+        match self {
+            LocalChild::Spawned(mut c) => {
+                let _ = c.start_kill();
+                let _ = tokio::time::timeout(Duration::from_secs(5), c.wait()).await;
+            }
+            LocalChild::Adopted(pid) => terminate(pid).await,
+        }
+    }
 }
 
 /// Where to reach a running wsd.
@@ -101,7 +143,38 @@ impl BackendState {
 
     /// The process id of the local child, if running.
     pub fn child_pid(&self) -> Option<u32> {
-        self.child.as_ref().and_then(|c| c.id())
+        self.child.as_ref().and_then(LocalChild::pid)
+    }
+
+    /// Takes over the local wsd a crashed kernel left running for this
+    /// workspace, if there is one, it runs this kernel's wsd binary and
+    /// sandbox setting, and no child runs yet: the terminals in it go on.
+    /// Whether there is one now (`handle` then connects to it; one that
+    /// does not answer is stopped and replaced).
+    pub fn adopt_leftover(&mut self, wsd_bin: &Path) -> bool {
+        if self.backend != Backend::Local {
+            return false;
+        }
+        if let Some(c) = self.child.as_mut() {
+            return c.alive();
+        }
+        let Some(pid) = leftover_pid(&self.dir.join("wsd.pid"), &self.socket_path()) else {
+            return false;
+        };
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+        let same_bin = exe.is_some_and(|e| std::fs::canonicalize(wsd_bin).is_ok_and(|b| b == e));
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let sandboxed = cmdline.split(|b| *b == 0).any(|a| a == b"--sandbox");
+        if !same_bin || sandboxed != self.sandbox {
+            tracing::info!(pid, dir = %self.dir.display(), same_bin, sandboxed, "not adopting a leftover wsd that differs from this kernel's");
+            return false;
+        }
+        tracing::info!(pid, dir = %self.dir.display(), "adopting the wsd a previous kernel left running");
+        self.child = Some(LocalChild::Adopted(pid));
+        self.handle = None;
+        // Not a restart: no backoff if it dies now.
+        self.last_start = None;
+        true
     }
 
     /// The address of the wsd, starting (or restarting) the local child if
@@ -117,10 +190,7 @@ impl BackendState {
                 started: false,
             }),
             Backend::Local => {
-                let alive = match self.child.as_mut() {
-                    Some(c) => matches!(c.try_wait(), Ok(None)),
-                    None => false,
-                };
+                let alive = self.child.as_mut().is_some_and(LocalChild::alive);
                 let token_file = self.dir.join("wsd.token");
                 let endpoint = format!("unix:{}", self.socket_path().display());
                 if alive {
@@ -170,6 +240,8 @@ impl BackendState {
         if self.sandbox {
             command.arg("--sandbox");
         }
+        // A group of its own: a signal to the kernel's group (a Ctrl-C in
+        // its terminal) reaches the kernel, which stops it in order.
         let child = command
             .arg("--root")
             .arg(self.dir.join("root"))
@@ -183,6 +255,7 @@ impl BackendState {
             .stdout(Stdio::null())
             .stderr(log)
             .kill_on_drop(true)
+            .process_group(0)
             .spawn()
             .map_err(|e| {
                 KernelError::Unavailable(format!("cannot start {}: {e}", wsd_bin.display()))
@@ -192,7 +265,7 @@ impl BackendState {
         {
             tracing::warn!(dir = %self.dir.display(), error = %e, "cannot record the wsd pid");
         }
-        self.child = Some(child);
+        self.child = Some(LocalChild::Spawned(child));
         self.last_start = Some(Instant::now());
         let deadline = Instant::now() + WSD_START_DEADLINE;
         loop {
@@ -200,7 +273,7 @@ impl BackendState {
                 tracing::info!(dir = %self.dir.display(), "local wsd started");
                 return Ok(());
             }
-            if let Some(c) = self.child.as_mut()
+            if let Some(LocalChild::Spawned(c)) = self.child.as_mut()
                 && let Ok(Some(status)) = c.try_wait()
             {
                 self.child = None;
@@ -250,28 +323,35 @@ impl BackendState {
             call_timeout: self.call_timeout,
             ..ClientOptions::default()
         };
-        let h = WsdHandle::connect(endpoint, opts).await.map_err(|e| {
-            KernelError::Unavailable(format!("connecting to wsd at {}: {e}", addr.endpoint))
-        })?;
+        let h = match WsdHandle::connect(endpoint, opts).await {
+            Ok(h) => h,
+            Err(e) => {
+                // An adopted wsd that does not answer (or not to our token)
+                // is stopped: the next call starts a child of our own.
+                if matches!(self.child, Some(LocalChild::Adopted(_))) {
+                    self.stop().await;
+                }
+                return Err(KernelError::Unavailable(format!(
+                    "connecting to wsd at {}: {e}",
+                    addr.endpoint
+                )));
+            }
+        };
         self.handle = Some(h.clone());
         Ok(h)
     }
 
     /// Whether a local child runs and has been unused for `idle`.
     pub fn idle_child(&mut self, idle: Duration) -> bool {
-        let alive = self
-            .child
-            .as_mut()
-            .is_some_and(|c| matches!(c.try_wait(), Ok(None)));
+        let alive = self.child.as_mut().is_some_and(LocalChild::alive);
         alive && self.last_used.elapsed() >= idle
     }
 
     /// Stops the local child, if any.
     pub async fn stop(&mut self) {
         self.handle = None;
-        if let Some(mut c) = self.child.take() {
-            let _ = c.start_kill();
-            let _ = tokio::time::timeout(Duration::from_secs(5), c.wait()).await;
+        if let Some(c) = self.child.take() {
+            c.stop().await;
         }
     }
 }
@@ -281,21 +361,32 @@ impl BackendState {
 /// only if that process still serves this workspace's socket (a recycled
 /// pid belongs to someone else and is left alone).
 async fn stop_stale_child(pid_file: &Path, sock: &Path) {
-    let Some(pid) = std::fs::read_to_string(pid_file)
-        .ok()
-        .and_then(|t| t.trim().parse::<i32>().ok())
-    else {
-        return;
-    };
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    let want = format!("unix:{}", sock.display());
-    let ours = cmdline.split(|b| *b == 0).any(|arg| arg == want.as_bytes());
-    let (true, Some(p)) = (ours, rustix::process::Pid::from_raw(pid)) else {
+    let Some(pid) = leftover_pid(pid_file, sock) else {
         return;
     };
     tracing::warn!(pid, socket = %sock.display(), "stopping a wsd left over from an earlier kernel");
-    // It holds the workspace's lock until it has exited, and a new child
-    // refuses to start beside it: wait for the exit (SIGKILL after a grace).
+    terminate(pid).await;
+}
+
+/// The pid recorded in `pid_file` if that process is alive and serves
+/// socket `sock` (a recycled pid belongs to someone else).
+fn leftover_pid(pid_file: &Path, sock: &Path) -> Option<i32> {
+    let pid = std::fs::read_to_string(pid_file)
+        .ok()
+        .and_then(|t| t.trim().parse::<i32>().ok())?;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let want = format!("unix:{}", sock.display());
+    let ours = cmdline.split(|b| *b == 0).any(|arg| arg == want.as_bytes());
+    (ours && process_alive(pid)).then_some(pid)
+}
+
+/// SIGTERM to wsd `pid` (not this kernel's child), SIGKILL after a grace,
+/// and waits for its exit: it holds the workspace's lock until it has
+/// exited, and a new child refuses to start beside it.
+async fn terminate(pid: i32) {
+    let Some(p) = rustix::process::Pid::from_raw(pid) else {
+        return;
+    };
     let _ = rustix::process::kill_process(p, rustix::process::Signal::TERM);
     let start = Instant::now();
     let mut killed = false;
@@ -306,7 +397,10 @@ async fn stop_stale_child(pid_file: &Path, sock: &Path) {
             killed = true;
         }
         if start.elapsed() > 2 * STALE_WSD_GRACE {
-            tracing::warn!(pid, "the leftover wsd is still there; starting anyway");
+            tracing::warn!(
+                pid,
+                "the leftover wsd is still there after SIGKILL; going on"
+            );
             return;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
