@@ -1078,3 +1078,166 @@ async fn the_cli_lists_creates_logs_shows_diffs_and_imports() {
     let (_, out) = gsv(&k.url, "root", "root-password", &args).await;
     assert_eq!(out, format!("main {up_head} unchanged\n"));
 }
+
+/// A bare repository made by `git fast-import`: `main` of `n` commits,
+/// with a side branch of five commits forked at 100 and merged at 300
+/// (so first-parent history differs from all history).
+fn fast_imported(dir: &Path, n: usize) {
+    std::fs::create_dir_all(dir).unwrap();
+    git(dir, &["init", "-q", "--bare", "-b", "main"]);
+    let mut stream = String::new();
+    let commit = |stream: &mut String, mark: usize, branch: &str, text: &str| {
+        let body = format!("{text}\n");
+        stream.push_str(&format!(
+            "commit refs/heads/{branch}\nmark :{mark}\ncommitter up <up@example.invalid> {} +0000\ndata {}\n{body}",
+            1_700_000_000 + mark,
+            body.len()
+        ));
+    };
+    for i in 1..=n {
+        commit(&mut stream, i, "main", &format!("main {i}"));
+        if i > 1 {
+            stream.push_str(&format!("from :{}\n", i - 1));
+        }
+        if i == 300 {
+            stream.push_str(&format!("merge :{}\n", n + 5));
+        }
+        stream.push_str(&format!(
+            "M 644 inline f.txt\ndata <<END\nmain {i}\nEND\n\n"
+        ));
+        if i == 100 {
+            for s in 1..=5 {
+                commit(&mut stream, n + s, "side", &format!("side {s}"));
+                let from = if s == 1 { 100 } else { n + s - 1 };
+                stream.push_str(&format!(
+                    "from :{from}\nM 644 inline side.txt\ndata <<END\nside {s}\nEND\n\n"
+                ));
+            }
+        }
+    }
+    let mut child = git_cmd(dir, &["fast-import", "--quiet"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stream.as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success(), "git fast-import failed");
+}
+
+/// `(hash, parents)` of each `repo.log` entry.
+fn hashes_and_parents(log: &Value) -> Vec<String> {
+    log["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let parents: Vec<&str> = e["parents"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p.as_str().unwrap())
+                .collect();
+            format!("{} {}", e["hash"].as_str().unwrap(), parents.join(" "))
+        })
+        .collect()
+}
+
+/// `git log --first-parent` of `rev`: `n` entries after `skip`.
+fn git_page(dir: &Path, rev: &str, skip: usize, n: usize) -> Vec<String> {
+    lines(&git(
+        dir,
+        &[
+            "log",
+            "--first-parent",
+            "--format=%H %P",
+            &format!("--skip={skip}"),
+            &format!("--max-count={n}"),
+            rev,
+        ],
+    ))
+}
+
+#[tokio::test]
+async fn deep_log_pages_and_packed_applies_match_real_git() {
+    use gsv_kernel::domains::repo::{pack::MAX_PACKS, store::INDEXED_LOG_OFFSET};
+    let k = TestKernel::with_users().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let up = tmp.path().join("up.git");
+    fast_imported(&up, 400);
+    let mut root = k.login("root", "root-password").await;
+    root.call(
+        "repo.import",
+        json!({"repo": "alice/deep", "remoteUrl": format!("file://{}", up.display())}),
+    )
+    .await
+    .unwrap();
+    let dir = repo_dir(&k, "alice/deep");
+    let pack_files = |ext: &str| {
+        std::fs::read_dir(dir.join("objects/pack"))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == ext))
+            .count()
+    };
+    assert_eq!(pack_files("keep"), 0, "the imported pack may be merged");
+    let mut a = k.alice().await;
+    let offset = INDEXED_LOG_OFFSET as usize + 50;
+    let page = |rev: &str, offset: usize| json!({"repo": "alice/deep", "ref": rev, "limit": 100, "offset": offset});
+
+    // The first deep page builds the index from nothing.
+    let log = a.call("repo.log", page("main", offset)).await.unwrap();
+    assert_eq!(
+        hashes_and_parents(&log),
+        git_page(&dir, "main", offset, 100)
+    );
+    assert!(dir.join("gsv-first-parent").is_file());
+
+    // Enough applies to pass the pack limit: each writes one pack, small
+    // ones are merged, nothing is written loose.
+    for i in 0..(MAX_PACKS + 4) {
+        apply(
+            &mut a,
+            "alice/deep",
+            &format!("apply {i}"),
+            json!([{"type": "put", "path": format!("d/{i}.txt"), "content": format!("{i}\n")}]),
+        )
+        .await;
+    }
+    let packs = pack_files("idx");
+    assert!(packs <= MAX_PACKS, "{packs} packs after merging");
+    let counted = git(&dir, &["count-objects", "-v"]);
+    assert!(
+        counted.starts_with("count: 0\n"),
+        "loose objects: {counted}"
+    );
+    git(&dir, &["fsck", "--strict", "--no-dangling"]);
+
+    // A head that moved extends the index; an older commit reads a prefix
+    // of it; both equal git's first-parent log, as does the shallow path.
+    for (rev, offset) in [
+        ("main", offset),
+        ("main", 10),
+        ("main~30", offset),
+        ("main~30", 0),
+    ] {
+        let log = a.call("repo.log", page(rev, offset)).await.unwrap();
+        assert_eq!(
+            hashes_and_parents(&log),
+            git_page(&dir, rev, offset, 100),
+            "{rev} at {offset}"
+        );
+    }
+    let past = a.call("repo.log", page("main", 5000)).await.unwrap();
+    assert_eq!(past["entries"], json!([]));
+    assert_eq!(
+        git(&dir, &["ls-tree", "-r", "--name-only", "main", "d/"])
+            .lines()
+            .count(),
+        MAX_PACKS + 4
+    );
+}

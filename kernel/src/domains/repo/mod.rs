@@ -14,7 +14,9 @@
 pub mod calls;
 pub mod diff;
 pub mod error;
+pub mod log_index;
 pub mod names;
+pub mod pack;
 pub mod store;
 
 use std::collections::BTreeSet;

@@ -17,9 +17,9 @@ use gix::objs::tree::{EntryKind, EntryMode};
 use gix::refs::Target;
 use gix::refs::transaction::{Change, LogChange, PreviousValue, RefEdit, RefLog};
 
-use super::diff;
 use super::error::RepoError;
 use super::names::Slug;
+use super::{diff, log_index, pack};
 use gsv_protocol::repo::*;
 
 /// Search stops after this many matching lines (`truncated: true`).
@@ -28,6 +28,9 @@ pub const SEARCH_MATCH_LIMIT: usize = 200;
 const SEARCH_BLOB_LIMIT: usize = 1 << 20;
 /// Times an apply without `expectedHead` is rebuilt on a ref that moved.
 const APPLY_RETRIES: usize = 5;
+/// `repo.log` pages starting this deep read the first-parent index
+/// ([`log_index`]) instead of walking every commit above them.
+pub const INDEXED_LOG_OFFSET: u64 = 200;
 
 /// Who a commit is by (the caller).
 #[derive(Debug, Clone)]
@@ -342,32 +345,46 @@ pub fn log(
     offset: u64,
     limit: u32,
 ) -> Result<Vec<LogEntry>, RepoError> {
-    let walk = repo
-        .rev_walk([commit])
-        .first_parent_only()
-        .all()
-        .map_err(RepoError::git)?;
-    let mut out = Vec::new();
-    for info in walk.skip(offset as usize).take(limit as usize) {
-        let info = info.map_err(RepoError::git)?;
-        let c = repo.find_commit(info.id).map_err(RepoError::git)?;
-        let d = c.decode().map_err(RepoError::git)?;
-        let author = d.author().map_err(RepoError::git)?;
-        let committer = d.committer().map_err(RepoError::git)?;
-        out.push(LogEntry {
-            hash: info.id.to_string(),
-            tree_hash: d.tree().to_string(),
-            author: author.name.to_str_lossy().into_owned(),
-            author_email: author.email.to_str_lossy().into_owned(),
-            author_time: author.seconds(),
-            committer: committer.name.to_str_lossy().into_owned(),
-            committer_email: committer.email.to_str_lossy().into_owned(),
-            commit_time: committer.seconds(),
-            message: d.message.to_str_lossy().into_owned(),
-            parents: d.parents().map(|p| p.to_string()).collect(),
-        });
-    }
-    Ok(out)
+    let ids: Vec<ObjectId> = if offset >= INDEXED_LOG_OFFSET {
+        let chain = log_index::chain(repo, commit)?;
+        chain
+            .iter()
+            .rev()
+            .skip(usize::try_from(offset).unwrap_or(usize::MAX))
+            .take(limit as usize)
+            .copied()
+            .collect()
+    } else {
+        let walk = repo
+            .rev_walk([commit])
+            .first_parent_only()
+            .all()
+            .map_err(RepoError::git)?;
+        walk.skip(offset as usize)
+            .take(limit as usize)
+            .map(|info| info.map(|i| i.id).map_err(RepoError::git))
+            .collect::<Result<_, _>>()?
+    };
+    ids.into_iter().map(|id| log_entry(repo, id)).collect()
+}
+
+fn log_entry(repo: &gix::Repository, id: ObjectId) -> Result<LogEntry, RepoError> {
+    let c = repo.find_commit(id).map_err(RepoError::git)?;
+    let d = c.decode().map_err(RepoError::git)?;
+    let author = d.author().map_err(RepoError::git)?;
+    let committer = d.committer().map_err(RepoError::git)?;
+    Ok(LogEntry {
+        hash: id.to_string(),
+        tree_hash: d.tree().to_string(),
+        author: author.name.to_str_lossy().into_owned(),
+        author_email: author.email.to_str_lossy().into_owned(),
+        author_time: author.seconds(),
+        committer: committer.name.to_str_lossy().into_owned(),
+        committer_email: committer.email.to_str_lossy().into_owned(),
+        commit_time: committer.seconds(),
+        message: d.message.to_str_lossy().into_owned(),
+        parents: d.parents().map(|p| p.to_string()).collect(),
+    })
 }
 
 /// The files that differ between two trees (`None`: the empty tree).
@@ -582,21 +599,37 @@ pub fn apply(repo: &gix::Repository, c: &Commit<'_>) -> Result<ObjectId, RepoErr
             Some(h) => tree_of(repo, h)?,
             None => ObjectId::empty_tree(repo.object_hash()),
         };
-        let tree = edit_tree(repo, base_tree, c.ops)?;
+        // The new blobs, trees and commit are kept in memory and then
+        // written as one pack: one file pair, not a file per object.
+        let mut building = repo.clone().with_object_memory();
+        let tree = edit_tree(&building, base_tree, c.ops)?;
         if tree == base_tree && !c.allow_empty {
             return Err(RepoError::BadArgument(
                 "nothing to commit: the ops leave the tree unchanged (allowEmpty: true commits anyway)"
                     .into(),
             ));
         }
-        let commit = new_commit(repo, c.author, c.message, tree, head)?;
+        let commit = new_commit(&building, c.author, c.message, tree, head)?;
+        let objects = building.objects.take_object_memory().unwrap_or_default();
+        pack::write_objects(repo, &objects)?;
         match move_branch(repo, c.branch, head, commit, c.message) {
-            Ok(()) => return Ok(commit),
+            Ok(()) => {
+                merge_packs(repo);
+                return Ok(commit);
+            }
             Err(RepoError::Conflict(_)) if c.expected_head.is_none() && attempt < APPLY_RETRIES => {
                 attempt += 1;
             }
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// Merges small packs once too many accumulated. The commit is already
+/// made, so a failure here is logged, not the caller's error.
+fn merge_packs(repo: &gix::Repository) {
+    if let Err(e) = pack::consolidate(repo) {
+        tracing::warn!(repo = %repo.path().display(), error = %e, "merging packs failed");
     }
 }
 
@@ -862,9 +895,19 @@ pub fn import(
         .ok_or_else(|| {
             RepoError::NotFound(format!("remoteRef {remote_ref} does not exist at {url}"))
         })?;
-    prepared
+    let received = prepared
         .receive(gix::progress::Discard, interrupt)
         .map_err(|e| upstream_err(&e))?;
+    // gix keeps a fetched pack's `.keep` until a ref of the fetch moves;
+    // this fetch moves none (the branch moves below, by hand), and a
+    // `.keep` would hold the pack out of every merge.
+    if let gix::remote::fetch::Status::Change {
+        write_pack_bundle, ..
+    } = &received.status
+        && let Some(keep) = &write_pack_bundle.keep_path
+    {
+        let _ = std::fs::remove_file(keep);
+    }
     if interrupt.load(Ordering::Relaxed) {
         return Err(RepoError::Upstream(format!("import from {url} timed out")));
     }
@@ -903,8 +946,48 @@ pub fn import(
         None => {}
     }
     move_branch(repo, branch, head, upstream, message)?;
+    merge_packs(repo);
     Ok(Imported {
         head: upstream,
         changed: true,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One handle kept across applies still finds every commit after
+    /// packs were merged under it. (Past about 70 merges one gix store
+    /// starts to miss objects in packs that replaced others, a limit of
+    /// gix-odb's slot reuse; the handlers open a store per call.)
+    #[test]
+    fn a_long_lived_handle_survives_pack_merges() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RepoStore::new(dir.path().to_path_buf());
+        let slug = Slug::parse("alice/merge").unwrap();
+        let (repo, _) = store.open_or_init(&slug, "main").unwrap();
+        let author = Author {
+            name: "alice".into(),
+            email: "alice@gsv.local".into(),
+        };
+        for i in 0..(pack::MAX_PACKS * 6) {
+            let ops = [Op::Put {
+                path: "counter".into(),
+                bytes: i.to_string().into_bytes(),
+            }];
+            let commit = Commit {
+                branch: "main",
+                message: "count",
+                author: &author,
+                expected_head: None,
+                allow_empty: false,
+                ops: &ops,
+            };
+            let head = apply(&repo, &commit).unwrap_or_else(|e| panic!("apply {i}: {e}"));
+            let page =
+                log(&repo, head, 0, 100).unwrap_or_else(|e| panic!("log after apply {i}: {e}"));
+            assert_eq!(page.len(), (i + 1).min(100));
+        }
+    }
 }
