@@ -31,6 +31,7 @@ mod log;
 pub mod process;
 mod runner;
 pub mod sandbox;
+mod sandbox_limits;
 pub mod sandbox_runner;
 mod subscription;
 

@@ -16,18 +16,11 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use nix::sys::resource::{Resource, setrlimit};
-
+pub use super::sandbox_limits::{
+    DEFAULT_SANDBOX_MEMORY, DEFAULT_SANDBOX_OPEN_FILES, SandboxLimits,
+};
+pub use super::sandbox_runner::{BWRAP_PACKAGE, SandboxError};
 use super::sandbox_runner::{Launch, RunnerLink, SandboxedChild, SpawnRequest, current_runner_exe};
-
-/// The Debian package that ships `bwrap`.
-pub const BWRAP_PACKAGE: &str = "bubblewrap";
-
-/// Default [`SandboxLimits::memory_bytes`]: 4 GiB of address space per
-/// process (Node and the JVM start under it).
-pub const DEFAULT_SANDBOX_MEMORY: u64 = 4 << 30;
-/// Default [`SandboxLimits::open_files`].
-pub const DEFAULT_SANDBOX_OPEN_FILES: u64 = 4096;
 
 /// The hostname commands see (their own UTS namespace).
 pub const SANDBOX_HOSTNAME: &str = "wsd-sandbox";
@@ -81,32 +74,6 @@ pub enum SandboxNetwork {
     Host,
 }
 
-/// Per-process resource limits (rlimits) of every sandboxed process.
-/// `None` leaves the daemon's own limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SandboxLimits {
-    /// `RLIMIT_AS`: address space of each process, in bytes.
-    pub memory_bytes: Option<u64>,
-    /// `RLIMIT_NPROC`: processes of the daemon's user. The kernel counts all
-    /// of that user's processes, and does not apply it to root.
-    pub processes: Option<u64>,
-    /// `RLIMIT_NOFILE`: open files of each process.
-    pub open_files: Option<u64>,
-    /// `RLIMIT_FSIZE`: largest file a process may write, in bytes.
-    pub file_size_bytes: Option<u64>,
-}
-
-impl Default for SandboxLimits {
-    fn default() -> SandboxLimits {
-        SandboxLimits {
-            memory_bytes: Some(DEFAULT_SANDBOX_MEMORY),
-            processes: None,
-            open_files: Some(DEFAULT_SANDBOX_OPEN_FILES),
-            file_size_bytes: None,
-        }
-    }
-}
-
 /// What `wsd serve --sandbox` asks for.
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
@@ -130,30 +97,6 @@ impl SandboxConfig {
     pub fn new() -> SandboxConfig {
         SandboxConfig::default()
     }
-}
-
-/// Why the sandbox cannot be used. Reported at `wsd serve` start.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum SandboxError {
-    #[error(
-        "--sandbox needs bwrap, which is not on PATH: install bubblewrap (Debian/Ubuntu: apt-get install {BWRAP_PACKAGE})"
-    )]
-    NotInstalled,
-    #[error("--sandbox: {path} cannot be made visible inside the sandbox: {source}")]
-    Path {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("--sandbox: running {bwrap} failed: {source}")]
-    Spawn {
-        bwrap: PathBuf,
-        source: std::io::Error,
-    },
-    #[error(
-        "--sandbox: bwrap cannot create the sandbox here ({status}): {stderr} (it needs root, or unprivileged user namespaces)"
-    )]
-    Unusable { status: String, stderr: String },
 }
 
 /// A running sandbox: `bwrap` found, its layout built, and one bwrap with
@@ -197,20 +140,6 @@ impl Sandbox {
     ) -> std::io::Result<SandboxedChild> {
         self.link.spawn(req, stdio).await
     }
-}
-
-pub(crate) fn apply_limits(limits: &SandboxLimits) -> std::io::Result<()> {
-    for (resource, value) in [
-        (Resource::RLIMIT_AS, limits.memory_bytes),
-        (Resource::RLIMIT_NPROC, limits.processes),
-        (Resource::RLIMIT_NOFILE, limits.open_files),
-        (Resource::RLIMIT_FSIZE, limits.file_size_bytes),
-    ] {
-        if let Some(v) = value {
-            setrlimit(resource, v, v)?;
-        }
-    }
-    Ok(())
 }
 
 /// The bwrap arguments of the mount and namespace layout (see the module

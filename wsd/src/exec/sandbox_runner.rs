@@ -43,7 +43,34 @@ use rustix::net::{
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 
-use super::sandbox::{SandboxError, SandboxLimits, apply_limits};
+use super::sandbox_limits::{SandboxLimits, apply_limits};
+
+/// The Debian package that ships `bwrap`.
+pub const BWRAP_PACKAGE: &str = "bubblewrap";
+
+/// Why the sandbox cannot be used. Reported at `wsd serve` start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SandboxError {
+    #[error(
+        "--sandbox needs bwrap, which is not on PATH: install bubblewrap (Debian/Ubuntu: apt-get install {BWRAP_PACKAGE})"
+    )]
+    NotInstalled,
+    #[error("--sandbox: {path} cannot be made visible inside the sandbox: {source}")]
+    Path {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("--sandbox: running {bwrap} failed: {source}")]
+    Spawn {
+        bwrap: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "--sandbox: bwrap cannot create the sandbox here ({status}): {stderr} (it needs root, or unprivileged user namespaces)"
+    )]
+    Unusable { status: String, stderr: String },
+}
 
 /// Where the `wsd` binary is bound (read-only) inside the sandbox.
 pub(crate) const RUNNER_PATH: &str = "/run/wsd/sandbox-runner";
