@@ -20,10 +20,10 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::routing::post;
+use gsv_kernel::KernelConfig;
 use gsv_kernel::client::{GsvClient, connect_args};
-use gsv_kernel::{Kernel, KernelConfig};
 use serde_json::{Value, json};
-use wsd_bench::gateway::{login, report};
+use wsd_bench::gateway::{login, report, serve_set_up};
 
 const ACCOUNT: &str = "@bot:bench";
 const ACTOR: &str = "@alice:bench";
@@ -109,23 +109,7 @@ impl Adapter {
 
 async fn run(messages: usize) {
     let tmp = tempfile::tempdir().unwrap();
-    let kernel = Kernel::open(KernelConfig::new(tmp.path().join("data")))
-        .await
-        .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("ws://{}/ws", listener.local_addr().unwrap());
-    let k = kernel.clone();
-    tokio::spawn(
-        async move { gsv_kernel::server::serve(listener, k, std::future::pending()).await },
-    );
-    let mut c = GsvClient::connect(&url).await.unwrap();
-    c.call(
-        "sys.setup",
-        json!({"username": "alice", "password": "alice-password", "rootPassword": "root-password"}),
-    )
-    .await
-    .unwrap();
-    c.close().await;
+    let (_kernel, url) = serve_set_up(KernelConfig::new(tmp.path().join("data"))).await;
     let base_url = model_server().await;
     let mut root = login(&url, "root", "root-password").await;
     for (key, value) in [

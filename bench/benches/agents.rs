@@ -26,19 +26,7 @@ use gsv_kernel::db::now_ms;
 use gsv_kernel::domains::proc::store;
 use gsv_kernel::{Kernel, KernelConfig};
 use serde_json::json;
-use wsd_bench::gateway::{login, report};
-
-fn status_kib(pid: &str, key: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(key))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|n| n.parse().ok())
-        })
-        .unwrap_or(0)
-}
+use wsd_bench::gateway::{login, report, serve_set_up, status_kib};
 
 fn rss_mib() -> f64 {
     status_kib("self", "VmRSS:") as f64 / 1024.0
@@ -191,23 +179,7 @@ async fn schedule_lateness(alice: &mut GsvClient) {
 
 async fn run(idle_secs: u64) {
     let tmp = tempfile::tempdir().unwrap();
-    let kernel = Kernel::open(KernelConfig::new(tmp.path().join("data")))
-        .await
-        .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("ws://{}/ws", listener.local_addr().unwrap());
-    let k = kernel.clone();
-    tokio::spawn(
-        async move { gsv_kernel::server::serve(listener, k, std::future::pending()).await },
-    );
-    let mut c = GsvClient::connect(&url).await.unwrap();
-    c.call(
-        "sys.setup",
-        json!({"username": "alice", "password": "alice-password", "rootPassword": "root-password"}),
-    )
-    .await
-    .unwrap();
-    c.close().await;
+    let (kernel, url) = serve_set_up(KernelConfig::new(tmp.path().join("data"))).await;
     let mut alice = login(&url, "alice", "alice-password").await;
     println!("kernel RSS after setup: {:.1} MiB", rss_mib());
 

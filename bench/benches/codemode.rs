@@ -18,10 +18,10 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gsv_kernel::client::{Credentials, GsvClient};
-use gsv_kernel::{Kernel, KernelConfig};
+use gsv_kernel::KernelConfig;
+use gsv_kernel::client::GsvClient;
 use serde_json::{Value, json};
-use wsd_bench::gateway::report;
+use wsd_bench::gateway::{login, report, serve_set_up};
 
 /// `n` timed calls after `n / 10` untimed ones; each answer checked.
 async fn timed(
@@ -95,27 +95,8 @@ fn main() {
 
 async fn run() {
     let tmp = tempfile::tempdir().unwrap();
-    let kernel = Kernel::open(KernelConfig::new(tmp.path().join("data")))
-        .await
-        .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("ws://{}/ws", listener.local_addr().unwrap());
-    let k = kernel.clone();
-    tokio::spawn(
-        async move { gsv_kernel::server::serve(listener, k, std::future::pending()).await },
-    );
-    let mut c = GsvClient::connect(&url).await.unwrap();
-    c.call(
-        "sys.setup",
-        json!({"username": "alice", "password": "alice-password"}),
-    )
-    .await
-    .unwrap();
-    let mut c = GsvClient::connect(&url).await.unwrap();
-    c.timeout = Duration::from_secs(60);
-    c.login("alice", &Credentials::Password("alice-password".into()))
-        .await
-        .unwrap();
+    let (kernel, url) = serve_set_up(KernelConfig::new(tmp.path().join("data"))).await;
+    let mut c = login(&url, "alice", "alice-password").await;
 
     let trivial = json!({"code": "return 1+1"});
     let times = timed(&mut c, 1000, "codemode.run", &trivial, |d| {

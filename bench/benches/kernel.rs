@@ -18,27 +18,15 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use gsv_kernel::client::{Credentials, GsvClient};
 use gsv_kernel::{Kernel, KernelConfig};
 use serde_json::json;
-
-fn percentile(v: &mut [Duration], p: f64) -> Duration {
-    v.sort();
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
-}
+use wsd_bench::gateway::{percentile, serve_set_up, status_kib};
 
 fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|n| n.parse().ok())
-        })
-        .unwrap_or(0)
+    status_kib(&pid.to_string(), "VmRSS:")
 }
 
 fn main() {
@@ -57,20 +45,7 @@ async fn start(wsd: &Path, sandbox: bool) -> (Arc<Kernel>, GsvClient, tempfile::
     let mut config = KernelConfig::new(tmp.path().join("data"));
     config.wsd_bin = wsd.to_path_buf();
     config.wsd_sandbox = sandbox;
-    let kernel = Kernel::open(config).await.unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("ws://{}/ws", listener.local_addr().unwrap());
-    let k = kernel.clone();
-    tokio::spawn(
-        async move { gsv_kernel::server::serve(listener, k, std::future::pending()).await },
-    );
-    let mut c = GsvClient::connect(&url).await.unwrap();
-    c.call(
-        "sys.setup",
-        json!({"username": "alice", "password": "alice-password"}),
-    )
-    .await
-    .unwrap();
+    let (kernel, url) = serve_set_up(config).await;
     let mut c = GsvClient::connect(&url).await.unwrap();
     c.login("alice", &Credentials::Password("alice-password".into()))
         .await

@@ -26,32 +26,16 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
+use gsv_kernel::KernelConfig;
 use gsv_kernel::client::{Credentials, GsvClient};
-use gsv_kernel::{Kernel, KernelConfig};
 use serde_json::{Value, json};
+use wsd_bench::gateway::{percentile, serve_set_up, status_kib};
 
 /// What the reader test allows the kernel's RSS to grow by: one
 /// connection's outbound queue is 64 frames of at most 16 KiB of output
 /// (base64: about 22 KiB), the terminal's attachment reads the log a page
 /// at a time, and the allocator keeps some of what was freed.
 const RSS_GROWTH_CAP_MIB: f64 = 32.0;
-
-fn percentile(v: &mut [Duration], p: f64) -> Duration {
-    v.sort();
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn status_kib(pid: &str, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|n| n.parse().ok())
-        })
-        .unwrap_or(0)
-}
 
 /// utime + stime of a process, in clock ticks.
 fn cpu_ticks(pid: u32) -> u64 {
@@ -182,20 +166,7 @@ async fn run(idle_secs: u64) {
         .arg("--version")
         .output()
         .is_ok_and(|o| o.status.success());
-    let kernel = Kernel::open(config).await.unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("ws://{}/ws", listener.local_addr().unwrap());
-    let k = kernel.clone();
-    tokio::spawn(
-        async move { gsv_kernel::server::serve(listener, k, std::future::pending()).await },
-    );
-    let mut c = GsvClient::connect(&url).await.unwrap();
-    c.call(
-        "sys.setup",
-        json!({"username": "alice", "password": "alice-password"}),
-    )
-    .await
-    .unwrap();
+    let (_kernel, url) = serve_set_up(config).await;
     let me = std::process::id().to_string();
     println!(
         "kernel RSS after setup: {:.1} MiB",

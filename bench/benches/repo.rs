@@ -14,25 +14,15 @@
 //! `cargo bench -p wsd-bench --bench repo` prints them; results go in
 //! `bench/RESULTS.md` by hand.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use gsv_kernel::client::{Credentials, GsvClient};
+use gsv_kernel::KernelConfig;
 use gsv_kernel::domains::repo::names::Slug;
 use gsv_kernel::domains::repo::store::{self, Author, Commit, Op, RepoStore};
-use gsv_kernel::{Kernel, KernelConfig};
 use serde_json::json;
+use wsd_bench::gateway::{login, report, serve_set_up};
 
 const HISTORY: usize = 10_000;
-
-fn percentile(v: &mut [Duration], p: f64) -> Duration {
-    v.sort();
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn report(name: &str, mut v: Vec<Duration>) {
-    let (p50, p99) = (percentile(&mut v, 0.5), percentile(&mut v, 0.99));
-    println!("{name}: p50 {p50:?}  p99 {p99:?}  (n={})", v.len());
-}
 
 /// One commit of `ops` on `main`.
 fn commit(repo: &gix::Repository, author: &Author, ops: &[Op]) {
@@ -152,25 +142,8 @@ fn store_figures(repos: &RepoStore, author: &Author) {
 
 /// The same over the WebSocket, as alice, against a kernel on `data`.
 async fn call_figures(data: std::path::PathBuf) {
-    let kernel = Kernel::open(KernelConfig::new(data)).await.unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("ws://{}/ws", listener.local_addr().unwrap());
-    let k = kernel.clone();
-    tokio::spawn(
-        async move { gsv_kernel::server::serve(listener, k, std::future::pending()).await },
-    );
-    let mut c = GsvClient::connect(&url).await.unwrap();
-    c.call(
-        "sys.setup",
-        json!({"username": "alice", "password": "alice-password"}),
-    )
-    .await
-    .unwrap();
-    let mut c = GsvClient::connect(&url).await.unwrap();
-    c.timeout = Duration::from_secs(60);
-    c.login("alice", &Credentials::Password("alice-password".into()))
-        .await
-        .unwrap();
+    let (kernel, url) = serve_set_up(KernelConfig::new(data)).await;
+    let mut c = login(&url, "alice", "alice-password").await;
     c.call("repo.create", json!({"repo": "alice/calls"}))
         .await
         .unwrap();
