@@ -278,10 +278,7 @@ impl Dofs {
             ));
         }
         Dofs::require_snapshot(&source.conn, id)?;
-        let mut stmt = source.conn.prepare(
-            "SELECT path, kind, mode, mtime, size, target, manifest, chunk
-               FROM snapshot_entries WHERE snapshot = ?1 ORDER BY path",
-        )?;
+        let mut stmt = source.conn.prepare(SNAPSHOT_ROWS)?;
         let mut rows = stmt.query([id])?;
         let from = source.chunks();
         // One object store for both: the fork indexes the source's objects
@@ -292,45 +289,28 @@ impl Dofs {
         };
         let mut m = Mutation::begin(&mut self.conn, self.objects.as_deref())?;
         while let Some(r) = rows.next()? {
-            let path = SyncPath::new(r.get::<_, String>(0)?)?;
-            let kind: String = r.get(1)?;
-            let (mode, mtime): (u32, i64) = (r.get(2)?, r.get(3)?);
-            let node = match kind.as_str() {
-                "file" => {
-                    let size: u64 = r.get(4)?;
-                    let manifest = hash_from_sql(r.get(6)?, 6)?;
-                    let chunk = r
-                        .get::<_, Option<Vec<u8>>>(7)?
-                        .map(|b| hash_from_sql(b, 7))
-                        .transpose()?;
-                    let list = file_chunks(&source.conn, &manifest, chunk.as_ref(), size)?;
-                    let into = m.chunks();
-                    for c in &list {
-                        if into.holds(&c.hash)? {
-                            continue;
-                        }
-                        if shared_objects && from.here(std::slice::from_ref(&c.hash))?.is_empty() {
-                            into.index_stored(&[(c.hash, c.size as usize)])?;
-                        } else {
-                            into.put_if_absent(&c.hash, &from.get(&c.hash)?)?;
-                        }
+            let (path, node) = snapshot_row(r)?;
+            if let Node::File {
+                size,
+                manifest,
+                chunk,
+                ..
+            } = &node
+            {
+                let list = file_chunks(&source.conn, manifest, chunk.as_ref(), *size)?;
+                let into = m.chunks();
+                for c in &list {
+                    if into.holds(&c.hash)? {
+                        continue;
                     }
-                    ensure_manifest(&m, &list)?;
-                    Node::File {
-                        mode,
-                        mtime,
-                        size,
-                        manifest,
-                        chunk,
+                    if shared_objects && from.here(std::slice::from_ref(&c.hash))?.is_empty() {
+                        into.index_stored(&[(c.hash, c.size as usize)])?;
+                    } else {
+                        into.put_if_absent(&c.hash, &from.get(&c.hash)?)?;
                     }
                 }
-                "dir" => Node::Dir { mode, mtime },
-                _ => Node::Symlink {
-                    mode,
-                    mtime,
-                    target: r.get(5)?,
-                },
-            };
+                ensure_manifest(&m, &list)?;
+            }
             let rev = m.rev()?;
             put_node(&m, &path, rev, &node, None)?;
         }
@@ -344,37 +324,35 @@ impl Dofs {
     /// rev: what a copy of the snapshot elsewhere records.
     pub fn snapshot_tree(&self, id: &str) -> Result<Vec<ChangeEntry>, DofsError> {
         let rev = Dofs::require_snapshot(&self.conn, id)?;
-        let mut stmt = self.conn.prepare(
-            "SELECT path, kind, mode, mtime, size, target, manifest, chunk
-               FROM snapshot_entries WHERE snapshot = ?1 ORDER BY path",
-        )?;
+        let mut stmt = self.conn.prepare(SNAPSHOT_ROWS)?;
         let mut rows = stmt.query([id])?;
         let mut out = Vec::new();
         while let Some(r) = rows.next()? {
-            let path = SyncPath::new(r.get::<_, String>(0)?)?;
-            let kind: String = r.get(1)?;
-            let (mode, mtime): (u32, i64) = (r.get(2)?, r.get(3)?);
-            let state = match kind.as_str() {
-                "file" => {
-                    let size: u64 = r.get(4)?;
-                    let manifest = hash_from_sql(r.get(6)?, 6)?;
-                    let chunk = r
-                        .get::<_, Option<Vec<u8>>>(7)?
-                        .map(|b| hash_from_sql(b, 7))
-                        .transpose()?;
-                    EntryState::File {
-                        mode,
-                        mtime,
-                        size,
-                        chunks: file_chunks(&self.conn, &manifest, chunk.as_ref(), size)?,
-                    }
-                }
-                "dir" => EntryState::Dir { mode, mtime },
-                _ => EntryState::Symlink {
-                    target: r.get(5)?,
+            let (path, node) = snapshot_row(r)?;
+            let state = match node {
+                Node::File {
+                    mode,
+                    mtime,
+                    size,
+                    manifest,
+                    chunk,
+                } => EntryState::File {
+                    mode,
+                    mtime,
+                    size,
+                    chunks: file_chunks(&self.conn, &manifest, chunk.as_ref(), size)?,
+                },
+                Node::Dir { mode, mtime } => EntryState::Dir { mode, mtime },
+                Node::Symlink {
+                    mode,
+                    mtime,
+                    target,
+                } => EntryState::Symlink {
+                    target,
                     mode,
                     mtime,
                 },
+                Node::Deleted => unreachable!("snapshot rows hold no tombstones"),
             };
             out.push(ChangeEntry { rev, path, state });
         }
@@ -506,6 +484,36 @@ impl Dofs {
         tx.commit()?;
         Ok(())
     }
+}
+
+/// A snapshot's rows in path order, as [`snapshot_row`] reads them.
+const SNAPSHOT_ROWS: &str = "SELECT path, kind, mode, mtime, size, target, manifest, chunk
+     FROM snapshot_entries WHERE snapshot = ?1 ORDER BY path";
+
+/// One row of [`SNAPSHOT_ROWS`]: its path and node.
+fn snapshot_row(r: &rusqlite::Row<'_>) -> Result<(SyncPath, Node), DofsError> {
+    let path = SyncPath::new(r.get::<_, String>(0)?)?;
+    let kind: String = r.get(1)?;
+    let (mode, mtime): (u32, i64) = (r.get(2)?, r.get(3)?);
+    let node = match kind.as_str() {
+        "file" => Node::File {
+            mode,
+            mtime,
+            size: r.get(4)?,
+            manifest: hash_from_sql(r.get(6)?, 6)?,
+            chunk: r
+                .get::<_, Option<Vec<u8>>>(7)?
+                .map(|b| hash_from_sql(b, 7))
+                .transpose()?,
+        },
+        "dir" => Node::Dir { mode, mtime },
+        _ => Node::Symlink {
+            mode,
+            mtime,
+            target: r.get(5)?,
+        },
+    };
+    Ok((path, node))
 }
 
 #[cfg(test)]
