@@ -545,8 +545,8 @@ impl ObjectChunks {
     /// Reads the index of every pack in the bucket this process has not
     /// read (or written) yet into the known-present set: how a store with
     /// no local state (a recovery, a second client) finds packed chunks.
-    /// Answers how many packs it read.
-    fn read_new_packs(&self) -> Result<usize, DofsError> {
+    /// Answers what it read (whole, even where the bounded set evicted).
+    fn read_new_packs(&self) -> Result<HashMap<Hash, PackSlot>, DofsError> {
         let new: Vec<(Hash, u64)> = {
             let listed = self.listed_packs()?;
             let read = lock(&self.packs_read);
@@ -557,14 +557,14 @@ impl ObjectChunks {
                 .collect()
         };
         let indexes = self.read_pack_indexes(&new)?;
-        let mut read = 0;
+        let mut read = HashMap::new();
         for ((id, _), index) in new.iter().zip(indexes) {
             let Some(index) = index else { continue };
             for (hash, slot) in index {
                 self.remember(hash, Some(slot));
+                read.insert(hash, slot);
             }
             lock(&self.packs_read).insert(*id);
-            read += 1;
         }
         Ok(read)
     }
@@ -920,7 +920,7 @@ impl ChunkStore for ObjectChunks {
             Err(e)
                 if e.code() == ErrorCode::UnknownHash
                     && first.iter().any(|(_, s)| s.is_none())
-                    && self.read_new_packs()? > 0 =>
+                    && !self.read_new_packs()?.is_empty() =>
             {
                 self.get_placed(&placed(self))
             }
@@ -1059,12 +1059,16 @@ impl ChunkStore for ObjectChunks {
         for hash in &found {
             self.remember(*hash, None);
         }
-        if found.len() < unknown.len() {
-            self.read_new_packs()?;
-        }
+        let read = match found.len() < unknown.len() {
+            true => self.read_new_packs()?,
+            false => HashMap::new(),
+        };
         Ok(hashes
             .iter()
-            .filter_map(|h| self.known(h).map(|slot| (*h, slot)))
+            .filter_map(|h| {
+                let slot = self.known(h).or_else(|| read.get(h).map(|s| Some(*s)))?;
+                Some((*h, slot))
+            })
             .collect())
     }
 }
