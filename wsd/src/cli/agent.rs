@@ -47,6 +47,9 @@ pub(crate) const AGENT_ENV: &str = "WSD_AGENT";
 pub(crate) const DEFAULT_IDLE_TIMEOUT_SECS: u64 = 600;
 /// The log is started afresh by an agent that finds it larger.
 const LOG_KEEP_BYTES: u64 = 1 << 20;
+/// How long a push waits for a retiring agent's lock before starting its
+/// successor.
+const RETIRE_WAIT: Duration = Duration::from_secs(2);
 /// How long `wsd agent stop` waits for the agent to let go of its lock.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -88,6 +91,9 @@ pub(crate) enum Reply {
     /// Not a push the agent makes the same way, its view cannot be vouched
     /// for, or its push failed: the client pushes by itself.
     Refused(String),
+    /// Refused, and exiting: it can no longer serve (its excludes, index
+    /// or connection went stale); the client starts a fresh one.
+    Retiring(String),
     Status(AgentStatus),
     /// Exiting, as asked.
     Stopping,
@@ -277,12 +283,27 @@ pub(crate) fn on_demand_enabled() -> bool {
 /// `state`, unless an agent holds its lock already: a process of its own
 /// session (no terminal's signals reach it), stdin from /dev/null, stdout
 /// and stderr to `STATE/agent.log`. Not waited for: it outlives us.
-pub(crate) fn start(state: &Path, args: &[std::ffi::OsString]) -> Result<()> {
-    match try_lock(state)? {
-        // Released here: the agent takes it itself, and of two pushes
-        // starting one at once, one agent keeps it and the other exits.
-        Some(_free) => {}
-        None => return Ok(()),
+/// `successor`: the agent that answered is exiting (it said
+/// [`Reply::Retiring`]), so its lock is waited for a little.
+pub(crate) fn start(state: &Path, args: &[std::ffi::OsString], successor: bool) -> Result<()> {
+    if std::os::unix::net::UnixStream::connect(state.join(AGENT_SOCKET)).is_ok() && !successor {
+        // One serves (a `sync --watch`, or for another remote).
+        return Ok(());
+    }
+    let deadline = Instant::now()
+        + if successor {
+            RETIRE_WAIT
+        } else {
+            Duration::ZERO
+        };
+    loop {
+        match try_lock(state)? {
+            // Released here: the agent takes it itself, and of two pushes
+            // starting one at once, one agent keeps it and the other exits.
+            Some(_free) => break,
+            None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            None => return Ok(()),
+        }
     }
     let log_path = state.join(AGENT_LOG);
     let log = std::fs::OpenOptions::new()
@@ -352,6 +373,7 @@ pub(crate) fn stop(state: &Path) -> Result<Stopped> {
     match ask(state, &Request::Stop)? {
         Asked::Answered(Reply::Stopping) | Asked::Gone => {}
         Asked::Answered(Reply::Refused(why)) => return Ok(Stopped::Refused(why)),
+        Asked::Answered(Reply::Retiring(_)) => {}
         Asked::NoAgent => return Ok(Stopped::NoAgent),
         Asked::Answered(other) => anyhow::bail!("unexpected answer to stop: {other:?}"),
     }

@@ -786,7 +786,8 @@ pub async fn push(a: PushArgs) -> Result<ExitCode> {
     // competes with no push and finds the index current.
     drop(s);
     if !no_agent && !matches!(asked, ThroughAgent::Refused) && agent::on_demand_enabled() {
-        if let Err(e) = start_agent(&a) {
+        let successor = matches!(asked, ThroughAgent::Retiring);
+        if let Err(e) = start_agent(&a, successor) {
             tracing::warn!(error = format!("{e:#}"), "cannot start a local agent");
         }
     }
@@ -802,6 +803,8 @@ enum ThroughAgent {
     Refused,
     /// None answered: push directly, then start one.
     NoAgent,
+    /// It refused and exits: push directly, then start its successor.
+    Retiring,
     /// Not asked (`--no-agent`, a dry run, excludes given).
     NotAsked,
 }
@@ -831,8 +834,15 @@ fn push_through_agent(a: &TransferArgs) -> Result<ThroughAgent> {
             tracing::debug!(%why, "the agent refused; pushing directly");
             ThroughAgent::Refused
         }
+        agent::Asked::Answered(agent::Reply::Retiring(why)) => {
+            tracing::debug!(%why, "the agent refused and exits; pushing directly");
+            ThroughAgent::Retiring
+        }
         agent::Asked::Answered(other) => {
-            tracing::debug!(?other, "the agent answered something else; pushing directly");
+            tracing::debug!(
+                ?other,
+                "the agent answered something else; pushing directly"
+            );
             ThroughAgent::Refused
         }
         agent::Asked::NoAgent | agent::Asked::Gone => ThroughAgent::NoAgent,
@@ -841,7 +851,7 @@ fn push_through_agent(a: &TransferArgs) -> Result<ThroughAgent> {
 
 /// Starts `wsd agent run` for this push's LOCAL_DIR and remote in the
 /// background (see [`agent::start`]); paths absolute, as it runs from `/`.
-fn start_agent(a: &TransferArgs) -> Result<()> {
+fn start_agent(a: &TransferArgs, successor: bool) -> Result<()> {
     let state = local_state(&a.local, a.state.as_deref());
     let absolute = |p: &Path| std::path::absolute(p).with_context(|| format!("{}", p.display()));
     let mut args: Vec<std::ffi::OsString> = vec![absolute(&a.local)?.into()];
@@ -856,7 +866,7 @@ fn start_agent(a: &TransferArgs) -> Result<()> {
     if let Some(st) = &a.state {
         args.extend(["--state".into(), absolute(st)?.into()]);
     }
-    agent::start(&state, &args)
+    agent::start(&state, &args, successor)
 }
 
 pub async fn pull(a: TransferArgs) -> Result<ExitCode> {
@@ -1336,11 +1346,14 @@ async fn agent_push(
     pushes: &mut u64,
 ) -> (agent::Reply, Option<String>, bool) {
     if let Some(why) = identity.lost(listener) {
-        return (agent::Reply::Refused(why.clone()), Some(why), false);
+        return (agent::Reply::Retiring(why.clone()), Some(why), false);
     }
     if let Some((why, stale)) = refusal(s, a, started_with, &req) {
-        // Stale excludes: the next push starts an agent with the new ones.
-        return (agent::Reply::Refused(why.clone()), stale.then_some(why), false);
+        // Stale excludes: the client starts an agent with the new ones.
+        return match stale {
+            true => (agent::Reply::Retiring(why.clone()), Some(why), false),
+            false => (agent::Reply::Refused(why), None, false),
+        };
     }
     if !s.store.is_watching() {
         // Stays (until idle) so that pushes do not start one agent after
@@ -1369,8 +1382,8 @@ async fn agent_push(
             );
             (agent::Reply::Pushed(summary), None, false)
         }
-        // Its connection may be what failed: the next push starts a new one.
-        Err(why) => (agent::Reply::Refused(why.clone()), Some(why), false),
+        // Its connection may be what failed: the client starts a new one.
+        Err(why) => (agent::Reply::Retiring(why.clone()), Some(why), false),
     }
 }
 
