@@ -1119,6 +1119,9 @@ pub enum AgentCommand {
 /// started with (events wake it sooner).
 const AGENT_CHECK_EVERY: Duration = Duration::from_secs(5);
 
+/// The least time between two checks woken by watcher events.
+const AGENT_EVENT_CHECK_GAP: Duration = Duration::from_millis(250);
+
 /// What the on-demand agent vouches for: removed or replaced, it exits.
 struct AgentIdentity {
     root: PathBuf,
@@ -1270,6 +1273,7 @@ async fn agent_run(a: AgentRunArgs) -> Result<ExitCode> {
     let mut check = tokio::time::interval(AGENT_CHECK_EVERY);
     let mut idle_until = tokio::time::Instant::now() + idle;
     let mut pushes = 0u64;
+    let mut last_event_check = Instant::now();
     let why = loop {
         tokio::select! {
             asked = listener.accept() => {
@@ -1317,6 +1321,12 @@ async fn agent_run(a: AgentRunArgs) -> Result<ExitCode> {
                 break format!("no push asked for {idle:?}");
             }
             Some(()) = changed.recv() => {
+                // At most a few checks a second under an event storm (a
+                // build); the tick catches what this skips.
+                if last_event_check.elapsed() < AGENT_EVENT_CHECK_GAP {
+                    continue;
+                }
+                last_event_check = Instant::now();
                 if let Some(why) = identity.lost(&listener) {
                     break why;
                 }
