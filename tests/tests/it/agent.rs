@@ -366,3 +366,33 @@ fn an_idle_agent_exits_after_its_timeout() {
     });
     assert_eq!(agent_pid(&e.local), None);
 }
+
+#[test]
+fn sync_watch_takes_over_from_an_on_demand_agent_which_agent_stop_leaves_running() {
+    let e = Env::start();
+    make_tree(&e.local, 10, 9);
+    push_on_demand(&e, &[]);
+    let pid = wait_for_agent(&e.local, None);
+    let _reap = Reap(pid);
+
+    let _watching = watch(&e);
+    wait_until("`sync --watch` to serve the pushes", || {
+        let out = agent_cli(&e.local, "status", &["--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["kind"] == "sync_watch"
+    });
+    assert!(!alive(pid), "the on-demand agent stepped aside");
+    write(&e.local, "watched.txt", b"by sync --watch", 0o644);
+    let served = push_on_demand(&e, &[]);
+    assert_eq!(served["agent"], true, "{served}");
+    assert_eq!(
+        std::fs::read(e.served.join("watched.txt")).unwrap(),
+        b"by sync --watch"
+    );
+
+    let mut cmd = wsd_command();
+    cmd.args(["agent", "stop"]).arg(&e.local);
+    let out = run_bounded(&mut cmd, None, STEP);
+    assert!(!out.status.success(), "{}", show(&out));
+    assert!(text(&out.stderr).contains("sync --watch"), "{}", show(&out));
+}

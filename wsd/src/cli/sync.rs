@@ -908,7 +908,15 @@ pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
     // Read as the session read them: a push asking the agent must match.
     let started_with = (wsdignore(&a.transfer.local)?, s.remembered.patterns.clone());
     let agent = if a.watch {
-        agent::Agent::bind(&local_state(&a.transfer.local, a.transfer.state.as_deref()))?
+        let state = local_state(&a.transfer.local, a.transfer.state.as_deref());
+        // An on-demand agent steps aside: this session watches anyway.
+        if let agent::Asked::Answered(agent::Reply::Status(st)) =
+            agent::ask(&state, &agent::Request::Status)?
+            && st.kind == agent::AgentKind::OnDemand
+        {
+            agent::stop(&state)?;
+        }
+        agent::Agent::bind(&state)?
     } else {
         None
     };
