@@ -353,28 +353,28 @@ pub(crate) fn take_lock(state: &Path) -> Result<Option<File>> {
 
 /// What `wsd agent stop` found.
 #[derive(Debug)]
-pub(crate) enum Stopped {
+pub(crate) enum StopOutcome {
     /// No agent answered.
     NoAgent,
     /// The agent with this pid exited.
-    Stopped(u32),
+    Exited(u32),
     /// The agent would not stop, and why (a `sync --watch`).
     Refused(String),
 }
 
 /// Asks the agent of `state` to exit and waits until it has let go of its
 /// lock.
-pub(crate) fn stop(state: &Path) -> Result<Stopped> {
+pub(crate) fn stop(state: &Path) -> Result<StopOutcome> {
     let pid = match ask(state, &Request::Status)? {
         Asked::Answered(Reply::Status(st)) => st.pid,
-        Asked::Answered(Reply::Refused(why)) => return Ok(Stopped::Refused(why)),
-        _ => return Ok(Stopped::NoAgent),
+        Asked::Answered(Reply::Refused(why)) => return Ok(StopOutcome::Refused(why)),
+        _ => return Ok(StopOutcome::NoAgent),
     };
     match ask(state, &Request::Stop)? {
         Asked::Answered(Reply::Stopping) | Asked::Gone => {}
-        Asked::Answered(Reply::Refused(why)) => return Ok(Stopped::Refused(why)),
+        Asked::Answered(Reply::Refused(why)) => return Ok(StopOutcome::Refused(why)),
         Asked::Answered(Reply::Retiring(_)) => {}
-        Asked::NoAgent => return Ok(Stopped::NoAgent),
+        Asked::NoAgent => return Ok(StopOutcome::NoAgent),
         Asked::Answered(other) => anyhow::bail!("unexpected answer to stop: {other:?}"),
     }
     let deadline = Instant::now() + STOP_TIMEOUT;
@@ -385,7 +385,7 @@ pub(crate) fn stop(state: &Path) -> Result<Stopped> {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    Ok(Stopped::Stopped(pid))
+    Ok(StopOutcome::Exited(pid))
 }
 
 /// What identifies a file or directory: removed-and-recreated is another.

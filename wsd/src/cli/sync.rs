@@ -1177,15 +1177,15 @@ pub async fn agent_command(c: AgentCommand) -> Result<ExitCode> {
         AgentCommand::Stop { dir } => {
             let state = local_state(&dir.local, dir.state.as_deref());
             match agent::stop(&state)? {
-                agent::Stopped::NoAgent => {
+                agent::StopOutcome::NoAgent => {
                     eprintln!("no agent serves {}", dir.local.display());
                     Ok(ExitCode::SUCCESS)
                 }
-                agent::Stopped::Stopped(pid) => {
+                agent::StopOutcome::Exited(pid) => {
                     eprintln!("stopped the agent of {} (pid {pid})", dir.local.display());
                     Ok(ExitCode::SUCCESS)
                 }
-                agent::Stopped::Refused(why) => {
+                agent::StopOutcome::Refused(why) => {
                     anyhow::bail!("the agent of {} did not stop: {why}", dir.local.display())
                 }
             }
