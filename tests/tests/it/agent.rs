@@ -396,3 +396,29 @@ fn sync_watch_takes_over_from_an_on_demand_agent_which_agent_stop_leaves_running
     assert!(!out.status.success(), "{}", show(&out));
     assert!(text(&out.stderr).contains("sync --watch"), "{}", show(&out));
 }
+
+#[test]
+fn an_agent_whose_index_was_removed_refuses_exits_and_the_push_walks() {
+    let e = Env::start();
+    make_tree(&e.local, 10, 10);
+    push_on_demand(&e, &[]);
+    let pid = wait_for_agent(&e.local, None);
+    let _reap = Reap(pid);
+    let index = e.local.join(".wsd/index.sqlite3");
+    assert!(index.exists());
+    for suffix in ["", "-wal", "-shm", ".clean"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", index.display()));
+    }
+    write(&e.local, "after/index.txt", b"seen by a walk", 0o644);
+    let walked = push_on_demand(&e, &[]);
+    assert!(walked.get("agent").is_none(), "{walked}");
+    assert_same(&e.local, &e.served, "after the index went");
+    wait_until("the agent to exit", || !alive(pid));
+    let next = wait_for_agent(&e.local, Some(pid));
+    let _reap_next = Reap(next);
+    let served = push_on_demand(&e, &[]);
+    assert_eq!(
+        (served["agent"].clone(), served["entries"].clone()),
+        (true.into(), 0.into())
+    );
+}

@@ -1376,13 +1376,19 @@ fn reaching_the_watch_limit_falls_back_to_walking_without_failing() {
 fn full_walk_due_says_when_the_next_settle_cannot_rely_on_the_watcher() {
     let mut w = ws(true);
     assert!(
-        w.store.full_walk_due().is_some_and(|r| r.contains("startup")),
+        w.store
+            .full_walk_due()
+            .is_some_and(|r| r.contains("startup")),
         "the first settle walks"
     );
     w.store.settle().unwrap();
     assert_eq!(w.store.full_walk_due(), None);
     w.write("a", b"1");
-    assert_eq!(w.store.full_walk_due(), None, "reported changes need no walk");
+    assert_eq!(
+        w.store.full_walk_due(),
+        None,
+        "reported changes need no walk"
+    );
     w.store.watch.as_ref().unwrap().simulate_overflow();
     assert_eq!(
         w.store.full_walk_due().as_deref(),
