@@ -1259,10 +1259,27 @@ async fn agent_run(a: AgentRunArgs) -> Result<ExitCode> {
     let mut s = Session::open(&transfer, true, false).await?;
     let started_with = (wsdignore(&a.local)?, s.remembered.patterns.clone());
     let identity = AgentIdentity::read(s.store.root(), s.store.state_dir());
-    let Some(listener) = agent::Agent::bind(&state)? else {
-        return Ok(ExitCode::SUCCESS);
-    };
     let idle = Duration::from_secs(a.idle_timeout);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("listening for SIGTERM")?;
+    let listener = match agent::Agent::bind(&state) {
+        Ok(Some(listener)) => listener,
+        Ok(None) => return Ok(ExitCode::SUCCESS),
+        Err(e) => {
+            // Held until idle, so that pushes (which see the lock taken)
+            // do not start one walking agent after another.
+            tracing::warn!(
+                error = format!("{e:#}"),
+                "cannot serve; holding the lock until idle"
+            );
+            tokio::select! {
+                _ = tokio::time::sleep(idle) => {}
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            return Err(e);
+        }
+    };
     tracing::info!(
         root = %s.store.root().display(),
         remote = %a.remote.remote,
@@ -1276,8 +1293,6 @@ async fn agent_run(a: AgentRunArgs) -> Result<ExitCode> {
     s.store.set_change_hook(move |_: Option<&Path>| {
         let _ = tx.try_send(());
     });
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("listening for SIGTERM")?;
     let mut check = tokio::time::interval(AGENT_CHECK_EVERY);
     let mut idle_until = tokio::time::Instant::now() + idle;
     let mut pushes = 0u64;
@@ -1393,7 +1408,9 @@ async fn agent_push(
     match push_for_client(s).await {
         Ok(summary) => {
             *pushes += 1;
-            tracing::info!(
+            // Debug, not info: a busy agent's log would grow by a line a
+            // push (it is cut back only when the next agent starts).
+            tracing::debug!(
                 entries = summary["entries"].as_u64().unwrap_or(0),
                 elapsed_ms = summary["elapsed_ms"].as_u64().unwrap_or(0),
                 "pushed for a client"
