@@ -913,8 +913,12 @@ pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
         if let agent::Asked::Answered(agent::Reply::Status(st)) =
             agent::ask(&state, &agent::Request::Status)?
             && st.kind == agent::AgentKind::OnDemand
+            && let Err(e) = agent::stop(&state)
         {
-            agent::stop(&state)?;
+            tracing::warn!(
+                error = format!("{e:#}"),
+                "the on-demand agent did not step aside"
+            );
         }
         agent::Agent::bind(&state)?
     } else {
