@@ -422,3 +422,28 @@ fn an_agent_whose_index_was_removed_refuses_exits_and_the_push_walks() {
         (true.into(), 0.into())
     );
 }
+
+#[test]
+fn an_agent_whose_daemon_restarted_retires_and_the_push_walks_and_starts_another() {
+    let mut e = Env::start();
+    make_tree(&e.local, 10, 11);
+    push_on_demand(&e, &[]);
+    let pid = wait_for_agent(&e.local, None);
+    let _reap = Reap(pid);
+    // The agent's connection dies with the daemon.
+    e.daemon.restart();
+    write(&e.local, "after/restart.txt", b"pushed all the same", 0o644);
+    let walked = push_on_demand(&e, &[]);
+    assert!(walked.get("agent").is_none(), "{walked}");
+    assert_eq!(
+        std::fs::read(e.served.join("after/restart.txt")).unwrap(),
+        b"pushed all the same"
+    );
+    wait_until("the agent to exit", || !alive(pid));
+    let next = wait_for_agent(&e.local, Some(pid));
+    let _reap_next = Reap(next);
+    write(&e.local, "after/next.txt", b"by the new agent", 0o644);
+    let served = push_on_demand(&e, &[]);
+    assert_eq!(served["agent"], true, "{served}");
+    assert_same(&e.local, &e.served, "after the daemon's restart");
+}

@@ -377,8 +377,9 @@ pub(crate) fn stop(state: &Path) -> Result<StopOutcome> {
         Asked::NoAgent => return Ok(StopOutcome::NoAgent),
         Asked::Answered(other) => anyhow::bail!("unexpected answer to stop: {other:?}"),
     }
+    // It lets go of its lock before its index is closed: wait for both.
     let deadline = Instant::now() + STOP_TIMEOUT;
-    while try_lock(state)?.is_none() {
+    while try_lock(state)?.is_none() || running(pid) {
         anyhow::ensure!(
             Instant::now() < deadline,
             "the agent (pid {pid}) did not exit within {STOP_TIMEOUT:?}"
@@ -386,6 +387,18 @@ pub(crate) fn stop(state: &Path) -> Result<StopOutcome> {
         std::thread::sleep(Duration::from_millis(10));
     }
     Ok(StopOutcome::Exited(pid))
+}
+
+/// Whether process `pid` runs (one that exited and waits for its reaper,
+/// state `Z`, does not).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with(['Z', 'X']))
+        })
+        .is_some_and(|exited| !exited)
 }
 
 /// What identifies a file or directory: removed-and-recreated is another.

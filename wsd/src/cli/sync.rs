@@ -1245,7 +1245,7 @@ async fn agent_run(a: AgentRunArgs) -> Result<ExitCode> {
         a.local.display(),
         state.display()
     );
-    let Some(_lock) = agent::take_lock(&state)? else {
+    let Some(lock) = agent::take_lock(&state)? else {
         tracing::info!(state = %state.display(), "another agent holds this directory's lock");
         return Ok(ExitCode::SUCCESS);
     };
@@ -1368,6 +1368,10 @@ async fn agent_run(a: AgentRunArgs) -> Result<ExitCode> {
         }
     };
     tracing::info!(%why, pushes, "agent exiting");
+    // Socket, then lock, before the index closes (its checkpoint may take
+    // a while): a successor a retiring answer asked for may start at once.
+    drop(listener);
+    drop(lock);
     Ok(ExitCode::SUCCESS)
 }
 
