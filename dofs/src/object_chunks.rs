@@ -801,17 +801,14 @@ impl ObjectChunks {
         }
         groups.push(&chunks[start..]);
         let (store, deadline) = (self.store.clone(), self.deadline);
-        let packs: Vec<pack::Pack> = groups.into_iter().map(pack::encode).collect();
-        let uploads: Vec<(Hash, ObjectPath, PutPayload)> = packs
-            .iter()
-            .map(|p| {
-                (
-                    p.id,
-                    self.pack_key(&p.id),
-                    PutPayload::from(p.bytes.clone()),
-                )
-            })
-            .collect();
+        let mut uploads: Vec<(Hash, ObjectPath, PutPayload)> = Vec::with_capacity(groups.len());
+        let mut placed: Vec<(Hash, PackIndex)> = Vec::with_capacity(groups.len());
+        for group in groups {
+            // The bytes move into the request; the slots stay for the answer.
+            let pack::Pack { id, bytes, slots } = pack::encode(group);
+            uploads.push((id, self.pack_key(&id), PutPayload::from(bytes)));
+            placed.push((id, slots));
+        }
         self.block_on(
             stream::iter(uploads)
                 .map(|(id, key, payload)| {
@@ -838,12 +835,12 @@ impl ObjectChunks {
         )
         .map_err(|(id, e)| self.failed(format!("storing pack {id}"), e))?;
         let mut out = Vec::with_capacity(chunks.len());
-        for p in packs {
-            for (hash, slot) in &p.slots {
+        for (id, slots) in placed {
+            for (hash, slot) in &slots {
                 self.remember(*hash, Some(*slot));
             }
-            lock(&self.packs_read).insert(p.id);
-            out.extend(p.slots);
+            lock(&self.packs_read).insert(id);
+            out.extend(slots);
         }
         Ok(out)
     }

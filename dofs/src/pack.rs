@@ -48,7 +48,7 @@ pub(crate) type PackIndex = Vec<(Hash, PackSlot)>;
 pub(crate) struct Pack {
     pub id: Hash,
     pub bytes: Vec<u8>,
-    pub slots: Vec<(Hash, PackSlot)>,
+    pub slots: PackIndex,
 }
 
 /// Packs `chunks` (distinct hashes, each at most `u32::MAX` bytes) in
