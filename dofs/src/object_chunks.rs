@@ -8,7 +8,8 @@
 //!   each (format in `src/pack.rs`): the server's cost is per object, so
 //!   this is what makes a sync fast (`bench/RESULTS.md`, issue 29). The
 //!   caller records where `put_many` put each chunk ([`PackSlot`]) and
-//!   reads with [`ChunkStore::get_placed`] (ranged reads of the pack); a
+//!   reads with [`ChunkStore::get_placed`] (the pack read whole and kept
+//!   a while for its other chunks); a
 //!   pack lists its chunks itself, so a process with no record finds them
 //!   ([`ChunkStore::locate`] reads the indexes of packs it has not seen).
 //! - Writes are put-if-absent (`If-None-Match: *`): "already there" is not
@@ -68,6 +69,10 @@ const PRESENT_HASHES: usize = 1 << 18;
 /// of pack; at 1 MiB a sync of small files still makes ~100× fewer
 /// objects than one per chunk (`bench/RESULTS.md`, issue 29).
 pub const PACK_BYTES: usize = 1 << 20;
+
+/// Whole packs kept after a read (at most [`PACK_BYTES`] and an index
+/// each), so the next reads of their other chunks ask nothing.
+const READ_AHEAD_PACKS: usize = 16;
 
 /// Requests in flight at once for a batch (`has`, `sweep`): S3 has no
 /// batch HEAD or batch delete that every server speaks.
@@ -250,6 +255,9 @@ pub struct ObjectChunks {
     /// Packs whose indexes are in `present` (written or read here).
     packs_read: Mutex<HashSet<Hash>>,
     hot: Mutex<HotCache>,
+    /// Packs read whole lately (unverified bytes: each chunk is verified
+    /// when taken from them).
+    ahead: Mutex<LruCache<Hash, Arc<[u8]>>>,
     runtime: OwnRuntime,
 }
 
@@ -349,6 +357,7 @@ impl ObjectChunks {
             deadline,
             present: Mutex::new(LruCache::new(PRESENT_HASHES)),
             packs_read: Mutex::new(HashSet::new()),
+            ahead: Mutex::new(LruCache::new(READ_AHEAD_PACKS)),
             hot: Mutex::new(HotCache {
                 chunks: LruCache::new_unbounded(),
                 bytes: 0,
@@ -643,10 +652,12 @@ impl ObjectChunks {
         let mut present = lock(&self.present);
         let mut hot = lock(&self.hot);
         let mut packs_read = lock(&self.packs_read);
+        let mut ahead = lock(&self.ahead);
         let mut out = SweepOutcome::default();
         for object in deleted {
             if let Some(id) = object.pack {
                 packs_read.remove(&id);
+                ahead.remove(&id);
             }
             for hash in &object.chunks {
                 present.remove(hash);
@@ -772,8 +783,19 @@ async fn read_pack_index(
         .map_err(IndexError::Pack)
 }
 
+/// The bytes `slot` names in `pack` (empty when the pack is shorter: the
+/// chunk's verification then fails, naming it).
+fn slice(pack: &[u8], slot: &PackSlot) -> Vec<u8> {
+    let start = usize::try_from(slot.offset).unwrap_or(usize::MAX);
+    start
+        .checked_add(slot.len as usize)
+        .and_then(|end| pack.get(start..end))
+        .map(<[u8]>::to_vec)
+        .unwrap_or_default()
+}
+
 /// One request of a [`ObjectChunks::get_placed`]: a chunk's own object, or
-/// ranges of one pack (coalesced into as few reads as their gaps allow).
+/// one pack, whole, for the chunks wanted from it.
 enum Fetch {
     Alone {
         at: usize,
@@ -925,9 +947,10 @@ impl ChunkStore for ObjectChunks {
         }
     }
 
-    /// Hot chunks from the cache; the rest fetched [`CONCURRENCY`]
-    /// requests at a time: a chunk's own object whole, a pack's chunks as
-    /// ranges of it. Each is verified.
+    /// Hot chunks from the cache, packed ones from a pack read whole
+    /// lately; the rest fetched [`CONCURRENCY`] requests at a time: a
+    /// chunk's own object, or its whole pack (kept for the next reads,
+    /// [`READ_AHEAD_PACKS`] of them). Each chunk is verified.
     fn get_placed(&self, chunks: &[(Hash, Option<PackSlot>)]) -> Result<Vec<Vec<u8>>, DofsError> {
         let mut out: Vec<Option<Vec<u8>>> = {
             let mut hot = lock(&self.hot);
@@ -938,11 +961,20 @@ impl ChunkStore for ObjectChunks {
         };
         let mut fetches: Vec<Fetch> = Vec::new();
         let mut pack_fetch: HashMap<Hash, usize> = HashMap::new();
+        // Chunks sliced out of packs read whole: verified like the rest.
+        let mut sliced: Vec<(usize, Hash, Option<PackSlot>, Vec<u8>)> = Vec::new();
         for (at, (hash, slot)) in chunks.iter().enumerate() {
             if out[at].is_some() {
                 continue;
             }
-            match slot.or_else(|| self.known(hash).flatten()) {
+            let slot = slot.or_else(|| self.known(hash).flatten());
+            if let Some(slot) = slot
+                && let Some(pack) = lock(&self.ahead).get(&slot.pack).cloned()
+            {
+                sliced.push((at, *hash, Some(slot), slice(&pack, &slot)));
+                continue;
+            }
+            match slot {
                 None => fetches.push(Fetch::Alone {
                     at,
                     hash: *hash,
@@ -963,7 +995,13 @@ impl ChunkStore for ObjectChunks {
             }
         }
         let (store, deadline) = (self.store.clone(), self.deadline);
-        type Fetched = Result<Vec<(usize, Hash, Option<PackSlot>, Vec<u8>)>, (Hash, CallError)>;
+        type Fetched = Result<
+            (
+                Option<(Hash, Arc<[u8]>)>,
+                Vec<(usize, Hash, Option<PackSlot>, Vec<u8>)>,
+            ),
+            (Hash, CallError),
+        >;
         let fetched: Vec<Fetched> = self.block_on(
             stream::iter(fetches)
                 .map(|fetch| {
@@ -974,21 +1012,28 @@ impl ChunkStore for ObjectChunks {
                                 Ok(store.get(&key).await?.bytes().await?.to_vec())
                             })
                             .await
-                            .map(|bytes| vec![(at, hash, None, bytes)])
+                            .map(|bytes| (None, vec![(at, hash, None, bytes)]))
                             .map_err(|e| (hash, e)),
+                            // The whole pack: SeaweedFS reads all of it to
+                            // serve any range anyway, and the next reads
+                            // (neighbouring files) find it in memory.
                             Fetch::Packed { key, members } => {
-                                let ranges: Vec<std::ops::Range<u64>> = members
-                                    .iter()
-                                    .map(|(_, _, s)| s.offset..s.offset + u64::from(s.len))
-                                    .collect();
-                                match bounded(deadline, store.get_ranges(&key, &ranges)).await {
-                                    Ok(parts) => Ok(members
-                                        .into_iter()
-                                        .zip(parts)
-                                        .map(|((at, hash, slot), b)| {
-                                            (at, hash, Some(slot), b.to_vec())
-                                        })
-                                        .collect()),
+                                match bounded(deadline, async move {
+                                    store.get(&key).await?.bytes().await
+                                })
+                                .await
+                                {
+                                    Ok(whole) => {
+                                        let id = members[0].2.pack;
+                                        let pack: Arc<[u8]> = Arc::from(&whole[..]);
+                                        let got: Vec<_> = members
+                                            .into_iter()
+                                            .map(|(at, hash, s)| {
+                                                (at, hash, Some(s), slice(&pack, &s))
+                                            })
+                                            .collect();
+                                        Ok((Some((id, pack)), got))
+                                    }
                                     Err(e) => Err((members[0].1, e)),
                                 }
                             }
@@ -998,14 +1043,21 @@ impl ChunkStore for ObjectChunks {
                 .buffered(CONCURRENCY)
                 .collect(),
         );
+        let mut taken = vec![sliced];
         for got in fetched {
-            let got = match got {
+            let (pack, got) = match got {
                 Ok(got) => got,
                 Err((hash, CallError::Store(object_store::Error::NotFound { .. }))) => {
                     return Err(SyncError::UnknownHash { hash, path: None }.into());
                 }
                 Err((hash, e)) => return Err(self.failed(format!("reading chunk {hash}"), e)),
             };
+            if let Some((id, bytes)) = pack {
+                lock(&self.ahead).insert(id, bytes);
+            }
+            taken.push(got);
+        }
+        for got in taken {
             for (at, hash, slot, bytes) in got {
                 let bytes = verified(&hash, bytes)?;
                 self.remember(hash, slot);
@@ -1192,6 +1244,29 @@ mod tests {
             DEFAULT_DEADLINE,
         )
         .unwrap()
+    }
+
+    #[test]
+    fn a_pack_read_once_serves_its_other_chunks_from_memory() {
+        let (backend, chunks) = in_memory();
+        let bytes: Vec<Vec<u8>> = (0..3u8).map(|i| vec![i; 2000]).collect();
+        let batch: Vec<(Hash, &[u8])> = bytes.iter().map(|b| (Hash::of(b), &b[..])).collect();
+        let slots = chunks.put_many(&batch).unwrap();
+        let placed: Vec<_> = batch.iter().map(|(h, _)| *h).zip(slots).collect();
+        let fresh = in_memory_again(&chunks);
+        assert_eq!(
+            fresh.get_placed(&placed[..1]).unwrap(),
+            vec![bytes[0].clone()]
+        );
+        // Gone from the bucket now: the others still read (the pack was
+        // read whole), and are verified.
+        let key = chunks.pack_key(&placed[0].1.unwrap().pack);
+        chunks.block_on(backend.delete(&key)).unwrap();
+        assert_eq!(fresh.get_placed(&placed[1..]).unwrap(), bytes[1..].to_vec());
+        let other = in_memory_again(&chunks);
+        let err = other.get_placed(&placed[1..2]).unwrap_err();
+        assert_eq!(err.code(), wsd_sync::ErrorCode::UnknownHash, "{err}");
+        assert!(err.to_string().contains(&placed[1].0.to_string()), "{err}");
     }
 
     #[test]
