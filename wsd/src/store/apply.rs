@@ -1082,7 +1082,7 @@ impl<'a> Apply<'a> {
             // A directory's mtime is informative only (it moves with every
             // child); set it on creation so a fresh tree looks like the
             // sender's, best effort.
-            self.expect(abs, OwnEvents::ATTRIB);
+            self.expect(abs, OwnEvents::SET_MTIME);
             let times = std::fs::FileTimes::new().set_modified(fsutil::time_of_ms(mtime));
             if dir.set_times(times).is_ok()
                 && let Ok(meta) = dir.metadata()

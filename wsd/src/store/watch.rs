@@ -75,15 +75,16 @@ struct Shared {
 /// How many events of each kind apply's own syscalls raise on one path
 /// (each counted from the watch of the path's directory). Only kinds whose
 /// events inotify cannot merge with another of ours: a `rename` carries a
-/// cookie of its own, a `mkdir` is one `CREATE`; at most one `ATTRIB` is
-/// expected, so two of ours merged or not both consume it or leave the
-/// second as an ordinary (dirty) event.
+/// cookie of its own, a `mkdir` is one `CREATE`; at most one `ATTRIB` and
+/// one `MODIFY` are expected, so two of ours merged or not both consume it
+/// or leave the second as an ordinary (dirty) event.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct OwnEvents {
     pub moved_to: u8,
     pub close_write: u8,
     pub create: u8,
     pub attrib: u8,
+    pub modify: u8,
 }
 
 impl OwnEvents {
@@ -93,6 +94,7 @@ impl OwnEvents {
         close_write: 1,
         create: 0,
         attrib: 0,
+        modify: 0,
     };
     /// A directory made with `mkdir`.
     pub const MKDIR: OwnEvents = OwnEvents {
@@ -100,13 +102,24 @@ impl OwnEvents {
         close_write: 0,
         create: 1,
         attrib: 0,
+        modify: 0,
     };
-    /// One attribute change (`fchmod`, `utimensat`).
+    /// A `chmod`.
     pub const ATTRIB: OwnEvents = OwnEvents {
         moved_to: 0,
         close_write: 0,
         create: 0,
         attrib: 1,
+        modify: 0,
+    };
+    /// Setting the mtime alone (`utimensat` with the atime omitted raises
+    /// `MODIFY`, not `ATTRIB`).
+    pub const SET_MTIME: OwnEvents = OwnEvents {
+        moved_to: 0,
+        close_write: 0,
+        create: 0,
+        attrib: 0,
+        modify: 1,
     };
 
     fn is_empty(&self) -> bool {
@@ -125,6 +138,8 @@ impl OwnEvents {
         } else if mask.contains(EventMask::ATTRIB) {
             // At most one: see the type's comment.
             &mut self.attrib
+        } else if mask.contains(EventMask::MODIFY) {
+            &mut self.modify
         } else {
             return false;
         };
@@ -298,6 +313,7 @@ impl LocalWatcher {
         e.close_write += events.close_write;
         e.create += events.create;
         e.attrib = e.attrib.max(events.attrib);
+        e.modify = e.modify.max(events.modify);
     }
 
     /// Apply's syscalls on `path` failed after [`Self::expect`]: drops what
