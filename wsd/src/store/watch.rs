@@ -558,8 +558,25 @@ fn read_loop(
                 Err(e) => return Some(format!("reading inotify events: {e}")),
             }
         }
+        // Under a stream of events (an apply, a build) woken for every few
+        // of them, this thread cost more than filing them: a cold push of
+        // 10k files woke it 27k times (a `ppoll` and two `read`s each). A
+        // pause after each batch lets the next one gather; a barrier waits
+        // at most this much longer, an idle watcher not at all.
+        let mut stop_only = [PollFd::new(&stop, PollFlags::IN)];
+        match rustix::event::poll(&mut stop_only, Some(&BATCH_PAUSE)) {
+            Ok(n) if n > 0 => return None,
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Some(format!("poll on the stop pipe: {e}")),
+        }
     }
 }
+
+/// How long the reader waits after filing a batch before it looks again.
+const BATCH_PAUSE: rustix::event::Timespec = rustix::event::Timespec {
+    tv_sec: 0,
+    tv_nsec: 1_000_000,
+};
 
 /// Files one batch of events under one lock: cookies advance the barrier,
 /// paths under the root (not the state directory) turn dirty.
