@@ -2546,3 +2546,22 @@ fn a_push_while_indexing_sends_the_first_pieces_before_the_last_is_recorded_and_
         .unwrap();
     assert_eq!(again.entries, 0);
 }
+
+/// A file created with its final mode (the umask keeps it) but narrowed
+/// anyway (a default ACL, a umask changed since it was read) is given the
+/// exact mode once it is in place.
+#[test]
+fn a_written_file_gets_its_exact_mode_when_its_creation_narrowed_it() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = TempDir::new().unwrap();
+    let path = tmp.path().join("f");
+    let file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .unwrap();
+    let meta = super::writer::stat_written(&file, 0o644, &p("f")).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o644);
+    assert_eq!(mode_of(&path), 0o644);
+}
