@@ -305,7 +305,9 @@ impl LocalWatcher {
     pub fn expect(&self, path: &Path, events: OwnEvents) {
         let (lock, _) = &*self.shared;
         let mut s = lock.lock().unwrap_or_else(|p| p.into_inner());
-        if s.dead.is_some() {
+        // Bounded like the dirty set: past it, apply's events count as
+        // anyone's (settled, not lost).
+        if s.dead.is_some() || s.expected.len() >= MAX_DIRTY_PATHS {
             return;
         }
         let e = s.expected.entry(path.to_owned()).or_default();
