@@ -23,6 +23,7 @@ use wsd_sync::{ErrorCode, Kind};
 
 use crate::db::now_ms;
 use crate::domains::fs::vfs::{self, Place};
+use crate::domains::shell::bracket::StartError;
 use crate::domains::shell::live::{LiveHold, latest_per_path};
 use crate::domains::shell::sessions::{Outcome, ShellSession};
 use crate::domains::watch::StoreKey;
@@ -92,38 +93,44 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<ExecRe
         stdin: None,
     };
     // The bracket's first half, under the workspace lock.
-    let started = {
+    let (handle, started) = {
         let mut backend = w.bracket.lock().await;
         let handle = match backend.handle(&k.workspaces.wsd_bin).await {
             Ok(h) => h,
             Err(e) => return Ok(failed_before_run(&e.to_string())),
         };
-        if let Err(e) = handle.push(w.dofs.clone()).await {
-            return Ok(wsd_failed_before_run("push to wsd failed", &e));
-        }
-        match handle.exec(request).await {
-            Ok(events) => (handle, events),
-            Err(e) => return Ok(wsd_failed_before_run("wsd refused the command", &e)),
+        match k.sessions.pushes.push_and_exec(&k, &w, &handle, request).await {
+            Ok(started) => (handle, started),
+            Err(e) => {
+                let context = match e {
+                    StartError::Push(_) => "push to wsd failed",
+                    StartError::Exec(_) => "wsd refused the command",
+                };
+                return Ok(wsd_failed_before_run(context, e.wsd()));
+            }
         }
     };
     let session = Arc::new(ShellSession::new(
         session_id.clone(),
-        Some(started.0.clone()),
+        Some(handle.clone()),
         s.identity.uid,
         row.id.clone(),
     ));
     k.sessions.insert(session.clone());
-    // What the command writes reaches dofs while it runs.
-    let live = live_hold(&k, &w, &started.0);
-    remember_row(&k, &session, "running", None, None).await?;
+    // What the command writes reaches dofs while it runs; the follower
+    // starts from the sync the bracket just made.
+    let live = k
+        .sessions
+        .sync
+        .hold_from(&w, &handle, started.commits, Some(started.synced));
     tokio::spawn(drive_session(
         k.clone(),
         w,
         session.clone(),
-        (started.0, live),
-        started.1,
+        (handle, live),
+        started.events,
     ));
-    Ok(answer(&k, &session, budget, a.stream).await)
+    answer(&k, &session, budget, a.stream).await
 }
 
 /// A hold on `w`'s live sync for a session (a command or a terminal) just
@@ -144,7 +151,7 @@ pub fn live_hold(k: &Kernel, w: &Arc<Workspace>, handle: &WsdHandle) -> LiveHold
 fn own_live_session(k: &Kernel, s: &Session, sid: &str) -> Option<Arc<ShellSession>> {
     k.sessions
         .get(sid)
-        .filter(|session| session.owner_uid == s.identity.uid)
+        .filter(|session| session.owner_uid == s.identity.uid && !session.is_answered())
 }
 
 async fn control_session(
@@ -213,17 +220,7 @@ async fn continue_session(
             .await?;
         return match row {
             Some((owner, status, error)) if owner == s.identity.uid => {
-                let error = match status.as_str() {
-                    "running" => {
-                        "the kernel restarted while this command ran; its result is lost".to_owned()
-                    }
-                    _ => error
-                        .unwrap_or_else(|| format!("session {sid} already {status} and answered")),
-                };
-                Ok(ExecResult {
-                    session_id: Some(sid.to_owned()),
-                    ..ExecResult::failed(error)
-                })
+                Ok(already_over(sid, &status, error))
             }
             _ => Err(KernelError::UnknownSession(sid.to_owned())),
         };
@@ -231,6 +228,10 @@ async fn continue_session(
     if session.owner_uid != s.identity.uid {
         // Someone else's session looks exactly like a missing one.
         return Err(KernelError::UnknownSession(sid.to_owned()));
+    }
+    if let Some((status, error)) = session.answered_end() {
+        // Answered, its row still being written: what the row will say.
+        return Ok(already_over(sid, status, error));
     }
     if !input.is_empty() {
         let finished = session.is_over();
@@ -248,22 +249,45 @@ async fn continue_session(
             });
         }
     }
-    Ok(answer(k, &session, budget, stream).await)
+    answer(k, &session, budget, stream).await
 }
 
-/// Waits within `budget` (with `stream`, until output) and, when the
-/// session is over, forgets it.
+/// The answer to a poll of session `sid`, which ended as `status` (its
+/// row's) and was answered already.
+fn already_over(sid: &str, status: &str, error: Option<String>) -> ExecResult {
+    let error = match status {
+        "running" => "the kernel restarted while this command ran; its result is lost".to_owned(),
+        _ => error.unwrap_or_else(|| format!("session {sid} already {status} and answered")),
+    };
+    ExecResult {
+        session_id: Some(sid.to_owned()),
+        ..ExecResult::failed(error)
+    }
+}
+
+/// Waits within `budget` (with `stream`, until output). A session still
+/// running gets its `running` row first: the caller may poll it after a
+/// kernel crash, and must learn that its result is lost. One that is over
+/// is forgotten once its final row is written too (see [`drive_session`]),
+/// so a poll after this answer finds the row.
 async fn answer(
     k: &Arc<Kernel>,
     session: &Arc<ShellSession>,
     budget: Duration,
     stream: bool,
-) -> ExecResult {
+) -> Result<ExecResult, KernelError> {
     let (v, over) = session.wait(budget, stream).await;
     if over {
-        k.sessions.remove(&session.id);
+        if session.mark_answered() {
+            k.sessions.remove(&session.id);
+        }
+    } else if session.needs_running_row()
+        && let Err(e) = remember_running(k, session).await
+    {
+        session.running_row_failed();
+        return Err(e);
     }
-    v
+    Ok(v)
 }
 
 /// Follows the command to its end, pulls, and records the outcome. The
@@ -338,16 +362,22 @@ async fn drive_session(
         }
     };
     let outcome = match exit {
-        Err((error, code)) => Outcome::Failed {
-            error,
-            exit_code: None,
-            code,
-        },
+        Err((error, code)) => {
+            drop(live);
+            Outcome::Failed {
+                error,
+                exit_code: None,
+                code,
+            }
+        }
         Ok(exit_code) => {
             // The bracket's second half. What live pulls applied meanwhile
-            // counts as the command's changes too.
+            // counts as the command's changes too; every live round is
+            // over or not begun, and none begins after this (the pull
+            // below brings what it would).
             let _guard = w.bracket.lock().await;
             let mut applied = live.take_applied();
+            drop(live);
             match handle.pull(w.dofs.clone()).await {
                 Ok(report) => {
                     applied.extend(report.applied);
@@ -377,18 +407,22 @@ async fn drive_session(
             }
         }
     };
-    drop(live);
     let (status, code, error) = match &outcome {
         Outcome::Completed { exit_code, .. } => ("completed", Some(*exit_code), None),
         Outcome::Failed {
             error, exit_code, ..
         } => ("failed", *exit_code, Some(error.clone())),
     };
-    if let Err(e) = remember_row(&k, &session, status, code, error).await {
+    tracing::info!(session = %session.id, workspace = %session.workspace_id, status, "command finished");
+    // The answer goes out now; the row is written beside it, and the
+    // session stays in memory until both are done (`answer`).
+    session.finish(outcome);
+    if let Err(e) = remember_end(&k, &session, status, code, error).await {
         tracing::warn!(session = %session.id, error = %e, "could not record a session's end");
     }
-    tracing::info!(session = %session.id, workspace = %session.workspace_id, status, "command finished");
-    session.finish(outcome);
+    if session.mark_row_final() {
+        k.sessions.remove(&session.id);
+    }
     // After the answer: a wsd that went away would hold it for a deadline.
     let _ = handle.dispose(&session.id).await;
     // A result nobody polls for is dropped after a while (its row stays).
@@ -400,8 +434,36 @@ async fn drive_session(
     }
 }
 
-/// Upserts the session's row and prunes expired rows.
-async fn remember_row(
+/// Records that the session is running, unless its end is recorded
+/// already (the command ended while this answer was on its way).
+async fn remember_running(k: &Arc<Kernel>, session: &ShellSession) -> Result<(), KernelError> {
+    let (id, ws, owner) = (
+        session.id.clone(),
+        session.workspace_id.clone(),
+        session.owner_uid,
+    );
+    k.db.call(move |c| {
+        let now = now_ms();
+        c.prepare_cached(
+            "INSERT INTO shell_sessions(session_id, workspace_id, owner_uid, exec_id, status,
+                created_at, updated_at, expires_at)
+             VALUES (?1, ?2, ?3, ?1, 'running', ?4, ?4, ?5)
+             ON CONFLICT(session_id) DO NOTHING",
+        )?
+        .execute(rusqlite::params![
+            id,
+            ws,
+            owner,
+            now,
+            now + SESSION_ROW_TTL_MS
+        ])?;
+        Ok(())
+    })
+    .await
+}
+
+/// Upserts the session's final row and prunes expired rows.
+async fn remember_end(
     k: &Arc<Kernel>,
     session: &ShellSession,
     status: &'static str,
@@ -415,25 +477,26 @@ async fn remember_row(
     );
     k.db.call(move |c| {
         let now = now_ms();
-        c.execute("DELETE FROM shell_sessions WHERE expires_at <= ?1", [now])?;
-        c.execute(
+        c.prepare_cached("DELETE FROM shell_sessions WHERE expires_at <= ?1")?
+            .execute([now])?;
+        c.prepare_cached(
             "INSERT INTO shell_sessions(session_id, workspace_id, owner_uid, exec_id, status,
                 exit_code, error, created_at, updated_at, expires_at)
              VALUES (?1, ?2, ?3, ?1, ?4, ?5, ?6, ?7, ?7, ?8)
              ON CONFLICT(session_id) DO UPDATE SET status = excluded.status,
                 exit_code = excluded.exit_code, error = excluded.error,
                 updated_at = excluded.updated_at, expires_at = excluded.expires_at",
-            rusqlite::params![
-                id,
-                ws,
-                owner,
-                status,
-                exit_code,
-                error,
-                now,
-                now + SESSION_ROW_TTL_MS
-            ],
-        )?;
+        )?
+        .execute(rusqlite::params![
+            id,
+            ws,
+            owner,
+            status,
+            exit_code,
+            error,
+            now,
+            now + SESSION_ROW_TTL_MS
+        ])?;
         Ok(())
     })
     .await
