@@ -47,8 +47,9 @@ pub struct Started {
     /// The store's commit feed, subscribed before the push the command
     /// runs after (none: the feed could not be had).
     pub commits: Option<watch::Receiver<u64>>,
-    /// Where that push left the workspace and its wsd.
-    pub synced: Synced,
+    /// Where that push left the workspace and the wsd the command runs on
+    /// (none: not known).
+    pub synced: Option<Synced>,
 }
 
 /// Why a command did not start.
@@ -82,10 +83,11 @@ impl PushMarks {
         if let Some((connection, commits, synced)) = self.unchanged(w) {
             match handle.exec_on(connection, request.clone()).await {
                 Ok(Some(events)) => {
+                    tracing::debug!(workspace = %w.id, "nothing committed since the last push: not pushing");
                     return Ok(Started {
                         events,
                         commits: Some(commits),
-                        synced,
+                        synced: Some(synced),
                     });
                 }
                 // The connection was lost since: push on the new one first.
@@ -109,7 +111,20 @@ impl PushMarks {
             dofs_rev: pushed.local_rev,
         };
         let connection = handle.connection();
-        let events = handle.exec(request).await.map_err(StartError::Exec)?;
+        let events = match handle.exec_on(connection, request.clone()).await {
+            Ok(Some(events)) => events,
+            // Lost right after the push: the command starts on a new
+            // connection, and where the push left the wsd is not known.
+            Ok(None) => {
+                let events = handle.exec(request).await.map_err(StartError::Exec)?;
+                return Ok(Started {
+                    events,
+                    commits,
+                    synced: None,
+                });
+            }
+            Err(e) => return Err(StartError::Exec(e)),
+        };
         if let Some(rx) = &commits {
             self.marks.lock().unwrap().insert(
                 w.id.clone(),
@@ -124,7 +139,7 @@ impl PushMarks {
         Ok(Started {
             events,
             commits,
-            synced,
+            synced: Some(synced),
         })
     }
 

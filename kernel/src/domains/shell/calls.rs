@@ -18,13 +18,15 @@ use gsv_protocol::shell::{ExecArgs, ExecControl, ExecResult, FileChange};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::watch;
+
 use wsd_client::{ExecEventKind, ExecRequest, ResumeFrom, Signal, WsdError, WsdHandle};
 use wsd_sync::{ErrorCode, Kind};
 
 use crate::db::now_ms;
 use crate::domains::fs::vfs::{self, Place};
 use crate::domains::shell::bracket::StartError;
-use crate::domains::shell::live::{LiveHold, latest_per_path};
+use crate::domains::shell::live::{LiveHold, Synced, latest_per_path};
 use crate::domains::shell::sessions::{Outcome, ShellSession};
 use crate::domains::watch::StoreKey;
 use crate::domains::workspace::Workspace;
@@ -99,7 +101,12 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<ExecRe
             Ok(h) => h,
             Err(e) => return Ok(failed_before_run(&e.to_string())),
         };
-        match k.sessions.pushes.push_and_exec(&k, &w, &handle, request).await {
+        match k
+            .sessions
+            .pushes
+            .push_and_exec(&k, &w, &handle, request)
+            .await
+        {
             Ok(started) => (handle, started),
             Err(e) => {
                 let context = match e {
@@ -117,21 +124,22 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<ExecRe
         row.id.clone(),
     ));
     k.sessions.insert(session.clone());
-    // What the command writes reaches dofs while it runs; the follower
-    // starts from the sync the bracket just made.
-    let live = k
-        .sessions
-        .sync
-        .hold_from(&w, &handle, started.commits, Some(started.synced));
     tokio::spawn(drive_session(
         k.clone(),
         w,
         session.clone(),
-        (handle, live),
+        (handle, started.commits, started.synced),
         started.events,
     ));
     answer(&k, &session, budget, a.stream).await
 }
+
+/// How long a command runs before the workspace follows its wsd live. wsd
+/// settles a burst of writes 50 ms after it starts, so a live pull before
+/// then finds nothing the end-of-command pull would not bring: a shorter
+/// command is synced by its bracket alone, without a follower's long poll
+/// (an `fs.write` in that time reaches it when the follower starts).
+const LIVE_SYNC_AFTER: Duration = Duration::from_millis(50);
 
 /// A hold on `w`'s live sync for a session (a command or a terminal) just
 /// started on `handle`, with the store's commit feed for its pushes.
@@ -290,26 +298,40 @@ async fn answer(
     Ok(v)
 }
 
-/// Follows the command to its end, pulls, and records the outcome. The
-/// workspace follows wsd live through `live` until then.
+/// Follows the command to its end, pulls, and records the outcome. After
+/// [`LIVE_SYNC_AFTER`] the workspace follows wsd live until then, from
+/// `synced` (where the bracket's push left the workspace and the wsd the
+/// command runs on) and on `commits` (dofs' commit feed, subscribed before
+/// that push).
 async fn drive_session(
     k: Arc<Kernel>,
     w: Arc<Workspace>,
     session: Arc<ShellSession>,
-    (handle, live): (WsdHandle, LiveHold),
+    (handle, mut commits, synced): (WsdHandle, Option<watch::Receiver<u64>>, Option<Synced>),
     mut events: wsd_client::ExecEvents,
 ) {
     let mut last_seq = 0u64;
     let mut reattaches = 0u32;
+    let mut reattached = false;
+    let mut live: Option<LiveHold> = None;
+    let follow_from = tokio::time::sleep(LIVE_SYNC_AFTER);
+    tokio::pin!(follow_from);
     let exit = loop {
-        match events.next().await {
+        let next = tokio::select! {
+            next = events.next() => next,
+            () = &mut follow_from, if live.is_none() => {
+                live = Some(k.sessions.sync.hold_from(&w, &handle, commits.take(), synced));
+                continue;
+            }
+        };
+        match next {
             Ok(Some(ev)) => {
                 last_seq = ev.seq;
                 reattaches = 0;
                 match ev.kind {
                     ExecEventKind::Stdout(b) => session.append(&b, false),
                     ExecEventKind::Stderr(b) => session.append(&b, true),
-                    ExecEventKind::Exit(code) => break Ok(code),
+                    ExecEventKind::Exit(code) => break Ok((code, ev.rev)),
                 }
             }
             Ok(None) => {
@@ -334,6 +356,7 @@ async fn drive_session(
                 // The connection broke: the same wsd still has the log, a
                 // restarted one does not (and then refuses the attach).
                 reattaches += 1;
+                reattached = true;
                 if reattaches > 3 {
                     break Err((format!("lost the command: {e}"), Some(e.code)));
                 }
@@ -370,17 +393,31 @@ async fn drive_session(
                 code,
             }
         }
-        Ok(exit_code) => {
+        Ok((exit_code, exit_rev)) => {
             // The bracket's second half. What live pulls applied meanwhile
             // counts as the command's changes too; every live round is
             // over or not begun, and none begins after this (the pull
             // below brings what it would).
             let _guard = w.bracket.lock().await;
-            let mut applied = live.take_applied();
+            let mut applied = live
+                .as_ref()
+                .map(LiveHold::take_applied)
+                .unwrap_or_default();
             drop(live);
-            match handle.pull(w.dofs.clone()).await {
-                Ok(report) => {
-                    applied.extend(report.applied);
+            // Nothing to pull when the wsd's rev at the exit (its writes
+            // settled) is one dofs had everything through before the
+            // command: it wrote nothing, and nobody else did. Said by the
+            // same wsd on the same connection (no re-attach), or not used.
+            let unchanged =
+                !reattached && exit_rev > 0 && synced.is_some_and(|s| exit_rev <= s.wsd_rev);
+            let pulled = if unchanged {
+                Ok(Vec::new())
+            } else {
+                handle.pull(w.dofs.clone()).await.map(|r| r.applied)
+            };
+            match pulled {
+                Ok(pulled) => {
+                    applied.extend(pulled);
                     let changes = latest_per_path(applied)
                         .iter()
                         .map(|e| FileChange {
