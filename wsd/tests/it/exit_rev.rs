@@ -17,7 +17,11 @@ async fn exit_rev(h: &WsdHandle, command: &str) -> u64 {
         .await
         .unwrap();
     loop {
-        let ev = events.next().await.unwrap().expect("an exit before the end");
+        let ev = events
+            .next()
+            .await
+            .unwrap()
+            .expect("an exit before the end");
         if ev.is_exit() {
             return ev.rev;
         }
