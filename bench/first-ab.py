@@ -31,6 +31,9 @@ import statistics
 import subprocess
 import sys
 import time
+# Pushes walk, as when these figures were first taken: no on-demand agent
+# (issue 32) watching the tree between steps; bench/noop-ab.py measures it.
+os.environ.setdefault("WSD_AGENT", "off")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAKE_TREE = os.environ.get("WSD_MAKE_TREE") or os.path.join(ROOT, "..", "shared", "bench", "make-tree.py")

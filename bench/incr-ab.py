@@ -17,6 +17,9 @@ STRACE=1 attaches `strace -f -T` to both daemons (syscall durations in
 push. Works in $WSD_AB_DIR (default /tmp/dp/w; removed and re-created).
 """
 import os, subprocess, sys, time, socket, shutil, statistics, json
+# Pushes walk, as when these figures were first taken: no on-demand agent
+# (issue 32) watching the tree between steps; bench/noop-ab.py measures it.
+os.environ.setdefault("WSD_AGENT", "off")
 MT = "/work/shared/bench/make-tree.py"
 CLIENTS, DA, DB = sys.argv[1].split(","), sys.argv[2], sys.argv[3]
 CLIENT = {"A": CLIENTS[0], "B": CLIENTS[-1]}

@@ -12,6 +12,9 @@ image: source and copy take about 2.1 M inodes). Uses the release `wsd`
 beside this script ($WSD to override). The tree is kept (a `.done` marker)
 so a second run skips making it."""
 import os, random, socket, subprocess, sys, time
+# Pushes walk, as when these figures were first taken: no on-demand agent
+# (issue 32) watching the tree between steps; bench/noop-ab.py measures it.
+os.environ.setdefault("WSD_AGENT", "off")
 WSD = os.environ.get("WSD", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "target", "release", "wsd"))
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
 base = os.environ.get("MILLION_DIR", "/mnt/m1")

@@ -190,11 +190,15 @@ impl Kernel {
         &self.pool
     }
 
-    /// Stops local `wsd` children (the kernel is going away).
+    /// Stops local `wsd` children (the kernel is going away), except those
+    /// a terminal still runs in: they stay up for the next kernel to adopt,
+    /// so the terminal goes on across a graceful restart too.
     pub async fn shutdown(&self) {
         self.timers.stop();
         self.sessions.sync.stop_all();
         self.ptys.stop_all();
-        self.workspaces.shutdown().await;
+        self.workspaces
+            .shutdown(|id| self.ptys.running_in(id))
+            .await;
     }
 }

@@ -75,12 +75,15 @@ pub fn free_addr() -> String {
 }
 
 /// A `wsd` command with the client's environment variables removed, so a
-/// developer's shell cannot change what a test runs.
+/// developer's shell cannot change what a test runs, and with pushes
+/// starting no background agent (`WSD_AGENT=off`): tests that want one
+/// remove it and stop the agent themselves.
 pub fn wsd_command() -> Command {
     let mut c = Command::new(wsd_bin());
     c.env_remove("WSD_REMOTE")
         .env_remove("WSD_TOKEN_FILE")
-        .env_remove("WSD_TOKEN");
+        .env_remove("WSD_TOKEN")
+        .env("WSD_AGENT", "off");
     c
 }
 

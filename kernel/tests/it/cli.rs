@@ -14,22 +14,23 @@ pub(crate) struct Served {
 
 impl Drop for Served {
     fn drop(&mut self) {
-        if let Ok(Some(_)) = self.child.try_wait() {
-            return;
-        }
         // SIGTERM: the kernel stops its wsd children on the way out (a
-        // SIGKILL would orphan them).
-        let _ = Command::new("kill")
-            .arg(self.child.id().to_string())
-            .status();
-        for _ in 0..500 {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
+        // SIGKILL would orphan them), except those a terminal runs in,
+        // which it leaves for a next kernel: killed below.
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = Command::new("kill")
+                .arg(self.child.id().to_string())
+                .status();
+            let exited = (0..500).any(|_| {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                matches!(self.child.try_wait(), Ok(Some(_)))
+            });
+            if !exited {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
             }
-            std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        crate::harness::kill_leftover_children(&self._dir.path().join("data"));
     }
 }
 

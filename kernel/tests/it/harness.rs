@@ -46,13 +46,19 @@ impl Drop for TestKernel {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
+        // A shutdown leaves the wsd a terminal runs in for the next
+        // kernel; there is none after a test's own kernel.
+        if let Some(dir) = &self._dir {
+            kill_leftover_children(&dir.path().join("data"));
+        }
     }
 }
 
 /// Kills, when dropped (a failed assertion too), the local wsd children a
-/// kernel on its data directory left running because a test let it vanish
-/// without shutting down (a simulated crash): each workspace's `wsd.pid`,
-/// if that process still serves from the directory.
+/// kernel on its data directory left running: because a test let it vanish
+/// without shutting down (a simulated crash), or because a terminal ran in
+/// them at its shutdown: each workspace's `wsd.pid`, if that process still
+/// serves from the directory.
 pub struct LeftoverChildren(pub std::path::PathBuf);
 
 impl Drop for LeftoverChildren {
@@ -61,7 +67,7 @@ impl Drop for LeftoverChildren {
     }
 }
 
-fn kill_leftover_children(data: &std::path::Path) {
+pub fn kill_leftover_children(data: &std::path::Path) {
     let Ok(dirs) = std::fs::read_dir(data.join("workspaces")) else {
         return;
     };

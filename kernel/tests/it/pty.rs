@@ -758,7 +758,62 @@ async fn a_terminal_on_a_wsd_that_outlives_the_kernel_is_attached_again_after_a_
 }
 
 #[tokio::test]
-async fn a_terminal_whose_local_wsd_stopped_with_the_kernel_answers_closed_after_a_restart() {
+async fn a_terminal_on_a_local_wsd_goes_on_across_a_graceful_restart() {
+    let k = TestKernel::with_users().await;
+    let mut a = k.alice().await;
+    let ws = new_workspace(&mut a).await;
+    a.close().await;
+    let mut t = alice_open(&k, &ws, "term-1").await;
+    let pty = t.pty_id.clone();
+    t.input("echo shell-$$; seq 1 100000; echo end-$((3+4))\n")
+        .await;
+    let first = t.follow_to(b"\n5000\r\n").await;
+    let cut = t.offset();
+    let shell = number_after(&t.text(), "shell-");
+    let wsd = k.kernel.workspaces().local_pid(&ws).await.unwrap() as i32;
+    t.c.close().await;
+
+    // A graceful shutdown leaves the wsd the terminal runs in; the next
+    // kernel adopts it.
+    let k = k.stop().await;
+    assert!(
+        running(wsd),
+        "the wsd of a running terminal outlives the shutdown"
+    );
+    let k = k.start().await;
+    let mut back = alice_term(&k, "term-2").await;
+    back.attach(&pty, cut).await;
+    let rest = back.follow_to(b"end-7").await;
+    let mut joined = first.clone();
+    joined.extend_from_slice(&rest);
+    let joined = through(&joined, b"end-7");
+    let mut whole = alice_term(&k, "term-3").await;
+    whole.attach(&pty, 0).await;
+    let all = whole.follow_to(b"end-7").await;
+    assert_eq!(
+        through(&all, b"end-7"),
+        joined,
+        "the output before the restart and after it is the whole, byte for byte"
+    );
+    let seq: String = (1..=100000).map(|n| format!("{n}\r\n")).collect();
+    assert!(String::from_utf8_lossy(joined).contains(&seq));
+    back.input("echo shell-$$\n").await;
+    back.until(&format!("shell-{shell}")).await;
+    assert_eq!(
+        k.kernel.workspaces().local_pid(&ws).await,
+        Some(wsd as u32),
+        "the same wsd, adopted, not a new one"
+    );
+    back.input("exit 3\n").await;
+    assert_eq!(back.until_exit().await["exitCode"], 3);
+
+    // With no terminal running any more, a shutdown stops it.
+    let _k = k.stop().await;
+    assert!(!running(wsd), "the adopted wsd {wsd} was left running");
+}
+
+#[tokio::test]
+async fn a_terminal_whose_local_wsd_did_not_survive_a_restart_answers_closed() {
     let k = TestKernel::with_users().await;
     let mut a = k.alice().await;
     let ws = new_workspace(&mut a).await;
@@ -767,9 +822,21 @@ async fn a_terminal_whose_local_wsd_stopped_with_the_kernel_answers_closed_after
     let pty = t.pty_id.clone();
     t.input("echo before-$((1+1))\n").await;
     t.until("before-2").await;
+    let wsd = k.kernel.workspaces().local_pid(&ws).await.unwrap() as i32;
     t.c.close().await;
 
-    let k = k.stop().await.start().await;
+    let k = k.stop().await;
+    // The wsd left for the next kernel dies before it starts.
+    let pid = rustix::process::Pid::from_raw(wsd).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+    for _ in 0..500 {
+        if !running(wsd) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(!running(wsd));
+    let k = k.start().await;
     let mut back = alice_term(&k, "term-2").await;
     for (call, args) in [
         ("shell.pty.attach", json!({"ptyId": pty, "after": 0})),

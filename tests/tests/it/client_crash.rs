@@ -79,6 +79,7 @@ impl Client {
             .arg(&self.state)
             .args(["--remote", &self.daemon.addr, "--json"])
             .env_remove("WSD_TOKEN_FILE")
+            .env("WSD_AGENT", "off")
             .stdin(Stdio::null());
         cmd
     }

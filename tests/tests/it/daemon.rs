@@ -146,6 +146,7 @@ fn a_wrong_or_missing_token_is_refused_with_eauth() {
     );
 
     let out = std::process::Command::new(wsd_tests::wsd_bin())
+        .env("WSD_AGENT", "off")
         .args(["push", local.to_str().unwrap(), "--remote", &daemon.addr])
         .env_remove("WSD_TOKEN_FILE")
         .output()
@@ -189,6 +190,7 @@ fn a_push_cut_by_a_daemon_crash_resumes_and_converges() {
         );
     }
     let child = std::process::Command::new(wsd_tests::wsd_bin())
+        .env("WSD_AGENT", "off")
         .args([
             "push",
             e.local.to_str().unwrap(),
@@ -260,7 +262,7 @@ fn two_hundred_idle_connections_do_not_stop_a_push() {
     // Bounded: before the handshake deadline and the separate cap on
     // unauthenticated peers, this push waited forever behind the idle ones.
     let out = run_bounded(
-        Command::new(wsd_bin()).args([
+        Command::new(wsd_bin()).env("WSD_AGENT", "off").args([
             "push",
             e.local.to_str().unwrap(),
             "--remote",
@@ -480,7 +482,7 @@ fn a_damaged_local_index_is_set_aside_named_and_rebuilt_and_the_push_converges()
     write(&e.local, "after/damage.txt", b"new after the damage", 0o644);
     std::fs::remove_file(e.local.join("d0/e0/f0.txt")).unwrap();
     let out = run_bounded(
-        Command::new(wsd_bin()).args([
+        Command::new(wsd_bin()).env("WSD_AGENT", "off").args([
             "push",
             e.local.to_str().unwrap(),
             "--remote",

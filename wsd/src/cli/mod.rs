@@ -48,7 +48,11 @@ enum Command {
     ///
     /// LOCAL_DIR is indexed in LOCAL_DIR/.wsd (never synced); only changed
     /// chunks cross the wire. Prints a one-line summary.
-    Push(sync::TransferArgs),
+    ///
+    /// A local agent (see `wsd agent`) makes the push when one serves
+    /// LOCAL_DIR; otherwise the push walks LOCAL_DIR and then starts one in
+    /// the background, so that the next pushes need no walk.
+    Push(sync::PushArgs),
     /// Bring the remote workspace's changes into LOCAL_DIR.
     Pull(sync::TransferArgs),
     /// Pull then push; with --watch, keep both sides converged until Ctrl-C.
@@ -90,6 +94,17 @@ enum Command {
     /// next push then sends what it hid locally.
     #[command(subcommand)]
     Exclude(sync::ExcludeCommand),
+    /// The local agent that makes LOCAL_DIR's one-shot pushes without a
+    /// walk: its status, stopping it, or running one in the foreground.
+    ///
+    /// `wsd push` starts one in the background (its log in
+    /// STATE/agent.log) when none answers; it watches LOCAL_DIR with
+    /// inotify and exits after --idle-timeout (default 600 s, also
+    /// WSD_AGENT_IDLE_TIMEOUT) without a push, when LOCAL_DIR or its state
+    /// directory is removed, on SIGTERM, or on `wsd agent stop`.
+    /// `WSD_AGENT=off` or `wsd push --no-agent` starts none.
+    #[command(subcommand)]
+    Agent(sync::AgentCommand),
     /// Print a shell completion script for SHELL on stdout.
     ///
     /// For example: `wsd completions bash > /etc/bash_completion.d/wsd`.
@@ -263,8 +278,12 @@ fn read_token(path: &Path) -> Result<Vec<u8>> {
 }
 
 pub fn init_tracing(args: &Cli) {
-    // The daemon reports its lifecycle; clients print only their summary.
-    let quiet = if matches!(args.command, Command::Serve(_)) {
+    // The daemon and the agent report their lifecycle; clients print only
+    // their summary.
+    let quiet = if matches!(
+        args.command,
+        Command::Serve(_) | Command::Agent(sync::AgentCommand::Run(_))
+    ) {
         "wsd=info,warn"
     } else {
         "warn"
@@ -332,6 +351,7 @@ pub fn run(args: Cli) -> Result<ExitCode> {
         Command::Attach(a) => block_on_local(exec::attach(a))?,
         Command::Kill(a) => block_on_local(exec::kill(a))?,
         Command::Exclude(c) => sync::exclude(c),
+        Command::Agent(c) => block_on_local(sync::agent_command(c))?,
         Command::Completions { shell } => {
             let mut cmd = Cli::command();
             clap_complete::generate(shell, &mut cmd, "wsd", &mut std::io::stdout());

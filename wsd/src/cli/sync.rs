@@ -72,6 +72,18 @@ pub struct TransferArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct PushArgs {
+    #[command(flatten)]
+    transfer: TransferArgs,
+    /// Push by walking LOCAL_DIR here: do not ask a local agent, and start
+    /// none. Without it a push is made by the agent serving LOCAL_DIR if
+    /// one answers, and otherwise starts one in the background for the
+    /// next pushes (not with `WSD_AGENT=off`; see `wsd agent`).
+    #[arg(long)]
+    no_agent: bool,
+}
+
+#[derive(Debug, Args)]
 pub struct SyncArgs {
     #[command(flatten)]
     transfer: TransferArgs,
@@ -702,7 +714,7 @@ fn print_summary(v: &serde_json::Value, json: bool, quiet: bool) {
             ""
         },
         if v["agent"].as_bool() == Some(true) {
-            " (by the watching `wsd sync`)"
+            " (by the local agent)"
         } else {
             ""
         }
@@ -738,9 +750,17 @@ fn print_plan(verb: &str, plan: &[ChangeEntry], a: &TransferArgs) {
     }
 }
 
-pub async fn push(a: TransferArgs) -> Result<ExitCode> {
+pub async fn push(a: PushArgs) -> Result<ExitCode> {
+    let PushArgs {
+        transfer: a,
+        no_agent,
+    } = a;
     let started = Instant::now();
-    if let Some(mut summary) = push_through_agent(&a)? {
+    let asked = match no_agent {
+        true => ThroughAgent::NotAsked,
+        false => push_through_agent(&a)?,
+    };
+    if let ThroughAgent::Pushed(mut summary) = asked {
         summary["elapsed_ms"] = (started.elapsed().as_millis() as u64).into();
         summary["agent"] = true.into();
         print_summary(&summary, a.json, a.quiet);
@@ -761,30 +781,92 @@ pub async fn push(a: TransferArgs) -> Result<ExitCode> {
         push_ms = (started.elapsed() - opened).as_secs_f64() * 1e3,
         "push done"
     );
-    summarize("push", &report?, &[], started.elapsed(), a.json, a.quiet);
+    let report = report?;
+    // Started once the index is settled and closed, so its first walk
+    // competes with no push and finds the index current.
+    drop(s);
+    if !no_agent && !matches!(asked, ThroughAgent::Refused) && agent::on_demand_enabled() {
+        let successor = matches!(asked, ThroughAgent::Retiring);
+        if let Err(e) = start_agent(&a, successor) {
+            tracing::warn!(error = format!("{e:#}"), "cannot start a local agent");
+        }
+    }
+    summarize("push", &report, &[], started.elapsed(), a.json, a.quiet);
     Ok(ExitCode::SUCCESS)
 }
 
-/// Has a running `wsd sync --watch` of LOCAL_DIR push (`agent.rs`), when
-/// this push is one it makes the same way. `None`: push directly.
-fn push_through_agent(a: &TransferArgs) -> Result<Option<serde_json::Value>> {
+/// What asking a local agent to push came to.
+enum ThroughAgent {
+    /// It pushed; its summary.
+    Pushed(serde_json::Value),
+    /// One answers but would not push this one: push directly, start none.
+    Refused,
+    /// None answered: push directly, then start one.
+    NoAgent,
+    /// It refused and exits: push directly, then start its successor.
+    Retiring,
+    /// Not asked (`--no-agent`, a dry run, excludes given).
+    NotAsked,
+}
+
+/// Has the agent serving LOCAL_DIR push (`agent.rs`), when this push is
+/// one it makes the same way.
+fn push_through_agent(a: &TransferArgs) -> Result<ThroughAgent> {
     if a.dry_run || !a.exclude.is_empty() || !a.no_exclude.is_empty() {
-        return Ok(None);
+        return Ok(ThroughAgent::NotAsked);
     }
     let state = local_state(&a.local, a.state.as_deref());
     if !state.join(agent::AGENT_SOCKET).exists() {
-        return Ok(None);
+        return Ok(ThroughAgent::NoAgent);
     }
     let Ok(root) = std::fs::canonicalize(&a.local) else {
-        return Ok(None);
+        return Ok(ThroughAgent::NotAsked);
     };
-    let req = agent::PushRequest {
+    let req = agent::Request::Push(agent::PushRequest {
         root,
         remote: a.remote.remote.clone(),
         wsdignore: wsdignore(&a.local)?,
         remembered: Remembered::load(&state)?.patterns,
+    });
+    Ok(match agent::ask(&state, &req)? {
+        agent::Asked::Answered(agent::Reply::Pushed(summary)) => ThroughAgent::Pushed(summary),
+        agent::Asked::Answered(agent::Reply::Refused(why)) => {
+            tracing::debug!(%why, "the agent refused; pushing directly");
+            ThroughAgent::Refused
+        }
+        agent::Asked::Answered(agent::Reply::Retiring(why)) => {
+            tracing::debug!(%why, "the agent refused and exits; pushing directly");
+            ThroughAgent::Retiring
+        }
+        agent::Asked::Answered(other) => {
+            tracing::debug!(
+                ?other,
+                "the agent answered something else; pushing directly"
+            );
+            ThroughAgent::Refused
+        }
+        agent::Asked::NoAgent | agent::Asked::Gone => ThroughAgent::NoAgent,
+    })
+}
+
+/// Starts `wsd agent run` for this push's LOCAL_DIR and remote in the
+/// background (see [`agent::start`]); paths absolute, as it runs from `/`.
+fn start_agent(a: &TransferArgs, successor: bool) -> Result<()> {
+    let state = local_state(&a.local, a.state.as_deref());
+    let absolute = |p: &Path| std::path::absolute(p).with_context(|| format!("{}", p.display()));
+    let mut args: Vec<std::ffi::OsString> = vec![absolute(&a.local)?.into()];
+    let remote = match a.remote.remote.strip_prefix("unix:") {
+        Some(path) => format!("unix:{}", absolute(Path::new(path))?.display()),
+        None => a.remote.remote.clone(),
     };
-    agent::ask_push(&state, &req)
+    args.extend(["--remote".into(), remote.into()]);
+    if let Some(t) = &a.remote.token_file {
+        args.extend(["--token-file".into(), absolute(t)?.into()]);
+    }
+    if let Some(st) = &a.state {
+        args.extend(["--state".into(), absolute(st)?.into()]);
+    }
+    agent::start(&state, &args, successor)
 }
 
 pub async fn pull(a: TransferArgs) -> Result<ExitCode> {
@@ -826,7 +908,19 @@ pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
     // Read as the session read them: a push asking the agent must match.
     let started_with = (wsdignore(&a.transfer.local)?, s.remembered.patterns.clone());
     let agent = if a.watch {
-        agent::Agent::bind(&local_state(&a.transfer.local, a.transfer.state.as_deref()))?
+        let state = local_state(&a.transfer.local, a.transfer.state.as_deref());
+        // An on-demand agent steps aside: this session watches anyway.
+        if let agent::Asked::Answered(agent::Reply::Status(st)) =
+            agent::ask(&state, &agent::Request::Status)?
+            && st.kind == agent::AgentKind::OnDemand
+            && let Err(e) = agent::stop(&state)
+        {
+            tracing::warn!(
+                error = format!("{e:#}"),
+                "the on-demand agent did not step aside"
+            );
+        }
+        agent::Agent::bind(&state)?
     } else {
         None
     };
@@ -839,6 +933,7 @@ pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
     } else {
         None
     };
+    let mut pushes = 0u64;
     loop {
         let started = Instant::now();
         let progress = Progress::new(&a.transfer);
@@ -901,7 +996,24 @@ pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
                     let Some(req) = agent::read_request(&mut conn).await else {
                         continue;
                     };
-                    let reply = serve_push(&mut s, &a.transfer, &started_with, req).await;
+                    let reply = match req {
+                        agent::Request::Push(req) => {
+                            let reply = serve_push(&mut s, &a.transfer, &started_with, req).await;
+                            pushes += u64::from(matches!(reply, agent::Reply::Pushed(_)));
+                            reply
+                        }
+                        agent::Request::Status => agent::Reply::Status(agent::AgentStatus {
+                            pid: std::process::id(),
+                            kind: agent::AgentKind::SyncWatch,
+                            root: s.store.root().to_owned(),
+                            remote: a.transfer.remote.remote.clone(),
+                            idle_timeout_secs: None,
+                            pushes,
+                        }),
+                        agent::Request::Stop => agent::Reply::Refused(
+                            "it is a `wsd sync --watch`: stop that instead".to_owned(),
+                        ),
+                    };
                     if let Err(e) = agent::answer(&mut conn, &reply).await {
                         tracing::debug!(error = %e, "the pushing client went away");
                     }
@@ -912,44 +1024,409 @@ pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
     }
 }
 
-/// A one-shot push's request to the agent: pushed from the watched store
-/// when it is the push this session would make, else refused.
+/// Why this session would not make the push `req` asks for, if it would
+/// not. `.1`: the directory's excludes changed since the session started
+/// (its rules are stale, not just other than the client's).
+fn refusal(
+    s: &Session,
+    a: &TransferArgs,
+    started_with: &(Vec<String>, Vec<String>),
+    req: &agent::PushRequest,
+) -> Option<(String, bool)> {
+    let current = wsdignore(&a.local).ok();
+    if req.root != s.store.root() {
+        Some((format!("it watches {}", s.store.root().display()), false))
+    } else if req.remote != a.remote.remote {
+        Some((format!("it syncs with {}", a.remote.remote), false))
+    } else if req.wsdignore != started_with.0 || current.as_ref() != Some(&started_with.0) {
+        Some((format!("{IGNORE_FILE} changed since it started"), true))
+    } else if req.remembered != started_with.1 {
+        Some((
+            "the remembered excludes changed since it started".to_owned(),
+            true,
+        ))
+    } else {
+        None
+    }
+}
+
+/// Pushes from the watched store for a client; `Err` when the push failed
+/// (the client then pushes by itself, over a fresh connection; a push is
+/// idempotent).
+async fn push_for_client(s: &mut Session) -> Result<serde_json::Value, String> {
+    let started = Instant::now();
+    // The session's own settle covers every write made before the request
+    // (the watcher's cookie barrier).
+    s.settled = false;
+    match s.push(&Progress::hidden()).await {
+        Ok(report) => Ok(summary_json("push", &report, &[], started.elapsed())),
+        Err(e) => {
+            tracing::warn!(
+                error = format!("{e:#}"),
+                "a push asked of this agent failed"
+            );
+            Err(format!("its push failed: {e:#}"))
+        }
+    }
+}
+
+/// A one-shot push's request to `sync --watch`: pushed from the watched
+/// store when it is the push this session would make, else refused.
 async fn serve_push(
     s: &mut Session,
     a: &TransferArgs,
     started_with: &(Vec<String>, Vec<String>),
     req: agent::PushRequest,
 ) -> agent::Reply {
-    let current = wsdignore(&a.local).ok();
-    let why = if req.root != s.store.root() {
-        Some(format!("it watches {}", s.store.root().display()))
-    } else if req.remote != a.remote.remote {
-        Some(format!("it syncs with {}", a.remote.remote))
-    } else if req.wsdignore != started_with.0 || current.as_ref() != Some(&started_with.0) {
-        Some(format!("{IGNORE_FILE} changed since it started"))
-    } else if req.remembered != started_with.1 {
-        Some("the remembered excludes changed since it started".to_owned())
-    } else {
-        None
-    };
-    if let Some(why) = why {
+    if let Some((why, _)) = refusal(s, a, started_with, &req) {
         return agent::Reply::Refused(why);
     }
-    let started = Instant::now();
-    // The session's own settle covers every write made before the request
-    // (the watcher's cookie barrier).
-    s.settled = false;
-    match s.push(&Progress::hidden()).await {
-        Ok(report) => agent::Reply::Pushed(summary_json("push", &report, &[], started.elapsed())),
-        // The client pushes by itself then (a fresh connection, its own
-        // error if that fails too); a push is idempotent.
+    match push_for_client(s).await {
+        Ok(summary) => agent::Reply::Pushed(summary),
+        Err(why) => agent::Reply::Refused(why),
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct AgentRunArgs {
+    /// The local directory to watch; pushed before (its index exists).
+    #[arg(value_name = "LOCAL_DIR")]
+    local: PathBuf,
+    #[command(flatten)]
+    remote: RemoteArgs,
+    /// LOCAL_DIR's index is kept here instead of LOCAL_DIR/.wsd.
+    #[arg(long, value_name = "DIR")]
+    state: Option<PathBuf>,
+    /// Exit after this many seconds without a push asked of it.
+    #[arg(long, value_name = "SECS", env = "WSD_AGENT_IDLE_TIMEOUT",
+          default_value_t = agent::DEFAULT_IDLE_TIMEOUT_SECS,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    idle_timeout: u64,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum AgentCommand {
+    /// Run LOCAL_DIR's agent in the foreground (what `wsd push` starts in
+    /// the background, logging to STATE/agent.log).
+    Run(AgentRunArgs),
+    /// Stop the agent serving LOCAL_DIR's pushes, and wait until it has
+    /// exited (a `wsd sync --watch` is not stopped: stop it instead).
+    Stop {
+        #[command(flatten)]
+        dir: LocalDirArgs,
+    },
+    /// Print which agent serves LOCAL_DIR's pushes, if any.
+    Status {
+        #[command(flatten)]
+        dir: LocalDirArgs,
+        /// One JSON object: {running, pid, kind, root, remote,
+        /// idle_timeout_secs, pushes}.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// How often the on-demand agent checks, without any event, that its
+/// directory, state directory, index and socket are still the ones it
+/// started with (events wake it sooner).
+const AGENT_CHECK_EVERY: Duration = Duration::from_secs(5);
+
+/// The least time between two checks woken by watcher events.
+const AGENT_EVENT_CHECK_GAP: Duration = Duration::from_millis(250);
+
+/// What the on-demand agent vouches for: removed or replaced, it exits.
+struct AgentIdentity {
+    root: PathBuf,
+    root_id: Option<agent::FileId>,
+    state: PathBuf,
+    state_id: Option<agent::FileId>,
+    index_id: Option<agent::FileId>,
+    peer: Option<String>,
+}
+
+impl AgentIdentity {
+    fn read(root: &Path, state: &Path) -> AgentIdentity {
+        AgentIdentity {
+            root: root.to_owned(),
+            root_id: agent::FileId::of(root),
+            state: state.to_owned(),
+            state_id: agent::FileId::of(state),
+            index_id: agent::FileId::of(&state.join(wsd::store::INDEX_FILE)),
+            peer: std::fs::read_to_string(state.join(PEER_FILE)).ok(),
+        }
+    }
+
+    /// Why this agent can no longer serve, if it cannot.
+    fn lost(&self, listener: &agent::Agent) -> Option<String> {
+        let now = AgentIdentity::read(&self.root, &self.state);
+        if now.root_id.is_none() || now.root_id != self.root_id {
+            Some(format!("{} was removed or replaced", self.root.display()))
+        } else if now.state_id.is_none() || now.state_id != self.state_id {
+            Some(format!("{} was removed or replaced", self.state.display()))
+        } else if now.index_id.is_none() || now.index_id != self.index_id {
+            Some("its index was removed or replaced".to_owned())
+        } else if now.peer != self.peer {
+            Some("the directory's peer name changed".to_owned())
+        } else if !listener.socket_is_ours() {
+            Some(format!("its socket {} was removed", agent::AGENT_SOCKET))
+        } else {
+            None
+        }
+    }
+}
+
+pub async fn agent_command(c: AgentCommand) -> Result<ExitCode> {
+    match c {
+        AgentCommand::Run(a) => agent_run(a).await,
+        AgentCommand::Stop { dir } => {
+            let state = local_state(&dir.local, dir.state.as_deref());
+            match agent::stop(&state)? {
+                agent::StopOutcome::NoAgent => {
+                    eprintln!("no agent serves {}", dir.local.display());
+                    Ok(ExitCode::SUCCESS)
+                }
+                agent::StopOutcome::Exited(pid) => {
+                    eprintln!("stopped the agent of {} (pid {pid})", dir.local.display());
+                    Ok(ExitCode::SUCCESS)
+                }
+                agent::StopOutcome::Refused(why) => {
+                    anyhow::bail!("the agent of {} did not stop: {why}", dir.local.display())
+                }
+            }
+        }
+        AgentCommand::Status { dir, json } => {
+            let state = local_state(&dir.local, dir.state.as_deref());
+            let status = match agent::ask(&state, &agent::Request::Status)? {
+                agent::Asked::Answered(agent::Reply::Status(st)) => Some(st),
+                _ => None,
+            };
+            if json {
+                let mut v = serde_json::json!({ "running": status.is_some() });
+                if let Some(st) = &status
+                    && let (serde_json::Value::Object(out), serde_json::Value::Object(more)) =
+                        (&mut v, serde_json::to_value(st)?)
+                {
+                    out.extend(more);
+                }
+                println!("{v}");
+            } else {
+                match &status {
+                    Some(st) => println!(
+                        "{} agent (pid {}) serves {} for {}; {} pushes{}",
+                        match st.kind {
+                            agent::AgentKind::OnDemand => "an on-demand",
+                            agent::AgentKind::SyncWatch => "a `wsd sync --watch`",
+                        },
+                        st.pid,
+                        st.root.display(),
+                        st.remote,
+                        st.pushes,
+                        st.idle_timeout_secs
+                            .map(|t| format!("; exits after {t} s without one"))
+                            .unwrap_or_default()
+                    ),
+                    None => println!("no agent serves {}", dir.local.display()),
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// `wsd agent run`: the on-demand agent. Takes the state directory's
+/// agent lock (or exits: another has it), settles LOCAL_DIR once with a
+/// watcher, connects, then serves pushes on `STATE/agent.sock` until it is
+/// idle for `--idle-timeout`, stopped, signalled, or what it watches goes.
+async fn agent_run(a: AgentRunArgs) -> Result<ExitCode> {
+    let state = local_state(&a.local, a.state.as_deref());
+    anyhow::ensure!(
+        state.join(wsd::store::INDEX_FILE).exists(),
+        "{} has no index in {}: push it first",
+        a.local.display(),
+        state.display()
+    );
+    let Some(lock) = agent::take_lock(&state)? else {
+        tracing::info!(state = %state.display(), "another agent holds this directory's lock");
+        return Ok(ExitCode::SUCCESS);
+    };
+    let transfer = TransferArgs {
+        local: a.local.clone(),
+        create: false,
+        exclude: Vec::new(),
+        no_exclude: Vec::new(),
+        dry_run: false,
+        quiet: true,
+        remote: a.remote.clone(),
+        json: false,
+        state: a.state.clone(),
+    };
+    let mut s = Session::open(&transfer, true, false).await?;
+    let started_with = (wsdignore(&a.local)?, s.remembered.patterns.clone());
+    let identity = AgentIdentity::read(s.store.root(), s.store.state_dir());
+    let idle = Duration::from_secs(a.idle_timeout);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("listening for SIGTERM")?;
+    let listener = match agent::Agent::bind(&state) {
+        Ok(Some(listener)) => listener,
+        Ok(None) => return Ok(ExitCode::SUCCESS),
         Err(e) => {
+            // Held until idle, so that pushes (which see the lock taken)
+            // do not start one walking agent after another.
             tracing::warn!(
                 error = format!("{e:#}"),
-                "a push asked of this session failed"
+                "cannot serve; holding the lock until idle"
             );
-            agent::Reply::Refused(format!("its push failed: {e:#}"))
+            tokio::select! {
+                _ = tokio::time::sleep(idle) => {}
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            return Err(e);
         }
+    };
+    tracing::info!(
+        root = %s.store.root().display(),
+        remote = %a.remote.remote,
+        idle_timeout_secs = a.idle_timeout,
+        watching = s.store.is_watching(),
+        "agent serving"
+    );
+    // Events wake the checks of what it watches (a removed directory
+    // shows as events first); one slot, as a burst needs one check.
+    let (tx, mut changed) = tokio::sync::mpsc::channel(1);
+    s.store.set_change_hook(move |_: Option<&Path>| {
+        let _ = tx.try_send(());
+    });
+    let mut check = tokio::time::interval(AGENT_CHECK_EVERY);
+    let mut idle_until = tokio::time::Instant::now() + idle;
+    let mut pushes = 0u64;
+    let mut last_event_check = Instant::now();
+    let why = loop {
+        tokio::select! {
+            asked = listener.accept() => {
+                let mut conn = asked?;
+                let Some(req) = agent::read_request(&mut conn).await else {
+                    continue;
+                };
+                let (reply, exit, rewalk) = match req {
+                    agent::Request::Push(req) => {
+                        idle_until = tokio::time::Instant::now() + idle;
+                        agent_push(&mut s, &transfer, &started_with, &identity, &listener, req, &mut pushes).await
+                    }
+                    agent::Request::Status => (
+                        agent::Reply::Status(agent::AgentStatus {
+                            pid: std::process::id(),
+                            kind: agent::AgentKind::OnDemand,
+                            root: s.store.root().to_owned(),
+                            remote: a.remote.remote.clone(),
+                            idle_timeout_secs: Some(a.idle_timeout),
+                            pushes,
+                        }),
+                        None,
+                        false,
+                    ),
+                    agent::Request::Stop => {
+                        (agent::Reply::Stopping, Some("asked to stop".to_owned()), false)
+                    }
+                };
+                if let Err(e) = agent::answer(&mut conn, &reply).await {
+                    tracing::debug!(error = %e, "the client went away");
+                }
+                drop(conn);
+                if let Some(why) = exit {
+                    break why;
+                }
+                if rewalk {
+                    // Ready for the next push: the walk its view needs.
+                    s.settled = false;
+                    if let Err(e) = s.settle() {
+                        break format!("its settle failed: {e:#}");
+                    }
+                }
+            }
+            _ = tokio::time::sleep_until(idle_until) => {
+                break format!("no push asked for {idle:?}");
+            }
+            Some(()) = changed.recv() => {
+                // At most a few checks a second under an event storm (a
+                // build); the tick catches what this skips.
+                if last_event_check.elapsed() < AGENT_EVENT_CHECK_GAP {
+                    continue;
+                }
+                last_event_check = Instant::now();
+                if let Some(why) = identity.lost(&listener) {
+                    break why;
+                }
+            }
+            _ = check.tick() => {
+                if let Some(why) = identity.lost(&listener) {
+                    break why;
+                }
+            }
+            _ = term.recv() => break "SIGTERM".to_owned(),
+            _ = tokio::signal::ctrl_c() => break "interrupted".to_owned(),
+        }
+    };
+    tracing::info!(%why, pushes, "agent exiting");
+    // Socket, then lock, before the index closes (its checkpoint may take
+    // a while): a successor a retiring answer asked for may start at once.
+    drop(listener);
+    drop(lock);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The on-demand agent's answer to a push request, whether it then exits
+/// (and why), and whether it owes its view a walk first.
+async fn agent_push(
+    s: &mut Session,
+    a: &TransferArgs,
+    started_with: &(Vec<String>, Vec<String>),
+    identity: &AgentIdentity,
+    listener: &agent::Agent,
+    req: agent::PushRequest,
+    pushes: &mut u64,
+) -> (agent::Reply, Option<String>, bool) {
+    if let Some(why) = identity.lost(listener) {
+        return (agent::Reply::Retiring(why.clone()), Some(why), false);
+    }
+    if let Some((why, stale)) = refusal(s, a, started_with, &req) {
+        // Stale excludes: the client starts an agent with the new ones.
+        return match stale {
+            true => (agent::Reply::Retiring(why.clone()), Some(why), false),
+            false => (agent::Reply::Refused(why), None, false),
+        };
+    }
+    if !s.store.is_watching() {
+        // Stays (until idle) so that pushes do not start one agent after
+        // another, each walking once.
+        let why = s.store.full_walk_due().unwrap_or_default();
+        return (
+            agent::Reply::Refused(format!("it has no watcher ({why})")),
+            None,
+            false,
+        );
+    }
+    if let Some(why) = s.store.full_walk_due() {
+        return (
+            agent::Reply::Refused(format!("it cannot vouch for its view: {why}")),
+            None,
+            true,
+        );
+    }
+    match push_for_client(s).await {
+        Ok(summary) => {
+            *pushes += 1;
+            // Debug, not info: a busy agent's log would grow by a line a
+            // push (it is cut back only when the next agent starts).
+            tracing::debug!(
+                entries = summary["entries"].as_u64().unwrap_or(0),
+                elapsed_ms = summary["elapsed_ms"].as_u64().unwrap_or(0),
+                "pushed for a client"
+            );
+            (agent::Reply::Pushed(summary), None, false)
+        }
+        // Its connection may be what failed: the client starts a new one.
+        Err(why) => (agent::Reply::Retiring(why.clone()), Some(why), false),
     }
 }
 

@@ -275,6 +275,20 @@ impl WorkspaceStore {
         self.watch.is_some()
     }
 
+    /// Why the next settle will walk the whole tree instead of looking at
+    /// what the watcher reported (no watcher, lost events, a walk owed
+    /// since open or a failed settle); `None` when it will not. A local
+    /// agent answers only while this is `None` (`wsd/src/cli/agent.rs`).
+    pub fn full_walk_due(&self) -> Option<String> {
+        if let Some(reason) = &self.owed_walk {
+            return Some(reason.clone());
+        }
+        match &self.watch {
+            Some(w) => w.rescan_due(),
+            None => Some(self.no_watch.clone().unwrap_or_default()),
+        }
+    }
+
     /// Settles when [`StoreOptions::auto_settle`] is on.
     fn auto_settle(&mut self) -> Result<(), SyncError> {
         if self.auto_settle {

@@ -1370,6 +1370,45 @@ fn reaching_the_watch_limit_falls_back_to_walking_without_failing() {
     assert_eq!(r.changed, 1);
 }
 
+/// What a local agent asks before it answers a push without a walk
+/// (`wsd/src/cli/agent.rs`).
+#[test]
+fn full_walk_due_says_when_the_next_settle_cannot_rely_on_the_watcher() {
+    let mut w = ws(true);
+    assert!(
+        w.store
+            .full_walk_due()
+            .is_some_and(|r| r.contains("startup")),
+        "the first settle walks"
+    );
+    w.store.settle().unwrap();
+    assert_eq!(w.store.full_walk_due(), None);
+    w.write("a", b"1");
+    assert_eq!(
+        w.store.full_walk_due(),
+        None,
+        "reported changes need no walk"
+    );
+    w.store.watch.as_ref().unwrap().simulate_overflow();
+    assert_eq!(
+        w.store.full_walk_due().as_deref(),
+        Some("inotify event queue overflowed")
+    );
+    w.store.settle().unwrap();
+    assert_eq!(w.store.full_walk_due(), None, "the walk made up for it");
+    w.store.watch.as_mut().unwrap().simulate_watch_limit(0);
+    w.write("d/f", b"x");
+    w.store.settle().unwrap();
+    assert!(!w.store.is_watching());
+    assert!(
+        w.store
+            .full_walk_due()
+            .is_some_and(|r| r.contains("watch limit")),
+        "{:?}",
+        w.store.full_walk_due()
+    );
+}
+
 #[test]
 fn a_failure_mid_batch_keeps_the_index_true_to_the_directory() {
     let mut w = ws(false);

@@ -256,6 +256,17 @@ impl LocalWatcher {
         lock.lock().unwrap_or_else(|p| p.into_inner()).dead.clone()
     }
 
+    /// Why the next settle must walk the whole tree (events were lost, or
+    /// the reading thread stopped), as far as the events handled so far
+    /// tell; `None` when it can look at the dirty paths only.
+    pub fn rescan_due(&self) -> Option<String> {
+        let (lock, _) = &*self.shared;
+        let s = lock.lock().unwrap_or_else(|p| p.into_inner());
+        s.rescan
+            .clone()
+            .or_else(|| s.dead.as_ref().map(|r| format!("the watcher stopped: {r}")))
+    }
+
     /// True when events arrived since the last [`LocalWatcher::take_pending`]
     /// (without a barrier: writes still in flight may not show yet).
     pub fn has_pending(&self) -> bool {

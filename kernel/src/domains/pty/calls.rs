@@ -308,9 +308,10 @@ async fn drive(
 
 /// At start: takes up the terminals a previous kernel left. One whose wsd
 /// outlived that kernel (a remote backend, or a local child the kernel
-/// left running when it crashed, adopted here) is driven again from the
-/// end of its saved offset index; one whose wsd did not (a graceful
-/// shutdown stops local children), or that wsd no longer knows, is
+/// left running, by a crash or because a graceful shutdown leaves children
+/// with running terminals up; adopted here) is driven again from the end
+/// of its saved offset index; one whose wsd did not (it was stopped or
+/// died, or runs another wsd binary), or that wsd no longer knows, is
 /// forgotten and answers `closed` from then on.
 pub async fn recover(k: &Arc<Kernel>) -> Result<(), KernelError> {
     for (row, index) in k.db.call(|c| super::all_rows(c)).await? {
@@ -359,6 +360,7 @@ async fn resume(
     let handle = {
         let mut backend = w.bracket.lock().await;
         if ws.backend == Backend::Local && !backend.adopt_leftover(&k.workspaces.wsd_bin) {
+            backend.stop_leftover().await;
             return Err(ResumeError::LocalBackend);
         }
         backend.handle(&k.workspaces.wsd_bin).await?

@@ -13,10 +13,12 @@
 //! Each terminal also has a row (`ptys`: owner, workspace, command, size)
 //! and its offset index (`pty_checkpoints`), so a restarted kernel finds
 //! the terminals still running in a wsd that outlived it (a remote
-//! backend, or a local one the crashed kernel left, which it adopts) and
-//! serves them from where its index ends. A graceful shutdown stops local
-//! wsd children, and their terminals with them: after that restart they
-//! answer `closed` ([`Ptys::ended`]), not `not_found`.
+//! backend, or a local one the previous kernel left, which it adopts) and
+//! serves them from where its index ends. A crash leaves local wsd
+//! children running; so does a graceful shutdown for a child a terminal
+//! runs in (it stops the others). A terminal whose wsd did not survive
+//! (killed, or another wsd binary now) answers `closed` after the restart
+//! ([`Ptys::ended`]), not `not_found`.
 
 pub mod calls;
 

@@ -4,10 +4,11 @@
 //! lock, so one caller at a time starts or talks to it.
 //!
 //! A local child runs in a process group of its own and its pid is kept
-//! in `wsd.pid`, so it outlives a kernel that crashes (a graceful shutdown
-//! stops it). The next kernel stops such a leftover before it starts a new
-//! child, except where a terminal still runs in it: there it adopts the
-//! leftover ([`BackendState::adopt_leftover`]) and the terminal goes on.
+//! in `wsd.pid`, so it outlives a kernel that crashes; a graceful shutdown
+//! stops it unless a terminal runs in it ([`BackendState::leave_running`]).
+//! The next kernel stops such a leftover before it starts a new child,
+//! except where a terminal still runs in it: there it adopts the leftover
+//! ([`BackendState::adopt_leftover`]) and the terminal goes on.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -175,6 +176,16 @@ impl BackendState {
         // Not a restart: no backoff if it dies now.
         self.last_start = None;
         true
+    }
+
+    /// Stops a local wsd an earlier kernel left running for this workspace
+    /// that [`BackendState::adopt_leftover`] would not take (another wsd
+    /// binary or sandbox setting): its terminals cannot be driven, and
+    /// nothing else would stop it until the workspace is next used.
+    pub async fn stop_leftover(&mut self) {
+        if self.backend == Backend::Local && self.child.is_none() {
+            stop_stale_child(&self.dir.join("wsd.pid"), &self.socket_path()).await;
+        }
     }
 
     /// The address of the wsd, starting (or restarting) the local child if
@@ -345,6 +356,25 @@ impl BackendState {
     pub fn idle_child(&mut self, idle: Duration) -> bool {
         let alive = self.child.as_mut().is_some_and(LocalChild::alive);
         alive && self.last_used.elapsed() >= idle
+    }
+
+    /// Lets go of the local child without stopping it (kernel shutdown
+    /// while a terminal runs in it): it keeps running in its own process
+    /// group, its pid in `wsd.pid`, for the next kernel to adopt. Its pid,
+    /// if one was running.
+    pub fn leave_running(&mut self) -> Option<u32> {
+        self.handle = None;
+        let mut child = self.child.take()?;
+        if !child.alive() {
+            return None;
+        }
+        let pid = child.pid();
+        if let LocalChild::Spawned(c) = child {
+            // Dropping a `Child` spawned with `kill_on_drop` kills it; this
+            // one must outlive the kernel, as after a crash.
+            std::mem::forget(c);
+        }
+        pid
     }
 
     /// Stops the local child, if any.

@@ -307,11 +307,28 @@ impl Workspaces {
         }
     }
 
-    /// Stops every local wsd child.
-    pub async fn shutdown(&self) {
+    /// Stops every local wsd child, except in workspaces `keep` names
+    /// (a terminal runs there): those are left running, with their pid
+    /// file, for the next kernel to adopt ([`BackendState::adopt_leftover`]).
+    pub async fn shutdown(&self, keep: impl Fn(&str) -> bool) {
         let all: Vec<_> = self.open.lock().unwrap().drain().map(|(_, w)| w).collect();
+        let mut left = 0usize;
         for w in all {
-            w.bracket.lock().await.stop().await;
+            let mut backend = w.bracket.lock().await;
+            if keep(&w.id)
+                && let Some(pid) = backend.leave_running()
+            {
+                tracing::info!(workspace = %w.id, pid, pid_file = %w.dir.join("wsd.pid").display(), "leaving this workspace's local wsd running: a terminal runs in it, and the next kernel adopts it");
+                left += 1;
+                continue;
+            }
+            backend.stop().await;
+        }
+        if left > 0 {
+            tracing::info!(
+                left,
+                "left local wsd processes running for their terminals: the next `gsv serve` on this data directory takes them up (and stops them once idle); without one, stop each with SIGTERM to the pid in its wsd.pid"
+            );
         }
     }
 
