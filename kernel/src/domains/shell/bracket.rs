@@ -17,9 +17,8 @@ use wsd_client::{ExecEvents, ExecRequest, WsdError, WsdHandle};
 use wsd_dofs::Dofs;
 
 use crate::domains::shell::live::Synced;
-use crate::domains::watch::StoreKey;
+use crate::domains::watch::{StoreKey, Watches};
 use crate::domains::workspace::Workspace;
-use crate::kernel::Kernel;
 
 /// The last push of each workspace, by workspace id.
 #[derive(Debug, Default)]
@@ -71,11 +70,11 @@ impl StartError {
 
 impl PushMarks {
     /// Pushes `w`'s dofs to `handle`'s wsd unless nothing changed since
-    /// the last push, then starts `request` there. Runs under `w`'s
-    /// bracket lock.
+    /// the last push (the commit feed from `watches` says), then starts
+    /// `request` there. Runs under `w`'s bracket lock.
     pub async fn push_and_exec(
         &self,
-        k: &Kernel,
+        watches: &Watches,
         w: &Workspace,
         handle: &WsdHandle,
         request: ExecRequest,
@@ -95,7 +94,7 @@ impl PushMarks {
                 Err(e) => return Err(StartError::Exec(e)),
             }
         }
-        let commits = match k.watches.feed(&StoreKey::Workspace(w.id.clone()), &w.dofs) {
+        let commits = match watches.feed(&StoreKey::Workspace(w.id.clone()), &w.dofs) {
             Ok(rx) => Some(rx),
             Err(e) => {
                 tracing::warn!(workspace = %w.id, error = %e, "no commit feed: every command pushes, and writes reach wsd at the next command");

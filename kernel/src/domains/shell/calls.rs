@@ -104,7 +104,7 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<ExecRe
         match k
             .sessions
             .pushes
-            .push_and_exec(&k, &w, &handle, request)
+            .push_and_exec(&k.watches, &w, &handle, request)
             .await
         {
             Ok(started) => (handle, started),
