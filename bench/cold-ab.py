@@ -7,7 +7,9 @@ Creates one make-tree.py profile (default mixed, seed 1) and indexes it
 with the client, then for each round pushes it to a fresh `wsd serve` of
 each daemon in turn (the order reversed every other round), into an empty
 root on loopback. A daemon may carry extra `serve` arguments after a space
-("/path/wsd --no-watch"). Before each push, as root, the page cache is
+("/path/wsd --no-watch"). The name `rsync` instead of a daemon copies the
+source with `rsync -a` into the empty root (the peer, in the same rounds;
+its "daemon CPU" is rsync's children's). Before each push, as root, the page cache is
 dropped and the source read back (warm source, nothing else cached). Prints
 per-round wall time and daemon CPU, then per daemon the median wall, the
 median daemon CPU and the median and range of the per-round ratio to the
@@ -83,8 +85,16 @@ def run(client, daemons, rounds, profile, work):
             k += 1
             root, dstate = os.path.join(work, f"root{k}"), os.path.join(work, f"state{k}")
             os.makedirs(root)
-            port = free_port()
             warm(src)
+            if d == "rsync":
+                t0, c0 = time.perf_counter(), os.times()
+                subprocess.run(["rsync", "-a", src + "/", root + "/"], check=True)
+                c1 = os.times()
+                wall[d].append(time.perf_counter() - t0)
+                cpu[d].append(c1.children_user + c1.children_system - c0.children_user - c0.children_system)
+                shutil.rmtree(root, ignore_errors=True)
+                continue
+            port = free_port()
             argv = d.split()
             proc = subprocess.Popen(argv[:1] + ["serve"] + argv[1:] +
                                     ["--root", root, "--state", dstate, "--listen", f"127.0.0.1:{port}"],

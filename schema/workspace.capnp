@@ -347,6 +347,11 @@ struct ExecEvent {
     stderr @3 :Data;
     exit @4 :Int32;
   }
+  rev @5 :UInt64;
+  # With `exit`: the store's rev when the exit was sent, after the
+  # command's writes were settled, so every change it made is at or below
+  # it (a caller whose fetch cursor covers it has nothing to pull).
+  # 0 on other events, and from a daemon that does not say.
 }
 
 struct PtyRequest {

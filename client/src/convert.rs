@@ -517,6 +517,7 @@ pub fn pty_request_from(r: wire::pty_request::Reader<'_>) -> Result<PtyRequest, 
 pub fn exec_event_to(mut b: wire::exec_event::Builder<'_>, e: &ExecEvent) {
     b.set_id(e.id.as_str());
     b.set_seq(e.seq);
+    b.set_rev(e.rev);
     match &e.kind {
         ExecEventKind::Stdout(bytes) => b.set_stdout(bytes),
         ExecEventKind::Stderr(bytes) => b.set_stderr(bytes),
@@ -534,6 +535,7 @@ pub fn exec_event_from(r: wire::exec_event::Reader<'_>) -> Result<ExecEvent, Wsd
         id: text(r.get_id(), "exec id")?,
         seq: r.get_seq(),
         kind,
+        rev: r.get_rev(),
     })
 }
 

@@ -134,6 +134,10 @@ pub struct ExecEvent {
     pub id: String,
     pub seq: u64,
     pub kind: ExecEventKind,
+    /// With the exit, as received: the daemon's store rev once the
+    /// command's writes were settled (0: not said; see `ExecEvent.rev` in
+    /// the schema). The daemon fills it in when it sends the exit.
+    pub rev: u64,
 }
 
 impl ExecEventKind {

@@ -15,6 +15,7 @@ use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -22,7 +23,7 @@ use std::time::Duration;
 use futures::future::LocalBoxFuture;
 use tokio::sync::{mpsc, oneshot};
 use wsd_sync::driver::{self, SyncOptions, SyncReport};
-use wsd_sync::{ErrorCode, IgnoreRules, Kind, Store, SyncPath, Watermarks};
+use wsd_sync::{ChangeCursor, ErrorCode, IgnoreRules, Kind, Store, SyncPath, Watermarks};
 
 use crate::client::{Client, connect_with, dial_with_backoff};
 use crate::limits::CLIENT_EXEC_EVENT_BUFFER;
@@ -43,7 +44,13 @@ type Job = Box<dyn FnOnce(Rc<Conn>) -> LocalBoxFuture<'static, ()> + Send>;
 pub struct WsdHandle {
     jobs: mpsc::Sender<Job>,
     endpoint: Arc<str>,
+    /// The id of the connection made last ([`WsdHandle::connection`]).
+    connection: Arc<AtomicU64>,
 }
+
+/// The next connection id: unique in this process, so an id names one
+/// connection of one handle.
+static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(1);
 
 impl std::fmt::Debug for WsdHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -53,10 +60,16 @@ impl std::fmt::Debug for WsdHandle {
     }
 }
 
-/// What a push did.
+/// What a push did, and where it left the local store.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PushReport {
     pub sync: SyncReport,
+    /// The local store's rev when the push ended: every change through it
+    /// is on the daemon.
+    pub local_rev: u64,
+    /// The local store's fetch cursor for this daemon then: every daemon
+    /// change through it is in the local store.
+    pub fetch_cursor: ChangeCursor,
 }
 
 /// What a pull did, with the entries it handed to the store.
@@ -109,6 +122,9 @@ struct Conn {
     sync_turn: tokio::sync::Mutex<()>,
     /// Dials made, the first one included.
     dials: Cell<u64>,
+    /// The id of the connection made last, shared with the handles
+    /// ([`WsdHandle::connection`]).
+    connection: Arc<AtomicU64>,
 }
 
 impl Conn {
@@ -122,6 +138,10 @@ impl Conn {
         self.current.replace(None);
         self.reconciled.set(false);
         let c = dial_with_backoff(&self.endpoint, &self.opts, &self.dials).await?;
+        self.connection.store(
+            NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
         self.current.replace(Some(c.clone()));
         Ok(c)
     }
@@ -167,6 +187,10 @@ impl WsdHandle {
         let (ready_tx, ready_rx) = oneshot::channel::<Result<(), WsdError>>();
         let name = endpoint.to_string();
         let thread_endpoint = endpoint.clone();
+        let connection = Arc::new(AtomicU64::new(
+            NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed),
+        ));
+        let thread_connection = connection.clone();
         std::thread::Builder::new()
             .name(format!("wsd-conn {name}"))
             .spawn(move || {
@@ -199,6 +223,7 @@ impl WsdHandle {
                         reconciled: Cell::new(false),
                         sync_turn: tokio::sync::Mutex::new(()),
                         dials: Cell::new(1),
+                        connection: thread_connection,
                     });
                     let _ = ready_tx.send(Ok(()));
                     while let Some(job) = queue.recv().await {
@@ -218,12 +243,20 @@ impl WsdHandle {
         Ok(WsdHandle {
             jobs,
             endpoint: name.into(),
+            connection,
         })
     }
 
     /// The address this handle talks to.
     pub fn endpoint(&self) -> &str {
         &self.endpoint
+    }
+
+    /// The id of this handle's current connection, unique in the process:
+    /// a lost connection re-dialled gets a new one (the daemon may have
+    /// restarted, and lost what was pushed to it).
+    pub fn connection(&self) -> u64 {
+        self.connection.load(Ordering::Relaxed)
     }
 
     /// Runs `f` on the connection thread and returns its answer. Dropping
@@ -260,7 +293,7 @@ impl WsdHandle {
         self.run(move |conn| async move {
             let _turn = conn.sync_turn.lock().await;
             let remote_name = conn.remote_name();
-            let sync = conn
+            let driven = conn
                 .call(true, |client| {
                     let store = store.clone();
                     let conn = conn.clone();
@@ -268,7 +301,11 @@ impl WsdHandle {
                     async move { drive(&conn, &store, client, &remote_name, Direction::Push).await }
                 })
                 .await?;
-            Ok(PushReport { sync: sync.0 })
+            Ok(PushReport {
+                sync: driven.sync,
+                local_rev: driven.local_rev,
+                fetch_cursor: driven.fetch_cursor,
+            })
         })
         .await
     }
@@ -282,7 +319,7 @@ impl WsdHandle {
         self.run(move |conn| async move {
             let _turn = conn.sync_turn.lock().await;
             let remote_name = conn.remote_name();
-            let (sync, applied) = conn
+            let driven = conn
                 .call(true, |client| {
                     let store = store.clone();
                     let conn = conn.clone();
@@ -290,7 +327,10 @@ impl WsdHandle {
                     async move { drive(&conn, &store, client, &remote_name, Direction::Pull).await }
                 })
                 .await?;
-            Ok(PullReport { sync, applied })
+            Ok(PullReport {
+                sync: driven.sync,
+                applied: driven.applied,
+            })
         })
         .await
     }
@@ -351,6 +391,38 @@ impl WsdHandle {
                 conn.opts.call_timeout,
                 keep,
             ))
+        })
+        .await
+    }
+
+    /// [`WsdHandle::exec`], but only on connection `connection`
+    /// ([`WsdHandle::connection`]) while it is still open: `None`, and
+    /// nothing started, when it was lost or replaced since (the daemon
+    /// may have restarted without what was pushed on it).
+    pub async fn exec_on(
+        &self,
+        connection: u64,
+        req: ExecRequest,
+    ) -> Result<Option<ExecEvents>, WsdError> {
+        let keep = self.jobs.clone();
+        self.run(move |conn| async move {
+            let current = conn.current.borrow().clone();
+            let Some(c) = current.filter(|c| {
+                c.is_connected() && conn.connection.load(Ordering::Relaxed) == connection
+            }) else {
+                return Ok(None);
+            };
+            let stream = c.exec(&req).await.inspect_err(|e| {
+                if e.is_retryable() || e.code == ErrorCode::Timeout {
+                    conn.current.replace(None);
+                }
+            })?;
+            Ok(Some(ExecEvents::pump(
+                stream,
+                c,
+                conn.opts.call_timeout,
+                keep,
+            )))
         })
         .await
     }
@@ -496,6 +568,17 @@ enum Direction {
     Pull,
 }
 
+/// What one [`drive`] did.
+struct Driven {
+    sync: SyncReport,
+    /// The entries a pull applied (none for a push).
+    applied: Vec<AppliedEntry>,
+    /// The local store's rev and fetch cursor after a push (zero for a
+    /// pull).
+    local_rev: u64,
+    fetch_cursor: ChangeCursor,
+}
+
 /// One run of the sync driver against `store` on `client`, reconciling
 /// first if this connection has not yet.
 // The mutex is held across awaits on purpose: the run must see one
@@ -508,7 +591,7 @@ async fn drive<S: Store>(
     mut client: Client,
     remote_name: &str,
     direction: Direction,
-) -> Result<(SyncReport, Vec<AppliedEntry>), WsdError> {
+) -> Result<Driven, WsdError> {
     let mut guard = store.lock().map_err(|_| {
         WsdError::new(
             ErrorCode::Io,
@@ -526,13 +609,18 @@ async fn drive<S: Store>(
         ignore: &ignore,
     };
     match direction {
-        Direction::Push => Ok((
-            driver::push(local, &mut client, &opts, |_| {}).await?,
-            Vec::new(),
-        )),
+        Direction::Push => {
+            let sync = driver::push(local, &mut client, &opts, |_| {}).await?;
+            Ok(Driven {
+                sync,
+                applied: Vec::new(),
+                local_rev: local.current_rev()?,
+                fetch_cursor: local.watermarks(remote_name)?.fetch_cursor,
+            })
+        }
         Direction::Pull => {
             let mut applied = Vec::new();
-            let report = driver::pull_with(
+            let sync = driver::pull_with(
                 local,
                 &mut client,
                 &opts,
@@ -540,7 +628,12 @@ async fn drive<S: Store>(
                 |batch| applied.extend(batch.iter().map(AppliedEntry::of)),
             )
             .await?;
-            Ok((report, applied))
+            Ok(Driven {
+                sync,
+                applied,
+                local_rev: 0,
+                fetch_cursor: ChangeCursor::ZERO,
+            })
         }
     }
 }

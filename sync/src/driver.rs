@@ -689,6 +689,14 @@ pub async fn pull_with<S: Store, R: Remote>(
         current, baseline, ..
     } = opened;
     report.rebaselined |= baseline;
+    if !baseline && current <= after && after != ChangeCursor::ZERO {
+        // Nothing past our fetch cursor (which is stored, so the remote is
+        // registered): no batch to ask for, and no bookkeeping commit,
+        // which would wake the store's commit listeners for nothing.
+        report.plan_complete = true;
+        report.cursor = after;
+        return Ok(report);
+    }
     let mark = if baseline {
         Baseline::Mark
     } else {

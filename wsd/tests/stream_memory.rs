@@ -56,6 +56,7 @@ impl ExecEvents for OneExit {
             id: "x".into(),
             seq: 1,
             kind: ExecEventKind::Exit(0),
+            rev: 0,
         }))
     }
 }

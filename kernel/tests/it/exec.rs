@@ -593,3 +593,72 @@ async fn a_running_commands_writes_reach_fs_read_and_fs_watch_before_it_ends() {
         .collect();
     assert!(changed.contains(&want.as_str()), "{d}");
 }
+
+/// Runs `input` at the root of workspace `id` to its end.
+async fn run_to_end(c: &mut GsvClient, id: &str, input: &str) -> Value {
+    let d = exec_in(c, id, input, 10000).await;
+    until_done(c, d).await
+}
+
+/// A command after no change skips the push before it, but never after a
+/// commit to the workspace: a write from another connection between two
+/// commands, or one the first command made, reaches the next one.
+#[tokio::test]
+async fn a_write_between_two_commands_reaches_the_second_whoever_made_it() {
+    let k = TestKernel::with_users().await;
+    let mut a = k.alice().await;
+    let id = new_workspace(&mut a).await;
+    let cat = "cat note.txt 2>/dev/null || echo none";
+    for _ in 0..2 {
+        let d = run_to_end(&mut a, &id, cat).await;
+        assert_eq!(d["output"], "none\n", "{d}");
+    }
+    let mut other = k.login_from("second-client", "alice", ALICE_PW).await;
+    for round in 0..3 {
+        other
+            .call(
+                "fs.write",
+                json!({"path": format!("/workspaces/{id}/note.txt"), "content": format!("round {round}\n")}),
+            )
+            .await
+            .unwrap();
+        let d = run_to_end(&mut a, &id, cat).await;
+        assert_eq!(d["output"], format!("round {round}\n"), "{d}");
+    }
+    // What a command wrote (pulled into dofs) then changed there reaches
+    // the next command too.
+    let d = run_to_end(&mut a, &id, "echo cmd > note.txt").await;
+    assert_eq!(d["status"], "completed", "{d}");
+    a.call(
+        "fs.write",
+        json!({"path": format!("/workspaces/{id}/note.txt"), "content": "edited\n"}),
+    )
+    .await
+    .unwrap();
+    let d = run_to_end(&mut a, &id, cat).await;
+    assert_eq!(d["output"], "edited\n", "{d}");
+}
+
+/// The final answer goes out before the session's row is written; a poll
+/// right after it still learns that the session was answered.
+#[tokio::test]
+async fn a_poll_right_after_the_final_answer_says_it_was_answered() {
+    let k = TestKernel::with_users().await;
+    let mut a = k.alice().await;
+    let id = new_workspace(&mut a).await;
+    for code in [0, 4] {
+        let d = run_to_end(&mut a, &id, &format!("exit {code}")).await;
+        assert_eq!(d["exitCode"], code, "{d}");
+        let sid = d["sessionId"].as_str().unwrap().to_owned();
+        let again = a
+            .call("shell.exec", json!({"sessionId": sid, "input": ""}))
+            .await
+            .unwrap();
+        assert_eq!(again["status"], "failed", "{again}");
+        assert_eq!(
+            again["error"],
+            format!("session {sid} already completed and answered"),
+            "{again}"
+        );
+    }
+}

@@ -186,6 +186,7 @@ fn decode_event(id: &str, seq: i64, kind: i64, data: Vec<u8>) -> Result<ExecEven
         id: id.to_owned(),
         seq: seq as u64,
         kind,
+        rev: 0,
     })
 }
 
@@ -1099,6 +1100,7 @@ mod tests {
             id: id.into(),
             seq,
             kind: EventKind::Stdout(vec![b'x'; n]),
+            rev: 0,
         }
     }
 

@@ -685,6 +685,7 @@ async fn append(
             id: live.id.clone(),
             seq: *seq,
             kind,
+            rev: 0,
         })
         .await
 }
@@ -902,6 +903,7 @@ async fn finish(shared: &Shared, live: &Arc<LiveExec>, mut seq: u64, code: i32, 
                 id: live.id.clone(),
                 seq: exit_seq,
                 kind: EventKind::Exit(code),
+                rev: 0,
             };
             if let Some(d) = live.deliver(exit, Some(EndReason::Exited)) {
                 d.await;

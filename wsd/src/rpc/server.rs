@@ -608,7 +608,12 @@ impl<S: Store + Send + 'static> wire::workspace::Server for WorkspaceServer<S> {
         _: wire::workspace::ShellParams,
         mut results: wire::workspace::ShellResults,
     ) -> Result<(), capnp::Error> {
-        let shell = ShellServer::new(self.shared.exec.clone(), self.conn.clone());
+        let store = self.shared.store.clone();
+        let current_rev: super::server_shell::CurrentRev = Rc::new(move || {
+            let store = store.clone();
+            Box::pin(async move { store.call(|s| s.current_rev()).await })
+        });
+        let shell = ShellServer::new(self.shared.exec.clone(), self.conn.clone(), current_rev);
         results.get().set_shell(capnp_rpc::new_client(shell));
         Ok(())
     }

@@ -5,6 +5,8 @@
 
 use std::rc::Rc;
 
+use futures::future::LocalBoxFuture;
+
 use wsd_schema::workspace_capnp as wire;
 use wsd_sync::ErrorCode;
 
@@ -18,14 +20,27 @@ use super::exec_backend::{DynExecBackend, DynExecEvents};
 use super::limits::{MAX_PTY_WRITE_BYTES, MAX_STDIN_WRITE_BYTES};
 use super::stream::{self, StreamWindow, message_bytes};
 
+/// Reads the store's current rev on the store thread, after every call
+/// queued before it (so after the settle that preceded an exit).
+pub(crate) type CurrentRev = Rc<dyn Fn() -> LocalBoxFuture<'static, Result<u64, WireError>>>;
+
 pub(crate) struct ShellServer {
     exec: Option<Rc<dyn DynExecBackend>>,
     conn: Rc<Conn>,
+    current_rev: CurrentRev,
 }
 
 impl ShellServer {
-    pub(crate) fn new(exec: Option<Rc<dyn DynExecBackend>>, conn: Rc<Conn>) -> Self {
-        ShellServer { exec, conn }
+    pub(crate) fn new(
+        exec: Option<Rc<dyn DynExecBackend>>,
+        conn: Rc<Conn>,
+        current_rev: CurrentRev,
+    ) -> Self {
+        ShellServer {
+            exec,
+            conn,
+            current_rev,
+        }
     }
 
     fn backend(&self) -> Result<Rc<dyn DynExecBackend>, WireError> {
@@ -36,16 +51,23 @@ impl ShellServer {
 }
 
 /// Starts delivering `events` into `sink` on a local task; the returned
-/// capability aborts the delivery when the caller drops it.
+/// capability aborts the delivery when the caller drops it. The exit goes
+/// with the store's rev as of its sending (`ExecEvent.rev`).
 fn subscribe(
     mut events: Box<dyn DynExecEvents>,
     sink: wire::exec_event_sink::Client,
+    current_rev: CurrentRev,
 ) -> wire::exec_subscription::Client {
     let task = tokio::task::spawn_local(async move {
         let mut window = StreamWindow::new();
         loop {
             match events.next().await {
-                Ok(Some(event)) => {
+                Ok(Some(mut event)) => {
+                    if event.is_exit() {
+                        // 0 ("not said") if the store cannot answer: the
+                        // caller then pulls as it would anyway.
+                        event.rev = current_rev().await.unwrap_or(0);
+                    }
                     let mut req = stream::exec_event_call(&sink);
                     exec_event_to(req.get().init_event(), &event);
                     let size = message_bytes(req.get().into_reader().total_size());
@@ -109,7 +131,7 @@ impl wire::shell::Server for ShellServer {
             tracing::debug!(id, "exec started");
             let mut r = results.get();
             r.set_id(id.as_str());
-            r.set_subscription(subscribe(events, sink));
+            r.set_subscription(subscribe(events, sink, self.current_rev.clone()));
             Ok(())
         })
         .await
@@ -129,7 +151,7 @@ impl wire::shell::Server for ShellServer {
             let events = backend.get(&id, from).await?;
             let mut r = results.get();
             r.set_id(id.as_str());
-            r.set_subscription(subscribe(events, sink));
+            r.set_subscription(subscribe(events, sink, self.current_rev.clone()));
             Ok(())
         })
         .await
@@ -205,7 +227,7 @@ impl wire::shell::Server for ShellServer {
             tracing::debug!(id, "terminal started");
             let mut r = results.get();
             r.set_id(id.as_str());
-            r.set_subscription(subscribe(events, sink));
+            r.set_subscription(subscribe(events, sink, self.current_rev.clone()));
             Ok(())
         })
         .await

@@ -756,6 +756,7 @@ impl ExecEvents for FakeEvents {
             id: self.id.clone(),
             seq,
             kind,
+            rev: 0,
         }))
     }
 }

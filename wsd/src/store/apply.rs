@@ -35,6 +35,7 @@ use super::fsutil::{self, DiskKind};
 use super::index::{self, Node, NodeKind, Stat};
 use super::objects::Staging;
 use super::scan;
+use super::watch::{LocalWatcher, OwnEvents, WatchFailure};
 use super::writer::{self, Job, OldVersion, Writers};
 
 /// Where `read_chunk` looked and what it found wrong, for the error message.
@@ -158,6 +159,16 @@ pub(crate) struct Apply<'a> {
     dir_aside: bool,
     /// Files being written on writer threads, each with its row.
     writers: Writers<WrittenRow>,
+    /// The store's watcher: told which events apply's own syscalls raise
+    /// (so they are not settled again), and given each directory apply
+    /// creates to watch at once.
+    pub watch: Option<&'a mut LocalWatcher>,
+    /// Directories this batch created. A path directly inside one can only
+    /// hold what this batch put there, so with no path twice in the batch
+    /// (`unique_paths`) an entry there needs no `lstat`: nothing is there.
+    created_dirs: HashSet<String>,
+    /// No path occurs twice among the batch's entries (set by `check`).
+    unique_paths: bool,
 }
 
 /// The row of a file handed to a writer thread, recorded once the write
@@ -216,6 +227,9 @@ impl<'a> Apply<'a> {
             ignore: IgnoreRules::none_static(),
             dir_aside: false,
             writers: Writers::new(),
+            watch: None,
+            created_dirs: HashSet::new(),
+            unique_paths: false,
         })
     }
 
@@ -236,8 +250,13 @@ impl<'a> Apply<'a> {
     /// Everything that can reject the batch, before the directory is touched.
     pub fn check(&mut self, entries: &[ChangeEntry]) -> Result<(), SyncError> {
         let mut non_dirs: HashMap<&SyncPath, &'static str> = HashMap::new();
+        let mut seen: HashSet<&SyncPath> = HashSet::with_capacity(entries.len());
+        self.unique_paths = true;
         for e in entries {
             e.validate()?;
+            if !seen.insert(&e.path) {
+                self.unique_paths = false;
+            }
             if let Some(sr) = self.state_rel {
                 if e.path.starts_with(sr) {
                     return Err(SyncError::InvalidPath {
@@ -559,16 +578,77 @@ impl<'a> Apply<'a> {
                     .io_ctx(|| format!("removing {a} (ancestor of {path})"))?;
             }
             self.touched_disk = true;
-            std::fs::create_dir(&abs).io_ctx(|| format!("creating directory {a}"))?;
-            let (_, stat) = chmod_dir(&abs, &a, implied.mode)?;
+            self.expect(&abs, OwnEvents::MKDIR);
+            let made = std::fs::create_dir(&abs)
+                .io_ctx(|| format!("creating directory {a}"))
+                .and_then(|()| chmod_dir(&abs, &a, implied.mode, self.watch.as_deref()));
+            let stat = match made {
+                Ok((_, stat)) => stat,
+                Err(err) => {
+                    self.unexpect(&abs);
+                    return Err(err);
+                }
+            };
+            self.watch_created_dir(&abs);
             let mut node = self.node(&a, NodeKind::Dir, stat, None, None)?;
             if implied.origin == plan::Origin::Local {
                 node.applied_from = None;
             }
             index::put_node(self.db, &node, &[])?;
             self.known_dirs.insert(a.as_str().to_owned());
+            self.created_dirs.insert(a.as_str().to_owned());
         }
         Ok(())
+    }
+
+    /// Tells the watcher which events apply's next syscalls on `abs` raise.
+    fn expect(&self, abs: &Path, events: OwnEvents) {
+        if let Some(w) = self.watch.as_deref() {
+            w.expect(abs, events);
+        }
+    }
+
+    /// The syscalls announced with [`Self::expect`] failed part way: `abs`
+    /// is settled as any other change.
+    fn unexpect(&self, abs: &Path) {
+        if let Some(w) = self.watch.as_deref() {
+            w.unexpect(abs);
+        }
+    }
+
+    /// Watches a directory apply just created and made final (its
+    /// attribute changes are done, so its own watch reports none of them),
+    /// then lists it: anything another process put there before the watch
+    /// existed would otherwise go unseen, so the directory is then left to
+    /// settle. The settle after the batch need not walk it.
+    fn watch_created_dir(&mut self, abs: &Path) {
+        let Some(w) = self.watch.as_deref_mut() else {
+            return;
+        };
+        match w.watch_dir(abs) {
+            Ok(()) => {
+                let empty = std::fs::read_dir(abs).is_ok_and(|mut l| l.next().is_none());
+                if !empty {
+                    w.mark_dirty(abs);
+                }
+            }
+            // Gone again: its parent's watch reported that.
+            Err(WatchFailure::Gone) => {}
+            // Settle meets the same failure and gives the watcher up.
+            Err(WatchFailure::Fatal(_)) => w.mark_dirty(abs),
+        }
+    }
+
+    /// True when `path` sits directly in a directory this batch created
+    /// and is not itself one: nothing but this batch's entries can be
+    /// there, and each path occurs once, so it does not exist yet.
+    fn surely_absent(&self, path: &SyncPath) -> bool {
+        self.unique_paths
+            && !self.created_dirs.contains(path.as_str())
+            && path
+                .as_str()
+                .rsplit_once('/')
+                .is_some_and(|(parent, _)| self.created_dirs.contains(parent))
     }
 
     /// `lstat` of `rel` inside the root (see [`fsutil::lstat_in_root`]),
@@ -600,9 +680,10 @@ impl<'a> Apply<'a> {
     /// entry removes or replaces it).
     fn forget_dirs(&mut self, path: &SyncPath) {
         let p = path.as_str();
-        self.known_dirs.retain(|d| {
-            !(d == p || (d.starts_with(p) && d.as_bytes().get(p.len()) == Some(&b'/')))
-        });
+        let below =
+            |d: &String| d == p || (d.starts_with(p) && d.as_bytes().get(p.len()) == Some(&b'/'));
+        self.known_dirs.retain(|d| !below(d));
+        self.created_dirs.retain(|d| !below(d));
     }
 
     fn node(
@@ -634,9 +715,12 @@ impl<'a> Apply<'a> {
         }
         let any_row = index::get_node(self.db, &e.path)?;
         let row = any_row.clone().filter(Node::is_live);
-        let disk = self
-            .lstat_in_root(&e.path)
-            .io_ctx(|| format!("stat {}", e.path))?;
+        let disk = if self.surely_absent(&e.path) {
+            None
+        } else {
+            self.lstat_in_root(&e.path)
+                .io_ctx(|| format!("stat {}", e.path))?
+        };
         let disk_kind = disk.as_ref().map(fsutil::kind_of);
         let planned = plan::entry(
             e,
@@ -852,6 +936,7 @@ impl<'a> Apply<'a> {
                 chunks: chunks.to_vec(),
                 clear_chunks: self.clear_chunks,
             };
+            self.expect(abs, OwnEvents::REPLACE);
             self.writers.spawn(job, row);
             while self.writers.in_flight() > writer::MAX_IN_FLIGHT {
                 self.record_one()?;
@@ -880,10 +965,15 @@ impl<'a> Apply<'a> {
             let _ = std::fs::remove_file(&tmp);
             return Err(err);
         }
-        writer::rename_into(&tmp, abs, &e.path)?;
+        self.expect(abs, OwnEvents::REPLACE);
+        if let Err(err) = writer::rename_into(&tmp, abs, &e.path) {
+            self.unexpect(abs);
+            return Err(err);
+        }
+        race_window(abs);
         // The stat after the rename (which moves ctime on most filesystems)
         // is what the next settle compares against.
-        let meta = file.metadata().io_ctx(|| format!("stat {}", e.path))?;
+        let meta = writer::stat_written(&file, mode, &e.path)?;
         node.stat = Stat::applied(&meta, mode);
         index::put_node_with(self.db, &node, chunks, self.clear_chunks)
     }
@@ -906,6 +996,7 @@ impl<'a> Apply<'a> {
                 Ok(true)
             }
             Err(err) => {
+                self.unexpect(&fsutil::abs(self.root, &node.path));
                 self.outcome.applied -= 1;
                 Err(err)
             }
@@ -969,19 +1060,38 @@ impl<'a> Apply<'a> {
             None => true,
         };
         if created {
-            std::fs::create_dir(abs).io_ctx(|| format!("creating directory {}", e.path))?;
+            self.expect(abs, OwnEvents::MKDIR);
+            if let Err(err) = std::fs::create_dir(abs) {
+                self.unexpect(abs);
+                return Err(SyncError::io(format!("creating directory {}", e.path), err));
+            }
         }
-        let (dir, mut stat) = chmod_dir(abs, &e.path, mode)?;
+        // An existing directory's own watch reports its attribute changes
+        // too: only a new one's are announced.
+        let own = if created { self.watch.as_deref() } else { None };
+        let (dir, mut stat) = match chmod_dir(abs, &e.path, mode, own) {
+            Ok(done) => done,
+            Err(err) => {
+                if created {
+                    self.unexpect(abs);
+                }
+                return Err(err);
+            }
+        };
         if created {
             // A directory's mtime is informative only (it moves with every
             // child); set it on creation so a fresh tree looks like the
             // sender's, best effort.
+            self.expect(abs, OwnEvents::SET_MTIME);
             let times = std::fs::FileTimes::new().set_modified(fsutil::time_of_ms(mtime));
             if dir.set_times(times).is_ok()
                 && let Ok(meta) = dir.metadata()
             {
                 stat = Stat::applied(&meta, mode);
             }
+            self.watch_created_dir(abs);
+            self.created_dirs.insert(e.path.as_str().to_owned());
+            self.known_dirs.insert(e.path.as_str().to_owned());
         }
         let node = self.node(&e.path, NodeKind::Dir, stat, None, None)?;
         index::put_node(self.db, &node, &[])
@@ -1383,7 +1493,9 @@ pub(crate) fn chmod_dir(
     abs: &Path,
     rel: &SyncPath,
     mode: u32,
+    own: Option<&LocalWatcher>,
 ) -> Result<(std::fs::File, Stat), SyncError> {
+    use std::os::unix::fs::MetadataExt;
     let dir = fsutil::open_no_symlinks(abs).io_ctx(|| format!("opening directory {rel}"))?;
     let meta = dir.metadata().io_ctx(|| format!("stat {rel}"))?;
     if !meta.is_dir() {
@@ -1391,6 +1503,15 @@ pub(crate) fn chmod_dir(
             format!("chmod {rel}"),
             std::io::Error::from_raw_os_error(rustix::io::Errno::NOTDIR.raw_os_error()),
         ));
+    }
+    // A new directory usually has its mode already (mkdir's 0777 less the
+    // umask): no chmod, so no attribute event, and the stat stands.
+    if meta.mode() & 0o7777 == mode & 0o7777 {
+        race_window(abs);
+        return Ok((dir, Stat::applied(&meta, mode)));
+    }
+    if let Some(w) = own {
+        w.expect(abs, OwnEvents::ATTRIB);
     }
     dir.set_permissions(std::fs::Permissions::from_mode(mode))
         .io_ctx(|| format!("chmod {rel}"))?;
@@ -1406,8 +1527,8 @@ pub(crate) type PathHook = Box<dyn FnMut(&Path)>;
 #[cfg(test)]
 thread_local! {
     /// Runs where another process can race with apply: between
-    /// `chmod_dir`'s chmod and its stat, and between a symlink's rename
-    /// into place and its stat.
+    /// `chmod_dir`'s chmod and its stat, and between a file's or a
+    /// symlink's rename into place and its stat.
     pub(crate) static RACE_WINDOW: std::cell::RefCell<Option<PathHook>> =
         std::cell::RefCell::new(None);
 }

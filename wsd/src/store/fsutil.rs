@@ -93,6 +93,22 @@ pub(crate) fn lstat_in_root_cached(
     }
 }
 
+/// This process's umask, read once (`/proc/self/status`; the `umask` call
+/// itself would set it, racing with other threads). `None` where it cannot
+/// be read: then every file is `fchmod`-ed.
+static UMASK: std::sync::LazyLock<Option<u32>> = std::sync::LazyLock::new(|| {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix("Umask:"))?;
+    u32::from_str_radix(line.trim(), 8).ok()
+});
+
+/// Whether a file created with `mode` gets exactly `mode`: only permission
+/// bits the umask does not clear (no setuid, setgid or sticky bit, which
+/// `open` may drop).
+pub(crate) fn umask_keeps(mode: u32) -> bool {
+    UMASK.is_some_and(|umask| mode & 0o7777 == mode & 0o777 & !umask)
+}
+
 /// Errors meaning "nothing is there (any more)".
 pub(crate) fn is_gone(e: &io::Error) -> bool {
     matches!(

@@ -629,6 +629,7 @@ impl Store for WorkspaceStore {
         if self.keep_conflicts {
             a.conflicts = Some(&mut self.conflict_copies);
         }
+        a.watch = self.watch.as_mut();
         a.ignore = batch.ignore;
         // Nothing below `check` has touched the directory when it fails:
         // dropping the transaction rolls the index back too.

@@ -1154,7 +1154,7 @@ fn a_directory_mode_is_never_set_through_a_symlink() {
     fs::create_dir(&outside).unwrap();
     fs::set_permissions(&outside, fs::Permissions::from_mode(0o755)).unwrap();
     symlink(&outside, w.root.join("d")).unwrap();
-    let err = super::apply::chmod_dir(&w.root.join("d"), &p("d"), 0o700).unwrap_err();
+    let err = super::apply::chmod_dir(&w.root.join("d"), &p("d"), 0o700, None).unwrap_err();
     assert!(err.to_string().contains('d'), "{err}");
     assert_eq!(mode_of(&outside), 0o755);
 }
@@ -1291,6 +1291,110 @@ fn settle_with_the_watcher_looks_only_at_what_changed() {
     w.write("f3", b"yy");
     let r = w.store.settle().unwrap();
     assert_eq!((r.full_walk, r.hashed, r.changed), (None, 1, 1));
+}
+
+/// The mode `mkdir` gives a new directory under this process's umask.
+fn mkdir_mode() -> u32 {
+    let tmp = TempDir::new().unwrap();
+    let d = tmp.path().join("d");
+    fs::create_dir(&d).unwrap();
+    mode_of(&d)
+}
+
+/// What the watcher holds for the next settle, after its barrier.
+fn watcher_pending(w: &mut Ws) -> HashSet<PathBuf> {
+    match w.store.watch.as_mut().expect("watching").take_pending() {
+        Pending::Paths(paths) => paths,
+        Pending::Rescan(reason) => panic!("rescan: {reason}"),
+    }
+}
+
+/// Apply's own writes (new files, a rewrite, files on writer threads, new
+/// directories implied or listed) raise only events the watcher expects:
+/// the settle after the batch has nothing to look at.
+#[test]
+fn an_applied_batch_leaves_the_watcher_nothing_to_settle() {
+    let mut w = ws(true);
+    w.write("old.txt", b"local");
+    w.store.settle().unwrap();
+    let dir_mode = mkdir_mode();
+    let mut entries = vec![dir_entry("src", dir_mode)];
+    let files = [
+        ("old.txt", noise(100, 1)),
+        ("src/a.rs", noise(3_000, 2)),
+        ("src/big.bin", noise(300_000, 3)),
+        ("src/deep/er/b.rs", noise(10, 4)),
+        ("top.txt", noise(20, 5)),
+    ];
+    for (rel, bytes) in &files {
+        let (e, objs) = file_entry(rel, bytes, 0o644, 1_600_000_000_000);
+        w.store.stage_objects(&objs).unwrap();
+        entries.push(e);
+    }
+    let out = w.store.apply(peer_batch(&entries, 2)).unwrap();
+    assert_eq!(out.applied, 6);
+    assert_eq!(watcher_pending(&mut w), HashSet::new());
+    let r = w.store.settle().unwrap();
+    assert_eq!((r.rev, r.changed, r.hashed), (None, 0, 0), "{r:?}");
+    // The directories apply created are watched: a file a command puts in
+    // one later is seen.
+    w.write("src/deep/er/new", b"from a command");
+    let r = w.store.settle().unwrap();
+    assert_eq!((r.changed, r.full_walk.as_deref()), (1, None), "{r:?}");
+}
+
+/// A command writing a path apply has just written is a local change,
+/// whether it writes between apply's rename and its stat of the file or
+/// right after the batch, before any settle: the watcher expects only
+/// apply's own events and marks anything else dirty.
+#[test]
+fn a_command_writing_what_apply_just_wrote_is_still_seen() {
+    let mut w = ws(true);
+    w.store.settle().unwrap();
+    let sent = |i: u64| noise(5_000, 20 + i);
+    let names = ["appended", "rewritten", "chmodded", "renamed_onto", "d/x"];
+    let mut entries = Vec::new();
+    for (i, rel) in names.iter().enumerate() {
+        let (e, objs) = file_entry(rel, &sent(i as u64), 0o644, 1_600_000_000_000);
+        w.store.stage_objects(&objs).unwrap();
+        entries.push(e);
+    }
+    let appended = w.root.join("appended");
+    super::apply::RACE_WINDOW.with(|h| {
+        let target = appended.clone();
+        *h.borrow_mut() = Some(Box::new(move |abs: &Path| {
+            if abs == target {
+                let mut f = fs::OpenOptions::new().append(true).open(abs).unwrap();
+                std::io::Write::write_all(&mut f, b" and a command's tail").unwrap();
+            }
+        }))
+    });
+    let applied = w.store.apply(peer_batch(&entries, 2));
+    super::apply::RACE_WINDOW.with(|h| *h.borrow_mut() = None);
+    assert_eq!(applied.unwrap().applied, 5);
+    // Right after the batch, before any settle.
+    fs::write(w.root.join("rewritten"), b"a command's version").unwrap();
+    fs::set_permissions(w.root.join("chmodded"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::write(w.root.join("elsewhere"), b"moved in").unwrap();
+    fs::rename(w.root.join("elsewhere"), w.root.join("renamed_onto")).unwrap();
+    fs::write(w.root.join("d/y"), b"beside apply's file").unwrap();
+    let r = w.store.settle().unwrap();
+    assert_eq!(r.full_walk, None);
+    assert!(r.rev.is_some(), "{r:?}");
+    let to_ship = changes_for(&mut w.store, &ChangeCursor::at(0), Some("peer"));
+    let shipped: HashSet<String> = to_ship.iter().map(|e| e.path.to_string()).collect();
+    let want: HashSet<String> = ["appended", "rewritten", "chmodded", "renamed_onto", "d/y"]
+        .map(str::to_owned)
+        .into();
+    assert_eq!(shipped, want, "{to_ship:?}");
+    let mut size_mode = |rel: &str| match w.store.read_entry(&p(rel)).unwrap().unwrap().state {
+        EntryState::File { size, mode, .. } => (size, mode),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(size_mode("appended"), (5_000 + 21, 0o644));
+    assert_eq!(size_mode("rewritten").0, 19);
+    assert_eq!(size_mode("chmodded"), (5_000, 0o600));
+    assert_eq!(size_mode("renamed_onto").0, 8);
 }
 
 #[test]
@@ -2480,4 +2584,23 @@ fn a_push_while_indexing_sends_the_first_pieces_before_the_last_is_recorded_and_
     let again = futures::executor::block_on(driver::push(&mut a.store, &mut remote, &opts, |_| {}))
         .unwrap();
     assert_eq!(again.entries, 0);
+}
+
+/// A file created with its final mode (the umask keeps it) but narrowed
+/// anyway (a default ACL, a umask changed since it was read) is given the
+/// exact mode once it is in place.
+#[test]
+fn a_written_file_gets_its_exact_mode_when_its_creation_narrowed_it() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = TempDir::new().unwrap();
+    let path = tmp.path().join("f");
+    let file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .unwrap();
+    let meta = super::writer::stat_written(&file, 0o644, &p("f")).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o644);
+    assert_eq!(mode_of(&path), 0o644);
 }

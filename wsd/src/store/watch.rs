@@ -68,6 +68,87 @@ struct Shared {
     watched: HashMap<PathBuf, i32>,
     /// Why the reading thread stopped, if it did: no event arrives any more.
     dead: Option<String>,
+    /// Events apply's own syscalls are about to raise, by absolute path.
+    expected: HashMap<PathBuf, OwnEvents>,
+}
+
+/// How many events of each kind apply's own syscalls raise on one path
+/// (each counted from the watch of the path's directory). Only kinds whose
+/// events inotify cannot merge with another of ours: a `rename` carries a
+/// cookie of its own, a `mkdir` is one `CREATE`; at most one `ATTRIB` and
+/// one `MODIFY` are expected, so two of ours merged or not both consume it
+/// or leave the second as an ordinary (dirty) event.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct OwnEvents {
+    pub moved_to: u8,
+    pub close_write: u8,
+    pub create: u8,
+    pub attrib: u8,
+    pub modify: u8,
+}
+
+impl OwnEvents {
+    /// A new version renamed onto its target, then its descriptor closed.
+    pub const REPLACE: OwnEvents = OwnEvents {
+        moved_to: 1,
+        close_write: 1,
+        create: 0,
+        attrib: 0,
+        modify: 0,
+    };
+    /// A directory made with `mkdir`.
+    pub const MKDIR: OwnEvents = OwnEvents {
+        moved_to: 0,
+        close_write: 0,
+        create: 1,
+        attrib: 0,
+        modify: 0,
+    };
+    /// A `chmod`.
+    pub const ATTRIB: OwnEvents = OwnEvents {
+        moved_to: 0,
+        close_write: 0,
+        create: 0,
+        attrib: 1,
+        modify: 0,
+    };
+    /// Setting the mtime alone (`utimensat` with the atime omitted raises
+    /// `MODIFY`, not `ATTRIB`).
+    pub const SET_MTIME: OwnEvents = OwnEvents {
+        moved_to: 0,
+        close_write: 0,
+        create: 0,
+        attrib: 0,
+        modify: 1,
+    };
+
+    fn is_empty(&self) -> bool {
+        *self == OwnEvents::default()
+    }
+
+    /// Consumes one expected event of `mask`'s kind; false when none of
+    /// that kind is expected (the event is someone else's).
+    fn consume(&mut self, mask: EventMask) -> bool {
+        let slot = if mask.contains(EventMask::MOVED_TO) {
+            &mut self.moved_to
+        } else if mask.contains(EventMask::CLOSE_WRITE) {
+            &mut self.close_write
+        } else if mask.contains(EventMask::CREATE) {
+            &mut self.create
+        } else if mask.contains(EventMask::ATTRIB) {
+            // At most one: see the type's comment.
+            &mut self.attrib
+        } else if mask.contains(EventMask::MODIFY) {
+            &mut self.modify
+        } else {
+            return false;
+        };
+        if *slot == 0 {
+            return false;
+        }
+        *slot -= 1;
+        true
+    }
 }
 
 impl std::fmt::Debug for Shared {
@@ -218,6 +299,43 @@ impl LocalWatcher {
         lock.lock().unwrap_or_else(|p| p.into_inner()).on_change = Some(hook);
     }
 
+    /// Files the events apply's next syscalls on `path` (absolute) will
+    /// raise, so the reader takes them for apply's and not as changes.
+    /// Called before the syscalls.
+    pub fn expect(&self, path: &Path, events: OwnEvents) {
+        let (lock, _) = &*self.shared;
+        let mut s = lock.lock().unwrap_or_else(|p| p.into_inner());
+        // Bounded like the dirty set: past it, apply's events count as
+        // anyone's (settled, not lost).
+        if s.dead.is_some() || s.expected.len() >= MAX_DIRTY_PATHS {
+            return;
+        }
+        let e = s.expected.entry(path.to_owned()).or_default();
+        e.moved_to += events.moved_to;
+        e.close_write += events.close_write;
+        e.create += events.create;
+        e.attrib = e.attrib.max(events.attrib);
+        e.modify = e.modify.max(events.modify);
+    }
+
+    /// Apply's syscalls on `path` failed after [`Self::expect`]: drops what
+    /// is left of its expectation and marks the path dirty, since whatever
+    /// did happen there is now unknown.
+    pub fn unexpect(&self, path: &Path) {
+        let (lock, _) = &*self.shared;
+        let mut s = lock.lock().unwrap_or_else(|p| p.into_inner());
+        s.expected.remove(path);
+        mark_path_dirty(&mut s, path.to_owned());
+    }
+
+    /// Marks `path` (absolute) dirty as an event would: the next settle
+    /// looks at it (walks it, for a directory).
+    pub fn mark_dirty(&self, path: &Path) {
+        let (lock, _) = &*self.shared;
+        let mut s = lock.lock().unwrap_or_else(|p| p.into_inner());
+        mark_path_dirty(&mut s, path.to_owned());
+    }
+
     /// Watches one directory (its direct children). Adding an existing
     /// watch again is harmless.
     pub fn watch_dir(&mut self, dir: &Path) -> Result<(), WatchFailure> {
@@ -319,6 +437,10 @@ impl LocalWatcher {
         let _ = std::fs::remove_file(&cookie);
         match barrier {
             Ok(mut s) => {
+                // Every event of apply's writes, all finished before the
+                // cookie, was filed: what was not consumed is stale.
+                let stale: Vec<PathBuf> = s.expected.drain().map(|(p, _)| p).collect();
+                s.dirty.extend(stale);
                 let dirty = std::mem::take(&mut s.dirty);
                 match s.rescan.take() {
                     Some(reason) => Pending::Rescan(reason),
@@ -329,6 +451,7 @@ impl LocalWatcher {
                 let (lock, _) = &*self.shared;
                 let mut s = lock.lock().unwrap_or_else(|p| p.into_inner());
                 s.dirty.clear();
+                s.expected.clear();
                 s.rescan = None;
                 Pending::Rescan(reason)
             }
@@ -448,8 +571,25 @@ fn read_loop(
                 Err(e) => return Some(format!("reading inotify events: {e}")),
             }
         }
+        // Under a stream of events (an apply, a build) woken for every few
+        // of them, this thread cost more than filing them: a cold push of
+        // 10k files woke it 27k times (a `ppoll` and two `read`s each). A
+        // pause after each batch lets the next one gather; a barrier waits
+        // at most this much longer, an idle watcher not at all.
+        let mut stop_only = [PollFd::new(&stop, PollFlags::IN)];
+        match rustix::event::poll(&mut stop_only, Some(&BATCH_PAUSE)) {
+            Ok(n) if n > 0 => return None,
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Some(format!("poll on the stop pipe: {e}")),
+        }
     }
 }
+
+/// How long the reader waits after filing a batch before it looks again.
+const BATCH_PAUSE: rustix::event::Timespec = rustix::event::Timespec {
+    tv_sec: 0,
+    tv_nsec: 1_000_000,
+};
 
 /// Files one batch of events under one lock: cookies advance the barrier,
 /// paths under the root (not the state directory) turn dirty.
@@ -478,9 +618,21 @@ fn file_events(events: Events<'_>, shared: &(Mutex<Shared>, Condvar), f: &Filter
             continue;
         };
         let p = match ev.name {
+            // Apply's temp files are never workspace paths (settle skips
+            // them): not dirty, and no reason to wake an idle owner.
+            Some(name) if name.to_str().is_some_and(super::fsutil::is_apply_temp) => continue,
             Some(name) => dir.join(name),
             None => dir.clone(),
         };
+        if !s.expected.is_empty()
+            && let Some(own) = s.expected.get_mut(&p)
+            && own.consume(ev.mask)
+        {
+            if own.is_empty() {
+                s.expected.remove(&p);
+            }
+            continue;
+        }
         file_path(&mut s, cvar, f, p);
     }
     if !rescan_before
@@ -499,9 +651,17 @@ fn file_path(s: &mut Shared, cvar: &Condvar, f: &Filter, p: PathBuf) {
         }
     } else if p.starts_with(&f.exclude) || !p.starts_with(&f.root) {
         // The state directory, or outside the root: not the workspace.
-    } else if s.dirty.len() < MAX_DIRTY_PATHS {
+    } else {
         // Cookies and the state directory never get here: settle writes
         // those, and a hook that settles would loop.
+        mark_path_dirty(s, p);
+    }
+}
+
+/// Adds `p` to the dirty set (calling the change hook for a new one), or
+/// turns an overfull set into a rescan.
+fn mark_path_dirty(s: &mut Shared, p: PathBuf) {
+    if s.dirty.len() < MAX_DIRTY_PATHS {
         if let Some(hook) = &s.on_change
             && !s.dirty.contains(&p)
         {

@@ -161,10 +161,17 @@ pub(crate) fn fill(
     old: Option<&OldVersion>,
     fetch: &mut dyn FnMut(&Hash, &mut File) -> Result<(), SyncError>,
 ) -> Result<File, SyncError> {
+    // Created with its final mode when the umask leaves that mode whole
+    // (no `fchmod` then); else private until `write_pieces` sets it.
+    let create_mode = if fsutil::umask_keeps(mode_mtime.0) {
+        mode_mtime.0 & 0o777
+    } else {
+        0o600
+    };
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
-        .mode(0o600)
+        .mode(create_mode)
         .custom_flags(fsutil::O_NOFOLLOW)
         .open(tmp)
         .io_ctx(|| format!("creating a temp file for {path}"))?;
@@ -200,8 +207,10 @@ fn write_pieces(
         }
     }
     // fchmod is not subject to the umask, so the mode arrives exactly.
-    file.set_permissions(std::fs::Permissions::from_mode(mode))
-        .io_ctx(|| format!("chmod {path}"))?;
+    if !fsutil::umask_keeps(mode) {
+        file.set_permissions(std::fs::Permissions::from_mode(mode))
+            .io_ctx(|| format!("chmod {path}"))?;
+    }
     file.set_times(std::fs::FileTimes::new().set_modified(fsutil::time_of_ms(mtime_ms)))
         .io_ctx(|| format!("setting the mtime of {path}"))?;
     Ok(())
@@ -217,6 +226,25 @@ pub(crate) fn rename_into(tmp: &Path, abs: &Path, path: &SyncPath) -> Result<(),
         return Err(SyncError::io(format!("renaming into {path}"), err));
     }
     Ok(())
+}
+
+/// The stat of a file just renamed into place, the mode made exact first
+/// if its creation did not give it (a default ACL narrows the create mode
+/// where a umask would not). Files are created with their final mode when
+/// the umask keeps it, so this is one `fstat` as a rule.
+pub(crate) fn stat_written(
+    file: &File,
+    mode: u32,
+    path: &SyncPath,
+) -> Result<std::fs::Metadata, SyncError> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = file.metadata().io_ctx(|| format!("stat {path}"))?;
+    if meta.mode() & 0o7777 == mode & 0o7777 {
+        return Ok(meta);
+    }
+    file.set_permissions(std::fs::Permissions::from_mode(mode))
+        .io_ctx(|| format!("chmod {path}"))?;
+    file.metadata().io_ctx(|| format!("stat {path}"))
 }
 
 /// A file write whose bytes need nothing but staging and its own previous
@@ -255,7 +283,7 @@ impl Job {
             &mut no_fetch,
         )?;
         rename_into(&self.tmp, &self.abs, &self.path)?;
-        let meta = file.metadata().io_ctx(|| format!("stat {}", self.path))?;
+        let meta = stat_written(&file, self.mode, &self.path)?;
         Ok(Stat::applied(&meta, self.mode))
     }
 }

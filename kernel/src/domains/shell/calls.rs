@@ -18,12 +18,15 @@ use gsv_protocol::shell::{ExecArgs, ExecControl, ExecResult, FileChange};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::watch;
+
 use wsd_client::{ExecEventKind, ExecRequest, ResumeFrom, Signal, WsdError, WsdHandle};
 use wsd_sync::{ErrorCode, Kind};
 
 use crate::db::now_ms;
 use crate::domains::fs::vfs::{self, Place};
-use crate::domains::shell::live::{LiveHold, latest_per_path};
+use crate::domains::shell::bracket::StartError;
+use crate::domains::shell::live::{LiveHold, Synced, latest_per_path};
 use crate::domains::shell::sessions::{Outcome, ShellSession};
 use crate::domains::watch::StoreKey;
 use crate::domains::workspace::Workspace;
@@ -92,39 +95,51 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<ExecRe
         stdin: None,
     };
     // The bracket's first half, under the workspace lock.
-    let started = {
+    let (handle, started) = {
         let mut backend = w.bracket.lock().await;
         let handle = match backend.handle(&k.workspaces.wsd_bin).await {
             Ok(h) => h,
             Err(e) => return Ok(failed_before_run(&e.to_string())),
         };
-        if let Err(e) = handle.push(w.dofs.clone()).await {
-            return Ok(wsd_failed_before_run("push to wsd failed", &e));
-        }
-        match handle.exec(request).await {
-            Ok(events) => (handle, events),
-            Err(e) => return Ok(wsd_failed_before_run("wsd refused the command", &e)),
+        match k
+            .sessions
+            .pushes
+            .push_and_exec(&k.watches, &w, &handle, request)
+            .await
+        {
+            Ok(started) => (handle, started),
+            Err(e) => {
+                let context = match e {
+                    StartError::Push(_) => "push to wsd failed",
+                    StartError::Exec(_) => "wsd refused the command",
+                };
+                return Ok(wsd_failed_before_run(context, e.wsd()));
+            }
         }
     };
     let session = Arc::new(ShellSession::new(
         session_id.clone(),
-        Some(started.0.clone()),
+        Some(handle.clone()),
         s.identity.uid,
         row.id.clone(),
     ));
     k.sessions.insert(session.clone());
-    // What the command writes reaches dofs while it runs.
-    let live = live_hold(&k, &w, &started.0);
-    remember_row(&k, &session, "running", None, None).await?;
     tokio::spawn(drive_session(
         k.clone(),
         w,
         session.clone(),
-        (started.0, live),
-        started.1,
+        (handle, started.commits, started.synced),
+        started.events,
     ));
-    Ok(answer(&k, &session, budget, a.stream).await)
+    answer(&k, &session, budget, a.stream).await
 }
+
+/// How long a command runs before the workspace follows its wsd live. wsd
+/// settles a burst of writes 50 ms after it starts, so a live pull before
+/// then finds nothing the end-of-command pull would not bring: a shorter
+/// command is synced by its bracket alone, without a follower's long poll
+/// (an `fs.write` in that time reaches it when the follower starts).
+const LIVE_SYNC_AFTER: Duration = Duration::from_millis(50);
 
 /// A hold on `w`'s live sync for a session (a command or a terminal) just
 /// started on `handle`, with the store's commit feed for its pushes.
@@ -144,7 +159,7 @@ pub fn live_hold(k: &Kernel, w: &Arc<Workspace>, handle: &WsdHandle) -> LiveHold
 fn own_live_session(k: &Kernel, s: &Session, sid: &str) -> Option<Arc<ShellSession>> {
     k.sessions
         .get(sid)
-        .filter(|session| session.owner_uid == s.identity.uid)
+        .filter(|session| session.owner_uid == s.identity.uid && !session.is_answered())
 }
 
 async fn control_session(
@@ -213,17 +228,7 @@ async fn continue_session(
             .await?;
         return match row {
             Some((owner, status, error)) if owner == s.identity.uid => {
-                let error = match status.as_str() {
-                    "running" => {
-                        "the kernel restarted while this command ran; its result is lost".to_owned()
-                    }
-                    _ => error
-                        .unwrap_or_else(|| format!("session {sid} already {status} and answered")),
-                };
-                Ok(ExecResult {
-                    session_id: Some(sid.to_owned()),
-                    ..ExecResult::failed(error)
-                })
+                Ok(already_over(sid, &status, error))
             }
             _ => Err(KernelError::UnknownSession(sid.to_owned())),
         };
@@ -231,6 +236,10 @@ async fn continue_session(
     if session.owner_uid != s.identity.uid {
         // Someone else's session looks exactly like a missing one.
         return Err(KernelError::UnknownSession(sid.to_owned()));
+    }
+    if let Some((status, error)) = session.answered_end() {
+        // Answered, its row still being written: what the row will say.
+        return Ok(already_over(sid, status, error));
     }
     if !input.is_empty() {
         let finished = session.is_over();
@@ -248,44 +257,81 @@ async fn continue_session(
             });
         }
     }
-    Ok(answer(k, &session, budget, stream).await)
+    answer(k, &session, budget, stream).await
 }
 
-/// Waits within `budget` (with `stream`, until output) and, when the
-/// session is over, forgets it.
+/// The answer to a poll of session `sid`, which ended as `status` (its
+/// row's) and was answered already.
+fn already_over(sid: &str, status: &str, error: Option<String>) -> ExecResult {
+    let error = match status {
+        "running" => "the kernel restarted while this command ran; its result is lost".to_owned(),
+        _ => error.unwrap_or_else(|| format!("session {sid} already {status} and answered")),
+    };
+    ExecResult {
+        session_id: Some(sid.to_owned()),
+        ..ExecResult::failed(error)
+    }
+}
+
+/// Waits within `budget` (with `stream`, until output). A session still
+/// running gets its `running` row first: the caller may poll it after a
+/// kernel crash, and must learn that its result is lost. One that is over
+/// is forgotten once its final row is written too (see [`drive_session`]),
+/// so a poll after this answer finds the row.
 async fn answer(
     k: &Arc<Kernel>,
     session: &Arc<ShellSession>,
     budget: Duration,
     stream: bool,
-) -> ExecResult {
+) -> Result<ExecResult, KernelError> {
     let (v, over) = session.wait(budget, stream).await;
     if over {
-        k.sessions.remove(&session.id);
+        if session.mark_answered() {
+            k.sessions.remove(&session.id);
+        }
+    } else if session.needs_running_row()
+        && let Err(e) = remember_running(k, session).await
+    {
+        session.running_row_failed();
+        return Err(e);
     }
-    v
+    Ok(v)
 }
 
-/// Follows the command to its end, pulls, and records the outcome. The
-/// workspace follows wsd live through `live` until then.
+/// Follows the command to its end, pulls, and records the outcome. After
+/// [`LIVE_SYNC_AFTER`] the workspace follows wsd live until then, from
+/// `synced` (where the bracket's push left the workspace and the wsd the
+/// command runs on) and on `commits` (dofs' commit feed, subscribed before
+/// that push).
 async fn drive_session(
     k: Arc<Kernel>,
     w: Arc<Workspace>,
     session: Arc<ShellSession>,
-    (handle, live): (WsdHandle, LiveHold),
+    (handle, mut commits, synced): (WsdHandle, Option<watch::Receiver<u64>>, Option<Synced>),
     mut events: wsd_client::ExecEvents,
 ) {
     let mut last_seq = 0u64;
     let mut reattaches = 0u32;
+    let mut reattached = false;
+    let mut live: Option<LiveHold> = None;
+    let follow_from = tokio::time::sleep(LIVE_SYNC_AFTER);
+    tokio::pin!(follow_from);
     let exit = loop {
-        match events.next().await {
+        let next = tokio::select! {
+            next = events.next() => next,
+            () = &mut follow_from, if live.is_none() => {
+                live = Some(k.sessions.sync.hold_from(&w, &handle, commits.take(), synced));
+                continue;
+            }
+        };
+        match next {
             Ok(Some(ev)) => {
                 last_seq = ev.seq;
                 reattaches = 0;
                 match ev.kind {
                     ExecEventKind::Stdout(b) => session.append(&b, false),
                     ExecEventKind::Stderr(b) => session.append(&b, true),
-                    ExecEventKind::Exit(code) => break Ok(code),
+                    ExecEventKind::Exit(code) => break Ok((code, ev.rev)),
                 }
             }
             Ok(None) => {
@@ -310,6 +356,7 @@ async fn drive_session(
                 // The connection broke: the same wsd still has the log, a
                 // restarted one does not (and then refuses the attach).
                 reattaches += 1;
+                reattached = true;
                 if reattaches > 3 {
                     break Err((format!("lost the command: {e}"), Some(e.code)));
                 }
@@ -338,19 +385,39 @@ async fn drive_session(
         }
     };
     let outcome = match exit {
-        Err((error, code)) => Outcome::Failed {
-            error,
-            exit_code: None,
-            code,
-        },
-        Ok(exit_code) => {
+        Err((error, code)) => {
+            drop(live);
+            Outcome::Failed {
+                error,
+                exit_code: None,
+                code,
+            }
+        }
+        Ok((exit_code, exit_rev)) => {
             // The bracket's second half. What live pulls applied meanwhile
-            // counts as the command's changes too.
+            // counts as the command's changes too; every live round is
+            // over or not begun, and none begins after this (the pull
+            // below brings what it would).
             let _guard = w.bracket.lock().await;
-            let mut applied = live.take_applied();
-            match handle.pull(w.dofs.clone()).await {
-                Ok(report) => {
-                    applied.extend(report.applied);
+            let mut applied = live
+                .as_ref()
+                .map(LiveHold::take_applied)
+                .unwrap_or_default();
+            drop(live);
+            // Nothing to pull when the wsd's rev at the exit (its writes
+            // settled) is one dofs had everything through before the
+            // command: it wrote nothing, and nobody else did. Said by the
+            // same wsd on the same connection (no re-attach), or not used.
+            let unchanged =
+                !reattached && exit_rev > 0 && synced.is_some_and(|s| exit_rev <= s.wsd_rev);
+            let pulled = if unchanged {
+                Ok(Vec::new())
+            } else {
+                handle.pull(w.dofs.clone()).await.map(|r| r.applied)
+            };
+            match pulled {
+                Ok(pulled) => {
+                    applied.extend(pulled);
                     let changes = latest_per_path(applied)
                         .iter()
                         .map(|e| FileChange {
@@ -377,18 +444,22 @@ async fn drive_session(
             }
         }
     };
-    drop(live);
     let (status, code, error) = match &outcome {
         Outcome::Completed { exit_code, .. } => ("completed", Some(*exit_code), None),
         Outcome::Failed {
             error, exit_code, ..
         } => ("failed", *exit_code, Some(error.clone())),
     };
-    if let Err(e) = remember_row(&k, &session, status, code, error).await {
+    tracing::info!(session = %session.id, workspace = %session.workspace_id, status, "command finished");
+    // The answer goes out now; the row is written beside it, and the
+    // session stays in memory until both are done (`answer`).
+    session.finish(outcome);
+    if let Err(e) = remember_end(&k, &session, status, code, error).await {
         tracing::warn!(session = %session.id, error = %e, "could not record a session's end");
     }
-    tracing::info!(session = %session.id, workspace = %session.workspace_id, status, "command finished");
-    session.finish(outcome);
+    if session.mark_row_final() {
+        k.sessions.remove(&session.id);
+    }
     // After the answer: a wsd that went away would hold it for a deadline.
     let _ = handle.dispose(&session.id).await;
     // A result nobody polls for is dropped after a while (its row stays).
@@ -400,8 +471,36 @@ async fn drive_session(
     }
 }
 
-/// Upserts the session's row and prunes expired rows.
-async fn remember_row(
+/// Records that the session is running, unless its end is recorded
+/// already (the command ended while this answer was on its way).
+async fn remember_running(k: &Arc<Kernel>, session: &ShellSession) -> Result<(), KernelError> {
+    let (id, ws, owner) = (
+        session.id.clone(),
+        session.workspace_id.clone(),
+        session.owner_uid,
+    );
+    k.db.call(move |c| {
+        let now = now_ms();
+        c.prepare_cached(
+            "INSERT INTO shell_sessions(session_id, workspace_id, owner_uid, exec_id, status,
+                created_at, updated_at, expires_at)
+             VALUES (?1, ?2, ?3, ?1, 'running', ?4, ?4, ?5)
+             ON CONFLICT(session_id) DO NOTHING",
+        )?
+        .execute(rusqlite::params![
+            id,
+            ws,
+            owner,
+            now,
+            now + SESSION_ROW_TTL_MS
+        ])?;
+        Ok(())
+    })
+    .await
+}
+
+/// Upserts the session's final row and prunes expired rows.
+async fn remember_end(
     k: &Arc<Kernel>,
     session: &ShellSession,
     status: &'static str,
@@ -415,25 +514,26 @@ async fn remember_row(
     );
     k.db.call(move |c| {
         let now = now_ms();
-        c.execute("DELETE FROM shell_sessions WHERE expires_at <= ?1", [now])?;
-        c.execute(
+        c.prepare_cached("DELETE FROM shell_sessions WHERE expires_at <= ?1")?
+            .execute([now])?;
+        c.prepare_cached(
             "INSERT INTO shell_sessions(session_id, workspace_id, owner_uid, exec_id, status,
                 exit_code, error, created_at, updated_at, expires_at)
              VALUES (?1, ?2, ?3, ?1, ?4, ?5, ?6, ?7, ?7, ?8)
              ON CONFLICT(session_id) DO UPDATE SET status = excluded.status,
                 exit_code = excluded.exit_code, error = excluded.error,
                 updated_at = excluded.updated_at, expires_at = excluded.expires_at",
-            rusqlite::params![
-                id,
-                ws,
-                owner,
-                status,
-                exit_code,
-                error,
-                now,
-                now + SESSION_ROW_TTL_MS
-            ],
-        )?;
+        )?
+        .execute(rusqlite::params![
+            id,
+            ws,
+            owner,
+            status,
+            exit_code,
+            error,
+            now,
+            now + SESSION_ROW_TTL_MS
+        ])?;
         Ok(())
     })
     .await

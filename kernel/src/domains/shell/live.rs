@@ -89,6 +89,20 @@ impl LiveSync {
         handle: &WsdHandle,
         commits: Option<watch::Receiver<u64>>,
     ) -> LiveHold {
+        self.hold_from(w, handle, commits, None)
+    }
+
+    /// [`LiveSync::hold`] right after a sync both ways under the bracket
+    /// lock (`synced`): a follower started here skips its first round and
+    /// long-polls from there. `commits` must have been subscribed before
+    /// that sync's push, so a commit after it still wakes the follower.
+    pub fn hold_from(
+        self: &Arc<Self>,
+        w: &Arc<Workspace>,
+        handle: &WsdHandle,
+        commits: Option<watch::Receiver<u64>>,
+        synced: Option<Synced>,
+    ) -> LiveHold {
         let id = self.ids.fetch_add(1, Ordering::Relaxed);
         let collected = Collected::default();
         let mut followers = self.followers.lock().unwrap();
@@ -104,7 +118,7 @@ impl LiveSync {
                     generation,
                     w.clone(),
                     handle.clone(),
-                    commits,
+                    (commits, synced),
                     cancel.clone(),
                 ));
             }
@@ -146,6 +160,16 @@ impl LiveSync {
     }
 }
 
+/// Where a sync both ways left a workspace and its wsd.
+#[derive(Debug, Clone, Copy)]
+pub struct Synced {
+    /// The wsd rev through which everything is in dofs (our fetch
+    /// cursor's complete rev).
+    pub wsd_rev: u64,
+    /// The dofs rev through which everything is in the wsd.
+    pub dofs_rev: u64,
+}
+
 /// What one sync round should do.
 struct Due {
     pull: bool,
@@ -159,7 +183,7 @@ async fn follow(
     generation: u64,
     w: Arc<Workspace>,
     handle: WsdHandle,
-    commits: Option<watch::Receiver<u64>>,
+    (commits, synced): (Option<watch::Receiver<u64>>, Option<Synced>),
     cancel: CancellationToken,
 ) {
     // Without a feed, a receiver that never ticks (its sender kept here).
@@ -168,23 +192,24 @@ async fn follow(
     let mut commits_open = true;
     tracing::debug!(workspace = %w.id, "live sync started");
     // The wsd rev last pulled at, and the dofs rev wsd is known to have
-    // (0: not known, so the first round pushes).
-    let mut wsd_rev = 0u64;
-    let mut pushed_rev = 0u64;
+    // (0: not known, so the first round pulls and pushes).
+    let (mut wsd_rev, mut pushed_rev) = synced.map_or((0, 0), |s| (s.wsd_rev, s.dofs_rev));
     let mut due = Due {
-        pull: true,
-        push: true,
+        pull: synced.is_none(),
+        push: synced.is_none(),
     };
     let mut backoff = MIN_BACKOFF;
     loop {
         if due.pull || due.push {
-            // Not raced with `cancel`: a round once started finishes, so a
-            // pull is never cut half-way.
-            match round(&w, &handle, &due, &mut pushed_rev).await {
-                Ok(applied) => {
-                    if let Some(live) = live.upgrade() {
-                        live.deliver(&w.id, generation, &applied);
-                    }
+            // Raced with `cancel` only until it has the lock: a round
+            // once under way finishes, so a pull is never cut half-way.
+            let deliver = |applied: &[AppliedEntry]| {
+                if let Some(live) = live.upgrade() {
+                    live.deliver(&w.id, generation, applied);
+                }
+            };
+            match round(&w, &handle, &due, &mut pushed_rev, deliver, &cancel).await {
+                Ok(()) => {
                     due = Due {
                         pull: false,
                         push: false,
@@ -242,22 +267,29 @@ enum RoundError {
 }
 
 /// One sync round under the bracket lock: the pull if due, then a push if
-/// dofs has a rev wsd lacks. Returns what the pull applied.
+/// dofs has a rev wsd lacks. What the pull applied goes to `deliver` before
+/// the lock is released, so a command's end-of-run pull (under the same
+/// lock) finds it already handed to its hold. Cancelled while it waits for
+/// the lock, it does nothing (the last hold's owner syncs instead).
 async fn round(
     w: &Workspace,
     handle: &WsdHandle,
     due: &Due,
     pushed_rev: &mut u64,
-) -> Result<Vec<AppliedEntry>, RoundError> {
-    let _bracket = w.bracket.lock().await;
+    deliver: impl FnOnce(&[AppliedEntry]),
+    cancel: &CancellationToken,
+) -> Result<(), RoundError> {
+    let _bracket = tokio::select! {
+        guard = w.bracket.lock() => guard,
+        () = cancel.cancelled() => return Ok(()),
+    };
     let before = dofs_rev(w).await?;
-    let mut applied = Vec::new();
     if due.pull {
         let report = handle
             .pull(w.dofs.clone())
             .await
             .map_err(RoundError::Pull)?;
-        applied = report.applied;
+        deliver(&report.applied);
     }
     let after = dofs_rev(w).await?;
     if before <= *pushed_rev {
@@ -271,7 +303,7 @@ async fn round(
             .map_err(RoundError::Push)?;
         *pushed_rev = after;
     }
-    Ok(applied)
+    Ok(())
 }
 
 async fn dofs_rev(w: &Workspace) -> Result<u64, RoundError> {

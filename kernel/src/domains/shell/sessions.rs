@@ -7,6 +7,7 @@
 
 use gsv_protocol::shell::{ExecResult, ExecStatus, FileChange};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -98,6 +99,12 @@ pub struct ShellSession {
     pub workspace_id: String,
     state: Mutex<SessionState>,
     changed: Notify,
+    /// Its final result went to a caller.
+    answered: AtomicBool,
+    /// Its final row is written (or failed to be: nothing will retry).
+    row_final: AtomicBool,
+    /// A `running` row was asked for (the first `running` answer).
+    running_row: AtomicBool,
 }
 
 impl ShellSession {
@@ -115,6 +122,53 @@ impl ShellSession {
             workspace_id,
             state: Mutex::default(),
             changed: Notify::new(),
+            answered: AtomicBool::new(false),
+            row_final: AtomicBool::new(false),
+            running_row: AtomicBool::new(false),
+        }
+    }
+
+    /// Records that the final result was answered; true when the final
+    /// row is written too (the session may be forgotten).
+    pub fn mark_answered(&self) -> bool {
+        self.answered.store(true, Ordering::SeqCst);
+        self.row_final.load(Ordering::SeqCst)
+    }
+
+    /// Records that the final row is written; true when the final result
+    /// was answered too (the session may be forgotten). With
+    /// [`ShellSession::mark_answered`], whichever comes second sees both.
+    pub fn mark_row_final(&self) -> bool {
+        self.row_final.store(true, Ordering::SeqCst);
+        self.answered.load(Ordering::SeqCst)
+    }
+
+    /// Whether its final result went to a caller.
+    pub fn is_answered(&self) -> bool {
+        self.answered.load(Ordering::SeqCst)
+    }
+
+    /// True the first time: the `running` row is to be written.
+    pub fn needs_running_row(&self) -> bool {
+        !self.running_row.swap(true, Ordering::SeqCst)
+    }
+
+    /// The `running` row asked for could not be written: the next
+    /// `running` answer tries again.
+    pub fn running_row_failed(&self) {
+        self.running_row.store(false, Ordering::SeqCst);
+    }
+
+    /// For a session whose final result was answered: its status as its
+    /// row records it and its error.
+    pub fn answered_end(&self) -> Option<(&'static str, Option<String>)> {
+        if !self.is_answered() {
+            return None;
+        }
+        match &self.state.lock().unwrap().outcome {
+            Some(Outcome::Completed { .. }) => Some(("completed", None)),
+            Some(Outcome::Failed { error, .. }) => Some(("failed", Some(error.clone()))),
+            None => None,
         }
     }
 
@@ -233,6 +287,8 @@ pub struct Sessions {
     live: Mutex<HashMap<String, Arc<ShellSession>>>,
     /// Followers of workspaces with an open command or terminal.
     pub sync: Arc<super::live::LiveSync>,
+    /// Each workspace's last push, so a command after no change skips it.
+    pub pushes: super::bracket::PushMarks,
 }
 
 impl Sessions {
