@@ -16,9 +16,12 @@
 //! Printed once (group `s3`, skipped without `weed`): the chunk store on
 //! SeaweedFS (`weed mini` on loopback) against the SQLite store: a pull of
 //! [`TreeSpec::BENCH`] from a daemon into a fresh dofs and a push from it
-//! to a fresh daemon (3 runs each, MB/s), and `Dofs::read_file` of 500
-//! small files with the hot cache cold (a fresh client) and hot (the same
-//! files again), p50 and p99.
+//! to a fresh daemon ([`S3_RUNS`] runs each, the two stores alternating
+//! run by run so load affects both alike; MB/s, and the S3 / SQLite
+//! ratio of the medians), the objects one S3 pull left in the bucket, and
+//! `Dofs::read_file` of 500 small files with the hot cache cold (a fresh
+//! client) and hot (the same files again), p50 and p99. The load average
+//! is printed before and after.
 
 use std::time::{Duration, Instant};
 
@@ -167,6 +170,18 @@ fn open_dofs(path: &std::path::Path, s3: Option<(&SeaweedFs, &str)>) -> Dofs {
     d
 }
 
+/// Runs of each store in group `s3`.
+const S3_RUNS: usize = 5;
+
+/// The 1-minute load average, to print beside figures taken on a shared
+/// machine.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".into())
+}
+
 /// The S3 chunk store against the SQLite store.
 fn s3(_c: &mut Criterion) {
     let Some(server) = SeaweedFs::start() else {
@@ -182,9 +197,13 @@ fn s3(_c: &mut Criterion) {
     block_on(push(&mut local, &source.addr, "bench"));
     let mb = spec.bytes() as f64 / 1e6;
     let mut reads = Vec::new();
-    for kind in ["sqlite", "s3"] {
-        let (mut pulls, mut pushes) = (Vec::new(), Vec::new());
-        for run in 0..3 {
+    eprintln!("s3: load average {} at the start", load_average());
+    let kinds = ["sqlite", "s3"];
+    let mut pulls: Vec<Vec<Duration>> = vec![Vec::new(); kinds.len()];
+    let mut pushes: Vec<Vec<Duration>> = vec![Vec::new(); kinds.len()];
+    for run in 0..S3_RUNS {
+        for (k, kind) in kinds.into_iter().enumerate() {
+            let (pulls, pushes) = (&mut pulls[k], &mut pushes[k]);
             let path = scratch.dir().join("dofs.sqlite3");
             let prefix = format!("bench-{run}");
             let s3 = (kind == "s3").then_some((&server, prefix.as_str()));
@@ -193,6 +212,16 @@ fn s3(_c: &mut Criterion) {
             let r = block_on(sync_store(&mut d, &source.addr, "kernel", false));
             pulls.push(t.elapsed());
             assert_eq!(r.object_bytes, spec.bytes());
+            if run == 0 && kind == "s3" {
+                let names = server.chunks(&prefix).list_documents("").unwrap();
+                let count = |dir: &str| names.iter().filter(|n| n.starts_with(dir)).count();
+                eprintln!(
+                    "s3/s3: one pull left {} objects in the bucket: {} chunks stored alone, {} packs",
+                    names.len(),
+                    count("chunks/"),
+                    count("packs/")
+                );
+            }
             // A fresh client: nothing of the tree in its hot cache.
             drop(d);
             let mut d = open_dofs(&path, s3);
@@ -222,24 +251,33 @@ fn s3(_c: &mut Criterion) {
                 reads.push((kind, cold, hot));
             }
         }
-        let best = |v: &[Duration]| v.iter().min().copied().unwrap_or_default();
-        let median = |v: &[Duration]| {
-            let mut v = v.to_vec();
-            v.sort();
-            v[v.len() / 2]
-        };
+    }
+    let best = |v: &[Duration]| v.iter().min().copied().unwrap_or_default();
+    let median = |v: &[Duration]| {
+        let mut v = v.to_vec();
+        v.sort();
+        v[v.len() / 2]
+    };
+    for (k, kind) in kinds.into_iter().enumerate() {
         eprintln!(
-            "s3/{kind}: pull {:.1} MB/s (median of 3, {:.0} ms; best {:.0} ms), \
-             push {:.1} MB/s (median of 3, {:.0} ms; best {:.0} ms), tree {} bytes",
-            mb / median(&pulls).as_secs_f64(),
-            ms(median(&pulls)),
-            ms(best(&pulls)),
-            mb / median(&pushes).as_secs_f64(),
-            ms(median(&pushes)),
-            ms(best(&pushes)),
+            "s3/{kind}: pull {:.1} MB/s (median of {S3_RUNS}, {:.0} ms; best {:.0} ms), \
+             push {:.1} MB/s (median of {S3_RUNS}, {:.0} ms; best {:.0} ms), tree {} bytes",
+            mb / median(&pulls[k]).as_secs_f64(),
+            ms(median(&pulls[k])),
+            ms(best(&pulls[k])),
+            mb / median(&pushes[k]).as_secs_f64(),
+            ms(median(&pushes[k])),
+            ms(best(&pushes[k])),
             spec.bytes()
         );
     }
+    let ratio = |v: &[Vec<Duration>]| median(&v[1]).as_secs_f64() / median(&v[0]).as_secs_f64();
+    eprintln!(
+        "s3: S3 / SQLite time (medians): pull {:.2}x, push {:.2}x; load average {} at the end",
+        ratio(&pulls),
+        ratio(&pushes),
+        load_average()
+    );
     for (kind, (cold_p50, cold_p99), (hot_p50, hot_p99)) in reads {
         eprintln!(
             "s3/{kind}: read_file of 500 small files: first read p50 {cold_p50:.3} ms, \

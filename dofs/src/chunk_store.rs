@@ -10,7 +10,10 @@
 //! plus what garbage collection has not yet freed, and answers the sync
 //! probes, so a sync does not ask the object store per chunk. An object is
 //! stored before the row indexing it commits, so a committed row never
-//! names an object that was never written. [`Chunks`] is that logic.
+//! names an object that was never written. A stub also records where the
+//! store put the chunk when that is a byte range of a pack (many chunks in
+//! one object, [`PackSlot`]; columns `pack`, `pack_offset`), so reads go
+//! straight to the range. [`Chunks`] is that logic.
 //!
 //! Every byte read back through a store is hash-verified: a chunk whose
 //! bytes do not hash to its name is [`DofsError::CorruptChunk`] naming the
@@ -24,6 +27,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use wsd_sync::{Hash, SyncError};
 
 use crate::DofsError;
+pub use crate::pack::PackSlot;
 use crate::sql::hash_from_sql;
 
 /// Hashes per `IN (...)` probe: bounded statements whatever the request.
@@ -43,19 +47,35 @@ pub trait ChunkStore {
     /// Which of `hashes` are held, in input order (duplicates kept).
     fn has(&self, hashes: &[Hash]) -> Result<Vec<Hash>, DofsError>;
 
-    /// [`ChunkStore::put_if_absent`] of each of `chunks`; a store that can
-    /// send several at once (an object store) overrides it.
-    fn put_many(&self, chunks: &[(Hash, &[u8])]) -> Result<(), DofsError> {
+    /// [`ChunkStore::put_if_absent`] of each of `chunks`, answering where
+    /// each one (in input order) is held now: `Some` for a byte range of a
+    /// pack, `None` under its own name. A store that can send several at
+    /// once (an object store, in packs) overrides it.
+    fn put_many(&self, chunks: &[(Hash, &[u8])]) -> Result<Vec<Option<PackSlot>>, DofsError> {
         for (hash, bytes) in chunks {
             self.put_if_absent(hash, bytes)?;
         }
-        Ok(())
+        Ok(vec![None; chunks.len()])
     }
 
     /// [`ChunkStore::get`] of each of `hashes`, in order; the first error
     /// ends the call. An object store overrides it to fetch several at once.
     fn get_many(&self, hashes: &[Hash]) -> Result<Vec<Vec<u8>>, DofsError> {
         hashes.iter().map(|h| self.get(h)).collect()
+    }
+
+    /// [`ChunkStore::get_many`] of chunks whose place the caller recorded
+    /// (from [`ChunkStore::put_many`] or [`ChunkStore::locate`]): a packed
+    /// one is read as a range of its pack, verified as any read.
+    fn get_placed(&self, chunks: &[(Hash, Option<PackSlot>)]) -> Result<Vec<Vec<u8>>, DofsError> {
+        let hashes: Vec<Hash> = chunks.iter().map(|(h, _)| *h).collect();
+        self.get_many(&hashes)
+    }
+
+    /// [`ChunkStore::has`] with where each held chunk is: for a caller
+    /// that indexes them (a recovery, with no record of its own).
+    fn locate(&self, hashes: &[Hash]) -> Result<Vec<(Hash, Option<PackSlot>)>, DofsError> {
+        Ok(self.has(hashes)?.into_iter().map(|h| (h, None)).collect())
     }
 }
 
@@ -172,6 +192,35 @@ impl ChunkStore for SqliteChunks<'_> {
 /// Chunks fetched from an object store at once while a file is read.
 const FETCH_WINDOW: usize = 16;
 
+/// A chunk of a file being read: its bytes from the table, or a stub's
+/// place in the object store.
+enum Held {
+    Here(Vec<u8>),
+    Elsewhere(Option<PackSlot>),
+}
+
+/// A stub's pack range from the columns `size, pack, pack_offset` that
+/// start at `first`.
+fn slot_from_row(r: &rusqlite::Row<'_>, first: usize) -> rusqlite::Result<Option<PackSlot>> {
+    slot_from_columns(r, first, first + 1)
+}
+
+/// A stub's pack range from its `size` column at `size` and its `pack,
+/// pack_offset` columns starting at `pack` (`None` when not packed).
+fn slot_from_columns(
+    r: &rusqlite::Row<'_>,
+    size: usize,
+    pack: usize,
+) -> rusqlite::Result<Option<PackSlot>> {
+    let id: Option<Vec<u8>> = r.get(pack)?;
+    let Some(id) = id else { return Ok(None) };
+    Ok(Some(PackSlot {
+        pack: hash_from_sql(id, pack)?,
+        offset: r.get(pack + 1)?,
+        len: r.get(size)?,
+    }))
+}
+
 /// A dofs database's chunks as its reads and writes see them: the `chunks`
 /// table, and the object store its stub rows point into (see the module
 /// docs). Without an object store it is the table alone.
@@ -193,13 +242,36 @@ impl<'c> Chunks<'c> {
         SqliteChunks::new(self.conn)
     }
 
-    /// The bytes of a stub's chunk, from the object store.
-    fn fetch(&self, hashes: &[Hash]) -> Result<Vec<Vec<u8>>, DofsError> {
-        match (self.objects, hashes.first()) {
+    /// The bytes of stubs' chunks, from the object store.
+    fn fetch(&self, stubs: &[(Hash, Option<PackSlot>)]) -> Result<Vec<Vec<u8>>, DofsError> {
+        match (self.objects, stubs.first()) {
             (_, None) => Ok(Vec::new()),
-            (Some(objects), _) => objects.get_many(hashes),
-            (None, Some(hash)) => Err(DofsError::ChunkElsewhere { hash: *hash }),
+            (Some(objects), _) => objects.get_placed(stubs),
+            (None, Some((hash, _))) => Err(DofsError::ChunkElsewhere { hash: *hash }),
         }
+    }
+
+    /// Where the index says the object store keeps each of `hashes` (a
+    /// stub's pack range, or `None`: its own object, or not a stub), in
+    /// input order; a hash not indexed is `EUNKNOWN_HASH` naming it.
+    pub(crate) fn slots(&self, hashes: &[Hash]) -> Result<Vec<Option<PackSlot>>, DofsError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT size, pack, pack_offset FROM chunks WHERE hash = ?1")?;
+        hashes
+            .iter()
+            .map(|hash| {
+                stmt.query_row([hash.as_bytes()], |r| slot_from_row(r, 0))
+                    .optional()?
+                    .ok_or_else(|| {
+                        SyncError::UnknownHash {
+                            hash: *hash,
+                            path: None,
+                        }
+                        .into()
+                    })
+            })
+            .collect()
     }
 
     /// The subset of `hashes` the table indexes as held (here or in the
@@ -223,15 +295,26 @@ impl<'c> Chunks<'c> {
         Ok(out)
     }
 
-    /// Index rows for chunks the object store now holds.
-    pub(crate) fn index_stored(&self, chunks: &[(Hash, usize)]) -> Result<(), DofsError> {
+    /// Index rows for chunks the object store now holds (each with its
+    /// size, and its pack range when packed).
+    pub(crate) fn index_stored(
+        &self,
+        chunks: &[(Hash, usize, Option<PackSlot>)],
+    ) -> Result<(), DofsError> {
         let now = crate::sql::now_ms();
         let mut stmt = self.conn.prepare_cached(
-            "INSERT INTO chunks (hash, size, data, stored_at) VALUES (?1, ?2, X'', ?3)
+            "INSERT INTO chunks (hash, size, data, stored_at, pack, pack_offset)
+             VALUES (?1, ?2, X'', ?3, ?4, ?5)
              ON CONFLICT (hash) DO NOTHING",
         )?;
-        for (hash, size) in chunks {
-            stmt.execute(params![hash.as_bytes(), *size as u64, now])?;
+        for (hash, size, slot) in chunks {
+            stmt.execute(params![
+                hash.as_bytes(),
+                *size as u64,
+                now,
+                slot.map(|s| s.pack.0.to_vec()),
+                slot.map(|s| s.offset),
+            ])?;
         }
         if !chunks.is_empty() {
             // Read at open by whoever must refuse this store without one.
@@ -278,14 +361,14 @@ impl<'c> Chunks<'c> {
             return Ok(());
         }
         let mut stmt = self.conn.prepare_cached(
-            "SELECT mc.chunk, c.size, c.data FROM manifest_chunks mc
+            "SELECT mc.chunk, c.size, c.data, c.pack, c.pack_offset FROM manifest_chunks mc
                LEFT JOIN chunks c ON c.hash = mc.chunk
              WHERE mc.manifest = ?1 ORDER BY mc.idx",
         )?;
         let mut rows = stmt.query([manifest.as_bytes()])?;
-        // Chunks waiting for their turn: bytes held here, or `None` for a
-        // stub fetched with the rest of the window.
-        let mut window: Vec<(Hash, Option<Vec<u8>>)> = Vec::new();
+        // Chunks waiting for their turn: bytes held here, or a stub (with
+        // its pack range, if packed) fetched with the rest of the window.
+        let mut window: Vec<(Hash, Held)> = Vec::new();
         while let Some(r) = rows.next()? {
             let hash = hash_from_sql(r.get(0)?, 0)?;
             let size: Option<u64> = r.get(1)?;
@@ -293,7 +376,7 @@ impl<'c> Chunks<'c> {
                 return Err(SyncError::UnknownHash { hash, path: None }.into());
             };
             if bytes.is_empty() && size.is_some_and(|s| s > 0) {
-                window.push((hash, None));
+                window.push((hash, Held::Elsewhere(slot_from_columns(r, 1, 3)?)));
             } else if Hash::of(bytes) != hash {
                 return Err(DofsError::CorruptChunk { hash });
             } else if window.is_empty() {
@@ -303,7 +386,7 @@ impl<'c> Chunks<'c> {
                 }
                 continue;
             } else {
-                window.push((hash, Some(bytes.to_vec())));
+                window.push((hash, Held::Here(bytes.to_vec())));
             }
             if window.len() >= FETCH_WINDOW && self.drain(&mut window, &mut each)?.is_break() {
                 return Ok(());
@@ -316,19 +399,21 @@ impl<'c> Chunks<'c> {
     /// to `each` in order.
     fn drain(
         &self,
-        window: &mut Vec<(Hash, Option<Vec<u8>>)>,
+        window: &mut Vec<(Hash, Held)>,
         each: &mut impl FnMut(&[u8]) -> Result<ControlFlow<()>, DofsError>,
     ) -> Result<ControlFlow<()>, DofsError> {
-        let stubs: Vec<Hash> = window
+        let stubs: Vec<(Hash, Option<PackSlot>)> = window
             .iter()
-            .filter(|(_, b)| b.is_none())
-            .map(|(h, _)| *h)
+            .filter_map(|(h, held)| match held {
+                Held::Elsewhere(slot) => Some((*h, *slot)),
+                Held::Here(_) => None,
+            })
             .collect();
         let mut fetched = self.fetch(&stubs)?.into_iter();
         for (_, held) in window.drain(..) {
             let bytes = match held {
-                Some(bytes) => bytes,
-                None => fetched.next().expect("one fetched chunk per stub"),
+                Held::Here(bytes) => bytes,
+                Held::Elsewhere(_) => fetched.next().expect("one fetched chunk per stub"),
             };
             if each(&bytes)?.is_break() {
                 return Ok(ControlFlow::Break(()));
@@ -350,7 +435,7 @@ impl ChunkStore for Chunks<'_> {
             return Ok(false);
         }
         objects.put_if_absent(hash, bytes)?;
-        self.index_stored(&[(*hash, bytes.len())])?;
+        self.index_stored(&[(*hash, bytes.len(), None)])?;
         Ok(true)
     }
 
@@ -359,9 +444,13 @@ impl ChunkStore for Chunks<'_> {
     fn get(&self, hash: &Hash) -> Result<Vec<u8>, DofsError> {
         let row = self
             .conn
-            .prepare_cached("SELECT size, data FROM chunks WHERE hash = ?1")?
+            .prepare_cached("SELECT size, data, pack, pack_offset FROM chunks WHERE hash = ?1")?
             .query_row([hash.as_bytes()], |r| {
-                Ok((r.get::<_, u64>(0)?, r.get::<_, Vec<u8>>(1)?))
+                Ok((
+                    r.get::<_, u64>(0)?,
+                    r.get::<_, Vec<u8>>(1)?,
+                    slot_from_columns(r, 0, 2)?,
+                ))
             })
             .optional()?;
         match row {
@@ -370,11 +459,11 @@ impl ChunkStore for Chunks<'_> {
                 path: None,
             }
             .into()),
-            Some((size, bytes)) if bytes.is_empty() && size > 0 => self
-                .fetch(std::slice::from_ref(hash))?
+            Some((size, bytes, slot)) if bytes.is_empty() && size > 0 => self
+                .fetch(&[(*hash, slot)])?
                 .pop()
                 .ok_or(DofsError::ChunkElsewhere { hash: *hash }),
-            Some((_, bytes)) => verified(hash, bytes),
+            Some((_, bytes, _)) => verified(hash, bytes),
         }
     }
 
@@ -385,9 +474,11 @@ impl ChunkStore for Chunks<'_> {
         }
     }
 
-    /// With an object store: the chunks not yet indexed go to it together,
-    /// then are indexed; those already indexed are stamped fresh.
-    fn put_many(&self, chunks: &[(Hash, &[u8])]) -> Result<(), DofsError> {
+    /// With an object store: the chunks not yet indexed go to it together
+    /// (in packs), then are indexed with where it put them; those already
+    /// indexed are stamped fresh. Answers `None` for every chunk: the
+    /// caller finds them through the index.
+    fn put_many(&self, chunks: &[(Hash, &[u8])]) -> Result<Vec<Option<PackSlot>>, DofsError> {
         let Some(objects) = self.objects else {
             return self.table().put_many(chunks);
         };
@@ -401,9 +492,14 @@ impl ChunkStore for Chunks<'_> {
             .filter(|(h, _)| !held.contains(h) && seen.insert(*h))
             .map(|(h, b)| (*h, *b))
             .collect();
-        objects.put_many(&new)?;
-        let stubs: Vec<(Hash, usize)> = new.iter().map(|(h, b)| (*h, b.len())).collect();
-        self.index_stored(&stubs)
+        let slots = objects.put_many(&new)?;
+        let stubs: Vec<(Hash, usize, Option<PackSlot>)> = new
+            .iter()
+            .zip(slots)
+            .map(|((h, b), slot)| (*h, b.len(), slot))
+            .collect();
+        self.index_stored(&stubs)?;
+        Ok(vec![None; chunks.len()])
     }
 
     fn get_many(&self, hashes: &[Hash]) -> Result<Vec<Vec<u8>>, DofsError> {
@@ -417,15 +513,10 @@ impl ChunkStore for Chunks<'_> {
             .filter(|h| !here.contains(h))
             .copied()
             .collect();
-        let indexed: HashSet<Hash> = self.indexed(&stubs)?.into_iter().collect();
-        if let Some(hash) = stubs.iter().find(|h| !indexed.contains(h)) {
-            return Err(SyncError::UnknownHash {
-                hash: *hash,
-                path: None,
-            }
-            .into());
-        }
-        let mut fetched = self.fetch(&stubs)?.into_iter();
+        // Not indexed: `EUNKNOWN_HASH` naming it.
+        let slots = self.slots(&stubs)?;
+        let placed: Vec<(Hash, Option<PackSlot>)> = stubs.into_iter().zip(slots).collect();
+        let mut fetched = self.fetch(&placed)?.into_iter();
         hashes
             .iter()
             .map(|h| match here.contains(h) {
@@ -489,7 +580,7 @@ impl ChunkSink {
 pub(crate) mod contract {
     use wsd_sync::{ErrorCode, Hash};
 
-    use super::ChunkStore;
+    use super::{ChunkStore, PackSlot};
 
     /// Stores, reads back and probes through `store`, which must start
     /// without the chunks this names (distinct per `seed`).
@@ -515,6 +606,57 @@ pub(crate) mod contract {
         assert!(err.to_string().contains(&absent.to_string()), "{err}");
         assert!(store.has(&[]).unwrap().is_empty());
     }
+
+    /// Stores a batch through `put_many` (a duplicate and a chunk already
+    /// held among it) and reads it back by the places it answered, by hash
+    /// alone, and probes it. Answers each chunk of the batch with where the
+    /// store said it is, for a second client to find.
+    pub(crate) fn batches_hold_for(
+        store: &dyn ChunkStore,
+        seed: u8,
+    ) -> Vec<(Hash, Option<PackSlot>)> {
+        let held = vec![seed, 7, 7];
+        let held_hash = Hash::of(&held);
+        assert!(store.put_if_absent(&held_hash, &held).unwrap());
+        let chunks: Vec<Vec<u8>> = (0..20u8)
+            .map(|i| vec![seed.wrapping_add(i); 1000 + usize::from(i)])
+            .collect();
+        let mut batch: Vec<(Hash, &[u8])> = chunks.iter().map(|c| (Hash::of(c), &c[..])).collect();
+        batch.push(batch[3]);
+        batch.push((held_hash, &held));
+        let slots = store.put_many(&batch).unwrap();
+        assert_eq!(slots.len(), batch.len(), "one answer per chunk");
+        assert_eq!(slots[3], slots[20], "a duplicate is one chunk");
+        let placed: Vec<(Hash, Option<PackSlot>)> =
+            batch.iter().map(|(h, _)| *h).zip(slots).collect();
+        let read = store.get_placed(&placed).unwrap();
+        for ((_, bytes), got) in batch.iter().zip(&read) {
+            assert_eq!(*bytes, &got[..]);
+        }
+        let hashes: Vec<Hash> = placed.iter().map(|(h, _)| *h).collect();
+        assert_eq!(store.get_many(&hashes).unwrap(), read);
+        assert_eq!(store.get(&hashes[5]).unwrap(), chunks[5]);
+        assert_eq!(store.has(&hashes).unwrap(), hashes);
+        assert_eq!(store.locate(&hashes).unwrap(), placed);
+        let absent = Hash::of(&[seed, 8, 8]);
+        assert!(store.locate(&[absent]).unwrap().is_empty());
+        placed
+    }
+
+    /// What a second client of the same store (no state of its own) finds
+    /// of a batch another stored ([`batches_hold_for`]).
+    pub(crate) fn a_second_client_finds(
+        store: &dyn ChunkStore,
+        placed: &[(Hash, Option<PackSlot>)],
+    ) {
+        let hashes: Vec<Hash> = placed.iter().map(|(h, _)| *h).collect();
+        let bytes = store.get_placed(placed).unwrap();
+        for (hash, b) in hashes.iter().zip(&bytes) {
+            assert_eq!(Hash::of(b), *hash);
+        }
+        assert_eq!(store.locate(&hashes).unwrap(), placed);
+        assert_eq!(store.get_many(&hashes).unwrap(), bytes);
+    }
 }
 
 #[cfg(test)]
@@ -528,6 +670,11 @@ mod tests {
     fn the_sqlite_store_keeps_the_contract() {
         let d = store();
         contract::holds_for(&SqliteChunks::new(&d.conn), 1);
+        let placed = contract::batches_hold_for(&SqliteChunks::new(&d.conn), 2);
+        assert!(
+            placed.iter().all(|(_, slot)| slot.is_none()),
+            "rows, not packs"
+        );
     }
 
     #[test]

@@ -35,6 +35,13 @@ pub enum DofsError {
         "EIO: chunk {hash} is kept in an object store, and this store was opened without one (--chunk-store)"
     )]
     ChunkElsewhere { hash: wsd_sync::Hash },
+    /// A pack object (many chunks in one object) that cannot be read as
+    /// one: names the pack and what is wrong.
+    #[error("EIO: pack {pack}: {reason}")]
+    CorruptPack {
+        pack: wsd_sync::Hash,
+        reason: String,
+    },
     #[error("EIO: sqlite: {0}")]
     Sqlite(rusqlite::Error),
     /// A chunk-store URL (`--chunk-store`) that cannot be used.
@@ -78,6 +85,7 @@ impl DofsError {
             | DofsError::Corrupt { .. }
             | DofsError::CorruptChunk { .. }
             | DofsError::ChunkElsewhere { .. }
+            | DofsError::CorruptPack { .. }
             | DofsError::Sqlite(_)
             | DofsError::ChunkStore { .. }
             | DofsError::ChunkStoreDeadline { .. } => ErrorCode::Io,

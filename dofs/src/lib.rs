@@ -26,6 +26,7 @@ mod fs;
 mod integrity;
 #[cfg(feature = "s3")]
 mod object_chunks;
+mod pack;
 mod rows;
 mod schema;
 #[cfg(all(feature = "s3", any(test, feature = "testkit")))]
@@ -38,14 +39,16 @@ use std::path::Path;
 
 use rusqlite::{Connection, OptionalExtension};
 
-pub use chunk_store::{ChunkStore, SharedChunkStore, SqliteChunks};
+pub use chunk_store::{ChunkStore, PackSlot, SharedChunkStore, SqliteChunks};
 pub use error::DofsError;
 pub use fs::{
     DEFAULT_DIR_MODE, DEFAULT_FILE_MODE, DEFAULT_SYMLINK_MODE, DirEntry, LineWindow, SearchHit,
     Stat, WriteOptions,
 };
 #[cfg(feature = "s3")]
-pub use object_chunks::{Credentials, DEFAULT_DEADLINE, ObjectChunks, StaleChunk, SweepOutcome};
+pub use object_chunks::{
+    Credentials, DEFAULT_DEADLINE, ObjectChunks, PACK_BYTES, StaleObject, SweepOutcome,
+};
 pub use schema::SCHEMA_VERSION;
 pub use snapshot::{DiffKind, RestoreOutcome, SnapshotSummary};
 pub use sync::{GcOutcome, PruneOutcome};

@@ -1,12 +1,21 @@
-//! The S3 chunk store: chunks as immutable objects
-//! `PREFIX/chunks/<first 2 hex>/<hash>` in a bucket, through the
-//! `object_store` crate (any S3-compatible server; an in-memory store for
-//! tests).
+//! The S3 chunk store: chunks in immutable objects in a bucket, through
+//! the `object_store` crate (any S3-compatible server; an in-memory store
+//! for tests).
 //!
+//! - A chunk stored alone is the object `PREFIX/chunks/<first 2 hex>/<hash>`;
+//!   the chunks of one upload batch ([`ChunkStore::put_many`] of several)
+//!   go into packs, `PREFIX/packs/<pack id>`, of up to [`PACK_BYTES`]
+//!   each (format in `src/pack.rs`): the server's cost is per object, so
+//!   this is what makes a sync fast (`bench/RESULTS.md`, issue 29). The
+//!   caller records where `put_many` put each chunk ([`PackSlot`]) and
+//!   reads with [`ChunkStore::get_placed`] (the pack read whole and kept
+//!   a while for its other chunks); a
+//!   pack lists its chunks itself, so a process with no record finds them
+//!   ([`ChunkStore::locate`] reads the indexes of packs it has not seen).
 //! - Writes are put-if-absent (`If-None-Match: *`): "already there" is not
 //!   an error, so two writers of one chunk agree.
 //! - A known-present set (the hashes this process stored or saw lately,
-//!   bounded in count) answers `has` and skips uploads without a request
+//!   with their pack ranges, bounded in count) answers `has` and skips uploads without a request
 //!   per chunk; a hot cache of recently read chunks (bounded in bytes)
 //!   answers repeated reads. Both assume one writer per bucket prefix:
 //!   this process's own sweeps keep them true, a deletion by another
@@ -26,7 +35,7 @@
 //! waits on a short-lived thread of its own instead, blocking as any
 //! synchronous store call does.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -35,11 +44,14 @@ use futures::{StreamExt, TryStreamExt, stream};
 use hashlink::LruCache;
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as ObjectPath;
-use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, PutMode, PutPayload, RetryConfig};
-use wsd_sync::{Hash, SyncError};
+use object_store::{
+    ClientOptions, ObjectMeta, ObjectStore, ObjectStoreExt, PutMode, PutPayload, RetryConfig,
+};
+use wsd_sync::{ErrorCode, Hash, SyncError};
 
 use crate::DofsError;
-use crate::chunk_store::{ChunkStore, verified};
+use crate::chunk_store::{ChunkStore, PackSlot, verified};
+use crate::pack::{self, PackIndex};
 
 /// How long one request may take before it is an error.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
@@ -50,17 +62,41 @@ const HOT_CACHE_BYTES: usize = 64 << 20;
 /// Hashes the known-present set remembers (about 100 bytes each).
 const PRESENT_HASHES: usize = 1 << 18;
 
+/// Bytes of chunks in one pack at most: an upload batch larger than that
+/// goes out as several packs (concurrently). Small on purpose: SeaweedFS
+/// reads a whole stored object (up to its chunk size) to serve any range
+/// of it, so a cold read of one small chunk costs about 1 ms more per MiB
+/// of pack; at 1 MiB a sync of small files still makes ~100× fewer
+/// objects than one per chunk (`bench/RESULTS.md`, issue 29).
+pub const PACK_BYTES: usize = 1 << 20;
+
+/// Whole packs kept after a read (at most [`PACK_BYTES`] and an index
+/// each), so the next reads of their other chunks ask nothing.
+const READ_AHEAD_PACKS: usize = 16;
+
 /// Requests in flight at once for a batch (`has`, `sweep`): S3 has no
 /// batch HEAD or batch delete that every server speaks.
 const CONCURRENCY: usize = 16;
 
-/// A chunk object a sweep may delete: unmarked when listed, and older than
-/// the grace window ([`ObjectChunks::stale_chunks`]).
+/// An object a sweep may delete, unmarked when listed and older than the
+/// grace window ([`ObjectChunks::stale_objects`]): one chunk's own object,
+/// or a pack with the chunks its index lists.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StaleChunk {
-    pub hash: Hash,
+pub struct StaleObject {
     key: ObjectPath,
+    /// The pack's id, for a pack.
+    pack: Option<Hash>,
+    /// The object's size in bytes.
     pub size: u64,
+    /// The chunks it holds.
+    pub chunks: Vec<Hash>,
+}
+
+impl StaleObject {
+    /// Whether any chunk it holds is in `keep` (then it stays).
+    pub fn holds_any(&self, keep: &HashSet<Hash>) -> bool {
+        self.chunks.iter().any(|h| keep.contains(h))
+    }
 }
 
 /// What [`ObjectChunks::sweep`] deleted.
@@ -214,8 +250,14 @@ pub struct ObjectChunks {
     prefix: ObjectPath,
     label: String,
     deadline: Duration,
-    present: Mutex<LruCache<Hash, ()>>,
+    /// Known present: each hash with its pack range (`None`: its own object).
+    present: Mutex<LruCache<Hash, Option<PackSlot>>>,
+    /// Packs whose indexes are in `present` (written or read here).
+    packs_read: Mutex<HashSet<Hash>>,
     hot: Mutex<HotCache>,
+    /// Packs read whole lately (unverified bytes: each chunk is verified
+    /// when taken from them).
+    ahead: Mutex<LruCache<Hash, Arc<[u8]>>>,
     runtime: OwnRuntime,
 }
 
@@ -314,12 +356,20 @@ impl ObjectChunks {
             label,
             deadline,
             present: Mutex::new(LruCache::new(PRESENT_HASHES)),
+            packs_read: Mutex::new(HashSet::new()),
+            ahead: Mutex::new(LruCache::new(READ_AHEAD_PACKS)),
             hot: Mutex::new(HotCache {
                 chunks: LruCache::new_unbounded(),
                 bytes: 0,
             }),
             runtime: OwnRuntime(Some(runtime)),
         })
+    }
+
+    /// How many packs' indexes this process holds (written or read).
+    #[cfg(test)]
+    pub(crate) fn packs_read(&self) -> usize {
+        lock(&self.packs_read).len()
     }
 
     /// How this store names itself (`s3://BUCKET/PREFIX at ENDPOINT`).
@@ -334,6 +384,14 @@ impl ObjectChunks {
     fn key(&self, hash: &Hash) -> ObjectPath {
         let hex = hash.to_string();
         self.chunks_dir().join(&hex[..2]).join(hex)
+    }
+
+    fn packs_dir(&self) -> ObjectPath {
+        self.prefix.clone().join("packs")
+    }
+
+    fn pack_key(&self, id: &Hash) -> ObjectPath {
+        self.packs_dir().join(id.to_string())
     }
 
     fn failed(&self, op: String, e: CallError) -> DofsError {
@@ -376,12 +434,13 @@ impl ObjectChunks {
         .map_err(|e| self.failed("listing the bucket".into(), e))
     }
 
-    fn remember(&self, hash: Hash) {
-        lock(&self.present).insert(hash, ());
+    fn remember(&self, hash: Hash, slot: Option<PackSlot>) {
+        lock(&self.present).insert(hash, slot);
     }
 
-    fn known(&self, hash: &Hash) -> bool {
-        lock(&self.present).get(hash).is_some()
+    /// Where `hash` is, if this process knows it present.
+    fn known(&self, hash: &Hash) -> Option<Option<PackSlot>> {
+        lock(&self.present).get(hash).copied()
     }
 
     fn cache(&self, hash: Hash, bytes: Arc<[u8]>) {
@@ -401,33 +460,29 @@ impl ObjectChunks {
         }
     }
 
-    /// Deletes every chunk object that `keep` does not name and that was
-    /// stored before `stored_before` (the grace window: a chunk uploaded
-    /// for a reference not yet recorded is young, and stays).
+    /// Deletes every object (a chunk's own, or a pack) none of whose
+    /// chunks `keep` names and that was stored before `stored_before` (the
+    /// grace window: a chunk uploaded for a reference not yet recorded is
+    /// young, and stays; so is a pack written for it).
     pub fn sweep(
         &self,
         keep: &HashSet<Hash>,
         stored_before: SystemTime,
     ) -> Result<SweepOutcome, DofsError> {
-        let stale: Vec<StaleChunk> = self
-            .stale_chunks(stored_before)?
+        let stale: Vec<StaleObject> = self
+            .stale_objects(stored_before)?
             .into_iter()
-            .filter(|c| !keep.contains(&c.hash))
+            .filter(|o| !o.holds_any(keep))
             .collect();
-        self.delete_chunks(stale)
+        self.delete_objects(stale)
     }
 
-    /// Every chunk object stored before `stored_before`, listed page by
-    /// page (each page one request under the deadline). A caller marks
-    /// what it must keep among them, then [`ObjectChunks::delete_chunks`]
-    /// the rest, with nothing able to reference them in between.
-    pub fn stale_chunks(&self, stored_before: SystemTime) -> Result<Vec<StaleChunk>, DofsError> {
-        let before_ms = stored_before
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
+    /// Every object listed under `dir`, page by page (each page one
+    /// request under the deadline).
+    fn listing(&self, dir: &ObjectPath, what: &str) -> Result<Vec<ObjectMeta>, DofsError> {
         let deadline = self.deadline;
-        let mut listing = self.store.list(Some(&self.chunks_dir()));
-        let mut stale = Vec::new();
+        let mut listing = self.store.list(Some(dir));
+        let mut out = Vec::new();
         loop {
             let next = self
                 .block_on(async {
@@ -435,44 +490,156 @@ impl ObjectChunks {
                         .await
                         .map_err(|_| CallError::Deadline)
                 })
-                .map_err(|e| self.failed("listing chunks".into(), e))?;
+                .map_err(|e| self.failed(format!("listing {what}"), e))?;
             let Some(meta) = next else { break };
-            let meta =
-                meta.map_err(|e| self.failed("listing chunks".into(), CallError::Store(e)))?;
-            // Objects that are not chunks (another tool's files) are left.
-            let Some(hash) = meta
-                .location
-                .filename()
-                .and_then(|n| Hash::from_hex(n).ok())
-            else {
-                continue;
-            };
-            if meta.last_modified.timestamp_millis() < before_ms {
-                stale.push(StaleChunk {
-                    hash,
-                    key: meta.location,
-                    size: meta.size,
-                });
-            }
+            out.push(
+                meta.map_err(|e| self.failed(format!("listing {what}"), CallError::Store(e)))?,
+            );
         }
-        Ok(stale)
+        Ok(out)
     }
 
-    /// Deletes `chunks` (a few at a time) and forgets them.
-    pub fn delete_chunks(&self, chunks: Vec<StaleChunk>) -> Result<SweepOutcome, DofsError> {
+    /// The packs listed in the bucket, each with its size (objects under
+    /// `packs/` not named by a pack id are another tool's, and left).
+    fn listed_packs(&self) -> Result<Vec<(Hash, ObjectMeta)>, DofsError> {
+        Ok(self
+            .listing(&self.packs_dir(), "packs")?
+            .into_iter()
+            .filter_map(|meta| {
+                let id = meta
+                    .location
+                    .filename()
+                    .and_then(|n| Hash::from_hex(n).ok())?;
+                Some((id, meta))
+            })
+            .collect())
+    }
+
+    /// The indexes of `packs` (id, size), read concurrently, in input
+    /// order; a pack gone meanwhile is `None`.
+    fn read_pack_indexes(
+        &self,
+        packs: &[(Hash, u64)],
+    ) -> Result<Vec<Option<PackIndex>>, DofsError> {
         let (store, deadline) = (self.store.clone(), self.deadline);
-        let deleted: Vec<(Hash, u64)> = self
+        let reads: Vec<(Hash, ObjectPath, u64)> = packs
+            .iter()
+            .map(|(id, size)| (*id, self.pack_key(id), *size))
+            .collect();
+        let read: Vec<(Hash, Result<Option<PackIndex>, IndexError>)> = self.block_on(
+            stream::iter(reads)
+                .map(|(id, key, size)| {
+                    let store = store.clone();
+                    async move {
+                        (
+                            id,
+                            read_pack_index(&*store, &key, &id, size, deadline).await,
+                        )
+                    }
+                })
+                .buffered(CONCURRENCY)
+                .collect(),
+        );
+        read.into_iter()
+            .map(|(id, got)| match got {
+                Ok(index) => Ok(index),
+                Err(IndexError::Pack(e)) => Err(e),
+                Err(IndexError::Call(e)) => {
+                    Err(self.failed(format!("reading the index of pack {id}"), e))
+                }
+            })
+            .collect()
+    }
+
+    /// Reads the index of every pack in the bucket this process has not
+    /// read (or written) yet into the known-present set: how a store with
+    /// no local state (a recovery, a second client) finds packed chunks.
+    /// Answers what it read (whole, even where the bounded set evicted).
+    fn read_new_packs(&self) -> Result<HashMap<Hash, PackSlot>, DofsError> {
+        let new: Vec<(Hash, u64)> = {
+            let listed = self.listed_packs()?;
+            let read = lock(&self.packs_read);
+            listed
+                .into_iter()
+                .filter(|(id, _)| !read.contains(id))
+                .map(|(id, meta)| (id, meta.size))
+                .collect()
+        };
+        let indexes = self.read_pack_indexes(&new)?;
+        let mut read = HashMap::new();
+        for ((id, _), index) in new.iter().zip(indexes) {
+            let Some(index) = index else { continue };
+            for (hash, slot) in index {
+                self.remember(hash, Some(slot));
+                read.insert(hash, slot);
+            }
+            lock(&self.packs_read).insert(*id);
+        }
+        Ok(read)
+    }
+
+    /// Every object stored before `stored_before`: chunks' own objects and
+    /// packs (each with the chunks its index lists). A caller marks what
+    /// it must keep among their chunks, then
+    /// [`ObjectChunks::delete_objects`] the rest, with nothing able to
+    /// reference them in between.
+    pub fn stale_objects(&self, stored_before: SystemTime) -> Result<Vec<StaleObject>, DofsError> {
+        let before_ms = stored_before
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let stale = |meta: &ObjectMeta| meta.last_modified.timestamp_millis() < before_ms;
+        let mut out: Vec<StaleObject> = self
+            .listing(&self.chunks_dir(), "chunks")?
+            .into_iter()
+            .filter(|meta| stale(meta))
+            .filter_map(|meta| {
+                // Objects that are not chunks (another tool's files) are left.
+                let hash = meta
+                    .location
+                    .filename()
+                    .and_then(|n| Hash::from_hex(n).ok())?;
+                Some(StaleObject {
+                    key: meta.location,
+                    pack: None,
+                    size: meta.size,
+                    chunks: vec![hash],
+                })
+            })
+            .collect();
+        let packs: Vec<(Hash, ObjectMeta)> = self
+            .listed_packs()?
+            .into_iter()
+            .filter(|(_, meta)| stale(meta))
+            .collect();
+        let sizes: Vec<(Hash, u64)> = packs.iter().map(|(id, m)| (*id, m.size)).collect();
+        for ((id, meta), index) in packs.into_iter().zip(self.read_pack_indexes(&sizes)?) {
+            // Gone since the listing: nothing to delete.
+            let Some(index) = index else { continue };
+            out.push(StaleObject {
+                key: meta.location,
+                pack: Some(id),
+                size: meta.size,
+                chunks: index.into_iter().map(|(h, _)| h).collect(),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Deletes `objects` (a few at a time) and forgets their chunks.
+    pub fn delete_objects(&self, objects: Vec<StaleObject>) -> Result<SweepOutcome, DofsError> {
+        let (store, deadline) = (self.store.clone(), self.deadline);
+        let deleted: Vec<StaleObject> = self
             .block_on(
-                stream::iter(chunks)
-                    .map(|c| {
+                stream::iter(objects)
+                    .map(|o| {
                         let store = store.clone();
                         async move {
-                            match bounded(deadline, store.delete(&c.key)).await {
+                            match bounded(deadline, store.delete(&o.key)).await {
                                 Ok(())
                                 | Err(CallError::Store(object_store::Error::NotFound { .. })) => {
-                                    Ok((c.hash, c.size))
+                                    Ok(o)
                                 }
-                                Err(e) => Err((c.hash, e)),
+                                Err(e) => Err((o.key, e)),
                             }
                         }
                     })
@@ -481,17 +648,25 @@ impl ObjectChunks {
             )
             .into_iter()
             .collect::<Result<_, _>>()
-            .map_err(|(hash, e)| self.failed(format!("deleting chunk {hash}"), e))?;
+            .map_err(|(key, e)| self.failed(format!("deleting {key}"), e))?;
         let mut present = lock(&self.present);
         let mut hot = lock(&self.hot);
+        let mut packs_read = lock(&self.packs_read);
+        let mut ahead = lock(&self.ahead);
         let mut out = SweepOutcome::default();
-        for (hash, size) in deleted {
-            present.remove(&hash);
-            if let Some(bytes) = hot.chunks.remove(&hash) {
-                hot.bytes -= bytes.len();
+        for object in deleted {
+            if let Some(id) = object.pack {
+                packs_read.remove(&id);
+                ahead.remove(&id);
             }
-            out.chunks += 1;
-            out.bytes += size;
+            for hash in &object.chunks {
+                present.remove(hash);
+                if let Some(bytes) = hot.chunks.remove(hash) {
+                    hot.bytes -= bytes.len();
+                }
+            }
+            out.chunks += object.chunks.len() as u64;
+            out.bytes += object.size;
         }
         Ok(out)
     }
@@ -538,37 +713,164 @@ impl ObjectChunks {
 
     /// The names (relative to the prefix) of the documents under `dir`.
     pub fn list_documents(&self, dir: &str) -> Result<Vec<String>, DofsError> {
-        let deadline = self.deadline;
-        let mut listing = self.store.list(Some(&self.document_key(dir)));
         let prefix_parts = self.prefix.parts().count();
-        let mut names = Vec::new();
-        loop {
-            let next = self
-                .block_on(async {
-                    tokio::time::timeout(deadline, listing.next())
-                        .await
-                        .map_err(|_| CallError::Deadline)
-                })
-                .map_err(|e| self.failed(format!("listing {dir}"), e))?;
-            let Some(meta) = next else { break };
-            let meta =
-                meta.map_err(|e| self.failed(format!("listing {dir}"), CallError::Store(e)))?;
-            let parts: Vec<String> = meta
-                .location
-                .parts()
-                .skip(prefix_parts)
-                .map(|p| p.as_ref().to_owned())
-                .collect();
-            names.push(parts.join("/"));
-        }
+        let mut names: Vec<String> = self
+            .listing(&self.document_key(dir), dir)?
+            .into_iter()
+            .map(|meta| {
+                let parts: Vec<String> = meta
+                    .location
+                    .parts()
+                    .skip(prefix_parts)
+                    .map(|p| p.as_ref().to_owned())
+                    .collect();
+                parts.join("/")
+            })
+            .collect();
         names.sort();
         Ok(names)
     }
 }
 
+/// Why reading a pack's index failed: the request, or the pack itself.
+enum IndexError {
+    Call(CallError),
+    Pack(DofsError),
+}
+
+/// The index of pack `id` at `key` (`size` bytes): two ranged reads, the
+/// header then the index. `None` when the pack is gone.
+async fn read_pack_index(
+    store: &dyn ObjectStore,
+    key: &ObjectPath,
+    id: &Hash,
+    size: u64,
+    deadline: Duration,
+) -> Result<Option<PackIndex>, IndexError> {
+    let range = |r: std::ops::Range<u64>| async move {
+        match bounded(deadline, store.get_range(key, r)).await {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(CallError::Store(object_store::Error::NotFound { .. })) => Ok(None),
+            Err(e) => Err(IndexError::Call(e)),
+        }
+    };
+    if size < pack::HEADER_LEN {
+        return Err(IndexError::Pack(DofsError::CorruptPack {
+            pack: *id,
+            reason: format!("{size} bytes, shorter than a pack header"),
+        }));
+    }
+    let Some(header) = range(0..pack::HEADER_LEN).await? else {
+        return Ok(None);
+    };
+    let len = pack::index_len(id, &header).map_err(IndexError::Pack)?;
+    let end = pack::HEADER_LEN + len;
+    if end > size {
+        return Err(IndexError::Pack(DofsError::CorruptPack {
+            pack: *id,
+            reason: format!("an index of {len} bytes in a pack of {size}"),
+        }));
+    }
+    let index = match len {
+        0 => Default::default(),
+        _ => match range(pack::HEADER_LEN..end).await? {
+            Some(index) => index,
+            None => return Ok(None),
+        },
+    };
+    pack::decode_index(id, &index, size)
+        .map(Some)
+        .map_err(IndexError::Pack)
+}
+
+/// The bytes `slot` names in `pack` (empty when the pack is shorter: the
+/// chunk's verification then fails, naming it).
+fn slice(pack: &[u8], slot: &PackSlot) -> Vec<u8> {
+    let start = usize::try_from(slot.offset).unwrap_or(usize::MAX);
+    start
+        .checked_add(slot.len as usize)
+        .and_then(|end| pack.get(start..end))
+        .map(<[u8]>::to_vec)
+        .unwrap_or_default()
+}
+
+/// One request of a [`ObjectChunks::get_placed`]: a chunk's own object, or
+/// one pack, whole, for the chunks wanted from it.
+enum Fetch {
+    Alone {
+        at: usize,
+        hash: Hash,
+        key: ObjectPath,
+    },
+    Packed {
+        key: ObjectPath,
+        members: Vec<(usize, Hash, PackSlot)>,
+    },
+}
+
+impl ObjectChunks {
+    /// Stores `chunks` (distinct, not known present) as packs of at most
+    /// [`PACK_BYTES`], sent concurrently; answers where each one is.
+    fn put_packs(&self, chunks: &[(Hash, &[u8])]) -> Result<Vec<(Hash, PackSlot)>, DofsError> {
+        let mut groups: Vec<&[(Hash, &[u8])]> = Vec::new();
+        let (mut start, mut bytes) = (0, 0);
+        for (i, (_, b)) in chunks.iter().enumerate() {
+            if bytes > 0 && bytes + b.len() > PACK_BYTES {
+                groups.push(&chunks[start..i]);
+                (start, bytes) = (i, 0);
+            }
+            bytes += b.len();
+        }
+        groups.push(&chunks[start..]);
+        let (store, deadline) = (self.store.clone(), self.deadline);
+        let mut uploads: Vec<(Hash, ObjectPath, PutPayload)> = Vec::with_capacity(groups.len());
+        let mut placed: Vec<(Hash, PackIndex)> = Vec::with_capacity(groups.len());
+        for group in groups {
+            // The bytes move into the request; the slots stay for the answer.
+            let pack::Pack { id, bytes, slots } = pack::encode(group);
+            uploads.push((id, self.pack_key(&id), PutPayload::from(bytes)));
+            placed.push((id, slots));
+        }
+        self.block_on(
+            stream::iter(uploads)
+                .map(|(id, key, payload)| {
+                    let store = store.clone();
+                    async move {
+                        // Same id, same bytes: "already there" is success.
+                        match bounded(
+                            deadline,
+                            store.put_opts(&key, payload, PutMode::Create.into()),
+                        )
+                        .await
+                        {
+                            Ok(_)
+                            | Err(CallError::Store(
+                                object_store::Error::AlreadyExists { .. }
+                                | object_store::Error::Precondition { .. },
+                            )) => Ok(()),
+                            Err(e) => Err((id, e)),
+                        }
+                    }
+                })
+                .buffer_unordered(CONCURRENCY)
+                .try_collect::<Vec<()>>(),
+        )
+        .map_err(|(id, e)| self.failed(format!("storing pack {id}"), e))?;
+        let mut out = Vec::with_capacity(chunks.len());
+        for (id, slots) in placed {
+            for (hash, slot) in &slots {
+                self.remember(*hash, Some(*slot));
+            }
+            lock(&self.packs_read).insert(id);
+            out.extend(slots);
+        }
+        Ok(out)
+    }
+}
+
 impl ChunkStore for ObjectChunks {
     fn put_if_absent(&self, hash: &Hash, bytes: &[u8]) -> Result<bool, DofsError> {
-        if self.known(hash) {
+        if self.known(hash).is_some() {
             return Ok(false);
         }
         let (store, key) = (self.store.clone(), self.key(hash));
@@ -583,46 +885,207 @@ impl ChunkStore for ObjectChunks {
             )) => false,
             Err(e) => return Err(self.failed(format!("storing chunk {hash}"), e)),
         };
-        self.remember(*hash);
+        self.remember(*hash, None);
         Ok(stored)
     }
 
     fn get(&self, hash: &Hash) -> Result<Vec<u8>, DofsError> {
-        if let Some(bytes) = lock(&self.hot).chunks.get(hash) {
-            return Ok(bytes.to_vec());
-        }
-        let (store, key) = (self.store.clone(), self.key(hash));
-        let fetched = self.block_on(bounded(self.deadline, async move {
-            store.get(&key).await?.bytes().await
-        }));
-        let bytes = match fetched {
-            Ok(bytes) => verified(hash, bytes.to_vec())?,
-            Err(CallError::Store(object_store::Error::NotFound { .. })) => {
-                return Err(SyncError::UnknownHash {
-                    hash: *hash,
-                    path: None,
-                }
-                .into());
-            }
-            Err(e) => return Err(self.failed(format!("reading chunk {hash}"), e)),
-        };
-        self.remember(*hash);
-        self.cache(*hash, Arc::from(bytes.as_slice()));
-        Ok(bytes)
+        Ok(self
+            .get_many(std::slice::from_ref(hash))?
+            .pop()
+            .expect("one chunk asked, one answered"))
     }
 
     fn has(&self, hashes: &[Hash]) -> Result<Vec<Hash>, DofsError> {
+        Ok(self.locate(hashes)?.into_iter().map(|(h, _)| h).collect())
+    }
+
+    /// The chunks not known present go out together: one alone as its
+    /// own object, several in packs (one object per [`PACK_BYTES`]).
+    fn put_many(&self, chunks: &[(Hash, &[u8])]) -> Result<Vec<Option<PackSlot>>, DofsError> {
+        let mut placed: HashMap<Hash, Option<PackSlot>> = HashMap::new();
+        let mut new: Vec<(Hash, &[u8])> = Vec::new();
+        let mut seen = HashSet::new();
+        for (hash, bytes) in chunks {
+            match self.known(hash) {
+                Some(slot) => {
+                    placed.insert(*hash, slot);
+                }
+                None if seen.insert(*hash) => new.push((*hash, bytes)),
+                None => {}
+            }
+        }
+        if let [(hash, bytes)] = new[..] {
+            self.put_if_absent(&hash, bytes)?;
+            placed.insert(hash, None);
+        } else if !new.is_empty() {
+            placed.extend(self.put_packs(&new)?.into_iter().map(|(h, s)| (h, Some(s))));
+        }
+        Ok(chunks.iter().map(|(h, _)| placed[h]).collect())
+    }
+
+    /// [`ChunkStore::get_placed`] at the places this process knows; a
+    /// chunk it cannot find sends it to read the indexes of packs it has
+    /// not seen (once), then to try again.
+    fn get_many(&self, hashes: &[Hash]) -> Result<Vec<Vec<u8>>, DofsError> {
+        let placed = |this: &ObjectChunks| -> Vec<(Hash, Option<PackSlot>)> {
+            hashes
+                .iter()
+                .map(|h| (*h, this.known(h).flatten()))
+                .collect()
+        };
+        let first = placed(self);
+        match self.get_placed(&first) {
+            Err(e)
+                if e.code() == ErrorCode::UnknownHash
+                    && first.iter().any(|(_, s)| s.is_none())
+                    && !self.read_new_packs()?.is_empty() =>
+            {
+                self.get_placed(&placed(self))
+            }
+            got => got,
+        }
+    }
+
+    /// Hot chunks from the cache, packed ones from a pack read whole
+    /// lately; the rest fetched [`CONCURRENCY`] requests at a time: a
+    /// chunk's own object, or its whole pack (kept for the next reads,
+    /// [`READ_AHEAD_PACKS`] of them). Each chunk is verified.
+    fn get_placed(&self, chunks: &[(Hash, Option<PackSlot>)]) -> Result<Vec<Vec<u8>>, DofsError> {
+        let mut out: Vec<Option<Vec<u8>>> = {
+            let mut hot = lock(&self.hot);
+            chunks
+                .iter()
+                .map(|(h, _)| hot.chunks.get(h).map(|b| b.to_vec()))
+                .collect()
+        };
+        let mut fetches: Vec<Fetch> = Vec::new();
+        let mut pack_fetch: HashMap<Hash, usize> = HashMap::new();
+        // Chunks sliced out of packs read whole: verified like the rest.
+        let mut sliced: Vec<(usize, Hash, Option<PackSlot>, Vec<u8>)> = Vec::new();
+        for (at, (hash, slot)) in chunks.iter().enumerate() {
+            if out[at].is_some() {
+                continue;
+            }
+            let slot = slot.or_else(|| self.known(hash).flatten());
+            if let Some(slot) = slot
+                && let Some(pack) = lock(&self.ahead).get(&slot.pack).cloned()
+            {
+                sliced.push((at, *hash, Some(slot), slice(&pack, &slot)));
+                continue;
+            }
+            match slot {
+                None => fetches.push(Fetch::Alone {
+                    at,
+                    hash: *hash,
+                    key: self.key(hash),
+                }),
+                Some(slot) => {
+                    let i = *pack_fetch.entry(slot.pack).or_insert_with(|| {
+                        fetches.push(Fetch::Packed {
+                            key: self.pack_key(&slot.pack),
+                            members: Vec::new(),
+                        });
+                        fetches.len() - 1
+                    });
+                    if let Fetch::Packed { members, .. } = &mut fetches[i] {
+                        members.push((at, *hash, slot));
+                    }
+                }
+            }
+        }
+        let (store, deadline) = (self.store.clone(), self.deadline);
+        type Fetched = Result<
+            (
+                Option<(Hash, Arc<[u8]>)>,
+                Vec<(usize, Hash, Option<PackSlot>, Vec<u8>)>,
+            ),
+            (Hash, CallError),
+        >;
+        let fetched: Vec<Fetched> = self.block_on(
+            stream::iter(fetches)
+                .map(|fetch| {
+                    let store = store.clone();
+                    async move {
+                        match fetch {
+                            Fetch::Alone { at, hash, key } => bounded(deadline, async move {
+                                Ok(store.get(&key).await?.bytes().await?.to_vec())
+                            })
+                            .await
+                            .map(|bytes| (None, vec![(at, hash, None, bytes)]))
+                            .map_err(|e| (hash, e)),
+                            // The whole pack: SeaweedFS reads all of it to
+                            // serve any range anyway, and the next reads
+                            // (neighbouring files) find it in memory.
+                            Fetch::Packed { key, members } => {
+                                match bounded(deadline, async move {
+                                    store.get(&key).await?.bytes().await
+                                })
+                                .await
+                                {
+                                    Ok(whole) => {
+                                        let id = members[0].2.pack;
+                                        let pack: Arc<[u8]> = Arc::from(&whole[..]);
+                                        let got: Vec<_> = members
+                                            .into_iter()
+                                            .map(|(at, hash, s)| {
+                                                (at, hash, Some(s), slice(&pack, &s))
+                                            })
+                                            .collect();
+                                        Ok((Some((id, pack)), got))
+                                    }
+                                    Err(e) => Err((members[0].1, e)),
+                                }
+                            }
+                        }
+                    }
+                })
+                .buffered(CONCURRENCY)
+                .collect(),
+        );
+        let mut taken = vec![sliced];
+        for got in fetched {
+            let (pack, got) = match got {
+                Ok(got) => got,
+                Err((hash, CallError::Store(object_store::Error::NotFound { .. }))) => {
+                    return Err(SyncError::UnknownHash { hash, path: None }.into());
+                }
+                Err((hash, e)) => return Err(self.failed(format!("reading chunk {hash}"), e)),
+            };
+            if let Some((id, bytes)) = pack {
+                lock(&self.ahead).insert(id, bytes);
+            }
+            taken.push(got);
+        }
+        for got in taken {
+            for (at, hash, slot, bytes) in got {
+                let bytes = verified(&hash, bytes)?;
+                self.remember(hash, slot);
+                self.cache(hash, Arc::from(bytes.as_slice()));
+                out[at] = Some(bytes);
+            }
+        }
+        Ok(out
+            .into_iter()
+            .map(|b| b.expect("every chunk cached or fetched"))
+            .collect())
+    }
+
+    /// Known chunks answer from the known-present set; the rest are asked
+    /// for as objects of their own, then looked up in the indexes of packs
+    /// this process has not read yet.
+    fn locate(&self, hashes: &[Hash]) -> Result<Vec<(Hash, Option<PackSlot>)>, DofsError> {
         let unknown: Vec<Hash> = {
             let mut seen = HashSet::new();
             hashes
                 .iter()
-                .filter(|h| !self.known(h) && seen.insert(**h))
+                .filter(|h| self.known(h).is_none() && seen.insert(**h))
                 .copied()
                 .collect()
         };
         let (store, deadline) = (self.store.clone(), self.deadline);
         let keys: Vec<(Hash, ObjectPath)> = unknown.iter().map(|h| (*h, self.key(h))).collect();
-        let found: HashSet<Hash> = self
+        let found: Vec<Hash> = self
             .block_on(
                 stream::iter(keys)
                     .map(|(hash, key)| {
@@ -643,102 +1106,18 @@ impl ChunkStore for ObjectChunks {
             )
             .map_err(|(hash, e)| self.failed(format!("probing chunk {hash}"), e))?;
         for hash in &found {
-            self.remember(*hash);
+            self.remember(*hash, None);
         }
-        let unknown: HashSet<Hash> = unknown.into_iter().collect();
+        let read = match found.len() < unknown.len() {
+            true => self.read_new_packs()?,
+            false => HashMap::new(),
+        };
         Ok(hashes
             .iter()
-            .filter(|h| !unknown.contains(h) || found.contains(h))
-            .copied()
-            .collect())
-    }
-
-    /// The chunks not known present go out [`CONCURRENCY`] at a time.
-    fn put_many(&self, chunks: &[(Hash, &[u8])]) -> Result<(), DofsError> {
-        let mut seen = HashSet::new();
-        let (store, deadline) = (self.store.clone(), self.deadline);
-        let uploads: Vec<(Hash, ObjectPath, PutPayload)> = chunks
-            .iter()
-            .filter(|(h, _)| !self.known(h) && seen.insert(*h))
-            .map(|(h, b)| (*h, self.key(h), PutPayload::from(b.to_vec())))
-            .collect();
-        let stored: Vec<Hash> = self
-            .block_on(
-                stream::iter(uploads)
-                    .map(|(hash, key, payload)| {
-                        let store = store.clone();
-                        async move {
-                            match bounded(
-                                deadline,
-                                store.put_opts(&key, payload, PutMode::Create.into()),
-                            )
-                            .await
-                            {
-                                Ok(_)
-                                | Err(CallError::Store(
-                                    object_store::Error::AlreadyExists { .. }
-                                    | object_store::Error::Precondition { .. },
-                                )) => Ok(hash),
-                                Err(e) => Err((hash, e)),
-                            }
-                        }
-                    })
-                    .buffer_unordered(CONCURRENCY)
-                    .try_collect(),
-            )
-            .map_err(|(hash, e)| self.failed(format!("storing chunk {hash}"), e))?;
-        for hash in stored {
-            self.remember(hash);
-        }
-        Ok(())
-    }
-
-    /// Hot chunks from the cache, the rest fetched [`CONCURRENCY`] at a
-    /// time, each verified.
-    fn get_many(&self, hashes: &[Hash]) -> Result<Vec<Vec<u8>>, DofsError> {
-        let cached: Vec<Option<Arc<[u8]>>> = {
-            let mut hot = lock(&self.hot);
-            hashes.iter().map(|h| hot.chunks.get(h).cloned()).collect()
-        };
-        let (store, deadline) = (self.store.clone(), self.deadline);
-        let fetches: Vec<(usize, Hash, ObjectPath)> = hashes
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| cached[*i].is_none())
-            .map(|(i, h)| (i, *h, self.key(h)))
-            .collect();
-        let fetched: Vec<(usize, Hash, Result<Vec<u8>, CallError>)> = self.block_on(
-            stream::iter(fetches)
-                .map(|(i, hash, key)| {
-                    let store = store.clone();
-                    async move {
-                        let got = bounded(deadline, async move {
-                            Ok(store.get(&key).await?.bytes().await?.to_vec())
-                        })
-                        .await;
-                        (i, hash, got)
-                    }
-                })
-                .buffered(CONCURRENCY)
-                .collect(),
-        );
-        let mut out: Vec<Option<Vec<u8>>> =
-            cached.into_iter().map(|c| c.map(|b| b.to_vec())).collect();
-        for (i, hash, got) in fetched {
-            let bytes = match got {
-                Ok(bytes) => verified(&hash, bytes)?,
-                Err(CallError::Store(object_store::Error::NotFound { .. })) => {
-                    return Err(SyncError::UnknownHash { hash, path: None }.into());
-                }
-                Err(e) => return Err(self.failed(format!("reading chunk {hash}"), e)),
-            };
-            self.remember(hash);
-            self.cache(hash, Arc::from(bytes.as_slice()));
-            out[i] = Some(bytes);
-        }
-        Ok(out
-            .into_iter()
-            .map(|b| b.expect("every chunk cached or fetched"))
+            .filter_map(|h| {
+                let slot = self.known(h).or_else(|| read.get(h).map(|s| Some(*s)))?;
+                Some((*h, slot))
+            })
             .collect())
     }
 }
@@ -793,10 +1172,153 @@ mod tests {
         assert!(chunks.put_if_absent(&hg, &garbage).unwrap(), "stored again");
     }
 
+    /// Packs: one holding a kept chunk stays whole (its dead chunks still
+    /// readable), one holding none goes, counted by its chunks and bytes.
+    fn sweeps_packs_whole(chunks: &ObjectChunks) {
+        let bytes: Vec<Vec<u8>> = (0..4u8).map(|i| vec![i; 3000]).collect();
+        let h: Vec<Hash> = bytes.iter().map(|b| Hash::of(b)).collect();
+        let (live, dead) = (
+            [(h[0], &bytes[0][..]), (h[1], &bytes[1][..])],
+            [(h[2], &bytes[2][..]), (h[3], &bytes[3][..])],
+        );
+        chunks.put_many(&live).unwrap();
+        chunks.put_many(&dead).unwrap();
+        let later = SystemTime::now() + Duration::from_secs(60);
+        let stale = chunks.stale_objects(later).unwrap();
+        assert_eq!(stale.len(), 2, "two packs: {stale:?}");
+        let dead_pack = stale.iter().find(|o| o.chunks.contains(&h[2])).unwrap();
+        assert_eq!(dead_pack.chunks, vec![h[2], h[3]], "its index, in order");
+        let keep = HashSet::from([h[0]]);
+        assert_eq!(
+            chunks.sweep(&keep, later).unwrap(),
+            SweepOutcome {
+                chunks: 2,
+                bytes: dead_pack.size,
+            }
+        );
+        assert_eq!(chunks.has(&h).unwrap(), vec![h[0], h[1]]);
+        assert_eq!(chunks.get(&h[1]).unwrap(), bytes[1], "kept with its pack");
+        let err = chunks.get(&h[3]).unwrap_err();
+        assert_eq!(err.code(), wsd_sync::ErrorCode::UnknownHash, "{err}");
+        let left = chunks.stale_objects(later).unwrap();
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].chunks, vec![h[0], h[1]]);
+    }
+
     #[test]
     fn the_in_memory_object_store_keeps_the_contract() {
         contract::holds_for(&in_memory().1, 1);
         sweeps_within_the_grace_window(&in_memory().1);
+        sweeps_packs_whole(&in_memory().1);
+    }
+
+    #[test]
+    fn a_batch_is_one_pack_object_that_a_second_client_reads_without_local_state() {
+        let (backend, chunks) = in_memory();
+        let placed = contract::batches_hold_for(&chunks, 3);
+        let later = SystemTime::now() + Duration::from_secs(60);
+        let objects = chunks.stale_objects(later).unwrap();
+        let packed: Vec<&StaleObject> = objects.iter().filter(|o| o.pack.is_some()).collect();
+        assert_eq!(
+            (objects.len(), packed.len()),
+            (2, 1),
+            "the held chunk alone, the 20 others in one pack: {objects:?}"
+        );
+        assert_eq!(packed[0].chunks.len(), 20);
+        let second =
+            ObjectChunks::over(backend, "ws", "memory://test".into(), DEFAULT_DEADLINE).unwrap();
+        contract::a_second_client_finds(&second, &placed);
+        // By hash alone, with nothing known: found through the packs' own
+        // indexes.
+        let third = in_memory_again(&chunks);
+        let hashes: Vec<Hash> = placed.iter().map(|(h, _)| *h).collect();
+        assert_eq!(third.get_many(&hashes).unwrap().len(), hashes.len());
+    }
+
+    /// A second store over the same backend and prefix as `chunks`.
+    fn in_memory_again(chunks: &ObjectChunks) -> ObjectChunks {
+        ObjectChunks::over(
+            chunks.store.clone(),
+            "ws",
+            "memory://test".into(),
+            DEFAULT_DEADLINE,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_pack_read_once_serves_its_other_chunks_from_memory() {
+        let (backend, chunks) = in_memory();
+        let bytes: Vec<Vec<u8>> = (0..3u8).map(|i| vec![i; 2000]).collect();
+        let batch: Vec<(Hash, &[u8])> = bytes.iter().map(|b| (Hash::of(b), &b[..])).collect();
+        let slots = chunks.put_many(&batch).unwrap();
+        let placed: Vec<_> = batch.iter().map(|(h, _)| *h).zip(slots).collect();
+        let fresh = in_memory_again(&chunks);
+        assert_eq!(
+            fresh.get_placed(&placed[..1]).unwrap(),
+            vec![bytes[0].clone()]
+        );
+        // Gone from the bucket now: the others still read (the pack was
+        // read whole), and are verified.
+        let key = chunks.pack_key(&placed[0].1.unwrap().pack);
+        chunks.block_on(backend.delete(&key)).unwrap();
+        assert_eq!(fresh.get_placed(&placed[1..]).unwrap(), bytes[1..].to_vec());
+        let other = in_memory_again(&chunks);
+        let err = other.get_placed(&placed[1..2]).unwrap_err();
+        assert_eq!(err.code(), wsd_sync::ErrorCode::UnknownHash, "{err}");
+        assert!(err.to_string().contains(&placed[1].0.to_string()), "{err}");
+    }
+
+    #[test]
+    fn a_batch_larger_than_a_pack_goes_out_as_several() {
+        let (_, chunks) = in_memory();
+        // Three chunks of 7/16 of a pack: two fit in one, the third not.
+        let size = PACK_BYTES / 16 * 7;
+        let bytes: Vec<Vec<u8>> = (0..3u8).map(|i| vec![i; size]).collect();
+        let batch: Vec<(Hash, &[u8])> = bytes.iter().map(|b| (Hash::of(b), &b[..])).collect();
+        let slots = chunks.put_many(&batch).unwrap();
+        let packs: Vec<Hash> = slots.iter().map(|s| s.unwrap().pack).collect();
+        assert_eq!(packs[0], packs[1], "{slots:?}");
+        assert_ne!(packs[1], packs[2], "{slots:?}");
+        let placed: Vec<_> = batch.iter().map(|(h, _)| *h).zip(slots).collect();
+        let fresh = in_memory_again(&chunks);
+        assert_eq!(fresh.get_placed(&placed).unwrap(), bytes);
+    }
+
+    #[test]
+    fn a_damaged_pack_is_an_error_naming_the_chunk_or_the_pack() {
+        let (backend, chunks) = in_memory();
+        let (a, b) = (b"chunk a".to_vec(), b"chunk b".to_vec());
+        let batch = [(Hash::of(&a), &a[..]), (Hash::of(&b), &b[..])];
+        let slots = chunks.put_many(&batch).unwrap();
+        let slot = slots[1].unwrap();
+        let key = chunks.pack_key(&slot.pack);
+        let mut bytes = chunks
+            .block_on(async { backend.get(&key).await?.bytes().await })
+            .unwrap()
+            .to_vec();
+        // Same length, one byte of `b` changed: only its hash can tell.
+        bytes[slot.offset as usize] ^= 1;
+        chunks
+            .block_on(backend.put(&key, PutPayload::from(bytes.clone())))
+            .unwrap();
+        let fresh = in_memory_again(&chunks);
+        let err = fresh.get_placed(&[(batch[1].0, Some(slot))]).unwrap_err();
+        assert!(matches!(err, DofsError::CorruptChunk { .. }), "{err}");
+        assert!(err.to_string().contains(&batch[1].0.to_string()), "{err}");
+        assert_eq!(
+            fresh.get_placed(&[(batch[0].0, slots[0])]).unwrap(),
+            vec![a.clone()]
+        );
+
+        // Not a pack at all: a reader with no record names the pack.
+        bytes[0] = b'X';
+        chunks
+            .block_on(backend.put(&key, PutPayload::from(bytes)))
+            .unwrap();
+        let err = in_memory_again(&chunks).locate(&[batch[0].0]).unwrap_err();
+        assert!(matches!(err, DofsError::CorruptPack { .. }), "{err}");
+        assert!(err.to_string().contains(&slot.pack.to_string()), "{err}");
     }
 
     /// The sync driver calls its store from a current-thread runtime.
@@ -814,6 +1336,9 @@ mod tests {
             return;
         };
         contract::holds_for(&server.chunks("contract"), 1);
+        let placed = contract::batches_hold_for(&server.chunks("batches"), 2);
+        contract::a_second_client_finds(&server.chunks("batches"), &placed);
+        sweeps_packs_whole(&server.chunks("packs"));
         sweeps_within_the_grace_window(&server.chunks("sweep"));
         // A second client knows nothing yet: its answers come from the
         // server, not from the first one's index.

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use wsd_sync::{ErrorCode, Hash, Store, chunk};
 
 use crate::test_util::{noise, p, put};
-use crate::{ChunkStore, Dofs, DofsError, ObjectChunks, SharedChunkStore};
+use crate::{ChunkStore, Dofs, DofsError, ObjectChunks, PackSlot, SharedChunkStore};
 
 /// Requests that reached the object store, by kind.
 #[derive(Debug, Default)]
@@ -33,6 +33,15 @@ impl Calls {
 struct Counting {
     inner: ObjectChunks,
     calls: Arc<Calls>,
+    backend: Arc<object_store::memory::InMemory>,
+}
+
+impl Counting {
+    /// A second client of the same bucket, knowing nothing yet (another
+    /// process: a restarted or recovering kernel).
+    fn fresh(&self) -> Arc<Counting> {
+        bucket_over(self.backend.clone()).0
+    }
 }
 
 impl ChunkStore for Counting {
@@ -48,7 +57,7 @@ impl ChunkStore for Counting {
         self.calls.has.fetch_add(hashes.len(), Ordering::SeqCst);
         self.inner.has(hashes)
     }
-    fn put_many(&self, chunks: &[(Hash, &[u8])]) -> Result<(), DofsError> {
+    fn put_many(&self, chunks: &[(Hash, &[u8])]) -> Result<Vec<Option<PackSlot>>, DofsError> {
         self.calls.put.fetch_add(chunks.len(), Ordering::SeqCst);
         self.calls.batches.fetch_add(1, Ordering::SeqCst);
         self.inner.put_many(chunks)
@@ -57,13 +66,25 @@ impl ChunkStore for Counting {
         self.calls.get.fetch_add(hashes.len(), Ordering::SeqCst);
         self.inner.get_many(hashes)
     }
+    fn get_placed(&self, chunks: &[(Hash, Option<PackSlot>)]) -> Result<Vec<Vec<u8>>, DofsError> {
+        self.calls.get.fetch_add(chunks.len(), Ordering::SeqCst);
+        self.inner.get_placed(chunks)
+    }
+    fn locate(&self, hashes: &[Hash]) -> Result<Vec<(Hash, Option<PackSlot>)>, DofsError> {
+        self.calls.has.fetch_add(hashes.len(), Ordering::SeqCst);
+        self.inner.locate(hashes)
+    }
 }
 
 /// A bucket of our own and the counter of what reaches it.
 fn bucket() -> (Arc<Counting>, Arc<Calls>) {
+    bucket_over(Arc::new(object_store::memory::InMemory::new()))
+}
+
+fn bucket_over(backend: Arc<object_store::memory::InMemory>) -> (Arc<Counting>, Arc<Calls>) {
     let calls = Arc::new(Calls::default());
     let inner = ObjectChunks::over(
-        Arc::new(object_store::memory::InMemory::new()),
+        backend.clone(),
         "ws",
         "memory://test".into(),
         crate::DEFAULT_DEADLINE,
@@ -72,9 +93,12 @@ fn bucket() -> (Arc<Counting>, Arc<Calls>) {
     let store = Arc::new(Counting {
         inner,
         calls: calls.clone(),
+        backend,
     });
     (store, calls)
 }
+
+const PACKED: &str = "SELECT count(*) FROM chunks WHERE pack IS NOT NULL";
 
 fn keeping(store: &Arc<Counting>) -> Dofs {
     let mut d = Dofs::open_in_memory().unwrap();
@@ -86,14 +110,19 @@ fn count(d: &Dofs, sql: &str) -> u64 {
     d.conn.query_row(sql, [], |r| r.get(0)).unwrap()
 }
 
-/// Deletes `hash`'s object behind the store's back (as another tool would).
+/// Deletes the object holding `hash` (its own, or its pack with every
+/// chunk in it) behind the store's back (as another tool would).
 fn delete_object(store: &Counting, hash: Hash) {
     let stale = store
         .inner
-        .stale_chunks(SystemTime::now() + Duration::from_secs(60))
+        .stale_objects(SystemTime::now() + Duration::from_secs(60))
         .unwrap();
-    let doomed: Vec<_> = stale.into_iter().filter(|c| c.hash == hash).collect();
-    assert_eq!(store.inner.delete_chunks(doomed).unwrap().chunks, 1);
+    let doomed: Vec<_> = stale
+        .into_iter()
+        .filter(|o| o.chunks.contains(&hash))
+        .collect();
+    assert_eq!(doomed.len(), 1, "one object holds {hash}");
+    assert!(store.inner.delete_objects(doomed).unwrap().chunks >= 1);
 }
 
 #[test]
@@ -103,6 +132,9 @@ fn chunks_go_to_the_object_store_and_the_table_indexes_them() {
     let big = noise(900 * 1024, 1);
     put(&mut d, "small", b"small bytes\nsecond line\n");
     put(&mut d, "big", &big);
+    let big_chunks = chunk::chunk_slice(&big).len() as u64;
+    assert!(big_chunks > 2);
+    assert_eq!(count(&d, PACKED), big_chunks, "one batch, one pack");
     d.append_file(&p("small"), &b"appended\n"[..]).unwrap();
     assert_eq!(
         count(&d, "SELECT count(*) FROM chunks WHERE length(data) > 0"),
@@ -206,11 +238,14 @@ fn a_failed_upload_commits_nothing_and_a_missing_object_names_its_hash() {
     let big = noise(600 * 1024, 2);
     put(&mut d, "big", &big);
     put(&mut d, "small", b"small");
-    let second = chunk::chunk_slice(&big)[1].1.hash;
+    let chunks = chunk::chunk_slice(&big);
+    let (first, second) = (chunks[0].1.hash, chunks[1].1.hash);
     let small = Hash::of(b"small");
+    // `big`'s chunks went out in one pack: deleting it loses them all, and
+    // a read names the first it needs; `small` went alone.
     delete_object(&store, second);
     delete_object(&store, small);
-    for (path, hash) in [("big", second), ("small", small)] {
+    for (path, hash) in [("big", first), ("small", small)] {
         let err = d.read_file(&p(path)).unwrap_err();
         assert_eq!(err.code(), ErrorCode::UnknownHash, "{err}");
         assert!(err.to_string().contains(&hash.to_string()), "{err}");
@@ -236,6 +271,15 @@ fn the_index_survives_a_restart_and_a_store_without_its_bucket_says_so() {
         .iter()
         .map(|c| c.1.hash)
         .collect();
+    // A new process reads packed chunks at the ranges its index records,
+    // without looking anything up in the bucket.
+    let fresh = store.fresh();
+    let mut d = Dofs::open(&path).unwrap();
+    d.keep_chunks_in(fresh.clone());
+    assert_eq!(d.read_file(&p("f")).unwrap(), content);
+    assert_eq!(fresh.inner.packs_read(), 0, "no pack index read");
+    assert_eq!(fresh.calls.has.load(Ordering::SeqCst), 0, "no probe");
+    drop(d);
     let mut d = Dofs::open(&path).unwrap();
     d.keep_chunks_in(store.clone());
     let asked = calls.has.load(Ordering::SeqCst);
@@ -279,6 +323,12 @@ fn a_fork_over_the_same_bucket_moves_no_bytes() {
     let before = calls.total();
     fork.fork_from(&source, "s").unwrap();
     assert_eq!(calls.total(), before, "indexed, not copied");
+    assert!(count(&fork, PACKED) > 0);
+    assert_eq!(
+        count(&fork, PACKED),
+        count(&source, PACKED),
+        "pack ranges too"
+    );
     assert_eq!(fork.read_file(&p("a/big")).unwrap(), big);
     fork.check_integrity().unwrap();
 }
@@ -296,8 +346,15 @@ fn a_snapshot_tree_imported_elsewhere_restores_the_same_files() {
     assert_eq!(tree.len(), 4, "{tree:?}");
     drop(lost);
 
-    let mut rebuilt = keeping(&store);
+    // A new process: nothing known but the bucket, whose packs list
+    // their chunks.
+    let mut rebuilt = keeping(&store.fresh());
     rebuilt.import_snapshot("s1", 42, &tree).unwrap();
+    assert_eq!(
+        count(&rebuilt, PACKED),
+        chunk::chunk_slice(&big).len() as u64,
+        "pack ranges found in the packs' indexes"
+    );
     let out = rebuilt.restore_snapshot("s1").unwrap();
     assert_eq!(out.changed, 4);
     assert_eq!(rebuilt.read_file(&p("dir/big")).unwrap(), big);
@@ -310,15 +367,16 @@ fn a_snapshot_tree_imported_elsewhere_restores_the_same_files() {
     let err = rebuilt.import_snapshot("s1", 42, &tree).unwrap_err();
     assert_eq!(err.posix_name(), "EEXIST", "{err}");
 
-    // A chunk gone from the bucket: named with its path, nothing recorded.
-    let first = chunk::chunk_slice(&big)[0].1.hash;
-    delete_object(&store, first);
+    // Chunks gone from the bucket (`dir/big`'s pack): one named with its
+    // path, nothing recorded.
+    let big_chunks: Vec<Hash> = chunk::chunk_slice(&big).iter().map(|c| c.1.hash).collect();
+    delete_object(&store, big_chunks[0]);
     let mut short = keeping(&store);
     let err = short.import_snapshot("s1", 42, &tree).unwrap_err();
     assert_eq!(err.code(), ErrorCode::UnknownHash, "{err}");
     let text = err.to_string();
     assert!(
-        text.contains(&first.to_string()) && text.contains("dir/big"),
+        big_chunks.iter().any(|h| text.contains(&h.to_string())) && text.contains("dir/big"),
         "{text}"
     );
     assert!(short.snapshot_ids().unwrap().is_empty());

@@ -34,6 +34,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "chunk stored_at",
         sql: include_str!("schema/005_chunk_stored_at.sql"),
     },
+    Migration {
+        version: 6,
+        name: "chunk packs",
+        sql: include_str!("schema/006_chunk_packs.sql"),
+    },
 ];
 
 /// The schema version this build writes.

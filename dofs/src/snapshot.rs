@@ -304,7 +304,8 @@ impl Dofs {
                         continue;
                     }
                     if shared_objects && from.here(std::slice::from_ref(&c.hash))?.is_empty() {
-                        into.index_stored(&[(c.hash, c.size as usize)])?;
+                        let slot = from.slots(std::slice::from_ref(&c.hash))?[0];
+                        into.index_stored(&[(c.hash, c.size as usize, slot)])?;
                     } else {
                         into.put_if_absent(&c.hash, &from.get(&c.hash)?)?;
                     }
@@ -395,19 +396,24 @@ impl Dofs {
             .filter(|h| !indexed.contains(h))
             .copied()
             .collect();
-        let found: HashSet<Hash> = match (&self.objects, unknown.is_empty()) {
-            (Some(objects), false) => objects.has(&unknown)?.into_iter().collect(),
-            _ => HashSet::new(),
-        };
-        if let Some(missing) = unknown.iter().find(|h| !found.contains(h)) {
+        // Packed ones come with their pack range (read from the packs'
+        // own indexes when this process has not seen them).
+        let found: std::collections::HashMap<Hash, Option<crate::PackSlot>> =
+            match (&self.objects, unknown.is_empty()) {
+                (Some(objects), false) => objects.locate(&unknown)?.into_iter().collect(),
+                _ => Default::default(),
+            };
+        if let Some(missing) = unknown.iter().find(|h| !found.contains_key(h)) {
             return Err(SyncError::UnknownHash {
                 hash: *missing,
                 path: Some(sizes[missing].1.to_string()),
             }
             .into());
         }
-        let adopted: Vec<(Hash, usize)> =
-            unknown.iter().map(|h| (*h, sizes[h].0 as usize)).collect();
+        let adopted: Vec<(Hash, usize, Option<crate::PackSlot>)> = unknown
+            .iter()
+            .map(|h| (*h, sizes[h].0 as usize, found[h]))
+            .collect();
         chunks.index_stored(&adopted)?;
         let rev = rows::current_rev(&tx)?;
         let inserted = tx.execute(

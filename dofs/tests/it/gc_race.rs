@@ -9,13 +9,20 @@
 //! what must hold is that no apply ever misses a chunk, every live file and
 //! every kept snapshot reads back exactly, and the integrity check passes.
 //!
+//! The same runs again with chunk bytes in an (in-memory) object store,
+//! where the chunks of a batch share a pack: each collection also sweeps
+//! the store as the kernel does (objects older than the cutoff, minus those
+//! holding any chunk the index keeps), so a pack is deleted only when none
+//! of its chunks is referenced or fresh.
+//!
 //! Cases: `PROPTEST_CASES` or 32.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use proptest::prelude::*;
-use wsd_dofs::{Dofs, WriteOptions};
+use wsd_dofs::{Dofs, ObjectChunks, WriteOptions};
 use wsd_sync::{
     ApplyBatch, Baseline, ChangeEntry, ChunkRef, EntryState, Hash, IgnoreRules, Object, Store,
     chunk,
@@ -156,6 +163,31 @@ fn cases() -> u32 {
         .unwrap_or(32)
 }
 
+/// A collection as the kernel runs it: the store's, then (with an object
+/// store) a sweep of the objects stored before `cutoff` that hold no chunk
+/// the store indexes.
+fn collect(d: &mut Dofs, bucket: Option<&ObjectChunks>, cutoff: SystemTime) {
+    d.collect_garbage_stored_before(cutoff).unwrap();
+    let Some(bucket) = bucket else { return };
+    let stale = bucket.stale_objects(cutoff).unwrap();
+    let hashes: Vec<Hash> = stale.iter().flat_map(|o| o.chunks.clone()).collect();
+    let keep: HashSet<Hash> = d.indexed_chunks(&hashes).unwrap().into_iter().collect();
+    let doomed = stale.into_iter().filter(|o| !o.holds_any(&keep)).collect();
+    bucket.delete_objects(doomed).unwrap();
+}
+
+fn in_memory_bucket() -> Arc<ObjectChunks> {
+    Arc::new(
+        ObjectChunks::over(
+            Arc::new(object_store::memory::InMemory::new()),
+            "gc",
+            "memory://gc".into(),
+            wsd_dofs::DEFAULT_DEADLINE,
+        )
+        .unwrap(),
+    )
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
@@ -163,66 +195,97 @@ proptest! {
     fn a_collection_racing_pushes_and_snapshots_never_frees_a_chunk_they_need(
         ops in prop::collection::vec(op(), 1..40),
     ) {
-        let dir = tempfile::tempdir().unwrap();
-        let mut d = Dofs::open(dir.path().join("gc.dofs")).unwrap();
-        let mut model = Model::new();
-        let mut in_flight: Vec<InFlight> = Vec::new();
-        let mut snapshots: Vec<(String, Model)> = Vec::new();
-        let mut taken = 0;
-        let opts = WriteOptions { create_parents: true, ..WriteOptions::default() };
-        for op in ops {
-            match op {
-                Op::Begin { content, path } => in_flight.push(begin(&mut d, content, path)),
-                Op::Finish(n) if !in_flight.is_empty() => {
-                    let push = in_flight.remove(n % in_flight.len());
-                    model.insert(push.path, push.content);
-                    finish(&mut d, push);
-                }
-                Op::Finish(_) => {}
-                Op::Write { content: c, path: i } => {
-                    d.write_file_with(&p(&path(i)), content(c).as_slice(), opts).unwrap();
-                    model.insert(i, c);
-                }
-                Op::Remove(i) => {
-                    if model.remove(&i).is_some() {
-                        d.rm(&p(&path(i)), false).unwrap();
-                    }
-                }
-                Op::Snapshot => {
-                    taken += 1;
-                    let id = format!("s{taken}");
-                    d.create_snapshot(&id).unwrap();
-                    snapshots.push((id, model.clone()));
-                }
-                Op::DropSnapshot(n) if !snapshots.is_empty() => {
-                    let (id, _) = snapshots.remove(n % snapshots.len());
-                    d.delete_snapshot(&id).unwrap();
-                }
-                Op::DropSnapshot(_) => {}
-                Op::Collect => {
-                    let cutoff = in_flight
-                        .iter()
-                        .map(|f| f.started)
-                        .min()
-                        .unwrap_or_else(SystemTime::now);
-                    d.collect_garbage_stored_before(cutoff).unwrap();
+        race(ops, None);
+    }
+
+    #[test]
+    fn a_sweep_of_packs_racing_pushes_and_snapshots_never_frees_a_chunk_they_need(
+        ops in prop::collection::vec(op(), 1..40),
+    ) {
+        race(ops, Some(in_memory_bucket()));
+    }
+}
+
+fn race(ops: Vec<Op>, bucket: Option<Arc<ObjectChunks>>) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut d = Dofs::open(dir.path().join("gc.dofs")).unwrap();
+    if let Some(bucket) = &bucket {
+        d.keep_chunks_in(bucket.clone());
+    }
+    let bucket = bucket.as_deref();
+    let mut model = Model::new();
+    let mut in_flight: Vec<InFlight> = Vec::new();
+    let mut snapshots: Vec<(String, Model)> = Vec::new();
+    let mut taken = 0;
+    let opts = WriteOptions {
+        create_parents: true,
+        ..WriteOptions::default()
+    };
+    for op in ops {
+        match op {
+            Op::Begin { content, path } => in_flight.push(begin(&mut d, content, path)),
+            Op::Finish(n) if !in_flight.is_empty() => {
+                let push = in_flight.remove(n % in_flight.len());
+                model.insert(push.path, push.content);
+                finish(&mut d, push);
+            }
+            Op::Finish(_) => {}
+            Op::Write {
+                content: c,
+                path: i,
+            } => {
+                d.write_file_with(&p(&path(i)), content(c).as_slice(), opts)
+                    .unwrap();
+                model.insert(i, c);
+            }
+            Op::Remove(i) => {
+                if model.remove(&i).is_some() {
+                    d.rm(&p(&path(i)), false).unwrap();
                 }
             }
-            check_tree(&d, &model);
-        }
-        for push in in_flight.drain(..) {
-            model.insert(push.path, push.content);
-            finish(&mut d, push);
+            Op::Snapshot => {
+                taken += 1;
+                let id = format!("s{taken}");
+                d.create_snapshot(&id).unwrap();
+                snapshots.push((id, model.clone()));
+            }
+            Op::DropSnapshot(n) if !snapshots.is_empty() => {
+                let (id, _) = snapshots.remove(n % snapshots.len());
+                d.delete_snapshot(&id).unwrap();
+            }
+            Op::DropSnapshot(_) => {}
+            Op::Collect => {
+                let cutoff = in_flight
+                    .iter()
+                    .map(|f| f.started)
+                    .min()
+                    .unwrap_or_else(SystemTime::now);
+                collect(&mut d, bucket, cutoff);
+            }
         }
         check_tree(&d, &model);
-        d.check_integrity().unwrap();
-        // Every kept snapshot still has every chunk it names.
-        for (id, at) in &snapshots {
-            d.restore_snapshot(id).unwrap();
-            check_tree(&d, at);
-        }
-        // And with nothing in flight, everything unreferenced goes.
-        d.collect_garbage_stored_before(SystemTime::now() + Duration::from_secs(1)).unwrap();
-        d.check_integrity().unwrap();
+    }
+    for push in in_flight.drain(..) {
+        model.insert(push.path, push.content);
+        finish(&mut d, push);
+    }
+    check_tree(&d, &model);
+    d.check_integrity().unwrap();
+    // Every kept snapshot still has every chunk it names.
+    for (id, at) in &snapshots {
+        d.restore_snapshot(id).unwrap();
+        check_tree(&d, at);
+    }
+    // And with nothing in flight, everything unreferenced goes (whole
+    // packs too); what is left still reads.
+    collect(&mut d, bucket, SystemTime::now() + Duration::from_secs(1));
+    d.check_integrity().unwrap();
+    match snapshots.last() {
+        Some((_, at)) => check_tree(&d, at),
+        None => check_tree(&d, &model),
+    }
+    for (id, at) in &snapshots {
+        d.restore_snapshot(id).unwrap();
+        check_tree(&d, at);
     }
 }

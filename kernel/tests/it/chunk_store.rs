@@ -44,16 +44,21 @@ fn in_bucket_with_grace(
     }
 }
 
-/// Deletes `hash`'s object with a client of our own (as another tool would).
+/// Deletes the object holding `hash` (its own, or its pack) with a client
+/// of our own (as another tool would).
 async fn delete_from_bucket(url: &str, hash: Hash) {
     let url = url.to_owned();
     tokio::task::spawn_blocking(move || {
         let store = ObjectChunks::connect_with(&url, Some(seaweedfs::credentials())).unwrap();
         let stale = store
-            .stale_chunks(std::time::SystemTime::now() + Duration::from_secs(3600))
+            .stale_objects(std::time::SystemTime::now() + Duration::from_secs(3600))
             .unwrap();
-        let doomed: Vec<_> = stale.into_iter().filter(|c| c.hash == hash).collect();
-        assert_eq!(store.delete_chunks(doomed).unwrap().chunks, 1);
+        let doomed: Vec<_> = stale
+            .into_iter()
+            .filter(|o| o.chunks.contains(&hash))
+            .collect();
+        assert_eq!(doomed.len(), 1, "one object holds {hash}");
+        assert!(store.delete_objects(doomed).unwrap().chunks >= 1);
     })
     .await
     .unwrap();
@@ -112,6 +117,69 @@ async fn workspace_chunks_live_in_the_bucket_and_gc_sweeps_what_nothing_holds() 
     );
     let r = read(&mut a, &ws, "f.txt").await;
     assert_eq!(r["content"], "1\tsecond content", "{r}");
+}
+
+/// The chunks `content` is cut into, in order, distinct.
+fn chunks_of(content: &str) -> Vec<Hash> {
+    let mut out: Vec<Hash> = wsd_sync::chunk::chunk_slice(content.as_bytes())
+        .iter()
+        .map(|(_, c)| c.hash)
+        .collect();
+    out.dedup();
+    out
+}
+
+#[tokio::test]
+async fn a_pack_stays_while_any_chunk_in_it_is_held_and_goes_whole_after() {
+    let Some(server) = start_seaweedfs().await else {
+        return;
+    };
+    let url = server.url("packs");
+    let k = TestKernel::with_users_tuned(in_bucket_with_grace(&url, Duration::ZERO)).await;
+    let mut a = k.alice().await;
+    let ws = new_workspace(&mut a).await;
+    // One write, one pack of its chunks.
+    let old: String = (0..12_000)
+        .map(|i| format!("line {i} of a big file\n"))
+        .collect();
+    write(&mut a, &ws, "big.txt", &old).await;
+    let old_chunks = chunks_of(&old);
+    assert!(old_chunks.len() > 2, "{}", old_chunks.len());
+    assert_eq!(in_bucket(&url, &old_chunks).await, old_chunks);
+    // The same file with a new tail: its first chunks stay referenced, so
+    // the first pack stays, its dead tail with it (the new chunks are a
+    // pack or an object of their own).
+    let new = format!("{}a new tail\n", &old[..old.len() - 1000]);
+    write(&mut a, &ws, "big.txt", &new).await;
+    let new_chunks = chunks_of(&new);
+    let shared = old_chunks.iter().filter(|h| new_chunks.contains(h)).count();
+    assert!(shared > 0 && shared < old_chunks.len(), "{shared}");
+    let mut root = k.login("root", "root-password").await;
+    let gc = root.call("sys.gc", json!({})).await.unwrap();
+    assert!(gc["chunks"].as_u64().unwrap() > 0, "index rows freed: {gc}");
+    assert_eq!(
+        gc["storeChunks"], 0,
+        "every object holds a live chunk: {gc}"
+    );
+    assert_eq!(
+        run(&mut a, &ws, "sha256sum big.txt").await,
+        format!("{}  big.txt\n", Hash::of(new.as_bytes())),
+        "read back across both packs"
+    );
+
+    // Nothing of either left: both go, counted by their chunks.
+    write(&mut a, &ws, "big.txt", "small now").await;
+    let gc = root.call("sys.gc", json!({})).await.unwrap();
+    let packed = old_chunks.len() + new_chunks.len() - shared;
+    assert_eq!(gc["storeChunks"], packed as u64, "{gc}");
+    assert!(
+        gc["storeBytes"].as_u64().unwrap() > old.len() as u64,
+        "{gc}"
+    );
+    let all: Vec<Hash> = old_chunks.iter().chain(&new_chunks).copied().collect();
+    assert!(in_bucket(&url, &all).await.is_empty());
+    let f = read(&mut a, &ws, "big.txt").await;
+    assert_eq!(f["content"], "1\tsmall now", "{f}");
 }
 
 #[tokio::test]
@@ -211,6 +279,12 @@ async fn a_workspace_comes_back_from_the_bucket_after_its_kernel_lost_its_data()
     write(&mut a, &ws, "dir/g.txt", "nested").await;
     let first = snapshot(&mut a, &ws).await;
     write(&mut a, &ws, "f.txt", "second snapshot").await;
+    // Many chunks written at once: they go to the bucket in a pack, which
+    // the recovering kernel finds through the pack's own index.
+    let big: String = (0..12_000)
+        .map(|i| format!("line {i} of a big file\n"))
+        .collect();
+    write(&mut a, &ws, "big.txt", &big).await;
     let second = snapshot(&mut a, &ws).await;
     write(&mut a, &ws, "f.txt", "never snapshotted").await;
     a.close().await;
@@ -256,6 +330,11 @@ async fn a_workspace_comes_back_from_the_bucket_after_its_kernel_lost_its_data()
     let f = read(&mut a, &ws, "f.txt").await;
     assert_eq!(f["content"], "1\tsecond snapshot", "{f}");
     assert_eq!(run(&mut a, &ws, "cat dir/g.txt").await, "nested");
+    assert_eq!(
+        run(&mut a, &ws, "sha256sum big.txt").await,
+        format!("{}  big.txt\n", Hash::of(big.as_bytes())),
+        "the packed file, read back from the bucket"
+    );
     let list = a
         .call("workspace.snapshot.list", json!({"workspaceId": ws}))
         .await

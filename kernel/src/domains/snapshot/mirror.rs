@@ -392,7 +392,7 @@ impl SnapshotMirror {
         let _exclusive = self.gate.write().await;
         let store = self.store.clone();
         tokio::task::spawn_blocking(move || -> Result<SweepOutcome, KernelError> {
-            let stale = store.stale_chunks(stored_before).map_err(upstream)?;
+            let stale = store.stale_objects(stored_before).map_err(upstream)?;
             if stale.is_empty() {
                 return Ok(SweepOutcome::default());
             }
@@ -405,11 +405,10 @@ impl SnapshotMirror {
             for (_, manifest) in &others {
                 keep.extend(manifest.chunk_hashes());
             }
-            let stale: Vec<_> = stale
-                .into_iter()
-                .filter(|c| !keep.contains(&c.hash))
-                .collect();
-            let hashes: Vec<Hash> = stale.iter().map(|c| c.hash).collect();
+            // An object (a chunk's own, or a pack) stays while any chunk
+            // in it is kept.
+            let stale: Vec<_> = stale.into_iter().filter(|o| !o.holds_any(&keep)).collect();
+            let hashes: Vec<Hash> = stale.iter().flat_map(|o| o.chunks.iter().copied()).collect();
             let guards = lock_all(&stores).ok_or_else(|| {
                 KernelError::Unavailable(format!(
                     "sweeping the chunk store: the workspace stores stayed busy for {SWEEP_LOCK_PATIENCE:?}; the next collection retries"
@@ -418,11 +417,8 @@ impl SnapshotMirror {
             for d in &guards {
                 keep.extend(d.indexed_chunks(&hashes).map_err(upstream)?);
             }
-            let doomed = stale
-                .into_iter()
-                .filter(|c| !keep.contains(&c.hash))
-                .collect();
-            let out = store.delete_chunks(doomed).map_err(upstream);
+            let doomed = stale.into_iter().filter(|o| !o.holds_any(&keep)).collect();
+            let out = store.delete_objects(doomed).map_err(upstream);
             drop(guards);
             out
         })
