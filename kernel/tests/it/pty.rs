@@ -655,6 +655,37 @@ async fn a_reader_that_stops_reading_lags_alone_and_resumes_without_loss() {
     assert_eq!(slow.until_exit().await["exitCode"], 0);
 }
 
+/// After a kernel restart, for a terminal running `seq 1 100000; echo
+/// end-7` whose output before it was `first` (read to offset `cut`):
+/// attaches `back` after `cut` and `whole` from the start, and checks that
+/// `first` and what `back` got join into `whole`'s replay, byte for byte,
+/// with all of seq's output. The joined output, through `end-7`.
+async fn rejoined_after_restart(
+    pty: &str,
+    first: &[u8],
+    cut: u64,
+    back: &mut Term,
+    mut whole: Term,
+) -> Vec<u8> {
+    back.attach(pty, cut).await;
+    let mut joined = first.to_vec();
+    joined.extend_from_slice(&back.follow_to(b"end-7").await);
+    let joined = through(&joined, b"end-7").to_vec();
+    whole.attach(pty, 0).await;
+    let all = whole.follow_to(b"end-7").await;
+    assert_eq!(
+        through(&all, b"end-7"),
+        &joined[..],
+        "the output before the restart and after it is the whole, byte for byte"
+    );
+    let seq: String = (1..=100000).map(|n| format!("{n}\r\n")).collect();
+    assert!(
+        String::from_utf8_lossy(&joined).contains(&seq),
+        "seq's output is all there"
+    );
+    joined
+}
+
 /// A `wsd serve` of the test's own (a remote backend, which a kernel
 /// restart leaves running): the child, its socket and its token file.
 async fn remote_wsd(
@@ -728,22 +759,9 @@ async fn a_terminal_on_a_wsd_that_outlives_the_kernel_is_attached_again_after_a_
 
     let k = k.stop().await.start().await;
     let mut back = root_term(&k, "term-2").await;
-    back.attach(&pty, cut).await;
-    let rest = back.follow_to(b"end-7").await;
-    let mut joined = first.clone();
-    joined.extend_from_slice(&rest);
-    let joined = through(&joined, b"end-7");
-    let mut whole = root_term(&k, "term-3").await;
-    whole.attach(&pty, 0).await;
-    let all = whole.follow_to(b"end-7").await;
-    assert_eq!(
-        through(&all, b"end-7"),
-        joined,
-        "the output before the restart and after it is the whole, byte for byte"
-    );
-    let seq: String = (1..=100000).map(|n| format!("{n}\r\n")).collect();
-    let text = String::from_utf8_lossy(joined);
-    assert!(text.contains(&seq), "seq's output is all there");
+    let joined =
+        rejoined_after_restart(&pty, &first, cut, &mut back, root_term(&k, "term-3").await).await;
+    let joined = &joined[..];
     // An offset past the first checkpoints replays from the saved index.
     let mid = 300_000u64;
     let mut part = root_term(&k, "term-4").await;
@@ -782,21 +800,7 @@ async fn a_terminal_on_a_local_wsd_goes_on_across_a_graceful_restart() {
     );
     let k = k.start().await;
     let mut back = alice_term(&k, "term-2").await;
-    back.attach(&pty, cut).await;
-    let rest = back.follow_to(b"end-7").await;
-    let mut joined = first.clone();
-    joined.extend_from_slice(&rest);
-    let joined = through(&joined, b"end-7");
-    let mut whole = alice_term(&k, "term-3").await;
-    whole.attach(&pty, 0).await;
-    let all = whole.follow_to(b"end-7").await;
-    assert_eq!(
-        through(&all, b"end-7"),
-        joined,
-        "the output before the restart and after it is the whole, byte for byte"
-    );
-    let seq: String = (1..=100000).map(|n| format!("{n}\r\n")).collect();
-    assert!(String::from_utf8_lossy(joined).contains(&seq));
+    rejoined_after_restart(&pty, &first, cut, &mut back, alice_term(&k, "term-3").await).await;
     back.input("echo shell-$$\n").await;
     back.until(&format!("shell-{shell}")).await;
     assert_eq!(

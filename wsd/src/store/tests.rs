@@ -1971,7 +1971,7 @@ fn the_change_hook_reports_written_paths_but_not_the_state_directory_or_settles(
         .recv_timeout(std::time::Duration::from_secs(10))
         .expect("the hook was called for a write");
     assert_eq!(seen, Some(root.join("a")));
-    // Settling creates and removes barrier cookies in the state directory
+    // Settling renames a barrier cookie in the state directory
     // and reads the file: none of that may call the hook, or a hook that
     // settles would loop.
     w.store.settle().unwrap();
