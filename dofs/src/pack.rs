@@ -19,7 +19,7 @@
 
 use wsd_sync::Hash;
 
-use crate::DofsError;
+use crate::error::DofsError;
 
 const MAGIC: &[u8; 8] = b"dofspack";
 

@@ -398,7 +398,7 @@ impl Dofs {
             .collect();
         // Packed ones come with their pack range (read from the packs'
         // own indexes when this process has not seen them).
-        let found: std::collections::HashMap<Hash, Option<crate::PackSlot>> =
+        let found: std::collections::HashMap<Hash, Option<crate::pack::PackSlot>> =
             match (&self.objects, unknown.is_empty()) {
                 (Some(objects), false) => objects.locate(&unknown)?.into_iter().collect(),
                 _ => Default::default(),
@@ -410,7 +410,7 @@ impl Dofs {
             }
             .into());
         }
-        let adopted: Vec<(Hash, usize, Option<crate::PackSlot>)> = unknown
+        let adopted: Vec<(Hash, usize, Option<crate::pack::PackSlot>)> = unknown
             .iter()
             .map(|h| (*h, sizes[h].0 as usize, found[h]))
             .collect();
