@@ -330,32 +330,13 @@ impl Dofs {
         let mut out = Vec::new();
         while let Some(r) = rows.next()? {
             let (path, node) = snapshot_row(r)?;
-            let state = match node {
-                Node::File {
-                    mode,
-                    mtime,
-                    size,
-                    manifest,
-                    chunk,
-                } => EntryState::File {
-                    mode,
-                    mtime,
-                    size,
-                    chunks: file_chunks(&self.conn, &manifest, chunk.as_ref(), size)?,
-                },
-                Node::Dir { mode, mtime } => EntryState::Dir { mode, mtime },
-                Node::Symlink {
-                    mode,
-                    mtime,
-                    target,
-                } => EntryState::Symlink {
-                    target,
-                    mode,
-                    mtime,
-                },
-                Node::Deleted => unreachable!("snapshot rows hold no tombstones"),
+            let row = rows::Row {
+                path: path.into_string(),
+                rev,
+                node,
+                applied_from: None,
             };
-            out.push(ChangeEntry { rev, path, state });
+            out.push(rows::to_entry(&self.conn, row)?);
         }
         Ok(out)
     }
