@@ -348,9 +348,10 @@ struct ExecEvent {
     exit @4 :Int32;
   }
   rev @5 :UInt64;
-  # With `exit`: the store's rev when the exit was sent, after the
-  # command's writes were settled, so every change it made is at or below
-  # it (a caller whose fetch cursor covers it has nothing to pull).
+  # With `exit`: the store's rev once the command's writes were settled
+  # (the settle's, or for an exit replayed from the log the one when it
+  # was sent), so every change it made is at or below it (a caller whose
+  # fetch cursor covers it has nothing to pull).
   # 0 on other events, and from a daemon that does not say.
 }
 

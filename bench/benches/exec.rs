@@ -257,7 +257,7 @@ fn breakdown(side: &Side, runs: usize) {
     rt.block_on(async {
         let m = ExecManager::open(
             ExecConfig::new(&root, state.join("bench-exec.sqlite3")),
-            std::sync::Arc::new(|| Ok(())),
+            std::sync::Arc::new(|| Box::pin(async { Ok(0) })),
         )
         .unwrap();
         for i in 0..runs + 20 {

@@ -136,7 +136,8 @@ pub struct ExecEvent {
     pub kind: ExecEventKind,
     /// With the exit, as received: the daemon's store rev once the
     /// command's writes were settled (0: not said; see `ExecEvent.rev` in
-    /// the schema). The daemon fills it in when it sends the exit.
+    /// the schema). The daemon's runner sets it from the settle before
+    /// the exit; its server fills in an exit that has none when sending.
     pub rev: u64,
 }
 

@@ -11,6 +11,7 @@ use crate::rpc::{
     ResumeFrom, ServeError, ServerConfig, Token, WireError,
 };
 use crate::store::{StoreError, StoreOptions, WorkspaceStore};
+use wsd_sync::Store;
 
 /// Everything `wsd serve` needs.
 #[derive(Debug, Clone)]
@@ -229,9 +230,16 @@ pub async fn run(
     let backend = Backend::new(store)?.with_root(root).with_change_hint(hint);
     let caller = backend.store_caller();
     let settle: SettleHook = Arc::new(move || {
-        caller
-            .call_blocking(|s| s.settle().map(|_| ()))
-            .map_err(|e| e.to_string())
+        let caller = caller.clone();
+        Box::pin(async move {
+            caller
+                .call(|s| {
+                    s.settle()?;
+                    s.current_rev()
+                })
+                .await
+                .map_err(|e| e.to_string())
+        })
     });
     let exec_db = config.state_dir.join(EXEC_DB_FILE);
     let mut exec_config = ExecConfig::new(&config.root, &exec_db);

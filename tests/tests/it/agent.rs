@@ -186,7 +186,7 @@ fn a_push_starts_an_agent_that_makes_the_next_pushes_and_sees_every_write_before
     let _reap = Reap(pid);
 
     for round in 0..5u64 {
-        // Written right before the push: the agent's cookie barrier must
+        // Written right before the push: the agent's watcher barrier must
         // see them.
         write(
             &e.local,

@@ -98,11 +98,15 @@ pub const DEFAULT_GLOBAL_CAP: u64 = 256 * 1024 * 1024;
 pub const DEFAULT_MAX_CONCURRENT: usize = 64;
 pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(5);
 
-/// Called (on a blocking thread) after a command's process group is gone and
-/// its output is logged, before its `exit` event is logged: the store stamps
-/// every write the command made, so a `fetchChanges` after `exit` sees them.
-/// An error is logged and noted on the exec's stderr; the exit still follows.
-pub type SettleHook = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+/// Called after a command's process group is gone and its output is
+/// logged, before its `exit` event is logged: the store stamps every write
+/// the command made, so a `fetchChanges` after `exit` sees them. The future
+/// (awaited on the runner's task: it must wait without blocking, e.g. on
+/// the store thread) yields the store's rev after that settle, which goes
+/// out with the live exit event (`ExecEvent::rev`). An error is logged and
+/// noted on the exec's stderr; the exit still follows.
+pub type SettleHook =
+    Arc<dyn Fn() -> futures::future::BoxFuture<'static, Result<u64, String>> + Send + Sync>;
 
 /// Configuration of an [`ExecManager`]. Build with [`ExecConfig::new`] and
 /// adjust fields.

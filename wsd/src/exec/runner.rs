@@ -843,11 +843,10 @@ async fn pump(
 /// Settles the workspace, logs the exit event and hands it out. `seq` is the
 /// last output seq.
 async fn finish(shared: &Shared, live: &Arc<LiveExec>, mut seq: u64, code: i32, done: DoneGuard) {
-    let settle = shared.settle.clone();
-    let failure = match tokio::task::spawn_blocking(move || settle()).await {
-        Ok(Ok(())) => None,
-        Ok(Err(msg)) => Some(msg),
-        Err(e) => Some(format!("the settle hook panicked: {e}")),
+    // The store's rev after the settle; 0 ("not said") when it failed.
+    let (rev, failure) = match (shared.settle)().await {
+        Ok(rev) => (rev, None),
+        Err(msg) => (0, Some(msg)),
     };
     if let Some(msg) = failure {
         // Readers treat `exit` as "the workspace has every write"; say on
@@ -903,7 +902,7 @@ async fn finish(shared: &Shared, live: &Arc<LiveExec>, mut seq: u64, code: i32, 
                 id: live.id.clone(),
                 seq: exit_seq,
                 kind: EventKind::Exit(code),
-                rev: 0,
+                rev,
             };
             if let Some(d) = live.deliver(exit, Some(EndReason::Exited)) {
                 d.await;

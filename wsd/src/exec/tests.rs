@@ -4,7 +4,7 @@
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -42,7 +42,7 @@ fn test_config(dir: &Path) -> ExecConfig {
 }
 
 fn noop_settle() -> SettleHook {
-    Arc::new(|| Ok(()))
+    Arc::new(|| Box::pin(async { Ok(0) }))
 }
 
 fn fixture_with(adjust: impl FnOnce(&mut ExecConfig), settle: SettleHook) -> Fixture {
@@ -657,60 +657,66 @@ fn a_restart_keeps_finished_logs_and_marks_running_execs_lost() {
 }
 
 #[tokio::test]
-async fn the_settle_hook_runs_off_the_event_loop_before_exit_is_logged() {
+async fn the_settle_hook_runs_before_exit_is_logged_and_its_rev_goes_with_the_exit() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("exec.db");
-    let test_thread = std::thread::current().id();
-    let settled = Arc::new(AtomicBool::new(false));
-    let seen: Arc<Mutex<Vec<(std::thread::ThreadId, i64)>>> = Arc::default();
+    let seen: Arc<Mutex<Vec<i64>>> = Arc::default();
     let hook: SettleHook = {
-        let (settled, seen, db) = (settled.clone(), seen.clone(), db.clone());
+        let (seen, db) = (seen.clone(), db.clone());
         Arc::new(move || {
-            let conn = rusqlite::Connection::open(&db).unwrap();
-            let exits: i64 = conn
-                .query_row("SELECT count(*) FROM exec_event WHERE kind = 2", [], |r| {
-                    r.get(0)
+            let (seen, db) = (seen.clone(), db.clone());
+            Box::pin(async move {
+                // A store's settle runs on a thread of its own; the hook's
+                // future waits for it.
+                tokio::task::spawn_blocking(move || {
+                    let conn = rusqlite::Connection::open(&db).unwrap();
+                    let exits: i64 = conn
+                        .query_row("SELECT count(*) FROM exec_event WHERE kind = 2", [], |r| {
+                            r.get(0)
+                        })
+                        .unwrap();
+                    seen.lock().unwrap().push(exits);
                 })
+                .await
                 .unwrap();
-            seen.lock()
-                .unwrap()
-                .push((std::thread::current().id(), exits));
-            settled.store(true, Ordering::SeqCst);
-            Ok(())
+                Ok(41)
+            })
         })
     };
     let mut config = test_config(dir.path());
     config.db_path = db;
     let m = ExecManager::open(config, hook).unwrap();
-    let (_, mut sub) = m
+    let (id, mut sub) = m
         .exec(req("echo written > out.txt; echo hi"))
         .await
         .unwrap();
-    loop {
+    let exit = loop {
         let ev = next_event(&mut sub).await;
         if ev.is_exit() {
-            assert!(
-                settled.load(Ordering::SeqCst),
-                "exit observed before the settle hook ran"
-            );
-            break;
+            break ev;
         }
-    }
-    let seen = seen.lock().unwrap().clone();
-    assert_eq!(seen.len(), 1);
-    assert_ne!(
-        seen[0].0, test_thread,
-        "the hook must not run on the event loop"
-    );
+    };
     assert_eq!(
-        seen[0].1, 0,
-        "the exit row must not be logged before the hook returns"
+        seen.lock().unwrap().clone(),
+        vec![0],
+        "the hook ran once, before the exit row was logged"
     );
+    assert_eq!(exit.rev, 41, "the live exit carries the settle's rev");
+    // Replayed from the log, the exit says nothing (the server fills in
+    // the rev as of its sending).
+    let mut replay = m.get(&id, After::All).await.unwrap();
+    let replayed = collect(&mut replay).await;
+    let last = replayed.last().expect("events");
+    assert!(last.is_exit());
+    assert_eq!(last.rev, 0);
 }
 
 #[tokio::test]
 async fn a_failing_settle_hook_is_noted_on_stderr_and_the_exit_still_follows() {
-    let f = fixture_with(|_| {}, Arc::new(|| Err("disk on fire".into())));
+    let f = fixture_with(
+        |_| {},
+        Arc::new(|| Box::pin(async { Err("disk on fire".into()) })),
+    );
     let (_, mut sub) = f.manager.exec(req("exit 3")).await.unwrap();
     let events = collect(&mut sub).await;
     assert_eq!(exit_of(&events, 1), 3);

@@ -21,7 +21,8 @@ use super::limits::{MAX_PTY_WRITE_BYTES, MAX_STDIN_WRITE_BYTES};
 use super::stream::{self, StreamWindow, message_bytes};
 
 /// Reads the store's current rev on the store thread, after every call
-/// queued before it (so after the settle that preceded an exit).
+/// queued before it (so after the settle that preceded an exit), for an
+/// exit that does not carry its settle's rev (one replayed from the log).
 pub(crate) type CurrentRev = Rc<dyn Fn() -> LocalBoxFuture<'static, Result<u64, WireError>>>;
 
 pub(crate) struct ShellServer {
@@ -52,7 +53,8 @@ impl ShellServer {
 
 /// Starts delivering `events` into `sink` on a local task; the returned
 /// capability aborts the delivery when the caller drops it. The exit goes
-/// with the store's rev as of its sending (`ExecEvent.rev`).
+/// with the store's rev after the command's settle (`ExecEvent.rev`; for
+/// one replayed from the log, the rev as of its sending).
 fn subscribe(
     mut events: Box<dyn DynExecEvents>,
     sink: wire::exec_event_sink::Client,
@@ -63,7 +65,7 @@ fn subscribe(
         loop {
             match events.next().await {
                 Ok(Some(mut event)) => {
-                    if event.is_exit() {
+                    if event.is_exit() && event.rev == 0 {
                         // 0 ("not said") if the store cannot answer: the
                         // caller then pulls as it would anyway.
                         event.rev = current_rev().await.unwrap_or(0);

@@ -25,8 +25,8 @@ pub(crate) struct StoreHandle<S> {
 }
 
 /// A `Send` handle to the store thread for code that runs off the event
-/// loop (the exec runner's settle hook). Its calls queue behind the RPC
-/// calls already queued, like any other call.
+/// loop or in `Send` tasks (the exec runner's settle hook). Its calls queue
+/// behind the RPC calls already queued, like any other call.
 pub struct StoreCaller<S> {
     tx: Arc<Mutex<Option<mpsc::Sender<Job<S>>>>>,
 }
@@ -46,6 +46,16 @@ impl<S> std::fmt::Debug for StoreCaller<S> {
 }
 
 impl<S: 'static> StoreCaller<S> {
+    /// Runs `f` on the store thread after every call queued before it, as
+    /// [`StoreHandle::call`]; the future is `Send`.
+    pub async fn call<T, F>(&self, f: F) -> Result<T, WireError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut S) -> Result<T, SyncError> + Send + 'static,
+    {
+        call_on(&self.tx, f).await
+    }
+
     /// Runs `f` on the store thread and waits for its answer, blocking the
     /// calling thread. Must not be called from an async task (use a
     /// blocking thread); fails with `ESHUTDOWN` once the server stopped.
@@ -123,25 +133,7 @@ impl<S: Store + Send + 'static> StoreHandle<S> {
         T: Send + 'static,
         F: FnOnce(&mut S) -> Result<T, SyncError> + Send + 'static,
     {
-        let tx = self.tx.lock().expect("store queue lock").clone();
-        let tx = tx.ok_or_else(shutting_down)?;
-        let (reply_tx, reply_rx) = oneshot::channel();
-        tx.send(Box::new(move |store: &mut S| {
-            // The caller may have gone (its connection dropped): the work is
-            // still done, only the answer is discarded.
-            let _ = reply_tx.send(f(store));
-        }))
-        .await
-        .map_err(|_| shutting_down())?;
-        drop(tx);
-        match reply_rx.await {
-            Ok(result) => result.map_err(WireError::from),
-            // The job was dropped unrun: the thread died (a panic in the store).
-            Err(_) => Err(WireError::new(
-                ErrorCode::Io,
-                "the store thread has stopped",
-            )),
-        }
+        call_on(&self.tx, f).await
     }
 
     /// The store's current rev as of its last call; changes when a call
@@ -173,6 +165,36 @@ impl<S> StoreThread<S> {
         // The thread has sent its result or unwound; joining is immediate.
         let _ = tokio::task::spawn_blocking(move || self.thread.join()).await;
         store
+    }
+}
+
+/// Queues `f` on the store thread behind `tx` and waits for its answer.
+async fn call_on<S: 'static, T, F>(
+    tx: &Mutex<Option<mpsc::Sender<Job<S>>>>,
+    f: F,
+) -> Result<T, WireError>
+where
+    T: Send + 'static,
+    F: FnOnce(&mut S) -> Result<T, SyncError> + Send + 'static,
+{
+    let tx = tx.lock().expect("store queue lock").clone();
+    let tx = tx.ok_or_else(shutting_down)?;
+    let (reply_tx, reply_rx) = oneshot::channel();
+    tx.send(Box::new(move |store: &mut S| {
+        // The caller may have gone (its connection dropped): the work is
+        // still done, only the answer is discarded.
+        let _ = reply_tx.send(f(store));
+    }))
+    .await
+    .map_err(|_| shutting_down())?;
+    drop(tx);
+    match reply_rx.await {
+        Ok(result) => result.map_err(WireError::from),
+        // The job was dropped unrun: the thread died (a panic in the store).
+        Err(_) => Err(WireError::new(
+            ErrorCode::Io,
+            "the store thread has stopped",
+        )),
     }
 }
 

@@ -31,7 +31,6 @@ mod tests;
 
 use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use rusqlite::Connection;
 use wsd_sync::{
@@ -58,9 +57,6 @@ pub struct StoreOptions {
     /// Without it (or when the watcher fails) every settle walks the whole
     /// tree, comparing each entry's stat with the index.
     pub watch: bool,
-    /// How long a settle waits for the watcher to deliver its barrier before
-    /// it distrusts the events and walks the whole tree.
-    pub barrier_timeout: Duration,
     /// Settle before answering `watermarks`, `open_changes` and
     /// `read_entry` (the daemon). Off for a caller that settles explicitly
     /// once per round (the CLI): without a watcher every settle walks the
@@ -86,7 +82,6 @@ impl Default for StoreOptions {
     fn default() -> StoreOptions {
         StoreOptions {
             watch: true,
-            barrier_timeout: Duration::from_secs(5),
             auto_settle: true,
             conflict_copies: false,
             durable_index: true,
@@ -206,12 +201,10 @@ impl WorkspaceStore {
             index::open(&state_dir.join(INDEX_FILE), opts.durable_index)?;
         let staging = Staging::open(state_dir.join("objects"))?;
         let (watch, no_watch) = if opts.watch {
-            match LocalWatcher::start(
-                &root,
-                &state_dir,
-                &state_dir.join("cookies"),
-                opts.barrier_timeout,
-            ) {
+            // The barrier cookies of daemons before 2026-11-28 (the
+            // barrier reads the event queue now).
+            let _ = std::fs::remove_dir_all(state_dir.join("cookies"));
+            match LocalWatcher::start(&root, &state_dir) {
                 Ok(w) => (Some(w), None),
                 Err(reason) => {
                     tracing::warn!(%reason, "no watcher; every settle walks the whole tree");

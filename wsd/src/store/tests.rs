@@ -2,13 +2,14 @@
 //!
 //! Most scenarios run twice, with the watcher and without it: settle must
 //! give the same answer either way, and never depends on timing (the
-//! watcher's cookie barrier, not a sleep, orders events before settle).
+//! watcher's barrier, not a sleep, orders events before settle).
 
 use std::cell::RefCell;
 use std::fs;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::Path;
 use std::rc::Rc;
+use std::time::Duration;
 
 use tempfile::TempDir;
 use wsd_sync::driver::{self, StoreRemote, SyncOptions};
@@ -1421,6 +1422,34 @@ fn a_lost_event_stream_falls_back_to_a_full_walk() {
     assert_eq!((r.full_walk, r.changed), (None, 1));
 }
 
+/// The barrier reads the event queue itself: a write that returned before
+/// the settle is in its dirty set whether or not the reading thread ever
+/// looked (here it is stopped), and the settle looks at that path only.
+#[test]
+fn the_barrier_files_events_without_the_reading_thread() {
+    let mut w = ws(true);
+    w.write("a", b"1");
+    w.write("d/b", b"2");
+    w.store.settle().unwrap();
+    w.store.watch.as_mut().unwrap().stop_reader();
+    let root = fs::canonicalize(&w.root).unwrap();
+    w.write("a", b"11");
+    w.write("d/c", b"3");
+    let pending = watcher_pending(&mut w);
+    assert!(pending.contains(&root.join("a")), "{pending:?}");
+    assert!(pending.contains(&root.join("d/c")), "{pending:?}");
+    assert!(!pending.contains(&root.join("d/b")), "{pending:?}");
+    // Taken: the next barrier has nothing left.
+    assert!(watcher_pending(&mut w).is_empty());
+    fs::remove_file(root.join("d/b")).unwrap();
+    let r = w.store.settle().unwrap();
+    assert_eq!(
+        (r.full_walk, r.changed, r.deleted),
+        (None, 0, 1),
+        "only the deletion"
+    );
+}
+
 #[test]
 fn a_watcher_whose_reader_failed_is_given_up_and_settles_walk() {
     let mut w = ws(true);
@@ -1971,7 +2000,7 @@ fn the_change_hook_reports_written_paths_but_not_the_state_directory_or_settles(
         .recv_timeout(std::time::Duration::from_secs(10))
         .expect("the hook was called for a write");
     assert_eq!(seen, Some(root.join("a")));
-    // Settling renames a barrier cookie in the state directory
+    // Settling reads the event queue, writes the index in the state directory
     // and reads the file: none of that may call the hook, or a hook that
     // settles would loop.
     w.store.settle().unwrap();

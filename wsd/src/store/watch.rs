@@ -1,7 +1,6 @@
 //! The inotify watcher (via the `inotify` crate) that narrows settle to the
-//! paths that changed, and the cookie barrier that makes "everything
-//! written before settle started is in the dirty set" hold without
-//! sleeping.
+//! paths that changed, and the barrier that makes "everything written
+//! before settle started is in the dirty set" hold without sleeping.
 //!
 //! One thread reads the instance's events; watches are added by the
 //! settling thread itself (`inotify_add_watch`, a few microseconds). With
@@ -17,19 +16,19 @@
 //! new directory only after delivering its event, which leaves that gap
 //! open, and cannot leave out the state directory.)
 //!
-//! Barrier: inotify queues events of one instance in the order the
-//! modifying syscalls happened. Settle makes `cookies/<n>` appear in the
-//! state directory (watched by the same instance; the first barrier creates
-//! it, each later one renames the previous cookie to its own number) and
-//! waits until the handler has seen it; by then every event of a write that
-//! returned before the cookie appeared has been handled. This is watchman's
-//! cookie technique.
+//! Barrier: inotify queues an event before the syscall that raised it
+//! returns (`fsnotify` runs inside the syscall). So settle reads the
+//! instance's queue empty itself, holding the queue the reading thread
+//! reads and files under: every event of a write that returned before
+//! settle started is then filed, by that thread or by settle. (Until
+//! 2026-11-28 settle made a cookie file appear, watchman's technique, and
+//! waited for the reading thread to see it: a rename and two thread
+//! wake-ups per settle, plus up to the reader's batch pause.)
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
 
 use inotify::{EventMask, Events, Inotify, WatchDescriptor, WatchMask, Watches};
 
@@ -52,9 +51,10 @@ const WATCH_MASK: WatchMask = WatchMask::ATTRIB
 /// whole tree instead: memory stays bounded under an event storm.
 const MAX_DIRTY_PATHS: usize = 200_000;
 
-/// Called (on the watcher's thread, so it must not block) with each path
-/// under the root that turned dirty, or with `None` when a rescan became
-/// due (anything may have changed).
+/// Called (on the watcher's thread, or the settling one during its
+/// barrier, with the watcher's state locked: it must not block) with each
+/// path under the root that turned dirty, or with `None` when a rescan
+/// became due (anything may have changed).
 pub type ChangeHook = Arc<dyn Fn(Option<&Path>) + Send + Sync>;
 
 #[derive(Default)]
@@ -62,7 +62,6 @@ struct Shared {
     dirty: HashSet<PathBuf>,
     /// Set when events may have been lost: settle must walk everything.
     rescan: Option<String>,
-    cookie_seen: u64,
     on_change: Option<ChangeHook>,
     /// The descriptor and directory of each watch, by descriptor id.
     dirs: HashMap<i32, (WatchDescriptor, PathBuf)>,
@@ -158,7 +157,6 @@ impl std::fmt::Debug for Shared {
         f.debug_struct("Shared")
             .field("dirty", &self.dirty.len())
             .field("rescan", &self.rescan)
-            .field("cookie_seen", &self.cookie_seen)
             .finish_non_exhaustive()
     }
 }
@@ -187,12 +185,11 @@ pub(crate) struct LocalWatcher {
     /// Written to (then closed) to stop the reading thread.
     stop: Option<OwnedFd>,
     reader: Option<std::thread::JoinHandle<()>>,
-    shared: Arc<(Mutex<Shared>, Condvar)>,
-    cookie_dir: PathBuf,
-    next_cookie: u64,
-    /// The cookie file the last barrier left, renamed by the next one.
-    cookie: Option<PathBuf>,
-    barrier_timeout: Duration,
+    shared: Arc<Mutex<Shared>>,
+    /// The instance's event queue, read by the reading thread and by the
+    /// barrier ([`LocalWatcher::take_pending`]).
+    queue: Arc<Mutex<EventQueue>>,
+    filter: Arc<Filter>,
     /// Test hook: how many more directories may be watched before the
     /// watch limit is "reached".
     #[cfg(test)]
@@ -203,12 +200,7 @@ impl LocalWatcher {
     /// Starts a watcher whose events under `root` (but not under `exclude`,
     /// the state directory) mark paths dirty. No directory is watched yet:
     /// the first (full) settle adds them.
-    pub fn start(
-        root: &Path,
-        exclude: &Path,
-        cookie_dir: &Path,
-        barrier_timeout: Duration,
-    ) -> Result<LocalWatcher, String> {
+    pub fn start(root: &Path, exclude: &Path) -> Result<LocalWatcher, String> {
         let inotify =
             Inotify::init().map_err(|e| format!("cannot start the watcher (inotify_init): {e}"))?;
         let watches = inotify.watches();
@@ -217,40 +209,37 @@ impl LocalWatcher {
         // it close; the byte Drop writes wakes it regardless).
         let (stop_rx, stop_tx) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
             .map_err(|e| format!("cannot start the watcher (pipe): {e}"))?;
-        let shared: Arc<(Mutex<Shared>, Condvar)> = Arc::default();
-        let filter = Filter {
+        // The reading thread polls a duplicate of the descriptor (the same
+        // queue) while the instance itself sits in `queue`, unlocked.
+        // Close-on-exec like the instance: commands must not hold it.
+        let readable = rustix::io::fcntl_dupfd_cloexec(&inotify, 0)
+            .map_err(|e| format!("cannot start the watcher (dup): {e}"))?;
+        let shared: Arc<Mutex<Shared>> = Arc::default();
+        let queue = Arc::new(Mutex::new(EventQueue {
+            inotify,
+            buf: vec![0u8; EVENT_BUFFER_BYTES],
+        }));
+        let filter = Arc::new(Filter {
             root: root.to_owned(),
             exclude: exclude.to_owned(),
-            cookies: cookie_dir.to_owned(),
+        });
+        let reader = {
+            let (shared, queue, filter) = (shared.clone(), queue.clone(), filter.clone());
+            std::thread::Builder::new()
+                .name("wsd-watch".into())
+                .spawn(move || read_events(&queue, readable, stop_rx, &shared, &filter))
+                .map_err(|e| format!("cannot start the watcher thread: {e}"))?
         };
-        let reader_shared = shared.clone();
-        let reader = std::thread::Builder::new()
-            .name("wsd-watch".into())
-            .spawn(move || read_events(inotify, stop_rx, &reader_shared, &filter))
-            .map_err(|e| format!("cannot start the watcher thread: {e}"))?;
-        let mut w = LocalWatcher {
+        Ok(LocalWatcher {
             watches,
             stop: Some(stop_tx),
             reader: Some(reader),
             shared,
-            cookie_dir: cookie_dir.to_owned(),
-            next_cookie: 0,
-            cookie: None,
-            barrier_timeout,
+            queue,
+            filter,
             #[cfg(test)]
             watch_budget: None,
-        };
-        std::fs::create_dir_all(cookie_dir)
-            .map_err(|e| format!("cannot create {}: {e}", cookie_dir.display()))?;
-        // Stale cookies from a previous run would be mistaken for new ones.
-        if let Ok(rd) = std::fs::read_dir(cookie_dir) {
-            for e in rd.flatten() {
-                let _ = std::fs::remove_file(e.path());
-            }
-        }
-        w.add(cookie_dir)
-            .map_err(|e| format!("cannot watch {}: {e}", cookie_dir.display()))?;
-        Ok(w)
+        })
     }
 
     /// Adds a watch on `dir` and records its descriptor's directory (a
@@ -258,7 +247,7 @@ impl LocalWatcher {
     /// under its new name). Under the lock the reader files events with, so
     /// no event of the new watch is read before its directory is known.
     fn add(&mut self, dir: &Path) -> std::io::Result<()> {
-        let (lock, _) = &*self.shared;
+        let lock = &*self.shared;
         let mut s = lock.lock().unwrap_or_else(|p| p.into_inner());
         let wd = self.watches.add(dir, WATCH_MASK)?;
         let id = wd.get_watch_descriptor_id();
@@ -276,7 +265,7 @@ impl LocalWatcher {
     /// its new name by the settle that walked it, so it is not below `dir`
     /// in the map any more.
     pub fn unwatch_below(&mut self, dir: &Path) {
-        let (lock, _) = &*self.shared;
+        let lock = &*self.shared;
         let mut s = lock.lock().unwrap_or_else(|p| p.into_inner());
         // Most paths settle finds gone were files: one lookup.
         if !s.watched.contains_key(dir) {
@@ -300,7 +289,7 @@ impl LocalWatcher {
     /// Calls `hook` whenever a change under the root is noticed, so an idle
     /// owner can settle without polling.
     pub fn set_change_hook(&self, hook: ChangeHook) {
-        let (lock, _) = &*self.shared;
+        let lock = &*self.shared;
         lock.lock().unwrap_or_else(|p| p.into_inner()).on_change = Some(hook);
     }
 
@@ -308,7 +297,7 @@ impl LocalWatcher {
     /// raise, so the reader takes them for apply's and not as changes.
     /// Called before the syscalls.
     pub fn expect(&self, path: &Path, events: OwnEvents) {
-        let (lock, _) = &*self.shared;
+        let lock = &*self.shared;
         let mut s = lock.lock().unwrap_or_else(|p| p.into_inner());
         // Bounded like the dirty set: past it, apply's events count as
         // anyone's (settled, not lost).
@@ -327,7 +316,7 @@ impl LocalWatcher {
     /// is left of its expectation and marks the path dirty, since whatever
     /// did happen there is now unknown.
     pub fn unexpect(&self, path: &Path) {
-        let (lock, _) = &*self.shared;
+        let lock = &*self.shared;
         let mut s = lock.lock().unwrap_or_else(|p| p.into_inner());
         s.expected.remove(path);
         mark_path_dirty(&mut s, path.to_owned());
@@ -336,7 +325,7 @@ impl LocalWatcher {
     /// Marks `path` (absolute) dirty as an event would: the next settle
     /// looks at it (walks it, for a directory).
     pub fn mark_dirty(&self, path: &Path) {
-        let (lock, _) = &*self.shared;
+        let lock = &*self.shared;
         let mut s = lock.lock().unwrap_or_else(|p| p.into_inner());
         mark_path_dirty(&mut s, path.to_owned());
     }
@@ -375,7 +364,7 @@ impl LocalWatcher {
 
     /// Why the reading thread stopped, if it did.
     fn dead(&self) -> Option<String> {
-        let (lock, _) = &*self.shared;
+        let lock = &*self.shared;
         lock.lock().unwrap_or_else(|p| p.into_inner()).dead.clone()
     }
 
@@ -383,7 +372,7 @@ impl LocalWatcher {
     /// the reading thread stopped), as far as the events handled so far
     /// tell; `None` when it can look at the dirty paths only.
     pub fn rescan_due(&self) -> Option<String> {
-        let (lock, _) = &*self.shared;
+        let lock = &*self.shared;
         let s = lock.lock().unwrap_or_else(|p| p.into_inner());
         s.rescan
             .clone()
@@ -393,84 +382,37 @@ impl LocalWatcher {
     /// True when events arrived since the last [`LocalWatcher::take_pending`]
     /// (without a barrier: writes still in flight may not show yet).
     pub fn has_pending(&self) -> bool {
-        let (lock, _) = &*self.shared;
+        let lock = &*self.shared;
         let s = lock.lock().unwrap_or_else(|p| p.into_inner());
         !s.dirty.is_empty() || s.rescan.is_some() || s.dead.is_some()
     }
 
-    /// Waits until every event of writes finished before this call has been
-    /// handled, then takes what settle must look at.
+    /// Files every event of writes finished before this call (the barrier:
+    /// see the module docs), then takes what settle must look at. Never
+    /// waits for the reading thread, only for a batch it is filing.
     pub fn take_pending(&mut self) -> Pending {
         if let Some(reason) = self.dead() {
             return Pending::Rescan(format!("the watcher stopped: {reason}"));
         }
-        self.next_cookie += 1;
-        let n = self.next_cookie;
-        let cookie = self.cookie_dir.join(n.to_string());
-        // One cookie file, renamed to the next number by each barrier: its
-        // MOVED_TO names the barrier as a new file's CREATE did, without an
-        // inode allocated and freed per settle (a profile of short
-        // commands found that allocation at 7.7 % of the daemon's samples).
-        let made = match self.cookie.take() {
-            Some(prev) => std::fs::rename(&prev, &cookie)
-                .or_else(|_| std::fs::File::create(&cookie).map(drop)),
-            None => std::fs::File::create(&cookie).map(drop),
-        };
-        if made.is_ok() {
-            self.cookie = Some(cookie.clone());
+        if let Err(reason) = drain(&self.queue, &self.shared, &self.filter) {
+            // Events may be lost from here on: settles walk, as after a
+            // failure of the reading thread.
+            mark_dead(&self.shared, reason.clone());
+            let mut s = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+            s.dirty.clear();
+            s.expected.clear();
+            s.rescan = None;
+            return Pending::Rescan(format!("the watcher stopped: {reason}"));
         }
-        let barrier = match made {
-            Err(e) => Err(format!(
-                "cannot create the barrier cookie {}: {e}",
-                cookie.display()
-            )),
-            Ok(_) => {
-                let (lock, cvar) = &*self.shared;
-                let deadline = Instant::now() + self.barrier_timeout;
-                let mut s = lock.lock().unwrap_or_else(|p| p.into_inner());
-                loop {
-                    // After an overflow (the cookie itself may be lost) the
-                    // settle walks everything anyway.
-                    if s.cookie_seen >= n || s.rescan.is_some() {
-                        break Ok(s);
-                    }
-                    if let Some(reason) = &s.dead {
-                        break Err(format!("the watcher stopped: {reason}"));
-                    }
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        break Err(format!(
-                            "the watcher did not deliver its barrier within {:?}",
-                            self.barrier_timeout
-                        ));
-                    }
-                    s = cvar
-                        .wait_timeout(s, left)
-                        .unwrap_or_else(|p| p.into_inner())
-                        .0;
-                }
-            }
-        };
-        match barrier {
-            Ok(mut s) => {
-                // Every event of apply's writes, all finished before the
-                // cookie, was filed: what was not consumed is stale.
-                let stale: Vec<PathBuf> = s.expected.drain().map(|(p, _)| p).collect();
-                s.dirty.extend(stale);
-                let dirty = std::mem::take(&mut s.dirty);
-                match s.rescan.take() {
-                    Some(reason) => Pending::Rescan(reason),
-                    None => Pending::Paths(dirty),
-                }
-            }
-            Err(reason) => {
-                let (lock, _) = &*self.shared;
-                let mut s = lock.lock().unwrap_or_else(|p| p.into_inner());
-                s.dirty.clear();
-                s.expected.clear();
-                s.rescan = None;
-                Pending::Rescan(reason)
-            }
+        let mut s = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        // Every event of apply's writes, all finished before this call, was
+        // filed: what was not consumed is stale.
+        let stale: Vec<PathBuf> = s.expected.drain().map(|(p, _)| p).collect();
+        s.dirty.extend(stale);
+        let dirty = std::mem::take(&mut s.dirty);
+        match s.rescan.take() {
+            Some(reason) => Pending::Rescan(reason),
+            None => Pending::Paths(dirty),
         }
     }
 
@@ -478,7 +420,7 @@ impl LocalWatcher {
     /// overflow does.
     #[cfg(test)]
     pub fn simulate_overflow(&self) {
-        let (lock, _) = &*self.shared;
+        let lock = &*self.shared;
         let mut s = lock.lock().unwrap_or_else(|p| p.into_inner());
         s.dirty.clear();
         s.rescan = Some("inotify event queue overflowed".into());
@@ -489,6 +431,18 @@ impl LocalWatcher {
     #[cfg(test)]
     pub fn simulate_reader_failure(&self) {
         mark_dead(&self.shared, "reading inotify events: simulated".to_owned());
+    }
+
+    /// Stops the reading thread without marking the watcher dead: from
+    /// here on only the barrier reads events.
+    #[cfg(test)]
+    pub fn stop_reader(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = rustix::io::write(&stop, &[1]);
+        }
+        if let Some(reader) = self.reader.take() {
+            reader.join().expect("the reading thread ends");
+        }
     }
 
     /// Makes the watch limit "reached" after `n` more directories.
@@ -514,26 +468,56 @@ impl Drop for LocalWatcher {
 impl std::fmt::Debug for LocalWatcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LocalWatcher")
-            .field("shared", &self.shared.0)
-            .field("cookie_dir", &self.cookie_dir)
-            .field("next_cookie", &self.next_cookie)
+            .field("shared", &self.shared)
             .finish_non_exhaustive()
     }
 }
 
-/// Which event paths count, and which are barrier cookies.
+/// Which event paths count.
 struct Filter {
     root: PathBuf,
     exclude: PathBuf,
-    cookies: PathBuf,
 }
 
-/// The reading thread: waits for events (or for `stop` to close), reads
-/// every batch the kernel has and files it. A read error other than "no
-/// more for now" stops it and marks the watcher dead, so settles walk.
-fn read_events(inotify: Inotify, stop: OwnedFd, shared: &(Mutex<Shared>, Condvar), f: &Filter) {
+/// The inotify instance and the buffer its events are read into. Whoever
+/// holds it reads a batch and files it before letting go, so an event read
+/// from the instance is in the watcher's state before anyone else reads.
+struct EventQueue {
+    inotify: Inotify,
+    buf: Vec<u8>,
+}
+
+/// Room for many events per read (each is 16 bytes plus its name).
+const EVENT_BUFFER_BYTES: usize = 64 * 1024;
+
+/// Reads and files every event the instance holds, until it has none;
+/// `Err` says why reading failed.
+fn drain(queue: &Mutex<EventQueue>, shared: &Mutex<Shared>, f: &Filter) -> Result<(), String> {
+    let mut q = queue.lock().unwrap_or_else(|p| p.into_inner());
+    let EventQueue { inotify, buf } = &mut *q;
+    loop {
+        match inotify.read_events(buf) {
+            Ok(events) => file_events(events, shared, f),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("reading inotify events: {e}")),
+        }
+    }
+}
+
+/// The reading thread: waits for events on `readable` (the instance's
+/// descriptor, duplicated) or for `stop` to close, and drains the queue. A
+/// read error other than "no more for now" stops it and marks the watcher
+/// dead, so settles walk.
+fn read_events(
+    queue: &Mutex<EventQueue>,
+    readable: OwnedFd,
+    stop: OwnedFd,
+    shared: &Mutex<Shared>,
+    f: &Filter,
+) {
     let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        read_loop(inotify, stop, shared, f)
+        read_loop(queue, readable, stop, shared, f)
     }));
     let reason = match read {
         Ok(None) => return,
@@ -544,31 +528,28 @@ fn read_events(inotify: Inotify, stop: OwnedFd, shared: &(Mutex<Shared>, Condvar
 }
 
 /// No event arrives any more: settles walk (and give the watcher up), and
-/// an owner waiting on the hook or the barrier is told now.
-fn mark_dead(shared: &(Mutex<Shared>, Condvar), reason: String) {
-    let (lock, cvar) = shared;
-    let mut s = lock.lock().unwrap_or_else(|p| p.into_inner());
+/// an owner waiting on the hook is told now.
+fn mark_dead(shared: &Mutex<Shared>, reason: String) {
+    let mut s = shared.lock().unwrap_or_else(|p| p.into_inner());
     tracing::warn!(%reason, "the watcher stopped; settles walk the whole tree");
     s.dead = Some(reason);
     if let Some(hook) = &s.on_change {
         hook(None);
     }
-    cvar.notify_all();
 }
 
 /// [`read_events`]' loop: `None` when stopped, else why it failed.
 fn read_loop(
-    mut inotify: Inotify,
+    queue: &Mutex<EventQueue>,
+    readable: OwnedFd,
     stop: OwnedFd,
-    shared: &(Mutex<Shared>, Condvar),
+    shared: &Mutex<Shared>,
     f: &Filter,
 ) -> Option<String> {
     use rustix::event::{PollFd, PollFlags};
-    // Room for many events per read (each is 16 bytes plus its name).
-    let mut buf = vec![0u8; 64 * 1024];
     loop {
         let mut fds = [
-            PollFd::new(&inotify, PollFlags::IN),
+            PollFd::new(&readable, PollFlags::IN),
             PollFd::new(&stop, PollFlags::IN),
         ];
         match rustix::event::poll(&mut fds, None) {
@@ -579,19 +560,16 @@ fn read_loop(
         if !fds[1].revents().is_empty() {
             return None;
         }
-        loop {
-            match inotify.read_events(&mut buf) {
-                Ok(events) => file_events(events, shared, f),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Some(format!("reading inotify events: {e}")),
-            }
+        // A settle may have drained the queue since the poll: then this
+        // reads nothing.
+        if let Err(reason) = drain(queue, shared, f) {
+            return Some(reason);
         }
         // Under a stream of events (an apply, a build) woken for every few
         // of them, this thread cost more than filing them: a cold push of
         // 10k files woke it 27k times (a `ppoll` and two `read`s each). A
-        // pause after each batch lets the next one gather; a barrier waits
-        // at most this much longer, an idle watcher not at all.
+        // pause after each batch lets the next one gather (a settle's
+        // barrier reads the queue itself, so it never waits for this).
         let mut stop_only = [PollFd::new(&stop, PollFlags::IN)];
         match rustix::event::poll(&mut stop_only, Some(&BATCH_PAUSE)) {
             Ok(n) if n > 0 => return None,
@@ -607,11 +585,10 @@ const BATCH_PAUSE: rustix::event::Timespec = rustix::event::Timespec {
     tv_nsec: 1_000_000,
 };
 
-/// Files one batch of events under one lock: cookies advance the barrier,
-/// paths under the root (not the state directory) turn dirty.
-fn file_events(events: Events<'_>, shared: &(Mutex<Shared>, Condvar), f: &Filter) {
-    let (lock, cvar) = shared;
-    let mut s = lock.lock().unwrap_or_else(|p| p.into_inner());
+/// Files one batch of events under one lock: paths under the root (not
+/// the state directory) turn dirty.
+fn file_events(events: Events<'_>, shared: &Mutex<Shared>, f: &Filter) {
+    let mut s = shared.lock().unwrap_or_else(|p| p.into_inner());
     let rescan_before = s.rescan.is_some();
     for ev in events {
         if ev.mask.contains(EventMask::Q_OVERFLOW) {
@@ -649,7 +626,7 @@ fn file_events(events: Events<'_>, shared: &(Mutex<Shared>, Condvar), f: &Filter
             }
             continue;
         }
-        file_path(&mut s, cvar, f, p);
+        file_path(&mut s, f, p);
     }
     if !rescan_before
         && s.rescan.is_some()
@@ -659,17 +636,12 @@ fn file_events(events: Events<'_>, shared: &(Mutex<Shared>, Condvar), f: &Filter
     }
 }
 
-fn file_path(s: &mut Shared, cvar: &Condvar, f: &Filter, p: PathBuf) {
-    if let Ok(rest) = p.strip_prefix(&f.cookies) {
-        if let Some(n) = rest.to_str().and_then(|n| n.parse::<u64>().ok()) {
-            s.cookie_seen = s.cookie_seen.max(n);
-            cvar.notify_all();
-        }
-    } else if p.starts_with(&f.exclude) || !p.starts_with(&f.root) {
+fn file_path(s: &mut Shared, f: &Filter, p: PathBuf) {
+    if p.starts_with(&f.exclude) || !p.starts_with(&f.root) {
         // The state directory, or outside the root: not the workspace.
     } else {
-        // Cookies and the state directory never get here: settle writes
-        // those, and a hook that settles would loop.
+        // The state directory never gets here: settle writes there, and a
+        // hook that settles would loop.
         mark_path_dirty(s, p);
     }
 }
