@@ -258,7 +258,6 @@ impl Session {
                 conflict_copies: true,
                 // What an OS crash takes from the index is resent.
                 durable_index: false,
-                ..Default::default()
             },
         )
         .with_context(|| format!("opening the index of {}", a.local.display()))?;
