@@ -54,6 +54,10 @@ pub struct Uploaded {
 /// The format tag of a mirrored manifest; another is refused by name.
 const MANIFEST_FORMAT: &str = "gsv-snapshot/1";
 
+/// Chunks a snapshot's upload reads and sends together (at most 256 KiB
+/// each: 8 MiB, a few packs).
+const UPLOAD_BATCH_CHUNKS: usize = 32;
+
 /// How long a sweep tries to find every workspace store free at once.
 const SWEEP_LOCK_PATIENCE: Duration = Duration::from_secs(60);
 
@@ -313,15 +317,26 @@ impl SnapshotMirror {
                 let d = lock(&dofs);
                 d.chunks_held_here(&d.snapshot_chunks(&id)?)?
             };
+            // One listing of the bucket's packs and their indexes (and of
+            // own objects, for many), not a request per chunk.
             let held: HashSet<Hash> = store.has(&here)?.into_iter().collect();
+            let missing: Vec<Hash> = here.into_iter().filter(|h| !held.contains(h)).collect();
             let mut out = Uploaded::default();
-            for hash in here.iter().filter(|h| !held.contains(h)) {
-                // The workspace is locked per chunk, not for the upload.
-                let bytes = lock(&dofs).read_chunk(hash)?;
-                if store.put_if_absent(hash, &bytes)? {
-                    out.chunks += 1;
-                    out.bytes += bytes.len() as u64;
-                }
+            for batch in missing.chunks(UPLOAD_BATCH_CHUNKS) {
+                // The workspace is locked per batch, not for the upload.
+                let chunks: Vec<(Hash, Vec<u8>)> = {
+                    let d = lock(&dofs);
+                    batch
+                        .iter()
+                        .map(|h| Ok((*h, d.read_chunk(h)?)))
+                        .collect::<Result<_, DofsError>>()?
+                };
+                let refs: Vec<(Hash, &[u8])> =
+                    chunks.iter().map(|(h, b)| (*h, b.as_slice())).collect();
+                // In packs (one object per `PACK_BYTES`).
+                store.put_many(&refs)?;
+                out.chunks += chunks.len() as u64;
+                out.bytes += chunks.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
             }
             Ok(out)
         })
@@ -378,11 +393,13 @@ impl SnapshotMirror {
         Ok(out)
     }
 
-    /// Deletes the store's chunks stored before `stored_before` that no
-    /// workspace store in `stores` indexes and no mirrored manifest of a
-    /// workspace outside `known` names. The mark and the deletes run with
-    /// every workspace store locked, so no write can index a chunk the
-    /// sweep is about to delete.
+    /// Collects the store's objects stored before `stored_before`
+    /// ([`ObjectChunks::collect`]): deletes those no workspace store in
+    /// `stores` reads from and no mirrored manifest of a workspace outside
+    /// `known` names, and rewrites packs mostly dead into new ones. The
+    /// mark, the moves of index rows and the deletes run with every
+    /// workspace store locked, so no write can index a chunk the sweep is
+    /// about to delete or move.
     pub async fn sweep(
         &self,
         stores: Vec<Arc<Mutex<Dofs>>>,
@@ -405,22 +422,13 @@ impl SnapshotMirror {
             for (_, manifest) in &others {
                 keep.extend(manifest.chunk_hashes());
             }
-            // An object (a chunk's own, or a pack) stays while any chunk
-            // in it is kept.
-            let stale: Vec<_> = stale.into_iter().filter(|o| !o.holds_any(&keep)).collect();
-            let hashes: Vec<Hash> = stale.iter().flat_map(|o| o.chunks.iter().copied()).collect();
-            let guards = lock_all(&stores).ok_or_else(|| {
+            let mut guards = lock_all(&stores).ok_or_else(|| {
                 KernelError::Unavailable(format!(
                     "sweeping the chunk store: the workspace stores stayed busy for {SWEEP_LOCK_PATIENCE:?}; the next collection retries"
                 ))
             })?;
-            for d in &guards {
-                keep.extend(d.indexed_chunks(&hashes).map_err(upstream)?);
-            }
-            let doomed = stale.into_iter().filter(|o| !o.holds_any(&keep)).collect();
-            let out = store.delete_objects(doomed).map_err(upstream);
-            drop(guards);
-            out
+            let mut locked: Vec<&mut Dofs> = guards.iter_mut().map(|g| &mut **g).collect();
+            store.collect(stale, &mut locked, &keep).map_err(upstream)
         })
         .await
         .map_err(|e| KernelError::internal("sweeping the chunk store", e))?
