@@ -200,7 +200,8 @@ impl ObjectChunks {
     /// object gone meanwhile is `None`.
     fn read_whole(&self, keys: Vec<ObjectPath>) -> Result<Vec<Option<Vec<u8>>>, DofsError> {
         let (store, deadline) = (self.store.clone(), self.deadline);
-        let read: Vec<Result<Option<Vec<u8>>, (ObjectPath, CallError)>> = self.block_on(
+        type Read = Result<Option<Vec<u8>>, (ObjectPath, CallError)>;
+        let read: Vec<Read> = self.block_on(
             stream::iter(keys)
                 .map(|key| {
                     let store = store.clone();
