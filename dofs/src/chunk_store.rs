@@ -78,6 +78,13 @@ pub trait ChunkStore {
         Ok(self.has(hashes)?.into_iter().map(|h| (h, None)).collect())
     }
 
+    /// Whether a new record may name `hash` at `slot` (a pack range, or
+    /// `None`: its own object): not while a collection in progress may
+    /// delete that object (a fork then copies the bytes instead).
+    fn lasting_place(&self, _hash: &Hash, _slot: Option<PackSlot>) -> bool {
+        true
+    }
+
     /// Which of `chunks` are not where the caller's record says they are
     /// (a pack range, or `None`: an object of its own), in input order:
     /// the integrity check of an index. A store with no places answers by

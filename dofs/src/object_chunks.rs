@@ -55,7 +55,7 @@ use crate::pack::{self, PackIndex};
 
 mod collect;
 
-pub use collect::REPACK_DEAD_SHARE;
+pub use collect::{EachStore, REPACK_DEAD_SHARE};
 
 /// How long one request may take before it is an error.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
@@ -103,6 +103,14 @@ impl StaleObject {
     pub fn holds_any(&self, keep: &HashSet<Hash>) -> bool {
         self.chunks.iter().any(|h| keep.contains(h))
     }
+}
+
+/// The objects of a collection in progress: packs by id, own objects by
+/// their chunk's hash.
+#[derive(Default)]
+struct Doomed {
+    packs: HashSet<Hash>,
+    own: HashSet<Hash>,
 }
 
 /// What a sweep ([`ObjectChunks::sweep`], [`ObjectChunks::collect`])
@@ -272,6 +280,9 @@ pub struct ObjectChunks {
     present: Mutex<LruCache<Hash, Option<PackSlot>>>,
     /// Packs whose indexes are in `present` (written or read here).
     packs_read: Mutex<HashSet<Hash>>,
+    /// The objects a collection in progress may delete or rewrite
+    /// ([`ObjectChunks::collect_each`]): writes do not reuse them.
+    doomed: Mutex<Doomed>,
     hot: Mutex<HotCache>,
     /// Packs read whole lately (unverified bytes: each chunk is verified
     /// when taken from them).
@@ -375,6 +386,7 @@ impl ObjectChunks {
             deadline,
             present: Mutex::new(LruCache::new(PRESENT_HASHES)),
             packs_read: Mutex::new(HashSet::new()),
+            doomed: Mutex::new(Doomed::default()),
             ahead: Mutex::new(LruCache::new(READ_AHEAD_PACKS)),
             hot: Mutex::new(HotCache {
                 chunks: LruCache::new_unbounded(),
@@ -454,6 +466,23 @@ impl ObjectChunks {
 
     fn remember(&self, hash: Hash, slot: Option<PackSlot>) {
         lock(&self.present).insert(hash, slot);
+    }
+
+    /// Where `hash` is, if this process knows it present somewhere a
+    /// collection in progress will not delete: the place a write may
+    /// name.
+    fn known_lasting(&self, hash: &Hash) -> Option<Option<PackSlot>> {
+        self.known(hash).filter(|slot| self.lasting(hash, *slot))
+    }
+
+    /// Whether `hash` at `slot` (`None`: its own object) is outside every
+    /// collection in progress.
+    fn lasting(&self, hash: &Hash, slot: Option<PackSlot>) -> bool {
+        let doomed = lock(&self.doomed);
+        match slot {
+            Some(slot) => !doomed.packs.contains(&slot.pack),
+            None => !doomed.own.contains(hash),
+        }
     }
 
     /// Where `hash` is, if this process knows it present.
@@ -855,8 +884,16 @@ impl ObjectChunks {
         let mut uploads: Vec<(Hash, ObjectPath, PutPayload)> = Vec::with_capacity(groups.len());
         let mut placed: Vec<(Hash, PackIndex)> = Vec::with_capacity(groups.len());
         for group in groups {
+            // Never the id of a pack a collection may delete (the same
+            // chunks in the same order would make it): a gap makes another.
+            let mut packed = pack::encode(group);
+            let mut gap = 0;
+            while lock(&self.doomed).packs.contains(&packed.id) {
+                gap += 1;
+                packed = pack::encode_with_gap(group, gap);
+            }
             // The bytes move into the request; the slots stay for the answer.
-            let pack::Pack { id, bytes, slots } = pack::encode(group);
+            let pack::Pack { id, bytes, slots } = packed;
             uploads.push((id, self.pack_key(&id), PutPayload::from(bytes)));
             placed.push((id, slots));
         }
@@ -898,9 +935,16 @@ impl ObjectChunks {
 }
 
 impl ChunkStore for ObjectChunks {
+    /// A chunk whose own object a collection in progress may delete goes
+    /// into a pack of one instead ("already there" would answer for the
+    /// doomed object).
     fn put_if_absent(&self, hash: &Hash, bytes: &[u8]) -> Result<bool, DofsError> {
-        if self.known(hash).is_some() {
+        if self.known_lasting(hash).is_some() {
             return Ok(false);
+        }
+        if !self.lasting(hash, None) {
+            self.put_packs(&[(*hash, bytes)])?;
+            return Ok(true);
         }
         let (store, key) = (self.store.clone(), self.key(hash));
         let payload = PutPayload::from(bytes.to_vec());
@@ -936,7 +980,7 @@ impl ChunkStore for ObjectChunks {
         let mut new: Vec<(Hash, &[u8])> = Vec::new();
         let mut seen = HashSet::new();
         for (hash, bytes) in chunks {
-            match self.known(hash) {
+            match self.known_lasting(hash) {
                 Some(slot) => {
                     placed.insert(*hash, slot);
                 }
@@ -944,7 +988,9 @@ impl ChunkStore for ObjectChunks {
                 None => {}
             }
         }
-        if let [(hash, bytes)] = new[..] {
+        if let [(hash, bytes)] = new[..]
+            && self.lasting(&hash, None)
+        {
             self.put_if_absent(&hash, bytes)?;
             placed.insert(hash, None);
         } else if !new.is_empty() {
@@ -1110,24 +1156,36 @@ impl ChunkStore for ObjectChunks {
             let mut seen = HashSet::new();
             hashes
                 .iter()
-                .filter(|h| this.known(h).is_none() && !read.contains_key(*h) && seen.insert(**h))
+                .filter(|h| {
+                    this.known_lasting(h).is_none() && !read.contains_key(*h) && seen.insert(**h)
+                })
                 .copied()
                 .collect()
         };
         let mut read = HashMap::new();
         if !unknown(self, &read).is_empty() {
             read = self.read_new_packs()?;
+            // A place a collection in progress may delete is not answered.
+            read.retain(|hash, slot| self.lasting(hash, Some(*slot)));
         }
         for hash in self.own_objects(&unknown(self, &read))? {
-            self.remember(hash, None);
+            if self.lasting(&hash, None) {
+                self.remember(hash, None);
+            }
         }
         Ok(hashes
             .iter()
             .filter_map(|h| {
-                let slot = self.known(h).or_else(|| read.get(h).map(|s| Some(*s)))?;
+                let slot = self
+                    .known_lasting(h)
+                    .or_else(|| read.get(h).map(|s| Some(*s)))?;
                 Some((*h, slot))
             })
             .collect())
+    }
+
+    fn lasting_place(&self, hash: &Hash, slot: Option<PackSlot>) -> bool {
+        self.lasting(hash, slot)
     }
 
     /// Which of `chunks` are not where the record says: a pack range its

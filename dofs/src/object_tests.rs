@@ -74,6 +74,9 @@ impl ChunkStore for Counting {
         self.calls.has.fetch_add(hashes.len(), Ordering::SeqCst);
         self.inner.locate(hashes)
     }
+    fn lasting_place(&self, hash: &Hash, slot: Option<PackSlot>) -> bool {
+        self.inner.lasting_place(hash, slot)
+    }
     fn missing_placed(&self, chunks: &[(Hash, Option<PackSlot>)]) -> Result<Vec<Hash>, DofsError> {
         self.calls.has.fetch_add(chunks.len(), Ordering::SeqCst);
         self.inner.missing_placed(chunks)
@@ -541,4 +544,52 @@ fn an_interrupted_repack_leaves_every_chunk_readable_and_the_next_collection_fin
     for dead in old.iter().filter(|h| !live.contains(h)) {
         assert!(packs_holding(&fresh, *dead).is_empty(), "{dead} freed");
     }
+}
+
+/// A collection reaching one store at a time: a write to a store already
+/// marked, of content whose chunks are known present only in a pack the
+/// collection is about to delete, stores those chunks again (in a new
+/// pack, whose id differs from the doomed one although it holds the same
+/// chunks in the same order) instead of naming the doomed pack; after the
+/// collection the file reads back with a client that knows nothing.
+#[test]
+fn a_write_during_a_collection_stores_a_doomed_objects_chunks_again() {
+    let (store, _) = bucket();
+    let mut a = keeping(&store);
+    let mut b = keeping(&store);
+    let content = noise(300 * 1024, 11);
+    let hashes: Vec<Hash> = chunk::chunk_slice(&content)
+        .iter()
+        .map(|c| c.1.hash)
+        .collect();
+    put(&mut a, "x", &content);
+    let doomed = packs_holding(&store, hashes[0]);
+    assert_eq!(doomed.len(), 1);
+    // Nothing names them now; the process still knows them present.
+    a.rm(&p("x"), false).unwrap();
+    a.collect_garbage().unwrap();
+
+    let later = SystemTime::now() + Duration::from_secs(60);
+    let stale = store.inner.stale_objects(later).unwrap();
+    let mut turns = 0;
+    let mut each = |f: &mut dyn FnMut(&mut Dofs) -> Result<(), DofsError>| {
+        f(&mut a)?;
+        if turns == 0 {
+            // After `a`'s mark, before `b`'s.
+            put(&mut a, "y", &content);
+        }
+        turns += 1;
+        f(&mut b)
+    };
+    let out = store
+        .inner
+        .collect_each(stale, &mut each, &Default::default())
+        .unwrap();
+    assert_eq!(out.chunks, hashes.len() as u64, "{out:?}");
+    let now_in = packs_holding(&store, hashes[0]);
+    assert_eq!(now_in.len(), 1, "{now_in:?}");
+    assert_ne!(now_in, doomed, "the doomed pack is gone");
+    a.keep_chunks_in(store.fresh());
+    a.check_integrity().unwrap();
+    assert_eq!(a.read_file(&p("y")).unwrap(), content);
 }

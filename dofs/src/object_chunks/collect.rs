@@ -65,12 +65,83 @@ impl Marks {
     }
 }
 
+/// Calls its argument with each workspace store in turn (locking each
+/// for that call alone, or all of them already locked): how a collection
+/// reaches the stores, once for the marks and once per round of moves.
+pub type EachStore<'a> =
+    dyn FnMut(&mut dyn FnMut(&mut Dofs) -> Result<(), DofsError>) -> Result<(), DofsError> + 'a;
+
+/// Undooms a collection's objects when it ends, however it ends.
+struct DoomGuard<'a> {
+    chunks: &'a ObjectChunks,
+}
+
+impl Drop for DoomGuard<'_> {
+    fn drop(&mut self) {
+        let mut doomed = super::lock(&self.chunks.doomed);
+        doomed.packs.clear();
+        doomed.own.clear();
+    }
+}
+
 impl ObjectChunks {
+    /// Marks `stale` as objects a collection may delete: from now until it
+    /// ends, writes do not reuse them (a known-present place, an own
+    /// object's "already there", a fork's copied pack range), so a store
+    /// whose rows were marked cannot come to need one of them later.
+    fn doom(&self, stale: &[StaleObject]) -> DoomGuard<'_> {
+        let mut doomed = super::lock(&self.doomed);
+        for object in stale {
+            match object.pack {
+                Some(pack) => {
+                    doomed.packs.insert(pack);
+                }
+                None => doomed.own.extend(object.chunks.iter().copied()),
+            }
+        }
+        DoomGuard { chunks: self }
+    }
+
+    /// Keeps doomed only `deleted` and `rewritten`, the objects this
+    /// collection will delete.
+    fn narrow_doom<'o>(
+        &self,
+        deleted: &'o [StaleObject],
+        rewritten: impl Iterator<Item = &'o StaleObject>,
+    ) {
+        let mut doomed = super::lock(&self.doomed);
+        doomed.packs.clear();
+        doomed.own.clear();
+        for object in deleted.iter().chain(rewritten) {
+            match object.pack {
+                Some(pack) => {
+                    doomed.packs.insert(pack);
+                }
+                None => doomed.own.extend(object.chunks.iter().copied()),
+            }
+        }
+    }
+
+    /// [`ObjectChunks::collect_each`] with every store locked by the
+    /// caller for the whole call.
+    pub fn collect(
+        &self,
+        stale: Vec<StaleObject>,
+        stores: &mut [&mut Dofs],
+        keep: &HashSet<Hash>,
+    ) -> Result<SweepOutcome, DofsError> {
+        let mut each = |f: &mut dyn FnMut(&mut Dofs) -> Result<(), DofsError>| {
+            stores.iter_mut().try_for_each(|d| f(d))
+        };
+        self.collect_each(stale, &mut each, keep)
+    }
+
     /// Collects the bucket's `stale` objects ([`ObjectChunks::stale_objects`])
-    /// against the indexes of `stores` — every workspace store keeping its
-    /// chunks here, each locked by the caller for the whole call, so none
-    /// can index a chunk being deleted or moved — and the chunks `keep`
-    /// names (wherever they are):
+    /// against the indexes of the workspace stores `each` reaches (every
+    /// store keeping its chunks here; each may be locked for its own turn
+    /// only: the objects are doomed first, so no write reuses them, and a
+    /// store's rows are read after every write that could have reused one
+    /// before) and the chunks `keep` names (wherever they are):
     ///
     /// - an object no row reads from and holding nothing kept is deleted;
     /// - a pack whose dead chunks are at least [`REPACK_DEAD_SHARE`] of
@@ -78,16 +149,17 @@ impl ObjectChunks {
     ///   every row naming the old pack (in every store: forks share
     ///   packs) is moved to the new one, then the old pack is deleted;
     /// - anything else stays as it is.
-    pub fn collect(
+    pub fn collect_each(
         &self,
         stale: Vec<StaleObject>,
-        stores: &mut [&mut Dofs],
+        each: &mut EachStore<'_>,
         keep: &HashSet<Hash>,
     ) -> Result<SweepOutcome, DofsError> {
         if stale.is_empty() {
             return Ok(SweepOutcome::default());
         }
-        let marks = mark(&stale, stores, keep)?;
+        let _doomed = self.doom(&stale);
+        let marks = mark(&stale, each, keep)?;
         let mut doomed = Vec::new();
         let mut rewrite = Vec::new();
         for object in stale {
@@ -113,11 +185,13 @@ impl ObjectChunks {
                 rewrite.push((object, live));
             }
         }
+        // What stays whole needs no protection from writes any more.
+        self.narrow_doom(&doomed, rewrite.iter().map(|(o, _)| o));
         let mut out = self.delete_objects(doomed)?;
         let mut rewrite = rewrite.into_iter().peekable();
         while rewrite.peek().is_some() {
             let round: Vec<_> = rewrite.by_ref().take(REPACK_ROUND).collect();
-            out += self.repack(round, stores)?;
+            out += self.repack(round, each)?;
         }
         Ok(out)
     }
@@ -128,7 +202,7 @@ impl ObjectChunks {
     fn repack(
         &self,
         round: Vec<(StaleObject, Vec<bool>)>,
-        stores: &mut [&mut Dofs],
+        each: &mut EachStore<'_>,
     ) -> Result<SweepOutcome, DofsError> {
         let keys: Vec<ObjectPath> = round.iter().map(|(o, _)| o.key.clone()).collect();
         let read = self.read_whole(keys)?;
@@ -172,9 +246,7 @@ impl ObjectChunks {
             .iter()
             .map(|(hash, from)| (*hash, *from, placed[hash]))
             .collect();
-        for d in stores.iter_mut() {
-            d.repoint_chunks(&moved)?;
-        }
+        each(&mut |d| d.repoint_chunks(&moved).map(drop))?;
         // A pack's chunks lie back to back after its index, so its last
         // chunk ends where the pack does.
         let mut written: HashMap<Hash, u64> = HashMap::new();
@@ -245,7 +317,7 @@ fn live_chunks(
 /// Where the rows of `stores` read the chunks of `stale` from, with `keep`.
 fn mark(
     stale: &[StaleObject],
-    stores: &[&mut Dofs],
+    each: &mut EachStore<'_>,
     keep: &HashSet<Hash>,
 ) -> Result<Marks, DofsError> {
     let hashes: Vec<Hash> = stale
@@ -258,13 +330,14 @@ fn mark(
         anywhere: keep.clone(),
         placed: HashSet::new(),
     };
-    for d in stores {
+    each(&mut |d| {
         for (hash, pack) in d.chunk_places(&hashes)? {
             match pack {
                 None => marks.anywhere.insert(hash),
                 Some(pack) => marks.placed.insert((hash, pack)),
             };
         }
-    }
+        Ok(())
+    })?;
     Ok(marks)
 }

@@ -13,8 +13,8 @@
 //! workspaces (and the manifests of workspaces it does not have).
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
-use std::time::{Duration, SystemTime};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::SystemTime;
 
 use gsv_protocol::snapshot::SnapshotInfo;
 use serde::{Deserialize, Serialize};
@@ -57,9 +57,6 @@ const MANIFEST_FORMAT: &str = "gsv-snapshot/1";
 /// Chunks a snapshot's upload reads and sends together (at most 256 KiB
 /// each: 8 MiB, a few packs).
 const UPLOAD_BATCH_CHUNKS: usize = 32;
-
-/// How long a sweep tries to find every workspace store free at once.
-const SWEEP_LOCK_PATIENCE: Duration = Duration::from_secs(60);
 
 /// What a recovery needs of the workspace a snapshot was taken of.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -246,31 +243,6 @@ fn lock(d: &Mutex<Dofs>) -> MutexGuard<'_, Dofs> {
     d.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Every store locked at once, or none: a store busy now is retried
-/// after a pause (never waited for while others are held, so two callers
-/// locking stores in different orders cannot deadlock).
-fn lock_all(stores: &[Arc<Mutex<Dofs>>]) -> Option<Vec<MutexGuard<'_, Dofs>>> {
-    let started = std::time::Instant::now();
-    loop {
-        let mut guards = Vec::with_capacity(stores.len());
-        for store in stores {
-            match store.try_lock() {
-                Ok(g) => guards.push(g),
-                Err(TryLockError::Poisoned(p)) => guards.push(p.into_inner()),
-                Err(TryLockError::WouldBlock) => break,
-            }
-        }
-        if guards.len() == stores.len() {
-            return Some(guards);
-        }
-        drop(guards);
-        if started.elapsed() > SWEEP_LOCK_PATIENCE {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn upstream(e: DofsError) -> KernelError {
     KernelError::Upstream(e.to_string())
 }
@@ -394,12 +366,12 @@ impl SnapshotMirror {
     }
 
     /// Collects the store's objects stored before `stored_before`
-    /// ([`ObjectChunks::collect`]): deletes those no workspace store in
+    /// ([`ObjectChunks::collect_each`]): deletes those no workspace store in
     /// `stores` reads from and no mirrored manifest of a workspace outside
-    /// `known` names, and rewrites packs mostly dead into new ones. The
-    /// mark, the moves of index rows and the deletes run with every
-    /// workspace store locked, so no write can index a chunk the sweep is
-    /// about to delete or move.
+    /// `known` names, and rewrites packs mostly dead into new ones. Each
+    /// workspace store is locked for its own turn only (its mark, its
+    /// moves); the collection's objects are doomed before the first mark,
+    /// so no write reuses one of them meanwhile.
     pub async fn sweep(
         &self,
         stores: Vec<Arc<Mutex<Dofs>>>,
@@ -422,13 +394,15 @@ impl SnapshotMirror {
             for (_, manifest) in &others {
                 keep.extend(manifest.chunk_hashes());
             }
-            let mut guards = lock_all(&stores).ok_or_else(|| {
-                KernelError::Unavailable(format!(
-                    "sweeping the chunk store: the workspace stores stayed busy for {SWEEP_LOCK_PATIENCE:?}; the next collection retries"
-                ))
-            })?;
-            let mut locked: Vec<&mut Dofs> = guards.iter_mut().map(|g| &mut **g).collect();
-            store.collect(stale, &mut locked, &keep).map_err(upstream)
+            // One store locked at a time (each for its own mark, then for
+            // each round of moves): the collection dooms its objects
+            // first, so no write reuses them meanwhile.
+            let mut each = |f: &mut dyn FnMut(&mut Dofs) -> Result<(), DofsError>| {
+                stores.iter().try_for_each(|d| f(&mut lock(d)))
+            };
+            store
+                .collect_each(stale, &mut each, &keep)
+                .map_err(upstream)
         })
         .await
         .map_err(|e| KernelError::internal("sweeping the chunk store", e))?
