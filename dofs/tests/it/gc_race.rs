@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use proptest::prelude::*;
-use wsd_dofs::{Dofs, ObjectChunks, WriteOptions};
+use wsd_dofs::{Dofs, DofsError, ObjectChunks, WriteOptions};
 use wsd_sync::{
     ApplyBatch, Baseline, ChangeEntry, ChunkRef, EntryState, Hash, IgnoreRules, Object, Store,
     chunk,
@@ -75,6 +75,14 @@ enum Op {
     Snapshot,
     DropSnapshot(usize),
     Collect,
+    /// A collection reaching one store at a time, with a write of
+    /// `content` to `path` into the tree's store after its mark (before
+    /// the forks'): the write must not reuse an object the collection
+    /// deletes.
+    CollectWriting {
+        content: usize,
+        path: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -87,7 +95,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Fork),
         1 => Just(Op::Snapshot),
         1 => (0usize..4).prop_map(Op::DropSnapshot),
-        4 => Just(Op::Collect),
+        3 => Just(Op::Collect),
+        2 => (0usize..4, 0..PATHS).prop_map(|(content, path)| Op::CollectWriting { content, path }),
     ]
 }
 
@@ -178,16 +187,48 @@ fn cases() -> u32 {
 /// store) a collection of the objects stored before `cutoff` against the
 /// rows of the tree's store and of every fork.
 fn collect(d: &mut Dofs, forks: &mut [Fork], bucket: Option<&ObjectChunks>, cutoff: SystemTime) {
+    collect_writing(d, forks, bucket, cutoff, None);
+}
+
+/// [`collect`] reaching one store at a time (the kernel's way), writing
+/// `write` (path, content) into the tree's store after its mark.
+fn collect_writing(
+    d: &mut Dofs,
+    forks: &mut [Fork],
+    bucket: Option<&ObjectChunks>,
+    cutoff: SystemTime,
+    write: Option<(usize, usize)>,
+) {
     d.collect_garbage_stored_before(cutoff).unwrap();
     for fork in forks.iter_mut() {
         fork.store.collect_garbage_stored_before(cutoff).unwrap();
     }
-    let Some(bucket) = bucket else { return };
+    let opts = WriteOptions {
+        create_parents: true,
+        ..WriteOptions::default()
+    };
+    let mut write = write;
+    let mut write_now = |d: &mut Dofs| {
+        if let Some((i, c)) = write.take() {
+            d.write_file_with(&p(&path(i)), content(c).as_slice(), opts)
+                .unwrap();
+        }
+    };
+    let Some(bucket) = bucket else {
+        write_now(d);
+        return;
+    };
     let stale = bucket.stale_objects(cutoff).unwrap();
-    let mut stores: Vec<&mut Dofs> = std::iter::once(d)
-        .chain(forks.iter_mut().map(|f| &mut f.store))
-        .collect();
-    bucket.collect(stale, &mut stores, &HashSet::new()).unwrap();
+    let mut each = |f: &mut dyn FnMut(&mut Dofs) -> Result<(), DofsError>| {
+        f(d)?;
+        write_now(d);
+        forks.iter_mut().try_for_each(|fork| f(&mut fork.store))
+    };
+    bucket
+        .collect_each(stale, &mut each, &HashSet::new())
+        .unwrap();
+    // Nothing stale: the collection reached no store.
+    write_now(d);
 }
 
 /// After a collection with nothing in flight: every pack left is read
@@ -347,6 +388,18 @@ fn race(ops: Vec<Op>, bucket: Option<Arc<ObjectChunks>>) {
                     .min()
                     .unwrap_or_else(SystemTime::now);
                 collect(&mut d, &mut forks, bucket, cutoff);
+            }
+            Op::CollectWriting {
+                content: c,
+                path: i,
+            } => {
+                let cutoff = in_flight
+                    .iter()
+                    .map(|f| f.started)
+                    .min()
+                    .unwrap_or_else(SystemTime::now);
+                collect_writing(&mut d, &mut forks, bucket, cutoff, Some((i, c)));
+                model.insert(i, c);
             }
         }
         check_tree(&d, &model);
