@@ -467,7 +467,12 @@ fn pulls_and_syncs_are_made_by_the_agent_a_pull_started_and_keep_local_edits_as_
     e.daemon.transfer("push", &e.local);
 
     // A pull no agent answers walks, then starts one.
-    write(&e.served, "from/daemon.txt", b"written on the daemon", 0o644);
+    write(
+        &e.served,
+        "from/daemon.txt",
+        b"written on the daemon",
+        0o644,
+    );
     let (walked, _) = on_demand(&e, "pull", &[]);
     assert!(walked[0].get("agent").is_none(), "{walked:?}");
     assert_same(&e.local, &e.served, "after the walking pull");
@@ -508,7 +513,10 @@ fn pulls_and_syncs_are_made_by_the_agent_a_pull_started_and_keep_local_edits_as_
     write(&e.served, "from/third.txt", b"the daemon's third", 0o644);
     write(&e.local, "to/daemon.txt", b"written here", 0o644);
     let (synced, _) = on_demand(&e, "sync", &[]);
-    let ops: Vec<_> = synced.iter().map(|s| (s["op"].clone(), s["agent"].clone())).collect();
+    let ops: Vec<_> = synced
+        .iter()
+        .map(|s| (s["op"].clone(), s["agent"].clone()))
+        .collect();
     assert_eq!(
         ops,
         [("pull".into(), true.into()), ("push".into(), true.into())],
@@ -519,7 +527,11 @@ fn pulls_and_syncs_are_made_by_the_agent_a_pull_started_and_keep_local_edits_as_
     let out = agent_cli(&e.local, "status", &["--json"]);
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
-        (status["pid"].clone(), status["pulls"].clone(), status["pushes"].clone()),
+        (
+            status["pid"].clone(),
+            status["pulls"].clone(),
+            status["pushes"].clone()
+        ),
         (pid.into(), 3.into(), 1.into()),
         "{status}"
     );
@@ -529,7 +541,10 @@ fn pulls_and_syncs_are_made_by_the_agent_a_pull_started_and_keep_local_edits_as_
     let (direct, _) = on_demand(&e, "pull", &["--no-agent"]);
     assert!(direct[0].get("agent").is_none(), "{direct:?}");
     let (direct, _) = on_demand(&e, "sync", &["--exclude", "*.tmp"]);
-    assert!(direct.iter().all(|s| s.get("agent").is_none()), "{direct:?}");
+    assert!(
+        direct.iter().all(|s| s.get("agent").is_none()),
+        "{direct:?}"
+    );
     assert_same(&e.local, &e.served, "after the direct transfers");
     agent_cli(&e.local, "stop", &[]);
 }

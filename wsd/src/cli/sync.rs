@@ -1126,10 +1126,7 @@ fn refusal(
 /// Makes `op` from the watched store for a client: the reply carrying its
 /// summaries, or `Err` when it failed (the client then makes it by itself,
 /// over a fresh connection; transfers are idempotent).
-async fn transfer_for_client(
-    s: &mut Session,
-    op: agent::Transfer,
-) -> Result<agent::Reply, String> {
+async fn transfer_for_client(s: &mut Session, op: agent::Transfer) -> Result<agent::Reply, String> {
     let started = Instant::now();
     // The session's own settle covers every write made before the request
     // (the watcher's cookie barrier).
