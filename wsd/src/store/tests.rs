@@ -248,7 +248,8 @@ fn an_edited_large_file_is_rehashed_from_its_fingerprints_into_the_chunks_of_a_f
         );
         // Edits in the middle, at the head and at the end, each re-hashed
         // from the fingerprints the last settle recorded.
-        let edits: [(&str, fn(&mut Vec<u8>)); 3] = [
+        type Edit = fn(&mut Vec<u8>);
+        let edits: [(&str, Edit); 3] = [
             ("an insert", |b| {
                 b.splice(1_600_000..1_600_000, noise(100, 7));
             }),
