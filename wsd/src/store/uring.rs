@@ -93,11 +93,7 @@ fn setup() -> std::io::Result<IoUring> {
         .setup_submit_all()
         .build(RING_ENTRIES)?;
     ring.submitter().register_files_sparse(SLOTS)?;
-    let workers = std::env::var("WSD_EXPERIMENT_URING_WORKERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(WORKERS);
-    let mut max = [workers, 0];
+    let mut max = [WORKERS, 0];
     ring.submitter().register_iowq_max_workers(&mut max)?;
     Ok(ring)
 }
@@ -180,9 +176,7 @@ impl<T> RingWriter<T> {
     /// This thread's ring (set up on first use); `Err` where io_uring is
     /// unavailable (an old kernel, a seccomp filter, `io_uring_disabled`).
     pub fn new() -> std::io::Result<RingWriter<T>> {
-        if UNAVAILABLE.load(Ordering::Relaxed)
-            || std::env::var_os("WSD_EXPERIMENT_NO_URING").is_some()
-        {
+        if UNAVAILABLE.load(Ordering::Relaxed) {
             return Err(std::io::ErrorKind::Unsupported.into());
         }
         let ring = match SPARE.with(|s| s.borrow_mut().take()) {
