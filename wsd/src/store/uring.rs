@@ -359,32 +359,25 @@ impl<T> RingWriter<T> {
         }
     }
 
-    /// Blocks until at least one completion is there, then takes them.
+    /// Blocks until at least one completion is there (or the wait was
+    /// interrupted, or the completion queue is full), then takes them.
     fn wait(&mut self) -> Result<(), SyncError> {
-        loop {
-            let waited = self
-                .ring
-                .as_mut()
-                .expect("the ring is there until drop")
-                .submit_and_wait(1);
-            match waited {
-                Ok(_) => break,
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc_errno::EINTR | libc_errno::EAGAIN | libc_errno::EBUSY)
-                    ) =>
-                {
-                    break;
-                }
-                Err(e) => {
-                    self.failed = true;
-                    return Err(SyncError::io(
-                        "waiting for io_uring file writes".to_owned(),
-                        e,
-                    ));
-                }
-            }
+        let waited = self
+            .ring
+            .as_mut()
+            .expect("the ring is there until drop")
+            .submit_and_wait(1);
+        if let Err(e) = waited
+            && !matches!(
+                e.raw_os_error(),
+                Some(libc_errno::EINTR | libc_errno::EAGAIN | libc_errno::EBUSY)
+            )
+        {
+            self.failed = true;
+            return Err(SyncError::io(
+                "waiting for io_uring file writes".to_owned(),
+                e,
+            ));
         }
         self.reap();
         Ok(())
