@@ -286,7 +286,7 @@ pub async fn serve<S: Store + Send + 'static>(
 ) -> Result<S, ServeError> {
     let Backend {
         store,
-        store_thread,
+        mut store_thread,
         exec,
         root,
         change_hint,
@@ -336,7 +336,17 @@ pub async fn serve<S: Store + Send + 'static>(
             stop_accepting.clone(),
         ));
     }
-    shutdown.await;
+    tokio::select! {
+        _ = shutdown => {}
+        _ = store_thread.ended() => {
+            // The panic's message and place were printed by the panic hook
+            // just before. Stopping (the process exits non-zero) lets a
+            // supervisor restart the daemon, whose start reconciles the
+            // directory with the index; serving on would answer `EIO` to
+            // every call.
+            tracing::error!("the store thread died (a store call panicked): stopping the server");
+        }
+    }
     tracing::info!("shutting down: no new connections or calls");
     stop_accepting.cancel();
     shared.store.close();
@@ -673,6 +683,37 @@ impl<S: Store + Send + 'static> wire::workspace::Server for WorkspaceServer<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_panicking_store_call_stops_the_server() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        tokio::task::LocalSet::new().block_on(&rt, async {
+            let backend = Backend::new(wsd_sync::testkit::MemStore::new()).unwrap();
+            let caller = backend.store_caller();
+            let served = tokio::task::spawn_local(serve(
+                Vec::new(),
+                backend,
+                ServerConfig::default(),
+                std::future::pending::<()>(),
+            ));
+            let answer = tokio::task::spawn_blocking(move || {
+                caller.call_blocking(|_| -> Result<(), wsd_sync::SyncError> { panic!("a store bug") })
+            })
+            .await
+            .unwrap();
+            assert_eq!(answer.unwrap_err().code, ErrorCode::Io);
+            // Without a shutdown signal the server still ends, reporting
+            // the dead store (bounded: a hang fails the test).
+            let ended = tokio::time::timeout(Duration::from_secs(10), served)
+                .await
+                .expect("the server stops by itself")
+                .unwrap();
+            assert!(matches!(ended, Err(ServeError::StoreDied)));
+        });
+    }
 
     #[test]
     fn peer_names_are_checked() {

@@ -84,6 +84,9 @@ impl<S> Clone for StoreHandle<S> {
 /// Joins the store thread; resolves to the store once every queued job ran.
 pub(crate) struct StoreThread<S> {
     done: oneshot::Receiver<S>,
+    /// Its sender lives as long as the thread's loop: it resolves when the
+    /// thread ends, which before [`StoreHandle::close`] means it died.
+    ended: oneshot::Receiver<()>,
     thread: std::thread::JoinHandle<()>,
 }
 
@@ -92,10 +95,14 @@ impl<S: Store + Send + 'static> StoreHandle<S> {
     pub(crate) fn spawn(mut store: S) -> std::io::Result<(StoreHandle<S>, StoreThread<S>)> {
         let (tx, mut rx) = mpsc::channel::<Job<S>>(STORE_QUEUE_CAPACITY);
         let (done_tx, done) = oneshot::channel();
+        let (ended_tx, ended) = oneshot::channel::<()>();
         let (rev_tx, rev) = watch::channel(store.current_rev().unwrap_or(0));
         let thread = std::thread::Builder::new()
             .name("wsd-store".into())
             .spawn(move || {
+                // Dropped when this closure ends, by return or by a panic
+                // unwinding through a job.
+                let _ended = ended_tx;
                 while let Some(job) = rx.blocking_recv() {
                     job(&mut store);
                     // Every rev bump happens inside some job (a push, a
@@ -112,7 +119,11 @@ impl<S: Store + Send + 'static> StoreHandle<S> {
                 tx: Arc::new(Mutex::new(Some(tx))),
                 rev,
             },
-            StoreThread { done, thread },
+            StoreThread {
+                done,
+                ended,
+                thread,
+            },
         ))
     }
 
@@ -163,6 +174,14 @@ impl<S: Store + Send + 'static> StoreHandle<S> {
 }
 
 impl<S> StoreThread<S> {
+    /// Resolves when the thread has ended. Before the handles are closed
+    /// that only happens when a store call panicked: every later call
+    /// would fail with `EIO`, so the server stops instead of serving on
+    /// without a store.
+    pub(crate) async fn ended(&mut self) {
+        let _ = (&mut self.ended).await;
+    }
+
     /// Waits until every handle is closed or dropped and the queue drained;
     /// returns the store, or `None` if the thread died.
     pub(crate) async fn join(self) -> Option<S> {
