@@ -700,7 +700,8 @@ mod tests {
                 std::future::pending::<()>(),
             ));
             let answer = tokio::task::spawn_blocking(move || {
-                caller.call_blocking(|_| -> Result<(), wsd_sync::SyncError> { panic!("a store bug") })
+                caller
+                    .call_blocking(|_| -> Result<(), wsd_sync::SyncError> { panic!("a store bug") })
             })
             .await
             .unwrap();
