@@ -426,6 +426,24 @@ impl Stat {
         }
     }
 
+    /// The same fields [`Stat::of`] gives for the `Metadata` std builds
+    /// from this `statx` (its `dev` is `makedev(major, minor)` too).
+    pub fn of_statx(x: &rustix::fs::Statx) -> Stat {
+        let ns = |t: &rustix::fs::StatxTimestamp| {
+            t.tv_sec
+                .saturating_mul(1_000_000_000)
+                .saturating_add(i64::from(t.tv_nsec))
+        };
+        Stat {
+            mode: u32::from(x.stx_mode) & wsd_sync::MODE_MASK,
+            size: x.stx_size,
+            mtime_ns: ns(&x.stx_mtime),
+            dev: rustix::fs::makedev(x.stx_dev_major, x.stx_dev_minor),
+            ino: x.stx_ino,
+            ctime_ns: ns(&x.stx_ctime),
+        }
+    }
+
     pub fn of(m: &std::fs::Metadata) -> Stat {
         use std::os::unix::fs::MetadataExt;
         Stat {

@@ -607,7 +607,7 @@ impl Seen {
     }
 
     /// The same fields as [`Seen::of`] gives for the `Metadata` std builds
-    /// from this `statx` (its `dev` is `makedev(major, minor)` too).
+    /// from this `statx`.
     fn of_statx(x: &rustix::fs::Statx) -> Seen {
         use rustix::fs::FileType;
         let kind = match FileType::from_raw_mode(x.stx_mode.into()) {
@@ -616,21 +616,9 @@ impl Seen {
             FileType::Symlink => DiskKind::Symlink,
             _ => DiskKind::Unsupported,
         };
-        let ns = |t: &rustix::fs::StatxTimestamp| {
-            t.tv_sec
-                .saturating_mul(1_000_000_000)
-                .saturating_add(i64::from(t.tv_nsec))
-        };
         Seen {
             kind,
-            stat: Stat {
-                mode: u32::from(x.stx_mode) & wsd_sync::MODE_MASK,
-                size: x.stx_size,
-                mtime_ns: ns(&x.stx_mtime),
-                dev: rustix::fs::makedev(x.stx_dev_major, x.stx_dev_minor),
-                ino: x.stx_ino,
-                ctime_ns: ns(&x.stx_ctime),
-            },
+            stat: Stat::of_statx(x),
         }
     }
 }
