@@ -1,36 +1,54 @@
 #!/usr/bin/env python3
-"""Alternating A/B of incremental pushes: daemon A vs B (and client A vs B).
+"""Alternating A/B of incremental pushes: daemon A vs B (and client A vs B),
+with rsync in the same rounds.
 
 usage: incr-ab.py CLIENT_WSD[,CLIENT_B_WSD] DAEMON_A_WSD DAEMON_B_WSD ROUNDS [PROFILE]
 
 With two clients (comma-separated), side B pushes with the second one: to
 compare clients, give the same daemon twice.
 
-Creates two copies of a make-tree.py profile (default mixed, seed 1), pushes
-each to its own `wsd serve` (A or B), then for each round applies the same
-`make-tree.py mutate` round to both and times one incremental push to each,
-alternating which goes first. `sync` and 0.5 s before each push; daemon CPU
-is read 1.5 s after the push returns, so it includes the daemon's idle
-settle. Prints per-round figures and the medians of the per-pair ratios B/A.
-STRACE=1 attaches `strace -f -T` to both daemons (syscall durations in
-/tmp/dp/w/{A,B}.strace), PERF=1 `perf record -g` to daemon B after its cold
-push. Works in $WSD_AB_DIR (default /tmp/dp/w; removed and re-created).
+Creates copies of a make-tree.py profile (default mixed, seed 1), pushes
+two to their own `wsd serve` (A or B) and copies the third with `rsync -a`,
+then for each round applies the same `make-tree.py mutate` round to all
+three and times one incremental push to each daemon and one `rsync -a
+--delete --no-whole-file` (bench/compare's incremental step), rotating
+which goes first. `sync` and 0.5 s before each; daemon CPU is read 1.5 s
+after the push returns, so it includes the daemon's idle settle; client CPU
+is the push process's (or, with AGENT=1, the agent's). Prints per-round
+figures, the medians of the per-pair ratios B/A and of each side's ratio to
+rsync, and the load average before and after.
+
+AGENT=1: the pushes go through the on-demand agent (issue 32), as a user's
+do from the second push on: the cold push starts it, the rounds wait until
+it answers, and each timed push must be made by it. Without it, pushes walk
+(`WSD_AGENT=off`), as when these figures were first taken.
+NO_RSYNC=1 leaves rsync out. STRACE=1 attaches `strace -f -T` to both
+daemons (syscall durations in $WSD_AB_DIR/{A,B}.strace), PERF=1 `perf
+record -g` to daemon B after its cold push. Works in $WSD_AB_DIR (default
+/tmp/dp/w; removed and re-created).
 """
-import os, subprocess, sys, time, socket, shutil, statistics, json
-# Pushes walk, as when these figures were first taken: no on-demand agent
-# (issue 32) watching the tree between steps; bench/noop-ab.py measures it.
-os.environ.setdefault("WSD_AGENT", "off")
-MT = "/work/shared/bench/make-tree.py"
+import json, os, resource, subprocess, sys, time, socket, shutil, statistics
+
+AGENT = os.environ.get("AGENT") == "1"
+RSYNC = os.environ.get("NO_RSYNC") != "1"
+os.environ["WSD_AGENT"] = "on" if AGENT else "off"
+MT = os.environ.get("WSD_MAKE_TREE", "/work/shared/bench/make-tree.py")
 CLIENTS, DA, DB = sys.argv[1].split(","), sys.argv[2], sys.argv[3]
 CLIENT = {"A": CLIENTS[0], "B": CLIENTS[-1]}
 N = int(sys.argv[4]); PROFILE = sys.argv[5] if len(sys.argv) > 5 else "mixed"
 W = os.environ.get("WSD_AB_DIR", "/tmp/dp/w"); shutil.rmtree(W, ignore_errors=True); os.makedirs(W)
+load0 = open("/proc/loadavg").read().split()[:3]
 def sh(a, **k): return subprocess.run(a, check=True, capture_output=True, text=True, **k)
 def port():
     s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
 def cpu(pid):
     f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+def children_cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN); return r.ru_utime + r.ru_stime
+def agent_pid(client, src):
+    st = json.loads(sh([client, "agent", "status", src, "--state", src + ".wsd-state", "--json"]).stdout)
+    return st["pid"] if st["running"] else None
 ds = {}
 for name, binp in (("A", DA), ("B", DB)):
     src, root, st = f"{W}/src{name}", f"{W}/root{name}", f"{W}/state{name}"
@@ -49,34 +67,71 @@ for name, binp in (("A", DA), ("B", DB)):
     sh(push)
     if os.environ.get("STRACE"):
         open(f"{W}/{name}.strace", "a").write("=== MARK after cold push\n")
-    ds[name] = (proc, src, root, push)
+    agent = None
+    if AGENT:
+        deadline = time.monotonic() + 120
+        while (agent := agent_pid(CLIENT[name], src)) is None:
+            if time.monotonic() > deadline: sys.exit(f"no agent answered for {src}")
+            time.sleep(0.02)
+    ds[name] = (proc, src, root, push, agent)
     if os.environ.get("PERF") and name == "B":
         ds["perf"] = subprocess.Popen(["perf", "record", "-g", "-o", f"{W}/perf.data", "-p", str(proc.pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1)
-res = {"A": [], "B": []}; ratios = []; cratios = []
+if RSYNC:
+    rsrc, rdst = f"{W}/srcR", f"{W}/dstR"
+    sh([sys.executable, MT, "create", PROFILE, rsrc, "--seed", "1"])
+    sh(["rsync", "-a", rsrc + "/", rdst + "/"])
+sides = "ABR" if RSYNC else "AB"
+res = {s: [] for s in sides}; ratios = []; cratios = []; vs_rsync = {"A": [], "B": []}
 for r in range(1, N + 1):
     for name in "AB":
         sh([sys.executable, MT, "mutate", PROFILE, ds[name][1], "--seed", "1", "--round", str(r)])
-    order = "AB" if r % 2 else "BA"
+    if RSYNC:
+        sh([sys.executable, MT, "mutate", PROFILE, rsrc, "--seed", "1", "--round", str(r)])
+    order = sides[(r - 1) % len(sides):] + sides[:(r - 1) % len(sides)]
     got = {}
     for name in order:
-        proc, src, root, push = ds[name]
         subprocess.run(["sync"]); time.sleep(0.5)
-        c0 = cpu(proc.pid); t0 = time.monotonic(); sh(push); t = time.monotonic() - t0; time.sleep(1.5); c = cpu(proc.pid) - c0
-        got[name] = (t, c); res[name].append((t, c))
+        if name == "R":
+            t0 = time.monotonic(); c0 = children_cpu()
+            sh(["rsync", "-a", "--delete", "--no-whole-file", rsrc + "/", rdst + "/"])
+            got[name] = (time.monotonic() - t0, children_cpu() - c0, 0.0)
+            res[name].append(got[name]); continue
+        proc, src, root, push, agent = ds[name]
+        c0 = cpu(proc.pid); a0 = cpu(agent) if agent else children_cpu()
+        t0 = time.monotonic(); out = sh(push).stdout; t = time.monotonic() - t0
+        if AGENT and json.loads(out.strip().splitlines()[-1]).get("agent") is not True:
+            sys.exit(f"round {r}: the push of {name} was not made by the agent: {out}")
+        time.sleep(1.5)
+        c = cpu(proc.pid) - c0; cl = (cpu(agent) if agent else children_cpu()) - a0
+        got[name] = (t, c, cl); res[name].append(got[name])
     ratios.append(got["B"][0] / got["A"][0]); cratios.append(got["B"][1] / max(got["A"][1], 1e-3))
-    print(f"round {r}: A {got['A'][0]*1000:.0f} ms (daemon cpu {got['A'][1]*1000:.0f}), B {got['B'][0]*1000:.0f} ms (daemon cpu {got['B'][1]*1000:.0f}), wall B/A {ratios[-1]:.2f}", flush=True)
+    line = (f"round {r}: A {got['A'][0]*1000:.0f} ms (daemon cpu {got['A'][1]*1000:.0f}, client {got['A'][2]*1000:.0f}), "
+            f"B {got['B'][0]*1000:.0f} ms (daemon cpu {got['B'][1]*1000:.0f}, client {got['B'][2]*1000:.0f}), wall B/A {ratios[-1]:.2f}")
+    if RSYNC:
+        for name in "AB": vs_rsync[name].append(got[name][0] / got["R"][0])
+        line += f"; rsync {got['R'][0]*1000:.0f} ms (cpu {got['R'][1]*1000:.0f}), A/rsync {vs_rsync['A'][-1]:.2f}, B/rsync {vs_rsync['B'][-1]:.2f}"
+    print(line, flush=True)
 for name in "AB":
-    sh([sys.executable, MT, "digest", ds[name][1]])
     if sh([sys.executable, MT, "digest", ds[name][1]]).stdout != sh([sys.executable, MT, "digest", ds[name][2]]).stdout:
         print(f"MISMATCH {name}")
+if RSYNC and sh([sys.executable, MT, "digest", rsrc]).stdout != sh([sys.executable, MT, "digest", rdst]).stdout:
+    print("MISMATCH rsync")
 if "perf" in ds:
     ds["perf"].send_signal(2); ds["perf"].wait()
 for name in "AB":
+    if AGENT:
+        subprocess.run([CLIENT[name], "agent", "stop", ds[name][1], "--state", ds[name][1] + ".wsd-state"], capture_output=True)
     ds[name][0].terminate(); ds[name][0].wait()
 med = statistics.median
 for name in "AB":
-    print(name, "median push wall ms", round(med([x[0] for x in res[name]])*1000, 1), "daemon cpu ms", round(med([x[1] for x in res[name]])*1000, 1))
+    print(name, "median push wall ms", round(med([x[0] for x in res[name]])*1000, 1), "daemon cpu ms", round(med([x[1] for x in res[name]])*1000, 1),
+          "client cpu ms", round(med([x[2] for x in res[name]])*1000, 1))
+if RSYNC:
+    print("rsync median wall ms", round(med([x[0] for x in res["R"]])*1000, 1), "cpu ms", round(med([x[1] for x in res["R"]])*1000, 1))
 print("wall B/A median", round(med(ratios), 3), "range", round(min(ratios), 2), round(max(ratios), 2))
 print("daemon cpu B/A median", round(med(cratios), 3), "range", round(min(cratios), 2), round(max(cratios), 2))
-print("load", open("/proc/loadavg").read().split()[:3])
+if RSYNC:
+    for name in "AB":
+        print(f"{name}/rsync median", round(med(vs_rsync[name]), 3), "range", round(min(vs_rsync[name]), 2), round(max(vs_rsync[name]), 2))
+print("load before", load0, "after", open("/proc/loadavg").read().split()[:3], "agent" if AGENT else "walk")

@@ -77,6 +77,23 @@ pub trait ChunkStore {
     fn locate(&self, hashes: &[Hash]) -> Result<Vec<(Hash, Option<PackSlot>)>, DofsError> {
         Ok(self.has(hashes)?.into_iter().map(|h| (h, None)).collect())
     }
+
+    /// Whether a new record may name `hash` at `slot` (a pack range, or
+    /// `None`: its own object): not while a collection in progress may
+    /// delete that object (a fork then copies the bytes instead).
+    fn lasting_place(&self, _hash: &Hash, _slot: Option<PackSlot>) -> bool {
+        true
+    }
+
+    /// Which of `chunks` are not where the caller's record says they are
+    /// (a pack range, or `None`: an object of its own), in input order:
+    /// the integrity check of an index. A store with no places answers by
+    /// hash.
+    fn missing_placed(&self, chunks: &[(Hash, Option<PackSlot>)]) -> Result<Vec<Hash>, DofsError> {
+        let hashes: Vec<Hash> = chunks.iter().map(|(h, _)| *h).collect();
+        let held: HashSet<Hash> = self.has(&hashes)?.into_iter().collect();
+        Ok(hashes.into_iter().filter(|h| !held.contains(h)).collect())
+    }
 }
 
 /// The object store a [`crate::Dofs`] keeps chunk bytes in, when it has one.
@@ -207,7 +224,7 @@ fn slot_from_row(r: &rusqlite::Row<'_>, first: usize) -> rusqlite::Result<Option
 
 /// A stub's pack range from its `size` column at `size` and its `pack,
 /// pack_offset` columns starting at `pack` (`None` when not packed).
-fn slot_from_columns(
+pub(crate) fn slot_from_columns(
     r: &rusqlite::Row<'_>,
     size: usize,
     pack: usize,
@@ -293,6 +310,49 @@ impl<'c> Chunks<'c> {
             out.extend(window.iter().filter(|h| held.contains(h)));
         }
         Ok(out)
+    }
+
+    /// The rows among `hashes`, each with the pack it is read from (`None`:
+    /// its own object, or bytes held here), in no particular order.
+    pub(crate) fn places(&self, hashes: &[Hash]) -> Result<Vec<(Hash, Option<Hash>)>, DofsError> {
+        let mut out = Vec::with_capacity(hashes.len());
+        for window in hashes.chunks(PROBE_WINDOW) {
+            let placeholders = vec!["?"; window.len()].join(",");
+            let mut stmt = self.conn.prepare_cached(&format!(
+                "SELECT hash, pack FROM chunks WHERE hash IN ({placeholders})"
+            ))?;
+            let params: Vec<Value> = window.iter().map(|h| Value::Blob(h.0.to_vec())).collect();
+            let rows = stmt.query_map(rusqlite::params_from_iter(params), |r| {
+                let pack: Option<Vec<u8>> = r.get(1)?;
+                Ok((
+                    hash_from_sql(r.get(0)?, 0)?,
+                    pack.map(|p| hash_from_sql(p, 1)).transpose()?,
+                ))
+            })?;
+            for row in rows {
+                out.push(row?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Moves every row reading a chunk of `moved` from its old pack to its
+    /// new place (`(chunk, old pack, new slot)`); answers how many moved.
+    /// The caller runs it in a transaction.
+    pub(crate) fn repoint(&self, moved: &[(Hash, Hash, PackSlot)]) -> Result<usize, DofsError> {
+        let mut stmt = self.conn.prepare_cached(
+            "UPDATE chunks SET pack = ?1, pack_offset = ?2 WHERE hash = ?3 AND pack = ?4",
+        )?;
+        let mut n = 0;
+        for (hash, from, to) in moved {
+            n += stmt.execute(params![
+                to.pack.0.to_vec(),
+                to.offset,
+                hash.as_bytes(),
+                from.as_bytes()
+            ])?;
+        }
+        Ok(n)
     }
 
     /// Index rows for chunks the object store now holds (each with its
@@ -425,7 +485,9 @@ impl<'c> Chunks<'c> {
 
 impl ChunkStore for Chunks<'_> {
     /// With an object store: a chunk the index holds is stamped fresh (as
-    /// in the table alone); another is stored there first, then indexed.
+    /// in the table alone); another is stored there first, then indexed
+    /// where the store keeps it (a chunk it already knows in a pack is
+    /// indexed at that range, never as an object it may not have).
     fn put_if_absent(&self, hash: &Hash, bytes: &[u8]) -> Result<bool, DofsError> {
         let Some(objects) = self.objects else {
             return self.table().put_if_absent(hash, bytes);
@@ -434,8 +496,8 @@ impl ChunkStore for Chunks<'_> {
             self.touch(std::slice::from_ref(hash))?;
             return Ok(false);
         }
-        objects.put_if_absent(hash, bytes)?;
-        self.index_stored(&[(*hash, bytes.len(), None)])?;
+        let slot = objects.put_many(&[(*hash, bytes)])?.pop().flatten();
+        self.index_stored(&[(*hash, bytes.len(), slot)])?;
         Ok(true)
     }
 

@@ -4,6 +4,7 @@
 
 use wsd_sync::{ChunkRef, Hash, SyncPath, manifest};
 
+use crate::chunk_store::slot_from_columns;
 use crate::rows::{self, hash_from_sql};
 use crate::{Dofs, DofsError};
 
@@ -34,9 +35,10 @@ impl Dofs {
             ));
         }
 
-        // Chunks: the bytes are what the hash says; a stub's object is in
-        // the object store.
-        let mut stmt = conn.prepare("SELECT hash, size, data FROM chunks")?;
+        // Chunks: the bytes are what the hash says; a stub's chunk is in
+        // the object store where the row says (its pack range, or its own
+        // object).
+        let mut stmt = conn.prepare("SELECT hash, size, data, pack, pack_offset FROM chunks")?;
         let mut rows = stmt.query([])?;
         let mut stubs = Vec::new();
         while let Some(r) = rows.next()? {
@@ -44,7 +46,7 @@ impl Dofs {
             let size: u64 = r.get(1)?;
             let data = r.get_ref(2)?.as_blob()?;
             if data.is_empty() && size > 0 {
-                stubs.push(hash);
+                stubs.push((hash, slot_from_columns(r, 1, 3)?));
                 continue;
             }
             if data.len() as u64 != size {
@@ -60,16 +62,22 @@ impl Dofs {
 
         match &self.objects {
             Some(objects) => {
-                let held: std::collections::HashSet<Hash> =
-                    objects.has(&stubs)?.into_iter().collect();
-                for hash in stubs.iter().filter(|h| !held.contains(h)) {
-                    problems.push(format!(
-                        "chunk {hash}: indexed as in the object store, which lacks it"
-                    ));
+                let missing: std::collections::HashSet<Hash> =
+                    objects.missing_placed(&stubs)?.into_iter().collect();
+                for (hash, slot) in stubs.iter().filter(|(h, _)| missing.contains(h)) {
+                    problems.push(match slot {
+                        Some(slot) => format!(
+                            "chunk {hash}: indexed in pack {} at {}, which the object store lacks",
+                            slot.pack, slot.offset
+                        ),
+                        None => {
+                            format!("chunk {hash}: indexed as in the object store, which lacks it")
+                        }
+                    });
                 }
             }
             None => {
-                if let Some(hash) = stubs.first() {
+                if let Some((hash, _)) = stubs.first() {
                     problems.push(format!(
                         "chunk {hash} (and {} more) kept in an object store this store was opened without",
                         stubs.len() - 1

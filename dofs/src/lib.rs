@@ -50,7 +50,8 @@ pub use fs::{
 };
 #[cfg(feature = "s3")]
 pub use object_chunks::{
-    Credentials, DEFAULT_DEADLINE, ObjectChunks, PACK_BYTES, StaleObject, SweepOutcome,
+    Credentials, DEFAULT_DEADLINE, EachStore, ObjectChunks, PACK_BYTES, REPACK_DEAD_SHARE,
+    StaleObject, SweepOutcome,
 };
 pub use schema::SCHEMA_VERSION;
 pub use snapshot::{DiffKind, RestoreOutcome, SnapshotSummary};

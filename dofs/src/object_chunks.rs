@@ -53,6 +53,10 @@ use crate::DofsError;
 use crate::chunk_store::{ChunkStore, PackSlot, verified};
 use crate::pack::{self, PackIndex};
 
+mod collect;
+
+pub use collect::{EachStore, REPACK_DEAD_SHARE};
+
 /// How long one request may take before it is an error.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
 
@@ -85,11 +89,13 @@ const CONCURRENCY: usize = 16;
 pub struct StaleObject {
     key: ObjectPath,
     /// The pack's id, for a pack.
-    pack: Option<Hash>,
+    pub pack: Option<Hash>,
     /// The object's size in bytes.
     pub size: u64,
     /// The chunks it holds.
     pub chunks: Vec<Hash>,
+    /// For a pack, where each of `chunks` is in it (same order).
+    pub slots: Vec<PackSlot>,
 }
 
 impl StaleObject {
@@ -99,11 +105,31 @@ impl StaleObject {
     }
 }
 
-/// What [`ObjectChunks::sweep`] deleted.
+/// The objects of a collection in progress: packs by id, own objects by
+/// their chunk's hash.
+#[derive(Default)]
+struct Doomed {
+    packs: HashSet<Hash>,
+    own: HashSet<Hash>,
+}
+
+/// What a sweep ([`ObjectChunks::sweep`], [`ObjectChunks::collect`])
+/// freed: the chunk copies whose bytes left the bucket (whole objects
+/// deleted, and the dead chunks of packs rewritten), the bytes the bucket
+/// shrank by, and how many packs were rewritten without their dead chunks.
 #[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
 pub struct SweepOutcome {
     pub chunks: u64,
     pub bytes: u64,
+    pub repacked: u64,
+}
+
+impl std::ops::AddAssign for SweepOutcome {
+    fn add_assign(&mut self, other: SweepOutcome) {
+        self.chunks += other.chunks;
+        self.bytes += other.bytes;
+        self.repacked += other.repacked;
+    }
 }
 
 /// Static credentials, for callers that do not take them from the
@@ -254,6 +280,9 @@ pub struct ObjectChunks {
     present: Mutex<LruCache<Hash, Option<PackSlot>>>,
     /// Packs whose indexes are in `present` (written or read here).
     packs_read: Mutex<HashSet<Hash>>,
+    /// The objects a collection in progress may delete or rewrite
+    /// ([`ObjectChunks::collect_each`]): writes do not reuse them.
+    doomed: Mutex<Doomed>,
     hot: Mutex<HotCache>,
     /// Packs read whole lately (unverified bytes: each chunk is verified
     /// when taken from them).
@@ -357,6 +386,7 @@ impl ObjectChunks {
             deadline,
             present: Mutex::new(LruCache::new(PRESENT_HASHES)),
             packs_read: Mutex::new(HashSet::new()),
+            doomed: Mutex::new(Doomed::default()),
             ahead: Mutex::new(LruCache::new(READ_AHEAD_PACKS)),
             hot: Mutex::new(HotCache {
                 chunks: LruCache::new_unbounded(),
@@ -438,6 +468,23 @@ impl ObjectChunks {
         lock(&self.present).insert(hash, slot);
     }
 
+    /// Where `hash` is, if this process knows it present somewhere a
+    /// collection in progress will not delete: the place a write may
+    /// name.
+    fn known_lasting(&self, hash: &Hash) -> Option<Option<PackSlot>> {
+        self.known(hash).filter(|slot| self.lasting(hash, *slot))
+    }
+
+    /// Whether `hash` at `slot` (`None`: its own object) is outside every
+    /// collection in progress.
+    fn lasting(&self, hash: &Hash, slot: Option<PackSlot>) -> bool {
+        let doomed = lock(&self.doomed);
+        match slot {
+            Some(slot) => !doomed.packs.contains(&slot.pack),
+            None => !doomed.own.contains(hash),
+        }
+    }
+
     /// Where `hash` is, if this process knows it present.
     fn known(&self, hash: &Hash) -> Option<Option<PackSlot>> {
         lock(&self.present).get(hash).copied()
@@ -460,21 +507,17 @@ impl ObjectChunks {
         }
     }
 
-    /// Deletes every object (a chunk's own, or a pack) none of whose
-    /// chunks `keep` names and that was stored before `stored_before` (the
-    /// grace window: a chunk uploaded for a reference not yet recorded is
-    /// young, and stays; so is a pack written for it).
+    /// Frees what `keep` does not name among the objects stored before
+    /// `stored_before` (the grace window: a chunk uploaded for a reference
+    /// not yet recorded is young, and stays; so is a pack written for it):
+    /// [`ObjectChunks::collect`] with no workspace store, for a caller
+    /// whose marks are hashes alone.
     pub fn sweep(
         &self,
         keep: &HashSet<Hash>,
         stored_before: SystemTime,
     ) -> Result<SweepOutcome, DofsError> {
-        let stale: Vec<StaleObject> = self
-            .stale_objects(stored_before)?
-            .into_iter()
-            .filter(|o| !o.holds_any(keep))
-            .collect();
-        self.delete_objects(stale)
+        self.collect(self.stale_objects(stored_before)?, &mut [], keep)
     }
 
     /// Every object listed under `dir`, page by page (each page one
@@ -603,6 +646,7 @@ impl ObjectChunks {
                     pack: None,
                     size: meta.size,
                     chunks: vec![hash],
+                    slots: Vec::new(),
                 })
             })
             .collect();
@@ -615,11 +659,13 @@ impl ObjectChunks {
         for ((id, meta), index) in packs.into_iter().zip(self.read_pack_indexes(&sizes)?) {
             // Gone since the listing: nothing to delete.
             let Some(index) = index else { continue };
+            let (chunks, slots) = index.into_iter().unzip();
             out.push(StaleObject {
                 key: meta.location,
                 pack: Some(id),
                 size: meta.size,
-                chunks: index.into_iter().map(|(h, _)| h).collect(),
+                chunks,
+                slots,
             });
         }
         Ok(out)
@@ -627,34 +673,49 @@ impl ObjectChunks {
 
     /// Deletes `objects` (a few at a time) and forgets their chunks.
     pub fn delete_objects(&self, objects: Vec<StaleObject>) -> Result<SweepOutcome, DofsError> {
+        let deleted = self.delete_keys(objects)?;
+        self.forget(&deleted);
+        let mut out = SweepOutcome::default();
+        for object in &deleted {
+            out.chunks += object.chunks.len() as u64;
+            out.bytes += object.size;
+        }
+        Ok(out)
+    }
+
+    /// Deletes `objects` from the bucket (gone already is fine), answering
+    /// them.
+    fn delete_keys(&self, objects: Vec<StaleObject>) -> Result<Vec<StaleObject>, DofsError> {
         let (store, deadline) = (self.store.clone(), self.deadline);
-        let deleted: Vec<StaleObject> = self
-            .block_on(
-                stream::iter(objects)
-                    .map(|o| {
-                        let store = store.clone();
-                        async move {
-                            match bounded(deadline, store.delete(&o.key)).await {
-                                Ok(())
-                                | Err(CallError::Store(object_store::Error::NotFound { .. })) => {
-                                    Ok(o)
-                                }
-                                Err(e) => Err((o.key, e)),
-                            }
+        self.block_on(
+            stream::iter(objects)
+                .map(|o| {
+                    let store = store.clone();
+                    async move {
+                        match bounded(deadline, store.delete(&o.key)).await {
+                            Ok(())
+                            | Err(CallError::Store(object_store::Error::NotFound { .. })) => Ok(o),
+                            Err(e) => Err((o.key, e)),
                         }
-                    })
-                    .buffer_unordered(CONCURRENCY)
-                    .collect::<Vec<_>>(),
-            )
-            .into_iter()
-            .collect::<Result<_, _>>()
-            .map_err(|(key, e)| self.failed(format!("deleting {key}"), e))?;
+                    }
+                })
+                .buffer_unordered(CONCURRENCY)
+                .collect::<Vec<_>>(),
+        )
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .map_err(|(key, e)| self.failed(format!("deleting {key}"), e))
+    }
+
+    /// Forgets the chunks of deleted `objects` (known present, hot, read
+    /// ahead), so a later write stores them again instead of pointing at
+    /// a deleted object.
+    fn forget(&self, objects: &[StaleObject]) {
         let mut present = lock(&self.present);
         let mut hot = lock(&self.hot);
         let mut packs_read = lock(&self.packs_read);
         let mut ahead = lock(&self.ahead);
-        let mut out = SweepOutcome::default();
-        for object in deleted {
+        for object in objects {
             if let Some(id) = object.pack {
                 packs_read.remove(&id);
                 ahead.remove(&id);
@@ -665,10 +726,7 @@ impl ObjectChunks {
                     hot.bytes -= bytes.len();
                 }
             }
-            out.chunks += object.chunks.len() as u64;
-            out.bytes += object.size;
         }
-        Ok(out)
     }
 
     fn document_key(&self, name: &str) -> ObjectPath {
@@ -826,8 +884,16 @@ impl ObjectChunks {
         let mut uploads: Vec<(Hash, ObjectPath, PutPayload)> = Vec::with_capacity(groups.len());
         let mut placed: Vec<(Hash, PackIndex)> = Vec::with_capacity(groups.len());
         for group in groups {
+            // Never the id of a pack a collection may delete (the same
+            // chunks in the same order would make it): a gap makes another.
+            let mut packed = pack::encode(group);
+            let mut gap = 0;
+            while lock(&self.doomed).packs.contains(&packed.id) {
+                gap += 1;
+                packed = pack::encode_with_gap(group, gap);
+            }
             // The bytes move into the request; the slots stay for the answer.
-            let pack::Pack { id, bytes, slots } = pack::encode(group);
+            let pack::Pack { id, bytes, slots } = packed;
             uploads.push((id, self.pack_key(&id), PutPayload::from(bytes)));
             placed.push((id, slots));
         }
@@ -869,9 +935,16 @@ impl ObjectChunks {
 }
 
 impl ChunkStore for ObjectChunks {
+    /// A chunk whose own object a collection in progress may delete goes
+    /// into a pack of one instead ("already there" would answer for the
+    /// doomed object).
     fn put_if_absent(&self, hash: &Hash, bytes: &[u8]) -> Result<bool, DofsError> {
-        if self.known(hash).is_some() {
+        if self.known_lasting(hash).is_some() {
             return Ok(false);
+        }
+        if !self.lasting(hash, None) {
+            self.put_packs(&[(*hash, bytes)])?;
+            return Ok(true);
         }
         let (store, key) = (self.store.clone(), self.key(hash));
         let payload = PutPayload::from(bytes.to_vec());
@@ -907,7 +980,7 @@ impl ChunkStore for ObjectChunks {
         let mut new: Vec<(Hash, &[u8])> = Vec::new();
         let mut seen = HashSet::new();
         for (hash, bytes) in chunks {
-            match self.known(hash) {
+            match self.known_lasting(hash) {
                 Some(slot) => {
                     placed.insert(*hash, slot);
                 }
@@ -915,7 +988,9 @@ impl ChunkStore for ObjectChunks {
                 None => {}
             }
         }
-        if let [(hash, bytes)] = new[..] {
+        if let [(hash, bytes)] = new[..]
+            && self.lasting(&hash, None)
+        {
             self.put_if_absent(&hash, bytes)?;
             placed.insert(hash, None);
         } else if !new.is_empty() {
@@ -1071,54 +1146,140 @@ impl ChunkStore for ObjectChunks {
             .collect())
     }
 
-    /// Known chunks answer from the known-present set; the rest are asked
-    /// for as objects of their own, then looked up in the indexes of packs
-    /// this process has not read yet.
+    /// Known chunks answer from the known-present set; the rest are looked
+    /// up in the indexes of packs this process has not read yet (one
+    /// listing of `packs/`, each new index read once), and what is still
+    /// unknown is asked for as objects of their own
+    /// ([`ObjectChunks::own_objects`]): never a request per packed chunk.
     fn locate(&self, hashes: &[Hash]) -> Result<Vec<(Hash, Option<PackSlot>)>, DofsError> {
-        let unknown: Vec<Hash> = {
+        let unknown = |this: &ObjectChunks, read: &HashMap<Hash, PackSlot>| -> Vec<Hash> {
             let mut seen = HashSet::new();
             hashes
                 .iter()
-                .filter(|h| self.known(h).is_none() && seen.insert(**h))
+                .filter(|h| {
+                    this.known_lasting(h).is_none() && !read.contains_key(*h) && seen.insert(**h)
+                })
                 .copied()
                 .collect()
         };
-        let (store, deadline) = (self.store.clone(), self.deadline);
-        let keys: Vec<(Hash, ObjectPath)> = unknown.iter().map(|h| (*h, self.key(h))).collect();
-        let found: Vec<Hash> = self
-            .block_on(
-                stream::iter(keys)
-                    .map(|(hash, key)| {
-                        let store = store.clone();
-                        async move {
-                            match bounded(deadline, store.head(&key)).await {
-                                Ok(_) => Ok(Some(hash)),
-                                Err(CallError::Store(object_store::Error::NotFound { .. })) => {
-                                    Ok(None)
-                                }
-                                Err(e) => Err((hash, e)),
-                            }
-                        }
-                    })
-                    .buffer_unordered(CONCURRENCY)
-                    .try_filter_map(|found| async move { Ok(found) })
-                    .try_collect(),
-            )
-            .map_err(|(hash, e)| self.failed(format!("probing chunk {hash}"), e))?;
-        for hash in &found {
-            self.remember(*hash, None);
+        let mut read = HashMap::new();
+        if !unknown(self, &read).is_empty() {
+            read = self.read_new_packs()?;
+            // A place a collection in progress may delete is not answered.
+            read.retain(|hash, slot| self.lasting(hash, Some(*slot)));
         }
-        let read = match found.len() < unknown.len() {
-            true => self.read_new_packs()?,
-            false => HashMap::new(),
-        };
+        for hash in self.own_objects(&unknown(self, &read))? {
+            if self.lasting(&hash, None) {
+                self.remember(hash, None);
+            }
+        }
         Ok(hashes
             .iter()
             .filter_map(|h| {
-                let slot = self.known(h).or_else(|| read.get(h).map(|s| Some(*s)))?;
+                let slot = self
+                    .known_lasting(h)
+                    .or_else(|| read.get(h).map(|s| Some(*s)))?;
                 Some((*h, slot))
             })
             .collect())
+    }
+
+    fn lasting_place(&self, hash: &Hash, slot: Option<PackSlot>) -> bool {
+        self.lasting(hash, slot)
+    }
+
+    /// Which of `chunks` are not where the record says: a pack range its
+    /// pack does not list (or a pack that is gone), or an object of its own
+    /// the bucket lacks. One listing of `packs/` and one index read per
+    /// pack named, whatever the number of chunks.
+    fn missing_placed(&self, chunks: &[(Hash, Option<PackSlot>)]) -> Result<Vec<Hash>, DofsError> {
+        let named: HashSet<Hash> = chunks
+            .iter()
+            .filter_map(|(_, s)| s.map(|s| s.pack))
+            .collect();
+        let mut listed: HashSet<(Hash, PackSlot)> = HashSet::new();
+        if !named.is_empty() {
+            let packs: Vec<(Hash, u64)> = self
+                .listed_packs()?
+                .into_iter()
+                .filter(|(id, _)| named.contains(id))
+                .map(|(id, meta)| (id, meta.size))
+                .collect();
+            for ((id, _), index) in packs.iter().zip(self.read_pack_indexes(&packs)?) {
+                let Some(index) = index else { continue };
+                for (hash, slot) in index {
+                    self.remember(hash, Some(slot));
+                    listed.insert((hash, slot));
+                }
+                lock(&self.packs_read).insert(*id);
+            }
+        }
+        let alone: Vec<Hash> = chunks
+            .iter()
+            .filter(|(h, s)| s.is_none() && self.known(h) != Some(None))
+            .map(|(h, _)| *h)
+            .collect::<HashSet<Hash>>()
+            .into_iter()
+            .collect();
+        let found: HashSet<Hash> = self.own_objects(&alone)?.into_iter().collect();
+        Ok(chunks
+            .iter()
+            .filter(|(hash, slot)| match slot {
+                Some(slot) => !listed.contains(&(*hash, *slot)),
+                None => self.known(hash) != Some(None) && !found.contains(hash),
+            })
+            .map(|(h, _)| *h)
+            .collect())
+    }
+}
+
+/// Above this many chunks to look for as objects of their own, one
+/// listing of `chunks/` (a request per 1,000 objects) answers them instead
+/// of a HEAD each.
+const LIST_OVER_HEAD: usize = 64;
+
+impl ObjectChunks {
+    /// Which of `hashes` (distinct) the bucket holds as objects of their
+    /// own: a HEAD each, or for many, one listing of `chunks/`.
+    fn own_objects(&self, hashes: &[Hash]) -> Result<Vec<Hash>, DofsError> {
+        if hashes.is_empty() {
+            return Ok(Vec::new());
+        }
+        if hashes.len() > LIST_OVER_HEAD {
+            let listed: HashSet<Hash> = self
+                .listing(&self.chunks_dir(), "chunks")?
+                .into_iter()
+                .filter_map(|meta| {
+                    meta.location
+                        .filename()
+                        .and_then(|n| Hash::from_hex(n).ok())
+                })
+                .collect();
+            return Ok(hashes
+                .iter()
+                .filter(|h| listed.contains(*h))
+                .copied()
+                .collect());
+        }
+        let (store, deadline) = (self.store.clone(), self.deadline);
+        let keys: Vec<(Hash, ObjectPath)> = hashes.iter().map(|h| (*h, self.key(h))).collect();
+        self.block_on(
+            stream::iter(keys)
+                .map(|(hash, key)| {
+                    let store = store.clone();
+                    async move {
+                        match bounded(deadline, store.head(&key)).await {
+                            Ok(_) => Ok(Some(hash)),
+                            Err(CallError::Store(object_store::Error::NotFound { .. })) => Ok(None),
+                            Err(e) => Err((hash, e)),
+                        }
+                    }
+                })
+                .buffer_unordered(CONCURRENCY)
+                .try_filter_map(|found| async move { Ok(found) })
+                .try_collect(),
+        )
+        .map_err(|(hash, e)| self.failed(format!("probing chunk {hash}"), e))
     }
 }
 
@@ -1162,7 +1323,8 @@ mod tests {
             swept,
             SweepOutcome {
                 chunks: 1,
-                bytes: garbage.len() as u64
+                bytes: garbage.len() as u64,
+                repacked: 0,
             }
         );
         assert_eq!(chunks.has(&[hk, hg]).unwrap(), vec![hk]);
@@ -1172,44 +1334,319 @@ mod tests {
         assert!(chunks.put_if_absent(&hg, &garbage).unwrap(), "stored again");
     }
 
-    /// Packs: one holding a kept chunk stays whole (its dead chunks still
-    /// readable), one holding none goes, counted by its chunks and bytes.
-    fn sweeps_packs_whole(chunks: &ObjectChunks) {
+    /// Packs: one holding no kept chunk goes whole; one mostly dead is
+    /// rewritten with its kept chunks alone (the dead ones unreadable
+    /// after, the kept ones read from the new pack, also by a client with
+    /// no state); one a little dead stays as it is.
+    fn sweeps_dead_packs_and_repacks_mostly_dead_ones(chunks: &ObjectChunks) {
         let bytes: Vec<Vec<u8>> = (0..4u8).map(|i| vec![i; 3000]).collect();
         let h: Vec<Hash> = bytes.iter().map(|b| Hash::of(b)).collect();
-        let (live, dead) = (
+        let (mostly_dead, dead) = (
             [(h[0], &bytes[0][..]), (h[1], &bytes[1][..])],
             [(h[2], &bytes[2][..]), (h[3], &bytes[3][..])],
         );
-        chunks.put_many(&live).unwrap();
+        // 9,000 bytes kept, 1,000 dead: under a quarter.
+        let (big, small) = (vec![7u8; 9000], vec![8u8; 1000]);
+        let (hb, hs) = (Hash::of(&big), Hash::of(&small));
+        chunks.put_many(&mostly_dead).unwrap();
         chunks.put_many(&dead).unwrap();
+        chunks
+            .put_many(&[(hb, &big[..]), (hs, &small[..])])
+            .unwrap();
         let later = SystemTime::now() + Duration::from_secs(60);
         let stale = chunks.stale_objects(later).unwrap();
-        assert_eq!(stale.len(), 2, "two packs: {stale:?}");
+        assert_eq!(stale.len(), 3, "three packs: {stale:?}");
+        let size_of = |hash: Hash| {
+            stale
+                .iter()
+                .find(|o| o.chunks.contains(&hash))
+                .unwrap()
+                .size
+        };
         let dead_pack = stale.iter().find(|o| o.chunks.contains(&h[2])).unwrap();
         assert_eq!(dead_pack.chunks, vec![h[2], h[3]], "its index, in order");
-        let keep = HashSet::from([h[0]]);
+        let keep = HashSet::from([h[0], hb]);
+        let swept = chunks.sweep(&keep, later).unwrap();
+        // The rewritten pack: a header, one index entry, the kept chunk.
+        let rewritten = pack::HEADER_LEN + 44 + 3000;
         assert_eq!(
-            chunks.sweep(&keep, later).unwrap(),
+            swept,
             SweepOutcome {
-                chunks: 2,
-                bytes: dead_pack.size,
+                chunks: 3,
+                bytes: size_of(h[2]) + size_of(h[0]) - rewritten,
+                repacked: 1,
             }
         );
-        assert_eq!(chunks.has(&h).unwrap(), vec![h[0], h[1]]);
-        assert_eq!(chunks.get(&h[1]).unwrap(), bytes[1], "kept with its pack");
-        let err = chunks.get(&h[3]).unwrap_err();
-        assert_eq!(err.code(), wsd_sync::ErrorCode::UnknownHash, "{err}");
+        assert_eq!(chunks.has(&h).unwrap(), vec![h[0]]);
+        assert_eq!(chunks.get(&h[0]).unwrap(), bytes[0], "from its new pack");
+        for gone in [h[1], h[3]] {
+            let err = chunks.get(&gone).unwrap_err();
+            assert_eq!(err.code(), wsd_sync::ErrorCode::UnknownHash, "{err}");
+        }
         let left = chunks.stale_objects(later).unwrap();
-        assert_eq!(left.len(), 1);
-        assert_eq!(left[0].chunks, vec![h[0], h[1]]);
+        let packs: Vec<(Vec<Hash>, u64)> =
+            left.iter().map(|o| (o.chunks.clone(), o.size)).collect();
+        assert_eq!(packs.len(), 2, "{packs:?}");
+        assert!(packs.contains(&(vec![h[0]], rewritten)), "{packs:?}");
+        assert!(
+            packs.contains(&(vec![hb, hs], size_of(hb))),
+            "kept whole: {packs:?}"
+        );
+        let fresh = another_client(chunks);
+        assert_eq!(fresh.get(&h[0]).unwrap(), bytes[0]);
+        assert_eq!(fresh.get(&hs).unwrap(), small, "a little dead: still there");
+        // Swept again: nothing more to do.
+        assert_eq!(chunks.sweep(&keep, later).unwrap(), SweepOutcome::default());
+    }
+
+    /// A client of the same bucket and prefix with no state of its own.
+    fn another_client(chunks: &ObjectChunks) -> ObjectChunks {
+        ObjectChunks::over(
+            chunks.store.clone(),
+            chunks.prefix.as_ref(),
+            chunks.label.clone(),
+            DEFAULT_DEADLINE,
+        )
+        .unwrap()
+    }
+
+    /// Requests that reach an in-memory bucket, by kind.
+    #[derive(Debug, Default)]
+    struct Requests {
+        gets: std::sync::atomic::AtomicUsize,
+        heads: std::sync::atomic::AtomicUsize,
+        lists: std::sync::atomic::AtomicUsize,
+        puts: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Requests {
+        fn take(&self) -> [usize; 4] {
+            use std::sync::atomic::Ordering::SeqCst;
+            [
+                self.gets.swap(0, SeqCst),
+                self.heads.swap(0, SeqCst),
+                self.lists.swap(0, SeqCst),
+                self.puts.swap(0, SeqCst),
+            ]
+        }
+    }
+
+    /// An in-memory bucket counting the requests made of it (the trait's
+    /// `async_trait` methods written out as boxed futures).
+    #[derive(Debug)]
+    struct Counted {
+        inner: Arc<InMemory>,
+        requests: Arc<Requests>,
+    }
+
+    impl std::fmt::Display for Counted {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "counted({})", self.inner)
+        }
+    }
+
+    type Boxed<'a, T> = futures::future::BoxFuture<'a, object_store::Result<T>>;
+
+    impl ObjectStore for Counted {
+        fn put_opts<'s, 'l, 'f>(
+            &'s self,
+            location: &'l ObjectPath,
+            payload: PutPayload,
+            opts: object_store::PutOptions,
+        ) -> Boxed<'f, object_store::PutResult>
+        where
+            's: 'f,
+            'l: 'f,
+            Self: 'f,
+        {
+            self.requests
+                .puts
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.inner.put_opts(location, payload, opts)
+        }
+
+        fn put_multipart_opts<'s, 'l, 'f>(
+            &'s self,
+            location: &'l ObjectPath,
+            opts: object_store::PutMultipartOptions,
+        ) -> Boxed<'f, Box<dyn object_store::MultipartUpload>>
+        where
+            's: 'f,
+            'l: 'f,
+            Self: 'f,
+        {
+            self.inner.put_multipart_opts(location, opts)
+        }
+
+        fn get_opts<'s, 'l, 'f>(
+            &'s self,
+            location: &'l ObjectPath,
+            options: object_store::GetOptions,
+        ) -> Boxed<'f, object_store::GetResult>
+        where
+            's: 'f,
+            'l: 'f,
+            Self: 'f,
+        {
+            let counter = match options.head {
+                true => &self.requests.heads,
+                false => &self.requests.gets,
+            };
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.inner.get_opts(location, options)
+        }
+
+        fn delete_stream(
+            &self,
+            locations: futures::stream::BoxStream<'static, object_store::Result<ObjectPath>>,
+        ) -> futures::stream::BoxStream<'static, object_store::Result<ObjectPath>> {
+            self.inner.delete_stream(locations)
+        }
+
+        fn list(
+            &self,
+            prefix: Option<&ObjectPath>,
+        ) -> futures::stream::BoxStream<'static, object_store::Result<ObjectMeta>> {
+            self.requests
+                .lists
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.inner.list(prefix)
+        }
+
+        fn list_with_delimiter<'s, 'l, 'f>(
+            &'s self,
+            prefix: Option<&'l ObjectPath>,
+        ) -> Boxed<'f, object_store::ListResult>
+        where
+            's: 'f,
+            'l: 'f,
+            Self: 'f,
+        {
+            self.requests
+                .lists
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.inner.list_with_delimiter(prefix)
+        }
+
+        fn copy_opts<'s, 'l, 'm, 'f>(
+            &'s self,
+            from: &'l ObjectPath,
+            to: &'m ObjectPath,
+            options: object_store::CopyOptions,
+        ) -> Boxed<'f, ()>
+        where
+            's: 'f,
+            'l: 'f,
+            'm: 'f,
+            Self: 'f,
+        {
+            self.inner.copy_opts(from, to, options)
+        }
+    }
+
+    /// A client of a counted bucket with no state of its own (a fresh
+    /// process), and the counter.
+    fn counted_client(backend: &Arc<InMemory>) -> (ObjectChunks, Arc<Requests>) {
+        let requests = Arc::new(Requests::default());
+        let counted = Counted {
+            inner: backend.clone(),
+            requests: requests.clone(),
+        };
+        let chunks = ObjectChunks::over(
+            Arc::new(counted),
+            "ws",
+            "memory://counted".into(),
+            DEFAULT_DEADLINE,
+        )
+        .unwrap();
+        (chunks, requests)
+    }
+
+    /// A fresh process checking an index of many packed chunks, or asking
+    /// which of them the bucket holds (a snapshot's upload), lists `packs/`
+    /// once and reads each pack's index once (two ranged GETs): no request
+    /// per chunk. Only the chunk stored as an object of its own is HEADed.
+    #[test]
+    fn a_fresh_process_checks_packed_chunks_per_pack_not_per_chunk() {
+        use crate::test_util::{noise, p};
+        let backend = Arc::new(InMemory::new());
+        let (writer, _) = counted_client(&backend);
+        let mut d = crate::Dofs::open_in_memory().unwrap();
+        d.keep_chunks_in(Arc::new(writer));
+        let names: Vec<_> = (0..300).map(|i| p(&format!("src/f{i}.rs"))).collect();
+        let contents: Vec<Vec<u8>> = (0..300).map(|i| noise(3000, i)).collect();
+        let opts = crate::WriteOptions {
+            create_parents: true,
+            ..crate::WriteOptions::default()
+        };
+        d.write_files(
+            names
+                .iter()
+                .zip(&contents)
+                .map(|(n, c)| (n, c.as_slice(), opts)),
+        )
+        .unwrap();
+        d.write_file_with(&p("alone"), &b"a lone chunk"[..], opts)
+            .unwrap();
+        let packs = backend_packs(&backend);
+        assert!(packs > 0, "the batch went out in packs");
+        let stubs: u64 = d
+            .conn
+            .query_row("SELECT count(*) FROM chunks", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(stubs, 301);
+
+        let (fresh, requests) = counted_client(&backend);
+        d.keep_chunks_in(Arc::new(fresh));
+        d.check_integrity().unwrap();
+        let [gets, heads, lists, puts] = requests.take();
+        assert_eq!(
+            (gets, heads, lists, puts),
+            (2 * packs, 1, 1, 0),
+            "an index read per pack ({packs}), a HEAD for the lone chunk, one listing"
+        );
+
+        let (fresh, requests) = counted_client(&backend);
+        let hashes: Vec<Hash> = contents.iter().map(|c| Hash::of(c)).collect();
+        assert_eq!(fresh.has(&hashes).unwrap(), hashes);
+        let [gets, heads, lists, _] = requests.take();
+        assert_eq!((gets, heads, lists), (2 * packs, 0, 1));
+
+        // A pack gone behind the store's back is named by the check.
+        let gone = stale_in(&backend)
+            .into_iter()
+            .find(|o| o.pack.is_some())
+            .unwrap();
+        let (fresh, _) = counted_client(&backend);
+        fresh.block_on(backend.delete(&gone.key)).unwrap();
+        d.keep_chunks_in(Arc::new(fresh));
+        let err = d.check_integrity().unwrap_err().to_string();
+        let pack = gone.pack.unwrap().to_string();
+        assert!(
+            err.contains(&pack) && err.contains(&gone.chunks[0].to_string()),
+            "{err}"
+        );
+    }
+
+    fn stale_in(backend: &Arc<InMemory>) -> Vec<StaleObject> {
+        let (client, _) = counted_client(backend);
+        client
+            .stale_objects(SystemTime::now() + Duration::from_secs(60))
+            .unwrap()
+    }
+
+    fn backend_packs(backend: &Arc<InMemory>) -> usize {
+        stale_in(backend)
+            .iter()
+            .filter(|o| o.pack.is_some())
+            .count()
     }
 
     #[test]
     fn the_in_memory_object_store_keeps_the_contract() {
         contract::holds_for(&in_memory().1, 1);
         sweeps_within_the_grace_window(&in_memory().1);
-        sweeps_packs_whole(&in_memory().1);
+        sweeps_dead_packs_and_repacks_mostly_dead_ones(&in_memory().1);
     }
 
     #[test]
@@ -1338,7 +1775,7 @@ mod tests {
         contract::holds_for(&server.chunks("contract"), 1);
         let placed = contract::batches_hold_for(&server.chunks("batches"), 2);
         contract::a_second_client_finds(&server.chunks("batches"), &placed);
-        sweeps_packs_whole(&server.chunks("packs"));
+        sweeps_dead_packs_and_repacks_mostly_dead_ones(&server.chunks("packs"));
         sweeps_within_the_grace_window(&server.chunks("sweep"));
         // A second client knows nothing yet: its answers come from the
         // server, not from the first one's index.

@@ -74,6 +74,13 @@ impl ChunkStore for Counting {
         self.calls.has.fetch_add(hashes.len(), Ordering::SeqCst);
         self.inner.locate(hashes)
     }
+    fn lasting_place(&self, hash: &Hash, slot: Option<PackSlot>) -> bool {
+        self.inner.lasting_place(hash, slot)
+    }
+    fn missing_placed(&self, chunks: &[(Hash, Option<PackSlot>)]) -> Result<Vec<Hash>, DofsError> {
+        self.calls.has.fetch_add(chunks.len(), Ordering::SeqCst);
+        self.inner.missing_placed(chunks)
+    }
 }
 
 /// A bucket of our own and the counter of what reaches it.
@@ -449,4 +456,140 @@ fn content_written_again_after_its_object_was_swept_is_uploaded_again() {
     d.keep_chunks_in(Arc::new(fresh()));
     assert_eq!(d.read_file(&p("g")).unwrap(), bytes);
     d.check_integrity().unwrap();
+}
+
+/// The packs in the bucket that hold `hash`.
+fn packs_holding(store: &Counting, hash: Hash) -> Vec<Hash> {
+    store
+        .inner
+        .stale_objects(SystemTime::now() + Duration::from_secs(60))
+        .unwrap()
+        .into_iter()
+        .filter(|o| o.chunks.contains(&hash))
+        .filter_map(|o| o.pack)
+        .collect()
+}
+
+/// A store and a fork of it share a pack whose head both dropped. A
+/// repack interrupted after moving the first store's rows (the second
+/// store's database is busy) leaves both reading, each at the pack its
+/// rows name, and a fresh process's next collection finishes the work:
+/// the same live chunks make the same new pack, the old one goes.
+#[test]
+fn an_interrupted_repack_leaves_every_chunk_readable_and_the_next_collection_finishes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = bucket();
+    let mut a = Dofs::open(dir.path().join("a.dofs")).unwrap();
+    a.keep_chunks_in(store.clone());
+    let big = noise(600 * 1024, 9);
+    put(&mut a, "big", &big);
+    let old: Vec<Hash> = chunk::chunk_slice(&big).iter().map(|c| c.1.hash).collect();
+    let old_pack = packs_holding(&store, old[0]);
+    assert_eq!(old_pack.len(), 1, "one write, one pack");
+    a.create_snapshot("s").unwrap();
+    let b_path = dir.path().join("b.dofs");
+    let mut b = Dofs::open(&b_path).unwrap();
+    b.keep_chunks_in(store.clone());
+    b.fork_from(&a, "s").unwrap();
+    // Both keep only the tail: the head chunks die in both.
+    let tail = big[400 * 1024..].to_vec();
+    put(&mut a, "big", &tail);
+    put(&mut b, "big", &tail);
+    a.delete_snapshot("s").unwrap();
+    a.collect_garbage().unwrap();
+    b.collect_garbage().unwrap();
+    let live: Vec<Hash> = chunk::chunk_slice(&tail).iter().map(|c| c.1.hash).collect();
+    let shared: Vec<Hash> = old.iter().filter(|h| live.contains(h)).copied().collect();
+    assert!(
+        !shared.is_empty() && shared.len() * 2 < old.len(),
+        "{shared:?}"
+    );
+
+    // `b` busy: the collection moves `a`'s rows, then fails on `b`'s.
+    let blocker = rusqlite::Connection::open(&b_path).unwrap();
+    blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    b.conn.busy_timeout(Duration::from_millis(50)).unwrap();
+    let later = SystemTime::now() + Duration::from_secs(60);
+    let stale = store.inner.stale_objects(later).unwrap();
+    let mut stores = [&mut a, &mut b];
+    let err = store.inner.collect(stale, &mut stores, &Default::default());
+    assert!(err.is_err(), "{err:?}");
+    assert_eq!(
+        packs_holding(&store, shared[0]).len(),
+        2,
+        "the new pack is written and the old one still there"
+    );
+    for d in [&mut a, &mut b] {
+        d.keep_chunks_in(store.fresh());
+        assert_eq!(d.read_file(&p("big")).unwrap(), tail);
+        d.check_integrity().unwrap();
+    }
+    drop(blocker);
+
+    let fresh = store.fresh();
+    let stale = fresh.inner.stale_objects(later).unwrap();
+    let out = fresh
+        .inner
+        .collect(stale, &mut [&mut a, &mut b], &Default::default())
+        .unwrap();
+    assert_eq!(out.repacked, 1, "{out:?}");
+    let now_in = packs_holding(&fresh, shared[0]);
+    assert_eq!(now_in.len(), 1, "one copy left: {now_in:?}");
+    assert_ne!(now_in, old_pack);
+    for d in [&mut a, &mut b] {
+        d.keep_chunks_in(store.fresh());
+        assert_eq!(d.read_file(&p("big")).unwrap(), tail);
+        d.check_integrity().unwrap();
+    }
+    for dead in old.iter().filter(|h| !live.contains(h)) {
+        assert!(packs_holding(&fresh, *dead).is_empty(), "{dead} freed");
+    }
+}
+
+/// A collection reaching one store at a time: a write to a store already
+/// marked, of content whose chunks are known present only in a pack the
+/// collection is about to delete, stores those chunks again (in a new
+/// pack, whose id differs from the doomed one although it holds the same
+/// chunks in the same order) instead of naming the doomed pack; after the
+/// collection the file reads back with a client that knows nothing.
+#[test]
+fn a_write_during_a_collection_stores_a_doomed_objects_chunks_again() {
+    let (store, _) = bucket();
+    let mut a = keeping(&store);
+    let mut b = keeping(&store);
+    let content = noise(300 * 1024, 11);
+    let hashes: Vec<Hash> = chunk::chunk_slice(&content)
+        .iter()
+        .map(|c| c.1.hash)
+        .collect();
+    put(&mut a, "x", &content);
+    let doomed = packs_holding(&store, hashes[0]);
+    assert_eq!(doomed.len(), 1);
+    // Nothing names them now; the process still knows them present.
+    a.rm(&p("x"), false).unwrap();
+    a.collect_garbage().unwrap();
+
+    let later = SystemTime::now() + Duration::from_secs(60);
+    let stale = store.inner.stale_objects(later).unwrap();
+    let mut turns = 0;
+    let mut each = |f: &mut dyn FnMut(&mut Dofs) -> Result<(), DofsError>| {
+        f(&mut a)?;
+        if turns == 0 {
+            // After `a`'s mark, before `b`'s.
+            put(&mut a, "y", &content);
+        }
+        turns += 1;
+        f(&mut b)
+    };
+    let out = store
+        .inner
+        .collect_each(stale, &mut each, &Default::default())
+        .unwrap();
+    assert_eq!(out.chunks, hashes.len() as u64, "{out:?}");
+    let now_in = packs_holding(&store, hashes[0]);
+    assert_eq!(now_in.len(), 1, "{now_in:?}");
+    assert_ne!(now_in, doomed, "the doomed pack is gone");
+    a.keep_chunks_in(store.fresh());
+    a.check_integrity().unwrap();
+    assert_eq!(a.read_file(&p("y")).unwrap(), content);
 }

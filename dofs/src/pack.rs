@@ -54,8 +54,16 @@ pub(crate) struct Pack {
 /// Packs `chunks` (distinct hashes, each at most `u32::MAX` bytes) in
 /// order.
 pub(crate) fn encode(chunks: &[(Hash, &[u8])]) -> Pack {
+    encode_with_gap(chunks, 0)
+}
+
+/// [`encode`] with `gap` zero bytes between the index and the chunks:
+/// the same chunks under another id (offsets are explicit, so readers
+/// need nothing else), for a writer that must not produce the id of a
+/// pack a collection is deleting.
+pub(crate) fn encode_with_gap(chunks: &[(Hash, &[u8])], gap: usize) -> Pack {
     let count = chunks.len() as u64;
-    let data_start = HEADER_LEN + count * ENTRY_LEN;
+    let data_start = HEADER_LEN + count * ENTRY_LEN + gap as u64;
     let total = data_start + chunks.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
     let mut bytes = Vec::with_capacity(total as usize);
     bytes.extend_from_slice(MAGIC);
@@ -71,6 +79,7 @@ pub(crate) fn encode(chunks: &[(Hash, &[u8])]) -> Pack {
         placed.push((*hash, offset, len));
         offset += u64::from(len);
     }
+    bytes.resize(bytes.len() + gap, 0);
     for (_, chunk) in chunks {
         bytes.extend_from_slice(chunk);
     }
@@ -167,6 +176,16 @@ mod tests {
         let size = pack.bytes.len() as u64;
         assert_eq!(decode_index(&pack.id, index, size).unwrap(), pack.slots);
         assert_eq!(encode(&chunks).id, pack.id, "same chunks, same pack");
+        let gapped = encode_with_gap(&chunks, 3);
+        assert_ne!(gapped.id, pack.id, "another id");
+        let len = index_len(&gapped.id, &gapped.bytes[..HEADER_LEN as usize]).unwrap();
+        let index = &gapped.bytes[HEADER_LEN as usize..(HEADER_LEN + len) as usize];
+        let size = gapped.bytes.len() as u64;
+        assert_eq!(decode_index(&gapped.id, index, size).unwrap(), gapped.slots);
+        for (hash, slot) in &gapped.slots {
+            let range = slot.offset as usize..(slot.offset + u64::from(slot.len)) as usize;
+            assert_eq!(Hash::of(&gapped.bytes[range]), *hash);
+        }
     }
 
     #[test]

@@ -303,11 +303,21 @@ impl Dofs {
                     if into.holds(&c.hash)? {
                         continue;
                     }
-                    if shared_objects && from.here(std::slice::from_ref(&c.hash))?.is_empty() {
-                        let slot = from.slots(std::slice::from_ref(&c.hash))?[0];
-                        into.index_stored(&[(c.hash, c.size as usize, slot)])?;
-                    } else {
-                        into.put_if_absent(&c.hash, &from.get(&c.hash)?)?;
+                    let slot = match shared_objects
+                        && from.here(std::slice::from_ref(&c.hash))?.is_empty()
+                    {
+                        true => Some(from.slots(std::slice::from_ref(&c.hash))?[0]),
+                        false => None,
+                    };
+                    // A place a collection in progress may delete is not
+                    // copied: the bytes are stored again.
+                    match (slot, &self.objects) {
+                        (Some(slot), Some(objects)) if objects.lasting_place(&c.hash, slot) => {
+                            into.index_stored(&[(c.hash, c.size as usize, slot)])?;
+                        }
+                        _ => {
+                            into.put_if_absent(&c.hash, &from.get(&c.hash)?)?;
+                        }
                     }
                 }
                 ensure_manifest(&m, &list)?;

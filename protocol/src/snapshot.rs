@@ -114,11 +114,16 @@ pub struct GcResult {
     pub manifests: u64,
     pub chunks: u64,
     /// Chunks deleted from the object store snapshots are mirrored to
-    /// (`gsv serve --chunk-store`; 0 without one), and their bytes.
+    /// (`gsv serve --chunk-store`; 0 without one), and the bytes the
+    /// store shrank by (deleted objects, and dead chunks left out of
+    /// rewritten packs).
     #[serde(default)]
     pub store_chunks: u64,
     #[serde(default)]
     pub store_bytes: u64,
+    /// Packs rewritten without their dead chunks (mostly dead ones).
+    #[serde(default)]
+    pub store_repacked: u64,
 }
 
 /// `workspace.recover`: rebuild a workspace this kernel lost from the

@@ -3,7 +3,7 @@
 use rusqlite::TransactionBehavior;
 use wsd_sync::{Hash, Object, SyncError, chunk};
 
-use crate::chunk_store::{ChunkStore, Chunks};
+use crate::chunk_store::{ChunkStore, Chunks, PackSlot};
 use crate::{Dofs, DofsError};
 
 /// What [`Dofs::collect_garbage`] freed.
@@ -53,6 +53,25 @@ impl Dofs {
     /// sweep of that store must keep for this tree.
     pub fn indexed_chunks(&self, among: &[Hash]) -> Result<Vec<Hash>, DofsError> {
         Chunks::new(&self.conn, None).indexed(among)
+    }
+
+    /// The index rows among `among`, each with the pack the object store
+    /// is read from for it (`None`: the chunk's own object, or its bytes
+    /// held here): what a sweep that frees copies no row reads must keep.
+    pub fn chunk_places(&self, among: &[Hash]) -> Result<Vec<(Hash, Option<Hash>)>, DofsError> {
+        Chunks::new(&self.conn, None).places(among)
+    }
+
+    /// Points every row reading a chunk of `moved` from its old pack at its
+    /// new place (`(chunk, old pack, new slot)`), in one transaction: a
+    /// repack's move of this store. Answers how many rows moved.
+    pub fn repoint_chunks(&mut self, moved: &[(Hash, Hash, PackSlot)]) -> Result<usize, DofsError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let n = Chunks::new(&tx, None).repoint(moved)?;
+        tx.commit()?;
+        Ok(n)
     }
 
     /// Verifies every object first and stores them in one transaction, so a

@@ -11,9 +11,12 @@
 //!
 //! The same runs again with chunk bytes in an (in-memory) object store,
 //! where the chunks of a batch share a pack: each collection also sweeps
-//! the store as the kernel does (objects older than the cutoff, minus those
-//! holding any chunk the index keeps), so a pack is deleted only when none
-//! of its chunks is referenced or fresh.
+//! the store as the kernel does (`ObjectChunks::collect` of the objects
+//! older than the cutoff against the index rows of every store), so a pack
+//! is deleted only when no row reads from it, and a pack mostly dead is
+//! rewritten with its live chunks, every row naming it moved (the tree's
+//! and those of forks taken along the way, which share its packs), before
+//! it is deleted.
 //!
 //! Cases: `PROPTEST_CASES` or 32.
 
@@ -22,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use proptest::prelude::*;
-use wsd_dofs::{Dofs, ObjectChunks, WriteOptions};
+use wsd_dofs::{Dofs, DofsError, ObjectChunks, WriteOptions};
 use wsd_sync::{
     ApplyBatch, Baseline, ChangeEntry, ChunkRef, EntryState, Hash, IgnoreRules, Object, Store,
     chunk,
@@ -63,9 +66,23 @@ enum Op {
         path: usize,
     },
     Remove(usize),
+    /// Writes every path in one batch (one upload, so its new chunks
+    /// share packs), path `i` getting content `(i + shift) % 4`.
+    WriteAll(usize),
+    /// Forks the newest snapshot into a store of its own over the same
+    /// bucket (its rows name the same packs).
+    Fork,
     Snapshot,
     DropSnapshot(usize),
     Collect,
+    /// A collection reaching one store at a time, with a write of
+    /// `content` to `path` into the tree's store after its mark (before
+    /// the forks'): the write must not reuse an object the collection
+    /// deletes.
+    CollectWriting {
+        content: usize,
+        path: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -74,9 +91,12 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (0usize..4).prop_map(Op::Finish),
         2 => (0usize..4, 0..PATHS).prop_map(|(content, path)| Op::Write { content, path }),
         2 => (0..PATHS).prop_map(Op::Remove),
+        1 => (0usize..4).prop_map(Op::WriteAll),
+        1 => Just(Op::Fork),
         1 => Just(Op::Snapshot),
         1 => (0usize..4).prop_map(Op::DropSnapshot),
-        4 => Just(Op::Collect),
+        3 => Just(Op::Collect),
+        2 => (0usize..4, 0..PATHS).prop_map(|(content, path)| Op::CollectWriting { content, path }),
     ]
 }
 
@@ -163,17 +183,93 @@ fn cases() -> u32 {
         .unwrap_or(32)
 }
 
-/// A collection as the kernel runs it: the store's, then (with an object
-/// store) a sweep of the objects stored before `cutoff` that hold no chunk
-/// the store indexes.
-fn collect(d: &mut Dofs, bucket: Option<&ObjectChunks>, cutoff: SystemTime) {
+/// A collection as the kernel runs it: each store's, then (with an object
+/// store) a collection of the objects stored before `cutoff` against the
+/// rows of the tree's store and of every fork.
+fn collect(d: &mut Dofs, forks: &mut [Fork], bucket: Option<&ObjectChunks>, cutoff: SystemTime) {
+    collect_writing(d, forks, bucket, cutoff, None);
+}
+
+/// [`collect`] reaching one store at a time (the kernel's way), writing
+/// `write` (path, content) into the tree's store after its mark.
+fn collect_writing(
+    d: &mut Dofs,
+    forks: &mut [Fork],
+    bucket: Option<&ObjectChunks>,
+    cutoff: SystemTime,
+    write: Option<(usize, usize)>,
+) {
     d.collect_garbage_stored_before(cutoff).unwrap();
-    let Some(bucket) = bucket else { return };
+    for fork in forks.iter_mut() {
+        fork.store.collect_garbage_stored_before(cutoff).unwrap();
+    }
+    let opts = WriteOptions {
+        create_parents: true,
+        ..WriteOptions::default()
+    };
+    let mut write = write;
+    let mut write_now = |d: &mut Dofs| {
+        if let Some((i, c)) = write.take() {
+            d.write_file_with(&p(&path(i)), content(c).as_slice(), opts)
+                .unwrap();
+        }
+    };
+    let Some(bucket) = bucket else {
+        write_now(d);
+        return;
+    };
     let stale = bucket.stale_objects(cutoff).unwrap();
+    let mut each = |f: &mut dyn FnMut(&mut Dofs) -> Result<(), DofsError>| {
+        f(d)?;
+        write_now(d);
+        forks.iter_mut().try_for_each(|fork| f(&mut fork.store))
+    };
+    bucket
+        .collect_each(stale, &mut each, &HashSet::new())
+        .unwrap();
+    // Nothing stale: the collection reached no store.
+    write_now(d);
+}
+
+/// After a collection with nothing in flight: every pack left is read
+/// from by some row, and less than the repack share of its chunk bytes is
+/// dead (rows reading its chunks elsewhere count as dead here).
+fn no_pack_is_mostly_dead(bucket: &ObjectChunks, d: &Dofs, forks: &[Fork]) {
+    let stale = bucket
+        .stale_objects(SystemTime::now() + Duration::from_secs(1))
+        .unwrap();
     let hashes: Vec<Hash> = stale.iter().flat_map(|o| o.chunks.clone()).collect();
-    let keep: HashSet<Hash> = d.indexed_chunks(&hashes).unwrap().into_iter().collect();
-    let doomed = stale.into_iter().filter(|o| !o.holds_any(&keep)).collect();
-    bucket.delete_objects(doomed).unwrap();
+    let mut places: HashSet<(Hash, Option<Hash>)> = HashSet::new();
+    for store in std::iter::once(d).chain(forks.iter().map(|f| &f.store)) {
+        places.extend(store.chunk_places(&hashes).unwrap());
+    }
+    let (share, of) = wsd_dofs::REPACK_DEAD_SHARE;
+    for object in stale {
+        let Some(pack) = object.pack else { continue };
+        let (mut live, mut dead) = (0u64, 0u64);
+        for (hash, slot) in object.chunks.iter().zip(&object.slots) {
+            match places.contains(&(*hash, Some(pack))) || places.contains(&(*hash, None)) {
+                true => live += u64::from(slot.len),
+                false => dead += u64::from(slot.len),
+            }
+        }
+        assert!(
+            live > 0,
+            "pack {pack}: no row reads from it, yet it is left"
+        );
+        assert!(
+            dead * of < (live + dead) * share,
+            "pack {pack}: {dead} of {} bytes dead after a collection",
+            live + dead
+        );
+    }
+}
+
+/// A store forked from a snapshot, and the tree it must keep reading.
+struct Fork {
+    store: Dofs,
+    model: Model,
+    _dir: tempfile::TempDir,
 }
 
 fn in_memory_bucket() -> Arc<ObjectChunks> {
@@ -212,7 +308,9 @@ fn race(ops: Vec<Op>, bucket: Option<Arc<ObjectChunks>>) {
     if let Some(bucket) = &bucket {
         d.keep_chunks_in(bucket.clone());
     }
+    let shared = bucket.clone();
     let bucket = bucket.as_deref();
+    let mut forks: Vec<Fork> = Vec::new();
     let mut model = Model::new();
     let mut in_flight: Vec<InFlight> = Vec::new();
     let mut snapshots: Vec<(String, Model)> = Vec::new();
@@ -243,6 +341,35 @@ fn race(ops: Vec<Op>, bucket: Option<Arc<ObjectChunks>>) {
                     d.rm(&p(&path(i)), false).unwrap();
                 }
             }
+            Op::WriteAll(shift) => {
+                let paths: Vec<_> = (0..PATHS).map(|i| p(&path(i))).collect();
+                let contents: Vec<Vec<u8>> = (0..PATHS).map(|i| content((i + shift) % 4)).collect();
+                d.write_files(
+                    paths
+                        .iter()
+                        .zip(&contents)
+                        .map(|(path, c)| (path, c.as_slice(), opts)),
+                )
+                .unwrap();
+                for i in 0..PATHS {
+                    model.insert(i, (i + shift) % 4);
+                }
+            }
+            Op::Fork => {
+                // Over the bucket only: a fork between stores of one
+                // bucket copies index rows, pack ranges included.
+                if let (Some(bucket), Some((id, at))) = (&shared, snapshots.last()) {
+                    let dir = tempfile::tempdir().unwrap();
+                    let mut store = Dofs::open(dir.path().join("fork.dofs")).unwrap();
+                    store.keep_chunks_in(bucket.clone());
+                    store.fork_from(&d, id).unwrap();
+                    forks.push(Fork {
+                        store,
+                        model: at.clone(),
+                        _dir: dir,
+                    });
+                }
+            }
             Op::Snapshot => {
                 taken += 1;
                 let id = format!("s{taken}");
@@ -260,10 +387,25 @@ fn race(ops: Vec<Op>, bucket: Option<Arc<ObjectChunks>>) {
                     .map(|f| f.started)
                     .min()
                     .unwrap_or_else(SystemTime::now);
-                collect(&mut d, bucket, cutoff);
+                collect(&mut d, &mut forks, bucket, cutoff);
+            }
+            Op::CollectWriting {
+                content: c,
+                path: i,
+            } => {
+                let cutoff = in_flight
+                    .iter()
+                    .map(|f| f.started)
+                    .min()
+                    .unwrap_or_else(SystemTime::now);
+                collect_writing(&mut d, &mut forks, bucket, cutoff, Some((i, c)));
+                model.insert(i, c);
             }
         }
         check_tree(&d, &model);
+        for fork in &forks {
+            check_tree(&fork.store, &fork.model);
+        }
     }
     for push in in_flight.drain(..) {
         model.insert(push.path, push.content);
@@ -278,8 +420,20 @@ fn race(ops: Vec<Op>, bucket: Option<Arc<ObjectChunks>>) {
     }
     // And with nothing in flight, everything unreferenced goes (whole
     // packs too); what is left still reads.
-    collect(&mut d, bucket, SystemTime::now() + Duration::from_secs(1));
+    collect(
+        &mut d,
+        &mut forks,
+        bucket,
+        SystemTime::now() + Duration::from_secs(1),
+    );
     d.check_integrity().unwrap();
+    for fork in &forks {
+        fork.store.check_integrity().unwrap();
+        check_tree(&fork.store, &fork.model);
+    }
+    if let Some(bucket) = bucket {
+        no_pack_is_mostly_dead(bucket, &d, &forks);
+    }
     match snapshots.last() {
         Some((_, at)) => check_tree(&d, at),
         None => check_tree(&d, &model),

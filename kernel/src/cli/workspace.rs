@@ -258,8 +258,8 @@ pub async fn gc(conn: &ConnArgs, a: GcArgs) -> Result<ExitCode> {
         );
         if d["storeChunks"].as_u64().unwrap_or(0) > 0 {
             println!(
-                "freed {} chunks ({} bytes) in the object store",
-                d["storeChunks"], d["storeBytes"]
+                "freed {} chunks ({} bytes) in the object store, rewriting {} packs",
+                d["storeChunks"], d["storeBytes"], d["storeRepacked"]
             );
         }
     }

@@ -33,6 +33,12 @@ pub struct StoppedKernel {
 }
 
 impl StoppedKernel {
+    /// The data directory, for tests that open its stores directly.
+    #[allow(dead_code)]
+    pub fn data(&self) -> std::path::PathBuf {
+        self.dir.path().join("data")
+    }
+
     /// Starts a kernel again on the same data directory.
     pub async fn start(self) -> TestKernel {
         let mut k = TestKernel::start_in(self.dir.path().join("data"), |_| {}).await;

@@ -1,8 +1,9 @@
-//! Local agents serve one-shot pushes of their directory
+//! Local agents serve one-shot pushes, pulls and syncs of their directory
 //! (`wsd/src/cli/agent.rs`): a running `wsd sync --watch`, or the agent a
-//! push starts on demand. The push returns only once what was written
-//! before it is on the daemon, and a push the agent would not make the
-//! same way (other excludes), or with no agent left, walks by itself. The
+//! transfer starts on demand. A push returns only once what was written
+//! before it is on the daemon, a pull keeps a local edit made right before
+//! it as a conflict copy, and a transfer the agent would not make the same
+//! way (other excludes), or with no agent left, walks by itself. The
 //! on-demand agent's lifetime: stop, SIGTERM, idle timeout, its directory
 //! or state removed; none starts with the switch off.
 
@@ -101,19 +102,29 @@ fn a_push_while_sync_watch_runs_is_made_by_it_and_falls_back_to_a_walk_without_i
     );
 }
 
-/// `wsd push LOCAL --json ARGS…` as a user runs it: it may start an
-/// on-demand agent (`WSD_AGENT` unset). The agent's idle timeout is short
-/// enough that a failing test leaks none for long.
-fn push_on_demand(e: &Env, args: &[&str]) -> serde_json::Value {
-    let mut all = vec!["push", e.local.to_str().unwrap(), "--json"];
+/// `wsd VERB LOCAL --json ARGS…` as a user runs it: it may start or use an
+/// on-demand agent (`WSD_AGENT` unset). Its JSON summaries (a sync prints
+/// two) and stderr. The agent's idle timeout is short enough that a
+/// failing test leaks none for long.
+fn on_demand(e: &Env, verb: &str, args: &[&str]) -> (Vec<serde_json::Value>, String) {
+    let mut all = vec![verb, e.local.to_str().unwrap(), "--json"];
     all.extend_from_slice(args);
     let mut cmd = e.daemon.command(&all);
     cmd.env_remove("WSD_AGENT")
         .env("WSD_AGENT_IDLE_TIMEOUT", "60");
     let out = run_bounded(&mut cmd, None, STEP);
-    assert!(out.status.success(), "wsd push failed: {}", show(&out));
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    serde_json::from_str(stdout.lines().last().expect("a JSON summary")).unwrap()
+    assert!(out.status.success(), "wsd {verb} failed: {}", show(&out));
+    let summaries = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    (summaries, text(&out.stderr))
+}
+
+/// `wsd push LOCAL --json ARGS…` through [`on_demand`]: its summary.
+fn push_on_demand(e: &Env, args: &[&str]) -> serde_json::Value {
+    let (mut summaries, _) = on_demand(e, "push", args);
+    summaries.pop().expect("a JSON summary")
 }
 
 /// `wsd agent VERB LOCAL`'s output, asserting success.
@@ -362,7 +373,7 @@ fn an_idle_agent_exits_after_its_timeout() {
     assert!(out.status.success(), "{}", show(&out));
     // It may already have gone: then the log says so.
     wait_until("the idle agent to exit", || {
-        agent_log(&e.local).contains("no push asked for 1s")
+        agent_log(&e.local).contains("no transfer asked for 1s")
     });
     assert_eq!(agent_pid(&e.local), None);
 }
@@ -446,4 +457,94 @@ fn an_agent_whose_daemon_restarted_retires_and_the_push_walks_and_starts_another
     let served = push_on_demand(&e, &[]);
     assert_eq!(served["agent"], true, "{served}");
     assert_same(&e.local, &e.served, "after the daemon's restart");
+}
+
+#[test]
+fn pulls_and_syncs_are_made_by_the_agent_a_pull_started_and_keep_local_edits_as_copies() {
+    let e = Env::start();
+    make_tree(&e.local, 20, 12);
+    write(&e.local, "shared.txt", b"as first pushed", 0o644);
+    e.daemon.transfer("push", &e.local);
+
+    // A pull no agent answers walks, then starts one.
+    write(
+        &e.served,
+        "from/daemon.txt",
+        b"written on the daemon",
+        0o644,
+    );
+    let (walked, _) = on_demand(&e, "pull", &[]);
+    assert!(walked[0].get("agent").is_none(), "{walked:?}");
+    assert_same(&e.local, &e.served, "after the walking pull");
+    let pid = wait_for_agent(&e.local, None);
+    let _reap = Reap(pid);
+
+    write(&e.served, "from/second.txt", b"the daemon's second", 0o644);
+    let (pulled, _) = on_demand(&e, "pull", &[]);
+    assert_eq!(
+        (pulled[0]["op"].clone(), pulled[0]["agent"].clone()),
+        ("pull".into(), true.into()),
+        "{pulled:?}"
+    );
+    assert_same(&e.local, &e.served, "after the agent's pull");
+
+    // Edited on both sides, the local edit right before the pull: the
+    // agent's barrier sees it, so the pull keeps it as a conflict copy.
+    write(&e.served, "shared.txt", b"the daemon's version", 0o644);
+    std::fs::write(e.local.join("shared.txt"), b"the local version").unwrap();
+    let (pulled, stderr) = on_demand(&e, "pull", &[]);
+    assert_eq!(pulled[0]["agent"], true, "{pulled:?}");
+    let copies = pulled[0]["conflicts"].as_array().unwrap();
+    assert_eq!(copies.len(), 1, "{pulled:?}");
+    assert_eq!(copies[0]["path"], "shared.txt");
+    let copy = e.local.join(copies[0]["copy"].as_str().unwrap());
+    assert_eq!(std::fs::read(&copy).unwrap(), b"the local version");
+    assert_eq!(
+        std::fs::read(e.local.join("shared.txt")).unwrap(),
+        b"the daemon's version"
+    );
+    assert!(
+        stderr.contains("conflict: shared.txt changed on both sides"),
+        "{stderr}"
+    );
+    std::fs::remove_file(&copy).unwrap();
+
+    // A sync: both ways, by the agent, one summary each.
+    write(&e.served, "from/third.txt", b"the daemon's third", 0o644);
+    write(&e.local, "to/daemon.txt", b"written here", 0o644);
+    let (synced, _) = on_demand(&e, "sync", &[]);
+    let ops: Vec<_> = synced
+        .iter()
+        .map(|s| (s["op"].clone(), s["agent"].clone()))
+        .collect();
+    assert_eq!(
+        ops,
+        [("pull".into(), true.into()), ("push".into(), true.into())],
+        "{synced:?}"
+    );
+    assert_same(&e.local, &e.served, "after the agent's sync");
+
+    let out = agent_cli(&e.local, "status", &["--json"]);
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (
+            status["pid"].clone(),
+            status["pulls"].clone(),
+            status["pushes"].clone()
+        ),
+        (pid.into(), 3.into(), 1.into()),
+        "{status}"
+    );
+
+    // --no-agent walks by itself, and so does a sync with an exclude.
+    write(&e.served, "from/fourth.txt", b"the daemon's fourth", 0o644);
+    let (direct, _) = on_demand(&e, "pull", &["--no-agent"]);
+    assert!(direct[0].get("agent").is_none(), "{direct:?}");
+    let (direct, _) = on_demand(&e, "sync", &["--exclude", "*.tmp"]);
+    assert!(
+        direct.iter().all(|s| s.get("agent").is_none()),
+        "{direct:?}"
+    );
+    assert_same(&e.local, &e.served, "after the direct transfers");
+    agent_cli(&e.local, "stop", &[]);
 }

@@ -1,14 +1,15 @@
-//! Local agents for one-shot pushes (git's fsmonitor model): a process
-//! that watches LOCAL_DIR listens on `STATE/agent.sock`, and a `wsd push`
-//! of the same LOCAL_DIR to the same remote asks it to push instead of
-//! opening the index and walking the whole tree itself. The agent's store
-//! is watched, so its settle looks only at what inotify reported (behind a
-//! cookie barrier, so every write made before the request is seen); a
-//! no-op push then costs a process start and one round trip on the socket.
+//! Local agents for one-shot transfers (git's fsmonitor model): a process
+//! that watches LOCAL_DIR listens on `STATE/agent.sock`, and a `wsd push`,
+//! `pull` or `sync` of the same LOCAL_DIR with the same remote asks it to
+//! make the transfer instead of opening the index and walking the whole
+//! tree itself. The agent's store is watched, so its settle looks only at
+//! what inotify reported (behind a cookie barrier, so every write made
+//! before the request is seen); a no-op push then costs a process start
+//! and one round trip on the socket.
 //!
 //! Two kinds serve: a running `wsd sync --watch`, and the on-demand agent
-//! (`wsd agent run`) that a `wsd push` starts in the background when none
-//! answered (unless `--no-agent` or `WSD_AGENT=off`). One agent per state
+//! (`wsd agent run`) that a one-shot transfer starts in the background when
+//! none answered (unless `--no-agent` or `WSD_AGENT=off`). One agent per state
 //! directory: the on-demand one holds `STATE/agent.lock` for its lifetime
 //! and binds the socket only after its first settle, so a push never waits
 //! for an agent that is still walking; it walks by itself meanwhile. The
@@ -16,12 +17,12 @@
 //! directory, its socket or its index is removed or replaced, on SIGTERM,
 //! and on `wsd agent stop`.
 //!
-//! The agent answers only a push it would make the same way: same root,
-//! same remote, same `.wsdignore` and remembered excludes (a push with
+//! The agent answers only a transfer it would make the same way: same
+//! root, same remote, same `.wsdignore` and remembered excludes (one with
 //! `--exclude`/`--no-exclude` or `--dry-run` never asks), and the on-demand
 //! one only while its watcher can vouch for its view (no lost events, no
 //! watch limit reached, its index the one it opened). Anything else, or no
-//! agent, and the push walks as before. The socket is the user's own (mode
+//! agent, and the command walks as before. The socket is the user's own (mode
 //! 0600, in the state directory).
 
 use std::fs::File;
@@ -41,9 +42,10 @@ pub(crate) const AGENT_SOCKET: &str = "agent.sock";
 pub(crate) const AGENT_LOCK: &str = "agent.lock";
 /// The on-demand agent's stdout and stderr.
 pub(crate) const AGENT_LOG: &str = "agent.log";
-/// `off` (or `0`, `no`, `false`): `wsd push` starts no agent.
+/// `off` (or `0`, `no`, `false`): no one-shot transfer starts an agent.
 pub(crate) const AGENT_ENV: &str = "WSD_AGENT";
-/// Seconds without a request after which the on-demand agent exits.
+/// Seconds without a transfer asked of it after which the on-demand agent
+/// exits.
 pub(crate) const DEFAULT_IDLE_TIMEOUT_SECS: u64 = 600;
 /// The log is started afresh by an agent that finds it larger.
 const LOG_KEEP_BYTES: u64 = 1 << 20;
@@ -58,9 +60,10 @@ const MAX_REQUEST: u64 = 1 << 20;
 /// How long the agent waits for a connected client's request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// What a one-shot push asks: everything that decides what it would send.
+/// What a one-shot transfer asks: everything that decides what it would
+/// send or fetch.
 #[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub(crate) struct PushRequest {
+pub(crate) struct TransferRequest {
     /// LOCAL_DIR, canonical.
     pub root: PathBuf,
     /// `--remote`.
@@ -75,7 +78,12 @@ pub(crate) struct PushRequest {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum Request {
-    Push(PushRequest),
+    Push(TransferRequest),
+    /// `wsd pull` (an agent from before pulls were served cannot parse it
+    /// and answers `Refused`).
+    Pull(TransferRequest),
+    /// `wsd sync` without `--watch`: pull, then push.
+    Sync(TransferRequest),
     /// Who serves (`wsd agent status`).
     Status,
     /// Exit (`wsd agent stop`); a `sync --watch` refuses.
@@ -88,8 +96,15 @@ pub(crate) enum Request {
 pub(crate) enum Reply {
     /// The push ran; its summary, as `--json` prints it.
     Pushed(serde_json::Value),
-    /// Not a push the agent makes the same way, its view cannot be vouched
-    /// for, or its push failed: the client pushes by itself.
+    /// The pull ran; its summary (with the conflict copies it made).
+    Pulled(serde_json::Value),
+    /// The sync ran: its pull's summary, then its push's.
+    Synced {
+        pull: serde_json::Value,
+        push: serde_json::Value,
+    },
+    /// Not a transfer the agent makes the same way, its view cannot be
+    /// vouched for, or its transfer failed: the client makes it by itself.
     Refused(String),
     /// Refused, and exiting: it can no longer serve (its excludes, index
     /// or connection went stale); the client starts a fresh one.
@@ -99,7 +114,7 @@ pub(crate) enum Reply {
     Stopping,
 }
 
-/// Which process serves a directory's pushes.
+/// Which process serves a directory's one-shot transfers.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum AgentKind {
@@ -118,8 +133,75 @@ pub(crate) struct AgentStatus {
     pub remote: String,
     /// Seconds without a request before it exits (none for `sync --watch`).
     pub idle_timeout_secs: Option<u64>,
-    /// Pushes it made for clients.
+    /// Pushes it made for clients (a sync counts as a pull and a push).
     pub pushes: u64,
+    /// Pulls it made for clients (absent from an agent older than those).
+    #[serde(default)]
+    pub pulls: u64,
+}
+
+/// A request as the agent handles it: a transfer, or about the agent.
+#[derive(Debug)]
+pub(crate) enum Asking {
+    Transfer(Transfer, TransferRequest),
+    Status,
+    Stop,
+}
+
+impl From<Request> for Asking {
+    fn from(req: Request) -> Asking {
+        match req {
+            Request::Push(r) => Asking::Transfer(Transfer::Push, r),
+            Request::Pull(r) => Asking::Transfer(Transfer::Pull, r),
+            Request::Sync(r) => Asking::Transfer(Transfer::Sync, r),
+            Request::Status => Asking::Status,
+            Request::Stop => Asking::Stop,
+        }
+    }
+}
+
+/// What an agent made for clients (`wsd agent status`).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Served {
+    pub pushes: u64,
+    pub pulls: u64,
+}
+
+impl Served {
+    /// Counts a transfer made.
+    pub(crate) fn count(&mut self, t: Transfer) {
+        self.pushes += u64::from(t.pushes());
+        self.pulls += u64::from(t.pulls());
+    }
+}
+
+/// Which transfer a one-shot command asks of the agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Transfer {
+    Push,
+    Pull,
+    Sync,
+}
+
+impl Transfer {
+    /// The request asking for this transfer.
+    pub(crate) fn request(self, req: TransferRequest) -> Request {
+        match self {
+            Transfer::Push => Request::Push(req),
+            Transfer::Pull => Request::Pull(req),
+            Transfer::Sync => Request::Sync(req),
+        }
+    }
+
+    /// Whether it pulls first (pull, sync).
+    pub(crate) fn pulls(self) -> bool {
+        self != Transfer::Push
+    }
+
+    /// Whether it pushes (push, sync).
+    pub(crate) fn pushes(self) -> bool {
+        self != Transfer::Pull
+    }
 }
 
 /// The agent's listening socket.
@@ -241,7 +323,7 @@ pub(crate) fn ask(state: &Path, req: &Request) -> Result<Asked> {
     }
     let mut reply = String::new();
     if BufReader::new(conn).read_line(&mut reply).is_err() || reply.is_empty() {
-        // A push is idempotent whether or not it got anywhere.
+        // A transfer is idempotent whether or not it got anywhere.
         return Ok(Asked::Gone);
     }
     let reply = serde_json::from_str::<Reply>(&reply)
@@ -269,7 +351,7 @@ pub(crate) fn try_lock(state: &Path) -> Result<Option<File>> {
     }
 }
 
-/// Whether a push may start an agent: not with `WSD_AGENT=off`.
+/// Whether a one-shot transfer may start an agent: not with `WSD_AGENT=off`.
 pub(crate) fn on_demand_enabled() -> bool {
     std::env::var(AGENT_ENV).map_or(true, |v| {
         !matches!(

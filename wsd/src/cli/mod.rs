@@ -54,8 +54,13 @@ enum Command {
     /// the background, so that the next pushes need no walk.
     Push(sync::PushArgs),
     /// Bring the remote workspace's changes into LOCAL_DIR.
-    Pull(sync::TransferArgs),
+    ///
+    /// Made by the local agent when one serves LOCAL_DIR, as a push is.
+    Pull(sync::PullArgs),
     /// Pull then push; with --watch, keep both sides converged until Ctrl-C.
+    ///
+    /// Without --watch made by the local agent when one serves LOCAL_DIR,
+    /// as a push is.
     Sync(sync::SyncArgs),
     /// Print the remote's watermarks as JSON (currentRev, pushRev,
     /// fetchCursor), as kept for one peer.
@@ -94,15 +99,16 @@ enum Command {
     /// next push then sends what it hid locally.
     #[command(subcommand)]
     Exclude(sync::ExcludeCommand),
-    /// The local agent that makes LOCAL_DIR's one-shot pushes without a
-    /// walk: its status, stopping it, or running one in the foreground.
+    /// The local agent that makes LOCAL_DIR's one-shot pushes, pulls and
+    /// syncs without a walk: its status, stopping it, or running one in the
+    /// foreground.
     ///
-    /// `wsd push` starts one in the background (its log in
-    /// STATE/agent.log) when none answers; it watches LOCAL_DIR with
+    /// `wsd push`, `pull` and `sync` start one in the background (its log
+    /// in STATE/agent.log) when none answers; it watches LOCAL_DIR with
     /// inotify and exits after --idle-timeout (default 600 s, also
-    /// WSD_AGENT_IDLE_TIMEOUT) without a push, when LOCAL_DIR or its state
-    /// directory is removed, on SIGTERM, or on `wsd agent stop`.
-    /// `WSD_AGENT=off` or `wsd push --no-agent` starts none.
+    /// WSD_AGENT_IDLE_TIMEOUT) without a transfer, when LOCAL_DIR or its
+    /// state directory is removed, on SIGTERM, or on `wsd agent stop`.
+    /// `WSD_AGENT=off` or `--no-agent` starts none.
     #[command(subcommand)]
     Agent(sync::AgentCommand),
     /// Print a shell completion script for SHELL on stdout.

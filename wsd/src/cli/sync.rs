@@ -78,7 +78,19 @@ pub struct PushArgs {
     /// Push by walking LOCAL_DIR here: do not ask a local agent, and start
     /// none. Without it a push is made by the agent serving LOCAL_DIR if
     /// one answers, and otherwise starts one in the background for the
-    /// next pushes (not with `WSD_AGENT=off`; see `wsd agent`).
+    /// next transfers (not with `WSD_AGENT=off`; see `wsd agent`).
+    #[arg(long)]
+    no_agent: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct PullArgs {
+    #[command(flatten)]
+    transfer: TransferArgs,
+    /// Pull by walking LOCAL_DIR here: do not ask a local agent, and start
+    /// none. Without it a pull is made by the agent serving LOCAL_DIR if
+    /// one answers, and otherwise starts one in the background for the
+    /// next transfers (not with `WSD_AGENT=off`; see `wsd agent`).
     #[arg(long)]
     no_agent: bool,
 }
@@ -97,6 +109,10 @@ pub struct SyncArgs {
     /// interval: changes start one as they happen.
     #[arg(long, default_value_t = 300_000, value_name = "MS")]
     interval: u64,
+    /// Without --watch: sync by walking LOCAL_DIR here, do not ask a local
+    /// agent, and start none (see `wsd push --no-agent`).
+    #[arg(long, conflicts_with = "watch")]
+    no_agent: bool,
 }
 
 /// How long `sync --watch` lets a burst of changes go on before its round:
@@ -642,12 +658,15 @@ impl Progress {
 /// version was replaced and now lives under another name.
 fn print_conflicts(verb: &str, conflicts: &[ConflictCopy]) {
     for c in conflicts {
-        eprintln!(
-            "{verb}: conflict: {} changed on both sides; the remote's version is in place, \
-             the local one kept as {}",
-            c.path, c.copy
-        );
+        print_conflict(verb, c.path.as_str(), c.copy.as_str());
     }
+}
+
+fn print_conflict(verb: &str, path: &str, copy: &str) {
+    eprintln!(
+        "{verb}: conflict: {path} changed on both sides; the remote's version is in place, \
+         the local one kept as {copy}"
+    );
 }
 
 /// Prints a transfer's summary; `conflicts` are the local versions a pull
@@ -755,14 +774,9 @@ pub async fn push(a: PushArgs) -> Result<ExitCode> {
         no_agent,
     } = a;
     let started = Instant::now();
-    let asked = match no_agent {
-        true => ThroughAgent::NotAsked,
-        false => push_through_agent(&a)?,
-    };
-    if let ThroughAgent::Pushed(mut summary) = asked {
-        summary["elapsed_ms"] = (started.elapsed().as_millis() as u64).into();
-        summary["agent"] = true.into();
-        print_summary(&summary, a.json, a.quiet);
+    let asked = ask_agent(&a, no_agent, agent::Transfer::Push)?;
+    if let ThroughAgent::Made(summaries) = asked {
+        print_made(summaries, started, &a);
         return Ok(ExitCode::SUCCESS);
     }
     let mut s = Session::open(&a, false, !a.dry_run).await?;
@@ -784,34 +798,31 @@ pub async fn push(a: PushArgs) -> Result<ExitCode> {
     // Started once the index is settled and closed, so its first walk
     // competes with no push and finds the index current.
     drop(s);
-    if !no_agent && !matches!(asked, ThroughAgent::Refused) && agent::on_demand_enabled() {
-        let successor = matches!(asked, ThroughAgent::Retiring);
-        if let Err(e) = start_agent(&a, successor) {
-            tracing::warn!(error = format!("{e:#}"), "cannot start a local agent");
-        }
-    }
+    start_agent_after(&a, no_agent, &asked);
     summarize("push", &report, &[], started.elapsed(), a.json, a.quiet);
     Ok(ExitCode::SUCCESS)
 }
 
-/// What asking a local agent to push came to.
+/// What asking a local agent to make a transfer came to.
 enum ThroughAgent {
-    /// It pushed; its summary.
-    Pushed(serde_json::Value),
-    /// One answers but would not push this one: push directly, start none.
+    /// It made it; its summaries, in the order they are printed (a sync's
+    /// pull, then its push).
+    Made(Vec<serde_json::Value>),
+    /// One answers but would not make this one: transfer directly, start
+    /// none.
     Refused,
-    /// None answered: push directly, then start one.
+    /// None answered: transfer directly, then start one.
     NoAgent,
-    /// It refused and exits: push directly, then start its successor.
+    /// It refused and exits: transfer directly, then start its successor.
     Retiring,
     /// Not asked (`--no-agent`, a dry run, excludes given).
     NotAsked,
 }
 
-/// Has the agent serving LOCAL_DIR push (`agent.rs`), when this push is
-/// one it makes the same way.
-fn push_through_agent(a: &TransferArgs) -> Result<ThroughAgent> {
-    if a.dry_run || !a.exclude.is_empty() || !a.no_exclude.is_empty() {
+/// Has the agent serving LOCAL_DIR make `op` (`agent.rs`), when it is a
+/// transfer the agent makes the same way and `--no-agent` was not given.
+fn ask_agent(a: &TransferArgs, no_agent: bool, op: agent::Transfer) -> Result<ThroughAgent> {
+    if no_agent || a.dry_run || !a.exclude.is_empty() || !a.no_exclude.is_empty() {
         return Ok(ThroughAgent::NotAsked);
     }
     let state = local_state(&a.local, a.state.as_deref());
@@ -821,31 +832,70 @@ fn push_through_agent(a: &TransferArgs) -> Result<ThroughAgent> {
     let Ok(root) = std::fs::canonicalize(&a.local) else {
         return Ok(ThroughAgent::NotAsked);
     };
-    let req = agent::Request::Push(agent::PushRequest {
+    let req = op.request(agent::TransferRequest {
         root,
         remote: a.remote.remote.clone(),
         wsdignore: wsdignore(&a.local)?,
         remembered: Remembered::load(&state)?.patterns,
     });
-    Ok(match agent::ask(&state, &req)? {
-        agent::Asked::Answered(agent::Reply::Pushed(summary)) => ThroughAgent::Pushed(summary),
-        agent::Asked::Answered(agent::Reply::Refused(why)) => {
-            tracing::debug!(%why, "the agent refused; pushing directly");
+    use agent::{Asked, Reply, Transfer};
+    Ok(match (agent::ask(&state, &req)?, op) {
+        (Asked::Answered(Reply::Pushed(push)), Transfer::Push) => ThroughAgent::Made(vec![push]),
+        (Asked::Answered(Reply::Pulled(pull)), Transfer::Pull) => ThroughAgent::Made(vec![pull]),
+        (Asked::Answered(Reply::Synced { pull, push }), Transfer::Sync) => {
+            ThroughAgent::Made(vec![pull, push])
+        }
+        (Asked::Answered(Reply::Refused(why)), _) => {
+            tracing::debug!(%why, "the agent refused; transferring directly");
             ThroughAgent::Refused
         }
-        agent::Asked::Answered(agent::Reply::Retiring(why)) => {
-            tracing::debug!(%why, "the agent refused and exits; pushing directly");
+        (Asked::Answered(Reply::Retiring(why)), _) => {
+            tracing::debug!(%why, "the agent refused and exits; transferring directly");
             ThroughAgent::Retiring
         }
-        agent::Asked::Answered(other) => {
+        (Asked::Answered(other), _) => {
             tracing::debug!(
                 ?other,
-                "the agent answered something else; pushing directly"
+                "the agent answered something else; transferring directly"
             );
             ThroughAgent::Refused
         }
-        agent::Asked::NoAgent | agent::Asked::Gone => ThroughAgent::NoAgent,
+        (Asked::NoAgent | Asked::Gone, _) => ThroughAgent::NoAgent,
     })
+}
+
+/// Prints what the agent made for this command as the command itself
+/// would have: each summary's conflict copies, then the summary, timed
+/// from this process's start.
+fn print_made(summaries: Vec<serde_json::Value>, started: Instant, a: &TransferArgs) {
+    for mut summary in summaries {
+        summary["elapsed_ms"] = (started.elapsed().as_millis() as u64).into();
+        summary["agent"] = true.into();
+        let verb = summary["op"].as_str().unwrap_or("?").to_owned();
+        if let Some(copies) = summary["conflicts"].as_array() {
+            for c in copies {
+                print_conflict(
+                    &verb,
+                    c["path"].as_str().unwrap_or("?"),
+                    c["copy"].as_str().unwrap_or("?"),
+                );
+            }
+        }
+        print_summary(&summary, a.json, a.quiet);
+    }
+}
+
+/// After a transfer made here: starts an agent for the next ones, unless
+/// `--no-agent`, `WSD_AGENT=off`, or one answered and refused (it serves
+/// other transfers: another remote, other excludes).
+fn start_agent_after(a: &TransferArgs, no_agent: bool, asked: &ThroughAgent) {
+    if no_agent || matches!(asked, ThroughAgent::Refused) || !agent::on_demand_enabled() {
+        return;
+    }
+    let successor = matches!(asked, ThroughAgent::Retiring);
+    if let Err(e) = start_agent(a, successor) {
+        tracing::warn!(error = format!("{e:#}"), "cannot start a local agent");
+    }
 }
 
 /// Starts `wsd agent run` for this push's LOCAL_DIR and remote in the
@@ -868,8 +918,17 @@ fn start_agent(a: &TransferArgs, successor: bool) -> Result<()> {
     agent::start(&state, &args, successor)
 }
 
-pub async fn pull(a: TransferArgs) -> Result<ExitCode> {
+pub async fn pull(a: PullArgs) -> Result<ExitCode> {
+    let PullArgs {
+        transfer: a,
+        no_agent,
+    } = a;
     let started = Instant::now();
+    let asked = ask_agent(&a, no_agent, agent::Transfer::Pull)?;
+    if let ThroughAgent::Made(summaries) = asked {
+        print_made(summaries, started, &a);
+        return Ok(ExitCode::SUCCESS);
+    }
     let mut s = Session::open(&a, false, false).await?;
     if a.dry_run {
         let plan = s.planned_pull().await?;
@@ -884,9 +943,12 @@ pub async fn pull(a: TransferArgs) -> Result<ExitCode> {
         // Copies made before the failure exist all the same.
         print_conflicts("pull", &conflicts);
     }
+    let report = report?;
+    drop(s);
+    start_agent_after(&a, no_agent, &asked);
     summarize(
         "pull",
-        &report?,
+        &report,
         &conflicts,
         started.elapsed(),
         a.json,
@@ -896,6 +958,16 @@ pub async fn pull(a: TransferArgs) -> Result<ExitCode> {
 }
 
 pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
+    let asked_at = Instant::now();
+    let through = match a.watch {
+        // It is an agent itself.
+        true => ThroughAgent::NotAsked,
+        false => ask_agent(&a.transfer, a.no_agent, agent::Transfer::Sync)?,
+    };
+    if let ThroughAgent::Made(summaries) = through {
+        print_made(summaries, asked_at, &a.transfer);
+        return Ok(ExitCode::SUCCESS);
+    }
     let mut s = Session::open(&a.transfer, a.watch, false).await?;
     if a.transfer.dry_run {
         let pulled = s.planned_pull().await?;
@@ -932,7 +1004,7 @@ pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
     } else {
         None
     };
-    let mut pushes = 0u64;
+    let mut served = agent::Served::default();
     loop {
         let started = Instant::now();
         let progress = Progress::new(&a.transfer);
@@ -967,6 +1039,8 @@ pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
             );
         }
         let Some(wake) = wake.as_mut() else {
+            drop(s);
+            start_agent_after(&a.transfer, a.no_agent, &through);
             return Ok(ExitCode::SUCCESS);
         };
         // The daemon's rev our pull fetched through: anything beyond it
@@ -995,26 +1069,25 @@ pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
                     let Some(req) = agent::read_request(&mut conn).await else {
                         continue;
                     };
-                    let reply = match req {
-                        agent::Request::Push(req) => {
-                            let reply = serve_push(&mut s, &a.transfer, &started_with, req).await;
-                            pushes += u64::from(matches!(reply, agent::Reply::Pushed(_)));
-                            reply
+                    let reply = match agent::Asking::from(req) {
+                        agent::Asking::Transfer(op, req) => {
+                            serve_transfer(&mut s, &a.transfer, &started_with, op, req, &mut served).await
                         }
-                        agent::Request::Status => agent::Reply::Status(agent::AgentStatus {
+                        agent::Asking::Status => agent::Reply::Status(agent::AgentStatus {
                             pid: std::process::id(),
                             kind: agent::AgentKind::SyncWatch,
                             root: s.store.root().to_owned(),
                             remote: a.transfer.remote.remote.clone(),
                             idle_timeout_secs: None,
-                            pushes,
+                            pushes: served.pushes,
+                            pulls: served.pulls,
                         }),
-                        agent::Request::Stop => agent::Reply::Refused(
+                        agent::Asking::Stop => agent::Reply::Refused(
                             "it is a `wsd sync --watch`: stop that instead".to_owned(),
                         ),
                     };
                     if let Err(e) = agent::answer(&mut conn, &reply).await {
-                        tracing::debug!(error = %e, "the pushing client went away");
+                        tracing::debug!(error = %e, "the client went away");
                     }
                 }
                 _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
@@ -1023,14 +1096,14 @@ pub async fn sync(a: SyncArgs) -> Result<ExitCode> {
     }
 }
 
-/// Why this session would not make the push `req` asks for, if it would
-/// not. `.1`: the directory's excludes changed since the session started
+/// Why this session would not make the transfer `req` asks for, if it
+/// would not. `.1`: the directory's excludes changed since the session started
 /// (its rules are stale, not just other than the client's).
 fn refusal(
     s: &Session,
     a: &TransferArgs,
     started_with: &(Vec<String>, Vec<String>),
-    req: &agent::PushRequest,
+    req: &agent::TransferRequest,
 ) -> Option<(String, bool)> {
     let current = wsdignore(&a.local).ok();
     if req.root != s.store.root() {
@@ -1049,39 +1122,83 @@ fn refusal(
     }
 }
 
-/// Pushes from the watched store for a client; `Err` when the push failed
-/// (the client then pushes by itself, over a fresh connection; a push is
-/// idempotent).
-async fn push_for_client(s: &mut Session) -> Result<serde_json::Value, String> {
+/// Makes `op` from the watched store for a client: the reply carrying its
+/// summaries, or `Err` when it failed (the client then makes it by itself,
+/// over a fresh connection; transfers are idempotent).
+async fn transfer_for_client(s: &mut Session, op: agent::Transfer) -> Result<agent::Reply, String> {
     let started = Instant::now();
     // The session's own settle covers every write made before the request
     // (the watcher's cookie barrier).
     s.settled = false;
-    match s.push(&Progress::hidden()).await {
-        Ok(report) => Ok(summary_json("push", &report, &[], started.elapsed())),
-        Err(e) => {
-            tracing::warn!(
-                error = format!("{e:#}"),
-                "a push asked of this agent failed"
-            );
-            Err(format!("its push failed: {e:#}"))
+    let hidden = Progress::hidden();
+    let pull = match op.pulls() {
+        true => {
+            let report = s.pull(&hidden).await;
+            let conflicts = s.store.take_conflict_copies();
+            match report {
+                Ok(r) => Some(summary_json("pull", &r, &conflicts, started.elapsed())),
+                Err(e) => return Err(failed_for_client("pull", &e, &conflicts)),
+            }
         }
+        false => None,
+    };
+    if !op.pushes() {
+        return Ok(agent::Reply::Pulled(pull.unwrap_or_default()));
     }
+    let push = match s.push(&hidden).await {
+        Ok(r) => summary_json("push", &r, &[], started.elapsed()),
+        Err(e) => {
+            // A sync's pull went through: its copies are named in the error.
+            let copies = pull
+                .as_ref()
+                .and_then(|p| p["conflicts"].as_array().cloned())
+                .unwrap_or_default();
+            let mut why = failed_for_client("push", &e, &[]);
+            if !copies.is_empty() {
+                why.push_str(&format!("; its pull kept local versions as {copies:?}"));
+            }
+            return Err(why);
+        }
+    };
+    Ok(match pull {
+        Some(pull) => agent::Reply::Synced { pull, push },
+        None => agent::Reply::Pushed(push),
+    })
 }
 
-/// A one-shot push's request to `sync --watch`: pushed from the watched
-/// store when it is the push this session would make, else refused.
-async fn serve_push(
+/// Logs a transfer this agent failed to make for a client, and says why
+/// (with the conflict copies it made before failing: they stay).
+fn failed_for_client(verb: &str, e: &anyhow::Error, conflicts: &[ConflictCopy]) -> String {
+    tracing::warn!(
+        error = format!("{e:#}"),
+        conflict_copies = conflicts.len(),
+        "a {verb} asked of this agent failed"
+    );
+    let mut why = format!("its {verb} failed: {e:#}");
+    for c in conflicts {
+        why.push_str(&format!("; kept the local {} as {}", c.path, c.copy));
+    }
+    why
+}
+
+/// A one-shot transfer's request to `sync --watch`: made from the watched
+/// store when it is the transfer this session would make, else refused.
+async fn serve_transfer(
     s: &mut Session,
     a: &TransferArgs,
     started_with: &(Vec<String>, Vec<String>),
-    req: agent::PushRequest,
+    op: agent::Transfer,
+    req: agent::TransferRequest,
+    served: &mut agent::Served,
 ) -> agent::Reply {
     if let Some((why, _)) = refusal(s, a, started_with, &req) {
         return agent::Reply::Refused(why);
     }
-    match push_for_client(s).await {
-        Ok(summary) => agent::Reply::Pushed(summary),
+    match transfer_for_client(s, op).await {
+        Ok(reply) => {
+            served.count(op);
+            reply
+        }
         Err(why) => agent::Reply::Refused(why),
     }
 }
@@ -1096,7 +1213,7 @@ pub struct AgentRunArgs {
     /// LOCAL_DIR's index is kept here instead of LOCAL_DIR/.wsd.
     #[arg(long, value_name = "DIR")]
     state: Option<PathBuf>,
-    /// Exit after this many seconds without a push asked of it.
+    /// Exit after this many seconds without a transfer asked of it.
     #[arg(long, value_name = "SECS", env = "WSD_AGENT_IDLE_TIMEOUT",
           default_value_t = agent::DEFAULT_IDLE_TIMEOUT_SECS,
           value_parser = clap::value_parser!(u64).range(1..))]
@@ -1105,21 +1222,21 @@ pub struct AgentRunArgs {
 
 #[derive(Debug, clap::Subcommand)]
 pub enum AgentCommand {
-    /// Run LOCAL_DIR's agent in the foreground (what `wsd push` starts in
-    /// the background, logging to STATE/agent.log).
+    /// Run LOCAL_DIR's agent in the foreground (what `wsd push`, `pull` and
+    /// `sync` start in the background, logging to STATE/agent.log).
     Run(AgentRunArgs),
-    /// Stop the agent serving LOCAL_DIR's pushes, and wait until it has
+    /// Stop the agent serving LOCAL_DIR's transfers, and wait until it has
     /// exited (a `wsd sync --watch` is not stopped: stop it instead).
     Stop {
         #[command(flatten)]
         dir: LocalDirArgs,
     },
-    /// Print which agent serves LOCAL_DIR's pushes, if any.
+    /// Print which agent serves LOCAL_DIR's transfers, if any.
     Status {
         #[command(flatten)]
         dir: LocalDirArgs,
         /// One JSON object: {running, pid, kind, root, remote,
-        /// idle_timeout_secs, pushes}.
+        /// idle_timeout_secs, pushes, pulls}.
         #[arg(long)]
         json: bool,
     },
@@ -1211,7 +1328,7 @@ pub async fn agent_command(c: AgentCommand) -> Result<ExitCode> {
             } else {
                 match &status {
                     Some(st) => println!(
-                        "{} agent (pid {}) serves {} for {}; {} pushes{}",
+                        "{} agent (pid {}) serves {} for {}; {} pushes, {} pulls{}",
                         match st.kind {
                             agent::AgentKind::OnDemand => "an on-demand",
                             agent::AgentKind::SyncWatch => "a `wsd sync --watch`",
@@ -1220,6 +1337,7 @@ pub async fn agent_command(c: AgentCommand) -> Result<ExitCode> {
                         st.root.display(),
                         st.remote,
                         st.pushes,
+                        st.pulls,
                         st.idle_timeout_secs
                             .map(|t| format!("; exits after {t} s without one"))
                             .unwrap_or_default()
@@ -1234,7 +1352,7 @@ pub async fn agent_command(c: AgentCommand) -> Result<ExitCode> {
 
 /// `wsd agent run`: the on-demand agent. Takes the state directory's
 /// agent lock (or exits: another has it), settles LOCAL_DIR once with a
-/// watcher, connects, then serves pushes on `STATE/agent.sock` until it is
+/// watcher, connects, then serves transfers on `STATE/agent.sock` until it is
 /// idle for `--idle-timeout`, stopped, signalled, or what it watches goes.
 async fn agent_run(a: AgentRunArgs) -> Result<ExitCode> {
     let state = local_state(&a.local, a.state.as_deref());
@@ -1298,7 +1416,7 @@ async fn agent_run(a: AgentRunArgs) -> Result<ExitCode> {
     });
     let mut check = tokio::time::interval(AGENT_CHECK_EVERY);
     let mut idle_until = tokio::time::Instant::now() + idle;
-    let mut pushes = 0u64;
+    let mut served = agent::Served::default();
     let mut last_event_check = Instant::now();
     let why = loop {
         tokio::select! {
@@ -1307,24 +1425,26 @@ async fn agent_run(a: AgentRunArgs) -> Result<ExitCode> {
                 let Some(req) = agent::read_request(&mut conn).await else {
                     continue;
                 };
-                let (reply, exit, rewalk) = match req {
-                    agent::Request::Push(req) => {
+                let (reply, exit, rewalk) = match agent::Asking::from(req) {
+                    agent::Asking::Transfer(op, req) => {
                         idle_until = tokio::time::Instant::now() + idle;
-                        agent_push(&mut s, &transfer, &started_with, &identity, &listener, req, &mut pushes).await
+                        let asked = AgentAsked { s: &mut s, a: &transfer, started_with: &started_with, identity: &identity, listener: &listener };
+                        agent_transfer(asked, op, req, &mut served).await
                     }
-                    agent::Request::Status => (
+                    agent::Asking::Status => (
                         agent::Reply::Status(agent::AgentStatus {
                             pid: std::process::id(),
                             kind: agent::AgentKind::OnDemand,
                             root: s.store.root().to_owned(),
                             remote: a.remote.remote.clone(),
                             idle_timeout_secs: Some(a.idle_timeout),
-                            pushes,
+                            pushes: served.pushes,
+                            pulls: served.pulls,
                         }),
                         None,
                         false,
                     ),
-                    agent::Request::Stop => {
+                    agent::Asking::Stop => {
                         (agent::Reply::Stopping, Some("asked to stop".to_owned()), false)
                     }
                 };
@@ -1336,7 +1456,7 @@ async fn agent_run(a: AgentRunArgs) -> Result<ExitCode> {
                     break why;
                 }
                 if rewalk {
-                    // Ready for the next push: the walk its view needs.
+                    // Ready for the next transfer: the walk its view needs.
                     s.settled = false;
                     if let Err(e) = s.settle() {
                         break format!("its settle failed: {e:#}");
@@ -1344,7 +1464,7 @@ async fn agent_run(a: AgentRunArgs) -> Result<ExitCode> {
                 }
             }
             _ = tokio::time::sleep_until(idle_until) => {
-                break format!("no push asked for {idle:?}");
+                break format!("no transfer asked for {idle:?}");
             }
             Some(()) = changed.recv() => {
                 // At most a few checks a second under an event storm (a
@@ -1366,7 +1486,7 @@ async fn agent_run(a: AgentRunArgs) -> Result<ExitCode> {
             _ = tokio::signal::ctrl_c() => break "interrupted".to_owned(),
         }
     };
-    tracing::info!(%why, pushes, "agent exiting");
+    tracing::info!(%why, pushes = served.pushes, pulls = served.pulls, "agent exiting");
     // Socket, then lock, before the index closes (its checkpoint may take
     // a while): a successor a retiring answer asked for may start at once.
     drop(listener);
@@ -1374,17 +1494,30 @@ async fn agent_run(a: AgentRunArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The on-demand agent's answer to a push request, whether it then exits
-/// (and why), and whether it owes its view a walk first.
-async fn agent_push(
-    s: &mut Session,
-    a: &TransferArgs,
-    started_with: &(Vec<String>, Vec<String>),
-    identity: &AgentIdentity,
-    listener: &agent::Agent,
-    req: agent::PushRequest,
-    pushes: &mut u64,
+/// What the on-demand agent answers a transfer request from.
+struct AgentAsked<'a> {
+    s: &'a mut Session,
+    a: &'a TransferArgs,
+    started_with: &'a (Vec<String>, Vec<String>),
+    identity: &'a AgentIdentity,
+    listener: &'a agent::Agent,
+}
+
+/// The on-demand agent's answer to a transfer request, whether it then
+/// exits (and why), and whether it owes its view a walk first.
+async fn agent_transfer(
+    asked: AgentAsked<'_>,
+    op: agent::Transfer,
+    req: agent::TransferRequest,
+    served: &mut agent::Served,
 ) -> (agent::Reply, Option<String>, bool) {
+    let AgentAsked {
+        s,
+        a,
+        started_with,
+        identity,
+        listener,
+    } = asked;
     if let Some(why) = identity.lost(listener) {
         return (agent::Reply::Retiring(why.clone()), Some(why), false);
     }
@@ -1396,8 +1529,8 @@ async fn agent_push(
         };
     }
     if !s.store.is_watching() {
-        // Stays (until idle) so that pushes do not start one agent after
-        // another, each walking once.
+        // Stays (until idle) so that transfers do not start one agent
+        // after another, each walking once.
         let why = s.store.full_walk_due().unwrap_or_default();
         return (
             agent::Reply::Refused(format!("it has no watcher ({why})")),
@@ -1412,17 +1545,18 @@ async fn agent_push(
             true,
         );
     }
-    match push_for_client(s).await {
-        Ok(summary) => {
-            *pushes += 1;
+    let started = Instant::now();
+    match transfer_for_client(s, op).await {
+        Ok(reply) => {
+            served.count(op);
             // Debug, not info: a busy agent's log would grow by a line a
-            // push (it is cut back only when the next agent starts).
+            // transfer (it is cut back only when the next agent starts).
             tracing::debug!(
-                entries = summary["entries"].as_u64().unwrap_or(0),
-                elapsed_ms = summary["elapsed_ms"].as_u64().unwrap_or(0),
-                "pushed for a client"
+                ?op,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "made a transfer for a client"
             );
-            (agent::Reply::Pushed(summary), None, false)
+            (reply, None, false)
         }
         // Its connection may be what failed: the client starts a new one.
         Err(why) => (agent::Reply::Retiring(why.clone()), Some(why), false),

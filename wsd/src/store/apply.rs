@@ -920,8 +920,14 @@ impl<'a> Apply<'a> {
             Some(manifest::hash(chunks)),
         )?;
         let size: u64 = chunks.iter().map(|c| u64::from(c.size)).sum();
-        let ready = Job::ready(&pieces);
-        if size >= writer::HAND_OFF_BYTES && !replaces_dir && ready && writer::can_hand_off() {
+        let ready = Job::ready(&pieces) && !replaces_dir;
+        let to_thread = ready && size >= writer::HAND_OFF_BYTES && writer::can_hand_off();
+        // Smaller files go through io_uring (`uring.rs`) when they can.
+        let to_ring = ready
+            && !to_thread
+            && !race_window_hooked()
+            && self.writers.ring_takes(&pieces, source.is_some(), mode);
+        if to_thread || to_ring {
             let job = Job {
                 path: e.path.clone(),
                 tmp,
@@ -936,8 +942,16 @@ impl<'a> Apply<'a> {
                 chunks: chunks.to_vec(),
                 clear_chunks: self.clear_chunks,
             };
-            self.expect(abs, OwnEvents::REPLACE);
-            self.writers.spawn(job, row);
+            if to_ring {
+                self.expect(abs, OwnEvents::RENAME_ONTO);
+                if let Err(err) = self.writers.queue_ring(job, row) {
+                    self.unexpect(abs);
+                    return Err(err);
+                }
+            } else {
+                self.expect(abs, OwnEvents::REPLACE);
+                self.writers.spawn(job, row);
+            }
             while self.writers.in_flight() > writer::MAX_IN_FLIGHT {
                 self.record_one()?;
             }
@@ -946,7 +960,7 @@ impl<'a> Apply<'a> {
         // Fetching a chunk may read a file a writer thread is replacing,
         // and a replaced directory goes with what is below it. Otherwise
         // this write touches its own path alone, beside the writers.
-        if replaces_dir || !ready {
+        if !ready {
             self.drain()?;
         }
         let path = &e.path;
@@ -1531,6 +1545,16 @@ thread_local! {
     /// symlink's rename into place and its stat.
     pub(crate) static RACE_WINDOW: std::cell::RefCell<Option<PathHook>> =
         std::cell::RefCell::new(None);
+}
+
+/// Whether a test set a [`RACE_WINDOW`] hook: files are then written on
+/// the apply thread, where it runs between the rename and the stat.
+#[inline]
+fn race_window_hooked() -> bool {
+    #[cfg(test)]
+    return RACE_WINDOW.with(|h| h.borrow().is_some());
+    #[cfg(not(test))]
+    false
 }
 
 /// Runs the test's [`RACE_WINDOW`] hook on `abs`; nothing outside tests.

@@ -18,8 +18,8 @@ use wsd_sync::{ChunkRef, SyncError, SyncPath, manifest};
 
 use super::error::IndexContext;
 use super::fsutil::{self, DiskKind};
-use super::index::{self, Node, NodeKind};
-use super::scan::{self, PendingHash, Seen};
+use super::index::{self, Fingerprint, Node, NodeKind};
+use super::scan::{self, HashedFile, PendingHash, Seen};
 use super::{SettleReport, WorkspaceStore};
 
 /// The first piece is small, so the push starts early; later ones are
@@ -29,11 +29,15 @@ const FIRST_PIECE_BYTES: u64 = 1024 * 1024;
 const PIECE_FILES: usize = 256;
 const PIECE_BYTES: u64 = 8 * 1024 * 1024;
 
+/// A row of a [`Piece`]: the node, a file's chunks and, for a large file,
+/// their fingerprints.
+type PieceRow = (Node, Vec<ChunkRef>, Option<Vec<Fingerprint>>);
+
 /// Part of a first index: new rows, parents before their children, not yet
 /// stamped with a rev.
 #[derive(Debug, Default)]
 pub struct Piece {
-    rows: Vec<(Node, Vec<ChunkRef>)>,
+    rows: Vec<PieceRow>,
     hashed: usize,
 }
 
@@ -90,10 +94,10 @@ impl WorkspaceStore {
             .transaction()
             .ctx("starting to record an index piece")?;
         let rev = index::next_rev(&tx)?;
-        for (mut node, chunks) in piece.rows {
+        for (mut node, chunks, fingerprints) in piece.rows {
             node.rev = rev;
             // A first index has no rows to replace.
-            index::put_node_with(&tx, &node, &chunks, false)?;
+            index::put_file_node(&tx, &node, &chunks, fingerprints.as_deref(), false)?;
         }
         tx.commit().ctx("recording an index piece")?;
         Ok(Some(rev))
@@ -152,14 +156,16 @@ impl FirstIndex {
                 };
                 match kind {
                     DiskKind::Dir => {
-                        piece.rows.push((node(NodeKind::Dir, None), Vec::new()));
+                        piece
+                            .rows
+                            .push((node(NodeKind::Dir, None), Vec::new(), None));
                         stack.push((Some(rel), abs));
                     }
                     DiskKind::Symlink => match fsutil::read_link_utf8(&abs) {
                         Ok(Some(t)) if !t.is_empty() => {
                             piece
                                 .rows
-                                .push((node(NodeKind::Symlink, Some(t)), Vec::new()));
+                                .push((node(NodeKind::Symlink, Some(t)), Vec::new(), None));
                         }
                         Ok(_) => {
                             tracing::warn!(path = %rel, "symlink target is not UTF-8; not synced")
@@ -199,7 +205,12 @@ impl FirstIndex {
         for (f, result) in files.into_iter().zip(hashed) {
             // Vanished or replaced while we looked: the next settle's walk
             // records what is there then.
-            let Some((chunks, stat)) = result? else {
+            let Some(HashedFile {
+                chunks,
+                fingerprints,
+                stat,
+            }) = result?
+            else {
                 continue;
             };
             piece.hashed += 1;
@@ -213,7 +224,7 @@ impl FirstIndex {
                 rev: 0,
                 applied_from: None,
             };
-            piece.rows.push((node, chunks));
+            piece.rows.push((node, chunks, fingerprints));
         }
         Ok(())
     }

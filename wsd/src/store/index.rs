@@ -7,6 +7,7 @@ use wsd_sqlite::{
     CleanClose, JournalMode, LegacyBookkeeping, Migration, MigrationSet, OnDamage, Opened, Pragmas,
     Setup, Synchronous,
 };
+use wsd_sync::chunk::KnownChunk;
 use wsd_sync::{ChangeCursor, ChangeEntry, ChunkRef, EntryState, Hash, SyncError, SyncPath};
 
 use super::error::{IndexContext, StoreError};
@@ -76,7 +77,22 @@ const MIGRATIONS: &[Migration] = &[
     ) STRICT;
     "#,
     },
+    // A cheap fingerprint (BLAKE3) of each chunk of a large file a settle
+    // hashed, so re-hashing it after an edit checks unchanged stretches by
+    // fingerprint instead of cutting and SHA-256-ing them again
+    // (`wsd_sync::chunk::rechunk_reader_with`). NULL where unknown (rows
+    // apply wrote, small files, rows from before).
+    Migration {
+        version: 3,
+        name: "chunk fingerprints",
+        sql: r#"
+    ALTER TABLE chunks ADD COLUMN fingerprint BLOB;
+    "#,
+    },
 ];
+
+/// A chunk's fingerprint: the BLAKE3 of its bytes (see migration 3).
+pub(crate) type Fingerprint = [u8; 32];
 
 /// How the index is opened. WAL: readers never block the single writer;
 /// NORMAL: a crash may lose the last commits but never corrupts, and the
@@ -410,6 +426,24 @@ impl Stat {
         }
     }
 
+    /// The same fields [`Stat::of`] gives for the `Metadata` std builds
+    /// from this `statx` (its `dev` is `makedev(major, minor)` too).
+    pub fn of_statx(x: &rustix::fs::Statx) -> Stat {
+        let ns = |t: &rustix::fs::StatxTimestamp| {
+            t.tv_sec
+                .saturating_mul(1_000_000_000)
+                .saturating_add(i64::from(t.tv_nsec))
+        };
+        Stat {
+            mode: u32::from(x.stx_mode) & wsd_sync::MODE_MASK,
+            size: x.stx_size,
+            mtime_ns: ns(&x.stx_mtime),
+            dev: rustix::fs::makedev(x.stx_dev_major, x.stx_dev_minor),
+            ino: x.stx_ino,
+            ctime_ns: ns(&x.stx_ctime),
+        }
+    }
+
     pub fn of(m: &std::fs::Metadata) -> Stat {
         use std::os::unix::fs::MetadataExt;
         Stat {
@@ -685,6 +719,19 @@ pub(crate) fn put_node_with(
     chunks: &[ChunkRef],
     clear_chunks: bool,
 ) -> Result<(), SyncError> {
+    put_file_node(db, node, chunks, None, clear_chunks)
+}
+
+/// [`put_node_with`], with each chunk's fingerprint when they are known
+/// (as many as `chunks`).
+pub(crate) fn put_file_node(
+    db: &Connection,
+    node: &Node,
+    chunks: &[ChunkRef],
+    fingerprints: Option<&[Fingerprint]>,
+    clear_chunks: bool,
+) -> Result<(), SyncError> {
+    debug_assert!(fingerprints.is_none_or(|f| f.len() == chunks.len()));
     let s = &node.stat;
     db.prepare_cached(
         "INSERT OR REPLACE INTO nodes (path, parent, kind, mode, size, mtime_ms, mtime_ns, dev, ino,
@@ -718,22 +765,61 @@ pub(crate) fn put_node_with(
     }
     let mut ins = db
         .prepare_cached(
-            "INSERT INTO chunks (path, idx, hash, offset, size) VALUES (?1, ?2, ?3, ?4, ?5)",
+            "INSERT INTO chunks (path, idx, hash, offset, size, fingerprint)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         )
         .ctx("writing chunk locations")?;
     let mut offset = 0u64;
     for (i, c) in chunks.iter().enumerate() {
+        let print = fingerprints.and_then(|f| f.get(i)).map(|f| &f[..]);
         ins.execute(params![
             node.path.as_str(),
             i as i64,
             &c.hash.0[..],
             offset as i64,
-            i64::from(c.size)
+            i64::from(c.size),
+            print,
         ])
         .ctx("writing chunk locations")?;
         offset += u64::from(c.size);
     }
     Ok(())
+}
+
+/// A file's chunks with their fingerprints, in order, when every one of
+/// them has one (`None`: no chunks, or some were written without).
+pub(crate) fn known_chunks(
+    db: &Connection,
+    path: &SyncPath,
+) -> Result<Option<Vec<KnownChunk<Fingerprint>>>, SyncError> {
+    let mut stmt = db
+        .prepare_cached("SELECT hash, size, fingerprint FROM chunks WHERE path = ?1 ORDER BY idx")
+        .ctx("reading chunk fingerprints")?;
+    let rows = stmt
+        .query_map([path.as_str()], |r| {
+            Ok((
+                r.get::<_, Vec<u8>>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, Option<Vec<u8>>>(2)?,
+            ))
+        })
+        .ctx("reading chunk fingerprints")?
+        .collect::<Result<Vec<_>, _>>()
+        .ctx("reading chunk fingerprints")?;
+    let mut out = Vec::with_capacity(rows.len());
+    for (hash, size, print) in rows {
+        let Some(fingerprint) = print.and_then(|p| Fingerprint::try_from(p.as_slice()).ok()) else {
+            return Ok(None);
+        };
+        out.push(KnownChunk {
+            chunk: ChunkRef {
+                hash: Hash::from_slice(&hash)?,
+                size: size as u32,
+            },
+            fingerprint,
+        });
+    }
+    Ok((!out.is_empty()).then_some(out))
 }
 
 /// Records a new stat for a row whose content was re-verified unchanged.
@@ -1229,11 +1315,11 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("index.sqlite3");
         {
-            // As the code before `wsd-sqlite` left it: every migration run,
-            // their count in `user_version`.
+            // As the code before `wsd-sqlite` left it: its two migrations
+            // run, their count in `user_version`.
             let db = Connection::open(&path).unwrap();
             db.pragma_update(None, "journal_mode", "WAL").unwrap();
-            for m in MIGRATIONS {
+            for m in &MIGRATIONS[..2] {
                 db.execute_batch(m.sql).unwrap();
             }
             db.pragma_update(None, "user_version", 2).unwrap();
@@ -1252,7 +1338,7 @@ mod tests {
                 |r| r.get(0),
             )
             .unwrap();
-        assert_eq!(recorded, 2);
+        assert_eq!(recorded, MIGRATIONS.len() as i64, "the later ones ran");
         clean_close.close(db);
         let (db, _clean_close, _) = open(&path, true).unwrap();
         let rev: i64 = db

@@ -21,6 +21,7 @@ mod fsutil;
 mod index;
 mod objects;
 mod scan;
+mod uring;
 mod watch;
 mod writer;
 

@@ -13,12 +13,13 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use rusqlite::Connection;
-use wsd_sync::{ChunkRef, SyncError, SyncPath, chunk, manifest};
+use wsd_sync::chunk::{self, KnownChunk};
+use wsd_sync::{ChunkRef, SyncError, SyncPath, manifest};
 
 use super::SettleReport;
 use super::error::IoContext;
 use super::fsutil::{self, DiskKind};
-use super::index::{self, ChildRow, DirRows, Node, NodeKind, Stat};
+use super::index::{self, ChildRow, DirRows, Fingerprint, Node, NodeKind, Stat};
 use super::watch::{LocalWatcher, WatchFailure};
 
 /// True when a row's stat matching the disk does not prove its content
@@ -67,6 +68,9 @@ pub(crate) struct PendingHash {
     /// Its live row when observed.
     live: Option<Node>,
     size: u64,
+    /// The chunks of its indexed version with their fingerprints, when it
+    /// is large enough to have them ([`FINGERPRINT_MIN_BYTES`]).
+    previous: Option<Vec<KnownChunk<Fingerprint>>>,
 }
 
 impl PendingHash {
@@ -77,6 +81,7 @@ impl PendingHash {
             abs,
             live: None,
             size,
+            previous: None,
         }
     }
 
@@ -112,6 +117,7 @@ impl Scan<'_> {
         &mut self,
         node: Node,
         chunks: &[ChunkRef],
+        fingerprints: Option<&[Fingerprint]>,
         was: Option<&Node>,
     ) -> Result<(), SyncError> {
         // A directory replaced by another kind takes its indexed subtree along.
@@ -119,7 +125,7 @@ impl Scan<'_> {
             let rev = node.rev;
             self.report.deleted += index::tombstone_descendants(self.db, &node.path, rev, None)?;
         }
-        index::put_node(self.db, &node, chunks)?;
+        index::put_file_node(self.db, &node, chunks, fingerprints, true)?;
         self.report.changed += 1;
         Ok(())
     }
@@ -150,6 +156,7 @@ impl Scan<'_> {
                     abs,
                     live,
                     size: stat.size,
+                    previous: None,
                 });
                 let bytes: u64 = self.pending.iter().map(|p| p.size).sum();
                 if self.pending.len() >= FLUSH_FILES || bytes >= FLUSH_BYTES {
@@ -168,7 +175,7 @@ impl Scan<'_> {
                     rev: self.rev()?,
                     applied_from: None,
                 };
-                self.put(node, &[], live.as_ref())
+                self.put(node, &[], None, live.as_ref())
             }
             DiskKind::Symlink => {
                 let target = match fsutil::read_link_utf8(&abs) {
@@ -201,7 +208,7 @@ impl Scan<'_> {
                     rev: self.rev()?,
                     applied_from: None,
                 };
-                self.put(node, &[], live.as_ref())
+                self.put(node, &[], None, live.as_ref())
             }
             DiskKind::Unsupported => unreachable!("handled above"),
         }
@@ -213,7 +220,16 @@ impl Scan<'_> {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let pending = std::mem::take(&mut self.pending);
+        let mut pending = std::mem::take(&mut self.pending);
+        for p in &mut pending {
+            // An edited large file: what did not change is checked by
+            // fingerprint, not hashed again.
+            if p.size >= FINGERPRINT_MIN_BYTES
+                && p.live.as_ref().is_some_and(|n| n.kind == NodeKind::File)
+            {
+                p.previous = index::known_chunks(self.db, &p.rel)?;
+            }
+        }
         let hashed = hash_files(&pending);
         for (p, result) in pending.into_iter().zip(hashed) {
             self.record_file(p.rel, p.live, result?)?;
@@ -225,9 +241,14 @@ impl Scan<'_> {
         &mut self,
         rel: SyncPath,
         live: Option<Node>,
-        hashed: Option<(Vec<ChunkRef>, Stat)>,
+        hashed: Option<HashedFile>,
     ) -> Result<(), SyncError> {
-        let Some((chunks, stat)) = hashed else {
+        let Some(HashedFile {
+            chunks,
+            fingerprints,
+            stat,
+        }) = hashed
+        else {
             // Vanished or replaced while we looked: its own event (or the
             // next walk) records what is there now.
             return Ok(());
@@ -252,7 +273,7 @@ impl Scan<'_> {
             rev: self.rev()?,
             applied_from: None,
         };
-        self.put(node, &chunks, live.as_ref())
+        self.put(node, &chunks, fingerprints.as_deref(), live.as_ref())
     }
 
     /// True when a directory entry is clean against its live row: the
@@ -586,7 +607,7 @@ impl Seen {
     }
 
     /// The same fields as [`Seen::of`] gives for the `Metadata` std builds
-    /// from this `statx` (its `dev` is `makedev(major, minor)` too).
+    /// from this `statx`.
     fn of_statx(x: &rustix::fs::Statx) -> Seen {
         use rustix::fs::FileType;
         let kind = match FileType::from_raw_mode(x.stx_mode.into()) {
@@ -595,21 +616,9 @@ impl Seen {
             FileType::Symlink => DiskKind::Symlink,
             _ => DiskKind::Unsupported,
         };
-        let ns = |t: &rustix::fs::StatxTimestamp| {
-            t.tv_sec
-                .saturating_mul(1_000_000_000)
-                .saturating_add(i64::from(t.tv_nsec))
-        };
         Seen {
             kind,
-            stat: Stat {
-                mode: u32::from(x.stx_mode) & wsd_sync::MODE_MASK,
-                size: x.stx_size,
-                mtime_ns: ns(&x.stx_mtime),
-                dev: rustix::fs::makedev(x.stx_dev_major, x.stx_dev_minor),
-                ino: x.stx_ino,
-                ctime_ns: ns(&x.stx_ctime),
-            },
+            stat: Stat::of_statx(x),
         }
     }
 }
@@ -713,8 +722,29 @@ fn walk_threads() -> usize {
     })
 }
 
+/// A file [`hash_file`] read: its chunks, their fingerprints (files of at
+/// least [`FINGERPRINT_MIN_BYTES`]), and its stat taken before reading.
+#[derive(Debug)]
+pub(crate) struct HashedFile {
+    pub chunks: Vec<ChunkRef>,
+    pub fingerprints: Option<Vec<Fingerprint>>,
+    pub stat: Stat,
+}
+
 /// What [`hash_file`] returns for one file.
-pub(crate) type Hashed = Result<Option<(Vec<ChunkRef>, Stat)>, SyncError>;
+pub(crate) type Hashed = Result<Option<HashedFile>, SyncError>;
+
+/// Files at least this large get their chunks' fingerprints recorded (BLAKE3:
+/// on this machine's cores about a quarter of what cutting and SHA-256 cost
+/// (bench/RESULTS.md, issue 32), paid once when such a file is hashed), so
+/// an edit to them re-hashes only what changed. Smaller files are cheap to
+/// hash whole.
+pub(crate) const FINGERPRINT_MIN_BYTES: u64 = 1024 * 1024;
+
+/// The fingerprint of a chunk's bytes.
+fn fingerprint(bytes: &[u8]) -> Fingerprint {
+    *blake3::hash(bytes).as_bytes()
+}
 
 /// The pool [`hash_files`] runs on: one thread per core, at most 8, since
 /// each keeps a [`HASH_BUF`] of several MiB for the life of the process
@@ -741,7 +771,10 @@ pub(crate) fn hash_files(files: &[PendingHash]) -> Vec<Hashed> {
     // Below a few MiB handing files to the pool costs more than it saves.
     let pool = HASH_POOL.as_ref();
     let Some(pool) = pool.filter(|_| files.len() > 1 && bytes >= 4 * 1024 * 1024) else {
-        return files.iter().map(|f| hash_file(&f.abs)).collect();
+        return files
+            .iter()
+            .map(|f| hash_file(&f.abs, f.previous.as_deref()))
+            .collect();
     };
     // One file per task: sizes vary from bytes to many MiB, and work
     // stealing balances them across cores.
@@ -749,7 +782,7 @@ pub(crate) fn hash_files(files: &[PendingHash]) -> Vec<Hashed> {
         files
             .par_iter()
             .with_max_len(1)
-            .map(|f| hash_file(&f.abs))
+            .map(|f| hash_file(&f.abs, f.previous.as_deref()))
             .collect()
     })
 }
@@ -762,8 +795,12 @@ thread_local! {
 /// Reads and chunks a regular file without following a symlink. Returns the
 /// chunk list and the stat taken *before* reading (so a write racing the
 /// read leaves a stat that differs next time), or `None` when the file is
-/// gone or no longer a regular file.
-pub(crate) fn hash_file(abs: &Path) -> Result<Option<(Vec<ChunkRef>, Stat)>, SyncError> {
+/// gone or no longer a regular file. A file of at least
+/// [`FINGERPRINT_MIN_BYTES`] gets its chunks' fingerprints too, and with
+/// `previous` (its indexed version's chunks and fingerprints) the stretches
+/// that still hold them are checked by fingerprint instead of cut and
+/// hashed again (`chunk::rechunk_reader_with`: the same chunks either way).
+pub(crate) fn hash_file(abs: &Path, previous: Option<&[KnownChunk<Fingerprint>]>) -> Hashed {
     // No symlink anywhere on the way (the root is canonical): a directory
     // swapped for a symlink since it was checked is never read through.
     let file = match fsutil::open_no_symlinks(abs) {
@@ -779,12 +816,44 @@ pub(crate) fn hash_file(abs: &Path) -> Result<Option<(Vec<ChunkRef>, Stat)>, Syn
     if !meta.file_type().is_file() {
         return Ok(None);
     }
-    let chunks = HASH_BUF
-        .with_borrow_mut(|buf| {
-            chunk::chunk_reader_with(&file, buf, Some(meta.len()), |_, _| Ok(()))
-        })
-        .map_err(|e| SyncError::Storage(format!("hashing {}: {e}", abs.display())))?;
-    Ok(Some((chunks, Stat::of(&meta))))
+    let stat = Stat::of(&meta);
+    let failed = |e: SyncError| SyncError::Storage(format!("hashing {}: {e}", abs.display()));
+    if meta.len() < FINGERPRINT_MIN_BYTES {
+        let chunks = HASH_BUF
+            .with_borrow_mut(|buf| {
+                chunk::chunk_reader_with(&file, buf, Some(meta.len()), |_, _| Ok(()))
+            })
+            .map_err(failed)?;
+        return Ok(Some(HashedFile {
+            chunks,
+            fingerprints: None,
+            stat,
+        }));
+    }
+    let (chunks, fingerprints): (Vec<ChunkRef>, Vec<Fingerprint>) = match previous {
+        Some(previous) => HASH_BUF
+            .with_borrow_mut(|buf| chunk::rechunk_reader_with(&file, buf, previous, fingerprint))
+            .map_err(failed)?
+            .into_iter()
+            .unzip(),
+        None => {
+            let mut prints = Vec::new();
+            let chunks = HASH_BUF
+                .with_borrow_mut(|buf| {
+                    chunk::chunk_reader_with(&file, buf, Some(meta.len()), |_, bytes| {
+                        prints.push(fingerprint(bytes));
+                        Ok(())
+                    })
+                })
+                .map_err(failed)?;
+            (chunks, prints)
+        }
+    };
+    Ok(Some(HashedFile {
+        chunks,
+        fingerprints: Some(fingerprints),
+        stat,
+    }))
 }
 
 #[cfg(test)]
@@ -807,6 +876,7 @@ mod tests {
                     abs,
                     live: None,
                     size: bytes.len() as u64,
+                    previous: None,
                 }
             })
             .collect();
@@ -817,8 +887,8 @@ mod tests {
                 .is_some_and(|p| p.current_num_threads() <= 8)
         );
         for (f, got) in files.iter().zip(pooled) {
-            let want = hash_file(&f.abs).unwrap().unwrap().0;
-            assert_eq!(got.unwrap().unwrap().0, want, "{}", f.rel);
+            let want = hash_file(&f.abs, None).unwrap().unwrap().chunks;
+            assert_eq!(got.unwrap().unwrap().chunks, want, "{}", f.rel);
         }
     }
 

@@ -231,6 +231,65 @@ fn a_local_write_is_picked_up_by_settle_with_a_new_rev() {
 }
 
 #[test]
+fn an_edited_large_file_is_rehashed_from_its_fingerprints_into_the_chunks_of_a_fresh_hash() {
+    both_modes(|watch| {
+        let mut w = ws(watch);
+        let small = noise(200_000, 5);
+        let mut big = noise(3 * 1024 * 1024 + 77, 6);
+        w.write("small.bin", &small);
+        w.write("big.bin", &big);
+        w.store.settle().unwrap();
+        let printed = |w: &Ws, rel: &str| index::known_chunks(&w.store.db, &p(rel)).unwrap();
+        assert!(printed(&w, "small.bin").is_none(), "small files carry none");
+        let first = printed(&w, "big.bin").expect("a large file's fingerprints");
+        assert!(
+            first
+                .iter()
+                .all(|k| k.fingerprint != [0; 32] && k.chunk.size > 0)
+        );
+        // Edits in the middle, at the head and at the end, each re-hashed
+        // from the fingerprints the last settle recorded.
+        type Edit = fn(&mut Vec<u8>);
+        let edits: [(&str, Edit); 3] = [
+            ("an insert", |b| {
+                b.splice(1_600_000..1_600_000, noise(100, 7));
+            }),
+            ("the head cut", |b| {
+                b.drain(..5);
+            }),
+            ("an append", |b| b.extend(noise(300_000, 8))),
+        ];
+        for (what, edit) in edits {
+            edit(&mut big);
+            w.write("big.bin", &big);
+            let r = w.store.settle().unwrap();
+            assert!(r.rev.is_some(), "watch={watch} {what}: {r:?}");
+            let want: Vec<ChunkRef> = chunk::chunk_slice(&big)
+                .into_iter()
+                .map(|(_, c)| c)
+                .collect();
+            match w.entry("big.bin").unwrap().state {
+                EntryState::File { chunks, size, .. } => {
+                    assert_eq!(size, big.len() as u64, "{what}");
+                    assert_eq!(chunks, want, "watch={watch} {what}");
+                }
+                other => panic!("{other:?}"),
+            }
+            let prints = printed(&w, "big.bin").expect("recorded again");
+            let blake: Vec<[u8; 32]> = chunk::chunk_slice(&big)
+                .into_iter()
+                .map(|(at, c)| *blake3::hash(&big[at..at + c.size as usize]).as_bytes())
+                .collect();
+            assert_eq!(
+                prints.iter().map(|k| k.fingerprint).collect::<Vec<_>>(),
+                blake,
+                "{what}"
+            );
+        }
+    });
+}
+
+#[test]
 fn a_rewrite_with_the_same_size_and_mtime_is_caught() {
     both_modes(|watch| {
         let mut w = ws(watch);

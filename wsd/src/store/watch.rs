@@ -97,6 +97,15 @@ impl OwnEvents {
         attrib: 0,
         modify: 0,
     };
+    /// A new version renamed onto its target, its descriptor closed before
+    /// under its temp name (the io_uring writer, `uring.rs`).
+    pub const RENAME_ONTO: OwnEvents = OwnEvents {
+        moved_to: 1,
+        close_write: 0,
+        create: 0,
+        attrib: 0,
+        modify: 0,
+    };
     /// A directory made with `mkdir`.
     pub const MKDIR: OwnEvents = OwnEvents {
         moved_to: 0,

@@ -27,6 +27,7 @@ use super::error::IoContext;
 use super::fsutil;
 use super::index::{self, Node, Stat};
 use super::objects::Staging;
+use super::uring::{self, RingWriter};
 
 /// Threads that write files for apply: one per core, at most 4 (the apply
 /// thread prepares entries beside them). `None` on one core, or if the
@@ -288,13 +289,16 @@ impl Job {
     }
 }
 
-/// The writes one apply handed off, each with what apply records once it
-/// is done (`T`: the row waiting for its stat).
+/// The writes one apply handed off, to writer threads or to the ring,
+/// each with what apply records once it is done (`T`: the row waiting
+/// for its stat).
 pub(crate) struct Writers<T> {
     tx: mpsc::Sender<(u64, Result<Stat, SyncError>)>,
     rx: mpsc::Receiver<(u64, Result<Stat, SyncError>)>,
     waiting: HashMap<u64, T>,
     next_id: u64,
+    /// Small files written through io_uring, set up at the first.
+    ring: Option<RingWriter<T>>,
 }
 
 impl<T> Writers<T> {
@@ -305,12 +309,35 @@ impl<T> Writers<T> {
             rx,
             waiting: HashMap::new(),
             next_id: 0,
+            ring: None,
         }
     }
 
     /// Writes handed off and not yet taken back with [`Writers::next_done`].
     pub fn in_flight(&self) -> usize {
-        self.waiting.len()
+        self.waiting.len() + self.ring.as_ref().map_or(0, RingWriter::in_flight)
+    }
+
+    /// Whether a file of `pieces` (`has_old`: some come from its previous
+    /// version) and `mode` can be written through the ring: all its bytes
+    /// staged in memory, created with its final mode, and io_uring there.
+    pub fn ring_takes(&mut self, pieces: &[Piece], has_old: bool, mode: u32) -> bool {
+        if !uring::takes(pieces, has_old, mode) {
+            return false;
+        }
+        if self.ring.is_none() {
+            self.ring = RingWriter::new().ok();
+        }
+        self.ring.is_some()
+    }
+
+    /// Queues `job` on the ring (after [`Writers::ring_takes`] held for
+    /// it); `row` comes back with its result.
+    pub fn queue_ring(&mut self, job: Job, row: T) -> Result<(), SyncError> {
+        let Some(ring) = self.ring.as_mut() else {
+            unreachable!("queue_ring is only called once ring_takes held")
+        };
+        ring.queue(job, row)
     }
 
     /// Hands `job` to the pool; `row` comes back with its result.
@@ -332,12 +359,25 @@ impl<T> Writers<T> {
 
     /// Waits for one handed-off write to finish; `None` when none is left.
     pub fn next_done(&mut self) -> Option<(T, Result<Stat, SyncError>)> {
+        let take = |waiting: &mut HashMap<u64, T>, (id, result): (u64, Result<Stat, SyncError>)| {
+            let row = waiting.remove(&id).expect("each job reports once");
+            Some((row, result))
+        };
+        if !self.waiting.is_empty()
+            && let Ok(done) = self.rx.try_recv()
+        {
+            return take(&mut self.waiting, done);
+        }
+        if let Some(ring) = self.ring.as_mut()
+            && ring.in_flight() > 0
+        {
+            return ring.next();
+        }
         if self.waiting.is_empty() {
             return None;
         }
         // We hold a sender, so the channel cannot close while jobs are out.
-        let (id, result) = self.rx.recv().expect("a writer job reports once");
-        let row = self.waiting.remove(&id).expect("each job reports once");
-        Some((row, result))
+        let done = self.rx.recv().expect("a writer job reports once");
+        take(&mut self.waiting, done)
     }
 }

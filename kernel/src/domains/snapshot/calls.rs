@@ -504,6 +504,7 @@ pub async fn collect_all(k: &Arc<Kernel>) -> Result<GcResult, KernelError> {
         let swept = swept?;
         out.store_chunks = swept.chunks;
         out.store_bytes = swept.bytes;
+        out.store_repacked = swept.repacked;
     }
     tracing::info!(
         workspaces = out.workspaces,
@@ -511,6 +512,7 @@ pub async fn collect_all(k: &Arc<Kernel>) -> Result<GcResult, KernelError> {
         chunks = out.chunks,
         store_chunks = out.store_chunks,
         store_bytes = out.store_bytes,
+        store_repacked = out.store_repacked,
         "garbage collected"
     );
     Ok(out)

@@ -13,8 +13,8 @@
 //! workspaces (and the manifests of workspaces it does not have).
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
-use std::time::{Duration, SystemTime};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::SystemTime;
 
 use gsv_protocol::snapshot::SnapshotInfo;
 use serde::{Deserialize, Serialize};
@@ -54,8 +54,9 @@ pub struct Uploaded {
 /// The format tag of a mirrored manifest; another is refused by name.
 const MANIFEST_FORMAT: &str = "gsv-snapshot/1";
 
-/// How long a sweep tries to find every workspace store free at once.
-const SWEEP_LOCK_PATIENCE: Duration = Duration::from_secs(60);
+/// Chunks a snapshot's upload reads and sends together (at most 256 KiB
+/// each: 8 MiB, a few packs).
+const UPLOAD_BATCH_CHUNKS: usize = 32;
 
 /// What a recovery needs of the workspace a snapshot was taken of.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -242,31 +243,6 @@ fn lock(d: &Mutex<Dofs>) -> MutexGuard<'_, Dofs> {
     d.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Every store locked at once, or none: a store busy now is retried
-/// after a pause (never waited for while others are held, so two callers
-/// locking stores in different orders cannot deadlock).
-fn lock_all(stores: &[Arc<Mutex<Dofs>>]) -> Option<Vec<MutexGuard<'_, Dofs>>> {
-    let started = std::time::Instant::now();
-    loop {
-        let mut guards = Vec::with_capacity(stores.len());
-        for store in stores {
-            match store.try_lock() {
-                Ok(g) => guards.push(g),
-                Err(TryLockError::Poisoned(p)) => guards.push(p.into_inner()),
-                Err(TryLockError::WouldBlock) => break,
-            }
-        }
-        if guards.len() == stores.len() {
-            return Some(guards);
-        }
-        drop(guards);
-        if started.elapsed() > SWEEP_LOCK_PATIENCE {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn upstream(e: DofsError) -> KernelError {
     KernelError::Upstream(e.to_string())
 }
@@ -313,15 +289,26 @@ impl SnapshotMirror {
                 let d = lock(&dofs);
                 d.chunks_held_here(&d.snapshot_chunks(&id)?)?
             };
+            // One listing of the bucket's packs and their indexes (and of
+            // own objects, for many), not a request per chunk.
             let held: HashSet<Hash> = store.has(&here)?.into_iter().collect();
+            let missing: Vec<Hash> = here.into_iter().filter(|h| !held.contains(h)).collect();
             let mut out = Uploaded::default();
-            for hash in here.iter().filter(|h| !held.contains(h)) {
-                // The workspace is locked per chunk, not for the upload.
-                let bytes = lock(&dofs).read_chunk(hash)?;
-                if store.put_if_absent(hash, &bytes)? {
-                    out.chunks += 1;
-                    out.bytes += bytes.len() as u64;
-                }
+            for batch in missing.chunks(UPLOAD_BATCH_CHUNKS) {
+                // The workspace is locked per batch, not for the upload.
+                let chunks: Vec<(Hash, Vec<u8>)> = {
+                    let d = lock(&dofs);
+                    batch
+                        .iter()
+                        .map(|h| Ok((*h, d.read_chunk(h)?)))
+                        .collect::<Result<_, DofsError>>()?
+                };
+                let refs: Vec<(Hash, &[u8])> =
+                    chunks.iter().map(|(h, b)| (*h, b.as_slice())).collect();
+                // In packs (one object per `PACK_BYTES`).
+                store.put_many(&refs)?;
+                out.chunks += chunks.len() as u64;
+                out.bytes += chunks.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
             }
             Ok(out)
         })
@@ -378,11 +365,13 @@ impl SnapshotMirror {
         Ok(out)
     }
 
-    /// Deletes the store's chunks stored before `stored_before` that no
-    /// workspace store in `stores` indexes and no mirrored manifest of a
-    /// workspace outside `known` names. The mark and the deletes run with
-    /// every workspace store locked, so no write can index a chunk the
-    /// sweep is about to delete.
+    /// Collects the store's objects stored before `stored_before`
+    /// ([`ObjectChunks::collect_each`]): deletes those no workspace store in
+    /// `stores` reads from and no mirrored manifest of a workspace outside
+    /// `known` names, and rewrites packs mostly dead into new ones. Each
+    /// workspace store is locked for its own turn only (its mark, its
+    /// moves); the collection's objects are doomed before the first mark,
+    /// so no write reuses one of them meanwhile.
     pub async fn sweep(
         &self,
         stores: Vec<Arc<Mutex<Dofs>>>,
@@ -405,22 +394,15 @@ impl SnapshotMirror {
             for (_, manifest) in &others {
                 keep.extend(manifest.chunk_hashes());
             }
-            // An object (a chunk's own, or a pack) stays while any chunk
-            // in it is kept.
-            let stale: Vec<_> = stale.into_iter().filter(|o| !o.holds_any(&keep)).collect();
-            let hashes: Vec<Hash> = stale.iter().flat_map(|o| o.chunks.iter().copied()).collect();
-            let guards = lock_all(&stores).ok_or_else(|| {
-                KernelError::Unavailable(format!(
-                    "sweeping the chunk store: the workspace stores stayed busy for {SWEEP_LOCK_PATIENCE:?}; the next collection retries"
-                ))
-            })?;
-            for d in &guards {
-                keep.extend(d.indexed_chunks(&hashes).map_err(upstream)?);
-            }
-            let doomed = stale.into_iter().filter(|o| !o.holds_any(&keep)).collect();
-            let out = store.delete_objects(doomed).map_err(upstream);
-            drop(guards);
-            out
+            // One store locked at a time (each for its own mark, then for
+            // each round of moves): the collection dooms its objects
+            // first, so no write reuses them meanwhile.
+            let mut each = |f: &mut dyn FnMut(&mut Dofs) -> Result<(), DofsError>| {
+                stores.iter().try_for_each(|d| f(&mut lock(d)))
+            };
+            store
+                .collect_each(stale, &mut each, &keep)
+                .map_err(upstream)
         })
         .await
         .map_err(|e| KernelError::internal("sweeping the chunk store", e))?
