@@ -987,7 +987,7 @@ impl<'a> Apply<'a> {
         race_window(abs);
         // The stat after the rename (which moves ctime on most filesystems)
         // is what the next settle compares against.
-        let meta = writer::stat_written(&file, mode, &e.path)?;
+        let meta = fsutil::stat_written(&file, mode, &e.path)?;
         node.stat = Stat::applied(&meta, mode);
         index::put_node_with(self.db, &node, chunks, self.clear_chunks)
     }

@@ -6,7 +6,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use wsd_sync::SyncPath;
+use wsd_sync::{SyncError, SyncPath};
+
+use super::error::IoContext;
 
 /// Prefix of the temp names apply writes next to their target before the
 /// rename. Such names are never indexed, and stale ones (a crash mid-apply)
@@ -234,3 +236,22 @@ const EXDEV: i32 = rustix::io::Errno::XDEV.raw_os_error();
 pub(crate) const ELOOP: i32 = rustix::io::Errno::LOOP.raw_os_error();
 /// `O_NOFOLLOW`, for `OpenOptionsExt::custom_flags`.
 pub(crate) const O_NOFOLLOW: i32 = rustix::fs::OFlags::NOFOLLOW.bits() as i32;
+
+/// The stat of a file just renamed into place, the mode made exact first
+/// if its creation did not give it (a default ACL narrows the create mode
+/// where a umask would not). Files are created with their final mode when
+/// the umask keeps it, so this is one `fstat` as a rule.
+pub(crate) fn stat_written(
+    file: &std::fs::File,
+    mode: u32,
+    path: &SyncPath,
+) -> Result<std::fs::Metadata, SyncError> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let meta = file.metadata().io_ctx(|| format!("stat {path}"))?;
+    if meta.mode() & 0o7777 == mode & 0o7777 {
+        return Ok(meta);
+    }
+    file.set_permissions(std::fs::Permissions::from_mode(mode))
+        .io_ctx(|| format!("chmod {path}"))?;
+    file.metadata().io_ctx(|| format!("stat {path}"))
+}

@@ -2688,7 +2688,7 @@ fn a_written_file_gets_its_exact_mode_when_its_creation_narrowed_it() {
         .mode(0o600)
         .open(&path)
         .unwrap();
-    let meta = super::writer::stat_written(&file, 0o644, &p("f")).unwrap();
+    let meta = super::fsutil::stat_written(&file, 0o644, &p("f")).unwrap();
     assert_eq!(meta.permissions().mode() & 0o7777, 0o644);
     assert_eq!(mode_of(&path), 0o644);
 }

@@ -29,7 +29,7 @@ use std::ffi::CString;
 use std::mem::MaybeUninit;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -39,7 +39,6 @@ use wsd_sync::{SyncError, SyncPath};
 
 use super::fsutil;
 use super::index::Stat;
-use super::writer::{Job, Piece};
 
 /// Submission queue entries: many files' chains between two submits.
 const RING_ENTRIES: u32 = 256;
@@ -75,13 +74,32 @@ thread_local! {
     static SPARE: RefCell<Option<IoUring>> = const { RefCell::new(None) };
 }
 
-/// Whether `job` can go through the ring: every byte staged in memory,
-/// few enough pieces, created with its final mode (no `fchmod`).
-pub(crate) fn takes(job_pieces: &[Piece], has_old: bool, mode: u32) -> bool {
-    !has_old
-        && job_pieces.len() <= MAX_PIECES
-        && job_pieces.iter().all(|p| matches!(p, Piece::Staged(_)))
-        && fsutil::umask_keeps(mode)
+/// Whether apply uses the ring at all: only with `WSD_IO_URING=on`. On an
+/// idle machine it cost more than it saved (mixed cold push 1.05x the
+/// ordinary path's wall time, daemon CPU +13 %: the io-wq worker competes
+/// with the client for the two cores); only under load did it win
+/// (bench/RESULTS.md, issue 32, branch `uring`).
+pub(crate) fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("WSD_IO_URING").is_some_and(|v| v == "on"))
+}
+
+/// A new file for the ring: its bytes (staged in memory, in order), where
+/// to create it and what to give it.
+pub(crate) struct RingJob {
+    pub path: SyncPath,
+    pub tmp: PathBuf,
+    pub abs: PathBuf,
+    pub mode: u32,
+    pub mtime_ms: i64,
+    pub bytes: Vec<Arc<Vec<u8>>>,
+}
+
+/// Whether a file can go through the ring: every byte staged in memory
+/// (`all_staged`), few enough pieces, no previous version to copy from,
+/// created with its final mode (no `fchmod`).
+pub(crate) fn takes(all_staged: bool, pieces: usize, has_old: bool, mode: u32) -> bool {
+    !has_old && all_staged && pieces <= MAX_PIECES && fsutil::umask_keeps(mode)
 }
 
 fn setup() -> std::io::Result<IoUring> {
@@ -208,7 +226,7 @@ impl<T> RingWriter<T> {
 
     /// Queues `job` (for which [`takes`] held); `row` comes back from
     /// [`Self::next`] with the file's stat or its first error.
-    pub fn queue(&mut self, job: Job, row: T) -> Result<(), SyncError> {
+    pub fn queue(&mut self, job: RingJob, row: T) -> Result<(), SyncError> {
         if self.failed {
             return Err(SyncError::Storage(format!(
                 "{}: the io_uring writer failed earlier in this batch",
@@ -222,14 +240,7 @@ impl<T> RingWriter<T> {
             }
             self.wait()?;
         };
-        let pieces: Vec<Arc<Vec<u8>>> = job
-            .pieces
-            .into_iter()
-            .filter_map(|p| match p {
-                Piece::Staged(bytes) if !bytes.is_empty() => Some(bytes),
-                _ => None,
-            })
-            .collect();
+        let pieces: Vec<Arc<Vec<u8>>> = job.bytes.into_iter().filter(|b| !b.is_empty()).collect();
         let names =
             cstring(&job.tmp, &job.path).and_then(|t| Ok((t, cstring(&job.abs, &job.path)?)));
         let (tmp, abs) = match names {
@@ -675,7 +686,7 @@ fn exact_mode(abs: &Path, mode: u32, made: &Stat, path: &SyncPath) -> Result<Sta
             ..now
         });
     }
-    let meta = super::writer::stat_written(&file, mode, path)?;
+    let meta = fsutil::stat_written(&file, mode, path)?;
     Ok(Stat::of(&meta))
 }
 
@@ -691,18 +702,21 @@ mod tests {
     use super::*;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
-    fn job(dir: &Path, name: &str, seq: u32, chunks: &[&[u8]], mode: u32, mtime_ms: i64) -> Job {
-        Job {
+    fn job(
+        dir: &Path,
+        name: &str,
+        seq: u32,
+        chunks: &[&[u8]],
+        mode: u32,
+        mtime_ms: i64,
+    ) -> RingJob {
+        RingJob {
             path: SyncPath::new(name).unwrap(),
             tmp: dir.join(format!("{}test-{seq}", fsutil::APPLY_TEMP_PREFIX)),
             abs: dir.join(name),
             mode,
             mtime_ms,
-            pieces: chunks
-                .iter()
-                .map(|c| Piece::Staged(Arc::new(c.to_vec())))
-                .collect(),
-            old: None,
+            bytes: chunks.iter().map(|c| Arc::new(c.to_vec())).collect(),
         }
     }
 
@@ -726,7 +740,7 @@ mod tests {
         ];
         for (i, (name, chunks, mtime)) in specs.iter().enumerate() {
             let j = job(tmp.path(), name, i as u32, chunks, 0o644, *mtime);
-            assert!(takes(&j.pieces, false, 0o644));
+            assert!(takes(true, j.bytes.len(), false, 0o644));
             ring.queue(j, *name).unwrap();
         }
         let mut seen = 0;

@@ -27,7 +27,7 @@ use super::error::IoContext;
 use super::fsutil;
 use super::index::{self, Node, Stat};
 use super::objects::Staging;
-use super::uring::{self, RingWriter};
+use super::uring::{self, RingJob, RingWriter};
 
 /// Threads that write files for apply: one per core, at most 4 (the apply
 /// thread prepares entries beside them). `None` on one core, or if the
@@ -229,25 +229,6 @@ pub(crate) fn rename_into(tmp: &Path, abs: &Path, path: &SyncPath) -> Result<(),
     Ok(())
 }
 
-/// The stat of a file just renamed into place, the mode made exact first
-/// if its creation did not give it (a default ACL narrows the create mode
-/// where a umask would not). Files are created with their final mode when
-/// the umask keeps it, so this is one `fstat` as a rule.
-pub(crate) fn stat_written(
-    file: &File,
-    mode: u32,
-    path: &SyncPath,
-) -> Result<std::fs::Metadata, SyncError> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = file.metadata().io_ctx(|| format!("stat {path}"))?;
-    if meta.mode() & 0o7777 == mode & 0o7777 {
-        return Ok(meta);
-    }
-    file.set_permissions(std::fs::Permissions::from_mode(mode))
-        .io_ctx(|| format!("chmod {path}"))?;
-    file.metadata().io_ctx(|| format!("stat {path}"))
-}
-
 /// A file write whose bytes need nothing but staging and its own previous
 /// version, runnable on a writer thread.
 pub(crate) struct Job {
@@ -284,7 +265,7 @@ impl Job {
             &mut no_fetch,
         )?;
         rename_into(&self.tmp, &self.abs, &self.path)?;
-        let meta = stat_written(&file, self.mode, &self.path)?;
+        let meta = fsutil::stat_written(&file, self.mode, &self.path)?;
         Ok(Stat::applied(&meta, self.mode))
     }
 }
@@ -322,7 +303,11 @@ impl<T> Writers<T> {
     /// version) and `mode` can be written through the ring: all its bytes
     /// staged in memory, created with its final mode, and io_uring there.
     pub fn ring_takes(&mut self, pieces: &[Piece], has_old: bool, mode: u32) -> bool {
-        if !uring::takes(pieces, has_old, mode) {
+        if !uring::enabled() {
+            return false;
+        }
+        let all_staged = pieces.iter().all(|p| matches!(p, Piece::Staged(_)));
+        if !uring::takes(all_staged, pieces.len(), has_old, mode) {
             return false;
         }
         if self.ring.is_none() {
@@ -336,6 +321,22 @@ impl<T> Writers<T> {
     pub fn queue_ring(&mut self, job: Job, row: T) -> Result<(), SyncError> {
         let Some(ring) = self.ring.as_mut() else {
             unreachable!("queue_ring is only called once ring_takes held")
+        };
+        let bytes = job
+            .pieces
+            .into_iter()
+            .filter_map(|p| match p {
+                Piece::Staged(bytes) => Some(bytes),
+                Piece::Old { .. } | Piece::Fetch(_) => None,
+            })
+            .collect();
+        let job = RingJob {
+            path: job.path,
+            tmp: job.tmp,
+            abs: job.abs,
+            mode: job.mode,
+            mtime_ms: job.mtime_ms,
+            bytes,
         };
         ring.queue(job, row)
     }
