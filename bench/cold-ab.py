@@ -26,6 +26,8 @@ import statistics
 import subprocess
 import sys
 import time
+
+from abkit import free_port, warm
 # Pushes walk, as when these figures were first taken: no on-demand agent
 # (issue 32) watching the tree between steps; bench/noop-ab.py measures it.
 os.environ.setdefault("WSD_AGENT", "off")
@@ -47,26 +49,9 @@ def main():
         shutil.rmtree(work, ignore_errors=True)
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def cpu_s(pid):
     fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def warm(src):
-    if os.geteuid() == 0:
-        subprocess.run("sync; echo 1 > /proc/sys/vm/drop_caches", shell=True, check=False)
-    # Through a pipe: GNU tar skips reading contents when writing to /dev/null.
-    with subprocess.Popen(["tar", "-C", src, "-cf", "-", "."], stdout=subprocess.PIPE) as p:
-        while p.stdout.read(1 << 20):
-            pass
 
 
 def run(client, daemons, rounds, profile, work):

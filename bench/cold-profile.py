@@ -30,6 +30,8 @@ import subprocess
 import sys
 import time
 
+from abkit import free_port, warm
+
 os.environ.setdefault("WSD_AGENT", "off")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAKE_TREE = os.environ.get("WSD_MAKE_TREE") or os.path.join(ROOT, "..", "shared", "bench", "make-tree.py")
@@ -49,22 +51,6 @@ def threads(pid):
         except (OSError, ValueError):
             pass
     return out
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def warm(src):
-    if os.geteuid() == 0:
-        subprocess.run("sync; echo 1 > /proc/sys/vm/drop_caches", shell=True, check=False)
-    with subprocess.Popen(["tar", "-C", src, "-cf", "-", "."], stdout=subprocess.PIPE) as p:
-        while p.stdout.read(1 << 20):
-            pass
 
 
 def timed(argv):

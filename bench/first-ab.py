@@ -31,29 +31,14 @@ import statistics
 import subprocess
 import sys
 import time
+
+from abkit import free_port, warm
 # Pushes walk, as when these figures were first taken: no on-demand agent
 # (issue 32) watching the tree between steps; bench/noop-ab.py measures it.
 os.environ.setdefault("WSD_AGENT", "off")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAKE_TREE = os.environ.get("WSD_MAKE_TREE") or os.path.join(ROOT, "..", "shared", "bench", "make-tree.py")
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def warm(src):
-    if os.geteuid() == 0:
-        subprocess.run("sync; echo 1 > /proc/sys/vm/drop_caches", shell=True, check=False)
-    # Through a pipe: GNU tar skips reading contents when writing to /dev/null.
-    with subprocess.Popen(["tar", "-C", src, "-cf", "-", "."], stdout=subprocess.PIPE) as p:
-        while p.stdout.read(1 << 20):
-            pass
 
 
 def daemon_cpu_s(proc):
