@@ -1722,6 +1722,52 @@ mod tests {
         assert_eq!(fresh.get_placed(&placed).unwrap(), bytes);
     }
 
+    /// A mostly dead pack whose kept chunk is damaged is not repacked (its
+    /// bytes could not be copied verified): it stays as it is, the read of
+    /// that chunk still names it, and the collection repacks the healthy
+    /// pack beside it.
+    #[test]
+    fn a_damaged_pack_is_left_alone_while_a_healthy_one_is_repacked() {
+        let (backend, chunks) = in_memory();
+        let bytes: Vec<Vec<u8>> = (0..4u8).map(|i| vec![i; 3000]).collect();
+        let h: Vec<Hash> = bytes.iter().map(|b| Hash::of(b)).collect();
+        let healthy = chunks
+            .put_many(&[(h[0], &bytes[0][..]), (h[1], &bytes[1][..])])
+            .unwrap();
+        let damaged = chunks
+            .put_many(&[(h[2], &bytes[2][..]), (h[3], &bytes[3][..])])
+            .unwrap();
+        let slot = damaged[0].unwrap();
+        let key = chunks.pack_key(&slot.pack);
+        let mut raw = chunks
+            .block_on(async { backend.get(&key).await?.bytes().await })
+            .unwrap()
+            .to_vec();
+        raw[slot.offset as usize] ^= 1;
+        chunks
+            .block_on(backend.put(&key, PutPayload::from(raw)))
+            .unwrap();
+        let later = SystemTime::now() + Duration::from_secs(60);
+        let keep = HashSet::from([h[0], h[2]]);
+        let swept = chunks.sweep(&keep, later).unwrap();
+        assert_eq!(swept.repacked, 1, "only the healthy pack: {swept:?}");
+        let left = chunks.stale_objects(later).unwrap();
+        assert!(
+            left.iter().any(|o| o.pack == Some(slot.pack)),
+            "the damaged pack stays: {left:?}"
+        );
+        assert!(
+            !left
+                .iter()
+                .any(|o| o.pack == Some(healthy[0].unwrap().pack)),
+            "the healthy one was rewritten: {left:?}"
+        );
+        let fresh = in_memory_again(&chunks);
+        assert_eq!(fresh.get(&h[0]).unwrap(), bytes[0]);
+        let err = fresh.get_placed(&[(h[2], Some(slot))]).unwrap_err();
+        assert!(err.to_string().contains(&h[2].to_string()), "{err}");
+    }
+
     #[test]
     fn a_damaged_pack_is_an_error_naming_the_chunk_or_the_pack() {
         let (backend, chunks) = in_memory();
