@@ -207,7 +207,13 @@ enum Command {
     },
     Delete {
         id: String,
-        generation: Option<u64>,
+        generation: u64,
+        reply: oneshot::Sender<Result<DeleteOutcome, ExecError>>,
+    },
+    /// Delete a finished exec's log with the next group (answered at once,
+    /// without a transaction of its own).
+    Forget {
+        id: String,
         reply: oneshot::Sender<Result<DeleteOutcome, ExecError>>,
     },
     Sweep {
@@ -315,10 +321,48 @@ struct ExecAccount {
 #[derive(Debug, Clone)]
 pub(crate) struct ExecLogWriter {
     tx: mpsc::Sender<Command>,
+    path: PathBuf,
+    /// Logs forgotten but not yet deleted (see [`ExecLogWriter::forget_finished`]).
+    forgotten: ForgottenLogs,
     /// Transactions the writer has run (groups); read by the tests that
     /// check batching.
     #[cfg_attr(not(test), allow(dead_code))]
     groups: Arc<AtomicU64>,
+}
+
+/// The logs of finished execs that were disposed of but whose deletion has
+/// not committed yet (id → generation). A dispose of a finished exec is
+/// answered at once and its rows go with the next group: readers treat a
+/// log listed here as gone. The writer adds an entry before it answers the
+/// dispose and removes it once the deletion has committed.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ForgottenLogs(Arc<Mutex<HashMap<String, u64>>>);
+
+impl ForgottenLogs {
+    fn generation(&self, id: &str) -> Option<u64> {
+        self.0
+            .lock()
+            .expect("forgotten logs poisoned")
+            .get(id)
+            .copied()
+    }
+
+    fn insert(&self, id: &str, generation: u64) {
+        self.0
+            .lock()
+            .expect("forgotten logs poisoned")
+            .insert(id.to_owned(), generation);
+    }
+
+    /// Drops the entries of these deletions, now committed.
+    fn committed(&self, deleted: &[(String, u64)]) {
+        let mut map = self.0.lock().expect("forgotten logs poisoned");
+        for (id, generation) in deleted {
+            if map.get(id) == Some(generation) {
+                map.remove(id);
+            }
+        }
+    }
 }
 
 /// The process group a lost exec ran in, as the previous daemon recorded
@@ -367,6 +411,7 @@ impl ExecLogWriter {
             conn, clean_close, ..
         } = opened;
 
+        let forgotten = ForgottenLogs::default();
         let mut state = WriterState {
             conn,
             clean_close: Some(clean_close),
@@ -375,6 +420,8 @@ impl ExecLogWriter {
             global_bytes: 0,
             next_generation: 1,
             groups: Arc::new(AtomicU64::new(0)),
+            forgotten: forgotten.clone(),
+            to_delete: Vec::new(),
         };
         state.load_accounts()?;
         let report = state.mark_lost()?;
@@ -385,7 +432,25 @@ impl ExecLogWriter {
             .name("wsd-exec-log".into())
             .spawn(move || state.run(rx))
             .map_err(|e| ExecError::io("starting the exec log writer thread", e))?;
-        Ok((ExecLogWriter { tx, groups }, report))
+        Ok((
+            ExecLogWriter {
+                tx,
+                path: path.to_owned(),
+                forgotten,
+                groups,
+            },
+            report,
+        ))
+    }
+
+    /// A reader of this log that treats forgotten logs as gone.
+    pub(crate) fn reader(&self) -> ExecLogReader {
+        ExecLogReader {
+            path: self.path.clone(),
+            forgotten: self.forgotten.clone(),
+            idle: Mutex::new(Vec::new()),
+            closed: std::sync::atomic::AtomicBool::new(false),
+        }
     }
 
     async fn call<T>(
@@ -447,8 +512,10 @@ impl ExecLogWriter {
 
     /// Records the process group of exec `id` (this `generation`) and its
     /// leader's start time. Queued behind `begin`; it commits with the next
-    /// group, so a crash right after the spawn may lose it (the exec is then
-    /// logged as lost without its group being killed).
+    /// group. The runner queues it with the exec's first output, or once
+    /// the command has run 20 ms, never for a command that exited sooner,
+    /// so a crash in that window loses it (the exec is then logged as lost
+    /// without its group being killed).
     pub(crate) async fn spawned(
         &self,
         id: &str,
@@ -473,12 +540,14 @@ impl ExecLogWriter {
         self.groups.load(Ordering::Relaxed)
     }
 
-    /// Deletes a finished exec's log; an unfinished exec is left alone
-    /// (`DeleteOutcome::Live`).
-    pub(crate) async fn delete_finished(&self, id: &str) -> Result<DeleteOutcome, ExecError> {
-        self.call(|reply| Command::Delete {
+    /// Forgets a finished exec's log: answered without a transaction of
+    /// its own (readers see the log gone at once), its rows are deleted
+    /// with the next group the writer commits, a sweep's at the latest. A
+    /// crash before that leaves the log to its TTL. An unfinished exec is
+    /// left alone (`DeleteOutcome::Live`).
+    pub(crate) async fn forget_finished(&self, id: &str) -> Result<DeleteOutcome, ExecError> {
+        self.call(|reply| Command::Forget {
             id: id.to_owned(),
-            generation: None,
             reply,
         })
         .await
@@ -494,7 +563,7 @@ impl ExecLogWriter {
     ) -> Result<DeleteOutcome, ExecError> {
         self.call(|reply| Command::Delete {
             id: id.to_owned(),
-            generation: Some(generation),
+            generation,
             reply,
         })
         .await
@@ -521,6 +590,10 @@ struct WriterState {
     global_bytes: u64,
     next_generation: u64,
     groups: Arc<AtomicU64>,
+    /// Shared with the readers: what `to_delete` holds.
+    forgotten: ForgottenLogs,
+    /// Forgotten logs (id, generation) whose rows go with the next group.
+    to_delete: Vec<(String, u64)>,
 }
 
 impl WriterState {
@@ -638,6 +711,10 @@ impl WriterState {
                 break;
             }
         }
+        if closed.is_some() && !self.to_delete.is_empty() {
+            // A clean close deletes the forgotten logs first.
+            self.apply_group(Vec::new());
+        }
         tracing::debug!(
             groups = self.groups.load(Ordering::Relaxed),
             "exec log writer stopped"
@@ -657,6 +734,13 @@ impl WriterState {
     }
 
     fn apply_group(&mut self, group: Vec<Command>) {
+        if !group.is_empty() && group.iter().all(|c| matches!(c, Command::Forget { .. })) {
+            // Nothing to commit now: the deletions ride on the next group.
+            for cmd in group {
+                self.apply(cmd).send(None);
+            }
+            return;
+        }
         self.groups.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = self.conn.execute_batch("BEGIN IMMEDIATE") {
             let msg = e.to_string();
@@ -667,11 +751,16 @@ impl WriterState {
             return;
         }
         let replies: Vec<Reply> = group.into_iter().map(|cmd| self.apply(cmd)).collect();
+        let to_delete = std::mem::take(&mut self.to_delete);
         let committed = self
-            .flush_accounts()
+            .delete_forgotten(&to_delete)
+            .and_then(|()| self.flush_accounts())
             .and_then(|()| Ok(self.conn.execute_batch("COMMIT")?));
         match committed {
-            Ok(()) => replies.into_iter().for_each(|r| r.send(None)),
+            Ok(()) => {
+                self.forgotten.committed(&to_delete);
+                replies.into_iter().for_each(|r| r.send(None));
+            }
             Err(e) => {
                 let msg = e.to_string();
                 tracing::error!(error = %msg, "exec log: group commit failed");
@@ -680,9 +769,26 @@ impl WriterState {
                 if let Err(e) = self.load_accounts() {
                     tracing::error!(error = %e, "exec log: reloading accounts after a rollback failed");
                 }
+                // Still forgotten: deleted with the next group.
+                self.to_delete = to_delete;
                 replies.into_iter().for_each(|r| r.send(Some(&msg)));
             }
         }
+    }
+
+    /// Deletes the forgotten logs that are still the generation that was
+    /// forgotten (a reused id's new exec replaced the old log already).
+    fn delete_forgotten(&mut self, to_delete: &[(String, u64)]) -> Result<(), ExecError> {
+        for (id, generation) in to_delete {
+            if self
+                .execs
+                .get(id)
+                .is_some_and(|a| a.generation == *generation)
+            {
+                self.delete_exec(id)?;
+            }
+        }
+        Ok(())
     }
 
     fn apply(&mut self, cmd: Command) -> Reply {
@@ -709,13 +815,32 @@ impl WriterState {
                 generation,
                 reply,
             } => {
-                let r = match (self.execs.get(&id), generation) {
-                    (None, _) => Ok(DeleteOutcome::NotFound),
-                    (Some(a), Some(g)) if a.generation != g => Ok(DeleteOutcome::NotFound),
-                    (Some(a), None) if a.exited_at.is_none() => Ok(DeleteOutcome::Live),
-                    (Some(_), _) => self.delete_exec(&id).map(|()| DeleteOutcome::Deleted),
+                let r = match self.execs.get(&id) {
+                    Some(a) if a.generation == generation => {
+                        self.delete_exec(&id).map(|()| DeleteOutcome::Deleted)
+                    }
+                    _ => Ok(DeleteOutcome::NotFound),
                 };
                 Reply::Delete(reply, r)
+            }
+            Command::Forget { id, reply } => {
+                let outcome = match self.execs.get(&id) {
+                    None => DeleteOutcome::NotFound,
+                    Some(a) if self.forgotten.generation(&id) == Some(a.generation) => {
+                        DeleteOutcome::NotFound
+                    }
+                    Some(a) if a.exited_at.is_none() => DeleteOutcome::Live,
+                    Some(a) => {
+                        // Listed before the answer: a read after it sees
+                        // the log gone.
+                        self.forgotten.insert(&id, a.generation);
+                        self.to_delete.push((id, a.generation));
+                        DeleteOutcome::Deleted
+                    }
+                };
+                // The outcome does not depend on a commit: answered now.
+                drop(reply.send(Ok(outcome)));
+                Reply::None
             }
             // `run` takes it out of the queue before grouping; answering it
             // here too keeps the caller from waiting forever.
@@ -969,7 +1094,9 @@ fn fail_command(cmd: Command, msg: &str) {
         Command::Begin { reply, .. } => drop(reply.send(Err(err()))),
         Command::Append { reply, .. } => drop(reply.send(Err(err()))),
         Command::Finish { reply, .. } => drop(reply.send(Err(err()))),
-        Command::Delete { reply, .. } => drop(reply.send(Err(err()))),
+        Command::Delete { reply, .. } | Command::Forget { reply, .. } => {
+            drop(reply.send(Err(err())))
+        }
         Command::Sweep { reply, .. } => drop(reply.send(Err(err()))),
         Command::Close { reply } => drop(reply.send(())),
         Command::Spawned { .. } => {}
@@ -980,20 +1107,14 @@ fn fail_command(cmd: Command, msg: &str) {
 #[derive(Debug)]
 pub(crate) struct ExecLogReader {
     path: PathBuf,
+    /// Logs disposed of whose rows may still be there: gone to readers.
+    forgotten: ForgottenLogs,
     idle: Mutex<Vec<Connection>>,
     /// Set by `close`: connections are no longer pooled.
     closed: std::sync::atomic::AtomicBool,
 }
 
 impl ExecLogReader {
-    pub(crate) fn new(path: &Path) -> ExecLogReader {
-        ExecLogReader {
-            path: path.to_owned(),
-            idle: Mutex::new(Vec::new()),
-            closed: std::sync::atomic::AtomicBool::new(false),
-        }
-    }
-
     /// Closes the pooled connections and stops pooling (before the writer
     /// closes, so that its close is the last and removes the WAL).
     pub(crate) fn close(&self) {
@@ -1022,9 +1143,16 @@ impl ExecLogReader {
         result
     }
 
-    /// The exec's meta row, if the exec is retained.
+    /// The exec's meta row, if the exec is retained (and not forgotten).
     pub(crate) fn meta(&self, id: &str) -> Result<Option<MetaRow>, ExecError> {
-        self.with_conn(|conn| read_meta(conn, id))
+        // Looked up before the read too: the writer unlists a forgotten
+        // log only after its deletion committed, so either the read sees
+        // it deleted or one of the two looks sees it listed.
+        let before = self.forgotten.generation(id);
+        let meta = self.with_conn(|conn| read_meta(conn, id))?;
+        Ok(meta.filter(|m| {
+            before != Some(m.generation) && self.forgotten.generation(id) != Some(m.generation)
+        }))
     }
 
     /// Events of exec `id` (of this `generation`) with `after < seq <= until`,
@@ -1043,7 +1171,12 @@ impl ExecLogReader {
             let tx = conn.transaction()?;
             let meta = read_meta(&tx, id)?;
             let meta = match meta {
-                Some(m) if m.generation == generation => m,
+                Some(m)
+                    if m.generation == generation
+                        && self.forgotten.generation(id) != Some(generation) =>
+                {
+                    m
+                }
                 _ => return Err(ExecError::NotFound { id: id.to_owned() }),
             };
             if after + 1 < meta.first_seq {
@@ -1128,7 +1261,7 @@ mod tests {
             },
         )
         .unwrap();
-        let r = ExecLogReader::new(&path);
+        let r = w.reader();
         let g = w.begin("a").await.unwrap();
         for seq in 1..=5 {
             append(&w, out("a", seq, 100)).await;
@@ -1185,7 +1318,7 @@ mod tests {
             },
         )
         .unwrap();
-        let r = ExecLogReader::new(&path);
+        let r = w.reader();
         let ga = w.begin("a").await.unwrap();
         append(&w, out("a", 1, 100)).await;
         append(&w, out("a", 2, 100)).await;
@@ -1301,7 +1434,7 @@ mod tests {
         let (w, report) = ExecLogWriter::open(&path, caps).unwrap();
         assert_eq!(report.lost, ["running"]);
         assert_eq!(report.retained, 1);
-        let r = ExecLogReader::new(&path);
+        let r = w.reader();
         let m = r.meta("running").unwrap().unwrap();
         let page = r.page("running", m.generation, 0, u64::MAX).unwrap();
         assert_eq!(page.len(), 2);
@@ -1320,17 +1453,107 @@ mod tests {
         ));
         assert!(matches!(w.begin("done").await, Err(ExecError::Busy { .. })));
         assert_eq!(
-            w.delete_finished("done").await.unwrap(),
+            w.forget_finished("done").await.unwrap(),
             DeleteOutcome::Live
         );
         assert_eq!(
-            w.delete_finished("running").await.unwrap(),
+            w.forget_finished("running").await.unwrap(),
             DeleteOutcome::Deleted
         );
         assert_eq!(
-            w.delete_finished("running").await.unwrap(),
+            w.forget_finished("running").await.unwrap(),
             DeleteOutcome::NotFound
         );
+    }
+
+    fn rows_of(path: &Path, id: &str) -> i64 {
+        Connection::open(path)
+            .unwrap()
+            .query_row(
+                "SELECT (SELECT count(*) FROM exec_meta WHERE exec_id = ?1)
+                      + (SELECT count(*) FROM exec_event WHERE exec_id = ?1)",
+                [id],
+                |r| r.get(0),
+            )
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_forgotten_log_is_gone_to_readers_at_once_and_its_rows_go_with_the_next_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log.db");
+        let caps = LogCaps {
+            per_exec: u64::MAX,
+            global: u64::MAX,
+        };
+        let (w, _) = ExecLogWriter::open(&path, caps).unwrap();
+        let r = w.reader();
+        let g = w.begin("a").await.unwrap();
+        append(&w, out("a", 1, 3)).await;
+        w.finish("a", 2, 0).await.unwrap();
+        let groups = w.groups_committed();
+        assert_eq!(
+            w.forget_finished("a").await.unwrap(),
+            DeleteOutcome::Deleted
+        );
+        assert_eq!(w.groups_committed(), groups, "no transaction of its own");
+        assert_eq!(r.meta("a").unwrap(), None);
+        assert!(matches!(
+            r.page("a", g, 0, u64::MAX),
+            Err(ExecError::NotFound { .. })
+        ));
+        assert_eq!(rows_of(&path, "a"), 3, "still on disk");
+        assert_eq!(
+            w.forget_finished("a").await.unwrap(),
+            DeleteOutcome::NotFound
+        );
+        // The next group deletes the rows.
+        w.begin("b").await.unwrap();
+        assert_eq!(rows_of(&path, "a"), 0);
+        assert_eq!(r.meta("a").unwrap(), None);
+
+        // Reusing a forgotten id before its rows went: the new exec is
+        // readable, and the old rows are gone with its begin.
+        let g1 = w.begin("c").await.unwrap();
+        w.finish("c", 1, 0).await.unwrap();
+        w.forget_finished("c").await.unwrap();
+        let g2 = w.begin("c").await.unwrap();
+        assert!(g2 > g1);
+        assert_eq!(r.meta("c").unwrap().map(|m| m.generation), Some(g2));
+        w.finish("c", 1, 3).await.unwrap();
+        assert!(matches!(
+            r.page("c", g2, 0, u64::MAX).unwrap()[0].kind,
+            EventKind::Exit(3)
+        ));
+
+        // A clean close deletes what is still forgotten.
+        w.forget_finished("c").await.unwrap();
+        assert_eq!(rows_of(&path, "c"), 2);
+        w.close().await;
+        assert_eq!(rows_of(&path, "c"), 0);
+    }
+
+    #[tokio::test]
+    async fn a_forgotten_log_a_crash_kept_is_still_readable_and_expires_with_its_ttl() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log.db");
+        let caps = LogCaps {
+            per_exec: u64::MAX,
+            global: u64::MAX,
+        };
+        {
+            let (w, _) = ExecLogWriter::open(&path, caps).unwrap();
+            w.begin("a").await.unwrap();
+            w.finish("a", 1, 0).await.unwrap();
+            w.forget_finished("a").await.unwrap();
+            // Dropped without a close: as far as the log knows, a crash.
+        }
+        let (w, report) = ExecLogWriter::open(&path, caps).unwrap();
+        assert!(report.lost.is_empty());
+        assert_eq!(report.retained, 1);
+        assert!(w.reader().meta("a").unwrap().is_some());
+        assert_eq!(w.sweep(now_ms()).await.unwrap(), 1);
+        assert_eq!(rows_of(&path, "a"), 0);
     }
 
     #[tokio::test]
@@ -1358,7 +1581,7 @@ mod tests {
         }
         let groups = w.groups_committed() - before;
         assert!(groups <= 2, "100 queued events took {groups} transactions");
-        let r = ExecLogReader::new(&path);
+        let r = w.reader();
         assert_eq!(r.meta("a").unwrap().unwrap().last_seq, 100);
         assert_eq!(r.page("a", g, 0, u64::MAX).unwrap().len(), 100);
     }

@@ -97,6 +97,10 @@ pub const DEFAULT_PER_EXEC_CAP: u64 = 16 * 1024 * 1024;
 pub const DEFAULT_GLOBAL_CAP: u64 = 256 * 1024 * 1024;
 pub const DEFAULT_MAX_CONCURRENT: usize = 64;
 pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(5);
+/// How long a command runs without output before its process group is
+/// recorded in the log on its own (output records it at once; a command
+/// that exits sooner is never recorded: its exit is).
+pub const DEFAULT_GROUP_RECORD_AFTER: Duration = Duration::from_millis(20);
 
 /// Called after a command's process group is gone and its output is
 /// logged, before its `exit` event is logged: the store stamps every write
@@ -133,6 +137,10 @@ pub struct ExecConfig {
     pub kill_grace: Duration,
     /// Timeout of a call that passes none; `None` means no timeout.
     pub default_timeout: Option<Duration>,
+    /// A command's process group is recorded in the log (for a daemon that
+    /// restarts after a crash to kill it) with its first output, or after
+    /// it ran this long without any.
+    pub group_record_after: Duration,
     /// The daemon environment that [`process::ENV_ALLOWLIST`] filters.
     /// `new` captures the process environment; tests pass their own.
     pub daemon_env: Vec<(OsString, OsString)>,
@@ -152,6 +160,7 @@ impl ExecConfig {
             max_concurrent: DEFAULT_MAX_CONCURRENT,
             kill_grace: DEFAULT_KILL_GRACE,
             default_timeout: None,
+            group_record_after: DEFAULT_GROUP_RECORD_AFTER,
             daemon_env: std::env::vars_os().collect(),
             sandbox: None,
         }
@@ -298,7 +307,7 @@ impl ExecManager {
         );
         let shutdown = CancellationToken::new();
         let shared = Arc::new(Shared {
-            reader: Arc::new(ExecLogReader::new(&config.db_path)),
+            reader: Arc::new(writer.reader()),
             config,
             root,
             writer,
@@ -616,15 +625,17 @@ impl ExecManager {
             .cloned()
     }
 
-    /// Drops an exec's log; a later `get` is `ENOENT`. A live exec is killed
-    /// first (SIGKILL to its group) and its subscribers end with `ENOENT`.
-    /// Returns once the log is gone. Unknown id: `ENOENT`.
     /// The ids of the commands whose runner has not finished.
     pub fn live_ids(&self) -> Vec<String> {
         let live = self.shared.live.lock().expect("live map poisoned");
         live.keys().cloned().collect()
     }
 
+    /// Drops an exec's log; a later `get` is `ENOENT`. A live exec is killed
+    /// first (SIGKILL to its group) and its subscribers end with `ENOENT`.
+    /// Returns once the log is gone to every reader (a finished exec's rows
+    /// are deleted with the log's next commit, a sweep's at the latest; a
+    /// crash before that leaves them to the TTL). Unknown id: `ENOENT`.
     pub async fn dispose(&self, id: &str) -> Result<(), ExecError> {
         let shared = &self.shared;
         for _ in 0..2 {
@@ -643,7 +654,7 @@ impl ExecManager {
                 live.wait_done().await;
                 return Ok(());
             }
-            match shared.writer.delete_finished(id).await? {
+            match shared.writer.forget_finished(id).await? {
                 DeleteOutcome::Deleted => return Ok(()),
                 DeleteOutcome::NotFound => return Err(ExecError::NotFound { id: id.to_owned() }),
                 // Started between our two looks; go round again.

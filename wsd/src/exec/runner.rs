@@ -261,6 +261,32 @@ struct Started {
     err: Option<OutputStream>,
 }
 
+/// The command's process group, for the log (a daemon started after this
+/// one crashed kills the group of each exec it finds lost). Not queued at
+/// the spawn: it goes with the exec's first output, or on its own once the
+/// command has run `ExecConfig::group_record_after`, so a short silent
+/// command (the common `true`) costs the log no commit for it: a command
+/// that exits sooner never needs it, its exit is logged, and a finished
+/// exec's group is not looked for.
+struct GroupRecord {
+    generation: u64,
+    pgid: i32,
+    leader_start: Option<u64>,
+}
+
+/// Queues the group record unless it was already (it commits with the next
+/// group).
+async fn record_group(shared: &Shared, id: &str, record: &mut Option<GroupRecord>) {
+    let Some(r) = record.take() else { return };
+    if let Err(e) = shared
+        .writer
+        .spawned(id, r.generation, r.pgid, r.leader_start)
+        .await
+    {
+        tracing::warn!(exec = %id, error = %e, "recording the exec's process group");
+    }
+}
+
 /// Publishes "done" when dropped, whatever path the runner took.
 struct DoneGuard(watch::Sender<bool>);
 
@@ -323,19 +349,16 @@ pub(crate) async fn run(
         armed: true,
     };
     let _ = started.send(Ok(()));
-    // Recorded so that a daemon started after this one crashed can kill the
-    // group. The leader is not reaped yet (nobody waited), so its /proc
+    // Read now: the leader is not reaped yet (nobody waited), so its /proc
     // entry exists even if it already exited.
     let leader_start = process_start_time(pgid)
         .inspect_err(|e| tracing::warn!(exec = %live.id, pgid, error = %e, "reading the leader's start time"))
         .ok();
-    if let Err(e) = shared
-        .writer
-        .spawned(&live.id, generation, pgid, leader_start)
-        .await
-    {
-        tracing::warn!(exec = %live.id, error = %e, "recording the exec's process group");
-    }
+    let mut record = Some(GroupRecord {
+        generation,
+        pgid,
+        leader_start,
+    });
     tracing::debug!(exec = %live.id, pgid, "exec started");
 
     let mut seq = 0u64;
@@ -346,7 +369,7 @@ pub(crate) async fn run(
         (out, err),
         &mut control_rx,
         timeout,
-        &mut seq,
+        (&mut seq, &mut record),
     )
     .await;
     // From here on a kill finds nothing to signal (`ENOENT`: the group is
@@ -671,13 +694,15 @@ async fn poll_delivery(delivery: &mut Option<Delivery>) {
     }
 }
 
-/// Allocates the next seq and queues the event for commit.
+/// Allocates the next seq and queues the event for commit, after the
+/// group record if that is still to go (so it commits with the event).
 async fn append(
     shared: &Shared,
     live: &LiveExec,
-    seq: &mut u64,
+    (seq, record): (&mut u64, &mut Option<GroupRecord>),
     kind: EventKind,
 ) -> Result<oneshot::Receiver<Result<ExecEvent, ExecError>>, ExecError> {
+    record_group(shared, &live.id, record).await;
     *seq += 1;
     shared
         .writer
@@ -699,7 +724,7 @@ async fn pump(
     (mut stdout, mut stderr): (Option<OutputStream>, Option<OutputStream>),
     control_rx: &mut mpsc::Receiver<Control>,
     timeout: Option<Duration>,
-    seq: &mut u64,
+    (seq, record): (&mut u64, &mut Option<GroupRecord>),
 ) -> Outcome {
     let grace = shared.config.kill_grace;
     let id = live.id.as_str();
@@ -719,6 +744,7 @@ async fn pump(
     let mut abandon_at: Option<Instant> = None;
     let mut shutdown_seen = false;
     let mut control_open = true;
+    let record_at = Instant::now() + shared.config.group_record_after;
     let terminal = live.terminal;
     let signal = |sig: i32| {
         let sent = if terminal {
@@ -782,6 +808,9 @@ async fn pump(
                     stderr = None;
                 }
             }
+            () = tokio::time::sleep_until(record_at), if record.is_some() => {
+                record_group(shared, id, record).await;
+            }
             () = poll_delivery(&mut delivery), if delivery.is_some() => delivery = None,
             committed = pipeline.next(), if delivery.is_none() && !pipeline.is_empty() => match committed {
                 Some(Ok(Ok(event))) => delivery = live.deliver(event, None),
@@ -793,7 +822,7 @@ async fn pump(
             },
             n = read_pipe(&mut stdout, &mut out_buf), if stdout.is_some() && can_read => match n {
                 Ok(0) => stdout = None,
-                Ok(n) => match append(shared, live, seq, EventKind::Stdout(out_buf[..n].to_vec())).await {
+                Ok(n) => match append(shared, live, (&mut *seq, &mut *record), EventKind::Stdout(out_buf[..n].to_vec())).await {
                     Ok(committed) => pipeline.push_back(committed),
                     Err(e) => return Outcome::LogFailed(e),
                 },
@@ -804,7 +833,7 @@ async fn pump(
             },
             n = read_pipe(&mut stderr, &mut err_buf), if stderr.is_some() && can_read => match n {
                 Ok(0) => stderr = None,
-                Ok(n) => match append(shared, live, seq, EventKind::Stderr(err_buf[..n].to_vec())).await {
+                Ok(n) => match append(shared, live, (&mut *seq, &mut *record), EventKind::Stderr(err_buf[..n].to_vec())).await {
                     Ok(committed) => pipeline.push_back(committed),
                     Err(e) => return Outcome::LogFailed(e),
                 },
@@ -821,7 +850,7 @@ async fn pump(
                         // Say why on the exec's own stderr (the sandbox's
                         // runner died, for one), not only in our log.
                         let note = format!("wsd: {e}\n").into_bytes();
-                        match append(shared, live, seq, EventKind::Stderr(note)).await {
+                        match append(shared, live, (&mut *seq, &mut *record), EventKind::Stderr(note)).await {
                             Ok(committed) => pipeline.push_back(committed),
                             Err(e) => return Outcome::LogFailed(e),
                         }
@@ -853,10 +882,12 @@ async fn finish(shared: &Shared, live: &Arc<LiveExec>, mut seq: u64, code: i32, 
         // the exec's own stderr that this time it may not.
         tracing::warn!(exec = %live.id, error = %msg, "settling the workspace before exit failed");
         let note = format!("wsd: settling the workspace failed: {msg}\n").into_bytes();
-        let logged = match append(shared, live, &mut seq, EventKind::Stderr(note)).await {
-            Ok(committed) => committed.await.ok().and_then(Result::ok),
-            Err(_) => None,
-        };
+        // The group is gone: nothing to record with the note.
+        let logged =
+            match append(shared, live, (&mut seq, &mut None), EventKind::Stderr(note)).await {
+                Ok(committed) => committed.await.ok().and_then(Result::ok),
+                Err(_) => None,
+            };
         match logged {
             Some(event) => {
                 if let Some(d) = live.deliver(event, None) {

@@ -891,6 +891,94 @@ async fn dispose_drops_a_finished_log_and_kills_a_live_exec() {
     assert_eq!(stdout_of(&collect(&mut sub).await), b"reused\n");
 }
 
+/// The exec's rows in the log file (meta and events), and its recorded
+/// process group, read beside the daemon's own connections.
+fn logged(db: &Path, id: &str) -> (i64, Option<i32>) {
+    let c = rusqlite::Connection::open(db).unwrap();
+    let rows: i64 = c
+        .query_row(
+            "SELECT (SELECT count(*) FROM exec_meta WHERE exec_id = ?1)
+                  + (SELECT count(*) FROM exec_event WHERE exec_id = ?1)",
+            [id],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let pgid: Option<i32> = c
+        .query_row("SELECT pgid FROM exec_meta WHERE exec_id = ?1", [id], |r| {
+            r.get(0)
+        })
+        .unwrap_or(None);
+    (rows, pgid)
+}
+
+#[tokio::test]
+async fn a_short_silent_command_and_its_dispose_commit_only_begin_and_exit() {
+    // No group record within the test's patience: only begin and exit.
+    let f = fixture_with(
+        |c| c.group_record_after = Duration::from_secs(3600),
+        noop_settle(),
+    );
+    let writer = f.manager.shared.writer.clone();
+    let before = writer.groups_committed();
+    let (id, mut sub) = f.manager.exec(req("true")).await.unwrap();
+    assert_eq!(exit_of(&collect(&mut sub).await, 1), 0);
+    f.manager.dispose(&id).await.unwrap();
+    assert_eq!(writer.groups_committed() - before, 2, "begin and exit only");
+    // Gone for every reader at once, though its rows wait for a commit.
+    assert_code(f.manager.get(&id, After::All).await, ErrorCode::NotFound);
+    assert_code(f.manager.dispose(&id).await, ErrorCode::NotFound);
+    assert_code(f.manager.kill(&id, None).await, ErrorCode::NotFound);
+    assert_eq!(logged(&f.db, &id), (2, None), "meta and exit, no group");
+    // The next command's begin deletes them.
+    let (next, mut sub) = f.manager.exec(req("true")).await.unwrap();
+    collect(&mut sub).await;
+    assert_eq!(logged(&f.db, &id).0, 0);
+    assert!(f.manager.get(&next, After::All).await.is_ok());
+}
+
+#[tokio::test]
+async fn a_commands_group_is_recorded_with_its_first_output_or_after_a_while_without() {
+    let f = fixture_with(
+        |c| c.group_record_after = Duration::from_secs(3600),
+        noop_settle(),
+    );
+    mkfifo(&f.root.join("gate"));
+    // Recorded with the output: committed before the output is delivered.
+    let (id, mut sub) = f.manager.exec(req("echo $$; read x < gate")).await.unwrap();
+    let seen = read_until(&mut sub, "\n").await;
+    let pid: i32 = String::from_utf8(stdout_of(&seen))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(logged(&f.db, &id).1, Some(pid));
+    open_gate(&f.root.join("gate"), "x\n").await;
+    collect(&mut sub).await;
+
+    // A silent command's goes on its own once it has run a while.
+    let f = fixture_with(|c| c.group_record_after = Duration::ZERO, noop_settle());
+    mkfifo(&f.root.join("gate"));
+    let (id, mut sub) = f
+        .manager
+        .exec(req("echo $$ > pid; read x < gate"))
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + STEP;
+    while logged(&f.db, &id).1.is_none() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the group was never recorded"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    open_gate(&f.root.join("gate"), "x\n").await;
+    collect(&mut sub).await;
+    assert_eq!(
+        logged(&f.db, &id).1,
+        Some(read_pids(&f.root.join("pid"))[0])
+    );
+}
+
 #[tokio::test]
 async fn the_retention_sweep_drops_finished_logs_past_their_ttl() {
     let f = fixture_with(|c| c.ttl = Duration::ZERO, noop_settle());
