@@ -139,7 +139,7 @@ async fn open_inner(k: &Arc<Kernel>, s: &Session, a: PtyOpenArgs) -> Result<PtyO
             return Err(PtyError::invalid("cwd", "give workspaceId or cwd, not both").into());
         }
     };
-    let row = crate::domains::workspace::visible_row(&k.db, &s.identity, &ws_id).await?;
+    let row = k.workspaces.visible_row(&k.db, &s.identity, &ws_id).await?;
     if row.is_archived() {
         return Err(
             PtyError::invalid("workspaceId", format!("workspace {ws_id} is archived")).into(),

@@ -78,7 +78,7 @@ pub async fn exec(k: Arc<Kernel>, s: Arc<Session>, a: ExecArgs) -> Result<ExecRe
     let Place::Workspace { id, sub } = r.place else {
         return Ok(no_workspace(&r.display));
     };
-    let row = crate::domains::workspace::visible_row(&k.db, &s.identity, &id).await?;
+    let row = k.workspaces.visible_row(&k.db, &s.identity, &id).await?;
     if row.is_archived() {
         return Ok(op_error(&format!("Workspace {id} is archived")));
     }
@@ -499,7 +499,8 @@ async fn remember_running(k: &Arc<Kernel>, session: &ShellSession) -> Result<(),
     .await
 }
 
-/// Upserts the session's final row and prunes expired rows.
+/// Upserts the session's final row, and prunes expired rows now and then
+/// ([`crate::domains::shell::sessions::Sessions::prune_due`]).
 async fn remember_end(
     k: &Arc<Kernel>,
     session: &ShellSession,
@@ -512,10 +513,13 @@ async fn remember_end(
         session.workspace_id.clone(),
         session.owner_uid,
     );
+    let now = now_ms();
+    let prune = k.sessions.prune_due(now);
     k.db.call(move |c| {
-        let now = now_ms();
-        c.prepare_cached("DELETE FROM shell_sessions WHERE expires_at <= ?1")?
-            .execute([now])?;
+        if prune {
+            c.prepare_cached("DELETE FROM shell_sessions WHERE expires_at <= ?1")?
+                .execute([now])?;
+        }
         c.prepare_cached(
             "INSERT INTO shell_sessions(session_id, workspace_id, owner_uid, exec_id, status,
                 exit_code, error, created_at, updated_at, expires_at)

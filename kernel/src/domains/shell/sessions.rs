@@ -7,7 +7,7 @@
 
 use gsv_protocol::shell::{ExecResult, ExecStatus, FileChange};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -289,9 +289,27 @@ pub struct Sessions {
     pub sync: Arc<super::live::LiveSync>,
     /// Each workspace's last push, so a command after no change skips it.
     pub pushes: super::bracket::PushMarks,
+    /// When expired rows were last pruned (unix ms).
+    pruned_at: AtomicI64,
 }
 
+/// How often a session row's write also prunes the expired rows: they are
+/// never read (every read checks `expires_at`), so once a minute is as
+/// good as every time, and one statement fewer per command.
+const PRUNE_EVERY_MS: i64 = 60_000;
+
 impl Sessions {
+    /// Whether a row written at `now` (unix ms) should prune expired rows
+    /// too; true at most once per [`PRUNE_EVERY_MS`].
+    pub fn prune_due(&self, now: i64) -> bool {
+        let last = self.pruned_at.load(Ordering::Relaxed);
+        now - last >= PRUNE_EVERY_MS
+            && self
+                .pruned_at
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+
     /// Whether a command still runs in workspace `id`.
     pub fn running_in(&self, id: &str) -> bool {
         self.live

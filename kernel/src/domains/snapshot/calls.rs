@@ -65,7 +65,7 @@ async fn open_workspace(
     s: &Session,
     id: &str,
 ) -> Result<(WorkspaceRow, Arc<Workspace>), KernelError> {
-    let row = workspace::visible_row(&k.db, &s.identity, id).await?;
+    let row = k.workspaces.visible_row(&k.db, &s.identity, id).await?;
     if row.is_archived() {
         return Err(KernelError::BadRequest(format!(
             "workspace {id} is archived"
@@ -187,7 +187,10 @@ async fn mirrored_workspace(
 }
 
 pub async fn list(k: Arc<Kernel>, s: Arc<Session>, a: ListArgs) -> Result<Value, KernelError> {
-    let row = workspace::visible_row(&k.db, &s.identity, &a.workspace_id).await?;
+    let row = k
+        .workspaces
+        .visible_row(&k.db, &s.identity, &a.workspace_id)
+        .await?;
     let rows = k.db.call(move |c| snapshot::list(c, &row.id)).await?;
     to_value(ListResult {
         snapshots: rows.into_iter().map(|r| r.info).collect(),
@@ -374,14 +377,17 @@ pub async fn recover(
         Err(e) => {
             k.workspaces.close(&id).await;
             let wid = id.clone();
-            let _ =
+            let snapshots_gone =
                 k.db.call(move |c| {
                     for r in snapshot::list(c, &wid)? {
                         snapshot::delete(c, &r.info.snapshot_id)?;
                     }
-                    workspace::delete_row(c, &wid)
+                    Ok(())
                 })
                 .await;
+            if snapshots_gone.is_ok() {
+                let _ = k.workspaces.delete_row(&k.db, &id).await;
+            }
             let _ = std::fs::remove_dir_all(k.workspaces.dir.join(&id));
             return Err(e);
         }

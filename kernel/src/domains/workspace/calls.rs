@@ -72,7 +72,7 @@ pub async fn create(
         // Nothing half-made stays: the row goes, the store is closed.
         let id = row.id.clone();
         k.workspaces.close(&id).await;
-        let _ = k.db.call(move |c| workspace::delete_row(c, &id)).await;
+        let _ = k.workspaces.delete_row(&k.db, &id).await;
         let _ = std::fs::remove_dir_all(&w.dir);
         return Err(e);
     }
@@ -120,7 +120,9 @@ pub async fn list(k: Arc<Kernel>, s: Arc<Session>, a: ListArgs) -> Result<ListRe
 }
 
 pub async fn get(k: Arc<Kernel>, s: Arc<Session>, a: IdArgs) -> Result<GetResult, KernelError> {
-    let row = workspace::visible_row(&k.db, &s.identity, &a.workspace_id)
+    let row = k
+        .workspaces
+        .visible_row(&k.db, &s.identity, &a.workspace_id)
         .await
         .ok();
     Ok(GetResult {
@@ -133,10 +135,11 @@ pub async fn archive(
     s: Arc<Session>,
     a: IdArgs,
 ) -> Result<WorkspaceResult, KernelError> {
-    let row = workspace::visible_row(&k.db, &s.identity, &a.workspace_id).await?;
-    let id = row.id.clone();
-    k.db.call(move |c| workspace::set_state(c, &id, "archived"))
+    let row = k
+        .workspaces
+        .visible_row(&k.db, &s.identity, &a.workspace_id)
         .await?;
+    k.workspaces.set_state(&k.db, &row.id, "archived").await?;
     k.workspaces.close(&row.id).await;
     let id = row.id.clone();
     let row =

@@ -141,18 +141,17 @@ pub fn get_row(conn: &Connection, id: &str) -> Result<Option<WorkspaceRow>, Kern
     ))
 }
 
-/// The row of a workspace the caller may use. One that does not exist is
-/// 404 "Workspace not found" (its owner's typo, or one long gone); someone
-/// else's is still refused (403), as the seed prescribes. Ids are 48
-/// random bits, so the difference tells a prober only about ids it cannot
-/// guess.
-pub async fn visible_row(
-    db: &Db,
+/// `row` (the workspace `id`'s, if it exists) if `who` may use it. One
+/// that does not exist is 404 "Workspace not found" (its owner's typo, or
+/// one long gone); someone else's is still refused (403), as the seed
+/// prescribes. Ids are 48 random bits, so the difference tells a prober
+/// only about ids it cannot guess.
+fn visible(
     who: &ProcessIdentity,
     id: &str,
+    row: Option<WorkspaceRow>,
 ) -> Result<WorkspaceRow, KernelError> {
-    let wid = id.to_owned();
-    match db.call(move |c| get_row(c, &wid)).await? {
+    match row {
         Some(row) if vfs::check_workspace(who, row.owner_uid) => Ok(row),
         Some(_) => Err(KernelError::AccessDenied {
             kind: "workspace",
@@ -180,13 +179,12 @@ pub fn list_rows(
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
-/// Removes a workspace row (a create that failed half-way).
-pub fn delete_row(conn: &Connection, id: &str) -> Result<(), KernelError> {
+fn delete_row(conn: &Connection, id: &str) -> Result<(), KernelError> {
     conn.execute("DELETE FROM workspaces WHERE workspace_id = ?1", [id])?;
     Ok(())
 }
 
-pub fn set_state(conn: &Connection, id: &str, state: &str) -> Result<(), KernelError> {
+fn set_state(conn: &Connection, id: &str, state: &str) -> Result<(), KernelError> {
     conn.execute(
         "UPDATE workspaces SET state = ?2, updated_at = ?3 WHERE workspace_id = ?1",
         params![id, state, now_ms()],
@@ -206,6 +204,24 @@ pub struct Workspace {
     pub bracket: tokio::sync::Mutex<BackendState>,
 }
 
+/// The rows [`Workspaces::visible_row`] read, by id, so a call on a
+/// workspace (every `shell.exec`) checks its caller without a database
+/// read on the blocking pool. Rows change only through [`Workspaces`]
+/// (`set_state`, `delete_row`), which drop the entry after the write; a
+/// lookup that read the database before such a write does not cache what
+/// it read (the epoch moved). A row's owner never changes, and every
+/// lookup checks the caller against the row, cached or not.
+#[derive(Debug, Default)]
+struct RowCache {
+    rows: HashMap<String, WorkspaceRow>,
+    /// Bumped by every row write.
+    epoch: u64,
+}
+
+/// Rows kept at most; past it the cache starts over (a bound, not a
+/// policy: a kernel uses far fewer workspaces at once).
+const ROW_CACHE_MAX: usize = 4096;
+
 /// Open workspaces by id.
 #[derive(Debug)]
 pub struct Workspaces {
@@ -219,6 +235,7 @@ pub struct Workspaces {
     /// The deadline of every wsd call (`KernelConfig::wsd_timeout`).
     pub wsd_timeout: std::time::Duration,
     open: Mutex<HashMap<String, Arc<Workspace>>>,
+    rows: Mutex<RowCache>,
 }
 
 impl Workspaces {
@@ -230,7 +247,63 @@ impl Workspaces {
             chunk_store: None,
             wsd_timeout: wsd_client::DEFAULT_CALL_TIMEOUT,
             open: Mutex::new(HashMap::new()),
+            rows: Mutex::new(RowCache::default()),
         }
+    }
+
+    /// The row of workspace `id` if `who` may use it (404 if there is
+    /// none, 403 if it is someone else's: see [`visible`]), read from the
+    /// database once and then kept ([`RowCache`]).
+    pub async fn visible_row(
+        &self,
+        db: &Db,
+        who: &ProcessIdentity,
+        id: &str,
+    ) -> Result<WorkspaceRow, KernelError> {
+        let (cached, epoch) = {
+            let cache = self.rows.lock().unwrap();
+            (cache.rows.get(id).cloned(), cache.epoch)
+        };
+        if let Some(row) = cached {
+            return visible(who, id, Some(row));
+        }
+        let wid = id.to_owned();
+        let row = db.call(move |c| get_row(c, &wid)).await?;
+        if let Some(row) = &row {
+            let mut cache = self.rows.lock().unwrap();
+            if cache.epoch == epoch {
+                if cache.rows.len() >= ROW_CACHE_MAX {
+                    cache.rows.clear();
+                }
+                cache.rows.insert(id.to_owned(), row.clone());
+            }
+        }
+        visible(who, id, row)
+    }
+
+    /// Sets workspace `id`'s state (`archived`).
+    pub async fn set_state(&self, db: &Db, id: &str, state: &str) -> Result<(), KernelError> {
+        let (wid, state) = (id.to_owned(), state.to_owned());
+        let written = db.call(move |c| set_state(c, &wid, &state)).await;
+        self.row_changed(id);
+        written
+    }
+
+    /// Removes workspace `id`'s row (a create or recover that failed
+    /// half-way).
+    pub async fn delete_row(&self, db: &Db, id: &str) -> Result<(), KernelError> {
+        let wid = id.to_owned();
+        let written = db.call(move |c| delete_row(c, &wid)).await;
+        self.row_changed(id);
+        written
+    }
+
+    /// Drops the cached row of `id` after a write (whether or not the write
+    /// went through: the database says).
+    fn row_changed(&self, id: &str) {
+        let mut cache = self.rows.lock().unwrap();
+        cache.rows.remove(id);
+        cache.epoch += 1;
     }
 
     /// Whether local wsd children sandbox their commands.
@@ -398,3 +471,121 @@ pub const MIGRATIONS: &[Migration] = &[Migration {
             expires_at INTEGER NOT NULL);
          CREATE INDEX shell_sessions_expiry ON shell_sessions(expires_at);",
 }];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn user(uid: i64, name: &str) -> ProcessIdentity {
+        ProcessIdentity {
+            uid,
+            gid: uid,
+            gids: vec![uid],
+            username: name.into(),
+            home: format!("/home/{name}"),
+            cwd: format!("/home/{name}"),
+        }
+    }
+
+    fn row(id: &str, owner_uid: i64) -> WorkspaceRow {
+        WorkspaceRow {
+            id: id.into(),
+            owner_uid,
+            label: None,
+            kind: "thread".into(),
+            state: "active".into(),
+            backend: Backend::Local,
+            created_at: 1,
+            updated_at: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_cached_row_still_refuses_other_users_and_follows_archive_and_delete() {
+        let db = Db::open_in_memory(MIGRATIONS).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let ws = Workspaces::new(dir.path().to_owned(), "wsd".into());
+        let (alice, bob) = (user(1000, "alice"), user(1001, "bob"));
+        let r = row("ws_a1", alice.uid);
+        db.call(move |c| insert_row(c, &r)).await.unwrap();
+
+        // Read once, then from the cache: the owner passes, bob is refused
+        // every time, root passes.
+        for _ in 0..2 {
+            let got = ws.visible_row(&db, &alice, "ws_a1").await.unwrap();
+            assert_eq!((got.owner_uid, got.state.as_str()), (1000, "active"));
+            assert!(matches!(
+                ws.visible_row(&db, &bob, "ws_a1").await,
+                Err(KernelError::AccessDenied { .. })
+            ));
+            assert!(ws.visible_row(&db, &user(0, "root"), "ws_a1").await.is_ok());
+        }
+        assert!(ws.rows.lock().unwrap().rows.contains_key("ws_a1"));
+
+        // An archive is seen by the next lookup.
+        ws.set_state(&db, "ws_a1", "archived").await.unwrap();
+        let got = ws.visible_row(&db, &alice, "ws_a1").await.unwrap();
+        assert!(got.is_archived());
+
+        // So is a deletion, and a missing row is never cached.
+        ws.delete_row(&db, "ws_a1").await.unwrap();
+        for _ in 0..2 {
+            assert!(matches!(
+                ws.visible_row(&db, &alice, "ws_a1").await,
+                Err(KernelError::NotFound { .. })
+            ));
+        }
+        assert!(ws.rows.lock().unwrap().rows.is_empty());
+        // A row created under that id afterwards is found.
+        let r = row("ws_a1", bob.uid);
+        db.call(move |c| insert_row(c, &r)).await.unwrap();
+        assert_eq!(
+            ws.visible_row(&db, &bob, "ws_a1").await.unwrap().owner_uid,
+            bob.uid
+        );
+        assert!(matches!(
+            ws.visible_row(&db, &alice, "ws_a1").await,
+            Err(KernelError::AccessDenied { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_lookup_that_read_before_a_write_does_not_cache_what_it_read() {
+        let db = Db::open_in_memory(MIGRATIONS).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let ws = Workspaces::new(dir.path().to_owned(), "wsd".into());
+        let alice = user(1000, "alice");
+        let r = row("ws_b1", alice.uid);
+        db.call(move |c| insert_row(c, &r)).await.unwrap();
+        // Hold the connection, so the lookup's read waits behind it.
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let (held_tx, held) = tokio::sync::oneshot::channel::<()>();
+        let holder = tokio::spawn({
+            let db = db.clone();
+            async move {
+                db.call(move |_| {
+                    held_tx.send(()).unwrap();
+                    released.recv().unwrap();
+                    Ok(())
+                })
+                .await
+            }
+        });
+        held.await.unwrap();
+        let lookup = ws.visible_row(&db, &alice, "ws_b1");
+        tokio::pin!(lookup);
+        assert!(futures::poll!(&mut lookup).is_pending());
+        // A write of the row lands between the lookup's start and its read.
+        ws.row_changed("ws_b1");
+        release.send(()).unwrap();
+        assert_eq!(lookup.await.unwrap().state, "active");
+        holder.await.unwrap().unwrap();
+        assert!(
+            ws.rows.lock().unwrap().rows.is_empty(),
+            "what a lookup read under an older epoch is not cached"
+        );
+        // The next lookup caches.
+        ws.visible_row(&db, &alice, "ws_b1").await.unwrap();
+        assert!(ws.rows.lock().unwrap().rows.contains_key("ws_b1"));
+    }
+}
