@@ -31,10 +31,12 @@ use wsd_bench::{
     Daemon, Scratch, TreeSpec, block_on, open_local, pseudo_random, push, sync_store, text,
 };
 use wsd_dofs::seaweedfs::SeaweedFs;
-use wsd_dofs::{ChunkStore, Dofs, DofsError, ObjectChunks, PackSlot, WriteOptions};
+use wsd_dofs::{
+    BegunPut, ChunkStore, Dofs, DofsError, ObjectChunks, PackSlot, PendingPut, WriteOptions,
+};
 use wsd_sync::{
-    ApplyBatch, ApplyOutcome, ChangeCursor, ChangeEntry, ChangesQuery, ChangesWindow, Hash,
-    Object, Store, SyncError, SyncPath, Watermarks,
+    ApplyBatch, ApplyOutcome, ChangeCursor, ChangeEntry, ChangesQuery, ChangesWindow, Hash, Object,
+    Store, SyncError, SyncPath, Watermarks,
 };
 
 const FILE: usize = 1024 * 1024;
@@ -349,10 +351,14 @@ impl Store for Timed<'_> {
         self.time(Call::Apply, 0, |d| Store::apply(d, batch))
     }
     fn set_push_cursor(&mut self, remote: &str, cursor: &ChangeCursor) -> Result<(), SyncError> {
-        self.time(Call::Other, 0, |d| Store::set_push_cursor(d, remote, cursor))
+        self.time(Call::Other, 0, |d| {
+            Store::set_push_cursor(d, remote, cursor)
+        })
     }
     fn set_fetch_cursor(&mut self, remote: &str, cursor: &ChangeCursor) -> Result<(), SyncError> {
-        self.time(Call::Other, 0, |d| Store::set_fetch_cursor(d, remote, cursor))
+        self.time(Call::Other, 0, |d| {
+            Store::set_fetch_cursor(d, remote, cursor)
+        })
     }
 }
 
@@ -379,8 +385,30 @@ impl ChunkStore for TimedChunks {
         let start = Instant::now();
         let out = self.inner.put_many(chunks);
         let bytes = chunks.iter().map(|(_, b)| b.len()).sum();
-        self.puts.lock().unwrap().push((start, Instant::now(), bytes));
+        self.puts
+            .lock()
+            .unwrap()
+            .push((start, Instant::now(), bytes));
         out
+    }
+    fn begin_put_many(&self, chunks: &[(Hash, &[u8])]) -> Result<BegunPut, DofsError> {
+        let start = Instant::now();
+        let mut out = self.inner.begin_put_many(chunks)?;
+        let bytes = chunks.iter().map(|(_, b)| b.len()).sum();
+        self.puts
+            .lock()
+            .unwrap()
+            .push((start, Instant::now(), bytes));
+        out.pending = out.pending.map(|pending| {
+            let waits = self.waits.clone();
+            PendingPut::new(move || {
+                let start = Instant::now();
+                let out = pending.finish();
+                waits.lock().unwrap().push((start, Instant::now()));
+                out
+            })
+        });
+        Ok(out)
     }
     fn get_many(&self, hashes: &[Hash]) -> Result<Vec<Vec<u8>>, DofsError> {
         self.inner.get_many(hashes)
@@ -412,7 +440,11 @@ fn own_cpu() -> Duration {
 /// `/proc/self/task/*/schedstat` (nanoseconds on CPU).
 fn threads_cpu() -> std::collections::BTreeMap<String, Duration> {
     let mut out = std::collections::BTreeMap::new();
-    for task in std::fs::read_dir("/proc/self/task").into_iter().flatten().flatten() {
+    for task in std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
         let dir = task.path();
         let name = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
         let ns: u64 = std::fs::read_to_string(dir.join("schedstat"))
@@ -484,12 +516,18 @@ fn pull_timeline(
     let (puts, waits) = timed_chunks
         .as_ref()
         .map(|c| {
-            let puts: Vec<(Instant, Instant)> =
-                c.puts.lock().unwrap().iter().map(|(s, e, _)| (*s, *e)).collect();
+            let puts: Vec<(Instant, Instant)> = c
+                .puts
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(s, e, _)| (*s, *e))
+                .collect();
             (puts, c.waits.lock().unwrap().clone())
         })
         .unwrap_or_default();
-    let sum = |spans: &[(Instant, Instant)]| -> Duration { spans.iter().map(|(s, e)| *e - *s).sum() };
+    let sum =
+        |spans: &[(Instant, Instant)]| -> Duration { spans.iter().map(|(s, e)| *e - *s).sum() };
     // The part of `spans` inside [from, to].
     let within = |spans: &[(Instant, Instant)], from: Instant, to: Instant| -> f64 {
         ms(spans
