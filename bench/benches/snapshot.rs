@@ -291,7 +291,7 @@ fn s3(_c: &mut Criterion) {
         );
     }
     for kind in kinds {
-        pull_timeline(&mut scratch, &server, &source, spec, kind);
+        pull_timeline(&mut scratch, &server, &source, kind);
     }
 }
 
@@ -476,13 +476,7 @@ fn process_cpu(pid: u32) -> Duration {
 /// running), with the CPU each process and thread spent: where a pull's
 /// time goes. Printed as totals and a line per `stage_objects` and
 /// `apply` call.
-fn pull_timeline(
-    scratch: &mut Scratch,
-    server: &SeaweedFs,
-    source: &Daemon,
-    spec: TreeSpec,
-    kind: &str,
-) {
+fn pull_timeline(scratch: &mut Scratch, server: &SeaweedFs, source: &Daemon, kind: &str) {
     let path = scratch.dir().join("dofs.sqlite3");
     let mut d = Dofs::open(&path).unwrap();
     let timed_chunks = (kind == "s3").then(|| {
