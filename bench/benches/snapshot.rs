@@ -323,7 +323,7 @@ impl Timed<'_> {
 
 impl Store for Timed<'_> {
     fn current_rev(&mut self) -> Result<u64, SyncError> {
-        self.time(Call::Other, 0, |d| Store::current_rev(d))
+        self.time(Call::Other, 0, Store::current_rev)
     }
     fn watermarks(&mut self, remote: &str) -> Result<Watermarks, SyncError> {
         self.time(Call::Other, 0, |d| Store::watermarks(d, remote))
