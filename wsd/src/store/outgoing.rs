@@ -17,6 +17,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{File, Metadata};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
@@ -75,9 +76,16 @@ impl PagedChunks {
 
 /// The file the previous chunk came from, kept open: the consecutive chunks
 /// of one large file are read through one descriptor, its `fstat` taken
-/// again before each.
+/// again before each. And the directory it is in, so that the next file
+/// there (files come in path order) is opened by its name alone instead of
+/// resolving the whole path from `/` again.
 #[derive(Debug, Default)]
-pub(crate) struct OpenFile(Option<(SyncPath, File)>);
+pub(crate) struct OpenFile {
+    file: Option<(SyncPath, File)>,
+    /// The directory's workspace path ("" for the root) and an `O_PATH`
+    /// descriptor of it, opened without following any symlink.
+    dir: Option<(String, OwnedFd)>,
+}
 
 impl OpenFile {
     /// `path` (as the index names it) opened for reading, and its `fstat`
@@ -88,22 +96,65 @@ impl OpenFile {
         root: &Path,
         path: &SyncPath,
     ) -> Result<Option<(&File, Metadata)>, SyncError> {
-        let reuse = matches!(&self.0, Some((p, _)) if p == path);
+        let reuse = matches!(&self.file, Some((p, _)) if p == path);
         if !reuse {
-            self.0 = None;
-            match fsutil::open_file_in_root(root, path) {
+            self.file = None;
+            match self.open(root, path) {
                 Ok(Some((file, meta))) => {
-                    let (_, file) = &*self.0.insert((path.clone(), file));
+                    let (_, file) = &*self.file.insert((path.clone(), file));
                     return Ok(Some((file, meta)));
                 }
                 Ok(None) => return Ok(None),
                 Err(e) => return Err(SyncError::io(format!("opening {path}"), e)),
             }
         }
-        let (_, file) = self.0.as_ref().expect("kept open above");
+        let (_, file) = self.file.as_ref().expect("kept open above");
         let meta = file
             .metadata()
             .map_err(|e| SyncError::io(format!("reading the status of {path}"), e))?;
+        Ok(meta.file_type().is_file().then_some((file, meta)))
+    }
+
+    /// Opens `path` by its name in its directory's descriptor (`openat2`
+    /// beneath it, no symlink followed). Anything but a regular file opened
+    /// that way (gone, a symlink, `openat2` refused) is left to
+    /// [`fsutil::open_file_in_root`], which decides as it always has.
+    fn open(&mut self, root: &Path, path: &SyncPath) -> std::io::Result<Option<(File, Metadata)>> {
+        use rustix::fs::{CWD, Mode, OFlags, ResolveFlags};
+        let (parent, name) = path
+            .as_str()
+            .rsplit_once('/')
+            .unwrap_or(("", path.as_str()));
+        if self.dir.as_ref().is_none_or(|(p, _)| p != parent) {
+            self.dir = None;
+            let abs = match parent {
+                "" => root.to_path_buf(),
+                parent => root.join(parent),
+            };
+            match rustix::fs::openat2(
+                CWD,
+                &abs,
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+                Mode::empty(),
+                ResolveFlags::NO_SYMLINKS,
+            ) {
+                Ok(fd) => self.dir = Some((parent.to_owned(), fd)),
+                Err(_) => return fsutil::open_file_in_root(root, path),
+            }
+        }
+        let (_, dir) = self.dir.as_ref().expect("opened above");
+        let opened = rustix::fs::openat2(
+            dir,
+            name,
+            OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            Mode::empty(),
+            ResolveFlags::NO_SYMLINKS | ResolveFlags::BENEATH,
+        );
+        let Ok(fd) = opened else {
+            return fsutil::open_file_in_root(root, path);
+        };
+        let file = File::from(fd);
+        let meta = file.metadata()?;
         Ok(meta.file_type().is_file().then_some((file, meta)))
     }
 }
