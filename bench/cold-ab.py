@@ -11,10 +11,11 @@ into an empty root on loopback. A daemon may carry extra `serve` arguments
 after a space ("/path/wsd --no-watch"). With a comma-separated list of
 clients, contender i pushes with client i (so client changes alternate
 too; the clients share one index, so they must read the same schema;
-give any name, e.g. "-", for an `rsync` contender's client). The name
+give any name, e.g. "-", for an `rsync` or `cp` contender's client). The name
 `rsync` instead of a daemon copies the
 source with `rsync -a` into the empty root (the peer, in the same rounds;
-its "daemon CPU" is rsync's children's). Before each push, as root, the page cache is
+its "daemon CPU" is rsync's children's), and `cp` copies it with `cp -a` (the
+floor: no daemon, no protocol). Before each push, as root, the page cache is
 dropped and the source read back (warm source, nothing else cached). Prints
 per-round wall time, daemon CPU and client CPU (user + system, from
 `wait4`), then per contender the median wall, the median daemon and
@@ -64,6 +65,14 @@ def cpu_s(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+# Contenders that copy the tree themselves instead of a daemon: argv for
+# (source, empty destination).
+PEERS = {
+    "rsync": lambda src, root: ["rsync", "-a", src + "/", root + "/"],
+    "cp": lambda src, root: ["cp", "-a", src + "/.", root + "/"],
+}
+
+
 def timed_client(argv):
     """Runs a client push; returns (wall s, user + system CPU s)."""
     t0 = time.perf_counter()
@@ -77,7 +86,7 @@ def timed_client(argv):
 
 def run(clients, daemons, rounds, profile, work):
     # Contenders by index: the same daemon may appear twice with two clients.
-    names = [d if c == clients[0] or d == "rsync" else f"{d} (client {c})"
+    names = [d if c == clients[0] or d in PEERS else f"{d} (client {c})"
              for c, d in zip(clients, daemons)]
     if len(set(names)) != len(names):
         sys.exit("each contender must differ in its client or its daemon")
@@ -100,9 +109,9 @@ def run(clients, daemons, rounds, profile, work):
             root, dstate = os.path.join(work, f"root{k}"), os.path.join(work, f"state{k}")
             os.makedirs(root)
             warm(src)
-            if d == "rsync":
+            if d in PEERS:
                 t0, c0 = time.perf_counter(), os.times()
-                subprocess.run(["rsync", "-a", src + "/", root + "/"], check=True)
+                subprocess.run(PEERS[d](src, root), check=True)
                 c1 = os.times()
                 wall[name].append(time.perf_counter() - t0)
                 cpu[name].append(c1.children_user + c1.children_system - c0.children_user - c0.children_system)
@@ -144,6 +153,14 @@ def run(clients, daemons, rounds, profile, work):
               f"{statistics.median(cpu[n]) * 1000:.0f} ms, client cpu "
               f"{statistics.median(client_cpu[n]) * 1000:.0f} ms, ratio to {base} "
               f"{statistics.median(ratios):.3f} ({min(ratios):.2f}-{max(ratios):.2f})")
+    # The targets are ratios to the peers measured in the same rounds.
+    for peer in (p for p in PEERS if p in names):
+        for n in names:
+            if n in PEERS:
+                continue
+            ratios = [x / y for x, y in zip(wall[n], wall[peer])]
+            print(f"{n} / {peer}, per round: median {statistics.median(ratios):.3f} "
+                  f"({min(ratios):.2f}-{max(ratios):.2f})")
     print("load after", open("/proc/loadavg").read().split()[:3])
 
 
