@@ -371,7 +371,7 @@ impl Client {
             })
             .collect::<Result<Vec<_>, WsdError>>()?;
         let mut next = objects.iter();
-        self.push_objects_send_from(&wanted, &mut |_, buf| {
+        self.push_objects_send_from(&wanted, |_, buf: &mut [u8]| {
             let object = next.next().expect("one object per wanted entry");
             buf.copy_from_slice(&object.bytes);
             Ok::<(), WsdError>(())
@@ -387,7 +387,7 @@ impl Client {
     pub async fn push_objects_send_from<E: From<WsdError>>(
         &self,
         wanted: &[(Hash, u32)],
-        read: &mut dyn FnMut(&Hash, &mut [u8]) -> Result<(), E>,
+        mut read: impl FnMut(&Hash, &mut [u8]) -> Result<(), E>,
     ) -> Result<UploadStaged, E> {
         self.check_alive()?;
         if wanted.is_empty() {
@@ -743,7 +743,7 @@ impl Remote for Client {
         reader: &mut dyn ObjectReader,
     ) -> Result<PendingUpload, SyncError> {
         let pending = self
-            .push_objects_send_from(wanted, &mut |hash, buf| reader.read_into(hash, buf))
+            .push_objects_send_from(wanted, |hash, buf| reader.read_into(hash, buf))
             .await?;
         Ok(Box::pin(async move { Ok(pending.await?) }))
     }
