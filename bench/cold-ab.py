@@ -74,14 +74,14 @@ PEERS = {
 
 
 def timed_client(argv):
-    """Runs a client push; returns (wall s, user + system CPU s)."""
+    """Runs a client push; returns (wall s, user + system CPU s, peak RSS MiB)."""
     t0 = time.perf_counter()
     p = subprocess.Popen(argv)
     _, status, ru = os.wait4(p.pid, 0)
     wall = time.perf_counter() - t0
     if status != 0:
         sys.exit(f"{argv[0]} push failed ({status})")
-    return wall, ru.ru_utime + ru.ru_stime
+    return wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024
 
 
 def run(clients, daemons, rounds, profile, work):
@@ -100,6 +100,7 @@ def run(clients, daemons, rounds, profile, work):
     wall = {n: [] for n in names}
     cpu = {n: [] for n in names}
     client_cpu = {n: [] for n in names}
+    client_rss = {n: [] for n in names}
     k = 0
     order = list(range(len(names)))
     for r in range(rounds):
@@ -116,6 +117,7 @@ def run(clients, daemons, rounds, profile, work):
                 wall[name].append(time.perf_counter() - t0)
                 cpu[name].append(c1.children_user + c1.children_system - c0.children_user - c0.children_system)
                 client_cpu[name].append(0.0)
+                client_rss[name].append(0.0)
                 shutil.rmtree(root, ignore_errors=True)
                 continue
             port = free_port()
@@ -134,11 +136,12 @@ def run(clients, daemons, rounds, profile, work):
                     time.sleep(0.05)
             time.sleep(0.3)
             c0 = cpu_s(proc.pid)
-            took, used = timed_client([client, "push", src, "--remote", f"127.0.0.1:{port}",
-                                       "--state", state, "-q"])
+            took, used, rss = timed_client([client, "push", src, "--remote", f"127.0.0.1:{port}",
+                                            "--state", state, "-q"])
             wall[name].append(took)
             cpu[name].append(cpu_s(proc.pid) - c0)
             client_cpu[name].append(used)
+            client_rss[name].append(rss)
             proc.terminate()
             proc.wait()
             shutil.rmtree(root, ignore_errors=True)
@@ -151,7 +154,8 @@ def run(clients, daemons, rounds, profile, work):
         ratios = [x / y for x, y in zip(wall[n], wall[base])]
         print(f"{n}: median {statistics.median(wall[n]) * 1000:.0f} ms, daemon cpu "
               f"{statistics.median(cpu[n]) * 1000:.0f} ms, client cpu "
-              f"{statistics.median(client_cpu[n]) * 1000:.0f} ms, ratio to {base} "
+              f"{statistics.median(client_cpu[n]) * 1000:.0f} ms (peak RSS "
+              f"{max(client_rss[n]):.1f} MiB), ratio to {base} "
               f"{statistics.median(ratios):.3f} ({min(ratios):.2f}-{max(ratios):.2f})")
     # The targets are ratios to the peers measured in the same rounds.
     for peer in (p for p in PEERS if p in names):
