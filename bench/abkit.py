@@ -23,3 +23,14 @@ def warm(src):
     with subprocess.Popen(["tar", "-C", src, "-cf", "-", "."], stdout=subprocess.PIPE) as p:
         while p.stdout.read(1 << 20):
             pass
+
+
+def index_source(client, src, state):
+    """Builds `client`'s index of `src` in `state` without pushing: a dry-run
+    push settles (walks and hashes the tree) before it connects, and nothing
+    listens on port 1. (A plain push of a never-indexed tree indexes while it
+    pushes, so one that cannot connect leaves the index empty.)"""
+    subprocess.run([client, "push", src, "--remote", "127.0.0.1:1", "--state", state, "-q",
+                    "--dry-run"], capture_output=True)
+    if not os.path.exists(os.path.join(state, "index.sqlite3")):
+        raise SystemExit(f"{client} did not index {src}")

@@ -2,7 +2,7 @@
 """Where one cold push's time goes: per-thread CPU and waiting, per process.
 
 usage: cold-profile.py CLIENT_WSD DAEMON_WSD [PROFILE] [--runs N] [--rsync]
-                       [--perf DIR] [--strace DIR]
+                       [--perf DIR [--dwarf]] [--strace DIR]
 
 Creates one make-tree.py profile (default mixed, seed 1), indexes it with
 the client, then per run pushes it into an empty root of a fresh
@@ -15,7 +15,9 @@ user and system CPU (`wait4`). With --rsync, `rsync -a` of the same tree
 in the same run, its processes' CPU alike.
 
 --perf DIR records `perf record -g` of the daemon (attached for the push)
-and of the client (and rsync) into DIR; --strace DIR writes
+and of the client (and rsync) into DIR (with --dwarf, call graphs from
+DWARF unwinding, `--call-graph dwarf`: the release build keeps no frame
+pointers, so `-g` call chains stop early); --strace DIR writes
 `strace -f -c` summaries there. Either slows the push: take the CPU split
 from a run without them.
 
@@ -30,7 +32,7 @@ import subprocess
 import sys
 import time
 
-from abkit import free_port, warm
+from abkit import free_port, index_source, warm
 
 os.environ.setdefault("WSD_AGENT", "off")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,9 +66,13 @@ def timed(argv):
     return wall, ru.ru_utime, ru.ru_stime
 
 
+# `perf record` call-graph arguments (`--dwarf` switches to DWARF unwinding).
+PERF_GRAPH = ["-g"]
+
+
 def attach(kind, pid, out):
     if kind == "perf":
-        argv = ["perf", "record", "-q", "-F", "2000", "-g", "-o", out, "-p", str(pid)]
+        argv = ["perf", "record", "-q", "-F", "2000", *PERF_GRAPH, "-o", out, "-p", str(pid)]
     else:
         argv = ["strace", "-f", "-c", "-o", out, "-p", str(pid)]
     p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -81,7 +87,7 @@ def detach(p):
 
 def wrap(kind, out, argv):
     if kind == "perf":
-        return ["perf", "record", "-q", "-F", "2000", "-g", "-o", out, "--"] + argv
+        return ["perf", "record", "-q", "-F", "2000", *PERF_GRAPH, "-o", out, "--"] + argv
     return ["strace", "-f", "-c", "-o", out, "--"] + argv
 
 
@@ -157,8 +163,11 @@ def main():
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--rsync", action="store_true")
     ap.add_argument("--perf", metavar="DIR")
+    ap.add_argument("--dwarf", action="store_true")
     ap.add_argument("--strace", metavar="DIR")
     a = ap.parse_args()
+    if a.dwarf:
+        PERF_GRAPH[:] = ["--call-graph", "dwarf,16384"]
     for d in (a.perf, a.strace):
         if d:
             os.makedirs(d, exist_ok=True)
@@ -168,8 +177,7 @@ def main():
         src, state = os.path.join(work, "src"), os.path.join(work, "client-state")
         subprocess.run([sys.executable, MAKE_TREE, "create", a.profile, src, "--seed", "1"],
                        check=True, capture_output=True)
-        subprocess.run([a.client, "push", src, "--remote", "127.0.0.1:1", "--state", state, "-q"],
-                       capture_output=True)
+        index_source(a.client, src, state)
         for k in range(a.runs):
             one_push(a, src, state, work, k)
             if a.rsync:

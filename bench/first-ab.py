@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 
-from abkit import free_port, warm
+from abkit import free_port, index_source, warm
 # Pushes walk, as when these figures were first taken: no on-demand agent
 # (issue 32) watching the tree between steps; bench/noop-ab.py measures it.
 os.environ.setdefault("WSD_AGENT", "off")
@@ -85,8 +85,7 @@ def run(a, b, rounds, profile, work):
     # twice, so that no file is still racily clean for the cold pushes.
     # Each of them goes to a new address, so it sends the whole tree.
     for _ in range(2):
-        subprocess.run([b, "push", src, "--remote", "127.0.0.1:1", "--state", indexed, "-q"],
-                       capture_output=True)
+        index_source(b, src, indexed)
         time.sleep(3)
     steps = ["A-first", "B-first", "B-cold", "rsync"]
     wall = {s: [] for s in steps}

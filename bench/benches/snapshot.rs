@@ -23,6 +23,7 @@
 //! client) and hot (the same files again), p50 and p99. The load average
 //! is printed before and after.
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -30,8 +31,13 @@ use wsd_bench::{
     Daemon, Scratch, TreeSpec, block_on, open_local, pseudo_random, push, sync_store, text,
 };
 use wsd_dofs::seaweedfs::SeaweedFs;
-use wsd_dofs::{Dofs, WriteOptions};
-use wsd_sync::SyncPath;
+use wsd_dofs::{
+    BegunPut, ChunkStore, Dofs, DofsError, ObjectChunks, PackSlot, PendingPut, WriteOptions,
+};
+use wsd_sync::{
+    ApplyBatch, ApplyOutcome, ChangeCursor, ChangeEntry, ChangesQuery, ChangesWindow, Hash, Object,
+    Store, SyncError, SyncPath, Watermarks,
+};
 
 const FILE: usize = 1024 * 1024;
 
@@ -283,6 +289,305 @@ fn s3(_c: &mut Criterion) {
             "s3/{kind}: read_file of 500 small files: first read p50 {cold_p50:.3} ms, \
              p99 {cold_p99:.3} ms; again p50 {hot_p50:.3} ms, p99 {hot_p99:.3} ms"
         );
+    }
+    for kind in kinds {
+        pull_timeline(&mut scratch, &server, &source, kind);
+    }
+}
+
+/// What one call of the store took, for the pull's timeline.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Call {
+    Has,
+    Stage,
+    Apply,
+    Other,
+}
+
+/// A [`Store`] that records when each call to the wrapped dofs started
+/// and ended: the time between calls is the driver's (mostly waiting for
+/// the daemon's answers).
+struct Timed<'a> {
+    inner: &'a mut Dofs,
+    calls: Vec<(Call, Instant, Instant, usize)>,
+}
+
+impl Timed<'_> {
+    fn time<T>(&mut self, call: Call, bytes: usize, f: impl FnOnce(&mut Dofs) -> T) -> T {
+        let start = Instant::now();
+        let out = f(self.inner);
+        self.calls.push((call, start, Instant::now(), bytes));
+        out
+    }
+}
+
+impl Store for Timed<'_> {
+    fn current_rev(&mut self) -> Result<u64, SyncError> {
+        self.time(Call::Other, 0, Store::current_rev)
+    }
+    fn watermarks(&mut self, remote: &str) -> Result<Watermarks, SyncError> {
+        self.time(Call::Other, 0, |d| Store::watermarks(d, remote))
+    }
+    fn open_changes(&mut self, after: &ChangeCursor) -> Result<ChangesWindow, SyncError> {
+        self.time(Call::Other, 0, |d| Store::open_changes(d, after))
+    }
+    fn changes(&mut self, query: ChangesQuery<'_>) -> Result<Vec<ChangeEntry>, SyncError> {
+        self.time(Call::Other, 0, |d| Store::changes(d, query))
+    }
+    fn read_entry(&mut self, path: &SyncPath) -> Result<Option<ChangeEntry>, SyncError> {
+        self.time(Call::Other, 0, |d| Store::read_entry(d, path))
+    }
+    fn has_objects(&mut self, hashes: &[Hash]) -> Result<Vec<Hash>, SyncError> {
+        self.time(Call::Has, 0, |d| Store::has_objects(d, hashes))
+    }
+    fn read_object(&mut self, hash: &Hash) -> Result<Vec<u8>, SyncError> {
+        self.time(Call::Other, 0, |d| Store::read_object(d, hash))
+    }
+    fn stage_objects(&mut self, objects: &[Object]) -> Result<(), SyncError> {
+        let bytes = objects.iter().map(|o| o.bytes.len()).sum();
+        self.time(Call::Stage, bytes, |d| Store::stage_objects(d, objects))
+    }
+    fn apply(&mut self, batch: ApplyBatch<'_>) -> Result<ApplyOutcome, SyncError> {
+        self.time(Call::Apply, 0, |d| Store::apply(d, batch))
+    }
+    fn set_push_cursor(&mut self, remote: &str, cursor: &ChangeCursor) -> Result<(), SyncError> {
+        self.time(Call::Other, 0, |d| {
+            Store::set_push_cursor(d, remote, cursor)
+        })
+    }
+    fn set_fetch_cursor(&mut self, remote: &str, cursor: &ChangeCursor) -> Result<(), SyncError> {
+        self.time(Call::Other, 0, |d| {
+            Store::set_fetch_cursor(d, remote, cursor)
+        })
+    }
+}
+
+/// A [`ChunkStore`] that records, around the S3 store, how long each
+/// `put_many` (or `begin_put_many`: packing, and the uploads it waits for)
+/// took, and each wait for uploads left running.
+struct TimedChunks {
+    inner: ObjectChunks,
+    puts: Mutex<Vec<(Instant, Instant, usize)>>,
+    waits: Arc<Mutex<Vec<(Instant, Instant)>>>,
+}
+
+impl ChunkStore for TimedChunks {
+    fn put_if_absent(&self, hash: &Hash, bytes: &[u8]) -> Result<bool, DofsError> {
+        self.inner.put_if_absent(hash, bytes)
+    }
+    fn get(&self, hash: &Hash) -> Result<Vec<u8>, DofsError> {
+        self.inner.get(hash)
+    }
+    fn has(&self, hashes: &[Hash]) -> Result<Vec<Hash>, DofsError> {
+        self.inner.has(hashes)
+    }
+    fn put_many(&self, chunks: &[(Hash, &[u8])]) -> Result<Vec<Option<PackSlot>>, DofsError> {
+        let start = Instant::now();
+        let out = self.inner.put_many(chunks);
+        let bytes = chunks.iter().map(|(_, b)| b.len()).sum();
+        self.puts
+            .lock()
+            .unwrap()
+            .push((start, Instant::now(), bytes));
+        out
+    }
+    fn begin_put_many(&self, chunks: &[(Hash, &[u8])]) -> Result<BegunPut, DofsError> {
+        let start = Instant::now();
+        let mut out = self.inner.begin_put_many(chunks)?;
+        let bytes = chunks.iter().map(|(_, b)| b.len()).sum();
+        self.puts
+            .lock()
+            .unwrap()
+            .push((start, Instant::now(), bytes));
+        out.pending = out.pending.map(|pending| {
+            let waits = self.waits.clone();
+            PendingPut::new(move || {
+                let start = Instant::now();
+                let out = pending.finish();
+                waits.lock().unwrap().push((start, Instant::now()));
+                out
+            })
+        });
+        Ok(out)
+    }
+    fn get_many(&self, hashes: &[Hash]) -> Result<Vec<Vec<u8>>, DofsError> {
+        self.inner.get_many(hashes)
+    }
+    fn get_placed(&self, chunks: &[(Hash, Option<PackSlot>)]) -> Result<Vec<Vec<u8>>, DofsError> {
+        self.inner.get_placed(chunks)
+    }
+    fn locate(&self, hashes: &[Hash]) -> Result<Vec<(Hash, Option<PackSlot>)>, DofsError> {
+        self.inner.locate(hashes)
+    }
+    fn lasting_place(&self, hash: &Hash, slot: Option<PackSlot>) -> bool {
+        self.inner.lasting_place(hash, slot)
+    }
+    fn missing_placed(&self, chunks: &[(Hash, Option<PackSlot>)]) -> Result<Vec<Hash>, DofsError> {
+        self.inner.missing_placed(chunks)
+    }
+}
+
+/// This process's CPU time (user + system, every thread, ended ones
+/// included).
+fn own_cpu() -> Duration {
+    use nix::sys::resource::{UsageWho, getrusage};
+    let u = getrusage(UsageWho::RUSAGE_SELF).unwrap();
+    let micros = |t: nix::sys::time::TimeVal| t.tv_sec() as u64 * 1_000_000 + t.tv_usec() as u64;
+    Duration::from_micros(micros(u.user_time()) + micros(u.system_time()))
+}
+
+/// CPU time of this process's live threads by name, from
+/// `/proc/self/task/*/schedstat` (nanoseconds on CPU).
+fn threads_cpu() -> std::collections::BTreeMap<String, Duration> {
+    let mut out = std::collections::BTreeMap::new();
+    for task in std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let dir = task.path();
+        let name = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        let ns: u64 = std::fs::read_to_string(dir.join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0);
+        *out.entry(name.trim().to_owned()).or_insert(Duration::ZERO) += Duration::from_nanos(ns);
+    }
+    out
+}
+
+/// CPU time (user + system) of process `pid`, from `/proc/PID/stat`
+/// (clock ticks of 10 ms).
+fn process_cpu(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the `(comm)`, which may hold spaces.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<u64> = rest
+        .split_whitespace()
+        .map(|f| f.parse().unwrap_or(0))
+        .collect();
+    // utime and stime are fields 14 and 15, i.e. 11 and 12 after `)`.
+    let ticks = fields.get(11).copied().unwrap_or(0) + fields.get(12).copied().unwrap_or(0);
+    Duration::from_millis(ticks * 10)
+}
+
+/// One pull of `spec` from `source` into a fresh dofs, every store call
+/// timed (and, on S3, every `put_many` and every wait for uploads left
+/// running), with the CPU each process and thread spent: where a pull's
+/// time goes. Printed as totals and a line per `stage_objects` and
+/// `apply` call.
+fn pull_timeline(scratch: &mut Scratch, server: &SeaweedFs, source: &Daemon, kind: &str) {
+    let path = scratch.dir().join("dofs.sqlite3");
+    let mut d = Dofs::open(&path).unwrap();
+    let timed_chunks = (kind == "s3").then(|| {
+        Arc::new(TimedChunks {
+            inner: server.chunks("timeline"),
+            puts: Mutex::new(Vec::new()),
+            waits: Arc::new(Mutex::new(Vec::new())),
+        })
+    });
+    if let Some(c) = &timed_chunks {
+        d.keep_chunks_in(c.clone());
+    }
+    let mut timed = Timed {
+        inner: &mut d,
+        calls: Vec::new(),
+    };
+    let (cpu0, threads0, weed0) = (own_cpu(), threads_cpu(), process_cpu(server.pid()));
+    let t0 = Instant::now();
+    block_on(sync_store(&mut timed, &source.addr, "kernel", false));
+    let wall = t0.elapsed();
+    let (cpu1, threads1, weed1) = (own_cpu(), threads_cpu(), process_cpu(server.pid()));
+    let calls = timed.calls;
+    let total = |c: Call| -> Duration {
+        calls
+            .iter()
+            .filter(|(k, ..)| *k == c)
+            .map(|(_, s, e, _)| *e - *s)
+            .sum()
+    };
+    let in_calls: Duration = calls.iter().map(|(_, s, e, _)| *e - *s).sum();
+    let (puts, waits) = timed_chunks
+        .as_ref()
+        .map(|c| {
+            let puts: Vec<(Instant, Instant)> = c
+                .puts
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(s, e, _)| (*s, *e))
+                .collect();
+            (puts, c.waits.lock().unwrap().clone())
+        })
+        .unwrap_or_default();
+    let sum =
+        |spans: &[(Instant, Instant)]| -> Duration { spans.iter().map(|(s, e)| *e - *s).sum() };
+    // The part of `spans` inside [from, to].
+    let within = |spans: &[(Instant, Instant)], from: Instant, to: Instant| -> f64 {
+        ms(spans
+            .iter()
+            .filter(|(s, e)| *s >= from && *e <= to)
+            .map(|(s, e)| *e - *s)
+            .sum())
+    };
+    eprintln!(
+        "timeline/{kind}: wall {:.1} ms: outside the store (the driver waiting for the daemon) \
+         {:.1} ms, stage_objects {:.1} ms ({} calls), apply {:.1} ms, has_objects {:.1} ms, \
+         other {:.1} ms; put_many {:.1} ms in {} calls, waiting for uploads {:.1} ms",
+        ms(wall),
+        ms(wall.saturating_sub(in_calls)),
+        ms(total(Call::Stage)),
+        calls.iter().filter(|(k, ..)| *k == Call::Stage).count(),
+        ms(total(Call::Apply)),
+        ms(total(Call::Has)),
+        ms(total(Call::Other)),
+        ms(sum(&puts)),
+        puts.len(),
+        ms(sum(&waits)),
+    );
+    let mut threads: Vec<(String, f64)> = threads1
+        .iter()
+        .map(|(name, t)| {
+            let before = threads0.get(name).copied().unwrap_or_default();
+            (name.clone(), ms(t.saturating_sub(before)))
+        })
+        .filter(|(_, t)| *t >= 1.0)
+        .collect();
+    threads.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let live: f64 = threads.iter().map(|(_, t)| t).sum();
+    eprintln!(
+        "timeline/{kind}: CPU ms: this process {:.0} (live threads: {}; ended threads ~{:.0}), \
+         weed {:.0} (10 ms ticks)",
+        ms(cpu1 - cpu0),
+        threads
+            .iter()
+            .map(|(n, t)| format!("{n} {t:.0}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        (ms(cpu1 - cpu0) - live).max(0.0),
+        ms(weed1.saturating_sub(weed0)),
+    );
+    // A line per stage_objects and apply call: the gap before it (since
+    // the previous store call ended: the driver's time), its time, and
+    // within it the time in put_many and waiting for uploads.
+    let mut last_end = t0;
+    for (call, start, end, bytes) in &calls {
+        if matches!(call, Call::Stage | Call::Apply) {
+            eprintln!(
+                "timeline/{kind}:   at {:6.1} ms after {:5.1} ms: {} {:5.1} ms \
+                 (put_many {:5.1}, waiting for uploads {:5.1})",
+                ms(*start - t0),
+                ms(*start - last_end),
+                match call {
+                    Call::Stage => format!("stage {bytes:8} bytes"),
+                    _ => format!("{:20}", "apply"),
+                },
+                ms(*end - *start),
+                within(&puts, *start, *end),
+                within(&waits, *start, *end),
+            );
+        }
+        last_end = *end;
     }
 }
 

@@ -14,15 +14,17 @@ use backon::{ExponentialBuilder, Retryable};
 use capnp_rpc::{RpcSystem, rpc_twoparty_capnp};
 use tokio::sync::mpsc;
 use wsd_schema::workspace_capnp as wire;
+use wsd_sync::chunk::MAX_CHUNK;
 use wsd_sync::limits::MAX_HASHES_PER_CALL;
 use wsd_sync::{
     Baseline, ChangeCursor, ChangeEntry, ChangeStream, ErrorCode, FetchOpened, Hash, Object,
-    PendingProbe, PendingPush, PendingUpload, PushOutcome, Remote, SyncError, SyncPath, Watermarks,
+    ObjectReader, PendingProbe, PendingPush, PendingUpload, PushOutcome, Remote, SyncError,
+    SyncPath, Watermarks,
 };
 
 use crate::convert::{
     baseline_to, cursor_from, cursor_to, entries_from, entries_to, exec_event_from,
-    exec_request_to, hashes_from, hashes_to, ignore_to, maybe_entry_from, objects_from, objects_to,
+    exec_request_to, hashes_from, hashes_to, ignore_to, maybe_entry_from, objects_from,
     pty_request_to, resume_to, signal_to, status_from, watermarks_from, wire_error_from,
 };
 use crate::exec::{ExecEvent, ExecRequest, PtyRequest, ResumeFrom, Signal};
@@ -35,6 +37,10 @@ use crate::status::DaemonStatus;
 use crate::stream::{self, StreamWindow, message_bytes};
 use crate::transport::network;
 use crate::{ClientOptions, Endpoint, PROTOCOL_VERSION, WsdError};
+
+/// An upload already sent ([`Client::push_objects_send`]): resolves once
+/// the daemon has staged every object of it.
+pub type UploadStaged = std::pin::Pin<Box<dyn Future<Output = Result<(), WsdError>>>>;
 
 /// A connection to one daemon's workspace, as one named peer. Cheap to
 /// clone (clones share the connection). The connection closes when the
@@ -355,31 +361,59 @@ impl Client {
     /// [`Client::push_objects`], returning once every write is sent (the
     /// stream window permitting); the returned future resolves when the
     /// daemon has staged them all.
-    pub async fn push_objects_send(
+    pub async fn push_objects_send(&self, objects: &[Object]) -> Result<UploadStaged, WsdError> {
+        let wanted = objects
+            .iter()
+            .map(|o| {
+                u32::try_from(o.bytes.len())
+                    .map(|size| (o.hash, size))
+                    .map_err(|_| WsdError::limit("object size (bytes)", MAX_CHUNK, o.bytes.len()))
+            })
+            .collect::<Result<Vec<_>, WsdError>>()?;
+        let mut next = objects.iter();
+        self.push_objects_send_from(&wanted, |_, buf: &mut [u8]| {
+            let object = next.next().expect("one object per wanted entry");
+            buf.copy_from_slice(&object.bytes);
+            Ok::<(), WsdError>(())
+        })
+        .await
+    }
+
+    /// [`Client::push_objects_send`] of the objects `wanted` names (hash and
+    /// size), each written by `read` straight into the message it goes out
+    /// in, so a sender keeps no copy of its own. A failure of `read` ends
+    /// the upload (what was sent before it may stay staged on the daemon)
+    /// and is returned as it is.
+    pub async fn push_objects_send_from<E: From<WsdError>>(
         &self,
-        objects: &[Object],
-    ) -> Result<impl Future<Output = Result<(), WsdError>> + 'static, WsdError> {
+        wanted: &[(Hash, u32)],
+        mut read: impl FnMut(&Hash, &mut [u8]) -> Result<(), E>,
+    ) -> Result<UploadStaged, E> {
         self.check_alive()?;
-        if objects.is_empty() {
-            return Ok(futures::future::Either::Left(std::future::ready(Ok(()))));
+        if wanted.is_empty() {
+            return Ok(Box::pin(std::future::ready(Ok(()))));
         }
         let sink = self.sync.push_objects_request().send().pipeline.get_sink();
         let mut start = 0;
         let mut window = StreamWindow::new();
-        while start < objects.len() {
+        while start < wanted.len() {
             let mut end = start;
             let mut bytes = 0;
-            while end < objects.len()
-                && (end == start || bytes + objects[end].bytes.len() <= OBJECT_WRITE_BYTES)
+            while end < wanted.len()
+                && (end == start || bytes + wanted[end].1 as usize <= OBJECT_WRITE_BYTES)
             {
-                bytes += objects[end].bytes.len();
+                bytes += wanted[end].1 as usize;
                 end += 1;
             }
             let mut req = stream::object_write_call(&sink);
-            objects_to(
-                req.get().init_objects((end - start) as u32),
-                &objects[start..end],
-            );
+            {
+                let mut list = req.get().init_objects((end - start) as u32);
+                for (i, (hash, size)) in wanted[start..end].iter().enumerate() {
+                    let mut object = list.reborrow().get(i as u32);
+                    object.set_hash(hash.as_bytes());
+                    read(hash, object.init_bytes(*size))?;
+                }
+            }
             let size = message_bytes(req.get().into_reader().total_size());
             self.conn
                 .deadline("pushObjects", window.send(req, size))
@@ -391,7 +425,7 @@ impl Client {
         // `done` after the last write is staged (or repeats its failure).
         let done = sink.done_request().send().promise;
         let conn = self.conn.clone();
-        Ok(futures::future::Either::Right(async move {
+        Ok(Box::pin(async move {
             conn.deadline("pushObjects", window.finish()).await?;
             conn.deadline("pushObjects", done).await?;
             Ok(())
@@ -700,6 +734,17 @@ impl Remote for Client {
         objects: Vec<Object>,
     ) -> Result<PendingUpload, SyncError> {
         let pending = self.push_objects_send(&objects).await?;
+        Ok(Box::pin(async move { Ok(pending.await?) }))
+    }
+
+    async fn push_objects_from(
+        &mut self,
+        wanted: &[(Hash, u32)],
+        reader: &mut dyn ObjectReader,
+    ) -> Result<PendingUpload, SyncError> {
+        let pending = self
+            .push_objects_send_from(wanted, |hash, buf| reader.read_into(hash, buf))
+            .await?;
         Ok(Box::pin(async move { Ok(pending.await?) }))
     }
 }

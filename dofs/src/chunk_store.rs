@@ -64,6 +64,18 @@ pub trait ChunkStore {
         hashes.iter().map(|h| self.get(h)).collect()
     }
 
+    /// [`ChunkStore::put_many`] that may answer before the uploads end:
+    /// the places are final, but a record naming one of them may commit
+    /// only once [`BegunPut::pending`] (when set) has
+    /// [`PendingPut::finish`]ed without error. A store that sends nothing
+    /// in the background keeps the default (`put_many`, nothing pending).
+    fn begin_put_many(&self, chunks: &[(Hash, &[u8])]) -> Result<BegunPut, DofsError> {
+        Ok(BegunPut {
+            places: self.put_many(chunks)?,
+            pending: None,
+        })
+    }
+
     /// [`ChunkStore::get_many`] of chunks whose place the caller recorded
     /// (from [`ChunkStore::put_many`] or [`ChunkStore::locate`]): a packed
     /// one is read as a range of its pack, verified as any read.
@@ -94,6 +106,54 @@ pub trait ChunkStore {
         let held: HashSet<Hash> = self.has(&hashes)?.into_iter().collect();
         Ok(hashes.into_iter().filter(|h| !held.contains(h)).collect())
     }
+}
+
+/// What [`ChunkStore::begin_put_many`] answers: where each chunk is (in
+/// input order, as [`ChunkStore::put_many`] answers), and the uploads
+/// still running, if any.
+#[derive(Debug)]
+pub struct BegunPut {
+    pub places: Vec<Option<PackSlot>>,
+    pub pending: Option<PendingPut>,
+}
+
+/// Uploads a store has started and not yet seen end: waiting for them
+/// ([`PendingPut::finish`]) answers whether they all succeeded, and only
+/// then may a record name their places. Dropped unfinished, the uploads
+/// run on unrecorded (what they stored is an orphan to the sweep).
+pub struct PendingPut {
+    wait: Box<dyn FnOnce() -> Result<(), DofsError> + Send>,
+}
+
+impl PendingPut {
+    /// Uploads that `wait` waits for (and records in the store's own
+    /// state once they succeeded).
+    pub fn new(wait: impl FnOnce() -> Result<(), DofsError> + Send + 'static) -> PendingPut {
+        PendingPut {
+            wait: Box::new(wait),
+        }
+    }
+
+    /// Waits for the uploads: an error names the object that failed and
+    /// the store.
+    pub fn finish(self) -> Result<(), DofsError> {
+        (self.wait)()
+    }
+}
+
+impl std::fmt::Debug for PendingPut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingPut").finish_non_exhaustive()
+    }
+}
+
+/// A batch whose chunks are being sent to the object store: the index
+/// rows that name them ([`Chunks::index_stored`]'s input), to commit
+/// only with or after a successful [`PendingPut::finish`].
+#[derive(Debug)]
+pub(crate) struct StagedChunks {
+    pub(crate) rows: Vec<(Hash, usize, Option<PackSlot>)>,
+    pub(crate) pending: PendingPut,
 }
 
 /// The object store a [`crate::Dofs`] keeps chunk bytes in, when it has one.
@@ -398,6 +458,50 @@ impl<'c> Chunks<'c> {
         Ok(!self.has(std::slice::from_ref(hash))?.is_empty())
     }
 
+    /// [`ChunkStore::put_many`] that may leave the uploads running: the
+    /// chunks already indexed are stamped fresh; the others go to the
+    /// object store. Answers the batch when its uploads are still running
+    /// ([`StagedChunks`]: its rows wait for them); else every row is
+    /// written now. Without an object store, the chunks go into the table.
+    pub(crate) fn begin_staging(
+        &self,
+        chunks: &[(Hash, &[u8])],
+    ) -> Result<Option<StagedChunks>, DofsError> {
+        let Some(objects) = self.objects else {
+            self.table().put_many(chunks)?;
+            return Ok(None);
+        };
+        let hashes: Vec<Hash> = chunks.iter().map(|(h, _)| *h).collect();
+        let held: HashSet<Hash> = self.indexed(&hashes)?.into_iter().collect();
+        let held_list: Vec<Hash> = held.iter().copied().collect();
+        self.touch(&held_list)?;
+        let mut seen = HashSet::new();
+        let new: Vec<(Hash, &[u8])> = chunks
+            .iter()
+            .filter(|(h, _)| !held.contains(h) && seen.insert(*h))
+            .map(|(h, b)| (*h, *b))
+            .collect();
+        let begun = objects.begin_put_many(&new)?;
+        let rows: Vec<(Hash, usize, Option<PackSlot>)> = new
+            .iter()
+            .zip(begun.places)
+            .map(|((h, b), slot)| (*h, b.len(), slot))
+            .collect();
+        match begun.pending {
+            Some(pending) => Ok(Some(StagedChunks { rows, pending })),
+            None => {
+                self.index_stored(&rows)?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Waits for a staged batch's uploads, then writes its rows.
+    pub(crate) fn settle(&self, staged: StagedChunks) -> Result<(), DofsError> {
+        staged.pending.finish()?;
+        self.index_stored(&staged.rows)
+    }
+
     /// Which of `hashes` have their bytes in the table itself (not in an
     /// object store), in input order.
     pub(crate) fn here(&self, hashes: &[Hash]) -> Result<Vec<Hash>, DofsError> {
@@ -541,26 +645,9 @@ impl ChunkStore for Chunks<'_> {
     /// indexed are stamped fresh. Answers `None` for every chunk: the
     /// caller finds them through the index.
     fn put_many(&self, chunks: &[(Hash, &[u8])]) -> Result<Vec<Option<PackSlot>>, DofsError> {
-        let Some(objects) = self.objects else {
-            return self.table().put_many(chunks);
-        };
-        let hashes: Vec<Hash> = chunks.iter().map(|(h, _)| *h).collect();
-        let held: HashSet<Hash> = self.indexed(&hashes)?.into_iter().collect();
-        let held_list: Vec<Hash> = held.iter().copied().collect();
-        self.touch(&held_list)?;
-        let mut seen = HashSet::new();
-        let new: Vec<(Hash, &[u8])> = chunks
-            .iter()
-            .filter(|(h, _)| !held.contains(h) && seen.insert(*h))
-            .map(|(h, b)| (*h, *b))
-            .collect();
-        let slots = objects.put_many(&new)?;
-        let stubs: Vec<(Hash, usize, Option<PackSlot>)> = new
-            .iter()
-            .zip(slots)
-            .map(|((h, b), slot)| (*h, b.len(), slot))
-            .collect();
-        self.index_stored(&stubs)?;
+        if let Some(staged) = self.begin_staging(chunks)? {
+            self.settle(staged)?;
+        }
         Ok(vec![None; chunks.len()])
     }
 

@@ -42,7 +42,7 @@ use std::path::Path;
 
 use rusqlite::{Connection, OptionalExtension};
 
-pub use chunk_store::{ChunkStore, PackSlot, SharedChunkStore, SqliteChunks};
+pub use chunk_store::{BegunPut, ChunkStore, PackSlot, PendingPut, SharedChunkStore, SqliteChunks};
 pub use error::DofsError;
 pub use fs::{
     DEFAULT_DIR_MODE, DEFAULT_FILE_MODE, DEFAULT_SYMLINK_MODE, DirEntry, LineWindow, SearchHit,
@@ -68,6 +68,10 @@ pub struct Dofs {
     /// Where new chunk bytes go when not into `conn` (see
     /// [`Dofs::keep_chunks_in`]).
     objects: Option<SharedChunkStore>,
+    /// Batches `stage_objects` left uploading to `objects`, oldest first:
+    /// their index rows commit once the uploads succeeded (by the next
+    /// sync call, see `sync/objects.rs`).
+    staged: Vec<chunk_store::StagedChunks>,
     /// Stamps the file clean after `conn` closes (declared after it: fields
     /// drop in order); `None` in memory.
     _clean_close: Option<wsd_sqlite::CleanClose>,
@@ -102,6 +106,7 @@ impl Dofs {
             _checkpoints: None,
             conn: opened.conn,
             objects: None,
+            staged: Vec::new(),
             _clean_close: Some(opened.clean_close),
         };
         // Checkpoints run beside the writer (`checkpoint.rs`), found again
@@ -118,6 +123,7 @@ impl Dofs {
             _checkpoints: None,
             conn: wsd_sqlite::open_in_memory(&schema::setup(OnDamage::Refuse))?,
             objects: None,
+            staged: Vec::new(),
             _clean_close: None,
         })
     }

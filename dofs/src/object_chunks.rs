@@ -13,7 +13,11 @@
 //!   pack lists its chunks itself, so a process with no record finds them
 //!   ([`ChunkStore::locate`] reads the indexes of packs it has not seen).
 //! - Writes are put-if-absent (`If-None-Match: *`): "already there" is not
-//!   an error, so two writers of one chunk agree.
+//!   an error, so two writers of one chunk agree. A batch's packs may be
+//!   sent while the caller goes on ([`ChunkStore::begin_put_many`]: a
+//!   sync receives its next batch meanwhile); their chunks become known
+//!   present, and may be named by a record, once the caller saw the
+//!   uploads succeed ([`PendingPut::finish`]).
 //! - A known-present set (the hashes this process stored or saw lately,
 //!   with their pack ranges, bounded in count) answers `has` and skips uploads without a request
 //!   per chunk; a hot cache of recently read chunks (bounded in bytes)
@@ -50,7 +54,7 @@ use object_store::{
 use wsd_sync::{ErrorCode, Hash, SyncError};
 
 use crate::DofsError;
-use crate::chunk_store::{ChunkStore, PackSlot, verified};
+use crate::chunk_store::{BegunPut, ChunkStore, PackSlot, PendingPut, verified};
 use crate::pack::{self, PackIndex};
 
 mod collect;
@@ -270,8 +274,16 @@ struct HotCache {
 }
 
 /// A [`ChunkStore`] over an object store (S3 or any `object_store`
-/// backend). Cheap to share behind an `Arc`; every method takes `&self`.
+/// backend). Every method takes `&self`; a clone is the same store (its
+/// state is shared), which is how uploads still running after a call
+/// ([`ChunkStore::begin_put_many`]) reach it when they end.
+#[derive(Clone)]
 pub struct ObjectChunks {
+    shared: Arc<Shared>,
+}
+
+/// The state of an [`ObjectChunks`] and of its clones.
+struct Shared {
     store: Arc<dyn ObjectStore>,
     prefix: ObjectPath,
     label: String,
@@ -293,7 +305,7 @@ pub struct ObjectChunks {
 impl std::fmt::Debug for ObjectChunks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ObjectChunks")
-            .field("label", &self.label)
+            .field("label", &self.shared.label)
             .finish_non_exhaustive()
     }
 }
@@ -379,7 +391,7 @@ impl ObjectChunks {
             .enable_all()
             .build()
             .map_err(|e| SyncError::io("starting the chunk store's runtime", e))?;
-        Ok(ObjectChunks {
+        let shared = Shared {
             store,
             prefix: ObjectPath::from(prefix),
             label,
@@ -393,22 +405,25 @@ impl ObjectChunks {
                 bytes: 0,
             }),
             runtime: OwnRuntime(Some(runtime)),
+        };
+        Ok(ObjectChunks {
+            shared: Arc::new(shared),
         })
     }
 
     /// How many packs' indexes this process holds (written or read).
     #[cfg(test)]
     pub(crate) fn packs_read(&self) -> usize {
-        lock(&self.packs_read).len()
+        lock(&self.shared.packs_read).len()
     }
 
     /// How this store names itself (`s3://BUCKET/PREFIX at ENDPOINT`).
     pub fn label(&self) -> &str {
-        &self.label
+        &self.shared.label
     }
 
     fn chunks_dir(&self) -> ObjectPath {
-        self.prefix.clone().join("chunks")
+        self.shared.prefix.clone().join("chunks")
     }
 
     fn key(&self, hash: &Hash) -> ObjectPath {
@@ -417,7 +432,7 @@ impl ObjectChunks {
     }
 
     fn packs_dir(&self) -> ObjectPath {
-        self.prefix.clone().join("packs")
+        self.shared.prefix.clone().join("packs")
     }
 
     fn pack_key(&self, id: &Hash) -> ObjectPath {
@@ -427,21 +442,21 @@ impl ObjectChunks {
     fn failed(&self, op: String, e: CallError) -> DofsError {
         match e {
             CallError::Store(source) => DofsError::ChunkStore {
-                store: self.label.clone(),
+                store: self.shared.label.clone(),
                 op,
                 source: Box::new(source),
             },
             CallError::Deadline => DofsError::ChunkStoreDeadline {
-                store: self.label.clone(),
+                store: self.shared.label.clone(),
                 op,
-                after: self.deadline,
+                after: self.shared.deadline,
             },
         }
     }
 
     /// Runs `fut` to completion on this store's runtime and waits for it.
     fn block_on<T: Send>(&self, fut: impl Future<Output = T> + Send) -> T {
-        let handle = self.runtime.handle();
+        let handle = self.shared.runtime.handle();
         if tokio::runtime::Handle::try_current().is_err() {
             return handle.block_on(fut);
         }
@@ -456,7 +471,11 @@ impl ObjectChunks {
 
     /// One listing request: the bucket exists and we may read it.
     fn check_reachable(&self) -> Result<(), DofsError> {
-        let (store, dir, deadline) = (self.store.clone(), self.chunks_dir(), self.deadline);
+        let (store, dir, deadline) = (
+            self.shared.store.clone(),
+            self.chunks_dir(),
+            self.shared.deadline,
+        );
         self.block_on(bounded(deadline, async move {
             store.list_with_delimiter(Some(&dir)).await
         }))
@@ -465,7 +484,7 @@ impl ObjectChunks {
     }
 
     fn remember(&self, hash: Hash, slot: Option<PackSlot>) {
-        lock(&self.present).insert(hash, slot);
+        lock(&self.shared.present).insert(hash, slot);
     }
 
     /// Where `hash` is, if this process knows it present somewhere a
@@ -478,7 +497,7 @@ impl ObjectChunks {
     /// Whether `hash` at `slot` (`None`: its own object) is outside every
     /// collection in progress.
     fn lasting(&self, hash: &Hash, slot: Option<PackSlot>) -> bool {
-        let doomed = lock(&self.doomed);
+        let doomed = lock(&self.shared.doomed);
         match slot {
             Some(slot) => !doomed.packs.contains(&slot.pack),
             None => !doomed.own.contains(hash),
@@ -487,14 +506,14 @@ impl ObjectChunks {
 
     /// Where `hash` is, if this process knows it present.
     fn known(&self, hash: &Hash) -> Option<Option<PackSlot>> {
-        lock(&self.present).get(hash).copied()
+        lock(&self.shared.present).get(hash).copied()
     }
 
     fn cache(&self, hash: Hash, bytes: Arc<[u8]>) {
         if bytes.len() > HOT_CACHE_BYTES / 4 {
             return;
         }
-        let mut hot = lock(&self.hot);
+        let mut hot = lock(&self.shared.hot);
         hot.bytes += bytes.len();
         if let Some(old) = hot.chunks.insert(hash, bytes) {
             hot.bytes -= old.len();
@@ -523,8 +542,8 @@ impl ObjectChunks {
     /// Every object listed under `dir`, page by page (each page one
     /// request under the deadline).
     fn listing(&self, dir: &ObjectPath, what: &str) -> Result<Vec<ObjectMeta>, DofsError> {
-        let deadline = self.deadline;
-        let mut listing = self.store.list(Some(dir));
+        let deadline = self.shared.deadline;
+        let mut listing = self.shared.store.list(Some(dir));
         let mut out = Vec::new();
         loop {
             let next = self
@@ -564,7 +583,7 @@ impl ObjectChunks {
         &self,
         packs: &[(Hash, u64)],
     ) -> Result<Vec<Option<PackIndex>>, DofsError> {
-        let (store, deadline) = (self.store.clone(), self.deadline);
+        let (store, deadline) = (self.shared.store.clone(), self.shared.deadline);
         let reads: Vec<(Hash, ObjectPath, u64)> = packs
             .iter()
             .map(|(id, size)| (*id, self.pack_key(id), *size))
@@ -601,7 +620,7 @@ impl ObjectChunks {
     fn read_new_packs(&self) -> Result<HashMap<Hash, PackSlot>, DofsError> {
         let new: Vec<(Hash, u64)> = {
             let listed = self.listed_packs()?;
-            let read = lock(&self.packs_read);
+            let read = lock(&self.shared.packs_read);
             listed
                 .into_iter()
                 .filter(|(id, _)| !read.contains(id))
@@ -616,7 +635,7 @@ impl ObjectChunks {
                 self.remember(hash, Some(slot));
                 read.insert(hash, slot);
             }
-            lock(&self.packs_read).insert(*id);
+            lock(&self.shared.packs_read).insert(*id);
         }
         Ok(read)
     }
@@ -686,7 +705,7 @@ impl ObjectChunks {
     /// Deletes `objects` from the bucket (gone already is fine), answering
     /// them.
     fn delete_keys(&self, objects: Vec<StaleObject>) -> Result<Vec<StaleObject>, DofsError> {
-        let (store, deadline) = (self.store.clone(), self.deadline);
+        let (store, deadline) = (self.shared.store.clone(), self.shared.deadline);
         self.block_on(
             stream::iter(objects)
                 .map(|o| {
@@ -711,10 +730,10 @@ impl ObjectChunks {
     /// ahead), so a later write stores them again instead of pointing at
     /// a deleted object.
     fn forget(&self, objects: &[StaleObject]) {
-        let mut present = lock(&self.present);
-        let mut hot = lock(&self.hot);
-        let mut packs_read = lock(&self.packs_read);
-        let mut ahead = lock(&self.ahead);
+        let mut present = lock(&self.shared.present);
+        let mut hot = lock(&self.shared.hot);
+        let mut packs_read = lock(&self.shared.packs_read);
+        let mut ahead = lock(&self.shared.ahead);
         for object in objects {
             if let Some(id) = object.pack {
                 packs_read.remove(&id);
@@ -732,13 +751,13 @@ impl ObjectChunks {
     fn document_key(&self, name: &str) -> ObjectPath {
         name.split('/')
             .filter(|p| !p.is_empty())
-            .fold(self.prefix.clone(), |key, part| key.join(part))
+            .fold(self.shared.prefix.clone(), |key, part| key.join(part))
     }
 
     /// Stores (replacing) the document `name` (`a/b.json`) under the prefix.
     pub fn put_document(&self, name: &str, bytes: Vec<u8>) -> Result<(), DofsError> {
-        let (store, key) = (self.store.clone(), self.document_key(name));
-        self.block_on(bounded(self.deadline, async move {
+        let (store, key) = (self.shared.store.clone(), self.document_key(name));
+        self.block_on(bounded(self.shared.deadline, async move {
             store.put(&key, PutPayload::from(bytes)).await
         }))
         .map(drop)
@@ -747,8 +766,8 @@ impl ObjectChunks {
 
     /// The document `name`, or `None` when there is none.
     pub fn get_document(&self, name: &str) -> Result<Option<Vec<u8>>, DofsError> {
-        let (store, key) = (self.store.clone(), self.document_key(name));
-        match self.block_on(bounded(self.deadline, async move {
+        let (store, key) = (self.shared.store.clone(), self.document_key(name));
+        match self.block_on(bounded(self.shared.deadline, async move {
             store.get(&key).await?.bytes().await
         })) {
             Ok(bytes) => Ok(Some(bytes.to_vec())),
@@ -759,11 +778,10 @@ impl ObjectChunks {
 
     /// Deletes the document `name` (gone already is fine).
     pub fn delete_document(&self, name: &str) -> Result<(), DofsError> {
-        let (store, key) = (self.store.clone(), self.document_key(name));
-        match self.block_on(bounded(
-            self.deadline,
-            async move { store.delete(&key).await },
-        )) {
+        let (store, key) = (self.shared.store.clone(), self.document_key(name));
+        match self.block_on(bounded(self.shared.deadline, async move {
+            store.delete(&key).await
+        })) {
             Ok(()) | Err(CallError::Store(object_store::Error::NotFound { .. })) => Ok(()),
             Err(e) => Err(self.failed(format!("deleting {name}"), e)),
         }
@@ -771,7 +789,7 @@ impl ObjectChunks {
 
     /// The names (relative to the prefix) of the documents under `dir`.
     pub fn list_documents(&self, dir: &str) -> Result<Vec<String>, DofsError> {
-        let prefix_parts = self.prefix.parts().count();
+        let prefix_parts = self.shared.prefix.parts().count();
         let mut names: Vec<String> = self
             .listing(&self.document_key(dir), dir)?
             .into_iter()
@@ -870,6 +888,17 @@ impl ObjectChunks {
     /// Stores `chunks` (distinct, not known present) as packs of at most
     /// [`PACK_BYTES`], sent concurrently; answers where each one is.
     fn put_packs(&self, chunks: &[(Hash, &[u8])]) -> Result<Vec<(Hash, PackSlot)>, DofsError> {
+        let (placed, pending) = self.begin_packs(chunks);
+        pending.finish()?;
+        Ok(placed)
+    }
+
+    /// [`ObjectChunks::put_packs`] that answers once the packs are built,
+    /// their uploads running on this store's runtime (so the caller can
+    /// go on, e.g. receive the next batch, meanwhile). The chunks become
+    /// known present only when [`PendingPut::finish`] saw every upload
+    /// succeed: no other writer names a place before it exists.
+    fn begin_packs(&self, chunks: &[(Hash, &[u8])]) -> (Vec<(Hash, PackSlot)>, PendingPut) {
         let mut groups: Vec<&[(Hash, &[u8])]> = Vec::new();
         let (mut start, mut bytes) = (0, 0);
         for (i, (_, b)) in chunks.iter().enumerate() {
@@ -880,7 +909,7 @@ impl ObjectChunks {
             bytes += b.len();
         }
         groups.push(&chunks[start..]);
-        let (store, deadline) = (self.store.clone(), self.deadline);
+        let (store, deadline) = (self.shared.store.clone(), self.shared.deadline);
         let mut uploads: Vec<(Hash, ObjectPath, PutPayload)> = Vec::with_capacity(groups.len());
         let mut placed: Vec<(Hash, PackIndex)> = Vec::with_capacity(groups.len());
         for group in groups {
@@ -888,7 +917,7 @@ impl ObjectChunks {
             // chunks in the same order would make it): a gap makes another.
             let mut packed = pack::encode(group);
             let mut gap = 0;
-            while lock(&self.doomed).packs.contains(&packed.id) {
+            while lock(&self.shared.doomed).packs.contains(&packed.id) {
                 gap += 1;
                 packed = pack::encode_with_gap(group, gap);
             }
@@ -897,9 +926,9 @@ impl ObjectChunks {
             uploads.push((id, self.pack_key(&id), PutPayload::from(bytes)));
             placed.push((id, slots));
         }
-        self.block_on(
+        let sending = self.shared.runtime.handle().spawn(
             stream::iter(uploads)
-                .map(|(id, key, payload)| {
+                .map(move |(id, key, payload)| {
                     let store = store.clone();
                     async move {
                         // Same id, same bytes: "already there" is success.
@@ -920,17 +949,36 @@ impl ObjectChunks {
                 })
                 .buffer_unordered(CONCURRENCY)
                 .try_collect::<Vec<()>>(),
-        )
-        .map_err(|(id, e)| self.failed(format!("storing pack {id}"), e))?;
-        let mut out = Vec::with_capacity(chunks.len());
-        for (id, slots) in placed {
-            for (hash, slot) in &slots {
-                self.remember(*hash, Some(*slot));
+        );
+        let answer: Vec<(Hash, PackSlot)> = placed
+            .iter()
+            .flat_map(|(_, slots)| slots.iter().copied())
+            .collect();
+        let this = self.clone();
+        let pending = PendingPut::new(move || {
+            match this.block_on(sending) {
+                Ok(Ok(_)) => {}
+                Ok(Err((id, e))) => {
+                    return Err(this.failed(format!("storing pack {}", this.pack_key(&id)), e));
+                }
+                Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+                Err(join) => {
+                    return Err(DofsError::ChunkStore {
+                        store: this.shared.label.clone(),
+                        op: "storing packs".into(),
+                        source: Box::new(join),
+                    });
+                }
             }
-            lock(&self.packs_read).insert(id);
-            out.extend(slots);
-        }
-        Ok(out)
+            for (id, slots) in placed {
+                for (hash, slot) in &slots {
+                    this.remember(*hash, Some(*slot));
+                }
+                lock(&this.shared.packs_read).insert(id);
+            }
+            Ok(())
+        });
+        (answer, pending)
     }
 }
 
@@ -946,9 +994,9 @@ impl ChunkStore for ObjectChunks {
             self.put_packs(&[(*hash, bytes)])?;
             return Ok(true);
         }
-        let (store, key) = (self.store.clone(), self.key(hash));
+        let (store, key) = (self.shared.store.clone(), self.key(hash));
         let payload = PutPayload::from(bytes.to_vec());
-        let stored = match self.block_on(bounded(self.deadline, async move {
+        let stored = match self.block_on(bounded(self.shared.deadline, async move {
             store.put_opts(&key, payload, PutMode::Create.into()).await
         })) {
             Ok(_) => true,
@@ -976,6 +1024,18 @@ impl ChunkStore for ObjectChunks {
     /// The chunks not known present go out together: one alone as its
     /// own object, several in packs (one object per [`PACK_BYTES`]).
     fn put_many(&self, chunks: &[(Hash, &[u8])]) -> Result<Vec<Option<PackSlot>>, DofsError> {
+        let begun = self.begin_put_many(chunks)?;
+        if let Some(pending) = begun.pending {
+            pending.finish()?;
+        }
+        Ok(begun.places)
+    }
+
+    /// [`ChunkStore::put_many`] whose packs are still being sent when it
+    /// answers (a chunk alone is sent before: its "already there" answers
+    /// for an object that may be a collection's to delete, so it is not
+    /// left to run past the caller's checks).
+    fn begin_put_many(&self, chunks: &[(Hash, &[u8])]) -> Result<BegunPut, DofsError> {
         let mut placed: HashMap<Hash, Option<PackSlot>> = HashMap::new();
         let mut new: Vec<(Hash, &[u8])> = Vec::new();
         let mut seen = HashSet::new();
@@ -988,15 +1048,21 @@ impl ChunkStore for ObjectChunks {
                 None => {}
             }
         }
+        let mut pending = None;
         if let [(hash, bytes)] = new[..]
             && self.lasting(&hash, None)
         {
             self.put_if_absent(&hash, bytes)?;
             placed.insert(hash, None);
         } else if !new.is_empty() {
-            placed.extend(self.put_packs(&new)?.into_iter().map(|(h, s)| (h, Some(s))));
+            let (packed, sending) = self.begin_packs(&new);
+            placed.extend(packed.into_iter().map(|(h, s)| (h, Some(s))));
+            pending = Some(sending);
         }
-        Ok(chunks.iter().map(|(h, _)| placed[h]).collect())
+        Ok(BegunPut {
+            places: chunks.iter().map(|(h, _)| placed[h]).collect(),
+            pending,
+        })
     }
 
     /// [`ChunkStore::get_placed`] at the places this process knows; a
@@ -1028,7 +1094,7 @@ impl ChunkStore for ObjectChunks {
     /// [`READ_AHEAD_PACKS`] of them). Each chunk is verified.
     fn get_placed(&self, chunks: &[(Hash, Option<PackSlot>)]) -> Result<Vec<Vec<u8>>, DofsError> {
         let mut out: Vec<Option<Vec<u8>>> = {
-            let mut hot = lock(&self.hot);
+            let mut hot = lock(&self.shared.hot);
             chunks
                 .iter()
                 .map(|(h, _)| hot.chunks.get(h).map(|b| b.to_vec()))
@@ -1044,7 +1110,7 @@ impl ChunkStore for ObjectChunks {
             }
             let slot = slot.or_else(|| self.known(hash).flatten());
             if let Some(slot) = slot
-                && let Some(pack) = lock(&self.ahead).get(&slot.pack).cloned()
+                && let Some(pack) = lock(&self.shared.ahead).get(&slot.pack).cloned()
             {
                 sliced.push((at, *hash, Some(slot), slice(&pack, &slot)));
                 continue;
@@ -1069,7 +1135,7 @@ impl ChunkStore for ObjectChunks {
                 }
             }
         }
-        let (store, deadline) = (self.store.clone(), self.deadline);
+        let (store, deadline) = (self.shared.store.clone(), self.shared.deadline);
         type Fetched = Result<
             (
                 Option<(Hash, Arc<[u8]>)>,
@@ -1128,7 +1194,7 @@ impl ChunkStore for ObjectChunks {
                 Err((hash, e)) => return Err(self.failed(format!("reading chunk {hash}"), e)),
             };
             if let Some((id, bytes)) = pack {
-                lock(&self.ahead).insert(id, bytes);
+                lock(&self.shared.ahead).insert(id, bytes);
             }
             taken.push(got);
         }
@@ -1211,7 +1277,7 @@ impl ChunkStore for ObjectChunks {
                     self.remember(hash, Some(slot));
                     listed.insert((hash, slot));
                 }
-                lock(&self.packs_read).insert(*id);
+                lock(&self.shared.packs_read).insert(*id);
             }
         }
         let alone: Vec<Hash> = chunks
@@ -1261,7 +1327,7 @@ impl ObjectChunks {
                 .copied()
                 .collect());
         }
-        let (store, deadline) = (self.store.clone(), self.deadline);
+        let (store, deadline) = (self.shared.store.clone(), self.shared.deadline);
         let keys: Vec<(Hash, ObjectPath)> = hashes.iter().map(|h| (*h, self.key(h))).collect();
         self.block_on(
             stream::iter(keys)
@@ -1402,9 +1468,9 @@ mod tests {
     /// A client of the same bucket and prefix with no state of its own.
     fn another_client(chunks: &ObjectChunks) -> ObjectChunks {
         ObjectChunks::over(
-            chunks.store.clone(),
-            chunks.prefix.as_ref(),
-            chunks.label.clone(),
+            chunks.shared.store.clone(),
+            chunks.shared.prefix.as_ref(),
+            chunks.shared.label.clone(),
             DEFAULT_DEADLINE,
         )
         .unwrap()
@@ -1432,11 +1498,15 @@ mod tests {
     }
 
     /// An in-memory bucket counting the requests made of it (the trait's
-    /// `async_trait` methods written out as boxed futures).
+    /// `async_trait` methods written out as boxed futures). With a `gate`,
+    /// every PUT first takes one of its permits (the test hands them out);
+    /// with `refuse_packs`, every PUT of a pack fails.
     #[derive(Debug)]
     struct Counted {
         inner: Arc<InMemory>,
         requests: Arc<Requests>,
+        gate: Option<Arc<tokio::sync::Semaphore>>,
+        refuse_packs: bool,
     }
 
     impl std::fmt::Display for Counted {
@@ -1462,7 +1532,21 @@ mod tests {
             self.requests
                 .puts
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            self.inner.put_opts(location, payload, opts)
+            let (inner, location) = (self.inner.clone(), location.clone());
+            let gate = self.gate.clone();
+            let refused = self.refuse_packs && location.as_ref().contains("/packs/");
+            Box::pin(async move {
+                if let Some(gate) = gate {
+                    gate.acquire().await.expect("the gate stays open").forget();
+                }
+                if refused {
+                    return Err(object_store::Error::Generic {
+                        store: "counted",
+                        source: "refused by the test".into(),
+                    });
+                }
+                inner.put_opts(&location, payload, opts).await
+            })
         }
 
         fn put_multipart_opts<'s, 'l, 'f>(
@@ -1551,6 +1635,8 @@ mod tests {
         let counted = Counted {
             inner: backend.clone(),
             requests: requests.clone(),
+            gate: None,
+            refuse_packs: false,
         };
         let chunks = ObjectChunks::over(
             Arc::new(counted),
@@ -1560,6 +1646,134 @@ mod tests {
         )
         .unwrap();
         (chunks, requests)
+    }
+
+    /// A client of `backend` whose PUTs wait for permits of `gate`, or
+    /// whose pack PUTs fail (`refuse_packs`). A short deadline: a caller
+    /// that waited for a held PUT fails within it instead of hanging.
+    fn gated_client(
+        backend: &Arc<InMemory>,
+        gate: Option<Arc<tokio::sync::Semaphore>>,
+        refuse_packs: bool,
+    ) -> ObjectChunks {
+        let counted = Counted {
+            inner: backend.clone(),
+            requests: Arc::default(),
+            gate,
+            refuse_packs,
+        };
+        ObjectChunks::over(
+            Arc::new(counted),
+            "ws",
+            "memory://gated".into(),
+            Duration::from_secs(5),
+        )
+        .unwrap()
+    }
+
+    /// 40 chunks of 10,000 bytes as a sync receives them (one pack).
+    fn received_objects() -> Vec<wsd_sync::Object> {
+        (0..40u64)
+            .map(|i| {
+                let bytes = crate::test_util::noise(10_000, 100 + i);
+                wsd_sync::Object {
+                    hash: Hash::of(&bytes),
+                    bytes,
+                }
+            })
+            .collect()
+    }
+
+    fn index_rows(d: &crate::Dofs) -> u64 {
+        d.conn
+            .query_row("SELECT count(*) FROM chunks", [], |r| r.get(0))
+            .unwrap()
+    }
+
+    /// A sync's `stage_objects` answers while its pack is still being
+    /// sent (so the driver receives the next batch meanwhile), and no
+    /// index row names the pack before it is stored: a crash then (the
+    /// store closed with the upload held) leaves no row at all. The next
+    /// sync call waits for the upload and commits the rows.
+    #[test]
+    fn staging_answers_before_its_upload_ends_and_its_rows_wait_for_it() {
+        use wsd_sync::Store;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dofs.sqlite3");
+        let backend = Arc::new(InMemory::new());
+        let objects = received_objects();
+        let hashes: Vec<Hash> = objects.iter().map(|o| o.hash).collect();
+
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let mut d = crate::Dofs::open(&path).unwrap();
+        d.keep_chunks_in(Arc::new(gated_client(&backend, Some(gate.clone()), false)));
+        d.stage_objects(&objects).unwrap();
+        assert_eq!(backend_packs(&backend), 0, "the upload is held");
+        assert_eq!(index_rows(&d), 0, "no row names a pack not yet stored");
+        drop(d);
+        gate.add_permits(1);
+        let mut d = crate::Dofs::open(&path).unwrap();
+        assert_eq!(index_rows(&d), 0, "the crash left no row");
+
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        d.keep_chunks_in(Arc::new(gated_client(&backend, Some(gate.clone()), false)));
+        d.stage_objects(&objects).unwrap();
+        assert_eq!(index_rows(&d), 0);
+        gate.add_permits(1);
+        assert_eq!(d.has_objects(&hashes).unwrap(), hashes, "settled");
+        assert_eq!(index_rows(&d), 40);
+        assert_eq!(backend_packs(&backend), 1, "the same pack, stored once");
+        let read = d.read_objects(&hashes).unwrap();
+        assert!(read.iter().zip(&objects).all(|(r, o)| r.bytes == o.bytes));
+        d.check_integrity().unwrap();
+    }
+
+    /// A staged pack whose upload fails fails the apply naming the pack's
+    /// key and the store, and the apply commits nothing: no entry, no row.
+    #[test]
+    fn a_failed_staged_upload_fails_the_apply_naming_the_pack_and_commits_nothing() {
+        use wsd_sync::{ApplyBatch, Baseline, ChangeEntry, ChunkRef, EntryState, IgnoreRules};
+        use wsd_sync::{ErrorCode, Store};
+        let backend = Arc::new(InMemory::new());
+        let mut d = crate::Dofs::open_in_memory().unwrap();
+        d.keep_chunks_in(Arc::new(gated_client(&backend, None, true)));
+        let objects = received_objects();
+        d.stage_objects(&objects).unwrap();
+        let chunks: Vec<ChunkRef> = objects
+            .iter()
+            .map(|o| ChunkRef {
+                hash: o.hash,
+                size: o.bytes.len() as u32,
+            })
+            .collect();
+        let entry = ChangeEntry {
+            rev: 1,
+            path: crate::test_util::p("f"),
+            state: EntryState::File {
+                mode: 0o644,
+                mtime: 1,
+                size: 400_000,
+                chunks,
+            },
+        };
+        let err = d
+            .apply(ApplyBatch {
+                remote: "peer",
+                sender: None,
+                entries: &[entry],
+                baseline: Baseline::Off,
+                ignore: &IgnoreRules::none(),
+            })
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Io);
+        let text = err.to_string();
+        assert!(
+            text.contains("memory://gated") && text.contains("ws/packs/"),
+            "{text}"
+        );
+        assert_eq!(crate::Dofs::current_rev(&d).unwrap(), 0, "nothing applied");
+        assert_eq!(index_rows(&d), 0);
+        assert_eq!(backend_packs(&backend), 0);
     }
 
     /// A fresh process checking an index of many packed chunks, or asking
@@ -1675,7 +1889,7 @@ mod tests {
     /// A second store over the same backend and prefix as `chunks`.
     fn in_memory_again(chunks: &ObjectChunks) -> ObjectChunks {
         ObjectChunks::over(
-            chunks.store.clone(),
+            chunks.shared.store.clone(),
             "ws",
             "memory://test".into(),
             DEFAULT_DEADLINE,

@@ -593,3 +593,54 @@ fn a_write_during_a_collection_stores_a_doomed_objects_chunks_again() {
     a.check_integrity().unwrap();
     assert_eq!(a.read_file(&p("y")).unwrap(), content);
 }
+
+/// A collection reaching one store at a time: a fork written after its
+/// own (then empty) store was marked, from a snapshot whose chunks only a
+/// pack the collection is about to delete holds (the source drops the
+/// snapshot and collects its rows before its own mark), copies those
+/// chunks' bytes instead of naming the doomed pack; after the collection
+/// deleted that pack the fork reads back with a client that knows
+/// nothing.
+#[test]
+fn a_fork_during_a_collection_copies_the_chunks_of_a_doomed_pack() {
+    let (store, _) = bucket();
+    let mut source = keeping(&store);
+    let mut fork = keeping(&store);
+    let content = noise(300 * 1024, 12);
+    let hashes: Vec<Hash> = chunk::chunk_slice(&content)
+        .iter()
+        .map(|c| c.1.hash)
+        .collect();
+    put(&mut source, "x", &content);
+    let doomed = packs_holding(&store, hashes[0]);
+    assert_eq!(doomed.len(), 1);
+    source.create_snapshot("s").unwrap();
+    source.rm(&p("x"), false).unwrap();
+
+    let later = SystemTime::now() + Duration::from_secs(60);
+    let stale = store.inner.stale_objects(later).unwrap();
+    let mut turns = 0;
+    let mut each = |f: &mut dyn FnMut(&mut Dofs) -> Result<(), DofsError>| {
+        f(&mut fork)?;
+        if turns == 0 {
+            // After the fork's mark, before the source's.
+            fork.fork_from(&source, "s").unwrap();
+            source.delete_snapshot("s").unwrap();
+            source.collect_garbage().unwrap();
+        }
+        turns += 1;
+        f(&mut source)
+    };
+    let out = store
+        .inner
+        .collect_each(stale, &mut each, &Default::default())
+        .unwrap();
+    assert_eq!(out.chunks, hashes.len() as u64, "{out:?}");
+    assert!(
+        packs_holding(&store, hashes[0]).is_empty(),
+        "the doomed pack is gone"
+    );
+    fork.keep_chunks_in(store.fresh());
+    fork.check_integrity().unwrap();
+    assert_eq!(fork.read_file(&p("x")).unwrap(), content);
+}

@@ -143,6 +143,11 @@ impl SeaweedFs {
         )
     }
 
+    /// The server's process id (for a bench that accounts its CPU time).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// A store over `prefix` in the test bucket.
     pub fn chunks(&self, prefix: &str) -> ObjectChunks {
         ObjectChunks::connect_with(&self.url(prefix), Some(credentials()))

@@ -608,8 +608,10 @@ impl Pager {
 }
 
 /// Reads `missing` (a batch's chunks the remote lacks) from the local store
-/// and uploads them, about [`BATCH_OBJECT_BYTES`] per upload. Returns once
-/// everything is sent; the futures resolve when the remote has staged them.
+/// and uploads them, about [`BATCH_OBJECT_BYTES`] per upload, each object
+/// read straight into the message it goes out in where the remote builds
+/// its own ([`Remote::push_objects_from`]). Returns once everything is
+/// sent; the futures resolve when the remote has staged them.
 async fn send_objects<S: Store, R: Remote>(
     local: &mut S,
     remote: &mut R,
@@ -618,10 +620,9 @@ async fn send_objects<S: Store, R: Remote>(
     on_progress: &mut impl FnMut(&SyncReport),
 ) -> Result<Vec<PendingUpload>, SyncError> {
     let mut pending: Vec<PendingUpload> = Vec::new();
-    let mut group: Vec<Hash> = Vec::new();
+    let mut start = 0;
     let mut group_bytes = 0usize;
-    for (i, (h, size)) in missing.iter().enumerate() {
-        group.push(*h);
+    for (i, (_, size)) in missing.iter().enumerate() {
         group_bytes += *size as usize;
         if group_bytes >= BATCH_OBJECT_BYTES || i + 1 == missing.len() {
             // A large file's upload spans many groups: keep at most two in
@@ -629,12 +630,14 @@ async fn send_objects<S: Store, R: Remote>(
             while pending.len() >= 2 {
                 pending.remove(0).await?;
             }
-            let objects = local.read_objects(&group)?;
-            report.objects += objects.len() as u64;
-            report.object_bytes += objects.iter().map(|o| o.bytes.len() as u64).sum::<u64>();
-            pending.push(remote.push_objects_pipelined(objects).await?);
+            let group = &missing[start..=i];
+            let mut reader = local.object_reader(group)?;
+            pending.push(remote.push_objects_from(group, reader.as_mut()).await?);
+            drop(reader);
+            report.objects += group.len() as u64;
+            report.object_bytes += group_bytes as u64;
             on_progress(report);
-            group.clear();
+            start = i + 1;
             group_bytes = 0;
         }
     }

@@ -41,5 +41,6 @@ pub use remote::{
     Remote,
 };
 pub use store::{
-    ApplyBatch, ApplyOutcome, Baseline, ChangesQuery, ChangesWindow, Store, Watermarks,
+    ApplyBatch, ApplyOutcome, Baseline, ChangesQuery, ChangesWindow, ObjectReader, Store,
+    Watermarks,
 };

@@ -106,6 +106,28 @@ pub trait Remote {
         Ok(Box::pin(std::future::ready(done)))
     }
 
+    /// [`Remote::push_objects_pipelined`] of the objects `wanted` names
+    /// (hash and size), their bytes read by `reader` in that order. A remote
+    /// that builds its messages itself (the capnp client) has the reader
+    /// write each object straight into the message it is sent in; by
+    /// default the objects are read into buffers of their own first. An
+    /// error of `reader` is returned as it is.
+    async fn push_objects_from(
+        &mut self,
+        wanted: &[(Hash, u32)],
+        reader: &mut dyn crate::ObjectReader,
+    ) -> Result<PendingUpload, SyncError> {
+        let objects = wanted
+            .iter()
+            .map(|(hash, size)| {
+                let mut bytes = vec![0; *size as usize];
+                reader.read_into(hash, &mut bytes)?;
+                Ok(Object { hash: *hash, bytes })
+            })
+            .collect::<Result<Vec<Object>, SyncError>>()?;
+        self.push_objects_pipelined(objects).await
+    }
+
     /// `sender` is `None` for an external writer (wire `senderRev = 0`).
     /// `ignore` is the sender's exclusions (gitignore patterns): a sweeping
     /// baseline spares the receiver's paths they match.

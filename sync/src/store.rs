@@ -143,6 +143,25 @@ pub trait Store {
             .collect()
     }
 
+    /// A reader of the objects `wanted` names (hash and size), which a
+    /// sender asks for one after another in that order, each into the
+    /// buffer it goes out in ([`Remote::push_objects_from`]). By default it
+    /// reads them all at once with [`Store::read_objects`] and copies each
+    /// out; a store that can read an object straight into a buffer (the
+    /// workspace store, from the file holding it) overrides it, so the bytes
+    /// are copied once, not twice, on their way to the wire.
+    ///
+    /// [`Remote::push_objects_from`]: crate::Remote::push_objects_from
+    fn object_reader<'a>(
+        &'a mut self,
+        wanted: &[(Hash, u32)],
+    ) -> Result<Box<dyn ObjectReader + 'a>, SyncError> {
+        let hashes: Vec<Hash> = wanted.iter().map(|(h, _)| *h).collect();
+        Ok(Box::new(ReadObjects {
+            objects: self.read_objects(&hashes)?.into_iter(),
+        }))
+    }
+
     /// Stores objects after checking `sha256(bytes) == hash` for each; a
     /// mismatch stores nothing from the bad object and fails with
     /// `EPROTOCOL`.
@@ -181,4 +200,38 @@ pub trait Store {
     /// when the remote's log turned out shorter than our cursor); moving it
     /// back clears `remote`'s echo markers as for the push cursor.
     fn set_fetch_cursor(&mut self, remote: &str, cursor: &ChangeCursor) -> Result<(), SyncError>;
+}
+
+/// Objects a sender reads one at a time into the buffers they are sent in
+/// ([`Store::object_reader`]).
+pub trait ObjectReader {
+    /// Writes the bytes of `hash` into `buf`, which is exactly as long as
+    /// the object (the size its chunk reference gives), in the order the
+    /// reader was made for. The errors are [`Store::read_object`]'s, and an
+    /// object of another size is `EIO`.
+    fn read_into(&mut self, hash: &Hash, buf: &mut [u8]) -> Result<(), SyncError>;
+}
+
+/// The default [`ObjectReader`]: objects read ahead, copied out in order.
+struct ReadObjects {
+    objects: std::vec::IntoIter<crate::Object>,
+}
+
+impl ObjectReader for ReadObjects {
+    fn read_into(&mut self, hash: &Hash, buf: &mut [u8]) -> Result<(), SyncError> {
+        let object = self
+            .objects
+            .next()
+            .filter(|o| o.hash == *hash)
+            .ok_or_else(|| SyncError::Storage(format!("object {hash} was read out of order")))?;
+        if object.bytes.len() != buf.len() {
+            return Err(SyncError::Storage(format!(
+                "object {hash} holds {} bytes, its chunk reference says {}",
+                object.bytes.len(),
+                buf.len()
+            )));
+        }
+        buf.copy_from_slice(&object.bytes);
+        Ok(())
+    }
 }

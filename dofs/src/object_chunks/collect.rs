@@ -78,7 +78,7 @@ struct DoomGuard<'a> {
 
 impl Drop for DoomGuard<'_> {
     fn drop(&mut self) {
-        let mut doomed = super::lock(&self.chunks.doomed);
+        let mut doomed = super::lock(&self.chunks.shared.doomed);
         doomed.packs.clear();
         doomed.own.clear();
     }
@@ -90,7 +90,7 @@ impl ObjectChunks {
     /// object's "already there", a fork's copied pack range), so a store
     /// whose rows were marked cannot come to need one of them later.
     fn doom(&self, stale: &[StaleObject]) -> DoomGuard<'_> {
-        let mut doomed = super::lock(&self.doomed);
+        let mut doomed = super::lock(&self.shared.doomed);
         for object in stale {
             match object.pack {
                 Some(pack) => {
@@ -109,7 +109,7 @@ impl ObjectChunks {
         deleted: &'o [StaleObject],
         rewritten: impl Iterator<Item = &'o StaleObject>,
     ) {
-        let mut doomed = super::lock(&self.doomed);
+        let mut doomed = super::lock(&self.shared.doomed);
         doomed.packs.clear();
         doomed.own.clear();
         for object in deleted.iter().chain(rewritten) {
@@ -271,7 +271,7 @@ impl ObjectChunks {
     /// The objects at `keys`, whole, read concurrently, in input order; an
     /// object gone meanwhile is `None`.
     fn read_whole(&self, keys: Vec<ObjectPath>) -> Result<Vec<Option<Vec<u8>>>, DofsError> {
-        let (store, deadline) = (self.store.clone(), self.deadline);
+        let (store, deadline) = (self.shared.store.clone(), self.shared.deadline);
         type Read = Result<Option<Vec<u8>>, (ObjectPath, CallError)>;
         let read: Vec<Read> = self.block_on(
             stream::iter(keys)
@@ -331,6 +331,8 @@ fn mark(
         placed: HashSet::new(),
     };
     each(&mut |d| {
+        // Rows a staged batch has not committed yet name places too.
+        d.settle_staged()?;
         for (hash, pack) in d.chunk_places(&hashes)? {
             match pack {
                 None => marks.anywhere.insert(hash),

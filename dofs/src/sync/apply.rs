@@ -98,7 +98,14 @@ impl Dofs {
         for e in batch.entries {
             e.validate()?;
         }
+        // Staged chunks' rows go in first (the entries may name them); the
+        // transaction commits only once their uploads succeeded, which
+        // they do meanwhile.
+        let staged = std::mem::take(&mut self.staged);
         let mut m = Mutation::begin(&mut self.conn, self.objects.as_deref())?;
+        for uploading in &staged {
+            m.chunks().index_stored(&uploading.rows)?;
+        }
         let pushed = match batch.sender {
             Some(_) => {
                 watermarks::register(&m, batch.remote)?;
@@ -159,6 +166,9 @@ impl Dofs {
         outcome.fetch_cursor = watermarks::cursors(&m, batch.remote)?
             .map(|(_, f)| f)
             .unwrap_or_default();
+        for uploading in staged {
+            uploading.pending.finish()?;
+        }
         let stamped = m.stamped();
         m.commit()?;
         outcome.rev = rows::current_rev(&self.conn)?;

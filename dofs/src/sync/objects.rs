@@ -1,10 +1,17 @@
 //! The chunk store as the sync core sees it: probe, read, stage, collect.
 
+use std::collections::HashSet;
+
 use rusqlite::TransactionBehavior;
 use wsd_sync::{Hash, Object, SyncError, chunk};
 
 use crate::chunk_store::{ChunkStore, Chunks, PackSlot};
 use crate::{Dofs, DofsError};
+
+/// Batches of `stage_objects` whose uploads may run at once while the
+/// caller goes on (each at most the driver's `BATCH_OBJECT_BYTES` of
+/// chunks, 4 MiB, held in memory until sent).
+const STAGED_BATCHES: usize = 2;
 
 /// What [`Dofs::collect_garbage`] freed.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -66,6 +73,7 @@ impl Dofs {
     /// new place (`(chunk, old pack, new slot)`), in one transaction: a
     /// repack's move of this store. Answers how many rows moved.
     pub fn repoint_chunks(&mut self, moved: &[(Hash, Hash, PackSlot)]) -> Result<usize, DofsError> {
+        self.settle_staged()?;
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -76,7 +84,13 @@ impl Dofs {
 
     /// Verifies every object first and stores them in one transaction, so a
     /// bad object in a call stores nothing at all. With an object store
-    /// the new ones are sent there together before the transaction commits.
+    /// the new ones are sent there together, and the call answers while
+    /// they are still being sent (so the driver receives the next batch
+    /// meanwhile): their index rows wait in `Dofs::staged` for the next
+    /// sync call, which commits them only once the uploads succeeded (an
+    /// apply in its own transaction, before it commits). At most
+    /// [`STAGED_BATCHES`] batches are left running; beyond, this call
+    /// waits for the oldest.
     pub(crate) fn stage_objects_inner(&mut self, objects: &[Object]) -> Result<(), DofsError> {
         for o in objects {
             SyncError::check_limit("object size (bytes)", chunk::MAX_CHUNK, o.bytes.len())?;
@@ -85,11 +99,44 @@ impl Dofs {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let staged = &mut self.staged;
+        // Chunks still being sent for an earlier batch are not sent again.
+        let sending: HashSet<Hash> = staged
+            .iter()
+            .flat_map(|s| s.rows.iter().map(|(h, ..)| *h))
+            .collect();
         let batch: Vec<(Hash, &[u8])> = objects
             .iter()
+            .filter(|o| !sending.contains(&o.hash))
             .map(|o| (o.hash, o.bytes.as_slice()))
             .collect();
-        Chunks::new(&tx, self.objects.as_deref()).put_many(&batch)?;
+        let chunks = Chunks::new(&tx, self.objects.as_deref());
+        let begun = chunks.begin_staging(&batch)?;
+        let over = (staged.len() + usize::from(begun.is_some())).saturating_sub(STAGED_BATCHES);
+        for oldest in staged.drain(..over) {
+            chunks.settle(oldest)?;
+        }
+        tx.commit()?;
+        staged.extend(begun);
+        Ok(())
+    }
+
+    /// Waits for every staged batch's uploads and commits their index
+    /// rows: what every sync call but `stage_objects` does first, and a
+    /// collection before it reads this store's rows (so it sees every
+    /// place a staged batch names).
+    pub(crate) fn settle_staged(&mut self) -> Result<(), DofsError> {
+        if self.staged.is_empty() {
+            return Ok(());
+        }
+        let staged = std::mem::take(&mut self.staged);
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let chunks = Chunks::new(&tx, self.objects.as_deref());
+        for batch in staged {
+            chunks.settle(batch)?;
+        }
         tx.commit()?;
         Ok(())
     }

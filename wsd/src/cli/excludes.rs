@@ -202,6 +202,13 @@ impl<S: Store> Store for Released<'_, S> {
         self.inner.read_objects(hashes)
     }
 
+    fn object_reader<'a>(
+        &'a mut self,
+        wanted: &[(Hash, u32)],
+    ) -> Result<Box<dyn wsd_sync::ObjectReader + 'a>, SyncError> {
+        self.inner.object_reader(wanted)
+    }
+
     fn stage_objects(&mut self, objects: &[Object]) -> Result<(), SyncError> {
         self.inner.stage_objects(objects)
     }

@@ -13,7 +13,7 @@ use wsd_sync::driver::{self, SyncOptions};
 use wsd_sync::limits::{MAX_HASHES_PER_CALL, MAX_PUSH_ENTRIES};
 use wsd_sync::{
     Baseline, ChangeCursor, ChangeEntry, EntryState, ErrorCode, Hash, IgnoreRules, Object, Store,
-    SyncPath, chunk,
+    SyncError, SyncPath, chunk,
 };
 
 use super::transport::network;
@@ -854,7 +854,7 @@ fn every_error_code_round_trips_through_the_wire() {
             assert_eq!(err.code, code);
             assert_eq!(err.message, format!("raised for {code}: with a colon"));
             // ... and into the sync core's error type with the code intact.
-            assert_eq!(wsd_sync::SyncError::from(err).code(), code);
+            assert_eq!(SyncError::from(err).code(), code);
         }
         server.stop().await.unwrap();
     });
@@ -1176,6 +1176,123 @@ fn push_and_pull_report_planned_totals_before_objects_move_and_they_match_what_m
         assert_eq!(pulled.planned_entries, pulled.entries);
         assert_eq!(pulled.planned_bytes, pulled.object_bytes);
         assert_eq!(b.live(), a.live());
+        server.stop().await.unwrap();
+    });
+}
+
+/// A workspace store one of whose files is rewritten (same length, other
+/// bytes) right before a push first reads objects: a command writing into
+/// the directory while it is pushed.
+struct RewrittenWhilePushed {
+    inner: crate::store::WorkspaceStore,
+    rewrite: Option<(std::path::PathBuf, Vec<u8>)>,
+}
+
+impl Store for RewrittenWhilePushed {
+    fn current_rev(&mut self) -> Result<u64, SyncError> {
+        self.inner.current_rev()
+    }
+    fn watermarks(&mut self, remote: &str) -> Result<wsd_sync::Watermarks, SyncError> {
+        self.inner.watermarks(remote)
+    }
+    fn open_changes(&mut self, after: &ChangeCursor) -> Result<wsd_sync::ChangesWindow, SyncError> {
+        self.inner.open_changes(after)
+    }
+    fn changes(
+        &mut self,
+        query: wsd_sync::ChangesQuery<'_>,
+    ) -> Result<Vec<ChangeEntry>, SyncError> {
+        self.inner.changes(query)
+    }
+    fn read_entry(&mut self, path: &SyncPath) -> Result<Option<ChangeEntry>, SyncError> {
+        self.inner.read_entry(path)
+    }
+    fn has_objects(&mut self, hashes: &[Hash]) -> Result<Vec<Hash>, SyncError> {
+        self.inner.has_objects(hashes)
+    }
+    fn read_object(&mut self, hash: &Hash) -> Result<Vec<u8>, SyncError> {
+        self.inner.read_object(hash)
+    }
+    fn object_reader<'a>(
+        &'a mut self,
+        wanted: &[(Hash, u32)],
+    ) -> Result<Box<dyn wsd_sync::ObjectReader + 'a>, SyncError> {
+        if let Some((path, bytes)) = self.rewrite.take() {
+            std::fs::write(path, bytes).unwrap();
+        }
+        self.inner.object_reader(wanted)
+    }
+    fn stage_objects(&mut self, objects: &[Object]) -> Result<(), SyncError> {
+        self.inner.stage_objects(objects)
+    }
+    fn apply(
+        &mut self,
+        batch: wsd_sync::ApplyBatch<'_>,
+    ) -> Result<wsd_sync::ApplyOutcome, SyncError> {
+        self.inner.apply(batch)
+    }
+    fn set_push_cursor(&mut self, remote: &str, cursor: &ChangeCursor) -> Result<(), SyncError> {
+        self.inner.set_push_cursor(remote, cursor)
+    }
+    fn set_fetch_cursor(&mut self, remote: &str, cursor: &ChangeCursor) -> Result<(), SyncError> {
+        self.inner.set_fetch_cursor(remote, cursor)
+    }
+}
+
+#[test]
+fn a_file_rewritten_while_it_is_pushed_fails_the_push_here_and_the_next_push_sends_it() {
+    // Objects go from the file straight into the upload's messages: bytes
+    // that no longer match the index are caught before they are sent, and
+    // the failure is the local store's, naming the file.
+    run(async {
+        let server = start().await;
+        let tmp = tempfile::TempDir::new().unwrap();
+        let root = tmp.path().join("root");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::write(root.join("a-small"), b"small").unwrap();
+        std::fs::write(root.join("big"), data(1, 300_000)).unwrap();
+        let mut inner = crate::store::WorkspaceStore::open(
+            &root,
+            &tmp.path().join("state"),
+            crate::store::StoreOptions {
+                watch: false,
+                auto_settle: false,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        inner.settle().unwrap();
+        let mut local = RewrittenWhilePushed {
+            inner,
+            rewrite: Some((root.join("big"), data(2, 300_000))),
+        };
+        let none = IgnoreRules::none();
+        let mut c = client::connect(&server.addr, None, "a").await.unwrap();
+        driver::reconcile(&mut local, &mut c, "server")
+            .await
+            .unwrap();
+        let err = driver::push(&mut local, &mut c, &opts("server", &none), |_| {})
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Io, "{err}");
+        assert!(
+            !matches!(err, SyncError::Remote { .. }) && err.to_string().contains("big changed"),
+            "{err}"
+        );
+        assert!(server.store.live().is_empty(), "nothing was applied");
+        // The next settle re-hashes the file; the next push sends it whole.
+        local.inner.settle().unwrap();
+        driver::push(&mut local, &mut c, &opts("server", &none), |_| {})
+            .await
+            .unwrap();
+        let here = local
+            .inner
+            .read_entry(&SyncPath::new("big").unwrap())
+            .unwrap()
+            .unwrap();
+        let there = server.store.live();
+        assert!(there["big"].same_content(&here.state), "{there:?}");
+        assert_eq!(there.len(), 2);
         server.stop().await.unwrap();
     });
 }

@@ -20,6 +20,7 @@ pub mod failpoint;
 mod fsutil;
 mod index;
 mod objects;
+mod outgoing;
 mod scan;
 mod uring;
 mod watch;
@@ -36,7 +37,7 @@ use std::path::{Path, PathBuf};
 use rusqlite::Connection;
 use wsd_sync::{
     ApplyBatch, ApplyOutcome, ChangeCursor, ChangeEntry, ChangesQuery, ChangesWindow, Hash, Object,
-    Store, SyncError, SyncPath, Watermarks,
+    ObjectReader, Store, SyncError, SyncPath, Watermarks,
 };
 
 pub use apply::ConflictCopy;
@@ -46,6 +47,7 @@ pub use first_index::{FirstIndex, Piece};
 use error::IndexContext;
 use index::NodeKind;
 use objects::Staging;
+use outgoing::{OpenFile, Outgoing, PagedChunks};
 use watch::{LocalWatcher, Pending};
 
 /// Name of the index database inside the state directory.
@@ -126,6 +128,9 @@ pub struct WorkspaceStore {
     walked_since_open: bool,
     /// Files a read found changed behind the index: hashed next settle.
     force: HashSet<SyncPath>,
+    /// Where the chunks of the file entries `changes` paged last are: the
+    /// objects a sender reads next.
+    paged: PagedChunks,
     /// See [`StoreOptions::auto_settle`].
     auto_settle: bool,
     /// See [`StoreOptions::conflict_copies`].
@@ -227,6 +232,7 @@ impl WorkspaceStore {
             owed_walk: Some("startup: reconciling the directory with the index".to_owned()),
             walked_since_open: false,
             force: HashSet::new(),
+            paged: PagedChunks::default(),
             auto_settle: opts.auto_settle,
             keep_conflicts: opts.conflict_copies,
             conflict_copies: Vec::new(),
@@ -478,11 +484,18 @@ fn read_one_object(
     db: &Connection,
     root: &Path,
     staging: &mut Staging,
+    paged: &mut PagedChunks,
     force: &mut HashSet<SyncPath>,
     hash: &Hash,
 ) -> Result<Vec<u8>, SyncError> {
     if let Some(b) = staging.read(hash)? {
         return Ok(b.into_owned());
+    }
+    if let Some(loc) = paged.take(hash) {
+        let mut buf = vec![0; loc.size as usize];
+        if outgoing::read_located(root, &mut OpenFile::default(), &loc, hash, &mut buf)? {
+            return Ok(buf);
+        }
     }
     let mut misses = apply::ChunkMisses::default();
     if let Some(b) = apply::read_indexed_chunk(db, root, hash, &mut misses)? {
@@ -537,6 +550,7 @@ impl Store for WorkspaceStore {
                     NodeKind::Tombstone => q.ignore.is_ignored_any_kind(&node.path),
                 };
                 if !ignored {
+                    self.paged.note(&node, &chunks);
                     out.push(index::entry_with(&node, chunks));
                 }
             }
@@ -573,6 +587,7 @@ impl Store for WorkspaceStore {
             &self.db,
             &self.root,
             &mut self.staging,
+            &mut self.paged,
             &mut self.force,
             hash,
         )
@@ -585,10 +600,33 @@ impl Store for WorkspaceStore {
             .map(|h| {
                 Ok(Object {
                     hash: *h,
-                    bytes: read_one_object(&tx, &self.root, &mut self.staging, &mut self.force, h)?,
+                    bytes: read_one_object(
+                        &tx,
+                        &self.root,
+                        &mut self.staging,
+                        &mut self.paged,
+                        &mut self.force,
+                        h,
+                    )?,
                 })
             })
             .collect()
+    }
+
+    fn object_reader<'a>(
+        &'a mut self,
+        _wanted: &[(Hash, u32)],
+    ) -> Result<Box<dyn ObjectReader + 'a>, SyncError> {
+        // Each object straight from its file into the sender's buffer; the
+        // page just read says where most of them are.
+        Ok(Box::new(Outgoing {
+            db: &self.db,
+            root: &self.root,
+            staging: &mut self.staging,
+            paged: &mut self.paged,
+            force: &mut self.force,
+            open: OpenFile::default(),
+        }))
     }
 
     fn stage_objects(&mut self, objects: &[Object]) -> Result<(), SyncError> {

@@ -847,6 +847,62 @@ fn a_file_modified_between_indexing_and_read_object_is_reported_not_served() {
     );
 }
 
+/// Reads `wanted` through the store's object reader, in order, each into a
+/// buffer of its size, as a sender does.
+fn read_as_sender(s: &mut WorkspaceStore, wanted: &[(Hash, u32)]) -> Result<Vec<u8>, SyncError> {
+    let mut reader = s.object_reader(wanted)?;
+    let mut out = Vec::new();
+    for (hash, size) in wanted {
+        let mut buf = vec![0; *size as usize];
+        reader.read_into(hash, &mut buf)?;
+        out.extend_from_slice(&buf);
+    }
+    Ok(out)
+}
+
+#[test]
+fn a_sender_reads_paged_chunks_from_their_files_and_never_a_file_changed_since() {
+    let mut w = ws(false);
+    let big = noise(600_000, 3);
+    w.write("big", &big);
+    w.write("small", b"a small file");
+    w.store.settle().unwrap();
+    let wanted = |entries: &[ChangeEntry]| -> Vec<(Hash, u32)> {
+        entries
+            .iter()
+            .flat_map(|e| e.chunks().iter().map(|c| (c.hash, c.size)))
+            .collect()
+    };
+    // Paged as a push pages them ("big" sorts first), then read from the
+    // locations the page noted, the large file's chunks through one open.
+    let all = wanted(&all_changes(&mut w.store, &ChangeCursor::ZERO));
+    assert!(all.len() > 3, "{all:?}");
+    let expected = [&big[..], b"a small file"].concat();
+    assert_eq!(read_as_sender(&mut w.store, &all).unwrap(), expected);
+    // Not paged again: the locations were taken, the index has them.
+    assert_eq!(read_as_sender(&mut w.store, &all).unwrap(), expected);
+    // Paged, then rewritten in place (same length, other bytes) before the
+    // read: not served from the page's location nor the index's.
+    all_changes(&mut w.store, &ChangeCursor::ZERO);
+    fs::write(w.root.join("big"), noise(600_000, 4)).unwrap();
+    let err = read_as_sender(&mut w.store, &all).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Io);
+    assert!(
+        err.to_string().contains("big") && err.to_string().contains("changed"),
+        "{err}"
+    );
+    // Re-hashed by the next settle; its old chunks are no longer claimed.
+    w.store.settle().unwrap();
+    assert!(w.store.has_objects(&[all[0].0]).unwrap().is_empty());
+    // A file gone since the page is not served either.
+    let now = all_changes(&mut w.store, &ChangeCursor::ZERO);
+    let small = wanted(&now[..1]);
+    assert_eq!(now[0].path.as_str(), "small", "the older rev first");
+    fs::remove_file(w.root.join("small")).unwrap();
+    let err = read_as_sender(&mut w.store, &small).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Io, "{err}");
+}
+
 #[test]
 fn the_state_directory_inside_the_root_is_never_synced() {
     both_modes(|watch| {
@@ -1850,6 +1906,12 @@ impl Store for WritesDuringApply {
     }
     fn read_objects(&mut self, hashes: &[Hash]) -> Result<Vec<Object>, SyncError> {
         self.inner.read_objects(hashes)
+    }
+    fn object_reader<'a>(
+        &'a mut self,
+        wanted: &[(Hash, u32)],
+    ) -> Result<Box<dyn wsd_sync::ObjectReader + 'a>, SyncError> {
+        self.inner.object_reader(wanted)
     }
     fn stage_objects(&mut self, objects: &[Object]) -> Result<(), SyncError> {
         self.inner.stage_objects(objects)
