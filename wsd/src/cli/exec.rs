@@ -246,13 +246,7 @@ async fn stream(
                 tokio::select! {
                     r = reattach(remote, &id, resume, reattach_for) => match r {
                         Ok(r) => (client, events) = r,
-                        Err(e) => {
-                            eprintln!(
-                                "wsd: lost the daemon while {id} ran: {}; its exit status is unknown",
-                                super::render_error(&e)
-                            );
-                            return Ok(ExitCode::from(EXIT_LOST));
-                        }
+                        Err(e) => return Ok(lost_daemon(&id, &e)),
                     },
                     _ = interrupts.recv() => {
                         eprintln!("wsd: interrupted while re-attaching to {id}");
@@ -403,11 +397,16 @@ fn interrupts() -> Result<tokio::signal::unix::Signal> {
 
 pub async fn exec(a: ExecArgs) -> Result<ExitCode> {
     let mut interrupts = interrupts()?;
-    let client = connect(&a.remote).await?;
+    let mut client = connect(&a.remote).await?;
+    // Named here, in the daemon's own format, rather than by the daemon: a
+    // connection lost before the answer arrives may have started the
+    // command, and re-attaching needs its id.
+    let id =
+        a.id.unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
     let request = ExecRequest {
         command: command_line(&a.command)?,
         cwd: a.cwd,
-        id: a.id,
+        id: Some(id.clone()),
         env: a.env,
         stdin: None,
         // At least 1 ms: 0 means "no timeout" on the wire.
@@ -417,7 +416,23 @@ pub async fn exec(a: ExecArgs) -> Result<ExitCode> {
         stdin_open: a.interactive,
     };
     let asked = Instant::now();
-    let events = client.exec(&request).await.context("exec")?;
+    let events = match client.exec(&request).await {
+        Ok(events) => events,
+        // Whether the command started is unknown: look for it as a lost
+        // connection during the stream would (its stdin, if forwarded, is
+        // lost with the connection).
+        Err(e) if e.is_retryable() && !a.detach => {
+            tracing::warn!(error = %e, "connection lost before the exec's answer; re-attaching to {id}");
+            match reattach(&a.remote, &id, ResumeFrom::Start, a.reattach.reattach_for).await {
+                Ok((c, events)) => {
+                    client = c;
+                    events
+                }
+                Err(e) => return Ok(lost_daemon(&id, &e)),
+            }
+        }
+        Err(e) => return Err(e).context("exec"),
+    };
     if a.interactive {
         forward_stdin(client.clone(), events.id().to_owned());
     }
@@ -432,6 +447,16 @@ pub async fn exec(a: ExecArgs) -> Result<ExitCode> {
         deadline: a.timeout.map(|t| (t, asked)),
     };
     stream(&a.remote, client, events, &how, &mut interrupts).await
+}
+
+/// Says the daemon could not be reached again and what that leaves
+/// unknown; [`EXIT_LOST`].
+fn lost_daemon(id: &str, e: &anyhow::Error) -> ExitCode {
+    eprintln!(
+        "wsd: lost the daemon while {id} ran: {}; its exit status is unknown",
+        super::render_error(e)
+    );
+    ExitCode::from(EXIT_LOST)
 }
 
 /// Copies this program's stdin to exec `id` with `writeStdin`, then
