@@ -67,10 +67,11 @@ pub fn get(conn: &Connection, id: &str) -> Result<Option<SnapshotRow>, KernelErr
     ))
 }
 
-/// A workspace's snapshots, oldest first.
+/// A workspace's snapshots, oldest first (two taken in the same
+/// millisecond in the order they were taken: their rowids).
 pub fn list(conn: &Connection, workspace_id: &str) -> Result<Vec<SnapshotRow>, KernelError> {
     let mut stmt = conn.prepare(&format!(
-        "SELECT {COLUMNS} FROM snapshots WHERE workspace_id = ?1 ORDER BY created_at, snapshot_id"
+        "SELECT {COLUMNS} FROM snapshots WHERE workspace_id = ?1 ORDER BY created_at, rowid"
     ))?;
     let rows = stmt.query_map([workspace_id], from_sql)?;
     Ok(rows.collect::<Result<_, _>>()?)
