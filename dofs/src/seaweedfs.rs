@@ -34,6 +34,10 @@ pub struct SeaweedFs {
     /// `http://127.0.0.1:PORT`, the S3 endpoint.
     pub endpoint: String,
     dir: tempfile::TempDir,
+    /// The ports it was given: `weed` names its local sockets
+    /// `/tmp/seaweedfs-<service>-<port>.sock` whatever its flags say, and
+    /// leaves them behind when killed; they are removed when it stops.
+    ports: Vec<u16>,
 }
 
 fn weed_installed() -> bool {
@@ -107,6 +111,7 @@ impl SeaweedFs {
             child,
             endpoint: format!("http://127.0.0.1:{}", ports[6]),
             dir,
+            ports,
         };
         server.wait_ready();
         Some(server)
@@ -159,5 +164,20 @@ impl Drop for SeaweedFs {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let Ok(entries) = std::fs::read_dir("/tmp") else {
+            return;
+        };
+        let ours = |name: &str| {
+            name.starts_with("seaweedfs-")
+                && self
+                    .ports
+                    .iter()
+                    .any(|port| name.ends_with(&format!("-{port}.sock")))
+        };
+        for entry in entries.flatten() {
+            if entry.file_name().to_str().is_some_and(ours) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
     }
 }
