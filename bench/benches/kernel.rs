@@ -20,7 +20,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use gsv_kernel::client::{Credentials, GsvClient};
 use gsv_kernel::{Kernel, KernelConfig};
@@ -57,11 +57,9 @@ async fn start(wsd: &Path, sandbox: bool) -> (Arc<Kernel>, GsvClient, tempfile::
 
 /// p50/p99 of 200 `shell.exec "true"` in a new workspace of a kernel whose
 /// local wsd children run `sandbox`ed or not.
-async fn exec_true(wsd: &Path, sandbox: bool) {
-    let (kernel, mut c, _tmp) = start(wsd, sandbox).await;
-    let d = c.call("sys.workspace.create", json!({})).await.unwrap();
-    let ws = d["workspace"]["workspaceId"].as_str().unwrap().to_owned();
-    let run = json!({"cwd": format!("/workspaces/{ws}"), "input": "true", "yieldMs": 10000});
+/// 20 warm-up calls of `run`, then the wall time of 200 more, each
+/// checked to have completed.
+async fn time_execs(c: &mut GsvClient, run: &serde_json::Value) -> Vec<Duration> {
     for _ in 0..20 {
         let d = c.call("shell.exec", run.clone()).await.unwrap();
         assert_eq!(d["status"], "completed", "{d}");
@@ -73,6 +71,15 @@ async fn exec_true(wsd: &Path, sandbox: bool) {
         execs.push(t.elapsed());
         assert_eq!(d["status"], "completed", "{d}");
     }
+    execs
+}
+
+async fn exec_true(wsd: &Path, sandbox: bool) {
+    let (kernel, mut c, _tmp) = start(wsd, sandbox).await;
+    let d = c.call("sys.workspace.create", json!({})).await.unwrap();
+    let ws = d["workspace"]["workspaceId"].as_str().unwrap().to_owned();
+    let run = json!({"cwd": format!("/workspaces/{ws}"), "input": "true", "yieldMs": 10000});
+    let mut execs = time_execs(&mut c, &run).await;
     let mode = if sandbox {
         "sandboxed (wsd serve --sandbox)"
     } else {
@@ -92,17 +99,7 @@ async fn exec_true(wsd: &Path, sandbox: bool) {
     )
     .await
     .unwrap();
-    for _ in 0..20 {
-        let d = c.call("shell.exec", run.clone()).await.unwrap();
-        assert_eq!(d["status"], "completed", "{d}");
-    }
-    let mut execs = Vec::new();
-    for _ in 0..200 {
-        let t = Instant::now();
-        let d = c.call("shell.exec", run.clone()).await.unwrap();
-        execs.push(t.elapsed());
-        assert_eq!(d["status"], "completed", "{d}");
-    }
+    let mut execs = time_execs(&mut c, &run).await;
     println!(
         "shell.exec \"true\" in a workspace holding one file, {mode}: p50 {:?}, p99 {:?} (n=200)",
         percentile(&mut execs, 0.5),

@@ -1228,6 +1228,12 @@ fn read_meta(conn: &Connection, id: &str) -> Result<Option<MetaRow>, ExecError> 
 mod tests {
     use super::*;
 
+    /// No cap on a log or on all of them.
+    const NO_CAPS: LogCaps = LogCaps {
+        per_exec: u64::MAX,
+        global: u64::MAX,
+    };
+
     fn out(id: &str, seq: u64, n: usize) -> ExecEvent {
         ExecEvent {
             id: id.into(),
@@ -1342,10 +1348,7 @@ mod tests {
     async fn reopening_reports_the_recorded_process_groups_of_lost_execs_only() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log.db");
-        let caps = LogCaps {
-            per_exec: u64::MAX,
-            global: u64::MAX,
-        };
+        let caps = NO_CAPS;
         {
             let (w, _) = ExecLogWriter::open(&path, caps).unwrap();
             let g = w.begin("done").await.unwrap();
@@ -1391,10 +1394,7 @@ mod tests {
             )
             .unwrap();
         }
-        let caps = LogCaps {
-            per_exec: u64::MAX,
-            global: u64::MAX,
-        };
+        let caps = NO_CAPS;
         let (w, report) = ExecLogWriter::open(&path, caps).unwrap();
         assert_eq!(report.lost, ["old"]);
         assert!(report.groups.is_empty(), "no group was recorded for it");
@@ -1419,10 +1419,7 @@ mod tests {
     async fn reopening_gives_unfinished_execs_a_lost_exit_and_keeps_finished_ones() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log.db");
-        let caps = LogCaps {
-            per_exec: u64::MAX,
-            global: u64::MAX,
-        };
+        let caps = NO_CAPS;
         {
             let (w, _) = ExecLogWriter::open(&path, caps).unwrap();
             w.begin("done").await.unwrap();
@@ -1482,10 +1479,7 @@ mod tests {
     async fn a_forgotten_log_is_gone_to_readers_at_once_and_its_rows_go_with_the_next_group() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log.db");
-        let caps = LogCaps {
-            per_exec: u64::MAX,
-            global: u64::MAX,
-        };
+        let caps = NO_CAPS;
         let (w, _) = ExecLogWriter::open(&path, caps).unwrap();
         let r = w.reader();
         let g = w.begin("a").await.unwrap();
@@ -1537,10 +1531,7 @@ mod tests {
     async fn a_forgotten_log_a_crash_kept_is_still_readable_and_expires_with_its_ttl() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log.db");
-        let caps = LogCaps {
-            per_exec: u64::MAX,
-            global: u64::MAX,
-        };
+        let caps = NO_CAPS;
         {
             let (w, _) = ExecLogWriter::open(&path, caps).unwrap();
             w.begin("a").await.unwrap();
@@ -1560,10 +1551,7 @@ mod tests {
     async fn queued_events_are_committed_together_in_one_group() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("log.db");
-        let caps = LogCaps {
-            per_exec: u64::MAX,
-            global: u64::MAX,
-        };
+        let caps = NO_CAPS;
         let (w, _) = ExecLogWriter::open(&path, caps).unwrap();
         let g = w.begin("a").await.unwrap();
         let before = w.groups_committed();
