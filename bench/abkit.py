@@ -3,6 +3,8 @@ directory: `python3 bench/cold-ab.py ...` puts bench/ on sys.path)."""
 import os
 import socket
 import subprocess
+import sys
+import time
 
 
 def free_port():
@@ -34,3 +36,22 @@ def index_source(client, src, state):
                     "--dry-run"], capture_output=True)
     if not os.path.exists(os.path.join(state, "index.sqlite3")):
         raise SystemExit(f"{client} did not index {src}")
+
+
+def serve(argv, root, state, stderr=subprocess.DEVNULL):
+    """Starts `ARGV[0] serve ARGV[1:]` on `root` and `state` on a free
+    loopback port and waits (up to 30 s) until it listens; answers the
+    process and its address. Exits naming the daemon if it never does."""
+    port = free_port()
+    proc = subprocess.Popen(argv[:1] + ["serve"] + argv[1:] +
+                            ["--root", root, "--state", state, "--listen", f"127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=stderr)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return proc, f"127.0.0.1:{port}"
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                sys.exit(f"{' '.join(argv)} serve did not start listening")
+            time.sleep(0.05)

@@ -28,13 +28,12 @@ bench/compare --fresh-fs).
 """
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import time
 
-from abkit import free_port, index_source, warm
+from abkit import index_source, serve, warm
 # Pushes walk, as when these figures were first taken: no on-demand agent
 # (issue 32) watching the tree between steps; bench/noop-ab.py measures it.
 os.environ.setdefault("WSD_AGENT", "off")
@@ -120,23 +119,10 @@ def run(clients, daemons, rounds, profile, work):
                 client_rss[name].append(0.0)
                 shutil.rmtree(root, ignore_errors=True)
                 continue
-            port = free_port()
-            argv = d.split()
-            proc = subprocess.Popen(argv[:1] + ["serve"] + argv[1:] +
-                                    ["--root", root, "--state", dstate, "--listen", f"127.0.0.1:{port}"],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", port), 0.2).close()
-                    break
-                except OSError:
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        sys.exit(f"{d} serve did not start listening")
-                    time.sleep(0.05)
+            proc, addr = serve(d.split(), root, dstate)
             time.sleep(0.3)
             c0 = cpu_s(proc.pid)
-            took, used, rss = timed_client([client, "push", src, "--remote", f"127.0.0.1:{port}",
+            took, used, rss = timed_client([client, "push", src, "--remote", addr,
                                             "--state", state, "-q"])
             wall[name].append(took)
             cpu[name].append(cpu_s(proc.pid) - c0)

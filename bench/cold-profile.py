@@ -27,12 +27,11 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 
-from abkit import free_port, index_source, warm
+from abkit import index_source, serve, warm
 
 os.environ.setdefault("WSD_AGENT", "off")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -95,25 +94,13 @@ def one_push(a, src, state, work, k):
     root, dstate = os.path.join(work, f"root{k}"), os.path.join(work, f"state{k}")
     os.makedirs(root)
     warm(src)
-    port = free_port()
-    proc = subprocess.Popen([a.daemon, "serve", "--root", root, "--state", dstate,
-                             "--listen", f"127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                sys.exit("serve did not start listening")
-            time.sleep(0.05)
+    proc, addr = serve([a.daemon], root, dstate)
     time.sleep(0.3)
     tool = "perf" if a.perf else "strace" if a.strace else None
     outdir = a.perf or a.strace
     tracer = attach(tool, proc.pid, os.path.join(outdir, f"daemon{k}.{tool}")) if tool else None
     before = threads(proc.pid)
-    argv = [a.client, "push", src, "--remote", f"127.0.0.1:{port}", "--state", state, "-q"]
+    argv = [a.client, "push", src, "--remote", addr, "--state", state, "-q"]
     if tool:
         argv = wrap(tool, os.path.join(outdir, f"client{k}.{tool}"), argv)
     wall, cu, cs = timed(argv)

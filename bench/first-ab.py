@@ -26,13 +26,12 @@ Works in $WSD_AB_DIR (default /tmp), in a directory removed at the end.
 import os
 import resource
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import time
 
-from abkit import free_port, index_source, warm
+from abkit import index_source, serve, warm
 # Pushes walk, as when these figures were first taken: no on-demand agent
 # (issue 32) watching the tree between steps; bench/noop-ab.py measures it.
 os.environ.setdefault("WSD_AGENT", "off")
@@ -46,21 +45,6 @@ def daemon_cpu_s(proc):
         return 0.0
     fields = open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def serve(wsd, root, state):
-    port = free_port()
-    proc = subprocess.Popen([wsd, "serve", "--root", root, "--state", state, "--listen", f"127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return proc, f"127.0.0.1:{port}"
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                sys.exit(f"{wsd} serve did not start listening")
-            time.sleep(0.05)
 
 
 def main():
@@ -106,7 +90,7 @@ def run(a, b, rounds, profile, work):
             else:
                 wsd = a if step == "A-first" else b
                 state = indexed if step == "B-cold" else os.path.join(work, f"cstate{k}")
-                proc, addr = serve(wsd, dst, dstate)
+                proc, addr = serve([wsd], dst, dstate)
                 time.sleep(0.3)
                 argv = [wsd, "push", src, "--remote", addr, "--state", state, "-q"]
             r0 = resource.getrusage(resource.RUSAGE_CHILDREN)

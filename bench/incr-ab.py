@@ -28,6 +28,7 @@ record -g` to daemon B after its cold push. Works in $WSD_AB_DIR (default
 /tmp/dp/w; removed and re-created).
 """
 import json, os, resource, subprocess, sys, time, socket, shutil, statistics
+from abkit import free_port
 
 AGENT = os.environ.get("AGENT") == "1"
 RSYNC = os.environ.get("NO_RSYNC") != "1"
@@ -54,7 +55,7 @@ for name, binp in (("A", DA), ("B", DB)):
     src, root, st = f"{W}/src{name}", f"{W}/root{name}", f"{W}/state{name}"
     sh([sys.executable, MT, "create", PROFILE, src, "--seed", "1"])
     os.makedirs(root)
-    p = port()
+    p = free_port()
     proc = subprocess.Popen([binp, "serve", "--root", root, "--state", st, "--listen", f"127.0.0.1:{p}"],
                             stdout=subprocess.DEVNULL, stderr=open(f"{W}/{name}.log", "w"))
     for _ in range(300):

@@ -19,6 +19,7 @@ without requests. Prints per-round figures, medians of the per-pair ratios
 B/A, and the load average before and after.
 """
 import json, os, shutil, socket, statistics, subprocess, sys, time
+from abkit import free_port
 
 MT = os.environ.get("WSD_MAKE_TREE", "/work/shared/bench/make-tree.py")
 WSD, N = sys.argv[1], int(sys.argv[2])
@@ -36,14 +37,6 @@ def sh(a):
     return subprocess.run(a, check=True, capture_output=True, text=True, env=env)
 
 
-def port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
 def timed(a):
     t0 = time.perf_counter()
     out = sh(a).stdout
@@ -53,7 +46,7 @@ def timed(a):
 src, root, state = f"{W}/src", f"{W}/root", f"{W}/src.wsd-state"
 sh([sys.executable, MT, "create", PROFILE, src, "--seed", "1"])
 os.makedirs(root)
-p = port()
+p = free_port()
 serve = subprocess.Popen([WSD, "serve", "--root", root, "--state", f"{W}/served-state",
                           "--listen", f"127.0.0.1:{p}"],
                          stdout=subprocess.DEVNULL, stderr=open(f"{W}/serve.log", "w"))
